@@ -1,0 +1,4 @@
+//! One module per experiment of the tutorial.
+
+pub(crate) mod lock;
+pub(crate) mod race;

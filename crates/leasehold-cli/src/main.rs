@@ -1,0 +1,41 @@
+//! `leasehold`: reproduces the tutorial's experiments against real servers.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+mod cli;
+mod demo;
+mod env;
+mod experiments;
+mod redact;
+mod report;
+mod wallet;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: cannot start the tokio runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli::run(cli)) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {}", redact::redact_text(&format!("{err:#}")));
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! One run's outcome: the tutorial's check line, or one JSON object.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+/// What one run of an experiment observed.
+#[derive(Debug, Clone)]
+pub(crate) struct Report {
+    pub(crate) experiment: &'static str,
+    pub(crate) run: u32,
+    pub(crate) accepted: u64,
+    pub(crate) balance: i64,
+    pub(crate) expected: i64,
+    /// The balance matches what was accepted, is not negative, and every
+    /// extra condition of the experiment held.
+    pub(crate) ok: bool,
+    pub(crate) elapsed: Duration,
+    /// Callers whose attempt failed with an error (not a refusal).
+    pub(crate) errors: u64,
+    /// Experiment-specific figures, printed after the check line.
+    pub(crate) extra: Map<String, Value>,
+    /// Lines the experiment printed along the way (the human format only).
+    pub(crate) notes: Vec<String>,
+}
+
+impl Report {
+    /// The tutorial's check: the balance must equal the initial balance
+    /// minus what the accepted spends took, and must not be negative.
+    pub(crate) fn check(
+        experiment: &'static str,
+        initial: i64,
+        amount: i64,
+        accepted: u64,
+        balance: i64,
+        elapsed: Duration,
+    ) -> Report {
+        let spent = i64::try_from(accepted)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(amount);
+        let expected = initial.saturating_sub(spent);
+        Report {
+            experiment,
+            run: 1,
+            accepted,
+            balance,
+            expected,
+            ok: balance == expected && balance >= 0,
+            elapsed,
+            errors: 0,
+            extra: Map::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// Records the callers that failed with an error, and their first messages.
+    pub(crate) fn errors(mut self, tally: &crate::wallet::Tally) -> Report {
+        self.errors = tally.errors;
+        for message in &tally.first_errors {
+            self.notes.push(format!("error: {message}"));
+        }
+        self
+    }
+
+    pub(crate) fn with_run(mut self, run: u32) -> Report {
+        self.run = run;
+        self
+    }
+
+    /// Adds an experiment-specific figure.
+    pub(crate) fn extra(mut self, key: &str, value: impl Into<Value>) -> Report {
+        self.extra.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// Adds a condition the run must meet to be OK.
+    pub(crate) fn require(mut self, holds: bool) -> Report {
+        self.ok &= holds;
+        self
+    }
+
+    pub(crate) fn verdict(&self) -> &'static str {
+        if self.ok { "OK" } else { "BROKEN" }
+    }
+
+    /// `accepted=10 balance=0 expected=0 OK`
+    pub(crate) fn check_line(&self) -> String {
+        format!(
+            "accepted={} balance={} expected={} {}",
+            self.accepted,
+            self.balance,
+            self.expected,
+            self.verdict()
+        )
+    }
+
+    pub(crate) fn to_json(&self) -> Value {
+        let mut object = Map::new();
+        object.insert("experiment".into(), json!(self.experiment));
+        object.insert("run".into(), json!(self.run));
+        object.insert("accepted".into(), json!(self.accepted));
+        object.insert("balance".into(), json!(self.balance));
+        object.insert("expected".into(), json!(self.expected));
+        object.insert("ok".into(), json!(self.ok));
+        object.insert(
+            "elapsed_ms".into(),
+            json!(u64::try_from(self.elapsed.as_millis()).unwrap_or(u64::MAX)),
+        );
+        object.insert("errors".into(), json!(self.errors));
+        for (key, value) in &self.extra {
+            object.insert(key.clone(), value.clone());
+        }
+        Value::Object(object)
+    }
+
+    /// Prints the run: the check line and its figures, or one JSON line.
+    pub(crate) fn print(&self, json: bool) {
+        if json {
+            println!("{}", self.to_json());
+            return;
+        }
+        for line in &self.notes {
+            println!("{line}");
+        }
+        println!("{}", self.check_line());
+        let figures: Vec<String> = self
+            .extra
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => format!("{k}={s}"),
+                other => format!("{k}={other}"),
+            })
+            .chain((self.errors > 0).then(|| format!("errors={}", self.errors)))
+            .chain(std::iter::once(format!(
+                "elapsed={}",
+                humantime::format_duration(round_ms(self.elapsed))
+            )))
+            .collect();
+        println!("{}", figures.join(" "));
+    }
+}
+
+/// Rounds to whole milliseconds so durations print as `740ms`, not `740.123456ms`.
+pub(crate) fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_line_matches_the_tutorial() {
+        let r = Report::check("race", 100, 10, 50, 80, Duration::ZERO);
+        assert_eq!(
+            r.check_line(),
+            "accepted=50 balance=80 expected=-400 BROKEN"
+        );
+        let r = Report::check("lock", 100, 10, 10, 0, Duration::ZERO);
+        assert_eq!(r.check_line(), "accepted=10 balance=0 expected=0 OK");
+        assert!(!r.clone().require(false).ok);
+    }
+
+    #[test]
+    fn negative_balance_is_broken_even_when_it_adds_up() {
+        let r = Report::check("x", 0, 10, 1, -10, Duration::ZERO);
+        assert_eq!(r.expected, -10);
+        assert!(!r.ok);
+    }
+
+    #[test]
+    fn json_has_the_required_fields() {
+        let v = Report::check("race", 100, 10, 50, 80, Duration::from_millis(12)).to_json();
+        for key in [
+            "experiment",
+            "accepted",
+            "balance",
+            "expected",
+            "ok",
+            "elapsed_ms",
+            "errors",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(v["ok"], false);
+        assert_eq!(v["elapsed_ms"], 12);
+    }
+}

@@ -1,0 +1,109 @@
+//! The demo's application: one wallet balance and a crowd of spenders.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use tokio::sync::Barrier;
+
+/// The tutorial's balance key.
+pub(crate) const BALANCE_KEY: &str = "wallet:42:balance";
+
+/// A balance kept in Redis, spent the naive way.
+#[derive(Clone)]
+pub(crate) struct Wallet {
+    conn: MultiplexedConnection,
+    key: &'static str,
+}
+
+impl Wallet {
+    pub(crate) fn new(conn: MultiplexedConnection) -> Wallet {
+        Wallet {
+            conn,
+            key: BALANCE_KEY,
+        }
+    }
+
+    pub(crate) async fn reset(&self, initial: i64) -> anyhow::Result<()> {
+        let mut conn = self.conn.clone();
+        let () = conn
+            .set(self.key, initial)
+            .await
+            .context("setting the balance")?;
+        Ok(())
+    }
+
+    pub(crate) async fn balance(&self) -> anyhow::Result<i64> {
+        let mut conn = self.conn.clone();
+        let balance: Option<i64> = conn.get(self.key).await.context("reading the balance")?;
+        balance.context("the balance key is missing")
+    }
+
+    /// A read-modify-write: read the balance, check it, wait `work`, write it
+    /// back. Its decision rests on a value that can change before the write.
+    pub(crate) async fn spend(&self, amount: i64, work: Duration) -> anyhow::Result<bool> {
+        let balance = self.balance().await?;
+        if balance < amount {
+            return Ok(false);
+        }
+        tokio::time::sleep(work).await;
+        let mut conn = self.conn.clone();
+        let () = conn
+            .set(self.key, balance - amount)
+            .await
+            .context("writing the balance")?;
+        Ok(true)
+    }
+}
+
+/// What a crowd of callers did.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    pub(crate) accepted: u64,
+    pub(crate) errors: u64,
+    /// The first few error messages, for the operator.
+    pub(crate) first_errors: Vec<String>,
+}
+
+/// Starts `n` tasks, releases them at the same moment, and counts how many
+/// calls of `spend` reported success.
+pub(crate) async fn hammer<F, Fut>(n: u32, spend: F) -> Tally
+where
+    F: Fn(u32) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = anyhow::Result<bool>> + Send,
+{
+    let spend = Arc::new(spend);
+    let start = Arc::new(Barrier::new(usize::try_from(n).unwrap_or(usize::MAX)));
+    let accepted = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for caller in 0..n {
+        let (spend, start, accepted) = (spend.clone(), start.clone(), accepted.clone());
+        tasks.spawn(async move {
+            start.wait().await;
+            let outcome = spend(caller).await;
+            if matches!(outcome, Ok(true)) {
+                accepted.fetch_add(1, Ordering::Relaxed);
+            }
+            outcome.map(|_| ())
+        });
+    }
+    let mut tally = Tally::default();
+    while let Some(joined) = tasks.join_next().await {
+        let failure = match joined {
+            Ok(Ok(())) => None,
+            Ok(Err(err)) => Some(format!("{err:#}")),
+            Err(err) => Some(format!("caller task failed: {err}")),
+        };
+        if let Some(message) = failure {
+            tally.errors += 1;
+            if tally.first_errors.len() < 3 {
+                tally.first_errors.push(message);
+            }
+        }
+    }
+    tally.accepted = accepted.load(Ordering::Relaxed);
+    tally
+}

@@ -1,0 +1,1 @@
+//! PostgreSQL fenced and check-and-set writes for leasehold (work in progress).

@@ -1,0 +1,179 @@
+//! The crate's error type.
+
+use std::io;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+/// Everything that can go wrong while starting, controlling or talking to a
+/// throwaway server.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A required server binary is neither on `PATH` nor in any of the
+    /// well-known fallback directories.
+    #[error("{name} not found on PATH; install it with: {install_hint}")]
+    BinaryNotFound {
+        /// The binary that was looked for, e.g. `redis-server`.
+        name: String,
+        /// How to install it.
+        install_hint: String,
+    },
+
+    /// Binding a loopback socket to find a free port failed.
+    #[error("failed to find a free loopback port")]
+    FreePort(#[source] io::Error),
+
+    /// Creating, writing or changing the ownership of a file or directory
+    /// failed.
+    #[error("failed to prepare {}", path.display())]
+    Io {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The server process could not be spawned.
+    #[error("failed to spawn {}", program.display())]
+    Spawn {
+        /// The binary that was executed.
+        program: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Waiting for (reaping) a child process failed.
+    #[error("failed to wait for process {pid}")]
+    Wait {
+        /// The child's process id.
+        pid: u32,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Sending a signal to a process failed.
+    #[error("failed to send {signal} to process {pid}")]
+    Signal {
+        /// The signal that was sent.
+        signal: Signal,
+        /// The target process id.
+        pid: u32,
+        /// The underlying error.
+        #[source]
+        source: nix::Error,
+    },
+
+    /// The operation needs a running server, but it has been killed.
+    #[error("{server} is not running")]
+    NotRunning {
+        /// Which server, e.g. `redis-server 127.0.0.1:6379`.
+        server: String,
+    },
+
+    /// The server process exited before it became ready.
+    #[error("{server} exited before becoming ready ({status}); log tail:\n{log_tail}")]
+    ExitedEarly {
+        /// Which server, e.g. `redis-server 127.0.0.1:6379`.
+        server: String,
+        /// How it exited.
+        status: ExitStatus,
+        /// The last lines of its log.
+        log_tail: String,
+    },
+
+    /// The server did not become ready in time (it has been killed).
+    #[error("{server} did not become ready within {timeout:?}; log tail:\n{log_tail}")]
+    NotReady {
+        /// Which server, e.g. `redis-server 127.0.0.1:6379`.
+        server: String,
+        /// How long it was given.
+        timeout: Duration,
+        /// The last lines of its log.
+        log_tail: String,
+    },
+
+    /// Every attempt to start the server failed because its port was taken
+    /// by another process in the meantime.
+    #[error("{program} could not bind a free port in {attempts} attempts")]
+    PortsExhausted {
+        /// The server binary, e.g. `redis-server`.
+        program: String,
+        /// How many ports were tried.
+        attempts: u32,
+    },
+
+    /// Something other than the server just started already answers on
+    /// its port.
+    #[error("port {port} is already served by process {owner_pid}")]
+    PortTaken {
+        /// The port.
+        port: u16,
+        /// The process id reported by whatever answers on it.
+        owner_pid: u32,
+    },
+
+    /// A process did not stop or continue after `SIGSTOP`/`SIGCONT` in time.
+    #[error("process {pid} did not {action} within {timeout:?}")]
+    SignalTimeout {
+        /// The target process id.
+        pid: u32,
+        /// `"stop"` or `"continue"`.
+        action: &'static str,
+        /// How long it was given.
+        timeout: Duration,
+    },
+
+    /// Looking up a system user failed.
+    #[error("failed to look up user {name:?}")]
+    UserLookup {
+        /// The user name.
+        name: String,
+        /// The underlying error.
+        #[source]
+        source: nix::Error,
+    },
+
+    /// PostgreSQL refuses to run as root and the unprivileged user to run it
+    /// as does not exist.
+    #[error("running as root but user {name:?} does not exist; PostgreSQL refuses to run as root")]
+    UserNotFound {
+        /// The user name.
+        name: String,
+    },
+
+    /// `initdb` exited unsuccessfully.
+    #[error("initdb failed ({status}):\n{output}")]
+    Initdb {
+        /// How it exited.
+        status: ExitStatus,
+        /// Its combined standard output and error.
+        output: String,
+    },
+
+    /// The operating system's random number generator failed.
+    #[error("failed to generate a random password")]
+    Random(#[source] getrandom::Error),
+
+    /// Talking RESP to a redis server failed at the I/O or protocol level.
+    #[error("redis command to {addr} failed")]
+    Resp {
+        /// The server's address.
+        addr: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// A redis server answered a command with an error reply.
+    #[error("redis replied with an error: {message}")]
+    RedisReply {
+        /// The error reply, e.g. `ERR unknown command 'FOO'`.
+        message: String,
+    },
+}

@@ -1,0 +1,38 @@
+//! Throwaway `redis-server` and PostgreSQL processes for tests and demos.
+//!
+//! Each server runs as a child process on a free loopback port, keeps its
+//! files in a temporary directory, and is killed (and the directory removed)
+//! when the handle is dropped. Faults can be injected while it runs:
+//! [`RedisServer::pause`] / [`PostgresServer::pause`] freeze the process with
+//! `SIGSTOP`, [`RedisServer::kill`] and [`RedisServer::restart`] simulate a
+//! crash and a recovery with an empty dataset.
+//!
+//! ```no_run
+//! use leasehold_testkit::RedisServer;
+//!
+//! let server = RedisServer::start()?;
+//! assert_eq!(server.redis_cli(&["PING"])?, "PONG");
+//! server.pause()?; // requests now hang
+//! server.resume()?;
+//! # Ok::<(), leasehold_testkit::Error>(())
+//! ```
+//!
+//! The binaries are looked up on `PATH`; PostgreSQL's also in
+//! `/usr/lib/postgresql/<version>/bin` (newest first), where Debian installs
+//! them. PostgreSQL refuses to run as root, so when this process is root it
+//! runs `initdb` and `postgres` as the `postgres` system user.
+//!
+//! When a test panics while a server handle is alive, the server's log is
+//! printed to stderr as the handle is dropped.
+
+mod error;
+mod postgres;
+mod process;
+mod redis;
+mod resp;
+
+pub use error::Error;
+pub use postgres::PostgresServer;
+pub use process::free_port;
+pub use redis::{RedisOptions, RedisServer};
+pub use resp::Reply;

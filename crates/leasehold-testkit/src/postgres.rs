@@ -1,0 +1,539 @@
+//! Throwaway PostgreSQL servers.
+
+use std::fs::{self, File};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::unistd::{Gid, Uid, User};
+use tempfile::TempDir;
+
+use crate::Error;
+use crate::process::{self, ChildProcess, HOST, POLL_INTERVAL, PORT_ATTEMPTS};
+
+/// The database superuser created by `initdb`.
+const USER: &str = "leasehold";
+
+/// The system user PostgreSQL runs as when this process is root.
+const SYSTEM_USER: &str = "postgres";
+
+/// The Debian/Ubuntu package providing the binaries.
+const APT_PACKAGE: &str = "postgresql";
+
+/// Where Debian/Ubuntu install the server binaries, one directory per major
+/// version.
+const DEBIAN_LIB_DIR: &str = "/usr/lib/postgresql";
+
+/// The log line announcing readiness (messages are forced to the C locale).
+const READY_MESSAGE: &str = "database system is ready to accept connections";
+
+/// How long the server may take to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a graceful (immediate) shutdown may take before `SIGKILL`.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many log lines error messages include.
+const ERROR_LOG_LINES: usize = 30;
+
+/// The length of the generated password.
+const PASSWORD_LEN: usize = 24;
+
+/// A PostgreSQL server on a free loopback port with a fresh cluster in a
+/// temporary directory, tuned for speed over durability (`fsync=off`).
+///
+/// The superuser is `leasehold` with a random password; TCP connections use
+/// `scram-sha-256` password authentication. When this process runs as root,
+/// `initdb` and `postgres` run as the `postgres` system user.
+///
+/// Dropping it shuts the server down (`SIGQUIT`, then `SIGKILL` after 5 s)
+/// and removes the directory. If the current thread is panicking (a failing
+/// test), the server's log is printed to stderr first.
+#[derive(Debug)]
+pub struct PostgresServer {
+    process: ChildProcess,
+    port: u16,
+    password: String,
+    log_path: PathBuf,
+    paused: AtomicBool,
+    /// Declared last so it is removed after the process is gone.
+    dir: TempDir,
+}
+
+/// The binaries a server needs, from one installation.
+struct Binaries {
+    initdb: PathBuf,
+    postgres: PathBuf,
+}
+
+impl PostgresServer {
+    /// Creates a cluster with `initdb`, starts `postgres` on a free port and
+    /// waits until it accepts connections.
+    ///
+    /// If the chosen port turns out to be taken, another one is tried, up to
+    /// five times in all.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BinaryNotFound`] if PostgreSQL is not installed,
+    /// [`Error::UserNotFound`] when running as root without a `postgres`
+    /// user, [`Error::Initdb`], or any error from spawning the server or
+    /// waiting for it to become ready.
+    pub fn start() -> Result<PostgresServer, Error> {
+        let binaries = find_binaries()?;
+        let run_as = run_as()?;
+        let dir = tempfile::Builder::new()
+            .prefix("leasehold-pg-")
+            .tempdir()
+            .map_err(process::io_err(&std::env::temp_dir()))?;
+        give_to(dir.path(), run_as)?;
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700))
+            .map_err(process::io_err(dir.path()))?;
+        let password = random_password()?;
+        initdb(&binaries.initdb, dir.path(), &password, run_as)?;
+
+        let log_path = dir.path().join("postgres.log");
+        let port = process::free_port()?;
+        let process = spawn_postgres(&binaries.postgres, dir.path(), &log_path, port, run_as)?;
+        let mut server = PostgresServer {
+            process,
+            port,
+            password,
+            log_path,
+            paused: AtomicBool::new(false),
+            dir,
+        };
+        for attempt in 1..=PORT_ATTEMPTS {
+            match server.wait_ready() {
+                Ok(()) => return Ok(server),
+                Err(Retry::Fatal(err)) => return Err(err),
+                Err(Retry::PortTaken) if attempt < PORT_ATTEMPTS => {
+                    // The previous process has exited and been reaped.
+                    server.port = process::free_port()?;
+                    server.process = spawn_postgres(
+                        &binaries.postgres,
+                        server.dir.path(),
+                        &server.log_path,
+                        server.port,
+                        run_as,
+                    )?;
+                }
+                Err(Retry::PortTaken) => {}
+            }
+        }
+        Err(Error::PortsExhausted {
+            program: "postgres".to_owned(),
+            attempts: PORT_ATTEMPTS,
+        })
+    }
+
+    /// The server's TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The address the server listens on: always `"127.0.0.1"`.
+    pub fn host(&self) -> &str {
+        HOST
+    }
+
+    /// The server's socket address.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// A connection URL for the `postgres` database:
+    /// `postgres://leasehold:PASSWORD@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://{USER}:{}@{HOST}:{}/postgres",
+            self.password, self.port
+        )
+    }
+
+    /// The superuser's password (24 random alphanumeric characters).
+    pub fn password(&self) -> &str {
+        &self.password
+    }
+
+    /// The superuser's name: always `"leasehold"`.
+    pub fn user(&self) -> &str {
+        USER
+    }
+
+    /// The process id of the postmaster.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Freezes the postmaster and all its children (backends, checkpointer,
+    /// ...) with `SIGSTOP`. New connections are accepted by the kernel but
+    /// never answered, and open sessions hang, until
+    /// [`resume`](Self::resume).
+    ///
+    /// The postmaster is stopped first, so it cannot fork new children while
+    /// they are being stopped.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotRunning`] if the server has died, or a signal error.
+    pub fn pause(&self) -> Result<(), Error> {
+        self.ensure_running()?;
+        process::stop(self.pid())?;
+        self.paused.store(true, Ordering::SeqCst);
+        for child in process::children_of(self.pid()) {
+            process::stop(child)?;
+        }
+        Ok(())
+    }
+
+    /// Continues a [paused](Self::pause) server with `SIGCONT`: first its
+    /// children, then the postmaster.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotRunning`] if the server has died, or a signal error.
+    pub fn resume(&self) -> Result<(), Error> {
+        self.ensure_running()?;
+        for child in process::children_of(self.pid()) {
+            process::cont(child)?;
+        }
+        process::cont(self.pid())?;
+        self.paused.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether the server is paused by [`pause`](Self::pause).
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    /// The contents of the server's log (empty if it cannot be read).
+    pub fn log(&self) -> String {
+        process::read_log(&self.log_path)
+    }
+
+    /// The temporary directory holding the cluster (`data/`), the Unix socket
+    /// and the log.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `postgres 127.0.0.1:PORT`, for messages.
+    fn name(&self) -> String {
+        format!("postgres {HOST}:{}", self.port)
+    }
+
+    fn ensure_running(&self) -> Result<(), Error> {
+        if self.process.is_alive() {
+            Ok(())
+        } else {
+            Err(Error::NotRunning {
+                server: self.name(),
+            })
+        }
+    }
+
+    /// Polls until the port accepts connections and the log announces
+    /// readiness; kills the server on failure.
+    fn wait_ready(&mut self) -> Result<(), Retry> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = self.process.try_wait()? {
+                let log = self.log();
+                if log.contains("Address already in use") {
+                    return Err(Retry::PortTaken);
+                }
+                return Err(Retry::Fatal(Error::ExitedEarly {
+                    server: self.name(),
+                    status,
+                    log_tail: process::tail(&log, ERROR_LOG_LINES).to_owned(),
+                }));
+            }
+            if TcpStream::connect_timeout(&self.addr(), Duration::from_millis(100)).is_ok()
+                && self.log().contains(READY_MESSAGE)
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                self.process.kill()?;
+                return Err(Retry::Fatal(Error::NotReady {
+                    server: self.name(),
+                    timeout: READY_TIMEOUT,
+                    log_tail: process::tail(&self.log(), ERROR_LOG_LINES).to_owned(),
+                }));
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
+    }
+
+    /// Immediate shutdown: continue if paused, `SIGQUIT`, wait, then stop
+    /// and `SIGKILL` the postmaster and its children.
+    fn shutdown(&mut self) -> Result<(), Error> {
+        if !self.process.is_alive() {
+            return Ok(());
+        }
+        if self.is_paused() {
+            self.resume()?;
+        }
+        self.process.signal(Signal::SIGQUIT)?;
+        if self.process.wait_timeout(SHUTDOWN_TIMEOUT)?.is_some() {
+            return Ok(());
+        }
+        // Stop the postmaster so it can neither fork nor reap while its
+        // children are killed, then kill it.
+        process::stop(self.pid())?;
+        for child in process::children_of(self.pid()) {
+            process::send_signal(child, Signal::SIGKILL)?;
+        }
+        self.process.kill()
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            process::dump_log(&self.name(), &self.log());
+        }
+        if self.shutdown().is_err() {
+            // Nothing sensible can be done about a failure here.
+            let _ = self.process.kill();
+        }
+    }
+}
+
+/// Why an attempt to start the server failed.
+enum Retry {
+    /// The port was taken by someone else; worth retrying on another port.
+    PortTaken,
+    /// Anything else.
+    Fatal(Error),
+}
+
+impl From<Error> for Retry {
+    fn from(err: Error) -> Self {
+        Retry::Fatal(err)
+    }
+}
+
+/// Finds `postgres` on `PATH` or in the newest `/usr/lib/postgresql/*/bin`,
+/// and `initdb` next to it.
+fn find_binaries() -> Result<Binaries, Error> {
+    let fallback_dirs = debian_bin_dirs(Path::new(DEBIAN_LIB_DIR));
+    let postgres = process::find_binary("postgres", APT_PACKAGE, &fallback_dirs)?;
+    let sibling = postgres.with_file_name("initdb");
+    let initdb = if process::is_executable(&sibling) {
+        sibling
+    } else {
+        process::find_binary("initdb", APT_PACKAGE, &fallback_dirs)?
+    };
+    Ok(Binaries { initdb, postgres })
+}
+
+/// `<lib_dir>/<version>/bin` for every installed version, newest first.
+fn debian_bin_dirs(lib_dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(lib_dir) else {
+        return Vec::new();
+    };
+    let mut versions: Vec<(Vec<u32>, PathBuf)> = entries
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let name = entry.file_name();
+            let version = name
+                .to_str()?
+                .split('.')
+                .map(|part| part.parse().ok())
+                .collect::<Option<Vec<u32>>>()?;
+            Some((version, entry.path().join("bin")))
+        })
+        .collect();
+    versions.sort_by(|a, b| b.0.cmp(&a.0));
+    versions.into_iter().map(|(_, dir)| dir).collect()
+}
+
+/// The user to run PostgreSQL as: the `postgres` system user if this process
+/// is root (PostgreSQL refuses to run as root), otherwise `None` (the
+/// current user).
+fn run_as() -> Result<Option<(Uid, Gid)>, Error> {
+    if !Uid::effective().is_root() {
+        return Ok(None);
+    }
+    let user = User::from_name(SYSTEM_USER)
+        .map_err(|source| Error::UserLookup {
+            name: SYSTEM_USER.to_owned(),
+            source,
+        })?
+        .ok_or_else(|| Error::UserNotFound {
+            name: SYSTEM_USER.to_owned(),
+        })?;
+    Ok(Some((user.uid, user.gid)))
+}
+
+/// Makes `path` owned by the user PostgreSQL runs as, if that is not us.
+fn give_to(path: &Path, run_as: Option<(Uid, Gid)>) -> Result<(), Error> {
+    match run_as {
+        Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid.as_raw()), Some(gid.as_raw()))
+            .map_err(process::io_err(path)),
+        None => Ok(()),
+    }
+}
+
+/// Applies the identity and environment PostgreSQL binaries run with.
+fn configure(command: &mut Command, dir: &Path, run_as: Option<(Uid, Gid)>) {
+    command
+        .current_dir(dir)
+        // Untranslated messages (the readiness check reads the log) and a
+        // locale that always exists.
+        .env("LC_ALL", "C")
+        .env_remove("LANG")
+        .stdin(Stdio::null());
+    if let Some((uid, gid)) = run_as {
+        command.uid(uid.as_raw()).gid(gid.as_raw());
+    }
+}
+
+/// Runs `initdb` into `<dir>/data`.
+fn initdb(
+    binary: &Path,
+    dir: &Path,
+    password: &str,
+    run_as: Option<(Uid, Gid)>,
+) -> Result<(), Error> {
+    let pwfile = dir.join("pw");
+    fs::write(&pwfile, password).map_err(process::io_err(&pwfile))?;
+    fs::set_permissions(&pwfile, fs::Permissions::from_mode(0o600))
+        .map_err(process::io_err(&pwfile))?;
+    give_to(&pwfile, run_as)?;
+
+    let mut command = Command::new(binary);
+    command
+        .arg("-D")
+        .arg(dir.join("data"))
+        .args(["-U", USER])
+        .arg(format!("--pwfile={}", pwfile.display()))
+        .args([
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ]);
+    configure(&mut command, dir, run_as);
+    let output = command.output().map_err(|source| Error::Spawn {
+        program: binary.to_owned(),
+        source,
+    });
+    // The password is no longer needed on disk, whatever happened.
+    let _ = fs::remove_file(&pwfile);
+    let output = output?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    Err(Error::Initdb {
+        status: output.status,
+        output: process::tail(&text, ERROR_LOG_LINES).to_owned(),
+    })
+}
+
+/// Spawns `postgres` in the foreground, logging to `log_path` (truncated).
+fn spawn_postgres(
+    binary: &Path,
+    dir: &Path,
+    log_path: &Path,
+    port: u16,
+    run_as: Option<(Uid, Gid)>,
+) -> Result<ChildProcess, Error> {
+    let log = File::create(log_path).map_err(process::io_err(log_path))?;
+    let log_copy = log.try_clone().map_err(process::io_err(log_path))?;
+    let mut command = Command::new(binary);
+    command
+        .arg("-D")
+        .arg(dir.join("data"))
+        .arg("-p")
+        .arg(port.to_string())
+        .arg("-k")
+        .arg(dir)
+        .args([
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=200",
+            "-c",
+            "shared_buffers=32MB",
+        ]);
+    configure(&mut command, dir, run_as);
+    let child = command
+        .stdout(log_copy)
+        .stderr(log)
+        .spawn()
+        .map_err(|source| Error::Spawn {
+            program: binary.to_owned(),
+            source,
+        })?;
+    Ok(ChildProcess::new(child))
+}
+
+/// 24 random ASCII letters and digits.
+fn random_password() -> Result<String, Error> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    // Reject bytes past the largest multiple of the alphabet size, so every
+    // character is equally likely.
+    let limit = u8::try_from(256 / ALPHABET.len() * ALPHABET.len()).unwrap_or(u8::MAX);
+    let mut password = String::with_capacity(PASSWORD_LEN);
+    let mut buf = [0u8; 64];
+    while password.len() < PASSWORD_LEN {
+        getrandom::fill(&mut buf).map_err(Error::Random)?;
+        password.extend(
+            buf.iter()
+                .filter(|&&byte| byte < limit)
+                .map(|&byte| char::from(ALPHABET[usize::from(byte) % ALPHABET.len()]))
+                .take(PASSWORD_LEN - password.len()),
+        );
+    }
+    Ok(password)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn password_is_24_alphanumeric_chars() -> Result<(), Error> {
+        let a = random_password()?;
+        let b = random_password()?;
+        assert_eq!(a.len(), PASSWORD_LEN);
+        assert!(a.chars().all(|c| c.is_ascii_alphanumeric()));
+        assert_ne!(a, b);
+        Ok(())
+    }
+
+    #[test]
+    fn debian_dirs_newest_first() -> Result<(), Box<dyn std::error::Error>> {
+        let lib = tempfile::tempdir()?;
+        for version in ["9.6", "15", "13", "not-a-version"] {
+            fs::create_dir(lib.path().join(version))?;
+        }
+        let dirs = debian_bin_dirs(lib.path());
+        let expected: Vec<PathBuf> = ["15", "13", "9.6"]
+            .iter()
+            .map(|v| lib.path().join(v).join("bin"))
+            .collect();
+        assert_eq!(dirs, expected);
+        assert!(debian_bin_dirs(&lib.path().join("missing")).is_empty());
+        Ok(())
+    }
+}

@@ -1,0 +1,636 @@
+//! Throwaway `redis-server` processes.
+
+use std::fs;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use crate::Error;
+use crate::process::{self, ChildProcess, HOST, POLL_INTERVAL, PORT_ATTEMPTS};
+use crate::resp::{self, Connection, Reply};
+
+/// The binary this module starts.
+const REDIS_SERVER: &str = "redis-server";
+
+/// How long [`RedisServer::redis_cli`] waits for a connection or a reply.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest a single readiness probe may wait for a `PING` reply.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How many log lines error messages include.
+const ERROR_LOG_LINES: usize = 30;
+
+/// Options for [`RedisServer::start_with`], built with consuming setters.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use leasehold_testkit::{RedisOptions, RedisServer};
+///
+/// let server = RedisServer::start_with(
+///     RedisOptions::default()
+///         .password("s3cret")
+///         .args(["--maxmemory", "64mb"])
+///         .ready_timeout(Duration::from_secs(5)),
+/// )?;
+/// # Ok::<(), leasehold_testkit::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    password: Option<String>,
+    replica_of: Option<(String, u16)>,
+    args: Vec<String>,
+    ready_timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            password: None,
+            replica_of: None,
+            args: Vec::new(),
+            ready_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RedisOptions {
+    /// Requires clients to authenticate with `password` (`--requirepass`).
+    ///
+    /// Combined with [`replica_of`](Self::replica_of), the same password is
+    /// used to authenticate to the primary (`--masterauth`).
+    #[must_use]
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Starts the server as a replica of `host:port` (`--replicaof`).
+    #[must_use]
+    pub fn replica_of(mut self, host: &str, port: u16) -> Self {
+        self.replica_of = Some((host.to_owned(), port));
+        self
+    }
+
+    /// Appends one raw command-line argument, e.g. `"--cluster-enabled"`.
+    #[must_use]
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Appends several raw command-line arguments, e.g.
+    /// `["--cluster-enabled", "yes"]`.
+    #[must_use]
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// How long to wait for the server to answer `PING` (default 10 s).
+    #[must_use]
+    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
+        self.ready_timeout = timeout;
+        self
+    }
+
+    /// The password set with [`password`](Self::password), if any.
+    pub fn get_password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    /// The full `redis-server` command line (without the binary) for a server
+    /// on `port` whose files live in `dir`.
+    fn command_line(&self, port: u16, dir: &Path, log_path: &Path) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            HOST,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            &dir.to_string_lossy(),
+            "--logfile",
+            &log_path.to_string_lossy(),
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+        if let Some(password) = &self.password {
+            args.extend(["--requirepass".to_owned(), password.clone()]);
+        }
+        if let Some((host, primary_port)) = &self.replica_of {
+            args.extend([
+                "--replicaof".to_owned(),
+                host.clone(),
+                primary_port.to_string(),
+            ]);
+            if let Some(password) = &self.password {
+                args.extend(["--masterauth".to_owned(), password.clone()]);
+            }
+        }
+        args.extend(self.args.iter().cloned());
+        args
+    }
+}
+
+/// A `redis-server` on a free loopback port, with no persistence, whose data
+/// and log live in a temporary directory.
+///
+/// Dropping it kills the process (`SIGKILL`) and removes the directory. If the
+/// current thread is panicking (a failing test), the server's log is printed
+/// to stderr first.
+#[derive(Debug)]
+pub struct RedisServer {
+    process: ChildProcess,
+    port: u16,
+    options: RedisOptions,
+    binary: PathBuf,
+    log_path: PathBuf,
+    /// Where this run's output starts in the (appended-to) log file.
+    log_offset: u64,
+    paused: AtomicBool,
+    /// Declared last so it is removed after the process is gone.
+    dir: TempDir,
+}
+
+/// Why an attempt to start the server failed.
+enum StartFailure {
+    /// The port was taken by someone else; worth retrying on another port.
+    PortTaken(Error),
+    /// Anything else.
+    Fatal(Error),
+}
+
+impl From<Error> for StartFailure {
+    fn from(err: Error) -> Self {
+        StartFailure::Fatal(err)
+    }
+}
+
+impl RedisServer {
+    /// Starts a server with default options and waits until it answers
+    /// `PING`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BinaryNotFound`] if `redis-server` is not installed, or any
+    /// error from spawning the process or waiting for it to become ready.
+    pub fn start() -> Result<RedisServer, Error> {
+        Self::start_with(RedisOptions::default())
+    }
+
+    /// Starts a server with `options` and waits until it answers `PING`.
+    ///
+    /// If the chosen port turns out to be taken, another one is tried, up to
+    /// five times in all.
+    ///
+    /// # Errors
+    ///
+    /// As for [`start`](Self::start); [`Error::PortsExhausted`] if every port
+    /// tried was taken.
+    pub fn start_with(options: RedisOptions) -> Result<RedisServer, Error> {
+        Self::spawn(options)?.finish_start()
+    }
+
+    /// Starts `n` independent servers with default options.
+    ///
+    /// All processes are spawned before waiting for any of them, so this
+    /// takes about as long as starting one.
+    ///
+    /// # Errors
+    ///
+    /// As for [`start`](Self::start); servers already started are killed.
+    pub fn start_many(n: usize) -> Result<Vec<RedisServer>, Error> {
+        let spawned = (0..n)
+            .map(|_| Self::spawn(RedisOptions::default()))
+            .collect::<Result<Vec<_>, _>>()?;
+        spawned.into_iter().map(Self::finish_start).collect()
+    }
+
+    /// The server's TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The address the server listens on: always `"127.0.0.1"`.
+    pub fn host(&self) -> &str {
+        HOST
+    }
+
+    /// The server's socket address.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// A connection URL: `redis://127.0.0.1:PORT/`, or
+    /// `redis://:PASSWORD@127.0.0.1:PORT/` if a password is set (with the
+    /// password percent-encoded).
+    pub fn url(&self) -> String {
+        match &self.options.password {
+            Some(password) => format!(
+                "redis://:{}@{HOST}:{}/",
+                percent_encode(password),
+                self.port
+            ),
+            None => format!("redis://{HOST}:{}/", self.port),
+        }
+    }
+
+    /// The password clients must authenticate with, if any.
+    pub fn password(&self) -> Option<&str> {
+        self.options.password.as_deref()
+    }
+
+    /// The options the server was started with.
+    pub fn options(&self) -> &RedisOptions {
+        &self.options
+    }
+
+    /// The process id of the server (of the last one, if it has been
+    /// killed).
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Whether the server process is running (it may be paused); `false`
+    /// after [`kill`](Self::kill).
+    pub fn is_running(&self) -> bool {
+        self.process.is_alive()
+    }
+
+    /// Freezes the server with `SIGSTOP`. Connections are still accepted by
+    /// the kernel, but nothing is answered until [`resume`](Self::resume).
+    ///
+    /// Returns once the kernel reports the process stopped.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotRunning`] after [`kill`](Self::kill), or a signal error.
+    pub fn pause(&self) -> Result<(), Error> {
+        self.ensure_running()?;
+        process::stop(self.pid())?;
+        self.paused.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Continues a [paused](Self::pause) server with `SIGCONT`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotRunning`] after [`kill`](Self::kill), or a signal error.
+    pub fn resume(&self) -> Result<(), Error> {
+        self.ensure_running()?;
+        process::cont(self.pid())?;
+        self.paused.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether the server is paused by [`pause`](Self::pause).
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    /// Kills the server with `SIGKILL` and reaps it. Does nothing if it is
+    /// already dead.
+    ///
+    /// # Errors
+    ///
+    /// A signal or wait error.
+    pub fn kill(&mut self) -> Result<(), Error> {
+        self.process.kill()?;
+        self.paused.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Kills the server, then starts it again on the same port with the same
+    /// options and waits until it is ready. Without persistence, the dataset
+    /// starts out empty.
+    ///
+    /// # Errors
+    ///
+    /// As for [`start`](Self::start); if the port was taken in the meantime,
+    /// [`Error::ExitedEarly`] or [`Error::PortTaken`]. The server is left killed on error.
+    pub fn restart(&mut self) -> Result<(), Error> {
+        self.kill()?;
+        self.respawn()?;
+        match self.wait_ready() {
+            Ok(()) => Ok(()),
+            Err(StartFailure::PortTaken(err) | StartFailure::Fatal(err)) => Err(err),
+        }
+    }
+
+    /// The contents of the server's log file (empty if it cannot be read).
+    ///
+    /// After [`restart`](Self::restart) this includes the earlier runs.
+    pub fn log(&self) -> String {
+        process::read_log(&self.log_path)
+    }
+
+    /// The temporary directory holding the server's files.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Runs one command, authenticating first if a password is set, and
+    /// returns the reply rendered as text (see [`Reply`]'s `Display`).
+    ///
+    /// Uses a built-in RESP client; neither `redis-cli` nor a redis client
+    /// crate is needed.
+    ///
+    /// ```no_run
+    /// # let server = leasehold_testkit::RedisServer::start()?;
+    /// assert_eq!(server.redis_cli(&["SET", "k", "v"])?, "OK");
+    /// assert_eq!(server.redis_cli(&["GET", "k"])?, "v");
+    /// # Ok::<(), leasehold_testkit::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::RedisReply`] if the server answers with an error,
+    /// [`Error::Resp`] on I/O failure or a 5 s timeout (e.g. while paused).
+    pub fn redis_cli(&self, args: &[&str]) -> Result<String, Error> {
+        self.command(args).map(|reply| reply.to_string())
+    }
+
+    /// Like [`redis_cli`](Self::redis_cli), but returns the parsed reply.
+    ///
+    /// # Errors
+    ///
+    /// As for [`redis_cli`](Self::redis_cli).
+    pub fn command(&self, args: &[&str]) -> Result<Reply, Error> {
+        self.ensure_running()?;
+        resp::run_command(self.addr(), self.password(), args, COMMAND_TIMEOUT)
+    }
+
+    /// `redis-server 127.0.0.1:PORT`, for messages.
+    fn name(&self) -> String {
+        format!("{REDIS_SERVER} {HOST}:{}", self.port)
+    }
+
+    fn ensure_running(&self) -> Result<(), Error> {
+        if self.process.is_alive() {
+            Ok(())
+        } else {
+            Err(Error::NotRunning {
+                server: self.name(),
+            })
+        }
+    }
+
+    /// Creates the directory, picks a port and spawns the process without
+    /// waiting for it.
+    fn spawn(options: RedisOptions) -> Result<Self, Error> {
+        let binary = process::find_binary(REDIS_SERVER, REDIS_SERVER, &[])?;
+        let dir = tempfile::Builder::new()
+            .prefix("leasehold-redis-")
+            .tempdir()
+            .map_err(process::io_err(&std::env::temp_dir()))?;
+        let log_path = dir.path().join("redis.log");
+        let port = process::free_port()?;
+        let process = spawn_process(&binary, &options, port, dir.path(), &log_path)?;
+        Ok(Self {
+            process,
+            port,
+            options,
+            binary,
+            log_path,
+            log_offset: 0,
+            paused: AtomicBool::new(false),
+            dir,
+        })
+    }
+
+    /// Spawns the process again on the current port (after it was killed).
+    fn respawn(&mut self) -> Result<(), Error> {
+        self.log_offset = process::file_len(&self.log_path);
+        self.process = spawn_process(
+            &self.binary,
+            &self.options,
+            self.port,
+            self.dir.path(),
+            &self.log_path,
+        )?;
+        self.paused.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Waits until the spawned server is ready, moving to a new port when
+    /// the current one turns out to be taken.
+    fn finish_start(mut self) -> Result<Self, Error> {
+        for attempt in 1..=PORT_ATTEMPTS {
+            match self.wait_ready() {
+                Ok(()) => return Ok(self),
+                Err(StartFailure::Fatal(err)) => return Err(err),
+                Err(StartFailure::PortTaken(_)) if attempt < PORT_ATTEMPTS => {
+                    self.port = process::free_port()?;
+                    self.respawn()?;
+                }
+                Err(StartFailure::PortTaken(_)) => {}
+            }
+        }
+        Err(Error::PortsExhausted {
+            program: REDIS_SERVER.to_owned(),
+            attempts: PORT_ATTEMPTS,
+        })
+    }
+
+    /// Polls until the server answers `PING` (or `NOAUTH`); kills it on
+    /// failure.
+    fn wait_ready(&mut self) -> Result<(), StartFailure> {
+        let timeout = self.options.ready_timeout;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.process.try_wait()? {
+                let log = process::read_log_from(&self.log_path, self.log_offset);
+                let err = Error::ExitedEarly {
+                    server: self.name(),
+                    status,
+                    log_tail: process::tail(&log, ERROR_LOG_LINES).to_owned(),
+                };
+                return Err(if log.contains("Address already in use") {
+                    StartFailure::PortTaken(err)
+                } else {
+                    StartFailure::Fatal(err)
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                self.process.kill()?;
+                return Err(StartFailure::Fatal(Error::NotReady {
+                    server: self.name(),
+                    timeout,
+                    log_tail: process::tail(&self.run_log(), ERROR_LOG_LINES).to_owned(),
+                }));
+            }
+            if answers_ping(self.addr(), (deadline - now).min(PROBE_TIMEOUT)) {
+                return match self.answering_pid() {
+                    Some(pid) if pid != self.pid() => {
+                        // Another server owns the port; ours will fail to bind.
+                        self.process.kill()?;
+                        Err(StartFailure::PortTaken(Error::PortTaken {
+                            port: self.port,
+                            owner_pid: pid,
+                        }))
+                    }
+                    _ => Ok(()),
+                };
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
+    }
+
+    /// The log of the current run only.
+    fn run_log(&self) -> String {
+        process::read_log_from(&self.log_path, self.log_offset)
+    }
+
+    /// The `process_id` reported by `INFO server` of whatever answers on our
+    /// port, if it can be determined.
+    fn answering_pid(&self) -> Option<u32> {
+        let reply = resp::run_command(
+            self.addr(),
+            self.password(),
+            &["INFO", "server"],
+            COMMAND_TIMEOUT,
+        )
+        .ok()?;
+        let Reply::Bulk(info) = reply else {
+            return None;
+        };
+        String::from_utf8_lossy(&info)
+            .lines()
+            .find_map(|line| line.strip_prefix("process_id:"))
+            .and_then(|pid| pid.trim().parse().ok())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            process::dump_log(&self.name(), &self.log());
+        }
+        // Nothing sensible can be done about a failure here.
+        let _ = self.process.kill();
+    }
+}
+
+fn spawn_process(
+    binary: &Path,
+    options: &RedisOptions,
+    port: u16,
+    dir: &Path,
+    log_path: &Path,
+) -> Result<ChildProcess, Error> {
+    // redis-server reports command-line and config errors on stderr, before
+    // it opens its log file, so stdout and stderr go to that same file too
+    // (in append mode, like redis-server's own writes).
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path)
+        .map_err(process::io_err(log_path))?;
+    let log_copy = log.try_clone().map_err(process::io_err(log_path))?;
+    let child = Command::new(binary)
+        .args(options.command_line(port, dir, log_path))
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(log_copy)
+        .stderr(log)
+        .spawn()
+        .map_err(|source| Error::Spawn {
+            program: binary.to_owned(),
+            source,
+        })?;
+    Ok(ChildProcess::new(child))
+}
+
+/// Whether something on `addr` answers `PING` with `+PONG` or `-NOAUTH`.
+fn answers_ping(addr: SocketAddr, timeout: Duration) -> bool {
+    let Ok(mut conn) = Connection::connect(addr, timeout) else {
+        return false;
+    };
+    match conn.command(&["PING"]) {
+        Ok(Reply::Simple(pong)) => pong == "PONG",
+        Ok(Reply::Error(err)) => err.starts_with("NOAUTH"),
+        _ => false,
+    }
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters.
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|byte| {
+            if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+                char::from(byte).to_string()
+            } else {
+                format!("%{byte:02X}")
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_line_has_fixed_args_then_options() {
+        let options = RedisOptions::default()
+            .password("pw")
+            .replica_of("127.0.0.1", 7000)
+            .arg("--maxmemory")
+            .args(["64mb"]);
+        let args = options.command_line(6400, Path::new("/d"), Path::new("/d/redis.log"));
+        let expected = [
+            "--port",
+            "6400",
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            "/d",
+            "--logfile",
+            "/d/redis.log",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            "--requirepass",
+            "pw",
+            "--replicaof",
+            "127.0.0.1",
+            "7000",
+            "--masterauth",
+            "pw",
+            "--maxmemory",
+            "64mb",
+        ];
+        assert_eq!(args, expected);
+    }
+
+    #[test]
+    fn percent_encodes_password() {
+        assert_eq!(percent_encode("aZ9-._~"), "aZ9-._~");
+        assert_eq!(percent_encode("a b@c/"), "a%20b%40c%2F");
+    }
+}

@@ -1,0 +1,190 @@
+//! The crate's one error type.
+
+use std::time::Duration;
+
+/// Why an acquire gave up without the lock.
+///
+/// Every way of not getting the lock comes back as [`Error::NotAcquired`] with
+/// one of these reasons, whatever retry strategy or options were chosen, so a
+/// caller can match on one variant and still tell the cases apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GiveUpReason {
+    /// The lock was held by someone else on every attempt and the retry
+    /// strategy ran out of waits (for example [`RetryStrategy::none`], as used
+    /// by `try_acquire`).
+    ///
+    /// [`RetryStrategy::none`]: crate::RetryStrategy::none
+    RetriesExhausted,
+    /// The caller's deadline passed while the lock was still held by someone
+    /// else.
+    DeadlineExpired,
+    /// The caller's cancellation token fired while waiting.
+    Cancelled,
+}
+
+impl std::fmt::Display for GiveUpReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GiveUpReason::RetriesExhausted => "retries exhausted",
+            GiveUpReason::DeadlineExpired => "deadline expired",
+            GiveUpReason::Cancelled => "cancelled",
+        })
+    }
+}
+
+/// Everything that can go wrong when taking, keeping or giving back a lease.
+///
+/// Variants are named after outcomes. Messages are lowercase and never repeat
+/// the text of the underlying Redis error: walk [`std::error::Error::source`]
+/// for that. No message contains a password or a connection URL.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock stayed busy until the caller stopped waiting.
+    #[error("lock {key:?} not acquired after {attempts} attempts in {waited:?}: {reason}")]
+    NotAcquired {
+        /// The lock key.
+        key: String,
+        /// How many times the lock was requested from Redis.
+        attempts: u32,
+        /// Time spent from the first request to giving up.
+        waited: Duration,
+        /// Why the acquire stopped.
+        reason: GiveUpReason,
+    },
+
+    /// The lease is no longer ours: it expired or another holder took the
+    /// key. Returned by release (and refresh), which then changed nothing.
+    #[error("lock {key:?} not held: the lease expired or changed hands")]
+    NotHeld {
+        /// The lock key.
+        key: String,
+    },
+
+    /// The TTL is outside the accepted range (at least 1 ms, at most
+    /// [`MAX_TTL`](crate::MAX_TTL)). Rejected before any I/O.
+    #[error("invalid lock ttl {ttl:?}: must be at least 1ms and at most {max:?}")]
+    InvalidTtl {
+        /// The rejected TTL.
+        ttl: Duration,
+        /// The largest accepted TTL.
+        max: Duration,
+    },
+
+    /// The key is not usable as a lock key (for example, it is empty).
+    /// Rejected before any I/O.
+    #[error("invalid lock key {key:?}: {reason}")]
+    InvalidKey {
+        /// The rejected key.
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// An option combination that cannot work, such as a deadline already in
+    /// the past. Rejected before any I/O.
+    #[error("invalid options: {0}")]
+    InvalidOptions(&'static str),
+
+    /// Redis did not answer within the caller's deadline or the locker's
+    /// command timeout (a paused, overloaded or partitioned server).
+    #[error("redis did not answer {op} within {after:?}")]
+    Timeout {
+        /// The operation that was waiting (`"acquire"`, `"release"`, ...).
+        op: &'static str,
+        /// How long it waited.
+        after: Duration,
+    },
+
+    /// Redis could not be reached: connection refused, reset or dropped.
+    #[error("redis unreachable during {op}")]
+    Unreachable {
+        /// The operation that failed.
+        op: &'static str,
+        /// The underlying client error.
+        #[source]
+        source: redis::RedisError,
+    },
+
+    /// Redis refused our credentials (wrong password, unknown user, or a
+    /// password is required).
+    #[error("redis authentication failed")]
+    Auth(#[source] redis::RedisError),
+
+    /// The lock key exists but does not hold a string, so it is not a lock
+    /// (another part of the application uses the same name).
+    #[error("key {key:?} holds a value of the wrong type for a lock")]
+    WrongType {
+        /// The lock key.
+        key: String,
+        /// The server's WRONGTYPE reply.
+        #[source]
+        source: redis::RedisError,
+    },
+
+    /// Redis answered with a reply we did not expect.
+    #[error("unexpected reply from redis to {op}")]
+    UnexpectedReply {
+        /// The operation.
+        op: &'static str,
+    },
+
+    /// Any other error from Redis or the client.
+    #[error("redis error during {op}")]
+    Redis {
+        /// The operation that failed.
+        op: &'static str,
+        /// The underlying client error.
+        #[source]
+        source: redis::RedisError,
+    },
+}
+
+impl Error {
+    /// True when trying the same operation again later may succeed: the lock
+    /// was busy, or Redis was slow or unreachable.
+    ///
+    /// Invalid input, authentication failures and wrong-type keys are not
+    /// retryable. `NotHeld` is not retryable either: the lease is gone, and
+    /// the right response is to stop the protected work, not to retry it.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::NotAcquired { reason, .. } => *reason != GiveUpReason::Cancelled,
+            Error::Timeout { .. } | Error::Unreachable { .. } => true,
+            Error::Redis { source, .. } => !source.is_unrecoverable_error(),
+            _ => false,
+        }
+    }
+
+    /// True when the error is about the lock not being ours (busy or lost),
+    /// rather than about Redis or the input.
+    pub fn is_contention(&self) -> bool {
+        matches!(self, Error::NotAcquired { .. } | Error::NotHeld { .. })
+    }
+
+    /// Maps a client error to the variant that names its outcome.
+    pub(crate) fn from_redis(op: &'static str, key: &str, err: redis::RedisError) -> Error {
+        use redis::ErrorKind;
+        match err.code() {
+            Some("WRONGTYPE") => {
+                return Error::WrongType {
+                    key: key.to_owned(),
+                    source: err,
+                };
+            }
+            Some("NOAUTH" | "WRONGPASS") => return Error::Auth(err),
+            _ => {}
+        }
+        if err.kind() == ErrorKind::AuthenticationFailed {
+            return Error::Auth(err);
+        }
+        if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
+            return Error::Unreachable { op, source: err };
+        }
+        Error::Redis { op, source: err }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,61 @@
+#![doc = include_str!("../README.md")]
+//!
+//! # Why a lease is not a mutex
+//!
+//! A Redis lock is a key with an expiry. The expiry is what makes it safe to
+//! use across processes that crash: a dead holder cannot block the key
+//! forever. It is also what makes it *not* a mutex: the key disappears after
+//! the TTL whether or not the holder has finished, so a holder that is slow,
+//! paused (garbage collection, a stopped VM) or partitioned can keep working
+//! after its lease has passed to someone else. Nothing the holder checks
+//! before writing can rule this out, because the pause can fall between the
+//! check and the write.
+//!
+//! So in leasehold a Redis lock is an **efficiency lock**: it makes
+//! conflicting work rare and keeps contention down. When a lock failure
+//! would corrupt data (money), the write path is made **correct** by the
+//! database: a conditional write that refuses stale fencing tokens and stale
+//! reads (see the `leasehold-pg` crate).
+//!
+//! # What this crate guarantees
+//!
+//! - A lease is taken with one `SET key token NX PX ttl`, so key and expiry
+//!   are created atomically; the token is 128 bits from the OS CSPRNG.
+//! - Release deletes the key only if it still holds our token (one Lua
+//!   script), so a late holder never deletes its successor's lock, and
+//!   reports [`Error::NotHeld`] when the lease was already gone.
+//! - Every Redis request is bounded by the caller's deadline (or the
+//!   locker's command timeout): a paused Redis fails fast with
+//!   [`Error::Timeout`].
+//! - Bad input ([`Error::InvalidTtl`], [`Error::InvalidKey`]) is rejected
+//!   before any I/O.
+
+mod call;
+mod error;
+mod lease;
+mod locker;
+mod options;
+mod retry;
+mod scripts;
+mod token;
+
+pub use error::{Error, GiveUpReason, Result};
+pub use lease::Lease;
+pub use locker::{DEFAULT_COMMAND_TIMEOUT, Locker, LockerBuilder, MAX_TTL, connect};
+pub use options::{AcquireOptions, DEFAULT_WAIT};
+pub use retry::{RetryStrategy, Waits};
+pub use token::LeaseToken;
+
+/// Re-exported so callers can name the connection and cancellation types
+/// without adding matching versions of these crates themselves.
+pub use redis;
+pub use tokio_util::sync::CancellationToken;
+
+/// A Redis connection a [`Locker`] can use: any clonable async redis-rs
+/// connection, such as a
+/// [`MultiplexedConnection`](redis::aio::MultiplexedConnection),
+/// [`ConnectionManager`](redis::aio::ConnectionManager) or cluster
+/// connection.
+pub trait RedisConnection: redis::aio::ConnectionLike + Clone + Send + Sync + 'static {}
+
+impl<T> RedisConnection for T where T: redis::aio::ConnectionLike + Clone + Send + Sync + 'static {}

@@ -1,0 +1,427 @@
+//! The single-node lease lock: `SET key token NX PX ttl`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use redis::Value;
+use redis::aio::MultiplexedConnection;
+use tokio::time::Instant;
+
+use crate::error::{Error, GiveUpReason, Result};
+use crate::lease::Lease;
+use crate::options::AcquireOptions;
+use crate::token::LeaseToken;
+use crate::{RedisConnection, RetryStrategy, call};
+
+/// The longest TTL a lease may have: 24 hours. A lease longer than that is
+/// almost certainly a unit mistake (seconds passed as milliseconds), and a
+/// crashed holder would block the key for as long.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How long a single Redis request may take when the caller gave no tighter
+/// deadline: 1 s.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Takes leases on one Redis server (or one Redis Cluster).
+///
+/// Cheap to clone: clones share the connection, which redis-rs multiplexes.
+/// Generic over the connection type so it works with a
+/// [`MultiplexedConnection`] (the default), a
+/// [`ConnectionManager`](redis::aio::ConnectionManager) or a cluster
+/// connection.
+#[derive(Clone)]
+pub struct Locker<C = MultiplexedConnection> {
+    pub(crate) inner: Arc<Inner<C>>,
+}
+
+pub(crate) struct Inner<C> {
+    pub(crate) conn: C,
+    pub(crate) command_timeout: Duration,
+    /// `SET ... NX GET` needs Redis 7.0; older servers get plain `SET NX`.
+    set_nx_get: AtomicBool,
+}
+
+impl<C> std::fmt::Debug for Locker<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locker")
+            .field("command_timeout", &self.inner.command_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Locker`] with non-default settings.
+#[must_use]
+#[derive(Debug)]
+pub struct LockerBuilder<C> {
+    conn: C,
+    command_timeout: Duration,
+}
+
+impl<C: RedisConnection> LockerBuilder<C> {
+    /// Bounds every Redis request that has no tighter deadline of its own
+    /// (release, and each attempt of an acquire whose deadline is further
+    /// away).
+    ///
+    /// Defaults to [`DEFAULT_COMMAND_TIMEOUT`] (1 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// Checks the settings and builds the locker. No I/O.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for a zero command timeout.
+    pub fn build(self) -> Result<Locker<C>> {
+        if self.command_timeout.is_zero() {
+            return Err(Error::InvalidOptions("command timeout must be positive"));
+        }
+        Ok(Locker::from_parts(self.conn, self.command_timeout))
+    }
+}
+
+impl Locker<MultiplexedConnection> {
+    /// Opens a multiplexed connection to `client`'s server, bounded by
+    /// [`DEFAULT_COMMAND_TIMEOUT`], and wraps it in a locker with default
+    /// settings.
+    ///
+    /// # Errors
+    /// [`Error::Unreachable`] when nothing listens, [`Error::Timeout`] when
+    /// the server accepts the connection but does not answer (a paused
+    /// process), [`Error::Auth`] for wrong credentials.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future drops the half-open connection.
+    pub async fn connect(client: &redis::Client) -> Result<Self> {
+        let conn = connect(client, DEFAULT_COMMAND_TIMEOUT).await?;
+        Locker::builder(conn).build()
+    }
+}
+
+/// Opens a multiplexed connection whose connect and response timeouts are both
+/// `timeout`, mapping failures to [`Error`].
+///
+/// # Errors
+/// See [`Locker::connect`].
+pub async fn connect(client: &redis::Client, timeout: Duration) -> Result<MultiplexedConnection> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    let deadline = Instant::now() + timeout;
+    call::bounded(
+        "connect",
+        "",
+        deadline,
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+}
+
+/// Rejects TTLs Redis would refuse or that cannot be meant. No I/O.
+pub(crate) fn check_ttl(ttl: Duration) -> Result<()> {
+    if ttl < Duration::from_millis(1) || ttl > MAX_TTL {
+        return Err(Error::InvalidTtl { ttl, max: MAX_TTL });
+    }
+    Ok(())
+}
+
+/// Rejects keys that cannot name a lock. No I/O.
+pub(crate) fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::InvalidKey {
+            key: key.to_owned(),
+            reason: "key is empty",
+        });
+    }
+    Ok(())
+}
+
+/// The TTL in whole milliseconds, rounded up: Redis may keep the key a little
+/// longer than the holder believes (harmless), never shorter.
+pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+impl<C: RedisConnection> Locker<C> {
+    /// A locker over `conn` with default settings.
+    pub fn new(conn: C) -> Self {
+        Locker::from_parts(conn, DEFAULT_COMMAND_TIMEOUT)
+    }
+
+    fn from_parts(conn: C, command_timeout: Duration) -> Self {
+        Locker {
+            inner: Arc::new(Inner {
+                conn,
+                command_timeout,
+                set_nx_get: AtomicBool::new(true),
+            }),
+        }
+    }
+
+    /// A builder over `conn`, for non-default settings.
+    pub fn builder(conn: C) -> LockerBuilder<C> {
+        LockerBuilder {
+            conn,
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+        }
+    }
+
+    /// The bound on a single Redis request; see
+    /// [`LockerBuilder::command_timeout`].
+    pub fn command_timeout(&self) -> Duration {
+        self.inner.command_timeout
+    }
+
+    /// Takes the lease on `key` for `ttl`, waiting with the default
+    /// [`AcquireOptions`] (up to 10 s, random 5 to 15 ms between attempts).
+    ///
+    /// See [`acquire_with`](Self::acquire_with) for errors and cancel safety.
+    pub async fn acquire(&self, key: &str, ttl: Duration) -> Result<Lease<C>> {
+        self.acquire_with(key, ttl, &AcquireOptions::default())
+            .await
+    }
+
+    /// One attempt: the lease if the key is free now, else
+    /// [`Error::NotAcquired`] with [`GiveUpReason::RetriesExhausted`].
+    ///
+    /// See [`acquire_with`](Self::acquire_with) for errors and cancel safety.
+    pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Lease<C>> {
+        let opts = AcquireOptions::new()
+            .retry(RetryStrategy::none())
+            .wait(self.inner.command_timeout);
+        self.acquire_with(key, ttl, &opts).await
+    }
+
+    /// Takes the lease on `key` for `ttl`: `SET key token NX PX ttl` with a
+    /// fresh 128-bit token, retried while the key is busy, as `opts` says.
+    ///
+    /// The lease's validity is counted from the moment the winning request
+    /// was *sent*, so the holder's idea of its remaining time is never longer
+    /// than Redis's.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidTtl`] / [`Error::InvalidKey`] before any I/O;
+    /// - [`Error::NotAcquired`] when the key stayed busy, with the reason:
+    ///   retries exhausted, deadline expired, or cancelled;
+    /// - [`Error::Timeout`] when Redis did not answer in time (each request
+    ///   is bounded by the deadline and the command timeout),
+    ///   [`Error::Unreachable`], [`Error::Auth`], [`Error::WrongType`] (the
+    ///   key holds a non-string value), returned at once without retrying.
+    ///
+    /// # Cancel safety
+    /// Cancel safe. If the future is dropped (or times out) while a `SET` is
+    /// in flight, the `SET` may still land; a best-effort token-checked
+    /// release is then spawned, and the TTL is the fallback.
+    pub async fn acquire_with(
+        &self,
+        key: &str,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> Result<Lease<C>> {
+        check_key(key)?;
+        check_ttl(ttl)?;
+        let token = LeaseToken::generate()
+            .map_err(|_| Error::InvalidOptions("os random source unavailable"))?;
+        let px = ttl_millis(ttl);
+        let start = Instant::now();
+        let deadline = opts.deadline_from(start);
+        let mut waits = opts.retry.waits();
+        let mut attempts: u32 = 0;
+        let give_up = |attempts, reason| Error::NotAcquired {
+            key: key.to_owned(),
+            attempts,
+            waited: start.elapsed(),
+            reason,
+        };
+        loop {
+            if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
+                return Err(give_up(attempts, GiveUpReason::Cancelled));
+            }
+            let sent_at = Instant::now();
+            if sent_at >= deadline {
+                return Err(give_up(attempts, GiveUpReason::DeadlineExpired));
+            }
+            attempts = attempts.saturating_add(1);
+            let call_deadline = deadline.min(sent_at + self.inner.command_timeout);
+            let in_flight = InFlight::new(self, key, &token);
+            let won = match self.set_nx(key, &token, px, call_deadline, opts).await {
+                Ok(Some(won)) => won,
+                Ok(None) => return Err(give_up(attempts, GiveUpReason::Cancelled)),
+                Err(err) => {
+                    // A request that timed out may still have landed.
+                    if !matches!(err, Error::Timeout { .. } | Error::Unreachable { .. }) {
+                        in_flight.disarm();
+                    }
+                    return Err(err);
+                }
+            };
+            in_flight.disarm();
+            if won {
+                return Ok(Lease::new(
+                    self.clone(),
+                    key.to_owned(),
+                    token,
+                    ttl,
+                    sent_at,
+                ));
+            }
+            let Some(wait) = waits.next() else {
+                return Err(give_up(attempts, GiveUpReason::RetriesExhausted));
+            };
+            let wake = deadline.min(Instant::now() + wait);
+            if !sleep_until(wake, opts).await {
+                return Err(give_up(attempts, GiveUpReason::Cancelled));
+            }
+        }
+    }
+
+    /// One `SET NX PX` round trip. `Ok(None)` means the caller cancelled.
+    async fn set_nx(
+        &self,
+        key: &str,
+        token: &LeaseToken,
+        px: u64,
+        deadline: Instant,
+        opts: &AcquireOptions,
+    ) -> Result<Option<bool>> {
+        let with_get = self.inner.set_nx_get.load(Ordering::Relaxed);
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(token).arg("NX").arg("PX").arg(px);
+        if with_get {
+            // With GET, a key of another type fails with WRONGTYPE instead of
+            // looking busy forever.
+            cmd.arg("GET");
+        }
+        let mut conn = self.inner.conn.clone();
+        let request = call::bounded(
+            "acquire",
+            key,
+            deadline,
+            cmd.query_async::<Value>(&mut conn),
+        );
+        let reply = match &opts.cancel {
+            Some(cancel) => tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Ok(None),
+                reply = request => reply,
+            },
+            None => request.await,
+        };
+        let reply = match reply {
+            Err(Error::Redis { source, .. })
+                if with_get && source.code() == Some("ERR") && is_syntax_error(&source) =>
+            {
+                self.inner.set_nx_get.store(false, Ordering::Relaxed);
+                return Box::pin(self.set_nx(key, token, px, deadline, opts)).await;
+            }
+            other => other?,
+        };
+        match (with_get, reply) {
+            (true, Value::Nil) | (false, Value::Okay) => Ok(Some(true)),
+            (true, Value::BulkString(_) | Value::SimpleString(_)) | (false, Value::Nil) => {
+                Ok(Some(false))
+            }
+            _ => Err(Error::UnexpectedReply { op: "acquire" }),
+        }
+    }
+
+    /// Deletes `key` if it still holds `token`. `Ok(false)`: it did not.
+    pub(crate) async fn release_token(
+        &self,
+        key: &str,
+        token: &LeaseToken,
+        deadline: Instant,
+    ) -> Result<bool> {
+        let mut conn = self.inner.conn.clone();
+        let mut invocation = crate::scripts::RELEASE.key(key);
+        invocation.arg(token);
+        let deleted: i64 =
+            call::bounded("release", key, deadline, invocation.invoke_async(&mut conn)).await?;
+        Ok(deleted == 1)
+    }
+}
+
+fn is_syntax_error(err: &redis::RedisError) -> bool {
+    err.detail().is_some_and(|d| d.contains("syntax error"))
+}
+
+/// Sleeps until `wake`; false if the caller's token was cancelled first.
+async fn sleep_until(wake: Instant, opts: &AcquireOptions) -> bool {
+    match &opts.cancel {
+        Some(cancel) => tokio::select! {
+            biased;
+            () = cancel.cancelled() => false,
+            () = tokio::time::sleep_until(wake) => true,
+        },
+        None => {
+            tokio::time::sleep_until(wake).await;
+            true
+        }
+    }
+}
+
+/// Releases a possibly-landed `SET` if the acquire is abandoned mid-flight.
+struct InFlight<'a, C: RedisConnection> {
+    locker: &'a Locker<C>,
+    key: &'a str,
+    token: &'a LeaseToken,
+    armed: bool,
+}
+
+impl<'a, C: RedisConnection> InFlight<'a, C> {
+    fn new(locker: &'a Locker<C>, key: &'a str, token: &'a LeaseToken) -> Self {
+        InFlight {
+            locker,
+            key,
+            token,
+            armed: true,
+        }
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl<C: RedisConnection> Drop for InFlight<'_, C> {
+    fn drop(&mut self) {
+        if self.armed {
+            crate::lease::spawn_release(
+                self.locker.clone(),
+                self.key.to_owned(),
+                self.token.clone(),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_bounds() {
+        assert!(check_ttl(Duration::ZERO).is_err());
+        assert!(check_ttl(Duration::from_micros(999)).is_err());
+        assert!(check_ttl(Duration::from_millis(1)).is_ok());
+        assert!(check_ttl(MAX_TTL).is_ok());
+        assert!(matches!(
+            check_ttl(MAX_TTL + Duration::from_millis(1)),
+            Err(Error::InvalidTtl { .. })
+        ));
+    }
+
+    #[test]
+    fn ttl_rounds_up_to_whole_milliseconds() {
+        assert_eq!(ttl_millis(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_millis(Duration::from_micros(1001)), 2);
+        assert_eq!(ttl_millis(Duration::from_secs(2)), 2000);
+    }
+
+    #[test]
+    fn empty_key_rejected() {
+        assert!(matches!(check_key(""), Err(Error::InvalidKey { .. })));
+        assert!(check_key("lock:wallet:42").is_ok());
+    }
+}

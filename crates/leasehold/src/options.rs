@@ -1,0 +1,93 @@
+//! Per-call options for taking a lease.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::RetryStrategy;
+
+/// How long and how to wait for a busy lock.
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold::{AcquireOptions, RetryStrategy};
+///
+/// let opts = AcquireOptions::new()
+///     .wait(Duration::from_secs(5))
+///     .retry(RetryStrategy::exponential(
+///         Duration::from_millis(16),
+///         Duration::from_millis(128),
+///     ).with_full_jitter());
+/// # let _ = opts;
+/// ```
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+#[must_use]
+pub struct AcquireOptions {
+    pub(crate) deadline: Deadline,
+    pub(crate) retry: RetryStrategy,
+    pub(crate) cancel: Option<CancellationToken>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) enum Deadline {
+    #[default]
+    Default,
+    After(Duration),
+    At(Instant),
+}
+
+/// How long an acquire keeps trying when no wait or deadline is given.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
+
+impl AcquireOptions {
+    /// The defaults: wait up to [`DEFAULT_WAIT`] (10 s), retrying with
+    /// [`RetryStrategy::default`], no cancellation token.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Keep trying for at most `wait` from the start of the call. Every Redis
+    /// request the acquire sends is bounded by the same deadline.
+    ///
+    /// Defaults to [`DEFAULT_WAIT`] (10 s).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.deadline = Deadline::After(wait);
+        self
+    }
+
+    /// Keep trying until `deadline` (a tokio monotonic instant). Replaces any
+    /// [`wait`](Self::wait).
+    ///
+    /// Defaults to 10 s after the start of the call.
+    pub fn deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Deadline::At(deadline);
+        self
+    }
+
+    /// What to wait between attempts while the lock is busy.
+    ///
+    /// Defaults to [`RetryStrategy::default`]: a random 5 to 15 ms.
+    pub fn retry(mut self, retry: RetryStrategy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Stop waiting when `token` is cancelled; the acquire then fails with
+    /// [`GiveUpReason::Cancelled`](crate::GiveUpReason::Cancelled).
+    ///
+    /// Defaults to none.
+    pub fn cancel(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+
+    pub(crate) fn deadline_from(&self, start: Instant) -> Instant {
+        match self.deadline {
+            Deadline::Default => start + DEFAULT_WAIT,
+            Deadline::After(wait) => start + wait,
+            Deadline::At(at) => at,
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! The lease lock against a real, throwaway redis-server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use leasehold::{AcquireOptions, CancellationToken, Error, GiveUpReason, Locker, RetryStrategy};
+use leasehold_testkit::{RedisOptions, RedisServer};
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const SECOND: Duration = Duration::from_secs(1);
+/// Far above any deadline in these tests, far below "hung": an outer bound
+/// that catches a call waiting out a multi-second socket timeout.
+const HUNG: Duration = Duration::from_secs(4);
+
+async fn connect(server: &RedisServer) -> Result<MultiplexedConnection, Error> {
+    let client = redis::Client::open(server.url()).map_err(|_| Error::InvalidOptions("url"))?;
+    leasehold::connect(&client, SECOND).await
+}
+
+async fn setup() -> Result<(RedisServer, MultiplexedConnection, Locker), Box<dyn std::error::Error>>
+{
+    let server = RedisServer::start()?;
+    let conn = connect(&server).await?;
+    let locker = Locker::new(conn.clone());
+    Ok((server, conn, locker))
+}
+
+/// Waits for Redis to expire `key` (checks the condition; no blind sleep).
+async fn until_gone(conn: &mut MultiplexedConnection, key: &str) -> TestResult {
+    tokio::time::timeout(HUNG, async {
+        loop {
+            let exists: bool = conn.exists(key).await?;
+            if !exists {
+                return Ok::<_, redis::RedisError>(());
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await??;
+    Ok(())
+}
+
+#[tokio::test]
+async fn second_holder_is_refused_until_release() -> TestResult {
+    let (_server, mut conn, locker) = setup().await?;
+    let a = locker.acquire("t:busy", 30 * SECOND).await?;
+    let stored: String = conn.get("t:busy").await?;
+    assert_eq!(stored, a.token().as_str());
+
+    let err = locker.try_acquire("t:busy", 30 * SECOND).await.err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::NotAcquired {
+                attempts: 1,
+                reason: GiveUpReason::RetriesExhausted,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+
+    a.release().await?;
+    let b = locker.try_acquire("t:busy", 30 * SECOND).await?;
+    b.release().await?;
+    let exists: bool = conn.exists("t:busy").await?;
+    assert!(!exists, "release left the key behind");
+    Ok(())
+}
+
+#[tokio::test]
+async fn ttl_is_set_on_the_key() -> TestResult {
+    let (_server, mut conn, locker) = setup().await?;
+    let lease = locker.acquire("t:ttl", 2 * SECOND).await?;
+    let pttl: i64 = conn.pttl("t:ttl").await?;
+    assert!(pttl > 0 && pttl <= 2000, "pttl {pttl}");
+    lease.release().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn release_never_deletes_another_holders_lock() -> TestResult {
+    let (_server, mut conn, locker) = setup().await?;
+    let a = locker.acquire("t:other", 30 * SECOND).await?;
+    // The lease changed hands behind A's back.
+    let () = conn.set("t:other", "token-of-b").await?;
+
+    let err = a.release().await.err();
+    assert!(matches!(err, Some(Error::NotHeld { .. })), "{err:?}");
+    let stored: String = conn.get("t:other").await?;
+    assert_eq!(stored, "token-of-b");
+    Ok(())
+}
+
+#[tokio::test]
+async fn expired_lease_release_reports_not_held_and_spares_the_successor() -> TestResult {
+    let (_server, mut conn, locker) = setup().await?;
+    let a = locker
+        .acquire("t:expired", Duration::from_millis(5))
+        .await?;
+    until_gone(&mut conn, "t:expired").await?;
+    assert_eq!(a.remaining(), Duration::ZERO);
+
+    let b = locker.acquire("t:expired", 30 * SECOND).await?;
+    let err = a.release().await.err();
+    assert!(matches!(err, Some(Error::NotHeld { .. })), "{err:?}");
+    let stored: String = conn.get("t:expired").await?;
+    assert_eq!(
+        stored,
+        b.token().as_str(),
+        "A's late release touched B's lock"
+    );
+    b.release().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_ttl_and_key_are_rejected_without_io() -> TestResult {
+    let (server, _conn, locker) = setup().await?;
+    // Any request to a stopped server would time out instead.
+    server.pause()?;
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_micros(500),
+        leasehold::MAX_TTL * 2,
+    ] {
+        let err = locker.try_acquire("t:bad", ttl).await.err();
+        assert!(
+            matches!(err, Some(Error::InvalidTtl { .. })),
+            "{ttl:?}: {err:?}"
+        );
+    }
+    let err = locker.try_acquire("", SECOND).await.err();
+    assert!(matches!(err, Some(Error::InvalidKey { .. })), "{err:?}");
+    assert!(
+        Locker::builder(_conn.clone())
+            .command_timeout(Duration::ZERO)
+            .build()
+            .is_err()
+    );
+    server.resume()?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn paused_redis_fails_fast_with_timeout() -> TestResult {
+    let (server, _conn, locker) = setup().await?;
+    server.pause()?;
+    let opts = AcquireOptions::new().wait(Duration::from_millis(200));
+    let outcome = tokio::time::timeout(HUNG, locker.acquire_with("t:paused", SECOND, &opts)).await;
+    server.resume()?;
+    let err = outcome.map_err(|_| "acquire hung on a paused redis")?.err();
+    assert!(
+        matches!(err, Some(Error::Timeout { op: "acquire", .. })),
+        "{err:?}"
+    );
+    assert!(err.as_ref().is_some_and(Error::is_retryable));
+    Ok(())
+}
+
+#[tokio::test]
+async fn connecting_to_a_paused_redis_times_out() -> TestResult {
+    let server = RedisServer::start()?;
+    server.pause()?;
+    let client = redis::Client::open(server.url())?;
+    let outcome = tokio::time::timeout(
+        HUNG,
+        leasehold::connect(&client, Duration::from_millis(200)),
+    )
+    .await;
+    server.resume()?;
+    let err = outcome.map_err(|_| "connect hung on a paused redis")?.err();
+    assert!(matches!(err, Some(Error::Timeout { .. })), "{err:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn unreachable_redis_is_reported_as_such() -> TestResult {
+    let port = leasehold_testkit::free_port()?;
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    let err = leasehold::connect(&client, SECOND).await.err();
+    assert!(matches!(err, Some(Error::Unreachable { .. })), "{err:?}");
+
+    let (mut server, _conn, locker) = setup().await?;
+    server.kill()?;
+    let err = locker.try_acquire("t:gone", SECOND).await.err();
+    assert!(
+        matches!(err, Some(Error::Unreachable { .. } | Error::Timeout { .. })),
+        "{err:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn wrong_password_and_missing_password_are_auth_errors() -> TestResult {
+    let server = RedisServer::start_with(RedisOptions::default().password("right-horse"))?;
+    let wrong = redis::Client::open(format!("redis://:wrong-horse@127.0.0.1:{}/", server.port()))?;
+    let err = leasehold::connect(&wrong, SECOND).await.err();
+    assert!(matches!(err, Some(Error::Auth(_))), "{err:?}");
+    assert!(
+        !format!(
+            "{:?} {}",
+            err,
+            err.as_ref().map(ToString::to_string).unwrap_or_default()
+        )
+        .contains("wrong-horse")
+    );
+
+    let anonymous = redis::Client::open(format!("redis://127.0.0.1:{}/", server.port()))?;
+    let outcome = match leasehold::connect(&anonymous, SECOND).await {
+        Ok(conn) => Locker::new(conn)
+            .try_acquire("t:auth", SECOND)
+            .await
+            .map(|_| ()),
+        Err(err) => Err(err),
+    };
+    assert!(matches!(outcome, Err(Error::Auth(_))), "{outcome:?}");
+
+    let right = redis::Client::open(server.url())?;
+    let lease = Locker::connect(&right)
+        .await?
+        .try_acquire("t:auth", SECOND)
+        .await?;
+    lease.release().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn key_of_the_wrong_type_is_reported() -> TestResult {
+    let (_server, mut conn, locker) = setup().await?;
+    let () = conn.hset("t:hash", "field", "value").await?;
+    let err = locker.try_acquire("t:hash", SECOND).await.err();
+    assert!(matches!(err, Some(Error::WrongType { .. })), "{err:?}");
+    let kind: String = redis::cmd("TYPE")
+        .arg("t:hash")
+        .query_async(&mut conn)
+        .await?;
+    assert_eq!(kind, "hash", "the other value was touched");
+    Ok(())
+}
+
+#[tokio::test]
+async fn deadline_and_cancel_are_distinguished_from_busy() -> TestResult {
+    let (_server, _conn, locker) = setup().await?;
+    let holder = locker.acquire("t:wait", 30 * SECOND).await?;
+
+    let opts = AcquireOptions::new().wait(Duration::from_millis(50));
+    let err = locker.acquire_with("t:wait", SECOND, &opts).await.err();
+    assert!(
+        matches!(err, Some(Error::NotAcquired { reason: GiveUpReason::DeadlineExpired, attempts, .. }) if attempts >= 1),
+        "{err:?}"
+    );
+
+    let cancel = CancellationToken::new();
+    let opts = AcquireOptions::new()
+        .wait(30 * SECOND)
+        .cancel(cancel.clone());
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            locker
+                .acquire_with("t:wait", SECOND, &opts)
+                .await
+                .map(|_| ())
+        })
+    };
+    cancel.cancel();
+    let err = waiter.await?.err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::NotAcquired {
+                reason: GiveUpReason::Cancelled,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(!err.as_ref().is_some_and(Error::is_retryable));
+
+    let opts = AcquireOptions::new()
+        .retry(RetryStrategy::constant(Duration::from_millis(1)).max_attempts(3));
+    let err = locker.acquire_with("t:wait", SECOND, &opts).await.err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::NotAcquired {
+                reason: GiveUpReason::RetriesExhausted,
+                attempts: 3,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    holder.release().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_lock_serialises_a_read_modify_write() -> TestResult {
+    let (_server, conn, locker) = setup().await?;
+    let () = conn.clone().set("t:counter", 0).await?;
+    let lost = Arc::new(AtomicI64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let (locker, mut conn, lost) = (locker.clone(), conn.clone(), lost.clone());
+        tasks.spawn(async move {
+            let lease = locker.acquire("t:counter:lock", 5 * SECOND).await?;
+            let n: i64 = conn
+                .get("t:counter")
+                .await
+                .map_err(|_| Error::InvalidOptions("get"))?;
+            tokio::task::yield_now().await;
+            let () = conn
+                .set("t:counter", n + 1)
+                .await
+                .map_err(|_| Error::InvalidOptions("set"))?;
+            if lease.release().await.is_err() {
+                lost.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, Error>(())
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined??;
+    }
+    let n: i64 = conn.clone().get("t:counter").await?;
+    assert_eq!(n, 40);
+    assert_eq!(lost.load(Ordering::Relaxed), 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_dropped_lease_is_released_in_the_background() -> TestResult {
+    let (_server, _conn, locker) = setup().await?;
+    let lease = locker.acquire("t:drop", 60 * SECOND).await?;
+    drop(lease);
+    // Only the background release can free a 60 s lease within this wait.
+    let again = locker
+        .acquire_with("t:drop", SECOND, &AcquireOptions::new().wait(HUNG))
+        .await?;
+    again.release().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_timed_out_acquire_leaves_no_orphaned_lock() -> TestResult {
+    let (server, mut conn, locker) = setup().await?;
+    server.pause()?;
+    let opts = AcquireOptions::new().wait(Duration::from_millis(100));
+    let err = locker
+        .acquire_with("t:orphan", 60 * SECOND, &opts)
+        .await
+        .err();
+    assert!(matches!(err, Some(Error::Timeout { .. })), "{err:?}");
+    // The SET is still queued in the socket and lands on resume; the release
+    // spawned on timeout must follow it.
+    server.resume()?;
+    until_gone(&mut conn, "t:orphan").await?;
+    Ok(())
+}
