@@ -73,8 +73,8 @@ pub(crate) struct SpendArgs {
 pub(crate) struct LockArgs {
     #[command(flatten)]
     pub(crate) spend: SpendArgs,
-    /// Lease TTL.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    /// Lease TTL (at least 1ms).
+    #[arg(long, default_value = "2s", value_parser = parse_ttl)]
     pub(crate) ttl: Duration,
     /// How long each spender waits for the lock before giving up.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
@@ -84,6 +84,18 @@ pub(crate) struct LockArgs {
 /// Parses `2ms`, `1.5s`, `100ms`, `2m`.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|err| format!("{err} (examples: 2ms, 1.5s, 100ms)"))
+}
+
+/// A duration that is also a valid lease TTL.
+pub(crate) fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = parse_duration(text)?;
+    if ttl < Duration::from_millis(1) || ttl > leasehold::MAX_TTL {
+        return Err(format!(
+            "invalid lock ttl {text}: must be at least 1ms and at most {}",
+            humantime::format_duration(leasehold::MAX_TTL)
+        ));
+    }
+    Ok(ttl)
 }
 
 impl Default for SpendArgs {
@@ -123,14 +135,21 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<Report>>,
 {
-    let mut ok = 0;
+    let (mut ok, mut errors) = (0, 0);
     for run in 1..=global.runs {
         let report = once().await?.with_run(run);
         ok += u32::from(report.ok);
+        errors += report.errors;
         report.print(global.json);
     }
     if global.runs > 1 && !global.json {
         println!("runs={} OK={} BROKEN={}", global.runs, ok, global.runs - ok);
+    }
+    if errors > 0 {
+        eprintln!(
+            "leasehold: {errors} callers failed with an error; the check above is not trustworthy"
+        );
+        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
 }

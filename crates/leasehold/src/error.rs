@@ -130,6 +130,11 @@ pub enum Error {
         op: &'static str,
     },
 
+    /// The operating system's random source failed, so no token could be
+    /// drawn. Nothing was sent to Redis.
+    #[error("os random source unavailable")]
+    Random(#[source] getrandom::Error),
+
     /// Any other error from Redis or the client.
     #[error("redis error during {op}")]
     Redis {
@@ -183,6 +188,12 @@ impl Error {
             return Error::Unreachable { op, source: err };
         }
         Error::Redis { op, source: err }
+    }
+}
+
+impl From<getrandom::Error> for Error {
+    fn from(err: getrandom::Error) -> Self {
+        Error::Random(err)
     }
 }
 

@@ -118,6 +118,14 @@ pub async fn connect(client: &redis::Client, timeout: Duration) -> Result<Multip
     .await
 }
 
+/// What one attempt to take a lock found.
+pub(crate) enum Attempt<T> {
+    /// The lock is ours; `T` is whatever the attempt learned (a fence, ...).
+    Won(T),
+    /// Someone else holds it.
+    Busy,
+}
+
 /// Rejects TTLs Redis would refuse or that cannot be meant. No I/O.
 pub(crate) fn check_ttl(ttl: Duration) -> Result<()> {
     if ttl < Duration::from_millis(1) || ttl > MAX_TTL {
@@ -221,9 +229,42 @@ impl<C: RedisConnection> Locker<C> {
     ) -> Result<Lease<C>> {
         check_key(key)?;
         check_ttl(ttl)?;
-        let token = LeaseToken::generate()
-            .map_err(|_| Error::InvalidOptions("os random source unavailable"))?;
+        let token = LeaseToken::generate()?;
         let px = ttl_millis(ttl);
+        let ((), sent_at) = self
+            .acquire_loop(key, &token, opts, |deadline| {
+                self.set_nx(key, &token, px, deadline)
+            })
+            .await?;
+        Ok(Lease::new(
+            self.clone(),
+            key.to_owned(),
+            token,
+            ttl,
+            sent_at,
+        ))
+    }
+
+    /// The retry loop every way of taking a lease shares: one `attempt` per
+    /// round, each bounded by the caller's deadline and the command timeout
+    /// and raced against the caller's cancellation token, waits from the
+    /// retry strategy in between. Returns what the winning attempt returned
+    /// and when it was sent.
+    ///
+    /// If an attempt is abandoned mid-flight (timeout, cancel, or the whole
+    /// future dropped), its request may still land, so a token-checked
+    /// release is spawned for `token`.
+    pub(crate) async fn acquire_loop<T, F, Fut>(
+        &self,
+        key: &str,
+        token: &LeaseToken,
+        opts: &AcquireOptions,
+        mut attempt: F,
+    ) -> Result<(T, Instant)>
+    where
+        F: FnMut(Instant) -> Fut,
+        Fut: Future<Output = Result<Attempt<T>>>,
+    {
         let start = Instant::now();
         let deadline = opts.deadline_from(start);
         let mut waits = opts.retry.waits();
@@ -244,27 +285,29 @@ impl<C: RedisConnection> Locker<C> {
             }
             attempts = attempts.saturating_add(1);
             let call_deadline = deadline.min(sent_at + self.inner.command_timeout);
-            let in_flight = InFlight::new(self, key, &token);
-            let won = match self.set_nx(key, &token, px, call_deadline, opts).await {
-                Ok(Some(won)) => won,
-                Ok(None) => return Err(give_up(attempts, GiveUpReason::Cancelled)),
+            let in_flight = InFlight::new(self, key, token);
+            let request = attempt(call_deadline);
+            let outcome = match &opts.cancel {
+                Some(cancel) => tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => return Err(give_up(attempts, GiveUpReason::Cancelled)),
+                    outcome = request => outcome,
+                },
+                None => request.await,
+            };
+            match outcome {
+                Ok(Attempt::Won(won)) => {
+                    in_flight.disarm();
+                    return Ok((won, sent_at));
+                }
+                Ok(Attempt::Busy) => in_flight.disarm(),
+                // A request that timed out or lost its connection may still
+                // have landed: `in_flight` releases it on drop.
+                Err(err @ (Error::Timeout { .. } | Error::Unreachable { .. })) => return Err(err),
                 Err(err) => {
-                    // A request that timed out may still have landed.
-                    if !matches!(err, Error::Timeout { .. } | Error::Unreachable { .. }) {
-                        in_flight.disarm();
-                    }
+                    in_flight.disarm();
                     return Err(err);
                 }
-            };
-            in_flight.disarm();
-            if won {
-                return Ok(Lease::new(
-                    self.clone(),
-                    key.to_owned(),
-                    token,
-                    ttl,
-                    sent_at,
-                ));
             }
             let Some(wait) = waits.next() else {
                 return Err(give_up(attempts, GiveUpReason::RetriesExhausted));
@@ -276,15 +319,14 @@ impl<C: RedisConnection> Locker<C> {
         }
     }
 
-    /// One `SET NX PX` round trip. `Ok(None)` means the caller cancelled.
+    /// One `SET key token NX PX ttl` round trip.
     async fn set_nx(
         &self,
         key: &str,
         token: &LeaseToken,
         px: u64,
         deadline: Instant,
-        opts: &AcquireOptions,
-    ) -> Result<Option<bool>> {
+    ) -> Result<Attempt<()>> {
         let with_get = self.inner.set_nx_get.load(Ordering::Relaxed);
         let mut cmd = redis::cmd("SET");
         cmd.arg(key).arg(token).arg("NX").arg("PX").arg(px);
@@ -294,33 +336,27 @@ impl<C: RedisConnection> Locker<C> {
             cmd.arg("GET");
         }
         let mut conn = self.inner.conn.clone();
-        let request = call::bounded(
+        let reply = call::bounded(
             "acquire",
             key,
             deadline,
             cmd.query_async::<Value>(&mut conn),
-        );
-        let reply = match &opts.cancel {
-            Some(cancel) => tokio::select! {
-                biased;
-                () = cancel.cancelled() => return Ok(None),
-                reply = request => reply,
-            },
-            None => request.await,
-        };
+        )
+        .await;
         let reply = match reply {
             Err(Error::Redis { source, .. })
                 if with_get && source.code() == Some("ERR") && is_syntax_error(&source) =>
             {
+                // Redis before 7.0 refuses NX together with GET.
                 self.inner.set_nx_get.store(false, Ordering::Relaxed);
-                return Box::pin(self.set_nx(key, token, px, deadline, opts)).await;
+                return Box::pin(self.set_nx(key, token, px, deadline)).await;
             }
             other => other?,
         };
         match (with_get, reply) {
-            (true, Value::Nil) | (false, Value::Okay) => Ok(Some(true)),
+            (true, Value::Nil) | (false, Value::Okay) => Ok(Attempt::Won(())),
             (true, Value::BulkString(_) | Value::SimpleString(_)) | (false, Value::Nil) => {
-                Ok(Some(false))
+                Ok(Attempt::Busy)
             }
             _ => Err(Error::UnexpectedReply { op: "acquire" }),
         }

@@ -1,0 +1,165 @@
+//! The `leasehold` binary, run the way a user runs it.
+
+use std::process::{Command, Output};
+
+use leasehold_testkit::{RedisOptions, RedisServer};
+use serde_json::Value;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn leasehold(args: &[&str]) -> Result<Output, std::io::Error> {
+    Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(args)
+        .env_remove("REDIS_URL")
+        .env_remove("DATABASE_URL")
+        .output()
+}
+
+/// Runs with `--json` and returns one object per run.
+fn runs(args: &[&str]) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let out = leasehold(&all)?;
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(
+        out.status.success(),
+        "leasehold {args:?} failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(stdout
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?)
+}
+
+#[test]
+fn race_is_detected_broken() -> TestResult {
+    let reports = runs(&["race", "--runs", "3"])?;
+    assert_eq!(reports.len(), 3);
+    for r in &reports {
+        assert_eq!(r["experiment"], "race");
+        assert_eq!(r["ok"], false, "{r}");
+        // Every spender read the full balance, so all were accepted.
+        assert_eq!(r["accepted"], 50, "{r}");
+        assert_eq!(r["expected"], -400, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        for key in ["balance", "elapsed_ms"] {
+            assert!(r[key].is_i64() || r[key].is_u64(), "{key} in {r}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn lock_is_ok_on_repeated_runs_and_leaves_no_key() -> TestResult {
+    let reports = runs(&["lock", "--runs", "5"])?;
+    assert_eq!(reports.len(), 5);
+    for r in &reports {
+        assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(r["accepted"], 10, "{r}");
+        assert_eq!(r["balance"], 0, "{r}");
+        assert_eq!(r["lock_key_left"], false, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+    }
+    Ok(())
+}
+
+#[test]
+fn flags_change_the_workload() -> TestResult {
+    let r = &runs(&[
+        "lock",
+        "-n",
+        "7",
+        "--amount",
+        "5",
+        "--initial",
+        "20",
+        "--work",
+        "1ms",
+    ])?[0];
+    assert_eq!(r["accepted"], 4, "{r}");
+    assert_eq!(r["balance"], 0, "{r}");
+    let r = &runs(&["race", "-n", "1", "--initial", "5"])?[0];
+    assert_eq!(r["accepted"], 0, "{r}");
+    assert_eq!(r["ok"], true, "one spender cannot race: {r}");
+    Ok(())
+}
+
+#[test]
+fn demo_matches_the_tutorial() -> TestResult {
+    let out = leasehold(&["demo"])?;
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("tutorial shows"), "{stdout}");
+    assert!(
+        stdout.contains("steps show what the tutorial shows"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(" NO"), "{stdout}");
+    Ok(())
+}
+
+#[test]
+fn given_redis_url_is_used_and_its_password_never_printed() -> TestResult {
+    let server = RedisServer::start_with(RedisOptions::default().password("hunter2-secret"))?;
+    let out = leasehold(&["lock", "--redis-url", &server.url(), "--json"])?;
+    let (stdout, stderr) = (
+        String::from_utf8(out.stdout)?,
+        String::from_utf8(out.stderr)?,
+    );
+    assert!(out.status.success(), "{stderr}");
+    let r: Value = serde_json::from_str(stdout.trim())?;
+    assert_eq!(r["ok"], true);
+    assert!(
+        !stderr.contains("throwaway"),
+        "started its own server: {stderr}"
+    );
+
+    let wrong = format!("redis://:wrong-secret@127.0.0.1:{}/", server.port());
+    let out = leasehold(&["lock", "--redis-url", &wrong])?;
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(!out.status.success());
+    assert!(stderr.contains("authentication failed"), "{stderr}");
+    assert!(
+        !stderr.contains("wrong-secret"),
+        "password leaked: {stderr}"
+    );
+    assert!(stderr.contains(":***@"), "{stderr}");
+    Ok(())
+}
+
+#[test]
+fn unreachable_redis_is_a_clear_error() -> TestResult {
+    let port = leasehold_testkit::free_port()?;
+    let url = format!("redis://127.0.0.1:{port}/");
+    let out = leasehold(&["race", "--redis-url", &url])?;
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(!out.status.success());
+    assert!(stderr.contains("unreachable"), "{stderr}");
+    Ok(())
+}
+
+#[test]
+fn bad_flags_are_rejected_before_any_work() -> TestResult {
+    for args in [
+        &["lock", "--ttl", "soon"][..],
+        &["race", "-n", "0"],
+        &["race", "--runs", "0"],
+        &["lock", "--ttl", "0ms"],
+        &["lock", "--ttl", "900us"],
+    ] {
+        let out = leasehold(args)?;
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            !String::from_utf8(out.stderr)?.contains("throwaway"),
+            "{args:?}"
+        );
+    }
+    let stderr = String::from_utf8(leasehold(&["lock", "--ttl", "0ms"])?.stderr)?;
+    assert!(stderr.contains("invalid lock ttl"), "{stderr}");
+    Ok(())
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what leasehold's demo and tests need and a fresh Debian/Ubuntu
+# machine lacks: redis-server and PostgreSQL (server binaries only; no service
+# is configured or started). Idempotent: installs nothing when all is present.
+set -euo pipefail
+
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+
+have_pg=no
+if command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1; then
+  have_pg=yes
+elif compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+  have_pg=yes
+fi
+[ "$have_pg" = yes ] || need+=(postgresql)
+
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${need[*]}" >&2
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "install-deps: no apt-get here; install ${need[*]} with your package manager" >&2
+  exit 1
+fi
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
