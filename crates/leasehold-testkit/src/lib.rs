@@ -25,12 +25,14 @@
 //! When a test panics while a server handle is alive, the server's log is
 //! printed to stderr as the handle is dropped.
 
+mod cluster;
 mod error;
 mod postgres;
 mod process;
 mod redis;
 mod resp;
 
+pub use cluster::{CLUSTER_SLOTS, RedisCluster};
 pub use error::Error;
 pub use postgres::PostgresServer;
 pub use process::free_port;
