@@ -36,6 +36,7 @@ mod lease;
 mod locker;
 mod options;
 mod retry;
+mod rounds;
 mod scripts;
 mod token;
 

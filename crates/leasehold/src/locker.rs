@@ -8,9 +8,10 @@ use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
-use crate::error::{Error, GiveUpReason, Result};
+use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::options::AcquireOptions;
+pub(crate) use crate::rounds::{self, Attempt};
 use crate::token::LeaseToken;
 use crate::{RedisConnection, RetryStrategy, call};
 
@@ -116,14 +117,6 @@ pub async fn connect(client: &redis::Client, timeout: Duration) -> Result<Multip
         client.get_multiplexed_async_connection_with_config(&config),
     )
     .await
-}
-
-/// What one attempt to take a lock found.
-pub(crate) enum Attempt<T> {
-    /// The lock is ours; `T` is whatever the attempt learned (a fence, ...).
-    Won(T),
-    /// Someone else holds it.
-    Busy,
 }
 
 /// Rejects TTLs Redis would refuse or that cannot be meant. No I/O.
@@ -259,64 +252,16 @@ impl<C: RedisConnection> Locker<C> {
         key: &str,
         token: &LeaseToken,
         opts: &AcquireOptions,
-        mut attempt: F,
+        attempt: F,
     ) -> Result<(T, Instant)>
     where
         F: FnMut(Instant) -> Fut,
         Fut: Future<Output = Result<Attempt<T>>>,
     {
-        let start = Instant::now();
-        let deadline = opts.deadline_from(start);
-        let mut waits = opts.retry.waits();
-        let mut attempts: u32 = 0;
-        let give_up = |attempts, reason| Error::NotAcquired {
-            key: key.to_owned(),
-            attempts,
-            waited: start.elapsed(),
-            reason,
-        };
-        loop {
-            if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
-                return Err(give_up(attempts, GiveUpReason::Cancelled));
-            }
-            let sent_at = Instant::now();
-            if sent_at >= deadline {
-                return Err(give_up(attempts, GiveUpReason::DeadlineExpired));
-            }
-            attempts = attempts.saturating_add(1);
-            let call_deadline = deadline.min(sent_at + self.inner.command_timeout);
-            let in_flight = InFlight::new(self, key, token);
-            let request = attempt(call_deadline);
-            let outcome = match &opts.cancel {
-                Some(cancel) => tokio::select! {
-                    biased;
-                    () = cancel.cancelled() => return Err(give_up(attempts, GiveUpReason::Cancelled)),
-                    outcome = request => outcome,
-                },
-                None => request.await,
-            };
-            match outcome {
-                Ok(Attempt::Won(won)) => {
-                    in_flight.disarm();
-                    return Ok((won, sent_at));
-                }
-                Ok(Attempt::Busy) => in_flight.disarm(),
-                // A request that timed out or lost its connection may still
-                // have landed: `in_flight` releases it on drop.
-                Err(err @ (Error::Timeout { .. } | Error::Unreachable { .. })) => return Err(err),
-                Err(err) => {
-                    in_flight.disarm();
-                    return Err(err);
-                }
-            }
-            let Some(wait) = waits.next() else {
-                return Err(give_up(attempts, GiveUpReason::RetriesExhausted));
-            };
-            let wake = deadline.min(Instant::now() + wait);
-            if !sleep_until(wake, opts).await {
-                return Err(give_up(attempts, GiveUpReason::Cancelled));
-            }
-        }
+        rounds::acquire_rounds(key, opts, self.inner.command_timeout, attempt, || {
+            crate::lease::spawn_release(self.clone(), key.to_owned(), token.clone());
+        })
+        .await
     }
 
     /// One `SET key token NX PX ttl` round trip.
@@ -380,56 +325,6 @@ impl<C: RedisConnection> Locker<C> {
 
 fn is_syntax_error(err: &redis::RedisError) -> bool {
     err.detail().is_some_and(|d| d.contains("syntax error"))
-}
-
-/// Sleeps until `wake`; false if the caller's token was cancelled first.
-async fn sleep_until(wake: Instant, opts: &AcquireOptions) -> bool {
-    match &opts.cancel {
-        Some(cancel) => tokio::select! {
-            biased;
-            () = cancel.cancelled() => false,
-            () = tokio::time::sleep_until(wake) => true,
-        },
-        None => {
-            tokio::time::sleep_until(wake).await;
-            true
-        }
-    }
-}
-
-/// Releases a possibly-landed `SET` if the acquire is abandoned mid-flight.
-struct InFlight<'a, C: RedisConnection> {
-    locker: &'a Locker<C>,
-    key: &'a str,
-    token: &'a LeaseToken,
-    armed: bool,
-}
-
-impl<'a, C: RedisConnection> InFlight<'a, C> {
-    fn new(locker: &'a Locker<C>, key: &'a str, token: &'a LeaseToken) -> Self {
-        InFlight {
-            locker,
-            key,
-            token,
-            armed: true,
-        }
-    }
-
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl<C: RedisConnection> Drop for InFlight<'_, C> {
-    fn drop(&mut self) {
-        if self.armed {
-            crate::lease::spawn_release(
-                self.locker.clone(),
-                self.key.to_owned(),
-                self.token.clone(),
-            );
-        }
-    }
 }
 
 #[cfg(test)]
