@@ -54,6 +54,23 @@ pub enum Error {
         reason: GiveUpReason,
     },
 
+    /// Too few servers of a quorum answered for a majority to be possible
+    /// (Redlock): the lock is not necessarily busy, the servers are down or
+    /// slow.
+    #[error(
+        "lock {key:?}: quorum not reached, {got} of {needed} votes, {failed_nodes} servers failed"
+    )]
+    QuorumNotReached {
+        /// The lock key.
+        key: String,
+        /// Yes votes (or confirmations) received.
+        got: usize,
+        /// Votes needed: a strict majority.
+        needed: usize,
+        /// Servers that errored or did not answer in time.
+        failed_nodes: usize,
+    },
+
     /// The lease is no longer ours: it expired or another holder took the
     /// key. Returned by release (and refresh), which then changed nothing.
     #[error("lock {key:?} not held: the lease expired or changed hands")]
@@ -156,7 +173,9 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::NotAcquired { reason, .. } => *reason != GiveUpReason::Cancelled,
-            Error::Timeout { .. } | Error::Unreachable { .. } => true,
+            Error::Timeout { .. } | Error::Unreachable { .. } | Error::QuorumNotReached { .. } => {
+                true
+            }
             Error::Redis { source, .. } => !source.is_unrecoverable_error(),
             _ => false,
         }

@@ -35,6 +35,7 @@ mod error;
 mod lease;
 mod locker;
 mod options;
+mod quorum;
 mod retry;
 mod rounds;
 mod scripts;
@@ -44,6 +45,9 @@ pub use error::{Error, GiveUpReason, Result};
 pub use lease::Lease;
 pub use locker::{DEFAULT_COMMAND_TIMEOUT, Locker, LockerBuilder, MAX_TTL, connect};
 pub use options::{AcquireOptions, DEFAULT_WAIT};
+pub use quorum::{
+    DEFAULT_NODE_TIMEOUT, Quorum, QuorumBuilder, QuorumLease, drift, majority, validity,
+};
 pub use retry::{RetryStrategy, Waits};
 pub use token::LeaseToken;
 

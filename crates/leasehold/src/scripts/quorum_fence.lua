@@ -1,0 +1,22 @@
+-- quorum_fence.lua: record a quorum lease's fencing token on one node.
+--
+-- KEYS[1]  the lock key
+-- KEYS[2]  the resource's fence counter on this node
+-- ARGV[1]  the holder's token
+-- ARGV[2]  the fencing token chosen for the lease
+--
+-- Raises the counter to ARGV[2] if it is lower (a counter never goes down),
+-- whether or not we hold the lock here: a higher counter on more nodes only
+-- helps the next acquirer. Returns 1 if this node's lock still holds our
+-- token (the write counts towards the quorum), else 0.
+local current = tonumber(redis.call("GET", KEYS[2]) or "0")
+if not current then
+  return redis.error_reply("ERR fence counter is not an integer")
+end
+if current < tonumber(ARGV[2]) then
+  redis.call("SET", KEYS[2], ARGV[2])
+end
+if redis.call("GET", KEYS[1]) == ARGV[1] then
+  return 1
+end
+return 0

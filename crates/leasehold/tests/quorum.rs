@@ -1,0 +1,220 @@
+//! Redlock over three independent throwaway servers.
+
+use std::time::Duration;
+
+use leasehold::{AcquireOptions, CancellationToken, Error, Quorum, RetryStrategy};
+use leasehold_testkit::RedisServer;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const TTL: Duration = Duration::from_secs(30);
+/// A hang detector, not a timing assertion.
+const HUNG: Duration = Duration::from_secs(10);
+
+async fn quorum_over(servers: &[RedisServer]) -> Result<Quorum, Box<dyn std::error::Error>> {
+    let clients = servers
+        .iter()
+        .map(|s| redis::Client::open(s.url()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Quorum::connect(clients).await?)
+}
+
+fn once() -> AcquireOptions {
+    AcquireOptions::new()
+        .retry(RetryStrategy::none())
+        .wait(Duration::from_secs(2))
+}
+
+/// Polls a condition on a server until it holds (no blind sleeps).
+async fn until(mut condition: impl FnMut() -> bool) -> TestResult {
+    tokio::time::timeout(HUNG, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+fn has_key(server: &RedisServer, key: &str) -> bool {
+    server.redis_cli(&["EXISTS", key]).is_ok_and(|r| r == "1")
+}
+
+#[tokio::test]
+async fn acquires_on_all_and_refuses_a_second_holder() -> TestResult {
+    let servers = RedisServer::start_many(3)?;
+    let quorum = quorum_over(&servers).await?;
+    assert_eq!(quorum.needed(), 2);
+
+    let a = quorum.acquire("wallet:1", TTL, &once()).await?;
+    assert_eq!(a.votes(), 3);
+    assert_eq!(a.key(), "lock:{wallet:1}");
+    assert!(servers.iter().all(|s| has_key(s, "lock:{wallet:1}")));
+    let err = quorum.acquire("wallet:1", TTL, &once()).await.err();
+    assert!(matches!(err, Some(Error::NotAcquired { .. })), "{err:?}");
+
+    let first = a.fence();
+    a.release().await?;
+    assert!(servers.iter().all(|s| !has_key(s, "lock:{wallet:1}")));
+    let b = quorum.acquire("wallet:1", TTL, &once()).await?;
+    assert!(b.fence() > first, "{} then {}", first, b.fence());
+    b.release().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_minority_down_still_acquires_a_majority_down_refuses() -> TestResult {
+    let mut servers = RedisServer::start_many(3)?;
+    let quorum = quorum_over(&servers).await?;
+    servers[0].kill()?;
+    let lease = quorum.acquire("wallet:2", TTL, &once()).await?;
+    assert_eq!(lease.votes(), 2);
+    lease.release().await?;
+
+    servers[1].pause()?;
+    let outcome = tokio::time::timeout(HUNG, quorum.acquire("wallet:2", TTL, &once())).await?;
+    servers[1].resume()?;
+    let err = outcome.err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::QuorumNotReached {
+                got: 1,
+                needed: 2,
+                failed_nodes: 2,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(err.as_ref().is_some_and(Error::is_retryable));
+    // The one vote it got was rolled back.
+    assert!(!has_key(&servers[2], "lock:{wallet:2}"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn partial_acquisitions_are_rolled_back() -> TestResult {
+    let servers = RedisServer::start_many(3)?;
+    let quorum = quorum_over(&servers).await?;
+    // Someone else holds the lock on two of three nodes.
+    for server in &servers[..2] {
+        server.redis_cli(&["SET", "lock:{wallet:3}", "other", "PX", "30000"])?;
+    }
+    let err = quorum.acquire("wallet:3", TTL, &once()).await.err();
+    assert!(matches!(err, Some(Error::NotAcquired { .. })), "{err:?}");
+    assert!(
+        !has_key(&servers[2], "lock:{wallet:3}"),
+        "the minority vote was left behind"
+    );
+    for server in &servers[..2] {
+        assert_eq!(server.redis_cli(&["GET", "lock:{wallet:3}"])?, "other");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn fencing_tokens_survive_a_minority_restarting_empty() -> TestResult {
+    let mut servers = RedisServer::start_many(3)?;
+    let quorum = quorum_over(&servers).await?;
+    let mut last = 0;
+    for round in 0..6 {
+        // A different node loses everything before every lease.
+        servers[round % 3].restart()?;
+        let lease = tokio::time::timeout(
+            HUNG,
+            quorum.acquire(
+                "wallet:4",
+                TTL,
+                &AcquireOptions::new().wait(Duration::from_secs(5)),
+            ),
+        )
+        .await??;
+        assert!(
+            lease.fence() > last,
+            "round {round}: {} after {last}",
+            lease.fence()
+        );
+        last = lease.fence();
+        lease.release().await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn fencing_tokens_restart_when_every_node_loses_its_data() -> TestResult {
+    // The documented limit: with no node remembering the last token, the
+    // counter starts again and only the database's check can refuse it.
+    let mut servers = RedisServer::start_many(3)?;
+    let quorum = quorum_over(&servers).await?;
+    for _ in 0..3 {
+        quorum
+            .acquire("wallet:5", TTL, &once())
+            .await?
+            .release()
+            .await?;
+    }
+    for server in &mut servers {
+        server.restart()?;
+    }
+    let lease = tokio::time::timeout(
+        HUNG,
+        quorum.acquire(
+            "wallet:5",
+            TTL,
+            &AcquireOptions::new().wait(Duration::from_secs(5)),
+        ),
+    )
+    .await??;
+    assert_eq!(lease.fence(), 1);
+    lease.release().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_cancelled_acquire_releases_what_it_got() -> TestResult {
+    let servers = RedisServer::start_many(3)?;
+    let quorum = quorum_over(&servers).await?;
+    // Others hold node 1; node 2 hangs: node 0's yes vote is never enough.
+    servers[1].redis_cli(&["SET", "lock:{wallet:6}", "other", "PX", "30000"])?;
+    servers[2].pause()?;
+    let cancel = CancellationToken::new();
+    let opts = AcquireOptions::new()
+        .wait(Duration::from_secs(30))
+        .cancel(cancel.clone());
+    let waiter = {
+        let quorum = quorum.clone();
+        tokio::spawn(async move { quorum.acquire("wallet:6", TTL, &opts).await.map(|_| ()) })
+    };
+    until(|| has_key(&servers[0], "lock:{wallet:6}")).await?;
+    cancel.cancel();
+    let err = waiter.await?.err();
+    servers[2].resume()?;
+    assert!(
+        matches!(
+            err,
+            Some(Error::NotAcquired {
+                reason: leasehold::GiveUpReason::Cancelled,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    until(|| !has_key(&servers[0], "lock:{wallet:6}")).await?;
+    until(|| !has_key(&servers[2], "lock:{wallet:6}")).await?;
+    assert_eq!(servers[1].redis_cli(&["GET", "lock:{wallet:6}"])?, "other");
+    Ok(())
+}
+
+#[tokio::test]
+async fn release_after_expiry_reports_not_held() -> TestResult {
+    let servers = RedisServer::start_many(3)?;
+    let quorum = quorum_over(&servers).await?;
+    let lease = quorum
+        .acquire("wallet:7", Duration::from_millis(20), &once())
+        .await?;
+    until(|| servers.iter().all(|s| !has_key(s, "lock:{wallet:7}"))).await?;
+    let err = lease.release().await.err();
+    assert!(matches!(err, Some(Error::NotHeld { .. })), "{err:?}");
+    Ok(())
+}
