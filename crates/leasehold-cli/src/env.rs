@@ -44,6 +44,7 @@ impl Env {
         let redis = leasehold::connect(&client, COMMAND_TIMEOUT)
             .await
             .with_context(|| format!("connecting to redis at {shown}"))?;
+        report_findings(&redis, &shown, throwaway.is_some()).await;
         let locker = Locker::builder(redis.clone())
             .command_timeout(COMMAND_TIMEOUT)
             .build()?;
@@ -52,5 +53,26 @@ impl Env {
             locker,
             _throwaway_redis: throwaway,
         })
+    }
+}
+
+/// Prints, once, the server settings that weaken what a lease promises.
+async fn report_findings(redis: &MultiplexedConnection, shown: &str, throwaway: bool) {
+    match leasehold::diagnostics::diagnose(redis, COMMAND_TIMEOUT).await {
+        Ok(findings) => {
+            for finding in findings {
+                let expected = throwaway
+                    && matches!(
+                        finding,
+                        leasehold::diagnostics::Finding::NoDurablePersistence { .. }
+                    );
+                if expected {
+                    // A throwaway server has no persistence by design.
+                    continue;
+                }
+                eprintln!("leasehold: safety warning for {shown}: {finding}");
+            }
+        }
+        Err(err) => eprintln!("leasehold: could not read safety settings of {shown}: {err}"),
     }
 }

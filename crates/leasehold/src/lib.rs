@@ -31,6 +31,7 @@
 //!   before any I/O.
 
 mod call;
+pub mod diagnostics;
 mod error;
 mod lease;
 mod locker;
