@@ -120,6 +120,71 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// The slot `key` hashes to, as the cluster computes it.
+    ///
+    /// # Errors
+    /// As for [`RedisServer::redis_cli`].
+    pub fn slot_of(&self, key: &str) -> Result<u16, Error> {
+        let node = self.first()?;
+        let reply = node.redis_cli(&["CLUSTER", "KEYSLOT", key])?;
+        reply.trim().parse().map_err(|_| Error::RedisReply {
+            message: format!("unexpected CLUSTER KEYSLOT reply {reply:?}"),
+        })
+    }
+
+    /// Starts moving `slot` from node `from` to node `to`: marks it
+    /// MIGRATING on `from` and IMPORTING on `to`. While migrating, requests
+    /// for keys that `from` no longer has get an `ASK` redirect.
+    ///
+    /// # Errors
+    /// [`Error::RedisReply`] if a node refuses, e.g. for a wrong index.
+    pub fn begin_slot_migration(&self, slot: u16, from: usize, to: usize) -> Result<(), Error> {
+        let (source, target) = (self.node(from)?, self.node(to)?);
+        let (source_id, target_id) = (
+            source.redis_cli(&["CLUSTER", "MYID"])?,
+            target.redis_cli(&["CLUSTER", "MYID"])?,
+        );
+        let slot = slot.to_string();
+        target.redis_cli(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id])?;
+        source.redis_cli(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id])?;
+        Ok(())
+    }
+
+    /// Finishes moving `slot`: migrates its remaining keys from `from` to
+    /// `to` and assigns the slot to `to` on every node. Later requests for
+    /// its keys sent to `from` get a `MOVED` redirect.
+    ///
+    /// # Errors
+    /// [`Error::RedisReply`] if a node refuses.
+    pub fn finish_slot_migration(&self, slot: u16, from: usize, to: usize) -> Result<(), Error> {
+        let (source, target) = (self.node(from)?, self.node(to)?);
+        let target_id = target.redis_cli(&["CLUSTER", "MYID"])?;
+        let slot = slot.to_string();
+        let keys = source.redis_cli(&["CLUSTER", "GETKEYSINSLOT", &slot, "1000"])?;
+        let port = target.port().to_string();
+        for key in keys
+            .lines()
+            .map(str::trim)
+            .filter(|k| !k.is_empty() && *k != "(empty array)")
+        {
+            source.redis_cli(&["MIGRATE", target.host(), &port, key, "0", "5000"])?;
+        }
+        for node in &self.nodes {
+            node.redis_cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &target_id])?;
+        }
+        Ok(())
+    }
+
+    fn node(&self, index: usize) -> Result<&RedisServer, Error> {
+        self.nodes.get(index).ok_or_else(|| Error::RedisReply {
+            message: format!("no cluster node {index}"),
+        })
+    }
+
+    fn first(&self) -> Result<&RedisServer, Error> {
+        self.node(0)
+    }
+
     /// The node that serves `slot`.
     pub fn node_for_slot(&self, slot: u16) -> Option<&RedisServer> {
         let n = self.nodes.len();

@@ -48,3 +48,37 @@ async fn leases_work_across_slots_and_redirects() -> TestResult {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn ask_and_moved_redirects_are_followed_during_a_slot_migration() -> TestResult {
+    let cluster = RedisCluster::start(3)?;
+    let client = redis::cluster::ClusterClient::new(cluster.urls())?;
+    let conn = client.get_async_connection().await?;
+    let locker = Locker::new(conn);
+    let (held, fresh) = ("lock:{migrating}:held", "lock:{migrating}:fresh");
+    let slot = cluster.slot_of(held)?;
+    let from = cluster
+        .nodes()
+        .iter()
+        .position(|n| Some(n.port()) == cluster.node_for_slot(slot).map(|o| o.port()))
+        .ok_or("no owner")?;
+    let to = (from + 1) % 3;
+
+    let lease = locker.acquire(held, Duration::from_secs(30)).await?;
+    cluster.begin_slot_migration(slot, from, to)?;
+    // `fresh` is not on the source: the source answers ASK, the client
+    // retries on the target with ASKING.
+    let during = locker.acquire(fresh, Duration::from_secs(30)).await?;
+    cluster.finish_slot_migration(slot, from, to)?;
+    // Both keys now live on the target (one migrated, one written there
+    // after ASK); the client follows MOVED to release them.
+    assert_eq!(cluster.nodes()[to].redis_cli(&["DBSIZE"])?, "2");
+    assert_eq!(cluster.nodes()[from].redis_cli(&["DBSIZE"])?, "0");
+    lease.release().await?;
+    during.release().await?;
+    assert_eq!(cluster.nodes()[to].redis_cli(&["DBSIZE"])?, "0");
+    let again = locker.try_acquire(held, Duration::from_secs(30)).await?;
+    assert_eq!(cluster.nodes()[to].redis_cli(&["EXISTS", held])?, "1");
+    again.release().await?;
+    Ok(())
+}
