@@ -36,7 +36,7 @@ mod error;
 mod lease;
 mod locker;
 mod options;
-mod quorum;
+pub mod quorum;
 mod retry;
 mod rounds;
 mod scripts;

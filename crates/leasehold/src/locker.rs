@@ -184,7 +184,8 @@ impl<C: RedisConnection> Locker<C> {
     }
 
     /// One attempt: the lease if the key is free now, else
-    /// [`Error::NotAcquired`] with [`GiveUpReason::RetriesExhausted`].
+    /// [`Error::NotAcquired`] with
+    /// [`GiveUpReason::RetriesExhausted`](crate::GiveUpReason::RetriesExhausted).
     ///
     /// See [`acquire_with`](Self::acquire_with) for errors and cancel safety.
     pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Lease<C>> {

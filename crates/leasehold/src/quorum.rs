@@ -523,7 +523,7 @@ impl<C: RedisConnection> QuorumLease<C> {
     }
 
     /// The fencing token: higher than that of every earlier lease on the
-    /// resource, within the limits explained in the [module docs](self).
+    /// resource, within the limits explained in the [module docs](crate::quorum).
     pub fn fence(&self) -> u64 {
         self.fence
     }
