@@ -11,7 +11,7 @@
 //!
 //! The watchdog refreshes every `ttl / 3`, counted from the send time of the
 //! last refresh (the acquire, at first), and bounds each refresh by `ttl / 3`
-//! as well. Refreshing at a third of the TTL leaves two more chances before
+//! as well (and never past the confirmed deadline below). Refreshing at a third of the TTL leaves two more chances before
 //! the lease runs out: if the refresh at `ttl / 3` is lost (a dropped
 //! connection, a failover, a slow server), the one at `2 * ttl / 3` can
 //! still save the lease, and because each refresh gives up after `ttl / 3`,
