@@ -46,6 +46,9 @@ pub(crate) enum Command {
     Race(SpendArgs),
     /// Step 2: the same spenders under the lease lock (shows OK, no key left).
     Lock(LockArgs),
+    /// Step 3: work longer than the lease's TTL (shows BROKEN), and the same
+    /// with --watchdog (refresh every ttl/3, cancel lost work: shows OK).
+    Ttl(TtlArgs),
     /// Runs every experiment in tutorial order and checks each shows what the
     /// tutorial shows; exits non-zero if one does not.
     Demo,
@@ -79,6 +82,47 @@ pub(crate) struct LockArgs {
     /// How long each spender waits for the lock before giving up.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub(crate) wait: Duration,
+}
+
+/// Flags of the TTL experiment (the tutorial's Step 3).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct TtlArgs {
+    /// Concurrent callers, all released at the same moment.
+    #[arg(short = 'n', long = "callers", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) callers: u32,
+    /// Amount each caller tries to spend.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i64).range(1..))]
+    pub(crate) amount: i64,
+    /// Starting balance.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(0..))]
+    pub(crate) initial: i64,
+    /// Time spent between reading the balance and writing it back.
+    #[arg(long, default_value = "300ms", value_parser = parse_duration)]
+    pub(crate) work: Duration,
+    /// Lease TTL (at least 1ms).
+    #[arg(long, default_value = "100ms", value_parser = parse_ttl)]
+    pub(crate) ttl: Duration,
+    /// How long each caller waits for the lock before giving up.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) wait: Duration,
+    /// Keep each lease with a watchdog (refresh every ttl/3) and cancel the
+    /// spend before its write if the lease is lost anyway.
+    #[arg(long)]
+    pub(crate) watchdog: bool,
+}
+
+impl Default for TtlArgs {
+    fn default() -> Self {
+        TtlArgs {
+            callers: 5,
+            amount: 10,
+            initial: 100,
+            work: Duration::from_millis(300),
+            ttl: Duration::from_millis(100),
+            wait: Duration::from_secs(10),
+            watchdog: false,
+        }
+    }
 }
 
 /// Parses `2ms`, `1.5s`, `100ms`, `2m`.
@@ -126,6 +170,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo => demo::run(&env).await,
         Command::Race(args) => repeat(&cli.global, || experiments::race::run(&env, args)).await,
         Command::Lock(args) => repeat(&cli.global, || experiments::lock::run(&env, args)).await,
+        Command::Ttl(args) => repeat(&cli.global, || experiments::ttl::run(&env, args)).await,
     }
 }
 

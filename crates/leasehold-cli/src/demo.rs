@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use crate::cli::{LockArgs, SpendArgs};
+use crate::cli::{LockArgs, SpendArgs, TtlArgs};
 use crate::env::Env;
 use crate::experiments;
 use crate::report::Report;
@@ -17,7 +17,7 @@ enum Shows {
 
 impl Shows {
     fn matches(self, report: &Report) -> bool {
-        report.errors == 0 && report.ok == (self == Shows::Ok)
+        report.errors == 0 && report.ok == (self == Shows::Ok) && report.tutorial_also
     }
 }
 
@@ -57,6 +57,31 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<ExitCode> {
         "accepted=10 balance=0 expected=0 OK",
         Shows::Ok,
         experiments::lock::run(env, &LockArgs::default()).await?,
+    );
+    let ttl = TtlArgs::default();
+    let broken = experiments::ttl::run(env, &ttl).await?;
+    // The tutorial also shows every release refused as stale.
+    let all_stale = broken.extra.get("stale_releases") == Some(&ttl.callers.into());
+    add(
+        "3",
+        "ttl: 300ms work on a 100ms lease",
+        "accepted=5 balance=80 expected=50 BROKEN",
+        Shows::Broken,
+        broken.tutorial_also(all_stale),
+    );
+    add(
+        "3",
+        "ttl --watchdog",
+        "accepted=5 balance=50 expected=50 OK",
+        Shows::Ok,
+        experiments::ttl::run(
+            env,
+            &TtlArgs {
+                watchdog: true,
+                ..TtlArgs::default()
+            },
+        )
+        .await?,
     );
 
     print_table(&rows);

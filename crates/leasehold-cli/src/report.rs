@@ -20,6 +20,12 @@ pub(crate) struct Report {
     pub(crate) errors: u64,
     /// Experiment-specific figures, printed after the check line.
     pub(crate) extra: Map<String, Value>,
+    /// The keys of `extra` in the order they were added, with the label the
+    /// human format prints instead of the key, if any.
+    shown: Vec<(String, Option<&'static str>)>,
+    /// Figures the tutorial also shows held (`demo` requires them on top of
+    /// the verdict; they do not change `ok`).
+    pub(crate) tutorial_also: bool,
     /// Lines the experiment printed along the way (the human format only).
     pub(crate) notes: Vec<String>,
 }
@@ -49,6 +55,8 @@ impl Report {
             elapsed,
             errors: 0,
             extra: Map::new(),
+            shown: Vec::new(),
+            tutorial_also: true,
             notes: Vec::new(),
         }
     }
@@ -68,8 +76,32 @@ impl Report {
     }
 
     /// Adds an experiment-specific figure.
-    pub(crate) fn extra(mut self, key: &str, value: impl Into<Value>) -> Report {
-        self.extra.insert(key.to_owned(), value.into());
+    pub(crate) fn extra(self, key: &str, value: impl Into<Value>) -> Report {
+        self.add_extra(key, None, value.into())
+    }
+
+    /// Adds a figure that the human format prints as `label=value` (the
+    /// tutorial's wording) and JSON as `key`.
+    pub(crate) fn extra_as(
+        self,
+        key: &str,
+        label: &'static str,
+        value: impl Into<Value>,
+    ) -> Report {
+        self.add_extra(key, Some(label), value.into())
+    }
+
+    fn add_extra(mut self, key: &str, label: Option<&'static str>, value: Value) -> Report {
+        if self.extra.insert(key.to_owned(), value).is_none() {
+            self.shown.push((key.to_owned(), label));
+        }
+        self
+    }
+
+    /// Adds a figure the tutorial shows for this run that `demo` must also
+    /// see (the verdict is unaffected).
+    pub(crate) fn tutorial_also(mut self, holds: bool) -> Report {
+        self.tutorial_also &= holds;
         self
     }
 
@@ -124,11 +156,15 @@ impl Report {
         }
         println!("{}", self.check_line());
         let figures: Vec<String> = self
-            .extra
+            .shown
             .iter()
-            .map(|(k, v)| match v {
-                Value::String(s) => format!("{k}={s}"),
-                other => format!("{k}={other}"),
+            .filter_map(|(key, label)| {
+                let value = self.extra.get(key)?;
+                let name = label.unwrap_or(key);
+                Some(match value {
+                    Value::String(s) => format!("{name}={s}"),
+                    other => format!("{name}={other}"),
+                })
             })
             .chain((self.errors > 0).then(|| format!("errors={}", self.errors)))
             .chain(std::iter::once(format!(
@@ -184,5 +220,17 @@ mod tests {
         }
         assert_eq!(v["ok"], false);
         assert_eq!(v["elapsed_ms"], 12);
+    }
+
+    #[test]
+    fn figures_keep_their_order_and_labels() {
+        let r = Report::check("ttl", 100, 10, 5, 80, Duration::ZERO)
+            .extra_as("stale_releases", "refused stale releases", 5)
+            .extra("lost", 0);
+        let keys: Vec<&str> = r.shown.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["stale_releases", "lost"]);
+        assert_eq!(r.to_json()["stale_releases"], 5);
+        assert!(r.tutorial_also);
+        assert!(!r.tutorial_also(false).tutorial_also);
     }
 }

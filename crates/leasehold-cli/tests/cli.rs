@@ -86,6 +86,54 @@ fn flags_change_the_workload() -> TestResult {
 }
 
 #[test]
+fn ttl_without_the_watchdog_breaks_and_every_release_is_refused() -> TestResult {
+    let reports = runs(&["ttl"])?;
+    assert_eq!(reports.len(), 1);
+    let r = &reports[0];
+    assert_eq!(r["experiment"], "ttl", "{r}");
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["accepted"], 5, "{r}");
+    assert_eq!(r["expected"], 50, "{r}");
+    // Every 300 ms spend outlived its 100 ms lease.
+    assert_eq!(r["stale_releases"], 5, "{r}");
+    assert_eq!(r["lost"], 0, "{r}");
+    assert_eq!(r["errors"], 0, "{r}");
+    Ok(())
+}
+
+#[test]
+fn ttl_with_the_watchdog_serialises_the_callers() -> TestResult {
+    let r = &runs(&["ttl", "--watchdog"])?[0];
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["accepted"], 5, "{r}");
+    assert_eq!(r["balance"], 50, "{r}");
+    assert_eq!(r["stale_releases"], 0, "{r}");
+    assert_eq!(r["lost"], 0, "{r}");
+    assert_eq!(r["errors"], 0, "{r}");
+    Ok(())
+}
+
+#[test]
+fn ttl_prints_the_tutorials_lines() -> TestResult {
+    // The second caller gets in ~10 ms after the first, which writes at 300 ms.
+    let out = leasehold(&["ttl", "-n", "2", "--work", "300ms", "--ttl", "10ms"])?;
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(out.status.success(), "{stdout}");
+    let mut lines = stdout.lines();
+    assert_eq!(
+        lines.next(),
+        Some("accepted=2 balance=90 expected=80 BROKEN"),
+        "{stdout}"
+    );
+    let figures = lines.next().unwrap_or_default();
+    assert!(
+        figures.starts_with("refused stale releases=2 lost=0 elapsed="),
+        "{stdout}"
+    );
+    Ok(())
+}
+
+#[test]
 fn demo_matches_the_tutorial() -> TestResult {
     let out = leasehold(&["demo"])?;
     let stdout = String::from_utf8(out.stdout)?;
@@ -151,6 +199,8 @@ fn bad_flags_are_rejected_before_any_work() -> TestResult {
         &["race", "--runs", "0"],
         &["lock", "--ttl", "0ms"],
         &["lock", "--ttl", "900us"],
+        &["ttl", "--ttl", "0s"],
+        &["ttl", "-n", "0"],
     ] {
         let out = leasehold(args)?;
         assert_eq!(out.status.code(), Some(2), "{args:?}");

@@ -79,6 +79,18 @@ pub enum Error {
         key: String,
     },
 
+    /// The lease was lost while protected work ran (or before it started):
+    /// the watchdog found the key gone, or could not confirm it before the
+    /// lease's deadline. Returned by [`Lease::run`](crate::Lease::run)
+    /// instead of the work's output, which was cancelled.
+    #[error("lock {key:?} lost: {cause}")]
+    LeaseLost {
+        /// The lock key.
+        key: String,
+        /// Why the watchdog gave up on the lease.
+        cause: crate::LostCause,
+    },
+
     /// The TTL is outside the accepted range (at least 1 ms, at most
     /// [`MAX_TTL`](crate::MAX_TTL)). Rejected before any I/O.
     #[error("invalid lock ttl {ttl:?}: must be at least 1ms and at most {max:?}")]
@@ -169,7 +181,8 @@ impl Error {
     ///
     /// Invalid input, authentication failures and wrong-type keys are not
     /// retryable. `NotHeld` is not retryable either: the lease is gone, and
-    /// the right response is to stop the protected work, not to retry it.
+    /// the right response is to stop the protected work, not to retry it;
+    /// the same goes for `LeaseLost`.
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::NotAcquired { reason, .. } => *reason != GiveUpReason::Cancelled,
@@ -184,7 +197,10 @@ impl Error {
     /// True when the error is about the lock not being ours (busy or lost),
     /// rather than about Redis or the input.
     pub fn is_contention(&self) -> bool {
-        matches!(self, Error::NotAcquired { .. } | Error::NotHeld { .. })
+        matches!(
+            self,
+            Error::NotAcquired { .. } | Error::NotHeld { .. } | Error::LeaseLost { .. }
+        )
     }
 
     /// Maps a client error to the variant that names its outcome.

@@ -24,6 +24,13 @@
 //! - Release deletes the key only if it still holds our token (one Lua
 //!   script), so a late holder never deletes its successor's lock, and
 //!   reports [`Error::NotHeld`] when the lease was already gone.
+//! - Refresh extends the TTL only if the key still holds our token, and
+//!   never creates or deletes the key. On Redis 8.4+ release and refresh
+//!   are the `DELEX ... IFEQ` and `SET ... IFEQ` commands; older servers
+//!   get the same steps as Lua scripts (detected once per locker).
+//! - A lease's watchdog refreshes it every `ttl / 3` and cancels the work's
+//!   token when the lease is lost ([`watchdog`] explains why ttl/3, and
+//!   what it cannot do).
 //! - Every Redis request is bounded by the caller's deadline (or the
 //!   locker's command timeout): a paused Redis fails fast with
 //!   [`Error::Timeout`].
@@ -31,6 +38,7 @@
 //!   before any I/O.
 
 mod call;
+mod compare;
 pub mod diagnostics;
 mod error;
 mod lease;
@@ -41,6 +49,7 @@ mod retry;
 mod rounds;
 mod scripts;
 mod token;
+pub mod watchdog;
 
 pub use error::{Error, GiveUpReason, Result};
 pub use lease::Lease;
@@ -51,6 +60,7 @@ pub use quorum::{
 };
 pub use retry::{RetryStrategy, Waits};
 pub use token::LeaseToken;
+pub use watchdog::LostCause;
 
 /// Re-exported so callers can name the connection and cancellation types
 /// without adding matching versions of these crates themselves.

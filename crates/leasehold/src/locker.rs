@@ -41,6 +41,8 @@ pub(crate) struct Inner<C> {
     pub(crate) command_timeout: Duration,
     /// `SET ... NX GET` needs Redis 7.0; older servers get plain `SET NX`.
     set_nx_get: AtomicBool,
+    /// Whether release and refresh use Redis 8.4 commands or Lua.
+    pub(crate) compare: crate::compare::Detected,
 }
 
 impl<C> std::fmt::Debug for Locker<C> {
@@ -156,6 +158,7 @@ impl<C: RedisConnection> Locker<C> {
                 conn,
                 command_timeout,
                 set_nx_get: AtomicBool::new(true),
+                compare: crate::compare::Detected::default(),
             }),
         }
     }
@@ -209,7 +212,10 @@ impl<C: RedisConnection> Locker<C> {
     /// - [`Error::Timeout`] when Redis did not answer in time (each request
     ///   is bounded by the deadline and the command timeout),
     ///   [`Error::Unreachable`], [`Error::Auth`], [`Error::WrongType`] (the
-    ///   key holds a non-string value), returned at once without retrying.
+    ///   key holds a non-string value), returned at once without retrying;
+    /// - [`Error::InvalidOptions`] when [`AcquireOptions::watchdog`] is set
+    ///   but there is no tokio runtime to run it on (the lease just taken is
+    ///   then released in the background).
     ///
     /// # Cancel safety
     /// Cancel safe. If the future is dropped (or times out) while a `SET` is
@@ -230,13 +236,11 @@ impl<C: RedisConnection> Locker<C> {
                 self.set_nx(key, &token, px, deadline)
             })
             .await?;
-        Ok(Lease::new(
-            self.clone(),
-            key.to_owned(),
-            token,
-            ttl,
-            sent_at,
-        ))
+        let mut lease = Lease::new(self.clone(), key.to_owned(), token, ttl, sent_at);
+        if opts.watchdog {
+            lease.watch()?;
+        }
+        Ok(lease)
     }
 
     /// The retry loop every way of taking a lease shares: one `attempt` per
@@ -315,12 +319,8 @@ impl<C: RedisConnection> Locker<C> {
         token: &LeaseToken,
         deadline: Instant,
     ) -> Result<bool> {
-        let mut conn = self.inner.conn.clone();
-        let mut invocation = crate::scripts::RELEASE.key(key);
-        invocation.arg(token);
-        let deleted: i64 =
-            call::bounded("release", key, deadline, invocation.invoke_async(&mut conn)).await?;
-        Ok(deleted == 1)
+        self.token_checked(crate::compare::Step::Release, key, token, deadline)
+            .await
     }
 }
 

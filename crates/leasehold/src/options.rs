@@ -28,6 +28,7 @@ pub struct AcquireOptions {
     pub(crate) deadline: Deadline,
     pub(crate) retry: RetryStrategy,
     pub(crate) cancel: Option<CancellationToken>,
+    pub(crate) watchdog: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -43,7 +44,7 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 
 impl AcquireOptions {
     /// The defaults: wait up to [`DEFAULT_WAIT`] (10 s), retrying with
-    /// [`RetryStrategy::default`], no cancellation token.
+    /// [`RetryStrategy::default`], no cancellation token, no watchdog.
     pub fn new() -> Self {
         Self::default()
     }
@@ -80,6 +81,19 @@ impl AcquireOptions {
     /// Defaults to none.
     pub fn cancel(mut self, token: CancellationToken) -> Self {
         self.cancel = Some(token);
+        self
+    }
+
+    /// Start the lease's watchdog as soon as it is acquired, as
+    /// [`Lease::watch`](crate::Lease::watch) does: it refreshes the lease
+    /// every `ttl / 3` until it is released or dropped, and cancels the
+    /// lease's token when the lease is lost.
+    ///
+    /// Defaults to false: the lease lives for its TTL unless refreshed, or
+    /// until [`Lease::watch`](crate::Lease::watch) or
+    /// [`Lease::run`](crate::Lease::run) starts the watchdog.
+    pub fn watchdog(mut self, enabled: bool) -> Self {
+        self.watchdog = enabled;
         self
     }
 

@@ -2,15 +2,25 @@
 //!
 //! `redis::Script` sends `EVALSHA` and falls back to loading the script when
 //! the server answers `NOSCRIPT` (after a restart or failover emptied the
-//! script cache).
+//! script cache). The token-checked steps of `compare.rs` build the same
+//! `EVALSHA` themselves (falling back to `EVAL` of the source), so that the
+//! exact commands can be unit-tested.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
+/// The source of `scripts/release.lua`.
+pub(crate) const RELEASE_LUA: &str = include_str!("scripts/release.lua");
+
 /// Compare-and-delete: see `scripts/release.lua`.
-pub(crate) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+
+/// The source of `scripts/refresh.lua`.
+pub(crate) const REFRESH_LUA: &str = include_str!("scripts/refresh.lua");
+
+/// Compare-and-extend: see `scripts/refresh.lua`.
+pub(crate) static REFRESH: LazyLock<Script> = LazyLock::new(|| Script::new(REFRESH_LUA));
 
 /// One node's vote: see `scripts/quorum_acquire.lua`.
 pub(crate) static QUORUM_ACQUIRE: LazyLock<Script> =

@@ -2,3 +2,4 @@
 
 pub(crate) mod lock;
 pub(crate) mod race;
+pub(crate) mod ttl;

@@ -1,0 +1,406 @@
+//! The two token-checked steps, release and refresh, on whichever path the
+//! server supports.
+//!
+//! Both steps compare the key's value with our token and act only on a match,
+//! in one atomic step on the server, so a holder whose lease expired can never
+//! delete or extend its successor's lock.
+//!
+//! Redis 8.4 has both as plain commands: `DELEX key IFEQ token` deletes the
+//! key only if it holds `token`, and `SET key token IFEQ token PX ttl` resets
+//! the expiry only if it holds `token` (and, unlike `PEXPIRE`, never creates
+//! a key). Older servers get the same step as a Lua script
+//! (`scripts/release.lua`, `scripts/refresh.lua`), sent as `EVALSHA` with an
+//! `EVAL` of the source when the script cache is empty.
+//!
+//! A locker decides once, lazily, on its first release or refresh:
+//! `INFO server` reporting `redis_version` 8.4 or later picks the commands.
+//! Anything else picks Lua, which is correct on every server: an older
+//! version, an `INFO` the server refuses (ACLs) or answers in a shape we do
+//! not parse (a cluster answering per node), a Redis-compatible server that
+//! reports an old version for compatibility. Detection never fails a call: a
+//! detection that timed out or found Redis unreachable is not remembered (the
+//! next call asks again) and that call uses Lua. If a server that claimed 8.4
+//! then refuses `DELEX` or `SET ... IFEQ` as unknown syntax, the locker
+//! switches to Lua for good and sends the step again.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::locker::{Locker, ttl_millis};
+use crate::token::LeaseToken;
+use crate::{RedisConnection, call, scripts};
+
+/// How a locker sends the token-checked steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// `DELEX ... IFEQ` and `SET ... IFEQ` (Redis 8.4+).
+    Commands,
+    /// `scripts/release.lua` and `scripts/refresh.lua`.
+    Lua,
+}
+
+/// The path a locker has settled on; starts undecided (0).
+#[derive(Debug, Default)]
+pub(crate) struct Detected(AtomicU8);
+
+impl Detected {
+    const COMMANDS: u8 = 1;
+    const LUA: u8 = 2;
+
+    fn get(&self) -> Option<Path> {
+        match self.0.load(Ordering::Relaxed) {
+            Self::COMMANDS => Some(Path::Commands),
+            Self::LUA => Some(Path::Lua),
+            _ => None,
+        }
+    }
+
+    fn set(&self, path: Path) {
+        let v = match path {
+            Path::Commands => Self::COMMANDS,
+            Path::Lua => Self::LUA,
+        };
+        self.0.store(v, Ordering::Relaxed);
+    }
+}
+
+/// One token-checked step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Delete the key if it holds our token.
+    Release,
+    /// Reset the key's TTL to `ttl` if it holds our token.
+    Refresh {
+        /// The new TTL.
+        ttl: Duration,
+    },
+}
+
+impl Step {
+    fn op(self) -> &'static str {
+        match self {
+            Step::Release => "release",
+            Step::Refresh { .. } => "refresh",
+        }
+    }
+
+    fn script(self) -> (&'static redis::Script, &'static str) {
+        match self {
+            Step::Release => (&scripts::RELEASE, scripts::RELEASE_LUA),
+            Step::Refresh { .. } => (&scripts::REFRESH, scripts::REFRESH_LUA),
+        }
+    }
+
+    /// The command this step is sent as on `path`.
+    pub(crate) fn cmd(self, path: Path, key: &str, token: &LeaseToken) -> Cmd {
+        match (self, path) {
+            (Step::Release, Path::Commands) => {
+                let mut cmd = redis::cmd("DELEX");
+                cmd.arg(key).arg("IFEQ").arg(token);
+                cmd
+            }
+            (Step::Refresh { ttl }, Path::Commands) => {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(key)
+                    .arg(token)
+                    .arg("IFEQ")
+                    .arg(token)
+                    .arg("PX")
+                    .arg(ttl_millis(ttl));
+                cmd
+            }
+            (_, Path::Lua) => {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(self.script().0.get_hash());
+                self.lua_args(&mut cmd, key, token);
+                cmd
+            }
+        }
+    }
+
+    /// `EVAL` of the script's source, for a server whose script cache does
+    /// not have it (`NOSCRIPT`). `EVAL` also caches it for the next call.
+    pub(crate) fn eval_cmd(self, key: &str, token: &LeaseToken) -> Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.script().1);
+        self.lua_args(&mut cmd, key, token);
+        cmd
+    }
+
+    fn lua_args(self, cmd: &mut Cmd, key: &str, token: &LeaseToken) {
+        cmd.arg(1).arg(key).arg(token);
+        if let Step::Refresh { ttl } = self {
+            cmd.arg(ttl_millis(ttl));
+        }
+    }
+
+    /// Whether the reply says the key held our token (and the step acted).
+    pub(crate) fn acted(self, path: Path, reply: &Value) -> Result<bool> {
+        match (self, path, reply) {
+            (Step::Refresh { .. }, Path::Commands, Value::Okay) => Ok(true),
+            (Step::Refresh { .. }, Path::Commands, Value::Nil) => Ok(false),
+            (Step::Release, _, Value::Int(n))
+            | (Step::Refresh { .. }, Path::Lua, Value::Int(n)) => Ok(*n == 1),
+            _ => Err(Error::UnexpectedReply { op: self.op() }),
+        }
+    }
+}
+
+/// Whether an `INFO server` reply names a server with `DELEX` and
+/// `SET ... IFEQ` (Redis 8.4 or later). `None` when it names no version.
+pub(crate) fn supports_commands(info: &str) -> Option<bool> {
+    let version = info
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("redis_version:"))?;
+    let mut parts = version.trim().split('.').map(str::parse::<u32>);
+    let major = parts.next()?.ok()?;
+    let minor = parts.next().and_then(|m| m.ok()).unwrap_or(0);
+    Some((major, minor) >= (8, 4))
+}
+
+/// A server that does not know the command or option we sent: nothing ran.
+fn is_unknown_syntax(err: &redis::RedisError) -> bool {
+    err.code() == Some("ERR")
+        && err.detail().is_some_and(|d| {
+            let d = d.to_ascii_lowercase();
+            d.contains("unknown command") || d.contains("syntax error")
+        })
+}
+
+impl<C: RedisConnection> Locker<C> {
+    /// Runs `step` for `key` and `token`, bounded by `deadline`. `Ok(false)`:
+    /// the key did not hold our token, and nothing changed.
+    pub(crate) async fn token_checked(
+        &self,
+        step: Step,
+        key: &str,
+        token: &LeaseToken,
+        deadline: Instant,
+    ) -> Result<bool> {
+        let path = self.path(key, deadline).await;
+        let mut conn = self.inner.conn.clone();
+        let sent = step.cmd(path, key, token);
+        let reply = call::bounded(step.op(), key, deadline, async {
+            match sent.query_async::<Value>(&mut conn).await {
+                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    step.eval_cmd(key, token).query_async(&mut conn).await
+                }
+                other => other,
+            }
+        })
+        .await;
+        match reply {
+            Ok(reply) => step.acted(path, &reply),
+            Err(Error::Redis { source, .. })
+                if path == Path::Commands && is_unknown_syntax(&source) =>
+            {
+                tracing::debug!(
+                    "server claims redis 8.4 but refused the command; using lua from now on"
+                );
+                self.inner.compare.set(Path::Lua);
+                Box::pin(self.token_checked(step, key, token, deadline)).await
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The path this locker uses, detecting it on first use.
+    async fn path(&self, key: &str, deadline: Instant) -> Path {
+        if let Some(path) = self.inner.compare.get() {
+            return path;
+        }
+        let mut conn = self.inner.conn.clone();
+        let info = call::bounded(
+            "detect",
+            key,
+            deadline,
+            redis::cmd("INFO")
+                .arg("server")
+                .query_async::<String>(&mut conn),
+        )
+        .await;
+        let path = match info {
+            Ok(info) if supports_commands(&info) == Some(true) => Path::Commands,
+            Ok(_) => Path::Lua,
+            // Transient: ask again next time; this call uses Lua.
+            Err(Error::Timeout { .. } | Error::Unreachable { .. }) => return Path::Lua,
+            // Refused or unparseable: Lua is correct everywhere.
+            Err(err) => {
+                tracing::debug!(error = %err, "could not detect the server version; using lua");
+                Path::Lua
+            }
+        };
+        self.inner.compare.set(path);
+        path
+    }
+
+    /// The path this locker has settled on, if it has decided (test hook).
+    #[cfg(test)]
+    pub(crate) fn detected_path(&self) -> Option<Path> {
+        self.inner.compare.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<cursor>".to_owned(),
+            })
+            .collect()
+    }
+
+    fn token() -> LeaseToken {
+        LeaseToken::generate().expect("os rng")
+    }
+
+    #[test]
+    fn release_on_redis_8_4_is_delex_ifeq() {
+        let t = token();
+        let cmd = Step::Release.cmd(Path::Commands, "lock:a", &t);
+        assert_eq!(args(&cmd), ["DELEX", "lock:a", "IFEQ", t.as_str()]);
+    }
+
+    #[test]
+    fn refresh_on_redis_8_4_is_set_ifeq_px() {
+        let t = token();
+        let step = Step::Refresh {
+            ttl: Duration::from_micros(1500),
+        };
+        let cmd = step.cmd(Path::Commands, "lock:a", &t);
+        assert_eq!(
+            args(&cmd),
+            ["SET", "lock:a", t.as_str(), "IFEQ", t.as_str(), "PX", "2"]
+        );
+        // Never NX/XX/GET/KEEPTTL: the only condition is the token.
+        assert!(
+            !args(&cmd)
+                .iter()
+                .any(|a| ["NX", "XX", "GET", "KEEPTTL"].contains(&a.as_str()))
+        );
+    }
+
+    #[test]
+    fn lua_path_sends_evalsha_with_one_key_then_eval_of_the_source() {
+        let t = token();
+        let cmd = Step::Release.cmd(Path::Lua, "lock:a", &t);
+        assert_eq!(
+            args(&cmd),
+            [
+                "EVALSHA",
+                scripts::RELEASE.get_hash(),
+                "1",
+                "lock:a",
+                t.as_str()
+            ]
+        );
+        let refresh = Step::Refresh {
+            ttl: Duration::from_secs(2),
+        };
+        let cmd = refresh.cmd(Path::Lua, "lock:a", &t);
+        assert_eq!(
+            args(&cmd),
+            [
+                "EVALSHA",
+                scripts::REFRESH.get_hash(),
+                "1",
+                "lock:a",
+                t.as_str(),
+                "2000"
+            ]
+        );
+        let eval = refresh.eval_cmd("lock:a", &t);
+        assert_eq!(
+            args(&eval),
+            [
+                "EVAL",
+                scripts::REFRESH_LUA,
+                "1",
+                "lock:a",
+                t.as_str(),
+                "2000"
+            ]
+        );
+        // The refresh script extends; it never deletes.
+        assert!(scripts::REFRESH_LUA.contains("PEXPIRE"));
+        assert!(!scripts::REFRESH_LUA.contains("\"DEL\""));
+    }
+
+    #[test]
+    fn replies_map_to_outcomes() {
+        let refresh = Step::Refresh {
+            ttl: Duration::from_secs(1),
+        };
+        assert!(refresh.acted(Path::Commands, &Value::Okay).expect("ok"));
+        assert!(!refresh.acted(Path::Commands, &Value::Nil).expect("nil"));
+        assert!(refresh.acted(Path::Lua, &Value::Int(1)).expect("1"));
+        assert!(!refresh.acted(Path::Lua, &Value::Int(0)).expect("0"));
+        assert!(
+            Step::Release
+                .acted(Path::Commands, &Value::Int(1))
+                .expect("1")
+        );
+        assert!(!Step::Release.acted(Path::Lua, &Value::Int(0)).expect("0"));
+        assert!(matches!(
+            refresh.acted(Path::Lua, &Value::Okay),
+            Err(Error::UnexpectedReply { op: "refresh" })
+        ));
+    }
+
+    #[test]
+    fn version_detection() {
+        let info = |v: &str| format!("# Server\r\nredis_version:{v}\r\nredis_mode:standalone\r\n");
+        assert_eq!(supports_commands(&info("7.0.15")), Some(false));
+        assert_eq!(supports_commands(&info("8.2.1")), Some(false));
+        assert_eq!(supports_commands(&info("8.4.0")), Some(true));
+        assert_eq!(supports_commands(&info("8.6")), Some(true));
+        assert_eq!(supports_commands(&info("10.0.0")), Some(true));
+        assert_eq!(supports_commands("# Server\r\nno version here\r\n"), None);
+        assert_eq!(supports_commands(&info("garbage")), None);
+    }
+
+    #[tokio::test]
+    async fn redis_7_is_detected_as_lua_and_steps_work()
+    -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let server = leasehold_testkit::RedisServer::start()?;
+        let client = redis::Client::open(server.url())?;
+        let conn = crate::connect(&client, Duration::from_secs(1)).await?;
+        let locker = Locker::new(conn.clone());
+        assert_eq!(locker.detected_path(), None);
+        let lease = locker.acquire("t:detect", Duration::from_secs(5)).await?;
+        lease.refresh(Duration::from_secs(9)).await?;
+        assert_eq!(locker.detected_path(), Some(Path::Lua));
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg("t:detect")
+            .query_async(&mut conn.clone())
+            .await?;
+        assert!(pttl > 5000, "refresh did not extend: {pttl}");
+        lease.release().await?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_paused_server_during_detection_is_not_remembered()
+    -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let server = leasehold_testkit::RedisServer::start()?;
+        let client = redis::Client::open(server.url())?;
+        let conn = crate::connect(&client, Duration::from_secs(1)).await?;
+        let locker = Locker::new(conn);
+        server.pause()?;
+        let path = locker
+            .path("t:x", Instant::now() + Duration::from_millis(50))
+            .await;
+        server.resume()?;
+        assert_eq!(path, Path::Lua);
+        assert_eq!(locker.detected_path(), None);
+        Ok(())
+    }
+}

@@ -1,0 +1,428 @@
+//! Keeping a lease while the work runs, and stopping the work when it is lost.
+//!
+//! A lease expires after its TTL whether or not the holder has finished. Work
+//! that can outlast the TTL (a slow query, a long pause, a retry loop) needs
+//! a **watchdog**: a task, owned by the [`Lease`](crate::Lease), that extends
+//! the lease with a token-checked refresh while the work runs, and that
+//! cancels a [`CancellationToken`] the moment it can no longer vouch for the
+//! lease, so the work stops instead of carrying on after the lease is gone.
+//!
+//! # The schedule, and why ttl/3
+//!
+//! The watchdog refreshes every `ttl / 3`, counted from the send time of the
+//! last refresh (the acquire, at first), and bounds each refresh by `ttl / 3`
+//! as well (and never past the confirmed deadline below). Refreshing at a third of the TTL leaves two more chances before
+//! the lease runs out: if the refresh at `ttl / 3` is lost (a dropped
+//! connection, a failover, a slow server), the one at `2 * ttl / 3` can
+//! still save the lease, and because each refresh gives up after `ttl / 3`,
+//! a hung request never delays the next one. Refreshing more often costs
+//! Redis round trips for little gain; refreshing at `ttl / 2` leaves a
+//! single retry.
+//!
+//! # When the work is cancelled
+//!
+//! The lease's **confirmed deadline** is the send time of the last request
+//! that proved we hold the key (the acquire or a successful refresh) plus the
+//! TTL, on the monotonic clock. Redis cannot expire the key before it, since
+//! Redis started its countdown after we sent. The watchdog cancels the token:
+//!
+//! - at once when a refresh says the key no longer holds our token
+//!   ([`LostCause::Expired`]: it expired or changed hands), and
+//! - when refreshes keep failing (timeouts, connection errors) until the
+//!   confirmed deadline passes ([`LostCause::Unreachable`]): after that
+//!   instant the key may have expired and been taken, and nothing we can
+//!   learn later undoes the overlap.
+//!
+//! A failed refresh that is not yet fatal has no caller to report to; it is
+//! logged as a `tracing` warning (target `leasehold::watchdog`).
+//!
+//! # What it cannot do
+//!
+//! The watchdog **narrows the window; it does not close it**. It learns of a
+//! loss at best one refresh period late, the work must notice the
+//! cancellation (an `.await` that does not reach a cancellation point keeps
+//! running), and a holder paused by the operating system, a garbage
+//! collector or a stopped VM runs nothing at all, watchdog included, until it
+//! wakes, possibly after its lease has passed to someone else and just
+//! before its write. So the watchdog is an *efficiency* measure that makes
+//! such overlaps rare. The write itself must still be fenced in the
+//! database (a fencing token or check-and-set that refuses a stale writer)
+//! for the data to stay correct.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+
+/// Why the watchdog gave up on a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostCause {
+    /// The key no longer held our token: the lease expired or changed hands
+    /// (Redis cannot tell which), or its validity ran out before anything
+    /// tried to refresh it.
+    Expired,
+    /// Refreshes kept failing (Redis slow, paused, partitioned or refusing)
+    /// until the lease's confirmed deadline passed, so it may have expired
+    /// and been taken.
+    Unreachable,
+}
+
+impl std::fmt::Display for LostCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LostCause::Expired => "the lease expired or changed hands",
+            LostCause::Unreachable => "redis could not confirm it before the lease's deadline",
+        })
+    }
+}
+
+/// The last moment we know we held the key, and for how long after it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Validity {
+    /// Send time of the last request that proved we hold the key.
+    pub(crate) confirmed_at: Instant,
+    /// The TTL that request set.
+    pub(crate) ttl: Duration,
+}
+
+impl Validity {
+    pub(crate) fn until(self) -> Instant {
+        self.confirmed_at + self.ttl
+    }
+}
+
+/// What a lease and its watchdog share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    validity: Mutex<Validity>,
+    lost: OnceLock<LostCause>,
+    signal: CancellationToken,
+}
+
+impl Shared {
+    pub(crate) fn new(confirmed_at: Instant, ttl: Duration) -> Arc<Shared> {
+        Arc::new(Shared {
+            validity: Mutex::new(Validity { confirmed_at, ttl }),
+            lost: OnceLock::new(),
+            signal: CancellationToken::new(),
+        })
+    }
+
+    pub(crate) fn validity(&self) -> Validity {
+        *self.validity.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records a refresh sent at `sent_at` that succeeded. A slower reply to
+    /// an earlier request never moves the validity back.
+    pub(crate) fn confirm(&self, sent_at: Instant, ttl: Duration) {
+        let mut validity = self.validity.lock().unwrap_or_else(PoisonError::into_inner);
+        if sent_at >= validity.confirmed_at {
+            *validity = Validity {
+                confirmed_at: sent_at,
+                ttl,
+            };
+        }
+    }
+
+    /// Marks the lease lost (the first cause wins) and cancels the signal.
+    pub(crate) fn lose(&self, cause: LostCause) {
+        let _ = self.lost.set(cause);
+        self.signal.cancel();
+    }
+
+    /// Cancels the signal without a cause: the lease ended (released or
+    /// dropped), so work protected by it must stop too.
+    pub(crate) fn end(&self) {
+        self.signal.cancel();
+    }
+
+    pub(crate) fn lost(&self) -> Option<LostCause> {
+        self.lost.get().copied()
+    }
+
+    pub(crate) fn signal(&self) -> &CancellationToken {
+        &self.signal
+    }
+}
+
+/// The refresh period for `ttl`: a third of it.
+pub(crate) fn period(ttl: Duration) -> Duration {
+    ttl / 3
+}
+
+/// The watchdog loop: refreshes through `refresh(ttl, deadline)` every
+/// `ttl / 3` until the signal is cancelled, cancelling it when the lease is
+/// lost. Generic over `refresh` so the schedule can be tested with a fake
+/// backend under paused time. `refresh` returns `Ok(false)` when the key no
+/// longer holds our token.
+pub(crate) async fn keep<F, Fut>(shared: Arc<Shared>, key: String, mut refresh: F)
+where
+    F: FnMut(Duration, Instant) -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let signal = shared.signal().clone();
+    let mut last_sent = shared.validity().confirmed_at;
+    // Whether a refresh failed since the last confirmation.
+    let mut failing = false;
+    loop {
+        let validity = shared.validity();
+        let period = period(validity.ttl);
+        let valid_until = validity.until();
+        let next = last_sent.max(validity.confirmed_at) + period;
+        tokio::select! {
+            biased;
+            () = signal.cancelled() => return,
+            () = tokio::time::sleep_until(next.min(valid_until)) => {}
+        }
+        let validity = shared.validity();
+        let now = Instant::now();
+        if now >= validity.until() {
+            let cause = if failing {
+                LostCause::Unreachable
+            } else {
+                LostCause::Expired
+            };
+            tracing::warn!(target: "leasehold::watchdog", key, %cause, "lease lost; cancelling the work");
+            shared.lose(cause);
+            return;
+        }
+        if now < next {
+            // Woken early by a changed validity (a manual refresh); re-plan.
+            continue;
+        }
+        let sent_at = now;
+        last_sent = sent_at;
+        let bound = (sent_at + period).min(validity.until());
+        let outcome = tokio::select! {
+            biased;
+            () = signal.cancelled() => return,
+            outcome = tokio::time::timeout_at(bound, refresh(validity.ttl, bound)) => outcome,
+        };
+        let outcome = outcome.unwrap_or_else(|_elapsed| {
+            Err(Error::Timeout {
+                op: "refresh",
+                after: sent_at.elapsed(),
+            })
+        });
+        match outcome {
+            Ok(true) => {
+                shared.confirm(sent_at, validity.ttl);
+                failing = false;
+            }
+            Ok(false) | Err(Error::WrongType { .. }) => {
+                let cause = LostCause::Expired;
+                tracing::warn!(target: "leasehold::watchdog", key, %cause, "lease lost; cancelling the work");
+                shared.lose(cause);
+                return;
+            }
+            Err(err) => {
+                failing = true;
+                let left = shared
+                    .validity()
+                    .until()
+                    .saturating_duration_since(Instant::now());
+                tracing::warn!(
+                    target: "leasehold::watchdog",
+                    key,
+                    error = %err,
+                    remaining = ?left,
+                    "lease refresh failed; retrying until the lease's deadline"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+    const TTL: Duration = Duration::from_millis(300);
+
+    /// What the fake backend answers to one refresh.
+    #[derive(Clone)]
+    enum Reply {
+        Held,
+        NotHeld,
+        Fail,
+        Hang,
+    }
+
+    /// A scripted backend: answers each refresh with the next reply and
+    /// records when (since `start`) each refresh was sent.
+    struct Fake {
+        start: Instant,
+        replies: Mutex<Vec<Reply>>,
+        sent: Mutex<Vec<Duration>>,
+        deadlines: Mutex<Vec<Duration>>,
+    }
+
+    impl Fake {
+        fn new(replies: Vec<Reply>) -> Arc<Fake> {
+            Arc::new(Fake {
+                start: Instant::now(),
+                replies: Mutex::new(replies.into_iter().rev().collect()),
+                sent: Mutex::new(Vec::new()),
+                deadlines: Mutex::new(Vec::new()),
+            })
+        }
+
+        fn sent(&self) -> Vec<Duration> {
+            self.sent.lock().expect("lock").clone()
+        }
+
+        fn refresher(
+            self: Arc<Self>,
+        ) -> impl FnMut(Duration, Instant) -> std::pin::Pin<Box<dyn Future<Output = Result<bool>> + Send>>
+        {
+            let fake = self;
+            move |ttl, deadline| {
+                assert_eq!(ttl, TTL);
+                let fake = fake.clone();
+                Box::pin(async move {
+                    fake.sent.lock().expect("lock").push(fake.start.elapsed());
+                    fake.deadlines
+                        .lock()
+                        .expect("lock")
+                        .push(deadline - fake.start);
+                    let reply = fake
+                        .replies
+                        .lock()
+                        .expect("lock")
+                        .pop()
+                        .unwrap_or(Reply::Held);
+                    match reply {
+                        Reply::Held => Ok(true),
+                        Reply::NotHeld => Ok(false),
+                        Reply::Fail => Err(Error::UnexpectedReply { op: "refresh" }),
+                        Reply::Hang => std::future::pending().await,
+                    }
+                })
+            }
+        }
+    }
+
+    fn start(fake: &Arc<Fake>) -> (Arc<Shared>, tokio::task::JoinHandle<()>) {
+        let shared = Shared::new(fake.start, TTL);
+        let task = tokio::spawn(keep(shared.clone(), "k".into(), fake.clone().refresher()));
+        (shared, task)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refreshes_every_third_of_the_ttl_and_extends_the_deadline() {
+        let fake = Fake::new(vec![]);
+        let (shared, task) = start(&fake);
+        tokio::time::sleep(1050 * MS).await;
+        assert_eq!(
+            fake.sent(),
+            [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000].map(|m| m * MS)
+        );
+        // Each refresh is bounded by a third of the TTL.
+        let deadlines = fake.deadlines.lock().expect("lock").clone();
+        assert_eq!(deadlines[0], 200 * MS);
+        assert_eq!(shared.validity().until() - fake.start, 1300 * MS);
+        assert_eq!(shared.lost(), None);
+        assert!(!shared.signal().is_cancelled());
+        shared.end();
+        task.await.expect("watchdog task");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_held_cancels_at_once_with_expired() {
+        let fake = Fake::new(vec![Reply::Held, Reply::NotHeld]);
+        let (shared, task) = start(&fake);
+        shared.signal().cancelled().await;
+        assert_eq!(fake.start.elapsed(), 200 * MS);
+        assert_eq!(shared.lost(), Some(LostCause::Expired));
+        task.await.expect("watchdog task");
+        assert_eq!(fake.sent().len(), 2, "refreshed after the loss");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hanging_refreshes_cancel_at_the_confirmed_deadline() {
+        let fake = Fake::new(vec![Reply::Held, Reply::Hang, Reply::Hang, Reply::Hang]);
+        let (shared, task) = start(&fake);
+        shared.signal().cancelled().await;
+        // Confirmed at 100 ms (the first refresh's send time) + 300 ms ttl.
+        assert_eq!(fake.start.elapsed(), 400 * MS);
+        assert_eq!(shared.lost(), Some(LostCause::Unreachable));
+        // Each hung refresh gave up after ttl/3, in time for the next one.
+        assert_eq!(fake.sent(), [100, 200, 300].map(|m| m * MS));
+        task.await.expect("watchdog task");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fast_failures_retry_on_schedule_then_cancel_at_the_deadline() {
+        let fake = Fake::new(vec![Reply::Fail; 10]);
+        let (shared, task) = start(&fake);
+        shared.signal().cancelled().await;
+        assert_eq!(fake.start.elapsed(), 300 * MS);
+        assert_eq!(shared.lost(), Some(LostCause::Unreachable));
+        assert_eq!(fake.sent(), [100, 200].map(|m| m * MS));
+        task.await.expect("watchdog task");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_failure_is_survived_by_the_next_refresh() {
+        let fake = Fake::new(vec![Reply::Fail, Reply::Held]);
+        let (shared, task) = start(&fake);
+        tokio::time::sleep(650 * MS).await;
+        assert_eq!(shared.lost(), None);
+        assert_eq!(fake.sent(), [100, 200, 300, 400, 500, 600].map(|m| m * MS));
+        assert_eq!(shared.validity().until() - fake.start, 900 * MS);
+        shared.end();
+        task.await.expect("watchdog task");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_past_its_validity_is_lost_without_a_refresh() {
+        let fake = Fake::new(vec![]);
+        tokio::time::advance(400 * MS).await;
+        let (shared, task) = start(&fake);
+        shared.signal().cancelled().await;
+        assert_eq!(shared.lost(), Some(LostCause::Expired));
+        assert!(fake.sent().is_empty());
+        task.await.expect("watchdog task");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn aborting_the_task_stops_the_refreshes() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let shared = Shared::new(Instant::now(), TTL);
+        let counter = calls.clone();
+        let task = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(keep(
+            shared.clone(),
+            "k".into(),
+            move |_, _| {
+                counter.fetch_add(1, Ordering::Relaxed);
+                async { Ok(true) }
+            },
+        )));
+        tokio::time::sleep(250 * MS).await;
+        assert_eq!(calls.load(Ordering::Relaxed), 2);
+        drop(task);
+        tokio::time::sleep(2000 * MS).await;
+        assert_eq!(calls.load(Ordering::Relaxed), 2);
+        assert!(!shared.signal().is_cancelled(), "aborting is not a loss");
+    }
+
+    #[test]
+    fn a_late_reply_never_moves_the_validity_back() {
+        let t0 = Instant::now();
+        let shared = Shared::new(t0, TTL);
+        shared.confirm(t0 + 200 * MS, TTL);
+        shared.confirm(t0 + 100 * MS, TTL);
+        assert_eq!(shared.validity().until(), t0 + 500 * MS);
+        shared.lose(LostCause::Unreachable);
+        shared.lose(LostCause::Expired);
+        assert_eq!(shared.lost(), Some(LostCause::Unreachable));
+    }
+}
