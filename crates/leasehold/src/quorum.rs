@@ -63,6 +63,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::call;
+use crate::compare::Step;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::locker::{Locker, check_key, check_ttl, ttl_millis};
 use crate::options::AcquireOptions;
@@ -547,6 +548,57 @@ impl<C: RedisConnection> QuorumLease<C> {
     /// Time left until [`valid_until`](Self::valid_until), zero once passed.
     pub fn remaining(&self) -> Duration {
         self.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    /// Extends the lease to `ttl` on every node that still holds our token
+    /// (token-checked, like [`Lease::refresh`](crate::Lease::refresh)); it
+    /// succeeds when a majority did, and the validity is then recomputed
+    /// from this refresh's start.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTtl`] before any I/O; [`Error::NotHeld`] when fewer
+    /// than a majority still held our token; [`Error::QuorumNotReached`]
+    /// when too many nodes failed to answer to tell. On error the validity
+    /// is unchanged.
+    ///
+    /// # Cancel safety
+    /// If dropped mid-way, some nodes may have been extended; the validity
+    /// is unchanged, which errs on the safe side.
+    pub async fn refresh(&mut self, ttl: Duration) -> Result<()> {
+        check_ttl(ttl)?;
+        let started = Instant::now();
+        let deadline = started + self.quorum.inner.node_timeout;
+        let step = Step::Refresh { ttl };
+        let outcomes = self
+            .quorum
+            .on_every_node(|node| {
+                let lock = self.keys.lock.clone();
+                let token = self.token.clone();
+                async move { node.token_checked(step, &lock, &token, deadline).await }
+            })
+            .await;
+        let extended = outcomes.iter().filter(|o| matches!(o, Ok(true))).count();
+        let failed = outcomes.iter().filter(|o| o.is_err()).count();
+        let needed = self.quorum.needed();
+        if extended >= needed
+            && let Some(left) = validity(ttl, started.elapsed())
+        {
+            self.ttl = ttl;
+            self.votes = extended;
+            self.valid_until = Instant::now() + left;
+            return Ok(());
+        }
+        if extended + failed >= needed {
+            return Err(Error::QuorumNotReached {
+                key: self.keys.lock.clone(),
+                got: extended,
+                needed,
+                failed_nodes: failed,
+            });
+        }
+        Err(Error::NotHeld {
+            key: self.keys.lock.clone(),
+        })
     }
 
     /// Releases the lease on every node (token-checked).

@@ -218,3 +218,27 @@ async fn release_after_expiry_reports_not_held() -> TestResult {
     assert!(matches!(err, Some(Error::NotHeld { .. })), "{err:?}");
     Ok(())
 }
+
+#[tokio::test]
+async fn refresh_extends_the_lease_on_the_quorum() -> TestResult {
+    let mut servers = RedisServer::start_many(3)?;
+    let quorum = quorum_over(&servers).await?;
+    let mut lease = quorum.acquire("wallet:8", TTL, &once()).await?;
+    servers[0].kill()?;
+    lease.refresh(TTL * 4).await?;
+    assert_eq!(lease.votes(), 2);
+    assert_eq!(lease.ttl(), TTL * 4);
+    for server in &servers[1..] {
+        let pttl: u64 = server.redis_cli(&["PTTL", "lock:{wallet:8}"])?.parse()?;
+        assert!(pttl > TTL.as_millis() as u64, "not extended: {pttl}");
+    }
+    // Taken over on a majority behind our back: the refresh must say so and
+    // leave the other holder's keys alone.
+    for server in &servers[1..] {
+        server.redis_cli(&["SET", "lock:{wallet:8}", "other", "PX", "30000"])?;
+    }
+    let err = lease.refresh(TTL).await.err();
+    assert!(matches!(err, Some(Error::NotHeld { .. })), "{err:?}");
+    assert_eq!(servers[1].redis_cli(&["GET", "lock:{wallet:8}"])?, "other");
+    Ok(())
+}
