@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use crate::RedisConnection;
 use crate::error::{Error, Result};
+use crate::fencing::FencingToken;
 use crate::locker::Locker;
 use crate::token::LeaseToken;
 
@@ -29,6 +30,7 @@ pub struct Lease<C: RedisConnection = MultiplexedConnection> {
     token: LeaseToken,
     ttl: Duration,
     acquired_at: Instant,
+    fence: Option<FencingToken>,
     released: bool,
 }
 
@@ -38,6 +40,7 @@ impl<C: RedisConnection> std::fmt::Debug for Lease<C> {
             .field("key", &self.key)
             .field("token", &self.token)
             .field("ttl", &self.ttl)
+            .field("fence", &self.fence)
             .field("remaining", &self.remaining())
             .finish()
     }
@@ -57,8 +60,23 @@ impl<C: RedisConnection> Lease<C> {
             token,
             ttl,
             acquired_at,
+            fence: None,
             released: false,
         }
+    }
+
+    /// The same lease, carrying the fencing token its acquire was issued.
+    pub(crate) fn with_fence(mut self, fence: FencingToken) -> Self {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// The fencing token issued with this lease, if it was taken with
+    /// [`Locker::acquire_fenced`]; `None` for a plain lease. Send it with
+    /// every write the lease protects, and have the storage refuse tokens at
+    /// or below the highest it has accepted.
+    pub fn fence(&self) -> Option<FencingToken> {
+        self.fence
     }
 
     /// The lock key.

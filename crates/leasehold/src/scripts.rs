@@ -11,3 +11,7 @@ use redis::Script;
 /// Compare-and-delete: see `scripts/release.lua`.
 pub(crate) static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+
+/// Lock plus fencing token in one step: see `scripts/acquire_fenced.lua`.
+pub(crate) static ACQUIRE_FENCED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/acquire_fenced.lua")));
