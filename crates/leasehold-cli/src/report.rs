@@ -22,6 +22,8 @@ pub(crate) struct Report {
     pub(crate) extra: Map<String, Value>,
     /// Lines the experiment printed along the way (the human format only).
     pub(crate) notes: Vec<String>,
+    /// Lines printed right after the check line (the human format only).
+    pub(crate) after: Vec<String>,
 }
 
 impl Report {
@@ -50,6 +52,7 @@ impl Report {
             errors: 0,
             extra: Map::new(),
             notes: Vec::new(),
+            after: Vec::new(),
         }
     }
 
@@ -70,6 +73,18 @@ impl Report {
     /// Adds an experiment-specific figure.
     pub(crate) fn extra(mut self, key: &str, value: impl Into<Value>) -> Report {
         self.extra.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// Adds a line the experiment printed along the way.
+    pub(crate) fn note(mut self, line: impl Into<String>) -> Report {
+        self.notes.push(line.into());
+        self
+    }
+
+    /// Adds a line to print right after the check line.
+    pub(crate) fn after(mut self, line: impl Into<String>) -> Report {
+        self.after.push(line.into());
         self
     }
 
@@ -123,6 +138,9 @@ impl Report {
             println!("{line}");
         }
         println!("{}", self.check_line());
+        for line in &self.after {
+            println!("{line}");
+        }
         let figures: Vec<String> = self
             .extra
             .iter()

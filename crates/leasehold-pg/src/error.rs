@@ -113,6 +113,14 @@ impl Error {
     }
 }
 
+impl From<tokio_postgres::Error> for Error {
+    /// Names the outcome: [`Error::TableMissing`], [`Error::Auth`],
+    /// [`Error::Unreachable`], or [`Error::Postgres`].
+    fn from(err: tokio_postgres::Error) -> Self {
+        Error::from_pg(err)
+    }
+}
+
 /// True for errors of the client's connect, I/O and timeout kinds, which
 /// tokio-postgres exposes only through their messages.
 fn is_connection_failure(err: &tokio_postgres::Error) -> bool {

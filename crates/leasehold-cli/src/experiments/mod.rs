@@ -1,4 +1,6 @@
 //! One module per experiment of the tutorial.
 
+pub(crate) mod fencing;
 pub(crate) mod lock;
 pub(crate) mod race;
+pub(crate) mod verify;
