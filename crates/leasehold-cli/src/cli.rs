@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::env::Env;
 use crate::report::Report;
@@ -31,6 +31,12 @@ pub(crate) struct Global {
     #[arg(long, env = "REDIS_URL", hide_env_values = true, global = true)]
     pub(crate) redis_url: Option<String>,
 
+    /// PostgreSQL for the experiments that need it (fencing, verify), e.g.
+    /// postgres://user:password@127.0.0.1:5432/db [default: a throwaway
+    /// local postgres, started only when an experiment needs it]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub(crate) database_url: Option<String>,
+
     /// How many times to run the experiment.
     #[arg(long, default_value_t = 1, global = true, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) runs: u32,
@@ -49,6 +55,12 @@ pub(crate) enum Command {
     /// Step 3: work longer than the lease's TTL (shows BROKEN), and the same
     /// with --watchdog (refresh every ttl/3, cancel lost work: shows OK).
     Ttl(TtlArgs),
+    /// Step 5: a holder paused past its lease writes late; PostgreSQL refuses
+    /// its fencing token (shows OK; --unfenced shows the lost update, BROKEN).
+    Fencing(FencingArgs),
+    /// Step 6: spenders on the fenced lock with conditional writes in
+    /// PostgreSQL, checked against the balance and the ledger.
+    Verify(VerifyArgs),
     /// Runs every experiment in tutorial order and checks each shows what the
     /// tutorial shows; exits non-zero if one does not.
     Demo,
@@ -125,6 +137,95 @@ impl Default for TtlArgs {
     }
 }
 
+/// Flags of the fencing experiment.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct FencingArgs {
+    /// Write without the `fence < $token` check, to show the lost update.
+    #[arg(long)]
+    pub(crate) unfenced: bool,
+}
+
+/// How the verify experiment's spenders write the balance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub(crate) enum WriteMode {
+    /// Fenced lock, then `UPDATE ... WHERE fence < $token`.
+    #[default]
+    Fenced,
+    /// Fenced lock, then `... AND fence = $read_fence` too (check-and-set).
+    Cas,
+    /// No Redis lock: `SELECT ... FOR UPDATE` in a transaction.
+    ForUpdate,
+    /// No Redis lock: one `UPDATE ... SET balance = balance - $1 WHERE
+    /// balance >= $1`.
+    Single,
+    /// No lock and no check: the negative control (shows BROKEN).
+    None,
+}
+
+impl WriteMode {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            WriteMode::Fenced => "fenced",
+            WriteMode::Cas => "cas",
+            WriteMode::ForUpdate => "for-update",
+            WriteMode::Single => "single",
+            WriteMode::None => "none",
+        }
+    }
+
+    /// The database-only modes and the negative control take no Redis lock.
+    pub(crate) fn uses_redis_lock(self) -> bool {
+        matches!(self, WriteMode::Fenced | WriteMode::Cas)
+    }
+}
+
+/// Flags of the verify experiment.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct VerifyArgs {
+    #[command(flatten)]
+    pub(crate) spend: SpendArgs,
+    /// Lease TTL (at least 1ms); 1ms breaks the lock on purpose.
+    #[arg(long, default_value = "2s", value_parser = parse_ttl)]
+    pub(crate) ttl: Duration,
+    /// How long each spender waits for the lock before giving up.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub(crate) wait: Duration,
+    /// Also require the fence read to be unchanged: the same as --mode cas.
+    #[arg(long)]
+    pub(crate) same_version: bool,
+    /// How spenders write: fenced and cas take the fenced Redis lock;
+    /// for-update and single rely on PostgreSQL alone (no Redis lock); none
+    /// takes no lock and checks nothing.
+    #[arg(long, value_enum, default_value_t = WriteMode::Fenced)]
+    pub(crate) mode: WriteMode,
+}
+
+impl VerifyArgs {
+    /// The mode, with --same-version folded in.
+    pub(crate) fn mode(&self) -> anyhow::Result<WriteMode> {
+        match (self.same_version, self.mode) {
+            (false, mode) => Ok(mode),
+            (true, WriteMode::Fenced | WriteMode::Cas) => Ok(WriteMode::Cas),
+            (true, other) => anyhow::bail!(
+                "--same-version means --mode cas; it cannot be combined with --mode {}",
+                other.name()
+            ),
+        }
+    }
+}
+
+impl Default for VerifyArgs {
+    fn default() -> Self {
+        VerifyArgs {
+            spend: SpendArgs::default(),
+            ttl: Duration::from_secs(2),
+            wait: Duration::from_secs(5),
+            same_version: false,
+            mode: WriteMode::Fenced,
+        }
+    }
+}
+
 /// Parses `2ms`, `1.5s`, `100ms`, `2m`.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|err| format!("{err} (examples: 2ms, 1.5s, 100ms)"))
@@ -165,12 +266,19 @@ impl Default for LockArgs {
 
 /// Runs the command; the exit code says whether it showed what it should.
 pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::Verify(args) = &cli.command {
+        args.mode()?;
+    }
     let env = Env::connect(&cli.global).await?;
     match &cli.command {
         Command::Demo => demo::run(&env).await,
         Command::Race(args) => repeat(&cli.global, || experiments::race::run(&env, args)).await,
         Command::Lock(args) => repeat(&cli.global, || experiments::lock::run(&env, args)).await,
         Command::Ttl(args) => repeat(&cli.global, || experiments::ttl::run(&env, args)).await,
+        Command::Fencing(args) => {
+            repeat(&cli.global, || experiments::fencing::run(&env, args)).await
+        }
+        Command::Verify(args) => repeat(&cli.global, || experiments::verify::run(&env, args)).await,
     }
 }
 

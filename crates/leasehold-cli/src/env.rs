@@ -3,9 +3,11 @@
 use std::time::Duration;
 
 use anyhow::Context;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use leasehold::Locker;
-use leasehold_testkit::RedisServer;
+use leasehold_testkit::{PostgresServer, RedisServer};
 use redis::aio::MultiplexedConnection;
+use tokio::sync::OnceCell;
 
 use crate::cli::Global;
 use crate::redact::redact_url;
@@ -13,12 +15,27 @@ use crate::redact::redact_url;
 /// How long any single Redis request of the CLI may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long connecting to PostgreSQL may take.
+const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The most connections the CLI's PostgreSQL pool opens.
+const PG_POOL_SIZE: usize = 64;
+
 /// Connections shared by every experiment of one CLI invocation.
 pub(crate) struct Env {
     pub(crate) redis: MultiplexedConnection,
     pub(crate) locker: Locker,
+    database_url: Option<String>,
+    /// Opened by the first experiment that needs PostgreSQL, never before.
+    postgres: OnceCell<Postgres>,
     /// Kept alive for the whole run; stopped on drop.
     _throwaway_redis: Option<RedisServer>,
+}
+
+struct Postgres {
+    pool: Pool,
+    /// Declared after the pool, so it is stopped after the pool is gone.
+    _throwaway: Option<PostgresServer>,
 }
 
 impl Env {
@@ -51,9 +68,75 @@ impl Env {
         Ok(Env {
             redis,
             locker,
+            database_url: global.database_url.clone(),
+            postgres: OnceCell::new(),
             _throwaway_redis: throwaway,
         })
     }
+
+    /// The PostgreSQL pool, with the wallet tables set up: connects (or
+    /// starts a throwaway server) on first use only.
+    pub(crate) async fn postgres(&self) -> anyhow::Result<&Pool> {
+        let pg = self
+            .postgres
+            .get_or_try_init(|| open_postgres(self.database_url.clone()))
+            .await?;
+        Ok(&pg.pool)
+    }
+}
+
+async fn open_postgres(url: Option<String>) -> anyhow::Result<Postgres> {
+    let (url, throwaway) = match url {
+        Some(url) => (url, None),
+        None => {
+            let server = tokio::task::spawn_blocking(PostgresServer::start)
+                .await
+                .context("starting a throwaway postgres")?
+                .context("starting a throwaway postgres")?;
+            eprintln!(
+                "leasehold: started a throwaway postgres at {} (pid {}); pass --database-url to use your own",
+                redact_url(&server.url()),
+                server.pid()
+            );
+            (server.url(), Some(server))
+        }
+    };
+    let shown = redact_url(&url);
+    let mut config: deadpool_postgres::tokio_postgres::Config = url
+        .parse()
+        .map_err(|_| anyhow::anyhow!("invalid postgresql url {shown}"))?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(PG_CONNECT_TIMEOUT);
+    }
+    let manager = Manager::from_config(
+        config,
+        deadpool_postgres::tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(PG_POOL_SIZE)
+        .build()
+        .context("building the postgresql pool")?;
+    let mut client = pool
+        .get()
+        .await
+        .map_err(|err| match err {
+            deadpool_postgres::PoolError::Backend(err) => {
+                anyhow::Error::new(leasehold_pg::Error::from(err))
+            }
+            other => anyhow::Error::new(other),
+        })
+        .with_context(|| format!("connecting to postgresql at {shown}"))?;
+    let client: &mut deadpool_postgres::tokio_postgres::Client = &mut client;
+    leasehold_pg::setup(client)
+        .await
+        .with_context(|| format!("setting up the wallet tables at {shown}"))?;
+    Ok(Postgres {
+        pool,
+        _throwaway: throwaway,
+    })
 }
 
 /// Prints, once, the server settings that weaken what a lease promises.

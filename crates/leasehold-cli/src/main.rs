@@ -8,6 +8,7 @@ mod cli;
 mod demo;
 mod env;
 mod experiments;
+mod ledger;
 mod redact;
 mod report;
 mod wallet;

@@ -28,6 +28,8 @@ pub(crate) struct Report {
     pub(crate) tutorial_also: bool,
     /// Lines the experiment printed along the way (the human format only).
     pub(crate) notes: Vec<String>,
+    /// Lines printed right after the check line (the human format only).
+    pub(crate) after: Vec<String>,
 }
 
 impl Report {
@@ -58,6 +60,7 @@ impl Report {
             shown: Vec::new(),
             tutorial_also: true,
             notes: Vec::new(),
+            after: Vec::new(),
         }
     }
 
@@ -102,6 +105,18 @@ impl Report {
     /// see (the verdict is unaffected).
     pub(crate) fn tutorial_also(mut self, holds: bool) -> Report {
         self.tutorial_also &= holds;
+        self
+    }
+
+    /// Adds a line the experiment printed along the way.
+    pub(crate) fn note(mut self, line: impl Into<String>) -> Report {
+        self.notes.push(line.into());
+        self
+    }
+
+    /// Adds a line to print right after the check line.
+    pub(crate) fn after(mut self, line: impl Into<String>) -> Report {
+        self.after.push(line.into());
         self
     }
 
@@ -155,6 +170,9 @@ impl Report {
             println!("{line}");
         }
         println!("{}", self.check_line());
+        for line in &self.after {
+            println!("{line}");
+        }
         let figures: Vec<String> = self
             .shown
             .iter()

@@ -213,3 +213,124 @@ fn bad_flags_are_rejected_before_any_work() -> TestResult {
     assert!(stderr.contains("invalid lock ttl"), "{stderr}");
     Ok(())
 }
+
+#[test]
+fn fencing_prints_the_tutorial_lines_and_refuses_the_stale_writer() -> TestResult {
+    let out = leasehold(&["fencing"])?;
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "A: got the lock, fence 33, read balance 100",
+        "A: paused for 250ms (GC pause, slow network, stopped VM)",
+        "B: got the lock, fence 34, read balance 100",
+        "B: wrote balance 90 with fence 34",
+        "A: wakes up and carries on",
+        "A: write with fence 33 REJECTED",
+        "final: balance=90 fence=34 (two spends of 10 were attempted)",
+        "accepted=1 balance=90 expected=90 OK",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
+    }
+
+    let r = &runs(&["fencing", "--unfenced"])?[0];
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["accepted"], 2, "{r}");
+    assert_eq!(r["balance"], 90, "{r}");
+    assert_eq!(r["ledger_sum"], 20, "{r}");
+    assert_eq!(r["fence"], 33, "{r}");
+    Ok(())
+}
+
+#[test]
+fn verify_with_the_version_check_is_ok_on_20_broken_leases() -> TestResult {
+    let reports = runs(&["verify", "--ttl", "1ms", "--same-version", "--runs", "20"])?;
+    assert_eq!(reports.len(), 20);
+    for r in &reports {
+        assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(r["mode"], "cas", "{r}");
+        assert_eq!(r["ttl_ms"], 1, "{r}");
+        assert_eq!(r["accepted"], 10, "{r}");
+        assert_eq!(r["balance"], 0, "{r}");
+        assert_eq!(r["ledger_count"], 10, "{r}");
+        assert_eq!(r["ledger_sum"], 100, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        assert!(r["rejected"].is_u64(), "{r}");
+    }
+    Ok(())
+}
+
+#[test]
+fn verify_modes_without_redis_are_ok_and_the_control_is_broken() -> TestResult {
+    for mode in ["for-update", "single"] {
+        let r = &runs(&["verify", "--mode", mode, "--runs", "2"])?;
+        for r in r {
+            assert_eq!(r["ok"], true, "{r}");
+            assert_eq!(r["redis_lock"], false, "{r}");
+            assert_eq!(r["accepted"], 10, "{r}");
+        }
+    }
+    // Negative control: no lock, no check. The ledger keeps every
+    // acknowledged debit, so the lost updates show.
+    let r = &runs(&["verify", "--mode", "none"])?[0];
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["accepted"], 50, "{r}");
+    assert_eq!(r["ledger_sum"], 500, "{r}");
+    Ok(())
+}
+
+#[test]
+fn experiments_without_postgres_do_not_start_it() -> TestResult {
+    for args in [&["race", "-n", "2"][..], &["lock", "-n", "2"]] {
+        let out = leasehold(args)?;
+        let stderr = String::from_utf8(out.stderr)?;
+        assert!(out.status.success(), "{stderr}");
+        assert!(!stderr.contains("postgres"), "{args:?}: {stderr}");
+    }
+    Ok(())
+}
+
+#[test]
+fn unreachable_postgres_is_a_clear_error_without_the_password() -> TestResult {
+    let port = leasehold_testkit::free_port()?;
+    let url = format!("postgres://app:pg-secret-42@127.0.0.1:{port}/app");
+    let out = leasehold(&["verify", "--database-url", &url])?;
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(!out.status.success());
+    assert!(stderr.contains("postgresql unreachable"), "{stderr}");
+    assert!(
+        !stderr.contains("pg-secret-42"),
+        "password leaked: {stderr}"
+    );
+    assert!(!stderr.contains("throwaway postgres"), "{stderr}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(["fencing"])
+        .env_remove("REDIS_URL")
+        .env("DATABASE_URL", &url)
+        .output()?;
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(!out.status.success());
+    assert!(stderr.contains("postgresql unreachable"), "{stderr}");
+    assert!(
+        !stderr.contains("pg-secret-42"),
+        "password leaked: {stderr}"
+    );
+    Ok(())
+}
+
+#[test]
+fn same_version_with_a_database_only_mode_is_rejected_before_any_work() -> TestResult {
+    let out = leasehold(&["verify", "--same-version", "--mode", "single"])?;
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--same-version means --mode cas"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("throwaway"), "{stderr}");
+    Ok(())
+}

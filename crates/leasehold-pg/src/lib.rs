@@ -1,1 +1,96 @@
-//! PostgreSQL fenced and check-and-set writes for leasehold (work in progress).
+//! PostgreSQL writes that stay correct when the Redis lock does not:
+//! fenced and check-and-set debits, plus the two database-only alternatives.
+//!
+//! A Redis lease from [`leasehold`] is an *efficiency* lock: a holder that
+//! is paused past its TTL keeps working after its lease has passed to
+//! someone else, and nothing it checks before writing can rule that out.
+//! This crate moves the final check to where the write happens.
+//!
+//! # Why fencing orders writes but not reads
+//!
+//! [`debit_fenced`] carries the lease's [`FencingToken`] and writes only
+//! `WHERE fence < $token`: once holder 34 has written, holder 33 (paused
+//! through its lease) is refused, [`Outcome::StaleToken`]. But fencing says
+//! nothing about what a writer *read*. With overlapping leases, 33 and 34
+//! can both read balance 100; 33 writes 90 first (legal), then 34 writes 90
+//! with a higher token (also legal). 34's new balance came from a stale
+//! value and one debit is lost: under a 1 ms TTL the tutorial measured 17
+//! to 20 accepted spends of 10 from 100 with fencing alone.
+//!
+//! # Why check-and-set fixes it
+//!
+//! Salvatore Sanfilippo, replying to Martin Kleppmann ("Is Redlock safe?"):
+//!
+//! > When starting to work with a shared resource, we set its state to
+//! > "\<token\>", then we operate the read-modify-write only if the token is
+//! > still the same when we write.
+//!
+//! [`debit_check_and_set`] also requires the fence it read to be unchanged
+//! (`AND fence = $read_fence`), [`Outcome::StaleRead`] otherwise. Every
+//! accepted write raises the fence, so a version never repeats and a value
+//! that changed and changed back cannot fool the check. The database now
+//! keeps the balance right on its own; a failing lock costs refused writes
+//! (which the caller may retry), never a wrong balance.
+//!
+//! # Without Redis at all
+//!
+//! If the balance lives in PostgreSQL, the database can serialize the
+//! read-modify-write by itself: [`debit_for_update`] (or
+//! [`lock_for_update`] for work between the read and the write) locks the
+//! row with `SELECT ... FOR UPDATE` in a transaction, and
+//! [`debit_conditional`] does it in one statement,
+//! `balance = balance - $1 WHERE balance >= $1`. These two do not advance
+//! the fence: use one style per wallet.
+//!
+//! # The ledger
+//!
+//! Every accepted debit inserts a row in [`LEDGER`] in the same statement or
+//! transaction, so [`audit`] can compare the balance with the initial
+//! balance minus the ledger's sum: a lost or duplicated debit cannot hide.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use leasehold::{FencedKeys, Locker};
+//! use leasehold_pg::Outcome;
+//!
+//! # async fn run(locker: Locker) -> Result<(), Box<dyn std::error::Error>> {
+//! let mut db = leasehold_pg::connect("postgres://app@127.0.0.1/app").await?;
+//! leasehold_pg::setup(&mut db).await?;
+//!
+//! let keys = FencedKeys::for_resource("wallet:42")?;
+//! let lease = locker.acquire_fenced(&keys, Duration::from_secs(2)).await?;
+//! let token = lease.fence().ok_or("a fenced lease has a fence")?;
+//! let read = leasehold_pg::read_wallet(&db, 42).await?;
+//! match leasehold_pg::debit_check_and_set(&db, &read, 10, token).await? {
+//!     Outcome::Applied { balance } => println!("paid, {balance} left"),
+//!     Outcome::InsufficientFunds { .. } => println!("declined"),
+//!     // The lock failed us; the database did not. Retry from the read.
+//!     refused => println!("refused: {refused:?}"),
+//! }
+//! let _ = lease.release().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! All functions are generic over [`tokio_postgres::GenericClient`], so they
+//! run on a client or inside the caller's transaction.
+
+mod connect;
+mod error;
+mod schema;
+mod write;
+
+pub use connect::connect;
+pub use error::{Error, Result};
+pub use leasehold::FencingToken;
+pub use schema::{LEDGER, WALLETS, reset_wallet, setup};
+pub use write::{
+    Audit, LockedWallet, Outcome, Snapshot, audit, debit_check_and_set, debit_conditional,
+    debit_fenced, debit_for_update, lock_for_update, read_wallet,
+};
+
+/// Re-exported so callers can name the client types without adding a
+/// matching version of the crate themselves.
+pub use tokio_postgres;

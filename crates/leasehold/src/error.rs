@@ -111,6 +111,37 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// The lock key and the fence key of a fenced lock hash to different
+    /// Redis Cluster slots, so one script cannot touch both. Give them the
+    /// same hash tag (`lock:{wallet:42}`, `fence:{wallet:42}`), or use
+    /// [`FencedKeys::for_resource`](crate::FencedKeys::for_resource).
+    /// Rejected before any I/O.
+    #[error(
+        "lock key {lock:?} (slot {lock_slot}) and fence key {fence:?} (slot {fence_slot}) are in different cluster slots: give both the same {{hash tag}}"
+    )]
+    KeysInDifferentSlots {
+        /// The lock key.
+        lock: String,
+        /// The fence key.
+        fence: String,
+        /// The lock key's hash slot.
+        lock_slot: u16,
+        /// The fence key's hash slot.
+        fence_slot: u16,
+    },
+
+    /// The fence key holds something other than a positive integer counter
+    /// (another type, text, a number out of range, or zero or less), so no
+    /// fencing token could be issued. The lock was not left taken.
+    #[error("fence key {key:?} does not hold a positive integer counter")]
+    InvalidFence {
+        /// The fence key.
+        key: String,
+        /// The script's error reply.
+        #[source]
+        source: redis::RedisError,
+    },
+
     /// An option combination that cannot work, such as a deadline already in
     /// the past. Rejected before any I/O.
     #[error("invalid options: {0}")]

@@ -12,6 +12,7 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::RedisConnection;
 use crate::compare::Step;
 use crate::error::{Error, Result};
+use crate::fencing::FencingToken;
 use crate::locker::{Locker, check_ttl};
 use crate::token::LeaseToken;
 use crate::watchdog::{self, LostCause, Shared};
@@ -44,6 +45,7 @@ pub struct Lease<C: RedisConnection = MultiplexedConnection> {
     /// The runtime the lease was taken on, for spawning its watchdog.
     runtime: Option<tokio::runtime::Handle>,
     watchdog: Option<AbortOnDropHandle<()>>,
+    fence: Option<FencingToken>,
     released: bool,
 }
 
@@ -53,6 +55,7 @@ impl<C: RedisConnection> std::fmt::Debug for Lease<C> {
             .field("key", &self.key)
             .field("token", &self.token)
             .field("ttl", &self.ttl())
+            .field("fence", &self.fence)
             .field("remaining", &self.remaining())
             .field("watched", &self.is_watched())
             .field("lost", &self.lost())
@@ -76,8 +79,23 @@ impl<C: RedisConnection> Lease<C> {
             shared: Shared::new(acquired_at, ttl),
             runtime: tokio::runtime::Handle::try_current().ok(),
             watchdog: None,
+            fence: None,
             released: false,
         }
+    }
+
+    /// The same lease, carrying the fencing token its acquire was issued.
+    pub(crate) fn with_fence(mut self, fence: FencingToken) -> Self {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// The fencing token issued with this lease, if it was taken with
+    /// [`Locker::acquire_fenced`]; `None` for a plain lease. Send it with
+    /// every write the lease protects, and have the storage refuse tokens at
+    /// or below the highest it has accepted.
+    pub fn fence(&self) -> Option<FencingToken> {
+        self.fence
     }
 
     /// The lock key.

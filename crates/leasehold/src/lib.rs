@@ -34,13 +34,18 @@
 //! - Every Redis request is bounded by the caller's deadline (or the
 //!   locker's command timeout): a paused Redis fails fast with
 //!   [`Error::Timeout`].
-//! - Bad input ([`Error::InvalidTtl`], [`Error::InvalidKey`]) is rejected
-//!   before any I/O.
+//! - [`Locker::acquire_fenced`] takes the lock and issues a [`FencingToken`]
+//!   in one script, so only a holder gets a token and tokens grow with every
+//!   acquisition (as long as Redis keeps the counter; see
+//!   [`FencingToken`] on failover).
+//! - Bad input ([`Error::InvalidTtl`], [`Error::InvalidKey`],
+//!   [`Error::KeysInDifferentSlots`]) is rejected before any I/O.
 
 mod call;
 mod compare;
 pub mod diagnostics;
 mod error;
+mod fencing;
 mod lease;
 mod locker;
 mod options;
@@ -52,6 +57,7 @@ mod token;
 pub mod watchdog;
 
 pub use error::{Error, GiveUpReason, Result};
+pub use fencing::{FencedKeys, FencingToken};
 pub use lease::Lease;
 pub use locker::{DEFAULT_COMMAND_TIMEOUT, Locker, LockerBuilder, MAX_TTL, connect};
 pub use options::{AcquireOptions, DEFAULT_WAIT};

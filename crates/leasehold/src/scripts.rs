@@ -29,3 +29,7 @@ pub(crate) static QUORUM_ACQUIRE: LazyLock<Script> =
 /// Records a quorum lease's fence on one node: see `scripts/quorum_fence.lua`.
 pub(crate) static QUORUM_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/quorum_fence.lua")));
+
+/// Lock plus fencing token in one step: see `scripts/acquire_fenced.lua`.
+pub(crate) static ACQUIRE_FENCED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/acquire_fenced.lua")));

@@ -1,5 +1,7 @@
 //! One module per experiment of the tutorial.
 
+pub(crate) mod fencing;
 pub(crate) mod lock;
 pub(crate) mod race;
 pub(crate) mod ttl;
+pub(crate) mod verify;

@@ -1,0 +1,144 @@
+//! Step 6: the whole path under load, with the lease deliberately broken,
+//! checked against the balance and the ledger.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::Context;
+use leasehold::{AcquireOptions, Error, FencedKeys};
+use leasehold_pg::Outcome;
+use redis::AsyncCommands;
+use tokio::time::Instant;
+
+use crate::cli::{VerifyArgs, WriteMode};
+use crate::env::Env;
+use crate::ledger::{self, RESOURCE, WALLET_ID};
+use crate::report::Report;
+use crate::wallet::hammer;
+
+pub(crate) async fn run(env: &Env, args: &VerifyArgs) -> anyhow::Result<Report> {
+    let mode = args.mode()?;
+    let spend = &args.spend;
+    let pool = env.postgres().await?.clone();
+    {
+        let db = pool.get().await.context("connecting to postgresql")?;
+        leasehold_pg::reset_wallet(&**db, WALLET_ID, spend.initial).await?;
+    }
+    let keys = FencedKeys::for_resource(RESOURCE)?;
+    let mut conn = env.redis.clone();
+    let () = conn
+        .del(&[keys.lock(), keys.fence()])
+        .await
+        .context("clearing the lock and fence keys")?;
+
+    let rejected = Arc::new(AtomicU64::new(0));
+    let (amount, work, ttl) = (spend.amount, spend.work, args.ttl);
+    let opts = AcquireOptions::new().wait(args.wait);
+    let (locker, refused) = (env.locker.clone(), rejected.clone());
+    let start = Instant::now();
+    let tally = hammer(spend.callers, move |_| {
+        let (locker, opts, keys, pool) = (locker.clone(), opts.clone(), keys.clone(), pool.clone());
+        let refused = refused.clone();
+        async move {
+            let lease = if mode.uses_redis_lock() {
+                Some(locker.acquire_fenced_with(&keys, ttl, &opts).await?)
+            } else {
+                None
+            };
+            let fence = lease.as_ref().and_then(leasehold::Lease::fence);
+            let mut db = pool.get().await.context("connecting to postgresql")?;
+            let client: &mut leasehold_pg::tokio_postgres::Client = &mut db;
+            let outcome = match (mode, fence) {
+                (WriteMode::ForUpdate, _) => {
+                    let tx = client
+                        .transaction()
+                        .await
+                        .map_err(leasehold_pg::Error::from)?;
+                    let locked = leasehold_pg::lock_for_update(&tx, WALLET_ID).await?;
+                    if locked.snapshot().balance() >= amount {
+                        tokio::time::sleep(work).await;
+                    }
+                    let outcome = locked.debit(amount).await?;
+                    tx.commit().await.map_err(leasehold_pg::Error::from)?;
+                    outcome
+                }
+                (WriteMode::Single, _) => {
+                    leasehold_pg::debit_conditional(&*client, WALLET_ID, amount).await?
+                }
+                (WriteMode::None, _) => {
+                    let read = leasehold_pg::read_wallet(&*client, WALLET_ID).await?;
+                    if read.balance() < amount {
+                        return Ok(false);
+                    }
+                    tokio::time::sleep(work).await;
+                    let balance = ledger::debit_unchecked(&*client, &read, amount, None).await?;
+                    Outcome::Applied { balance }
+                }
+                (WriteMode::Fenced | WriteMode::Cas, Some(token)) => {
+                    let read = leasehold_pg::read_wallet(&*client, WALLET_ID).await?;
+                    if read.balance() < amount {
+                        release(lease).await;
+                        return Ok(false);
+                    }
+                    tokio::time::sleep(work).await;
+                    if mode == WriteMode::Cas {
+                        leasehold_pg::debit_check_and_set(&*client, &read, amount, token).await?
+                    } else {
+                        leasehold_pg::debit_fenced(&*client, &read, amount, token).await?
+                    }
+                }
+                (WriteMode::Fenced | WriteMode::Cas, None) => {
+                    anyhow::bail!("a fenced lease came back without a fence")
+                }
+            };
+            release(lease).await;
+            match outcome {
+                Outcome::Applied { .. } => Ok(true),
+                Outcome::StaleToken { .. } | Outcome::StaleRead { .. } => {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                    Ok(false)
+                }
+                _ => Ok(false),
+            }
+        }
+    })
+    .await;
+    let elapsed = start.elapsed();
+
+    let db = env
+        .postgres()
+        .await?
+        .get()
+        .await
+        .context("connecting to postgresql")?;
+    let audit = leasehold_pg::audit(&**db, WALLET_ID).await?;
+    let rejected = rejected.load(Ordering::Relaxed);
+    Ok(ledger::check(
+        "verify",
+        spend.initial,
+        spend.amount,
+        tally.accepted,
+        &audit,
+        elapsed,
+    )
+    .errors(&tally)
+    .after(format!("writes rejected by the database={rejected}"))
+    .extra("rejected", rejected)
+    .extra("mode", mode.name())
+    .extra("redis_lock", mode.uses_redis_lock())
+    .extra(
+        "ttl_ms",
+        u64::try_from(args.ttl.as_millis()).unwrap_or(u64::MAX),
+    ))
+}
+
+/// Gives the lease back; a lease that already expired (the point of a 1 ms
+/// TTL) is expected, anything else is logged.
+async fn release(lease: Option<leasehold::Lease>) {
+    if let Some(lease) = lease {
+        match lease.release().await {
+            Ok(()) | Err(Error::NotHeld { .. }) => {}
+            Err(err) => tracing::warn!(error = %err, "release failed"),
+        }
+    }
+}

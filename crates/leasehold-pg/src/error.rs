@@ -1,0 +1,137 @@
+//! The crate's one error type.
+
+use leasehold::FencingToken;
+use tokio_postgres::error::SqlState;
+
+/// Everything that can go wrong talking to PostgreSQL about a wallet.
+///
+/// A write the database *refused* (stale token, stale read, not enough
+/// money) is not an error: it is an [`Outcome`](crate::Outcome). Messages are
+/// lowercase, never repeat the PostgreSQL error's text (walk
+/// [`std::error::Error::source`] for that) and never contain a password or
+/// a connection URL.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A table this crate needs does not exist (SQLSTATE 42P01).
+    #[error("table {table} does not exist: create it with leasehold_pg::setup")]
+    TableMissing {
+        /// The missing table: [`WALLETS`](crate::WALLETS) or
+        /// [`LEDGER`](crate::LEDGER).
+        table: &'static str,
+        /// The server's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
+    /// PostgreSQL could not be reached, or the connection was lost (refused,
+    /// reset, closed, timed out).
+    #[error("postgresql unreachable")]
+    Unreachable(#[source] tokio_postgres::Error),
+
+    /// PostgreSQL refused our credentials.
+    #[error("postgresql authentication failed")]
+    Auth(#[source] tokio_postgres::Error),
+
+    /// The connection URL could not be parsed. The parser's message is
+    /// dropped because it can quote the URL, password included.
+    #[error("invalid postgresql connection url")]
+    InvalidUrl,
+
+    /// No wallet row with this id.
+    #[error("wallet {id} does not exist")]
+    WalletNotFound {
+        /// The wallet id.
+        id: i64,
+    },
+
+    /// A debit amount of zero or less. Rejected before any I/O.
+    #[error("invalid amount {amount}: must be positive")]
+    InvalidAmount {
+        /// The rejected amount.
+        amount: i64,
+    },
+
+    /// A negative starting balance. Rejected before any I/O.
+    #[error("invalid balance {balance}: must not be negative")]
+    InvalidBalance {
+        /// The rejected balance.
+        balance: i64,
+    },
+
+    /// A fencing token above `i64::MAX` cannot be stored in a `bigint`.
+    /// Redis counters never get there; rejected before any I/O.
+    #[error("fencing token {token} does not fit a bigint column")]
+    TokenOutOfRange {
+        /// The rejected token.
+        token: FencingToken,
+    },
+
+    /// Any other error from PostgreSQL or the client.
+    #[error("postgresql error")]
+    Postgres(#[source] tokio_postgres::Error),
+}
+
+impl Error {
+    /// True when the same call may succeed later: the server was
+    /// unreachable, or it aborted the transaction for a serialization
+    /// failure or a deadlock.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Unreachable(_) => true,
+            Error::Postgres(err) => matches!(
+                err.code(),
+                Some(&SqlState::T_R_SERIALIZATION_FAILURE | &SqlState::T_R_DEADLOCK_DETECTED)
+            ),
+            _ => false,
+        }
+    }
+
+    /// Maps a client error to the variant that names its outcome.
+    pub(crate) fn from_pg(err: tokio_postgres::Error) -> Error {
+        if let Some(db) = err.as_db_error() {
+            let code = db.code();
+            if *code == SqlState::UNDEFINED_TABLE {
+                let table = if db.message().contains(crate::LEDGER) {
+                    crate::LEDGER
+                } else {
+                    crate::WALLETS
+                };
+                return Error::TableMissing { table, source: err };
+            }
+            if *code == SqlState::INVALID_PASSWORD
+                || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+            {
+                return Error::Auth(err);
+            }
+            return Error::Postgres(err);
+        }
+        if err.is_closed() || is_connection_failure(&err) {
+            return Error::Unreachable(err);
+        }
+        Error::Postgres(err)
+    }
+}
+
+impl From<tokio_postgres::Error> for Error {
+    /// Names the outcome: [`Error::TableMissing`], [`Error::Auth`],
+    /// [`Error::Unreachable`], or [`Error::Postgres`].
+    fn from(err: tokio_postgres::Error) -> Self {
+        Error::from_pg(err)
+    }
+}
+
+/// True for errors of the client's connect, I/O and timeout kinds, which
+/// tokio-postgres exposes only through their messages.
+fn is_connection_failure(err: &tokio_postgres::Error) -> bool {
+    let text = err.to_string();
+    matches!(
+        text.as_str(),
+        "error connecting to server"
+            | "error communicating with the server"
+            | "timeout waiting for server"
+    )
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
