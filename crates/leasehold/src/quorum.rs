@@ -65,7 +65,8 @@ use tokio::time::Instant;
 use crate::call;
 use crate::compare::Step;
 use crate::error::{Error, GiveUpReason, Result};
-use crate::locker::{Locker, check_key, check_ttl, ttl_millis};
+use crate::fencing::{FencedKeys, FencingToken};
+use crate::locker::{Locker, check_ttl, ttl_millis};
 use crate::options::AcquireOptions;
 use crate::rounds::{self, Attempt};
 use crate::token::LeaseToken;
@@ -224,10 +225,9 @@ impl<C: RedisConnection> Quorum<C> {
         majority(self.len())
     }
 
-    /// Takes the lease on `resource` for `ttl` on a majority of the servers,
-    /// with a fencing token, retrying as `opts` says.
-    ///
-    /// The keys are `lock:{resource}` and `fence:{resource}` on every node.
+    /// Takes the lease on `keys` for `ttl` on a majority of the servers,
+    /// with a fencing token, retrying as `opts` says. The same two keys are
+    /// used on every node.
     ///
     /// # Errors
     /// [`Error::InvalidTtl`] / [`Error::InvalidKey`] before any I/O;
@@ -240,17 +240,16 @@ impl<C: RedisConnection> Quorum<C> {
     /// released on every node in the background; the TTL is the fallback.
     pub async fn acquire(
         &self,
-        resource: &str,
+        keys: &FencedKeys,
         ttl: Duration,
         opts: &AcquireOptions,
     ) -> Result<QuorumLease<C>> {
-        check_key(resource)?;
         check_ttl(ttl)?;
-        let keys = Keys::for_resource(resource);
+        let keys = keys.clone();
         let token = LeaseToken::generate()?;
         let last_round = std::sync::Mutex::new(Round::default());
         let outcome = rounds::acquire_rounds(
-            &keys.lock,
+            keys.lock(),
             opts,
             // Two rounds of votes plus a cleanup round per attempt.
             self.inner.node_timeout * 3,
@@ -299,7 +298,7 @@ impl<C: RedisConnection> Quorum<C> {
     /// One round: votes from every node, then the fence write.
     async fn attempt(
         &self,
-        keys: &Keys,
+        keys: &FencedKeys,
         token: &LeaseToken,
         ttl: Duration,
         deadline: Instant,
@@ -314,11 +313,11 @@ impl<C: RedisConnection> Quorum<C> {
                 let token = token.clone();
                 async move {
                     let mut conn = node.inner.conn.clone();
-                    let mut invocation = scripts::QUORUM_ACQUIRE.key(&keys.lock);
-                    invocation.key(&keys.fence).arg(&token).arg(px);
+                    let mut invocation = scripts::QUORUM_ACQUIRE.key(keys.lock());
+                    invocation.key(keys.fence()).arg(&token).arg(px);
                     call::bounded(
                         "acquire",
-                        &keys.lock,
+                        keys.lock(),
                         node_deadline,
                         invocation.invoke_async::<Option<u64>>(&mut conn),
                     )
@@ -347,7 +346,7 @@ impl<C: RedisConnection> Quorum<C> {
                 && let Some(left) = validity(ttl, started.elapsed())
             {
                 won = Some(Won {
-                    fence,
+                    fence: FencingToken::from(fence),
                     votes: confirmed,
                     valid_until: Instant::now() + left,
                 });
@@ -366,7 +365,7 @@ impl<C: RedisConnection> Quorum<C> {
     /// Writes `fence` everywhere; returns how many nodes it counts on.
     async fn record_fence(
         &self,
-        keys: &Keys,
+        keys: &FencedKeys,
         token: &LeaseToken,
         fence: u64,
         deadline: Instant,
@@ -377,11 +376,11 @@ impl<C: RedisConnection> Quorum<C> {
             let token = token.clone();
             async move {
                 let mut conn = node.inner.conn.clone();
-                let mut invocation = scripts::QUORUM_FENCE.key(&keys.lock);
-                invocation.key(&keys.fence).arg(&token).arg(fence);
+                let mut invocation = scripts::QUORUM_FENCE.key(keys.lock());
+                invocation.key(keys.fence()).arg(&token).arg(fence);
                 call::bounded(
                     "fence",
-                    &keys.lock,
+                    keys.lock(),
                     node_deadline,
                     invocation.invoke_async::<i64>(&mut conn),
                 )
@@ -398,11 +397,11 @@ impl<C: RedisConnection> Quorum<C> {
     /// which our key was deleted and the number that failed to answer.
     /// Cleanup gets its own node timeout, even when the caller's deadline
     /// has passed.
-    async fn release_all(&self, keys: &Keys, token: &LeaseToken) -> (usize, usize) {
+    async fn release_all(&self, keys: &FencedKeys, token: &LeaseToken) -> (usize, usize) {
         let node_deadline = Instant::now() + self.inner.node_timeout;
         let outcomes = self
             .on_every_node(|node| {
-                let lock = keys.lock.clone();
+                let lock = keys.lock().to_owned();
                 let token = token.clone();
                 async move { node.release_token(&lock, &token, node_deadline).await }
             })
@@ -412,7 +411,7 @@ impl<C: RedisConnection> Quorum<C> {
         (deleted, failed)
     }
 
-    fn spawn_release_all(&self, keys: &Keys, token: &LeaseToken) {
+    fn spawn_release_all(&self, keys: &FencedKeys, token: &LeaseToken) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -420,7 +419,7 @@ impl<C: RedisConnection> Quorum<C> {
         runtime.spawn(async move {
             let (deleted, failed) = quorum.release_all(&keys, &token).await;
             tracing::debug!(
-                key = keys.lock,
+                key = keys.lock(),
                 deleted,
                 failed,
                 "released abandoned quorum lease"
@@ -463,25 +462,9 @@ struct Round {
 
 /// What a winning attempt learned.
 struct Won {
-    fence: u64,
+    fence: FencingToken,
     votes: usize,
     valid_until: Instant,
-}
-
-/// The lock and fence keys of one resource, sharing a hash tag.
-#[derive(Debug, Clone)]
-struct Keys {
-    lock: String,
-    fence: String,
-}
-
-impl Keys {
-    fn for_resource(resource: &str) -> Keys {
-        Keys {
-            lock: format!("lock:{{{resource}}}"),
-            fence: format!("fence:{{{resource}}}"),
-        }
-    }
 }
 
 /// A lease held on a majority of a [`Quorum`]'s servers.
@@ -492,10 +475,10 @@ impl Keys {
 #[must_use = "a lease should be released with `release().await`; dropping it releases in the background"]
 pub struct QuorumLease<C: RedisConnection = ConnectionManager> {
     quorum: Quorum<C>,
-    keys: Keys,
+    keys: FencedKeys,
     token: LeaseToken,
     ttl: Duration,
-    fence: u64,
+    fence: FencingToken,
     votes: usize,
     valid_until: Instant,
     released: bool,
@@ -504,7 +487,7 @@ pub struct QuorumLease<C: RedisConnection = ConnectionManager> {
 impl<C: RedisConnection> std::fmt::Debug for QuorumLease<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QuorumLease")
-            .field("key", &self.keys.lock)
+            .field("key", &self.keys.lock())
             .field("fence", &self.fence)
             .field("votes", &self.votes)
             .field("remaining", &self.remaining())
@@ -515,7 +498,7 @@ impl<C: RedisConnection> std::fmt::Debug for QuorumLease<C> {
 impl<C: RedisConnection> QuorumLease<C> {
     /// The lock key, `lock:{resource}`.
     pub fn key(&self) -> &str {
-        &self.keys.lock
+        self.keys.lock()
     }
 
     /// This holder's token.
@@ -525,7 +508,7 @@ impl<C: RedisConnection> QuorumLease<C> {
 
     /// The fencing token: higher than that of every earlier lease on the
     /// resource, within the limits explained in the [module docs](crate::quorum).
-    pub fn fence(&self) -> u64 {
+    pub fn fence(&self) -> FencingToken {
         self.fence
     }
 
@@ -572,7 +555,7 @@ impl<C: RedisConnection> QuorumLease<C> {
         let outcomes = self
             .quorum
             .on_every_node(|node| {
-                let lock = self.keys.lock.clone();
+                let lock = self.keys.lock().to_owned();
                 let token = self.token.clone();
                 async move { node.token_checked(step, &lock, &token, deadline).await }
             })
@@ -590,14 +573,14 @@ impl<C: RedisConnection> QuorumLease<C> {
         }
         if extended + failed >= needed {
             return Err(Error::QuorumNotReached {
-                key: self.keys.lock.clone(),
+                key: self.keys.lock().to_owned(),
                 got: extended,
                 needed,
                 failed_nodes: failed,
             });
         }
         Err(Error::NotHeld {
-            key: self.keys.lock.clone(),
+            key: self.keys.lock().to_owned(),
         })
     }
 
@@ -618,14 +601,14 @@ impl<C: RedisConnection> QuorumLease<C> {
             Ok(())
         } else if deleted + failed >= needed {
             Err(Error::QuorumNotReached {
-                key: self.keys.lock.clone(),
+                key: self.keys.lock().to_owned(),
                 got: deleted,
                 needed,
                 failed_nodes: failed,
             })
         } else {
             Err(Error::NotHeld {
-                key: self.keys.lock.clone(),
+                key: self.keys.lock().to_owned(),
             })
         }
     }
@@ -668,12 +651,5 @@ mod tests {
         assert_eq!(validity(100 * MS, 96 * MS), Some(MS));
         assert_eq!(validity(MS, Duration::ZERO), None);
         assert_eq!(validity(100 * MS, Duration::from_secs(1)), None);
-    }
-
-    #[test]
-    fn keys_share_a_hash_tag() {
-        let keys = Keys::for_resource("wallet:42");
-        assert_eq!(keys.lock, "lock:{wallet:42}");
-        assert_eq!(keys.fence, "fence:{wallet:42}");
     }
 }

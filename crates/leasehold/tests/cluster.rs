@@ -82,3 +82,34 @@ async fn ask_and_moved_redirects_are_followed_during_a_slot_migration() -> TestR
     again.release().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn fenced_acquire_works_because_both_keys_share_a_slot() -> TestResult {
+    let cluster = RedisCluster::start(3)?;
+    let client = redis::cluster::ClusterClient::new(cluster.urls())?;
+    let locker = Locker::new(client.get_async_connection().await?);
+    let mut last = 0;
+    for resource in ["wallet:1", "wallet:2", "wallet:42"] {
+        let keys = leasehold::FencedKeys::for_resource(resource)?;
+        for _ in 0..3 {
+            let lease = locker
+                .acquire_fenced(&keys, Duration::from_secs(30))
+                .await?;
+            let fence = lease.fence().ok_or("no fence")?.get();
+            assert!(fence > 0);
+            if resource == "wallet:42" {
+                assert!(fence > last, "{fence} after {last}");
+                last = fence;
+            }
+            lease.release().await?;
+        }
+    }
+    // A pair in two slots would fail with CROSSSLOT on a cluster; it is
+    // refused before any I/O instead.
+    let err = leasehold::FencedKeys::new("lock:wallet:42", "fence:wallet:42").err();
+    assert!(
+        matches!(err, Some(Error::KeysInDifferentSlots { .. })),
+        "{err:?}"
+    );
+    Ok(())
+}

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use leasehold::{AcquireOptions, CancellationToken, Error, Quorum, RetryStrategy};
+use leasehold::{AcquireOptions, CancellationToken, Error, FencedKeys, Quorum, RetryStrategy};
 use leasehold_testkit::RedisServer;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -17,6 +17,10 @@ async fn quorum_over(servers: &[RedisServer]) -> Result<Quorum, Box<dyn std::err
         .map(|s| redis::Client::open(s.url()))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Quorum::connect(clients).await?)
+}
+
+fn keys(resource: &str) -> Result<FencedKeys, Error> {
+    FencedKeys::for_resource(resource)
 }
 
 fn once() -> AcquireOptions {
@@ -46,17 +50,17 @@ async fn acquires_on_all_and_refuses_a_second_holder() -> TestResult {
     let quorum = quorum_over(&servers).await?;
     assert_eq!(quorum.needed(), 2);
 
-    let a = quorum.acquire("wallet:1", TTL, &once()).await?;
+    let a = quorum.acquire(&keys("wallet:1")?, TTL, &once()).await?;
     assert_eq!(a.votes(), 3);
     assert_eq!(a.key(), "lock:{wallet:1}");
     assert!(servers.iter().all(|s| has_key(s, "lock:{wallet:1}")));
-    let err = quorum.acquire("wallet:1", TTL, &once()).await.err();
+    let err = quorum.acquire(&keys("wallet:1")?, TTL, &once()).await.err();
     assert!(matches!(err, Some(Error::NotAcquired { .. })), "{err:?}");
 
     let first = a.fence();
     a.release().await?;
     assert!(servers.iter().all(|s| !has_key(s, "lock:{wallet:1}")));
-    let b = quorum.acquire("wallet:1", TTL, &once()).await?;
+    let b = quorum.acquire(&keys("wallet:1")?, TTL, &once()).await?;
     assert!(b.fence() > first, "{} then {}", first, b.fence());
     b.release().await?;
     Ok(())
@@ -67,12 +71,13 @@ async fn a_minority_down_still_acquires_a_majority_down_refuses() -> TestResult 
     let mut servers = RedisServer::start_many(3)?;
     let quorum = quorum_over(&servers).await?;
     servers[0].kill()?;
-    let lease = quorum.acquire("wallet:2", TTL, &once()).await?;
+    let lease = quorum.acquire(&keys("wallet:2")?, TTL, &once()).await?;
     assert_eq!(lease.votes(), 2);
     lease.release().await?;
 
     servers[1].pause()?;
-    let outcome = tokio::time::timeout(HUNG, quorum.acquire("wallet:2", TTL, &once())).await?;
+    let outcome =
+        tokio::time::timeout(HUNG, quorum.acquire(&keys("wallet:2")?, TTL, &once())).await?;
     servers[1].resume()?;
     let err = outcome.err();
     assert!(
@@ -101,7 +106,7 @@ async fn partial_acquisitions_are_rolled_back() -> TestResult {
     for server in &servers[..2] {
         server.redis_cli(&["SET", "lock:{wallet:3}", "other", "PX", "30000"])?;
     }
-    let err = quorum.acquire("wallet:3", TTL, &once()).await.err();
+    let err = quorum.acquire(&keys("wallet:3")?, TTL, &once()).await.err();
     assert!(matches!(err, Some(Error::NotAcquired { .. })), "{err:?}");
     assert!(
         !has_key(&servers[2], "lock:{wallet:3}"),
@@ -124,18 +129,18 @@ async fn fencing_tokens_survive_a_minority_restarting_empty() -> TestResult {
         let lease = tokio::time::timeout(
             HUNG,
             quorum.acquire(
-                "wallet:4",
+                &keys("wallet:4")?,
                 TTL,
                 &AcquireOptions::new().wait(Duration::from_secs(5)),
             ),
         )
         .await??;
         assert!(
-            lease.fence() > last,
+            lease.fence().get() > last,
             "round {round}: {} after {last}",
             lease.fence()
         );
-        last = lease.fence();
+        last = lease.fence().get();
         lease.release().await?;
     }
     Ok(())
@@ -149,7 +154,7 @@ async fn fencing_tokens_restart_when_every_node_loses_its_data() -> TestResult {
     let quorum = quorum_over(&servers).await?;
     for _ in 0..3 {
         quorum
-            .acquire("wallet:5", TTL, &once())
+            .acquire(&keys("wallet:5")?, TTL, &once())
             .await?
             .release()
             .await?;
@@ -160,13 +165,13 @@ async fn fencing_tokens_restart_when_every_node_loses_its_data() -> TestResult {
     let lease = tokio::time::timeout(
         HUNG,
         quorum.acquire(
-            "wallet:5",
+            &keys("wallet:5")?,
             TTL,
             &AcquireOptions::new().wait(Duration::from_secs(5)),
         ),
     )
     .await??;
-    assert_eq!(lease.fence(), 1);
+    assert_eq!(lease.fence().get(), 1);
     lease.release().await?;
     Ok(())
 }
@@ -184,7 +189,12 @@ async fn a_cancelled_acquire_releases_what_it_got() -> TestResult {
         .cancel(cancel.clone());
     let waiter = {
         let quorum = quorum.clone();
-        tokio::spawn(async move { quorum.acquire("wallet:6", TTL, &opts).await.map(|_| ()) })
+        tokio::spawn(async move {
+            quorum
+                .acquire(&keys("wallet:6")?, TTL, &opts)
+                .await
+                .map(|_| ())
+        })
     };
     until(|| has_key(&servers[0], "lock:{wallet:6}")).await?;
     cancel.cancel();
@@ -211,7 +221,7 @@ async fn release_after_expiry_reports_not_held() -> TestResult {
     let servers = RedisServer::start_many(3)?;
     let quorum = quorum_over(&servers).await?;
     let lease = quorum
-        .acquire("wallet:7", Duration::from_millis(20), &once())
+        .acquire(&keys("wallet:7")?, Duration::from_millis(20), &once())
         .await?;
     until(|| servers.iter().all(|s| !has_key(s, "lock:{wallet:7}"))).await?;
     let err = lease.release().await.err();
@@ -223,7 +233,7 @@ async fn release_after_expiry_reports_not_held() -> TestResult {
 async fn refresh_extends_the_lease_on_the_quorum() -> TestResult {
     let mut servers = RedisServer::start_many(3)?;
     let quorum = quorum_over(&servers).await?;
-    let mut lease = quorum.acquire("wallet:8", TTL, &once()).await?;
+    let mut lease = quorum.acquire(&keys("wallet:8")?, TTL, &once()).await?;
     servers[0].kill()?;
     lease.refresh(TTL * 4).await?;
     assert_eq!(lease.votes(), 2);
