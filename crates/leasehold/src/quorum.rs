@@ -307,23 +307,15 @@ impl<C: RedisConnection> Quorum<C> {
         let started = Instant::now();
         let node_deadline = deadline.min(started + self.inner.node_timeout);
         let px = ttl_millis(ttl);
-        let votes = self
-            .on_every_node(|node| {
-                let keys = keys.clone();
-                let token = token.clone();
-                async move {
-                    let mut conn = node.inner.conn.clone();
-                    let mut invocation = scripts::QUORUM_ACQUIRE.key(keys.lock());
-                    invocation.key(keys.fence()).arg(&token).arg(px);
-                    call::bounded(
-                        "acquire",
-                        keys.lock(),
-                        node_deadline,
-                        invocation.invoke_async::<Option<u64>>(&mut conn),
-                    )
-                    .await
-                }
-            })
+        let votes: Vec<Result<Option<u64>>> = self
+            .script_on_every_node(
+                &scripts::QUORUM_ACQUIRE,
+                "acquire",
+                keys,
+                token,
+                px,
+                node_deadline,
+            )
             .await;
         let failed = votes.iter().filter(|v| v.is_err()).count();
         let counters: Vec<u64> = votes.into_iter().filter_map(|v| v.ok().flatten()).collect();
@@ -371,26 +363,51 @@ impl<C: RedisConnection> Quorum<C> {
         deadline: Instant,
     ) -> usize {
         let node_deadline = deadline.min(Instant::now() + self.inner.node_timeout);
+        self.script_on_every_node::<i64>(
+            &scripts::QUORUM_FENCE,
+            "fence",
+            keys,
+            token,
+            fence,
+            node_deadline,
+        )
+        .await
+        .into_iter()
+        .filter(|counted| matches!(counted, Ok(1)))
+        .count()
+    }
+
+    /// Runs a quorum script (`KEYS = lock, fence`, `ARGV = token, arg`) on
+    /// every node, each bounded by `deadline`.
+    async fn script_on_every_node<T>(
+        &self,
+        script: &'static redis::Script,
+        op: &'static str,
+        keys: &FencedKeys,
+        token: &LeaseToken,
+        arg: u64,
+        deadline: Instant,
+    ) -> Vec<Result<T>>
+    where
+        T: redis::FromRedisValue + Send + 'static,
+    {
         self.on_every_node(|node| {
             let keys = keys.clone();
             let token = token.clone();
             async move {
                 let mut conn = node.inner.conn.clone();
-                let mut invocation = scripts::QUORUM_FENCE.key(keys.lock());
-                invocation.key(keys.fence()).arg(&token).arg(fence);
+                let mut invocation = script.key(keys.lock());
+                invocation.key(keys.fence()).arg(&token).arg(arg);
                 call::bounded(
-                    "fence",
+                    op,
                     keys.lock(),
-                    node_deadline,
-                    invocation.invoke_async::<i64>(&mut conn),
+                    deadline,
+                    invocation.invoke_async::<T>(&mut conn),
                 )
                 .await
             }
         })
         .await
-        .into_iter()
-        .filter(|counted| matches!(counted, Ok(1)))
-        .count()
     }
 
     /// Token-checked release on every node; returns the number of nodes on

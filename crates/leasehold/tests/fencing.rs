@@ -2,23 +2,11 @@
 
 use std::time::Duration;
 
-use leasehold::{Error, FencedKeys, FencingToken, Locker};
-use leasehold_testkit::RedisServer;
+use leasehold::{Error, FencedKeys, FencingToken};
 use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-const SECOND: Duration = Duration::from_secs(1);
-
-async fn setup() -> Result<(RedisServer, MultiplexedConnection, Locker), Box<dyn std::error::Error>>
-{
-    let server = RedisServer::start()?;
-    let client = redis::Client::open(server.url())?;
-    let conn = leasehold::connect(&client, SECOND).await?;
-    let locker = Locker::new(conn.clone());
-    Ok((server, conn, locker))
-}
+mod common;
+use common::*;
 
 #[tokio::test]
 async fn tokens_increase_with_every_acquisition() -> TestResult {

@@ -7,42 +7,9 @@ use std::time::Duration;
 use leasehold::{AcquireOptions, CancellationToken, Error, GiveUpReason, Locker, RetryStrategy};
 use leasehold_testkit::{RedisOptions, RedisServer};
 use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-const SECOND: Duration = Duration::from_secs(1);
-/// Far above any deadline in these tests, far below "hung": an outer bound
-/// that catches a call waiting out a multi-second socket timeout.
-const HUNG: Duration = Duration::from_secs(4);
-
-async fn connect(server: &RedisServer) -> Result<MultiplexedConnection, Error> {
-    let client = redis::Client::open(server.url()).map_err(|_| Error::InvalidOptions("url"))?;
-    leasehold::connect(&client, SECOND).await
-}
-
-async fn setup() -> Result<(RedisServer, MultiplexedConnection, Locker), Box<dyn std::error::Error>>
-{
-    let server = RedisServer::start()?;
-    let conn = connect(&server).await?;
-    let locker = Locker::new(conn.clone());
-    Ok((server, conn, locker))
-}
-
-/// Waits for Redis to expire `key` (checks the condition; no blind sleep).
-async fn until_gone(conn: &mut MultiplexedConnection, key: &str) -> TestResult {
-    tokio::time::timeout(HUNG, async {
-        loop {
-            let exists: bool = conn.exists(key).await?;
-            if !exists {
-                return Ok::<_, redis::RedisError>(());
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await??;
-    Ok(())
-}
+mod common;
+use common::*;
 
 #[tokio::test]
 async fn second_holder_is_refused_until_release() -> TestResult {

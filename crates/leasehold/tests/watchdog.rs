@@ -6,42 +6,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use leasehold::{AcquireOptions, Error, Locker, LostCause};
-use leasehold_testkit::RedisServer;
 use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+mod common;
+use common::*;
 
-const SECOND: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);
-/// Far above any deadline in these tests: an outer bound that turns a hang
-/// (a refresh waiting out a socket timeout, a loss never noticed) into a
-/// failure. Not a timing assertion.
-const HUNG: Duration = Duration::from_secs(5);
-
-async fn setup() -> Result<(RedisServer, MultiplexedConnection, Locker), Box<dyn std::error::Error>>
-{
-    let server = RedisServer::start()?;
-    let client = redis::Client::open(server.url())?;
-    let conn = leasehold::connect(&client, SECOND).await?;
-    let locker = Locker::new(conn.clone());
-    Ok((server, conn, locker))
-}
-
-/// Waits for Redis to expire `key` (checks the condition; no blind sleep).
-async fn until_gone(conn: &mut MultiplexedConnection, key: &str) -> TestResult {
-    tokio::time::timeout(HUNG, async {
-        loop {
-            let exists: bool = conn.exists(key).await?;
-            if !exists {
-                return Ok::<_, redis::RedisError>(());
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await??;
-    Ok(())
-}
 
 #[tokio::test]
 async fn refresh_extends_the_ttl_and_keeps_the_token() -> TestResult {

@@ -1,0 +1,44 @@
+//! Helpers shared by the integration tests: one throwaway server per test.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::Duration;
+
+use leasehold::Locker;
+use leasehold_testkit::RedisServer;
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+
+pub type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+pub const SECOND: Duration = Duration::from_secs(1);
+
+/// Far above any deadline in these tests, far below "hung": an outer bound
+/// that turns a hang (a call waiting out a socket timeout, a loss never
+/// noticed) into a failure. Not a timing assertion.
+pub const HUNG: Duration = Duration::from_secs(5);
+
+/// A fresh server, a connection to it, and a locker over that connection.
+pub async fn setup()
+-> Result<(RedisServer, MultiplexedConnection, Locker), Box<dyn std::error::Error>> {
+    let server = RedisServer::start()?;
+    let client = redis::Client::open(server.url())?;
+    let conn = leasehold::connect(&client, SECOND).await?;
+    let locker = Locker::new(conn.clone());
+    Ok((server, conn, locker))
+}
+
+/// Waits for Redis to expire `key` (checks the condition; no blind sleep).
+pub async fn until_gone(conn: &mut MultiplexedConnection, key: &str) -> TestResult {
+    tokio::time::timeout(HUNG, async {
+        loop {
+            let exists: bool = conn.exists(key).await?;
+            if !exists {
+                return Ok::<_, redis::RedisError>(());
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await??;
+    Ok(())
+}
