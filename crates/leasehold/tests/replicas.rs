@@ -141,3 +141,19 @@ async fn zero_wait_timeout_is_refused_before_any_io() -> TestResult {
     assert_eq!(left, None);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_quorum_refuses_to_wait_for_replicas() -> TestResult {
+    let p = pair().await?;
+    let quorum = leasehold::Quorum::new(vec![p.conn.clone()])?;
+    let keys = FencedKeys::for_resource("t:wait:quorum")?;
+    let err = quorum
+        .acquire(&keys, SECOND, &wait_for_one(SECOND))
+        .await
+        .err();
+    assert!(matches!(err, Some(Error::InvalidOptions(_))), "{err:?}");
+    let mut conn = p.conn.clone();
+    let left: Option<String> = conn.get(keys.lock()).await?;
+    assert_eq!(left, None);
+    Ok(())
+}

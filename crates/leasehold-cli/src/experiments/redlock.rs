@@ -136,8 +136,8 @@ pub(crate) async fn run(env: &Env, args: &RedlockArgs) -> anyhow::Result<Report>
     );
     let fault_line = match (args.fault, injected_after) {
         (Fault::None, _) => "fault=none".to_owned(),
-        (fault, Some(after)) => format!(
-            "fault={} node {FAULTY_NODE} after {after} acquisitions",
+        (fault, Some(_)) => format!(
+            "fault={} node {FAULTY_NODE} after {fault_after} acquisitions",
             fault.name()
         ),
         (fault, None) => format!(
@@ -175,7 +175,8 @@ pub(crate) async fn run(env: &Env, args: &RedlockArgs) -> anyhow::Result<Report>
     .extra("nodes", u64::try_from(args.nodes).unwrap_or(u64::MAX))
     .extra("fault", args.fault.name())
     .extra("fault_injected", injected_after.is_some())
-    .extra("fault_after", injected_after)
+    .extra("fault_after", injected_after.map(|_| fault_after))
+    .extra("acquisitions_at_fault", injected_after)
     .extra("rejected", rejected)
     .extra("quorum_not_reached", count(&counters.quorum_not_reached))
     .extra("not_acquired", count(&counters.not_acquired))
@@ -191,7 +192,9 @@ pub(crate) async fn run(env: &Env, args: &RedlockArgs) -> anyhow::Result<Report>
 
 /// Waits for the signal, then pauses or kills `victim`; gives up without a
 /// fault once the run is `finished`. Returns the server (stopped on drop)
-/// and how many acquisitions had happened when the fault landed.
+/// and how many acquisitions had happened when the fault landed (the
+/// signal comes with the `fault_after`-th; a later holder may slip in
+/// before the signal is handled).
 async fn inject(
     mut victim: RedisServer,
     fault: Fault,
