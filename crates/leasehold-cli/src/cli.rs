@@ -31,7 +31,8 @@ pub(crate) struct Global {
     #[arg(long, env = "REDIS_URL", hide_env_values = true, global = true)]
     pub(crate) redis_url: Option<String>,
 
-    /// PostgreSQL for the experiments that need it (fencing, verify), e.g.
+    /// PostgreSQL for the experiments that need it (fencing, verify,
+    /// failover, redlock), e.g.
     /// postgres://user:password@127.0.0.1:5432/db [default: a throwaway
     /// local postgres, started only when an experiment needs it]
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
