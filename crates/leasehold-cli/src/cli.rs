@@ -24,14 +24,15 @@ pub(crate) struct Cli {
 }
 
 /// Flags every experiment takes.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub(crate) struct Global {
     /// Redis to run against, e.g. redis://127.0.0.1:6379/ [default: a
     /// throwaway local redis-server]
     #[arg(long, env = "REDIS_URL", hide_env_values = true, global = true)]
     pub(crate) redis_url: Option<String>,
 
-    /// PostgreSQL for the experiments that need it (fencing, verify), e.g.
+    /// PostgreSQL for the experiments that need it (fencing, verify,
+    /// failover, redlock), e.g.
     /// postgres://user:password@127.0.0.1:5432/db [default: a throwaway
     /// local postgres, started only when an experiment needs it]
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
@@ -61,6 +62,21 @@ pub(crate) enum Command {
     /// Step 6: spenders on the fenced lock with conditional writes in
     /// PostgreSQL, checked against the balance and the ledger.
     Verify(VerifyArgs),
+    /// Safety: a failover hands the same lock to two holders (async
+    /// replication); PostgreSQL's check keeps the balance right (OK).
+    /// --unfenced shows the lost update (BROKEN); --wait-replicas 1 refuses
+    /// the unreplicated lock (OK).
+    ///
+    /// Always starts its own throwaway primary and replica, because it kills
+    /// the primary; --redis-url is ignored.
+    Failover(FailoverArgs),
+    /// Redlock under load: spenders on a quorum of 3 or 5 throwaway,
+    /// independent redis-servers, one paused or killed mid-run, fenced
+    /// check-and-set writes in PostgreSQL.
+    ///
+    /// Always starts its own throwaway servers, because it pauses or kills
+    /// one; --redis-url is ignored.
+    Redlock(RedlockArgs),
     /// Runs every experiment in tutorial order and checks each shows what the
     /// tutorial shows; exits non-zero if one does not.
     Demo,
@@ -143,6 +159,77 @@ pub(crate) struct FencingArgs {
     /// Write without the `fence < $token` check, to show the lost update.
     #[arg(long)]
     pub(crate) unfenced: bool,
+}
+
+/// Flags of the failover experiment.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct FailoverArgs {
+    /// Have A's acquire wait for this many replicas (`WAIT`), and give the
+    /// lock back if fewer acknowledged [default: 0, do not wait]
+    #[arg(long, default_value_t = 0, hide_default_value = true)]
+    pub(crate) wait_replicas: u32,
+    /// Write without the database check (no fence, no check-and-set), to
+    /// show the lost update.
+    #[arg(long)]
+    pub(crate) unfenced: bool,
+}
+
+/// The fault the redlock experiment injects mid-run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub(crate) enum Fault {
+    /// Stop one node with SIGSTOP: it keeps its connections but answers
+    /// nothing (a stopped VM, a long GC pause).
+    #[default]
+    Pause,
+    /// Kill one node with SIGKILL: connections are refused.
+    Kill,
+    /// No fault: the baseline.
+    None,
+}
+
+impl Fault {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Fault::Pause => "pause",
+            Fault::Kill => "kill",
+            Fault::None => "none",
+        }
+    }
+}
+
+/// Flags of the redlock experiment.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RedlockArgs {
+    #[command(flatten)]
+    pub(crate) spend: SpendArgs,
+    /// Independent redis-servers in the quorum.
+    #[arg(long, default_value_t = 3, value_parser = parse_nodes)]
+    pub(crate) nodes: usize,
+    /// What happens to node 1 once the first acquisitions are through.
+    #[arg(long, value_enum, default_value_t = Fault::Pause)]
+    pub(crate) fault: Fault,
+    /// How many acquisitions to let through before the fault.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) fault_after: u64,
+    /// Lease TTL (at least 1ms).
+    #[arg(long, default_value = "2s", value_parser = parse_ttl)]
+    pub(crate) ttl: Duration,
+    /// How long each spender waits for the lock before giving up.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub(crate) wait: Duration,
+}
+
+impl Default for RedlockArgs {
+    fn default() -> Self {
+        RedlockArgs {
+            spend: SpendArgs::default(),
+            nodes: 3,
+            fault: Fault::Pause,
+            fault_after: 10,
+            ttl: Duration::from_secs(2),
+            wait: Duration::from_secs(30),
+        }
+    }
 }
 
 /// How the verify experiment's spenders write the balance.
@@ -231,6 +318,16 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|err| format!("{err} (examples: 2ms, 1.5s, 100ms)"))
 }
 
+/// A Redlock quorum size: 3 or 5 (an even number tolerates no more
+/// failures than the odd number below it).
+pub(crate) fn parse_nodes(text: &str) -> Result<usize, String> {
+    match text {
+        "3" => Ok(3),
+        "5" => Ok(5),
+        _ => Err(format!("{text} nodes: use 3 or 5")),
+    }
+}
+
 /// A duration that is also a valid lease TTL.
 pub(crate) fn parse_ttl(text: &str) -> Result<Duration, String> {
     let ttl = parse_duration(text)?;
@@ -269,7 +366,15 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Verify(args) = &cli.command {
         args.mode()?;
     }
-    let env = Env::connect(&cli.global).await?;
+    let mut global = cli.global.clone();
+    if matches!(cli.command, Command::Failover(_) | Command::Redlock(_))
+        && global.redis_url.take().is_some()
+    {
+        eprintln!(
+            "leasehold: --redis-url is ignored here: this experiment pauses or kills servers, so it starts its own"
+        );
+    }
+    let env = Env::connect(&global).await?;
     match &cli.command {
         Command::Demo => demo::run(&env).await,
         Command::Race(args) => repeat(&cli.global, || experiments::race::run(&env, args)).await,
@@ -279,6 +384,12 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             repeat(&cli.global, || experiments::fencing::run(&env, args)).await
         }
         Command::Verify(args) => repeat(&cli.global, || experiments::verify::run(&env, args)).await,
+        Command::Failover(args) => {
+            repeat(&cli.global, || experiments::failover::run(&env, args)).await
+        }
+        Command::Redlock(args) => {
+            repeat(&cli.global, || experiments::redlock::run(&env, args)).await
+        }
     }
 }
 

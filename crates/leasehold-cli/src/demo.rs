@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use std::time::Duration;
 
-use crate::cli::{FencingArgs, LockArgs, SpendArgs, TtlArgs, VerifyArgs, WriteMode};
+use crate::cli::{
+    FailoverArgs, FencingArgs, LockArgs, RedlockArgs, SpendArgs, TtlArgs, VerifyArgs, WriteMode,
+};
 use crate::env::Env;
 use crate::experiments;
 use crate::report::Report;
@@ -155,6 +157,42 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<ExitCode> {
         "the Step 1 bug: BROKEN",
         Shows::Broken,
         experiments::verify::run(env, &verify(healthy, WriteMode::None)).await?,
+    );
+    let two_holders = experiments::failover::run(env, &FailoverArgs::default()).await?;
+    // The tutorial's point: the lock was granted twice, and the database
+    // still kept the balance right.
+    let caught = two_holders.extra.get("holders") == Some(&2.into())
+        && two_holders.extra.get("refused_by_database") == Some(&1.into());
+    add(
+        "safety",
+        "failover: lock lost with the primary",
+        "two holders (SAFETY VIOLATION), balance right",
+        Shows::Ok,
+        two_holders.tutorial_also(caught),
+    );
+    let waited = experiments::failover::run(
+        env,
+        &FailoverArgs {
+            wait_replicas: 1,
+            ..FailoverArgs::default()
+        },
+    )
+    .await?;
+    let refused = waited.extra.get("not_replicated") == Some(&true.into())
+        && waited.extra.get("holders") == Some(&1.into());
+    add(
+        "safety",
+        "failover --wait-replicas 1",
+        "WAIT narrows the window: acquire refused",
+        Shows::Ok,
+        waited.tutorial_also(refused),
+    );
+    add(
+        "safety",
+        "redlock: 3 nodes, one paused mid-run",
+        "majority survives one node: balance right",
+        Shows::Ok,
+        experiments::redlock::run(env, &RedlockArgs::default()).await?,
     );
 
     print_table(&rows);

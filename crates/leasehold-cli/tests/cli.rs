@@ -201,6 +201,8 @@ fn bad_flags_are_rejected_before_any_work() -> TestResult {
         &["lock", "--ttl", "900us"],
         &["ttl", "--ttl", "0s"],
         &["ttl", "-n", "0"],
+        &["redlock", "--nodes", "4"],
+        &["redlock", "--fault", "flood"],
     ] {
         let out = leasehold(args)?;
         assert_eq!(out.status.code(), Some(2), "{args:?}");
@@ -332,5 +334,94 @@ fn same_version_with_a_database_only_mode_is_rejected_before_any_work() -> TestR
         "{stderr}"
     );
     assert!(!stderr.contains("throwaway"), "{stderr}");
+    Ok(())
+}
+
+#[test]
+fn failover_grants_the_lock_twice_and_the_database_catches_it() -> TestResult {
+    let out = leasehold(&["failover"])?;
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "A: got lock:{wallet:42} on the primary, fence 33, read balance 100",
+        "B: got lock:{wallet:42} on the promoted replica, fence 33, read balance 100",
+        "two holders of lock:{wallet:42}: A (fence 33, on the dead primary) and B (fence 33, on the promoted replica): the Redis docs' SAFETY VIOLATION",
+        "A: write with fence 33 REJECTED by the database",
+        "accepted=1 balance=90 expected=90 OK",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
+    }
+
+    let r = &runs(&["failover"])?[0];
+    assert_eq!(r["holders"], 2, "{r}");
+    assert_eq!(r["refused_by_database"], 1, "{r}");
+    assert_eq!(r["not_replicated"], false, "{r}");
+    assert_eq!(
+        (&r["fence_a"], &r["fence_b"]),
+        (&33.into(), &33.into()),
+        "{r}"
+    );
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["balance"], 90, "{r}");
+    assert_eq!(r["ledger_count"], 1, "{r}");
+    Ok(())
+}
+
+#[test]
+fn failover_without_the_database_check_loses_an_update() -> TestResult {
+    let r = &runs(&["failover", "--unfenced"])?[0];
+    assert_eq!(r["holders"], 2, "{r}");
+    assert_eq!(r["refused_by_database"], 0, "{r}");
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["accepted"], 2, "{r}");
+    assert_eq!(r["balance"], 90, "{r}");
+    assert_eq!(r["expected"], 80, "{r}");
+    Ok(())
+}
+
+#[test]
+fn failover_waiting_for_the_replica_refuses_the_lock_and_ignores_redis_url() -> TestResult {
+    let out = leasehold(&[
+        "failover",
+        "--wait-replicas",
+        "1",
+        "--json",
+        "--redis-url",
+        "redis://127.0.0.1:1/",
+    ])?;
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("--redis-url is ignored"), "{stderr}");
+    let r: Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(r["not_replicated"], true, "{r}");
+    assert_eq!(r["holders"], 1, "{r}");
+    assert_eq!(r["fence_a"], Value::Null, "{r}");
+    assert_eq!(r["refused_by_database"], 0, "{r}");
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["balance"], 90, "{r}");
+    Ok(())
+}
+
+#[test]
+fn redlock_keeps_the_balance_with_a_node_paused_or_killed() -> TestResult {
+    for (nodes, fault) in [("3", "pause"), ("5", "kill")] {
+        let r = &runs(&["redlock", "--nodes", nodes, "--fault", fault, "-n", "20"])?[0];
+        assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        assert_eq!(r["accepted"], 10, "{r}");
+        assert_eq!(r["balance"], 0, "{r}");
+        assert_eq!(r["ledger_count"], 10, "{r}");
+        assert_eq!(r["fault"], fault, "{r}");
+        assert_eq!(r["fault_injected"], true, "{r}");
+        assert_eq!(r["fault_after"], 10, "{r}");
+        assert!(
+            r["acquire_p99_us"].as_u64() >= r["acquire_p50_us"].as_u64(),
+            "{r}"
+        );
+    }
     Ok(())
 }

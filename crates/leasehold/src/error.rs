@@ -71,6 +71,25 @@ pub enum Error {
         failed_nodes: usize,
     },
 
+    /// The lock was won on the primary, but fewer replicas than asked for
+    /// ([`AcquireOptions::wait_replicas`](crate::AcquireOptions::wait_replicas))
+    /// acknowledged it in time: a failover now could lose it and let a
+    /// second holder in. The lock was released (token-checked) before this
+    /// was returned.
+    ///
+    /// Retryable: the replicas may be lagging or briefly unreachable, and a
+    /// later acquire can be confirmed. While they stay down, every acquire
+    /// fails this way (the lock is unavailable, which is the point).
+    #[error("lock {key:?} not replicated: {acked} of {wanted} replicas acknowledged it")]
+    NotReplicated {
+        /// The lock key.
+        key: String,
+        /// Replicas that acknowledged the write.
+        acked: u32,
+        /// Replicas asked for.
+        wanted: u32,
+    },
+
     /// The lease is no longer ours: it expired or another holder took the
     /// key. Returned by release (and refresh), which then changed nothing.
     #[error("lock {key:?} not held: the lease expired or changed hands")]
@@ -208,7 +227,8 @@ pub enum Error {
 
 impl Error {
     /// True when trying the same operation again later may succeed: the lock
-    /// was busy, or Redis was slow or unreachable.
+    /// was busy, Redis was slow or unreachable, or its replicas did not
+    /// acknowledge the lock in time.
     ///
     /// Invalid input, authentication failures and wrong-type keys are not
     /// retryable. `NotHeld` is not retryable either: the lease is gone, and
@@ -217,9 +237,10 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::NotAcquired { reason, .. } => *reason != GiveUpReason::Cancelled,
-            Error::Timeout { .. } | Error::Unreachable { .. } | Error::QuorumNotReached { .. } => {
-                true
-            }
+            Error::Timeout { .. }
+            | Error::Unreachable { .. }
+            | Error::QuorumNotReached { .. }
+            | Error::NotReplicated { .. } => true,
             Error::Redis { source, .. } => !source.is_unrecoverable_error(),
             _ => false,
         }

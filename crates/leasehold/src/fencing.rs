@@ -237,8 +237,10 @@ impl<C: RedisConnection> Locker<C> {
     /// - [`Error::InvalidFence`] when the fence key holds anything but a
     ///   positive integer counter (the lock is not left taken);
     /// - [`Error::WrongType`] when the lock key holds a non-string value;
-    /// - [`Error::Timeout`], [`Error::Unreachable`], [`Error::Auth`] as for
-    ///   [`acquire_with`](Self::acquire_with).
+    /// - [`Error::Timeout`], [`Error::Unreachable`], [`Error::Auth`],
+    ///   [`Error::NotReplicated`] and [`Error::InvalidOptions`] as for
+    ///   [`acquire_with`](Self::acquire_with) (a lock given back for want of
+    ///   replicas leaves its fencing token unused, which is harmless).
     ///
     /// # Cancel safety
     /// Cancel safe, as [`acquire_with`](Self::acquire_with): an abandoned
@@ -251,14 +253,18 @@ impl<C: RedisConnection> Locker<C> {
         opts: &AcquireOptions,
     ) -> Result<Lease<C>> {
         check_ttl(ttl)?;
+        crate::replicas::check(opts)?;
         let token = LeaseToken::generate()?;
         let px = ttl_millis(ttl);
+        let deadline = opts.deadline_from(Instant::now());
         let (fence, sent_at) = self
             .acquire_loop(keys.lock(), &token, opts, |deadline| {
                 self.fenced_attempt(keys, &token, px, deadline)
             })
             .await?;
-        Ok(Lease::new(self.clone(), keys.lock().to_owned(), token, ttl, sent_at).with_fence(fence))
+        let lease =
+            Lease::new(self.clone(), keys.lock().to_owned(), token, ttl, sent_at).with_fence(fence);
+        self.confirm_replicated(lease, opts, deadline).await
     }
 
     /// One run of `scripts/acquire_fenced.lua`.

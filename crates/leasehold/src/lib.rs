@@ -50,6 +50,7 @@ mod lease;
 mod locker;
 mod options;
 pub mod quorum;
+mod replicas;
 mod retry;
 mod rounds;
 mod scripts;

@@ -215,12 +215,19 @@ impl<C: RedisConnection> Locker<C> {
     ///   key holds a non-string value), returned at once without retrying;
     /// - [`Error::InvalidOptions`] when [`AcquireOptions::watchdog`] is set
     ///   but there is no tokio runtime to run it on (the lease just taken is
-    ///   then released in the background).
+    ///   then released in the background), or for a zero
+    ///   [`wait_replicas`](AcquireOptions::wait_replicas) timeout (before
+    ///   any I/O);
+    /// - [`Error::NotReplicated`] when
+    ///   [`AcquireOptions::wait_replicas`] is set and too few replicas
+    ///   acknowledged the lock: it was released again.
     ///
     /// # Cancel safety
     /// Cancel safe. If the future is dropped (or times out) while a `SET` is
     /// in flight, the `SET` may still land; a best-effort token-checked
-    /// release is then spawned, and the TTL is the fallback.
+    /// release is then spawned, and the TTL is the fallback. Dropped while
+    /// waiting for replicas, the lease already exists and its drop releases
+    /// it in the background.
     pub async fn acquire_with(
         &self,
         key: &str,
@@ -229,14 +236,17 @@ impl<C: RedisConnection> Locker<C> {
     ) -> Result<Lease<C>> {
         check_key(key)?;
         check_ttl(ttl)?;
+        crate::replicas::check(opts)?;
         let token = LeaseToken::generate()?;
         let px = ttl_millis(ttl);
+        let deadline = opts.deadline_from(Instant::now());
         let ((), sent_at) = self
             .acquire_loop(key, &token, opts, |deadline| {
                 self.set_nx(key, &token, px, deadline)
             })
             .await?;
-        let mut lease = Lease::new(self.clone(), key.to_owned(), token, ttl, sent_at);
+        let lease = Lease::new(self.clone(), key.to_owned(), token, ttl, sent_at);
+        let mut lease = self.confirm_replicated(lease, opts, deadline).await?;
         if opts.watchdog {
             lease.watch()?;
         }

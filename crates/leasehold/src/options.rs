@@ -6,6 +6,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::RetryStrategy;
+use crate::replicas::WaitReplicas;
 
 /// How long and how to wait for a busy lock.
 ///
@@ -29,6 +30,7 @@ pub struct AcquireOptions {
     pub(crate) retry: RetryStrategy,
     pub(crate) cancel: Option<CancellationToken>,
     pub(crate) watchdog: bool,
+    pub(crate) wait_replicas: Option<WaitReplicas>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -44,7 +46,8 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 
 impl AcquireOptions {
     /// The defaults: wait up to [`DEFAULT_WAIT`] (10 s), retrying with
-    /// [`RetryStrategy::default`], no cancellation token, no watchdog.
+    /// [`RetryStrategy::default`], no cancellation token, no watchdog, no
+    /// wait for replicas.
     pub fn new() -> Self {
         Self::default()
     }
@@ -94,6 +97,32 @@ impl AcquireOptions {
     /// [`Lease::run`](crate::Lease::run) starts the watchdog.
     pub fn watchdog(mut self, enabled: bool) -> Self {
         self.watchdog = enabled;
+        self
+    }
+
+    /// After the acquire wins (plain or fenced), send `WAIT replicas
+    /// timeout` on the same connection; if fewer than `replicas` replicas
+    /// acknowledged the lock within `timeout`, release it (token-checked)
+    /// and fail with [`Error::NotReplicated`](crate::Error::NotReplicated).
+    /// `timeout` is capped by the acquire's deadline.
+    ///
+    /// This narrows the window in which a failover loses a fresh lock; it
+    /// does **not** make Redis strongly consistent: a replica that
+    /// acknowledged can still lose the write when it restarts without
+    /// `appendfsync always`, and a failover may promote a replica that did
+    /// not acknowledge. Keep the write fenced in the database. While WAIT
+    /// waits, Redis blocks the connection, so other requests on a shared
+    /// connection queue behind it. See the
+    /// [crate docs](crate#what-each-deployment-guarantees).
+    ///
+    /// A zero `timeout` is refused with
+    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) before any
+    /// I/O (`WAIT n 0` would block forever).
+    ///
+    /// Defaults to none: the acquire returns as soon as the primary said
+    /// yes.
+    pub fn wait_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait_replicas = Some(WaitReplicas { replicas, timeout });
         self
     }
 

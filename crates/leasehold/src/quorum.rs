@@ -230,7 +230,10 @@ impl<C: RedisConnection> Quorum<C> {
     /// used on every node.
     ///
     /// # Errors
-    /// [`Error::InvalidTtl`] / [`Error::InvalidKey`] before any I/O;
+    /// [`Error::InvalidTtl`] / [`Error::InvalidKey`] before any I/O, and
+    /// [`Error::InvalidOptions`] when `opts` asks to
+    /// [wait for replicas](AcquireOptions::wait_replicas) (a quorum's
+    /// servers are independent; that option is for a replicated server);
     /// [`Error::NotAcquired`] when the lock stayed busy;
     /// [`Error::QuorumNotReached`] when, in the last attempt, too many nodes
     /// failed to answer for a majority to be possible.
@@ -245,6 +248,11 @@ impl<C: RedisConnection> Quorum<C> {
         opts: &AcquireOptions,
     ) -> Result<QuorumLease<C>> {
         check_ttl(ttl)?;
+        if opts.wait_replicas.is_some() {
+            return Err(Error::InvalidOptions(
+                "wait_replicas does not apply to a quorum: its servers are independent",
+            ));
+        }
         let keys = keys.clone();
         let token = LeaseToken::generate()?;
         let last_round = std::sync::Mutex::new(Round::default());

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::cli::FencingArgs;
 use crate::env::Env;
-use crate::ledger::{self, RESOURCE, WALLET_ID};
+use crate::ledger::{self, RESOURCE, WALLET_ID, WriteCheck};
 use crate::report::Report;
 
 /// The tutorial's figures: tokens 33 and 34, a 100 ms lease, a 250 ms pause.
@@ -42,15 +42,14 @@ pub(crate) async fn run(env: &Env, args: &FencingArgs) -> anyhow::Result<Report>
     let mut rejected = 0u64;
     let mut spend = async |name: &str, lease: &Lease, read: &Snapshot| -> anyhow::Result<()> {
         let fence = lease.fence().context("a fenced lease has a fence")?;
-        let landed = if args.unfenced {
-            let token = i64::try_from(fence.get()).context("token out of range")?;
-            let balance = ledger::debit_unchecked(&**db, read, AMOUNT, Some(token)).await?;
-            Some(balance)
+        let check = if args.unfenced {
+            WriteCheck::Unchecked
         } else {
-            match leasehold_pg::debit_fenced(&**db, read, AMOUNT, fence).await? {
-                Outcome::Applied { balance } => Some(balance),
-                _ => None,
-            }
+            WriteCheck::Fenced
+        };
+        let landed = match ledger::debit(&**db, read, AMOUNT, fence, check).await? {
+            Outcome::Applied { balance } => Some(balance),
+            _ => None,
         };
         match landed {
             Some(balance) => {

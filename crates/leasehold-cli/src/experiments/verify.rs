@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::cli::{VerifyArgs, WriteMode};
 use crate::env::Env;
-use crate::ledger::{self, RESOURCE, WALLET_ID};
+use crate::ledger::{self, RESOURCE, WALLET_ID, WriteCheck};
 use crate::report::Report;
 use crate::wallet::hammer;
 
@@ -75,31 +75,28 @@ pub(crate) async fn run(env: &Env, args: &VerifyArgs) -> anyhow::Result<Report> 
                     Outcome::Applied { balance }
                 }
                 (WriteMode::Fenced | WriteMode::Cas, Some(token)) => {
-                    let read = leasehold_pg::read_wallet(&*client, WALLET_ID).await?;
-                    if read.balance() < amount {
+                    let check = if mode == WriteMode::Cas {
+                        WriteCheck::CheckAndSet
+                    } else {
+                        WriteCheck::Fenced
+                    };
+                    let written =
+                        ledger::read_and_debit(&*client, amount, work, token, check).await?;
+                    let Some(outcome) = written else {
                         release(lease).await;
                         return Ok(false);
-                    }
-                    tokio::time::sleep(work).await;
-                    if mode == WriteMode::Cas {
-                        leasehold_pg::debit_check_and_set(&*client, &read, amount, token).await?
-                    } else {
-                        leasehold_pg::debit_fenced(&*client, &read, amount, token).await?
-                    }
+                    };
+                    outcome
                 }
                 (WriteMode::Fenced | WriteMode::Cas, None) => {
                     anyhow::bail!("a fenced lease came back without a fence")
                 }
             };
             release(lease).await;
-            match outcome {
-                Outcome::Applied { .. } => Ok(true),
-                Outcome::StaleToken { .. } | Outcome::StaleRead { .. } => {
-                    refused.fetch_add(1, Ordering::Relaxed);
-                    Ok(false)
-                }
-                _ => Ok(false),
+            if ledger::refused(&outcome) {
+                refused.fetch_add(1, Ordering::Relaxed);
             }
+            Ok(outcome.is_applied())
         }
     })
     .await;

@@ -1,0 +1,116 @@
+//! Waiting for replicas after an acquire: `WAIT numreplicas timeout`.
+//!
+//! # What WAIT buys, and what it does not
+//!
+//! Redis replicates asynchronously: a primary acknowledges `SET NX` before
+//! any replica has it. If the primary dies in that window and a replica is
+//! promoted, the lock is gone and a second client can take it: two holders
+//! at once (the Redis docs' "SAFETY VIOLATION"). With
+//! [`AcquireOptions::wait_replicas`], the acquire sends `WAIT` after it wins
+//! and gives the lock back unless enough replicas acknowledged it.
+//!
+//! That **narrows the window, it does not make Redis strongly consistent**:
+//!
+//! - a replica that acknowledged the write holds it in memory only; if it
+//!   restarts without `appendfsync always`, the write is gone;
+//! - a failover (Sentinel, Cluster, or an operator) may promote a replica
+//!   that did *not* acknowledge (WAIT counts acknowledgements, it does not
+//!   steer the election);
+//! - the write has already been applied on the primary when WAIT reports a
+//!   shortfall, and other clients may have seen it.
+//!
+//! So a lock taken with WAIT is still an efficiency lock. What keeps the
+//! balance right across a failover is the database's check (fencing token
+//! and check-and-set, see `leasehold-pg`).
+//!
+//! `WAIT` runs on the locker's connection, so it waits for every write that
+//! connection sent before it, the acquire included. Redis blocks the
+//! connection while WAIT waits: on a shared multiplexed connection, other
+//! requests queue behind it for up to the WAIT timeout. On Redis Cluster,
+//! redis-rs sends `WAIT` to every primary and keeps the smallest count.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::lease::Lease;
+use crate::locker::{Locker, ttl_millis};
+use crate::options::AcquireOptions;
+use crate::{RedisConnection, call};
+
+/// How many replicas must acknowledge an acquire, and for how long to wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WaitReplicas {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
+}
+
+/// Rejects a zero WAIT timeout: `WAIT n 0` blocks forever. No I/O.
+pub(crate) fn check(opts: &AcquireOptions) -> Result<()> {
+    match opts.wait_replicas {
+        Some(wait) if wait.timeout.is_zero() => Err(Error::InvalidOptions(
+            "the replica wait timeout must be positive",
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl<C: RedisConnection> Locker<C> {
+    /// After an acquire won: the lease, once `opts`' replicas acknowledged
+    /// it; otherwise the lease is released (token-checked) and the result is
+    /// [`Error::NotReplicated`]. WAIT's timeout is capped by `deadline`, and
+    /// the request by `deadline` plus the command timeout.
+    ///
+    /// Called with the lease already built, so that dropping the future
+    /// mid-WAIT releases the lock (the lease's `Drop`).
+    pub(crate) async fn confirm_replicated(
+        &self,
+        lease: Lease<C>,
+        opts: &AcquireOptions,
+        deadline: Instant,
+    ) -> Result<Lease<C>> {
+        let Some(wait) = opts.wait_replicas else {
+            return Ok(lease);
+        };
+        let now = Instant::now();
+        // Never 0: `WAIT n 0` would block forever.
+        let timeout = wait
+            .timeout
+            .min(deadline.saturating_duration_since(now))
+            .max(Duration::from_millis(1));
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(wait.replicas).arg(ttl_millis(timeout));
+        let mut conn = self.inner.conn.clone();
+        let acked = call::bounded(
+            "wait",
+            lease.key(),
+            now + timeout + self.inner.command_timeout,
+            cmd.query_async::<u64>(&mut conn),
+        )
+        .await;
+        let acked = match acked {
+            Ok(acked) if acked >= u64::from(wait.replicas) => return Ok(lease),
+            Ok(acked) => acked,
+            Err(err) => {
+                give_back(lease).await;
+                return Err(err);
+            }
+        };
+        let key = lease.key().to_owned();
+        give_back(lease).await;
+        Err(Error::NotReplicated {
+            key,
+            acked: u32::try_from(acked).unwrap_or(u32::MAX),
+            wanted: wait.replicas,
+        })
+    }
+}
+
+/// Releases a lease whose replication could not be confirmed.
+async fn give_back<C: RedisConnection>(lease: Lease<C>) {
+    let key = lease.key().to_owned();
+    if let Err(err) = lease.release().await {
+        tracing::warn!(key, error = %err, "could not release an unreplicated lease; the ttl will end it");
+    }
+}

@@ -1,0 +1,159 @@
+//! `AcquireOptions::wait_replicas` against a real primary and replica.
+
+use std::time::Duration;
+
+use leasehold::{AcquireOptions, Error, FencedKeys, FencingToken, Locker};
+use leasehold_testkit::{RedisOptions, RedisServer};
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+struct Pair {
+    /// Kept alive for the test; stopped on drop.
+    _primary: RedisServer,
+    replica: RedisServer,
+    conn: MultiplexedConnection,
+    locker: Locker,
+}
+
+/// A primary and its replica, synced: a write has been acknowledged by the
+/// replica before this returns.
+async fn pair() -> Result<Pair, Box<dyn std::error::Error>> {
+    let primary =
+        RedisServer::start_with(RedisOptions::default().args(["--repl-diskless-sync-delay", "0"]))?;
+    let replica = RedisServer::start_with(
+        RedisOptions::default().replica_of(primary.host(), primary.port()),
+    )?;
+    let client = redis::Client::open(primary.url())?;
+    let mut conn = leasehold::connect(&client, 10 * SECOND).await?;
+    let () = conn.set("t:synced", 1).await?;
+    let acked: u64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(8000)
+        .query_async(&mut conn)
+        .await?;
+    assert_eq!(acked, 1, "the replica never synced:\n{}", replica.log());
+    let locker = Locker::new(conn.clone());
+    Ok(Pair {
+        _primary: primary,
+        replica,
+        conn,
+        locker,
+    })
+}
+
+fn wait_for_one(timeout: Duration) -> AcquireOptions {
+    AcquireOptions::new()
+        .wait(2 * SECOND)
+        .wait_replicas(1, timeout)
+}
+
+#[tokio::test]
+async fn healthy_replica_acknowledges_the_lock() -> TestResult {
+    let p = pair().await?;
+    let lease = p
+        .locker
+        .acquire_with("t:wait:ok", 30 * SECOND, &wait_for_one(2 * SECOND))
+        .await?;
+    // WAIT returned 1, so the replica has the key now, not eventually.
+    let on_replica = p.replica.redis_cli(&["GET", "t:wait:ok"])?;
+    assert_eq!(on_replica, lease.token().as_str());
+
+    let keys = FencedKeys::for_resource("t:wait:fenced")?;
+    let fenced = p
+        .locker
+        .acquire_fenced_with(&keys, 30 * SECOND, &wait_for_one(2 * SECOND))
+        .await?;
+    assert_eq!(fenced.fence(), Some(FencingToken::new(1)));
+    assert_eq!(p.replica.redis_cli(&["GET", keys.fence()])?, "1");
+    lease.release().await?;
+    fenced.release().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn paused_replica_means_not_replicated_and_no_lock_left() -> TestResult {
+    let mut p = pair().await?;
+    p.replica.pause()?;
+    let err = p
+        .locker
+        .acquire_with(
+            "t:wait:lost",
+            30 * SECOND,
+            &wait_for_one(Duration::from_millis(200)),
+        )
+        .await
+        .err();
+    let Some(Error::NotReplicated { key, acked, wanted }) = &err else {
+        panic!("expected NotReplicated, got {err:?}");
+    };
+    assert_eq!((key.as_str(), *acked, *wanted), ("t:wait:lost", 0, 1));
+    assert!(err.as_ref().is_some_and(Error::is_retryable));
+    let left: Option<String> = p.conn.get("t:wait:lost").await?;
+    assert_eq!(left, None, "the unreplicated lock must be released");
+
+    let keys = FencedKeys::for_resource("t:wait:fenced-lost")?;
+    let err = p
+        .locker
+        .acquire_fenced_with(
+            &keys,
+            30 * SECOND,
+            &wait_for_one(Duration::from_millis(200)),
+        )
+        .await
+        .err();
+    assert!(
+        matches!(err, Some(Error::NotReplicated { acked: 0, .. })),
+        "{err:?}"
+    );
+    let left: Option<String> = p.conn.get(keys.lock()).await?;
+    assert_eq!(left, None, "the unreplicated fenced lock must be released");
+
+    // Without waiting for replicas the same acquire succeeds: the lock is
+    // only on the primary, which is exactly the failover hazard.
+    let lease = p.locker.acquire("t:wait:lost", 30 * SECOND).await?;
+    lease.release().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn zero_wait_timeout_is_refused_before_any_io() -> TestResult {
+    let p = pair().await?;
+    let opts = AcquireOptions::new().wait_replicas(1, Duration::ZERO);
+    let err = p
+        .locker
+        .acquire_with("t:wait:zero", SECOND, &opts)
+        .await
+        .err();
+    assert!(matches!(err, Some(Error::InvalidOptions(_))), "{err:?}");
+    let keys = FencedKeys::for_resource("t:wait:zero")?;
+    let err = p
+        .locker
+        .acquire_fenced_with(&keys, SECOND, &opts)
+        .await
+        .err();
+    assert!(matches!(err, Some(Error::InvalidOptions(_))), "{err:?}");
+    let mut conn = p.conn.clone();
+    let left: Option<String> = conn.get("t:wait:zero").await?;
+    assert_eq!(left, None);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_quorum_refuses_to_wait_for_replicas() -> TestResult {
+    let p = pair().await?;
+    let quorum = leasehold::Quorum::new(vec![p.conn.clone()])?;
+    let keys = FencedKeys::for_resource("t:wait:quorum")?;
+    let err = quorum
+        .acquire(&keys, SECOND, &wait_for_one(SECOND))
+        .await
+        .err();
+    assert!(matches!(err, Some(Error::InvalidOptions(_))), "{err:?}");
+    let mut conn = p.conn.clone();
+    let left: Option<String> = conn.get(keys.lock()).await?;
+    assert_eq!(left, None);
+    Ok(())
+}
