@@ -51,9 +51,10 @@ async fn acquires_on_all_and_refuses_a_second_holder() -> TestResult {
     assert_eq!(quorum.needed(), 2);
 
     let a = quorum.acquire(&keys("wallet:1")?, TTL, &once()).await?;
-    assert_eq!(a.votes(), 3);
+    assert!(a.votes() >= 2, "{}", a.votes());
     assert_eq!(a.key(), "lock:{wallet:1}");
-    assert!(servers.iter().all(|s| has_key(s, "lock:{wallet:1}")));
+    // The acquire returns once a majority answered; the third vote lands too.
+    until(|| servers.iter().all(|s| has_key(s, "lock:{wallet:1}"))).await?;
     let err = quorum.acquire(&keys("wallet:1")?, TTL, &once()).await.err();
     assert!(matches!(err, Some(Error::NotAcquired { .. })), "{err:?}");
 
