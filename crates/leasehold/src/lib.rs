@@ -32,18 +32,25 @@
 
 mod call;
 mod error;
+mod handoff;
 mod lease;
 mod locker;
 mod options;
 mod retry;
 mod scripts;
+mod stats;
+
+#[cfg(test)]
+mod give_up_tests;
 mod token;
 
 pub use error::{Error, GiveUpReason, Result};
+pub use handoff::{HandoffLocker, HandoffLockerBuilder, HandoffStyle};
 pub use lease::Lease;
 pub use locker::{DEFAULT_COMMAND_TIMEOUT, Locker, LockerBuilder, MAX_TTL, connect};
 pub use options::{AcquireOptions, DEFAULT_WAIT};
 pub use retry::{RetryStrategy, Waits};
+pub use stats::LockerStats;
 pub use token::LeaseToken;
 
 /// Re-exported so callers can name the connection and cancellation types

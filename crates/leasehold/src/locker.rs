@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::lease::Lease;
 use crate::options::AcquireOptions;
+use crate::stats::{Counters, LockerStats};
 use crate::token::LeaseToken;
 use crate::{RedisConnection, RetryStrategy, call};
 
@@ -40,6 +41,7 @@ pub(crate) struct Inner<C> {
     pub(crate) command_timeout: Duration,
     /// `SET ... NX GET` needs Redis 7.0; older servers get plain `SET NX`.
     set_nx_get: AtomicBool,
+    pub(crate) counters: Counters,
 }
 
 impl<C> std::fmt::Debug for Locker<C> {
@@ -163,6 +165,7 @@ impl<C: RedisConnection> Locker<C> {
                 conn,
                 command_timeout,
                 set_nx_get: AtomicBool::new(true),
+                counters: Counters::default(),
             }),
         }
     }
@@ -179,6 +182,11 @@ impl<C: RedisConnection> Locker<C> {
     /// [`LockerBuilder::command_timeout`].
     pub fn command_timeout(&self) -> Duration {
         self.inner.command_timeout
+    }
+
+    /// What this locker and its clones have asked of Redis so far.
+    pub fn stats(&self) -> LockerStats {
+        self.inner.counters.snapshot()
     }
 
     /// Takes the lease on `key` for `ttl`, waiting with the default
@@ -284,6 +292,7 @@ impl<C: RedisConnection> Locker<C> {
                 return Err(give_up(attempts, GiveUpReason::DeadlineExpired));
             }
             attempts = attempts.saturating_add(1);
+            self.inner.counters.acquire_request();
             let call_deadline = deadline.min(sent_at + self.inner.command_timeout);
             let in_flight = InFlight::new(self, key, token);
             let request = attempt(call_deadline);
@@ -298,6 +307,7 @@ impl<C: RedisConnection> Locker<C> {
             match outcome {
                 Ok(Attempt::Won(won)) => {
                     in_flight.disarm();
+                    self.inner.counters.acquisition();
                     return Ok((won, sent_at));
                 }
                 Ok(Attempt::Busy) => in_flight.disarm(),
@@ -369,6 +379,7 @@ impl<C: RedisConnection> Locker<C> {
         token: &LeaseToken,
         deadline: Instant,
     ) -> Result<bool> {
+        self.inner.counters.release_request();
         let mut conn = self.inner.conn.clone();
         let mut invocation = crate::scripts::RELEASE.key(key);
         invocation.arg(token);

@@ -11,3 +11,11 @@ use redis::Script;
 /// Compare-and-delete: see `scripts/release.lua`.
 pub(crate) static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+
+/// Hand-off mode, try-or-enqueue: see `scripts/handoff_acquire.lua`.
+pub(crate) static HANDOFF_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/handoff_acquire.lua")));
+
+/// Hand-off mode, release to the next waiter: see `scripts/handoff_release.lua`.
+pub(crate) static HANDOFF_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/handoff_release.lua")));
