@@ -1,80 +1,7 @@
 //! Hand-off mode: waiters sleep until a release hands them the lock.
 //!
-//! # Why
-//!
-//! A polling lock ([`Locker::acquire_with`]) asks Redis again after every
-//! wait. With `n` callers queued on one key that is `n` requests per wait
-//! interval for one winner, the winner is whoever happens to ask first after
-//! a release (so a lucky caller can win again and again), and the key sits
-//! idle between the release and the next lucky poll. Shorter waits cut the
-//! idle time and multiply the requests; longer waits do the opposite.
-//!
-//! A [`HandoffLocker`] removes the trade-off: a caller that finds the lock
-//! busy joins a FIFO queue and sleeps; the holder's release passes the lock
-//! straight to the first live waiter and tells it so over pub/sub. One
-//! request to join, one to release, whatever the number of waiters, and
-//! waiters are served in arrival order.
-//!
-//! # Protocol
-//!
-//! Three keys per lock key `K`: the lock `K` itself (the same string as in
-//! polling mode), a ZSET `K:waitq` of waiter tokens scored by arrival, and a
-//! HASH `K:waiters` mapping each waiter's token to its entry's expiry, its
-//! TTL and the pub/sub channel that reaches it.
-//!
-//! - **Acquire** (`handoff_acquire.lua`) takes the lock if it is free and
-//!   nobody live is ahead of us, and otherwise enqueues us, in one atomic
-//!   step. A release can therefore never fall between "it was busy" and "we
-//!   are in the queue". Each locker subscribes to its own channel once, when
-//!   it connects, and registers a waiter locally before sending the script,
-//!   so a hand-off that lands before the script's reply is not missed either.
-//! - **Release** (`handoff_release.lua`) checks our token, pops the first
-//!   live waiter, sets the lock to that waiter's token with that waiter's TTL
-//!   (`SET K token PX ttl`), and publishes `g <token>` on its channel. The
-//!   waiter holds the lease from that moment: no request of its own.
-//! - **Giving up** (deadline, cancel, retries exhausted, or the future
-//!   dropped) runs the release script in "leave" mode: it removes our entry
-//!   and, if the lock was handed to us meanwhile, passes it on.
-//! - **Fallback timer**: a waiter re-runs the acquire script at the latest
-//!   when the holder's TTL (as last seen) runs out, and at least every half
-//!   of its own TTL. That re-announces it (its entry expires one TTL after
-//!   its last announcement), picks up a hand-off whose message was lost, and
-//!   serves the queue when a holder died without releasing.
-//!
-//! # Crash safety
-//!
-//! - A holder that dies stops nothing for longer than its TTL: the lock
-//!   expires, and the next waiter re-check hands it on.
-//! - A waiter that dies stops re-announcing; its entry is skipped as stale at
-//!   most one TTL after its last announcement. If the lock was handed to it
-//!   before that, the lease it never used expires by its TTL.
-//!
-//! # Which design, and why
-//!
-//! Two styles are implemented and measured by `leasehold bench contention`
-//! (see `BENCHMARKS.md`): [`HandoffStyle::Grant`], the direct FIFO hand-off
-//! described above, and [`HandoffStyle::Wake`], in which the release deletes
-//! the lock and only *wakes* the first waiter, which then takes the lock with
-//! its own acquire script. Grant is the default: it needs one request fewer
-//! per acquisition and its release-to-next-holder gap is one pub/sub message
-//! instead of a message plus a round trip.
-//!
-//! # Limits
-//!
-//! - All callers of one key must use hand-off mode: a polling acquire on the
-//!   same key takes the lock when it is free and ignores the queue (safe, but
-//!   not fair).
-//! - On Redis Cluster the three keys must share a slot: give the lock key a
-//!   hash tag, such as `lock:{wallet:42}`.
-//! - If the pub/sub connection drops, waiters still get the lock through
-//!   their fallback timer, only later; the locker does not reconnect it.
-//!
-//! # Lease validity
-//!
-//! A lease handed over by a release is counted from when the waiter's last
-//! request that found the lock busy was *sent*: the hand-off happened after
-//! that, so the holder's estimate of its remaining time is never longer than
-//! Redis's (it is shorter by up to the time it waited).
+//! The protocol, its crash safety and the measured design choice are
+//! documented on [`HandoffLocker`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -128,7 +55,83 @@ enum Signal {
 type Waiters = Mutex<HashMap<String, mpsc::UnboundedSender<Signal>>>;
 
 /// A [`Locker`] whose waiters are handed the lock by the release instead of
-/// polling for it. See the [module docs](self) for the protocol.
+/// polling for it.
+///
+/// # Why
+///
+/// A polling lock ([`Locker::acquire_with`]) asks Redis again after every
+/// wait. With `n` callers queued on one key that is `n` requests per wait
+/// interval for one winner, the winner is whoever happens to ask first after
+/// a release (so a lucky caller can win again and again), and the key sits
+/// idle between the release and the next lucky poll. Shorter waits cut the
+/// idle time and multiply the requests; longer waits do the opposite.
+///
+/// A [`HandoffLocker`] removes the trade-off: a caller that finds the lock
+/// busy joins a FIFO queue and sleeps; the holder's release passes the lock
+/// straight to the first live waiter and tells it so over pub/sub. One
+/// request to join, one to release, whatever the number of waiters, and
+/// waiters are served in arrival order.
+///
+/// # Protocol
+///
+/// Three keys per lock key `K`: the lock `K` itself (the same string as in
+/// polling mode), a ZSET `K:waitq` of waiter tokens scored by arrival, and a
+/// HASH `K:waiters` mapping each waiter's token to its entry's expiry, its
+/// TTL and the pub/sub channel that reaches it.
+///
+/// - **Acquire** (`handoff_acquire.lua`) takes the lock if it is free and
+///   nobody live is ahead of us, and otherwise enqueues us, in one atomic
+///   step. A release can therefore never fall between "it was busy" and "we
+///   are in the queue". Each locker subscribes to its own channel once, when
+///   it connects, and registers a waiter locally before sending the script,
+///   so a hand-off that lands before the script's reply is not missed either.
+/// - **Release** (`handoff_release.lua`) checks our token, pops the first
+///   live waiter, sets the lock to that waiter's token with that waiter's TTL
+///   (`SET K token PX ttl`), and publishes `g <token>` on its channel. The
+///   waiter holds the lease from that moment: no request of its own.
+/// - **Giving up** (deadline, cancel, retries exhausted, or the future
+///   dropped) runs the release script in "leave" mode: it removes our entry
+///   and, if the lock was handed to us meanwhile, passes it on.
+/// - **Fallback timer**: a waiter re-runs the acquire script at the latest
+///   when the holder's TTL (as last seen) runs out, and at least every half
+///   of its own TTL. That re-announces it (its entry expires one TTL after
+///   its last announcement), picks up a hand-off whose message was lost, and
+///   serves the queue when a holder died without releasing.
+///
+/// # Crash safety
+///
+/// - A holder that dies stops nothing for longer than its TTL: the lock
+///   expires, and the next waiter re-check hands it on.
+/// - A waiter that dies stops re-announcing; its entry is skipped as stale at
+///   most one TTL after its last announcement. If the lock was handed to it
+///   before that, the lease it never used expires by its TTL.
+///
+/// # Which design, and why
+///
+/// Two styles are implemented and measured by `leasehold bench contention`
+/// (see `BENCHMARKS.md`): [`HandoffStyle::Grant`], the direct FIFO hand-off
+/// described above, and [`HandoffStyle::Wake`], in which the release deletes
+/// the lock and only *wakes* the first waiter, which then takes the lock with
+/// its own acquire script. Grant is the default: it needs one request fewer
+/// per acquisition and its release-to-next-holder gap is one pub/sub message
+/// instead of a message plus a round trip.
+///
+/// # Limits
+///
+/// - All callers of one key must use hand-off mode: a polling acquire on the
+///   same key takes the lock when it is free and ignores the queue (safe, but
+///   not fair).
+/// - On Redis Cluster the three keys must share a slot: give the lock key a
+///   hash tag, such as `lock:{wallet:42}`.
+/// - If the pub/sub connection drops, waiters still get the lock through
+///   their fallback timer, only later; the locker does not reconnect it.
+///
+/// # Lease validity
+///
+/// A lease handed over by a release is counted from when the waiter's last
+/// request that found the lock busy was *sent*: the hand-off happened after
+/// that, so the holder's estimate of its remaining time is never longer than
+/// Redis's (it is shorter by up to the time it waited).
 ///
 /// Cheap to clone: clones share the locker and the one pub/sub connection.
 #[derive(Clone)]
