@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::env::Env;
 use crate::report::Report;
-use crate::{demo, experiments};
+use crate::{bench, demo, experiments};
 
 /// Reproduces the experiments of the Redis distributed-locks tutorial against
 /// real servers, and checks the final balance against what was accepted.
@@ -46,6 +46,12 @@ pub(crate) enum Command {
     Race(SpendArgs),
     /// Step 2: the same spenders under the lease lock (shows OK, no key left).
     Lock(LockArgs),
+    /// Step 4: 50 callers with exponential backoff (thundering herd), full
+    /// jitter, or hand-off mode; prints how many gave up.
+    Backoff(BackoffArgs),
+    /// Performance benchmarks (build with --release); see BENCHMARKS.md.
+    #[command(subcommand)]
+    Bench(bench::Bench),
     /// Runs every experiment in tutorial order and checks each shows what the
     /// tutorial shows; exits non-zero if one does not.
     Demo,
@@ -79,6 +85,37 @@ pub(crate) struct LockArgs {
     /// How long each spender waits for the lock before giving up.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub(crate) wait: Duration,
+}
+
+/// Flags of the backoff experiment.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct BackoffArgs {
+    #[command(flatten)]
+    pub(crate) lock: LockArgs,
+    /// Randomise each wait: full jitter, a random wait in [1ms, d + 1ms).
+    #[arg(long, conflicts_with = "handoff")]
+    pub(crate) jitter: bool,
+    /// Shortest backoff.
+    #[arg(long, default_value = "16ms", value_parser = parse_duration)]
+    pub(crate) min: Duration,
+    /// Longest backoff.
+    #[arg(long, default_value = "128ms", value_parser = parse_duration)]
+    pub(crate) max: Duration,
+    /// Wait in a FIFO queue and be handed the lock on release (no polling).
+    #[arg(long)]
+    pub(crate) handoff: bool,
+}
+
+impl Default for BackoffArgs {
+    fn default() -> Self {
+        BackoffArgs {
+            lock: LockArgs::default(),
+            jitter: false,
+            min: Duration::from_millis(16),
+            max: Duration::from_millis(128),
+            handoff: false,
+        }
+    }
 }
 
 /// Parses `2ms`, `1.5s`, `100ms`, `2m`.
@@ -124,8 +161,19 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let env = Env::connect(&cli.global).await?;
     match &cli.command {
         Command::Demo => demo::run(&env).await,
+        Command::Bench(bench::Bench::Contention(args)) => {
+            bench::contention::run(&env, args, cli.global.json).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(bench::Bench::Uncontended(args)) => {
+            bench::uncontended::run(&env, args, cli.global.json).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Race(args) => repeat(&cli.global, || experiments::race::run(&env, args)).await,
         Command::Lock(args) => repeat(&cli.global, || experiments::lock::run(&env, args)).await,
+        Command::Backoff(args) => {
+            repeat(&cli.global, || experiments::backoff::run(&env, args)).await
+        }
     }
 }
 

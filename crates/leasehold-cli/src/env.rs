@@ -17,6 +17,8 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 pub(crate) struct Env {
     pub(crate) redis: MultiplexedConnection,
     pub(crate) locker: Locker,
+    /// Opens further connections (the hand-off pub/sub connection).
+    pub(crate) client: redis::Client,
     /// Kept alive for the whole run; stopped on drop.
     _throwaway_redis: Option<RedisServer>,
 }
@@ -50,6 +52,7 @@ impl Env {
         Ok(Env {
             redis,
             locker,
+            client,
             _throwaway_redis: throwaway,
         })
     }

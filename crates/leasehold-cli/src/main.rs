@@ -4,12 +4,15 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+mod bench;
 mod cli;
 mod demo;
 mod env;
 mod experiments;
 mod redact;
 mod report;
+mod server;
+mod waiting;
 mod wallet;
 
 fn main() -> ExitCode {

@@ -22,6 +22,9 @@ pub(crate) struct Report {
     pub(crate) extra: Map<String, Value>,
     /// Lines the experiment printed along the way (the human format only).
     pub(crate) notes: Vec<String>,
+    /// Printed first on the figures line, in the tutorial's words (the human
+    /// format only), e.g. `gave up=5`.
+    pub(crate) headline: Option<String>,
 }
 
 impl Report {
@@ -50,6 +53,7 @@ impl Report {
             errors: 0,
             extra: Map::new(),
             notes: Vec::new(),
+            headline: None,
         }
     }
 
@@ -70,6 +74,12 @@ impl Report {
     /// Adds an experiment-specific figure.
     pub(crate) fn extra(mut self, key: &str, value: impl Into<Value>) -> Report {
         self.extra.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// Starts the figures line with `text` (the human format only).
+    pub(crate) fn headline(mut self, text: String) -> Report {
+        self.headline = Some(text);
         self
     }
 
@@ -124,12 +134,13 @@ impl Report {
         }
         println!("{}", self.check_line());
         let figures: Vec<String> = self
-            .extra
+            .headline
             .iter()
-            .map(|(k, v)| match v {
+            .cloned()
+            .chain(self.extra.iter().map(|(k, v)| match v {
                 Value::String(s) => format!("{k}={s}"),
                 other => format!("{k}={other}"),
-            })
+            }))
             .chain((self.errors > 0).then(|| format!("errors={}", self.errors)))
             .chain(std::iter::once(format!(
                 "elapsed={}",
