@@ -86,25 +86,34 @@ type Waiters = Mutex<HashMap<String, mpsc::UnboundedSender<Signal>>>;
 ///   it connects, and registers a waiter locally before sending the script,
 ///   so a hand-off that lands before the script's reply is not missed either.
 /// - **Release** (`handoff_release.lua`) checks our token, pops the first
-///   live waiter, sets the lock to that waiter's token with that waiter's TTL
-///   (`SET K token PX ttl`), and publishes `g <token>` on its channel. The
-///   waiter holds the lease from that moment: no request of its own.
+///   live waiter, publishes `g <token> <key>` on its channel and sets the
+///   lock to that waiter's token with that waiter's TTL (`SET K token PX
+///   ttl`). The waiter holds the lease from that moment: no request of its
+///   own.
 /// - **Giving up** (deadline, cancel, retries exhausted, or the future
 ///   dropped) runs the release script in "leave" mode: it removes our entry
 ///   and, if the lock was handed to us meanwhile, passes it on.
-/// - **Fallback timer**: a waiter re-runs the acquire script at the latest
-///   when the holder's TTL (as last seen) runs out, and at least every half
-///   of its own TTL. That re-announces it (its entry expires one TTL after
-///   its last announcement), picks up a hand-off whose message was lost, and
-///   serves the queue when a holder died without releasing.
+/// - **Fallback timer**: a waiter re-runs the acquire script when the
+///   holder's TTL (as last seen) runs out, and at least once per TTL of its
+///   own. That picks up a hand-off whose message was lost, and serves the
+///   queue when a holder died without releasing. There is no per-waiter
+///   heartbeat: a waiter's liveness is checked when it is served (below).
 ///
 /// # Crash safety
 ///
-/// - A holder that dies stops nothing for longer than its TTL: the lock
-///   expires, and the next waiter re-check hands it on.
-/// - A waiter that dies stops re-announcing; its entry is skipped as stale at
-///   most one TTL after its last announcement. If the lock was handed to it
-///   before that, the lease it never used expires by its TTL.
+/// - A holder that dies blocks the key for at most its TTL: the lock
+///   expires, and the next waiter's re-check (due by then, see above) takes
+///   it or hands it on.
+/// - A waiter whose process dies has no subscriber on its channel any more;
+///   `PUBLISH` reports zero receivers, and the release drops it and serves
+///   the next one in the same step.
+/// - A waiter that gave up while a hand-off to it was in flight: its locker
+///   receives the hand-off, finds nobody to deliver it to, and leaves the
+///   queue on its behalf, passing the lock on.
+/// - Anything that still slips through (a process that is partitioned but
+///   not yet disconnected, a waiter future leaked with `mem::forget`) is
+///   handed a lease that ends with its TTL; queue entries expire at their
+///   owner's deadline.
 ///
 /// # Which design, and why
 ///
@@ -122,9 +131,15 @@ type Waiters = Mutex<HashMap<String, mpsc::UnboundedSender<Signal>>>;
 ///   same key takes the lock when it is free and ignores the queue (safe, but
 ///   not fair).
 /// - On Redis Cluster the three keys must share a slot: give the lock key a
-///   hash tag, such as `lock:{wallet:42}`.
-/// - If the pub/sub connection drops, waiters still get the lock through
-///   their fallback timer, only later; the locker does not reconnect it.
+///   hash tag, such as `lock:{wallet:42}`. There, `PUBLISH` counts only the
+///   subscribers on the node that runs the script, so a waiter connected to
+///   another node looks dead: use hand-off mode on a single node (or with
+///   every locker's pub/sub connection on the key's node).
+/// - If a locker's pub/sub connection drops, its waiters look dead to
+///   releases and are dropped from the queue; their fallback re-check (once
+///   per TTL) still takes the lock when it finds it free, so they are served
+///   late and out of order, never stuck. The locker does not reconnect it:
+///   build a new one.
 ///
 /// # Lease validity
 ///
@@ -198,7 +213,12 @@ impl<C: RedisConnection> HandoffLockerBuilder<C> {
             call::bounded("subscribe", "", deadline, self.client.get_async_pubsub()).await?;
         call::bounded("subscribe", "", deadline, pubsub.subscribe(&channel)).await?;
         let waiters: Arc<Waiters> = Arc::default();
-        let listener = tokio::spawn(route(pubsub.into_on_message(), waiters.clone()));
+        let listener = tokio::spawn(route(
+            pubsub.into_on_message(),
+            waiters.clone(),
+            self.locker.clone(),
+            self.style,
+        ));
         Ok(HandoffLocker {
             inner: Arc::new(HandoffInner {
                 locker: self.locker,
@@ -211,27 +231,38 @@ impl<C: RedisConnection> HandoffLockerBuilder<C> {
     }
 }
 
-/// Delivers each `g <token>` / `w <token>` message to the local waiter.
-async fn route(mut messages: redis::aio::PubSubStream, waiters: Arc<Waiters>) {
+/// Delivers each `g <token> <key>` / `w <token> <key>` message to the local
+/// waiter. A message for a waiter that is gone (it gave up, or its future
+/// was dropped or leaked) is answered by leaving the queue on its behalf,
+/// which passes the lock on.
+async fn route<C: RedisConnection>(
+    mut messages: redis::aio::PubSubStream,
+    waiters: Arc<Waiters>,
+    locker: Locker<C>,
+    style: HandoffStyle,
+) {
     while let Some(msg) = messages.next().await {
-        let payload = msg.get_payload_bytes();
-        let (signal, token) = match payload.split_first() {
-            Some((b'g', rest)) => (Signal::Granted, rest),
-            Some((b'w', rest)) => (Signal::Woken, rest),
-            _ => continue,
-        };
-        let Ok(token) = std::str::from_utf8(token.get(1..).unwrap_or_default()) else {
+        let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) else {
             continue;
+        };
+        let mut parts = payload.splitn(3, ' ');
+        let (Some(kind), Some(token), Some(key)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let signal = match kind {
+            "g" => Signal::Granted,
+            "w" => Signal::Woken,
+            _ => continue,
         };
         let sender = waiters
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(token)
             .cloned();
-        if let Some(sender) = sender {
-            // A waiter that already left drops its receiver; its leave
-            // script passes on anything granted to it.
-            let _ = sender.send(signal);
+        let delivered = sender.is_some_and(|s| s.send(signal).is_ok());
+        if !delivered && let Some(token) = LeaseToken::parse(token) {
+            spawn_leave(locker.clone(), key.to_owned(), token, style);
         }
     }
     tracing::warn!("hand-off pub/sub connection closed; waiters fall back to their re-check timer");
@@ -325,7 +356,8 @@ impl<C: RedisConnection> HandoffLocker<C> {
             attempts = attempts.saturating_add(1);
             counters.acquire_request();
             let call_deadline = deadline.min(sent_at + locker.command_timeout());
-            let request = self.try_or_enqueue(key, &token, px, call_deadline);
+            let lifetime = ttl_millis(deadline.saturating_duration_since(sent_at));
+            let request = self.try_or_enqueue(key, &token, px, lifetime, call_deadline);
             let outcome = match &opts.cancel {
                 Some(cancel) => tokio::select! {
                     biased;
@@ -371,6 +403,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
         key: &str,
         token: &LeaseToken,
         px: u64,
+        lifetime: u64,
         deadline: Instant,
     ) -> Result<Found> {
         let [queue, waiters] = queue_keys(key);
@@ -382,7 +415,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
             .arg(token)
             .arg(px)
             .arg(&self.inner.channel)
-            .arg(px);
+            .arg(lifetime.max(1));
         let (code, pttl): (i64, i64) =
             call::bounded("acquire", key, deadline, invocation.invoke_async(&mut conn)).await?;
         match code {

@@ -187,6 +187,17 @@ async fn a_dead_holder_and_a_dead_waiter_block_the_key_only_until_their_ttls() -
     }
     std::mem::forget(vanished);
 
+    // A waiter whose whole process died: its locker, and with it its pub/sub
+    // connection, is gone too.
+    let dead_process = handoff(&s, HandoffStyle::Grant).await?;
+    let mut vanished = Box::pin(dead_process.acquire_with(key, ttl, &opts));
+    tokio::select! {
+        got = &mut vanished => return Err(format!("the dead process got {got:?}").into()),
+        queued = until_queued(&mut conn, key, 2) => queued?,
+    }
+    std::mem::forget(vanished);
+    drop(dead_process);
+
     // The next live waiter must get the lock: after the holder's TTL, and
     // (if the lock was handed to the ghost first) the ghost's TTL.
     let live = handoff(&s, HandoffStyle::Grant).await?;

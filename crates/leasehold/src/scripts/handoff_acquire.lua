@@ -9,15 +9,17 @@
 -- ARGV[1]  our token
 -- ARGV[2]  the lease TTL in milliseconds
 -- ARGV[3]  the pub/sub channel that reaches us
--- ARGV[4]  how long our queue entry stays valid without a re-announce (ms)
+-- ARGV[4]  how long our queue entry stays valid (ms): our remaining wait
 --
 -- Returns {1, 0} when we took the lock now, {2, 0} when it had already been
 -- handed to us, {0, pttl} when we wait (pttl: the holder's remaining TTL in
 -- ms, or -1 when the lock is free but handed to a waiter ahead of us).
 --
--- Stale entries (owners that stopped re-announcing) are dropped as they
--- reach the head of the queue. Serving a waiter ahead of us means: set the
--- lock to its token with its TTL and PUBLISH "g <token>" on its channel.
+-- Stale entries (past their owner's deadline) are dropped as they reach the
+-- head of the queue. Serving a waiter ahead of us means: PUBLISH
+-- "g <token> <lock key>" on its channel and, if anyone received it, set the
+-- lock to its token with its TTL; a waiter whose channel has no subscriber
+-- (its process died) is dropped and the next one is tried.
 local time = redis.call("TIME")
 local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local now_ms = math.floor(now_us / 1000)
@@ -52,14 +54,19 @@ if holder == ARGV[1] then
 end
 if not holder then
   local head, ttl, channel = next_live()
+  while head ~= nil and head ~= ARGV[1] do
+    forget(head)
+    if redis.call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1]) > 0 then
+      redis.call("SET", KEYS[1], head, "PX", ttl)
+      break
+    end
+    head, ttl, channel = next_live()
+  end
   if head == nil or head == ARGV[1] then
     forget(ARGV[1])
     redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
     return {1, 0}
   end
-  forget(head)
-  redis.call("SET", KEYS[1], head, "PX", ttl)
-  redis.call("PUBLISH", channel, "g " .. head)
 end
 
 local lifetime = tonumber(ARGV[4])

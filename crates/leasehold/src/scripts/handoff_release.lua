@@ -1,16 +1,21 @@
 -- handoff_release.lua: give the lock to the first live waiter, or delete it
 -- when nobody waits. Also used by a waiter that gives up (ARGV[3] = "leave"):
--- it leaves the queue first, and if the lock was handed to it meanwhile, it
--- passes the lock on in the same step.
+-- it leaves the queue first, and if the lock was handed to it meanwhile (or
+-- is free with waiters queued), it serves the next waiter in the same step.
+--
+-- A waiter is live when its entry is not past its deadline and its channel
+-- has a subscriber (PUBLISH reports how many received the message); dead
+-- ones are dropped and the next one is tried.
 --
 -- KEYS[1]  the lock key
 -- KEYS[2]  the wait queue: ZSET of waiter tokens, scored by arrival (us)
 -- KEYS[3]  the waiters: HASH token -> "<expiry ms> <ttl ms> <channel>"
 -- ARGV[1]  the holder's (or leaving waiter's) token
--- ARGV[2]  "grant": set the lock to the next waiter's token with its TTL and
---          PUBLISH "g <token>" on its channel (the lease moves without a
---          round trip); "wake": delete the lock and PUBLISH "w <token>", so
---          the next waiter takes it with its own request
+-- ARGV[2]  "grant": PUBLISH "g <token> <lock key>" on the next waiter's
+--          channel and set the lock to its token with its TTL (the lease
+--          moves without a round trip); "wake": delete the lock and PUBLISH
+--          "w <token> <lock key>", so the next waiter takes it with its own
+--          request
 -- ARGV[3]  "leave" to first drop ARGV[1]'s own queue entry, else ""
 --
 -- Returns 0 when the lock did not hold ARGV[1] (expired or changed hands;
@@ -42,23 +47,40 @@ local function next_live()
   end
 end
 
+local function serve()
+  while true do
+    local head, ttl, channel = next_live()
+    if head == nil then
+      return false
+    end
+    if ARGV[2] == "grant" then
+      if redis.call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1]) > 0 then
+        forget(head)
+        redis.call("SET", KEYS[1], head, "PX", ttl)
+        return true
+      end
+    elseif redis.call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
+      return true
+    end
+    forget(head)
+  end
+end
+
 if ARGV[3] == "leave" then
   forget(ARGV[1])
 end
-if redis.call("GET", KEYS[1]) ~= ARGV[1] then
+local holder = redis.call("GET", KEYS[1])
+if holder ~= ARGV[1] then
+  if ARGV[3] == "leave" and not holder then
+    serve()
+  end
   return 0
 end
-local head, ttl, channel = next_live()
-if head == nil then
+if ARGV[2] == "wake" then
   redis.call("DEL", KEYS[1])
-  return 1
 end
-if ARGV[2] == "grant" then
-  forget(head)
-  redis.call("SET", KEYS[1], head, "PX", ttl)
-  redis.call("PUBLISH", channel, "g " .. head)
-else
-  redis.call("DEL", KEYS[1])
-  redis.call("PUBLISH", channel, "w " .. head)
+if serve() then
+  return 2
 end
-return 2
+redis.call("DEL", KEYS[1])
+return 1
