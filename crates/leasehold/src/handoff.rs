@@ -107,9 +107,9 @@ type Waiters = Mutex<HashMap<String, mpsc::UnboundedSender<Signal>>>;
 /// - A waiter whose process dies has no subscriber on its channel any more;
 ///   `PUBLISH` reports zero receivers, and the release drops it and serves
 ///   the next one in the same step.
-/// - A waiter that gave up while a hand-off to it was in flight: its locker
-///   receives the hand-off, finds nobody to deliver it to, and leaves the
-///   queue on its behalf, passing the lock on.
+/// - A waiter that gives up while a hand-off to it is in flight: its leave
+///   script runs after the hand-off (which then finds the lock holding its
+///   token and passes it on) or before it (and then no release can pick it).
 /// - Anything that still slips through (a process that is partitioned but
 ///   not yet disconnected, a waiter future leaked with `mem::forget`) is
 ///   handed a lease that ends with its TTL; queue entries expire at their
@@ -213,12 +213,7 @@ impl<C: RedisConnection> HandoffLockerBuilder<C> {
             call::bounded("subscribe", "", deadline, self.client.get_async_pubsub()).await?;
         call::bounded("subscribe", "", deadline, pubsub.subscribe(&channel)).await?;
         let waiters: Arc<Waiters> = Arc::default();
-        let listener = tokio::spawn(route(
-            pubsub.into_on_message(),
-            waiters.clone(),
-            self.locker.clone(),
-            self.style,
-        ));
+        let listener = tokio::spawn(route(pubsub.into_on_message(), waiters.clone()));
         Ok(HandoffLocker {
             inner: Arc::new(HandoffInner {
                 locker: self.locker,
@@ -232,22 +227,16 @@ impl<C: RedisConnection> HandoffLockerBuilder<C> {
 }
 
 /// Delivers each `g <token> <key>` / `w <token> <key>` message to the local
-/// waiter. A message for a waiter that is gone (it gave up, or its future
-/// was dropped or leaked) is answered by leaving the queue on its behalf,
-/// which passes the lock on.
-async fn route<C: RedisConnection>(
-    mut messages: redis::aio::PubSubStream,
-    waiters: Arc<Waiters>,
-    locker: Locker<C>,
-    style: HandoffStyle,
-) {
+/// waiter. A message for a waiter that is no longer registered is dropped:
+/// either it won the lock another way (a re-check found it handed over), or
+/// it gave up, and its leave script passes on anything granted to it.
+async fn route(mut messages: redis::aio::PubSubStream, waiters: Arc<Waiters>) {
     while let Some(msg) = messages.next().await {
         let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) else {
             continue;
         };
         let mut parts = payload.splitn(3, ' ');
-        let (Some(kind), Some(token), Some(key)) = (parts.next(), parts.next(), parts.next())
-        else {
+        let (Some(kind), Some(token)) = (parts.next(), parts.next()) else {
             continue;
         };
         let signal = match kind {
@@ -260,9 +249,8 @@ async fn route<C: RedisConnection>(
             .unwrap_or_else(PoisonError::into_inner)
             .get(token)
             .cloned();
-        let delivered = sender.is_some_and(|s| s.send(signal).is_ok());
-        if !delivered && let Some(token) = LeaseToken::parse(token) {
-            spawn_leave(locker.clone(), key.to_owned(), token, style);
+        if let Some(sender) = sender {
+            let _ = sender.send(signal);
         }
     }
     tracing::warn!("hand-off pub/sub connection closed; waiters fall back to their re-check timer");

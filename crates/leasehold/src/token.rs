@@ -34,15 +34,6 @@ impl LeaseToken {
         LeaseToken(out)
     }
 
-    /// A token as stored in Redis (32 lowercase hex characters), or `None`.
-    pub(crate) fn parse(text: &str) -> Option<LeaseToken> {
-        let bytes: [u8; 32] = text.as_bytes().try_into().ok()?;
-        bytes
-            .iter()
-            .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
-            .then_some(LeaseToken(bytes))
-    }
-
     /// The token as stored in Redis.
     pub fn as_str(&self) -> &str {
         // Only ASCII hex digits are ever written into the array.
@@ -91,8 +82,5 @@ mod tests {
             LeaseToken::from_bytes([0x00, 0xff, 0x10, 0xab, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
         assert_eq!(t.as_str(), "00ff10ab000000000000000000000001");
         assert_eq!(format!("{t:?}"), "LeaseToken(00ff10ab..)");
-        assert_eq!(LeaseToken::parse(t.as_str()), Some(t));
-        assert_eq!(LeaseToken::parse("00FF"), None);
-        assert_eq!(LeaseToken::parse(&"g".repeat(32)), None);
     }
 }
