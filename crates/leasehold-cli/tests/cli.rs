@@ -124,7 +124,7 @@ fn backoff_with_handoff_reports_its_figures_without_polling() -> TestResult {
     assert_backoff_figures(r);
     assert_eq!(r["mode"], "hand-off");
     // One request to join or take, one to release: no polling (the
-    // fallback timer, at half the 2 s TTL, cannot fire in this run).
+    // fallback timer, once per 2 s TTL, cannot fire in this run).
     assert_eq!(r["round_trips"], 100, "{r}");
     Ok(())
 }
@@ -140,6 +140,38 @@ fn backoff_human_output_has_the_tutorials_lines() -> TestResult {
     );
     assert!(stdout.contains("gave up=0 "), "{stdout}");
     assert!(stdout.contains("elapsed="), "{stdout}");
+    Ok(())
+}
+
+#[test]
+fn bench_uncontended_smoke_prints_its_fields() -> TestResult {
+    let out = leasehold(&[
+        "bench",
+        "uncontended",
+        "--duration",
+        "50ms",
+        "--rounds",
+        "1",
+        "--tasks",
+        "4",
+        "--json",
+    ])?;
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_str(stdout.trim())?;
+    assert_eq!(r["bench"], "uncontended", "{r}");
+    for key in [
+        "library_pairs_per_s",
+        "raw_pairs_per_s",
+        "overhead_ratio",
+        "many_keys_pairs_per_s",
+    ] {
+        assert!(r[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {r}");
+    }
     Ok(())
 }
 

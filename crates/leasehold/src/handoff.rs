@@ -363,9 +363,10 @@ impl<C: RedisConnection> HandoffLocker<C> {
             if waits.next().is_none() {
                 return Err(give_up(attempts, GiveUpReason::RetriesExhausted));
             }
-            let recheck = holder_left.map_or(ttl / 2, |left| {
-                (left + Duration::from_millis(1)).min(ttl / 2)
-            });
+            // Due no later than the holder's expiry (as last seen), so a dead
+            // holder is noticed at once; at least once per TTL of our own.
+            let recheck =
+                holder_left.map_or(ttl, |left| (left + Duration::from_millis(1)).min(ttl));
             let wake = deadline.min(Instant::now() + recheck);
             let cancelled = async {
                 match &opts.cancel {

@@ -29,6 +29,12 @@
 //!   [`Error::Timeout`].
 //! - Bad input ([`Error::InvalidTtl`], [`Error::InvalidKey`]) is rejected
 //!   before any I/O.
+//! - Giving up is always [`Error::NotAcquired`] with its [`GiveUpReason`],
+//!   whatever the retry strategy and options (and in hand-off mode).
+//! - In hand-off mode ([`HandoffLocker`]) waiters are served in arrival
+//!   order, each release hands the lock to the next live waiter in the same
+//!   atomic step, and a holder or waiter that dies blocks the key for at most
+//!   one TTL.
 
 mod call;
 mod error;

@@ -250,7 +250,7 @@ async fn giving_up_is_not_acquired_with_its_reason_and_leaves_the_queue() -> Tes
         "{err:?}"
     );
 
-    // Two attempts: the join, then one fallback re-check (after ttl / 2).
+    // Two attempts: the join, then one fallback re-check (after one ttl).
     let opts = AcquireOptions::new().retry(RetryStrategy::default().max_attempts(2));
     let err = locker
         .acquire_with(key, Duration::from_millis(100), &opts)
@@ -288,6 +288,57 @@ async fn giving_up_is_not_acquired_with_its_reason_and_leaves_the_queue() -> Tes
         ),
         "{err:?}"
     );
+
+    // Whatever the strategy, the same variant and reason.
+    for strategy in [
+        RetryStrategy::none(),
+        RetryStrategy::default(),
+        RetryStrategy::exponential(Duration::from_millis(16), Duration::from_millis(128))
+            .with_full_jitter(),
+        RetryStrategy::decorrelated_jitter(Duration::from_millis(5), Duration::from_millis(50)),
+    ] {
+        let opts = AcquireOptions::new()
+            .retry(strategy)
+            .wait(Duration::from_millis(30));
+        let err = locker.acquire_with(key, SECOND, &opts).await.err();
+        let want = if strategy == RetryStrategy::none() {
+            GiveUpReason::RetriesExhausted
+        } else {
+            GiveUpReason::DeadlineExpired
+        };
+        assert!(
+            matches!(err, Some(Error::NotAcquired { reason, .. }) if reason == want),
+            "{strategy:?}: {err:?}"
+        );
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let opts = AcquireOptions::new().retry(strategy).cancel(cancel);
+        let err = locker.acquire_with(key, SECOND, &opts).await.err();
+        assert!(
+            matches!(
+                err,
+                Some(Error::NotAcquired {
+                    reason: GiveUpReason::Cancelled,
+                    attempts: 0,
+                    ..
+                })
+            ),
+            "{strategy:?}: {err:?}"
+        );
+        let opts = AcquireOptions::new().retry(strategy.max_attempts(1));
+        let err = locker.acquire_with(key, SECOND, &opts).await.err();
+        assert!(
+            matches!(
+                err,
+                Some(Error::NotAcquired {
+                    reason: GiveUpReason::RetriesExhausted,
+                    attempts: 1,
+                    ..
+                })
+            ),
+            "{strategy:?}: {err:?}"
+        );
+    }
 
     // Every waiter that gave up left the queue, so the release deletes the
     // lock instead of handing it to someone who is gone.
