@@ -377,3 +377,31 @@ async fn a_late_release_spares_the_successor() -> TestResult {
     b.release().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_dropped_handoff_lease_is_handed_on_in_the_background() -> TestResult {
+    let s = setup().await?;
+    let key = "t:handoff:drop";
+    let locker = handoff(&s, HandoffStyle::Grant).await?;
+    let mut conn = s.conn.clone();
+    let lease = locker
+        .acquire_with(key, 60 * SECOND, &AcquireOptions::new())
+        .await?;
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            locker.acquire_with(key, 60 * SECOND, &opts).await
+        })
+    };
+    until_queued(&mut conn, key, 1).await?;
+    // Only the background hand-on can pass a 60 s lease on within HUNG.
+    drop(lease);
+    let next = tokio::time::timeout(HUNG, waiter).await???;
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, next.token().as_str());
+    next.release().await?;
+    let left: bool = conn.exists(key).await?;
+    assert!(!left);
+    Ok(())
+}
