@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::env::Env;
 use crate::report::Report;
-use crate::{demo, experiments};
+use crate::{bench, demo, experiments};
 
 /// Reproduces the experiments of the Redis distributed-locks tutorial against
 /// real servers, and checks the final balance against what was accepted.
@@ -56,6 +56,9 @@ pub(crate) enum Command {
     /// Step 3: work longer than the lease's TTL (shows BROKEN), and the same
     /// with --watchdog (refresh every ttl/3, cancel lost work: shows OK).
     Ttl(TtlArgs),
+    /// Step 4: 50 callers with exponential backoff (thundering herd), full
+    /// jitter, or hand-off mode; prints how many gave up.
+    Backoff(BackoffArgs),
     /// Step 5: a holder paused past its lease writes late; PostgreSQL refuses
     /// its fencing token (shows OK; --unfenced shows the lost update, BROKEN).
     Fencing(FencingArgs),
@@ -77,6 +80,9 @@ pub(crate) enum Command {
     /// Always starts its own throwaway servers, because it pauses or kills
     /// one; --redis-url is ignored.
     Redlock(RedlockArgs),
+    /// Performance benchmarks (build with --release); see BENCHMARKS.md.
+    #[command(subcommand)]
+    Bench(bench::Bench),
     /// Runs every experiment in tutorial order and checks each shows what the
     /// tutorial shows; exits non-zero if one does not.
     Demo,
@@ -313,6 +319,37 @@ impl Default for VerifyArgs {
     }
 }
 
+/// Flags of the backoff experiment.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct BackoffArgs {
+    #[command(flatten)]
+    pub(crate) lock: LockArgs,
+    /// Randomise each wait: full jitter, a random wait in [1ms, d + 1ms).
+    #[arg(long, conflicts_with = "handoff")]
+    pub(crate) jitter: bool,
+    /// Shortest backoff.
+    #[arg(long, default_value = "16ms", value_parser = parse_duration)]
+    pub(crate) min: Duration,
+    /// Longest backoff.
+    #[arg(long, default_value = "128ms", value_parser = parse_duration)]
+    pub(crate) max: Duration,
+    /// Wait in a FIFO queue and be handed the lock on release (no polling).
+    #[arg(long)]
+    pub(crate) handoff: bool,
+}
+
+impl Default for BackoffArgs {
+    fn default() -> Self {
+        BackoffArgs {
+            lock: LockArgs::default(),
+            jitter: false,
+            min: Duration::from_millis(16),
+            max: Duration::from_millis(128),
+            handoff: false,
+        }
+    }
+}
+
 /// Parses `2ms`, `1.5s`, `100ms`, `2m`.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|err| format!("{err} (examples: 2ms, 1.5s, 100ms)"))
@@ -377,6 +414,14 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let env = Env::connect(&global).await?;
     match &cli.command {
         Command::Demo => demo::run(&env).await,
+        Command::Bench(bench::Bench::Contention(args)) => {
+            bench::contention::run(&env, args, cli.global.json).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(bench::Bench::Uncontended(args)) => {
+            bench::uncontended::run(&env, args, cli.global.json).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Race(args) => repeat(&cli.global, || experiments::race::run(&env, args)).await,
         Command::Lock(args) => repeat(&cli.global, || experiments::lock::run(&env, args)).await,
         Command::Ttl(args) => repeat(&cli.global, || experiments::ttl::run(&env, args)).await,
@@ -389,6 +434,9 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Redlock(args) => {
             repeat(&cli.global, || experiments::redlock::run(&env, args)).await
+        }
+        Command::Backoff(args) => {
+            repeat(&cli.global, || experiments::backoff::run(&env, args)).await
         }
     }
 }

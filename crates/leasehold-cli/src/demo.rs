@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::cli::{
-    FailoverArgs, FencingArgs, LockArgs, RedlockArgs, SpendArgs, TtlArgs, VerifyArgs, WriteMode,
+    BackoffArgs, FailoverArgs, FencingArgs, LockArgs, RedlockArgs, SpendArgs, TtlArgs, VerifyArgs,
+    WriteMode,
 };
 use crate::env::Env;
 use crate::experiments;
@@ -95,6 +96,39 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<ExitCode> {
             },
         )
         .await?,
+    );
+    add(
+        "4",
+        "backoff: exponential 16..128ms, no jitter",
+        "accepted=10 balance=0 expected=0 OK, gave up=0..5",
+        Shows::Ok,
+        experiments::backoff::run(env, &BackoffArgs::default()).await?,
+    );
+    let jitter = BackoffArgs {
+        jitter: true,
+        ..BackoffArgs::default()
+    };
+    let report = experiments::backoff::run(env, &jitter).await?;
+    let none_gave_up = report.extra.get("gave_up").and_then(|v| v.as_u64()) == Some(0);
+    add(
+        "4",
+        "backoff: full jitter",
+        "accepted=10 balance=0 expected=0 OK, gave up=0",
+        Shows::Ok,
+        report.require(none_gave_up),
+    );
+    let handoff = BackoffArgs {
+        handoff: true,
+        ..BackoffArgs::default()
+    };
+    let report = experiments::backoff::run(env, &handoff).await?;
+    let none_gave_up = report.extra.get("gave_up").and_then(|v| v.as_u64()) == Some(0);
+    add(
+        "4",
+        "backoff: hand-off (FIFO, no polling)",
+        "(beyond the tutorial) OK, gave up=0",
+        Shows::Ok,
+        report.require(none_gave_up),
     );
     add(
         "5",
@@ -224,7 +258,10 @@ fn print_table(rows: &[Row]) {
                 r.step.to_owned(),
                 r.what.to_owned(),
                 r.tutorial.to_owned(),
-                r.report.check_line(),
+                match &r.report.headline {
+                    Some(h) => format!("{}, {h}", r.report.check_line()),
+                    None => r.report.check_line(),
+                },
                 if r.matches { "yes" } else { "NO" }.to_owned(),
             ]
         })

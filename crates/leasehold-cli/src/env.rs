@@ -28,6 +28,8 @@ pub(crate) struct Env {
     database_url: Option<String>,
     /// Opened by the first experiment that needs PostgreSQL, never before.
     postgres: OnceCell<Postgres>,
+    /// Opens further connections (the hand-off pub/sub connection).
+    pub(crate) client: redis::Client,
     /// Kept alive for the whole run; stopped on drop.
     _throwaway_redis: Option<RedisServer>,
 }
@@ -70,6 +72,7 @@ impl Env {
             locker,
             database_url: global.database_url.clone(),
             postgres: OnceCell::new(),
+            client,
             _throwaway_redis: throwaway,
         })
     }

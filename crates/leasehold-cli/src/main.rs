@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+mod bench;
 mod cli;
 mod demo;
 mod env;
@@ -11,6 +12,8 @@ mod experiments;
 mod ledger;
 mod redact;
 mod report;
+mod server;
+mod waiting;
 mod wallet;
 
 fn main() -> ExitCode {

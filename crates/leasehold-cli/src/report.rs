@@ -30,6 +30,9 @@ pub(crate) struct Report {
     pub(crate) notes: Vec<String>,
     /// Lines printed right after the check line (the human format only).
     pub(crate) after: Vec<String>,
+    /// Printed first on the figures line, in the tutorial's words (the human
+    /// format only), e.g. `gave up=5`.
+    pub(crate) headline: Option<String>,
 }
 
 impl Report {
@@ -61,6 +64,7 @@ impl Report {
             tutorial_also: true,
             notes: Vec::new(),
             after: Vec::new(),
+            headline: None,
         }
     }
 
@@ -120,6 +124,12 @@ impl Report {
         self
     }
 
+    /// Starts the figures line with `text` (the human format only).
+    pub(crate) fn headline(mut self, text: String) -> Report {
+        self.headline = Some(text);
+        self
+    }
+
     /// Adds a condition the run must meet to be OK.
     pub(crate) fn require(mut self, holds: bool) -> Report {
         self.ok &= holds;
@@ -174,16 +184,17 @@ impl Report {
             println!("{line}");
         }
         let figures: Vec<String> = self
-            .shown
+            .headline
             .iter()
-            .filter_map(|(key, label)| {
+            .cloned()
+            .chain(self.shown.iter().filter_map(|(key, label)| {
                 let value = self.extra.get(key)?;
                 let name = label.unwrap_or(key);
                 Some(match value {
                     Value::String(s) => format!("{name}={s}"),
                     other => format!("{name}={other}"),
                 })
-            })
+            }))
             .chain((self.errors > 0).then(|| format!("errors={}", self.errors)))
             .chain(std::iter::once(format!(
                 "elapsed={}",

@@ -85,6 +85,96 @@ fn flags_change_the_workload() -> TestResult {
     Ok(())
 }
 
+fn assert_backoff_figures(r: &Value) {
+    assert_eq!(r["experiment"], "backoff", "{r}");
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["accepted"], 10, "{r}");
+    assert_eq!(r["balance"], 0, "{r}");
+    assert_eq!(r["errors"], 0, "{r}");
+    assert_eq!(r["gave_up"], 0, "{r}");
+    assert_eq!(r["acquisitions"], 50, "{r}");
+    let round_trips = r["round_trips"].as_u64().unwrap_or(0);
+    // At least one request to take and one to give back each lease.
+    assert!(round_trips >= 100, "{r}");
+    assert!(
+        r["redis_cpu_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+        "{r}"
+    );
+    assert!(
+        r["utilisation"]
+            .as_f64()
+            .is_some_and(|u| u > 0.0 && u <= 1.0),
+        "{r}"
+    );
+}
+
+#[test]
+fn backoff_with_jitter_reports_its_figures() -> TestResult {
+    let reports = runs(&["backoff", "--jitter"])?;
+    assert_eq!(reports.len(), 1);
+    assert_backoff_figures(&reports[0]);
+    assert_eq!(reports[0]["mode"], "full jitter");
+    Ok(())
+}
+
+#[test]
+fn backoff_with_handoff_reports_its_figures_without_polling() -> TestResult {
+    let reports = runs(&["backoff", "--handoff"])?;
+    let r = &reports[0];
+    assert_backoff_figures(r);
+    assert_eq!(r["mode"], "hand-off");
+    // One request to join or take, one to release: no polling (the
+    // fallback timer, once per 2 s TTL, cannot fire in this run).
+    assert_eq!(r["round_trips"], 100, "{r}");
+    Ok(())
+}
+
+#[test]
+fn backoff_human_output_has_the_tutorials_lines() -> TestResult {
+    let out = leasehold(&["backoff", "--handoff", "-n", "5", "--initial", "20"])?;
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("accepted=2 balance=0 expected=0 OK"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("gave up=0 "), "{stdout}");
+    assert!(stdout.contains("elapsed="), "{stdout}");
+    Ok(())
+}
+
+#[test]
+fn bench_uncontended_smoke_prints_its_fields() -> TestResult {
+    let out = leasehold(&[
+        "bench",
+        "uncontended",
+        "--duration",
+        "50ms",
+        "--rounds",
+        "1",
+        "--tasks",
+        "4",
+        "--json",
+    ])?;
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_str(stdout.trim())?;
+    assert_eq!(r["bench"], "uncontended", "{r}");
+    for key in [
+        "library_pairs_per_s",
+        "raw_pairs_per_s",
+        "overhead_ratio",
+        "many_keys_pairs_per_s",
+    ] {
+        assert!(r[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {r}");
+    }
+    Ok(())
+}
+
 #[test]
 fn ttl_without_the_watchdog_breaks_and_every_release_is_refused() -> TestResult {
     let reports = runs(&["ttl"])?;
@@ -148,6 +238,8 @@ fn demo_matches_the_tutorial() -> TestResult {
         "{stdout}"
     );
     assert!(!stdout.contains(" NO"), "{stdout}");
+    assert!(stdout.contains("backoff: full jitter"), "{stdout}");
+    assert!(stdout.contains("backoff: hand-off"), "{stdout}");
     Ok(())
 }
 

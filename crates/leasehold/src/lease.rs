@@ -13,6 +13,7 @@ use crate::RedisConnection;
 use crate::compare::Step;
 use crate::error::{Error, Result};
 use crate::fencing::FencingToken;
+use crate::handoff::HandoffStyle;
 use crate::locker::{Locker, check_ttl};
 use crate::token::LeaseToken;
 use crate::watchdog::{self, LostCause, Shared};
@@ -47,6 +48,16 @@ pub struct Lease<C: RedisConnection = MultiplexedConnection> {
     watchdog: Option<AbortOnDropHandle<()>>,
     fence: Option<FencingToken>,
     released: bool,
+    kind: ReleaseKind,
+}
+
+/// How a lease gives its lock back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseKind {
+    /// Compare-and-delete.
+    Plain,
+    /// Hand the lock to the next waiter in the queue (hand-off mode).
+    Handoff(HandoffStyle),
 }
 
 impl<C: RedisConnection> std::fmt::Debug for Lease<C> {
@@ -81,6 +92,7 @@ impl<C: RedisConnection> Lease<C> {
             watchdog: None,
             fence: None,
             released: false,
+            kind: ReleaseKind::Plain,
         }
     }
 
@@ -96,6 +108,12 @@ impl<C: RedisConnection> Lease<C> {
     /// or below the highest it has accepted.
     pub fn fence(&self) -> Option<FencingToken> {
         self.fence
+    }
+
+    /// Makes the lease give its lock back the `kind` way.
+    pub(crate) fn with_release(mut self, kind: ReleaseKind) -> Self {
+        self.kind = kind;
+        self
     }
 
     /// The lock key.
@@ -286,7 +304,9 @@ impl<C: RedisConnection> Lease<C> {
 
     /// Stops the watchdog, cancels the [`watch`](Self::watch) token, and
     /// deletes the lock if it still holds this lease's token
-    /// (`DELEX key IFEQ token` on Redis 8.4+, a Lua script before).
+    /// (`DELEX key IFEQ token` on Redis 8.4+, a Lua script before). A lease
+    /// taken through a [`HandoffLocker`](crate::HandoffLocker) instead
+    /// passes the lock to the next waiter, in the same atomic step.
     ///
     /// Bounded by the locker's command timeout. A lease the watchdog found
     /// [`Unreachable`](LostCause::Unreachable) may still be in Redis, so
@@ -305,11 +325,7 @@ impl<C: RedisConnection> Lease<C> {
         self.released = true;
         self.end();
         let deadline = Instant::now() + self.locker.command_timeout();
-        if self
-            .locker
-            .release_token(&self.key, &self.token, deadline)
-            .await?
-        {
+        if release(&self.locker, &self.key, &self.token, self.kind, deadline).await? {
             Ok(())
         } else {
             Err(Error::NotHeld {
@@ -323,17 +339,43 @@ impl<C: RedisConnection> Drop for Lease<C> {
     fn drop(&mut self) {
         self.end();
         if !self.released {
-            spawn_release(
+            spawn_release_kind(
                 self.locker.clone(),
                 std::mem::take(&mut self.key),
                 self.token.clone(),
+                self.kind,
             );
+        }
+    }
+}
+
+async fn release<C: RedisConnection>(
+    locker: &Locker<C>,
+    key: &str,
+    token: &LeaseToken,
+    kind: ReleaseKind,
+    deadline: Instant,
+) -> Result<bool> {
+    match kind {
+        ReleaseKind::Plain => locker.release_token(key, token, deadline).await,
+        ReleaseKind::Handoff(style) => {
+            crate::handoff::release(locker, key, token, style, false, deadline).await
         }
     }
 }
 
 /// Best-effort background release; never blocks, never panics.
 pub(crate) fn spawn_release<C: RedisConnection>(locker: Locker<C>, key: String, token: LeaseToken) {
+    spawn_release_kind(locker, key, token, ReleaseKind::Plain);
+}
+
+/// [`spawn_release`] for a lease of any kind.
+pub(crate) fn spawn_release_kind<C: RedisConnection>(
+    locker: Locker<C>,
+    key: String,
+    token: LeaseToken,
+    kind: ReleaseKind,
+) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(
             key,
@@ -343,7 +385,7 @@ pub(crate) fn spawn_release<C: RedisConnection>(locker: Locker<C>, key: String, 
     };
     runtime.spawn(async move {
         let deadline = Instant::now() + locker.command_timeout();
-        match locker.release_token(&key, &token, deadline).await {
+        match release(&locker, &key, &token, kind, deadline).await {
             Ok(true) => tracing::debug!(key, "released dropped lease"),
             Ok(false) => tracing::debug!(key, "dropped lease had already expired"),
             Err(err) => tracing::warn!(key, error = %err, "could not release dropped lease; the ttl will end it"),

@@ -40,12 +40,19 @@
 //!   [`FencingToken`] on failover).
 //! - Bad input ([`Error::InvalidTtl`], [`Error::InvalidKey`],
 //!   [`Error::KeysInDifferentSlots`]) is rejected before any I/O.
+//! - Giving up is always [`Error::NotAcquired`] with its [`GiveUpReason`],
+//!   whatever the retry strategy and options (and in hand-off mode).
+//! - In hand-off mode ([`HandoffLocker`]) waiters are served in arrival
+//!   order, each release hands the lock to the next live waiter in the same
+//!   atomic step, and a holder or waiter that dies blocks the key for at most
+//!   one TTL.
 
 mod call;
 mod compare;
 pub mod diagnostics;
 mod error;
 mod fencing;
+mod handoff;
 mod lease;
 mod locker;
 mod options;
@@ -54,11 +61,16 @@ mod replicas;
 mod retry;
 mod rounds;
 mod scripts;
+mod stats;
+
+#[cfg(test)]
+mod give_up_tests;
 mod token;
 pub mod watchdog;
 
 pub use error::{Error, GiveUpReason, Result};
 pub use fencing::{FencedKeys, FencingToken};
+pub use handoff::{HandoffLocker, HandoffLockerBuilder, HandoffStyle};
 pub use lease::Lease;
 pub use locker::{DEFAULT_COMMAND_TIMEOUT, Locker, LockerBuilder, MAX_TTL, connect};
 pub use options::{AcquireOptions, DEFAULT_WAIT};
@@ -66,6 +78,7 @@ pub use quorum::{
     DEFAULT_NODE_TIMEOUT, Quorum, QuorumBuilder, QuorumLease, drift, majority, validity,
 };
 pub use retry::{RetryStrategy, Waits};
+pub use stats::LockerStats;
 pub use token::LeaseToken;
 pub use watchdog::LostCause;
 

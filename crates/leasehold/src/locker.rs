@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::options::AcquireOptions;
 pub(crate) use crate::rounds::{self, Attempt};
+use crate::stats::{Counters, LockerStats};
 use crate::token::LeaseToken;
 use crate::{RedisConnection, RetryStrategy, call};
 
@@ -43,6 +44,7 @@ pub(crate) struct Inner<C> {
     set_nx_get: AtomicBool,
     /// Whether release and refresh use Redis 8.4 commands or Lua.
     pub(crate) compare: crate::compare::Detected,
+    pub(crate) counters: Counters,
 }
 
 impl<C> std::fmt::Debug for Locker<C> {
@@ -159,6 +161,7 @@ impl<C: RedisConnection> Locker<C> {
                 command_timeout,
                 set_nx_get: AtomicBool::new(true),
                 compare: crate::compare::Detected::default(),
+                counters: Counters::default(),
             }),
         }
     }
@@ -175,6 +178,11 @@ impl<C: RedisConnection> Locker<C> {
     /// [`LockerBuilder::command_timeout`].
     pub fn command_timeout(&self) -> Duration {
         self.inner.command_timeout
+    }
+
+    /// What this locker and its clones have asked of Redis so far.
+    pub fn stats(&self) -> LockerStats {
+        self.inner.counters.snapshot()
     }
 
     /// Takes the lease on `key` for `ttl`, waiting with the default
@@ -267,16 +275,25 @@ impl<C: RedisConnection> Locker<C> {
         key: &str,
         token: &LeaseToken,
         opts: &AcquireOptions,
-        attempt: F,
+        mut attempt: F,
     ) -> Result<(T, Instant)>
     where
         F: FnMut(Instant) -> Fut,
         Fut: Future<Output = Result<Attempt<T>>>,
     {
-        rounds::acquire_rounds(key, opts, self.inner.command_timeout, attempt, || {
-            crate::lease::spawn_release(self.clone(), key.to_owned(), token.clone());
-        })
-        .await
+        let (won, sent_at) = rounds::acquire_rounds(
+            key,
+            opts,
+            self.inner.command_timeout,
+            |deadline| {
+                self.inner.counters.acquire_request();
+                attempt(deadline)
+            },
+            || crate::lease::spawn_release(self.clone(), key.to_owned(), token.clone()),
+        )
+        .await?;
+        self.inner.counters.acquisition();
+        Ok((won, sent_at))
     }
 
     /// One `SET key token NX PX ttl` round trip.
@@ -329,6 +346,7 @@ impl<C: RedisConnection> Locker<C> {
         token: &LeaseToken,
         deadline: Instant,
     ) -> Result<bool> {
+        self.inner.counters.release_request();
         self.token_checked(crate::compare::Step::Release, key, token, deadline)
             .await
     }

@@ -10,6 +10,37 @@
 //! Why randomise? Callers that fail together and back off on the same schedule
 //! wake together: every round one of them wins and the rest collide again (a
 //! thundering herd). Spreading the waits at random breaks the lockstep.
+//!
+//! Why wait at all? Every polling strategy sends a request per wait per
+//! waiter, and lets a lucky caller win again and again. When many callers
+//! queue on one key, the hand-off mode ([`HandoffLocker`](crate::HandoffLocker))
+//! wakes exactly one waiter per release instead.
+//!
+//! # The strategies
+//!
+//! | builder | waits (before jitter) |
+//! |---|---|
+//! | [`none`](RetryStrategy::none) | none: one attempt |
+//! | [`constant(d)`](RetryStrategy::constant) | `d, d, d, ...` |
+//! | [`linear(step, max)`](RetryStrategy::linear) | `step, 2 step, 3 step, ...` capped at `max` |
+//! | [`exponential(min, max)`](RetryStrategy::exponential) | `min, 2 min, 4 min, ...` capped at `max` |
+//! | [`uniform(min, max)`](RetryStrategy::uniform) | random in `[min, max)` |
+//! | [`decorrelated_jitter(min, max)`](RetryStrategy::decorrelated_jitter) | random in `[min, 3 previous)`, capped at `max` |
+//!
+//! [`with_full_jitter`](RetryStrategy::with_full_jitter) replaces any wait `d`
+//! with a random wait in `[1 ms, d + 1 ms)`, and
+//! [`max_attempts`](RetryStrategy::max_attempts) bounds the number of tries.
+//!
+//! ## Exponential backoff and bsm/redislock
+//!
+//! bsm/redislock's `ExponentialBackoff(16ms, 128ms)` waits `2^(n+1)` ms
+//! clamped to `[min, max]`: 16 ms three times (4 and 8 are raised to the
+//! minimum), then 32, 64, and 128 ms from then on. Ours doubles from `min`:
+//! 16, 32, 64, then 128 ms. We do not copy redislock's schedule: it depends on
+//! absolute millisecond powers of two rather than on `min` (a 1 s minimum
+//! would repeat nine times before growing). Both are deterministic, so both
+//! produce the same lockstep herd under contention, which is the point of
+//! the tutorial's Step 4.
 
 use std::time::Duration;
 
@@ -65,7 +96,8 @@ impl RetryStrategy {
         RetryStrategy::from_base(Base::Linear { step, max })
     }
 
-    /// `min`, `2 * min`, `4 * min`, ... capped at `max`. Deterministic: every
+    /// `min`, `2 * min`, `4 * min`, ... capped at `max` (see the module docs
+    /// for how this differs from bsm/redislock). Deterministic: every
     /// caller that failed at the same moment retries at the same moment.
     /// Combine with [`with_full_jitter`](Self::with_full_jitter) under
     /// contention.
@@ -193,6 +225,30 @@ mod tests {
         let got = take(RetryStrategy::exponential(16 * MS, 128 * MS), 6);
         let want: Vec<_> = [16, 32, 64, 128, 128, 128].map(|m| m * MS).into();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn exponential_is_not_redislocks_schedule() {
+        // redislock: 16, 16, 16, 32, 64, 128; ours reaches the cap sooner.
+        let got = take(RetryStrategy::exponential(16 * MS, 128 * MS), 4);
+        assert_ne!(got[1], 16 * MS);
+        assert_eq!(got[3], 128 * MS);
+    }
+
+    #[test]
+    fn waits_never_fall_below_min_even_when_max_is_smaller() {
+        let got = take(RetryStrategy::exponential(20 * MS, 10 * MS), 3);
+        assert_eq!(got, vec![20 * MS; 3]);
+    }
+
+    #[test]
+    fn jittered_sequences_repeat_with_a_seed_and_differ_across_seeds() {
+        let s = RetryStrategy::exponential(16 * MS, 128 * MS).with_full_jitter();
+        let a: Vec<_> = s.waits_seeded(1).take(30).collect();
+        let b: Vec<_> = s.waits_seeded(1).take(30).collect();
+        let c: Vec<_> = s.waits_seeded(2).take(30).collect();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
     }
 
     #[test]

@@ -33,3 +33,11 @@ pub(crate) static QUORUM_FENCE: LazyLock<Script> =
 /// Lock plus fencing token in one step: see `scripts/acquire_fenced.lua`.
 pub(crate) static ACQUIRE_FENCED: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/acquire_fenced.lua")));
+
+/// Hand-off mode, try-or-enqueue: see `scripts/handoff_acquire.lua`.
+pub(crate) static HANDOFF_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/handoff_acquire.lua")));
+
+/// Hand-off mode, release to the next waiter: see `scripts/handoff_release.lua`.
+pub(crate) static HANDOFF_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/handoff_release.lua")));

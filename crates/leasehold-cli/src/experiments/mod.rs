@@ -1,5 +1,6 @@
 //! One module per experiment of the tutorial.
 
+pub(crate) mod backoff;
 pub(crate) mod failover;
 pub(crate) mod fencing;
 pub(crate) mod lock;

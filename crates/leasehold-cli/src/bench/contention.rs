@@ -1,0 +1,421 @@
+//! `bench contention`: n callers on one key, each way of waiting side by
+//! side, three workloads per round:
+//!
+//! - **burst**: every caller takes the lock once and holds it for `--work`;
+//! - **tutorial**: the wallet of Step 4 (`--initial` 100: 10 pay, the rest
+//!   are refused), elapsed time only;
+//! - **timed**: every caller loops (take, hold `--work`, release) for
+//!   `--duration`; fairness is max/min acquisitions per caller.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use leasehold::{
+    AcquireOptions, CancellationToken, Error, GiveUpReason, HandoffStyle, RetryStrategy,
+};
+use serde_json::{Map, Value, json};
+use tokio::sync::Barrier;
+use tokio::time::Instant;
+
+use super::{ContentionArgs, median, round3};
+use crate::env::Env;
+use crate::server;
+use crate::waiting::{Meter, Mode, Waiter, clear, exponential, utilisation};
+use crate::wallet::{Wallet, hammer};
+
+const KEY: &str = "lock:bench:contention";
+const TTL: Duration = Duration::from_secs(2);
+const MS: Duration = Duration::from_millis(1);
+
+/// The ways of waiting, in the order they are reported.
+pub(crate) fn modes() -> [Mode; 5] {
+    [
+        Mode::Poll("exponential", exponential(16 * MS, 128 * MS, false)),
+        Mode::Poll("jittered", exponential(16 * MS, 128 * MS, true)),
+        Mode::Poll(
+            "tuned",
+            RetryStrategy::exponential(MS, 10 * MS).with_full_jitter(),
+        ),
+        Mode::Handoff("hand-off", HandoffStyle::Grant),
+        Mode::Handoff("hand-off-wake", HandoffStyle::Wake),
+    ]
+}
+
+/// One workload's figures in one round.
+#[derive(Debug, Default, Clone)]
+struct Figures {
+    elapsed: Duration,
+    held: Duration,
+    acquisitions: u64,
+    requests: u64,
+    cpu: Duration,
+    gap_p50: Option<Duration>,
+    gap_p99: Option<Duration>,
+    gave_up: u64,
+    fairness: Option<f64>,
+}
+
+impl Figures {
+    fn per_acquisition(&self, x: f64) -> f64 {
+        if self.acquisitions == 0 {
+            return f64::NAN;
+        }
+        x / self.acquisitions as f64
+    }
+
+    fn metrics(&self) -> Vec<(&'static str, f64)> {
+        let us = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e6);
+        vec![
+            ("elapsed_ms", self.elapsed.as_secs_f64() * 1e3),
+            ("held_ms", self.held.as_secs_f64() * 1e3),
+            ("utilisation", utilisation(self.held, self.elapsed)),
+            ("acquisitions", self.acquisitions as f64),
+            (
+                "round_trips_per_acq",
+                self.per_acquisition(self.requests as f64),
+            ),
+            (
+                "redis_cpu_us_per_acq",
+                self.per_acquisition(self.cpu.as_secs_f64() * 1e6),
+            ),
+            ("gap_p50_us", us(self.gap_p50)),
+            ("gap_p99_us", us(self.gap_p99)),
+            ("gave_up", self.gave_up as f64),
+            ("fairness", self.fairness.unwrap_or(f64::NAN)),
+        ]
+    }
+}
+
+const WORKLOADS: [&str; 3] = ["burst", "tutorial", "timed"];
+
+pub(crate) async fn run(env: &Env, args: &ContentionArgs, json: bool) -> anyhow::Result<()> {
+    let modes = modes();
+    // results[workload][mode] = one Figures per round
+    let mut results: Vec<Vec<Vec<Figures>>> = vec![vec![Vec::new(); modes.len()]; WORKLOADS.len()];
+    for round in 1..=args.rounds {
+        for (m, mode) in modes.iter().enumerate() {
+            if !json {
+                eprintln!("round {round}/{}: {}", args.rounds, mode.name());
+            }
+            results[0][m].push(burst(env, *mode, args).await?);
+            results[1][m].push(tutorial(env, *mode, args).await?);
+            results[2][m].push(timed(env, *mode, args).await?);
+        }
+    }
+
+    let mut out = Vec::new();
+    for (w, workload) in WORKLOADS.iter().enumerate() {
+        for (m, mode) in modes.iter().enumerate() {
+            let rounds = &results[w][m];
+            let mut row = Map::new();
+            row.insert("workload".into(), json!(workload));
+            row.insert("mode".into(), json!(mode.name()));
+            let names: Vec<&str> = rounds[0].metrics().iter().map(|(k, _)| *k).collect();
+            for (i, name) in names.iter().enumerate() {
+                let values: Vec<f64> = rounds.iter().map(|f| f.metrics()[i].1).collect();
+                let med = median(&values);
+                row.insert(
+                    (*name).into(),
+                    if med.is_finite() {
+                        json!(round3(med))
+                    } else if med.is_infinite() {
+                        // A caller never got the lock.
+                        json!("inf")
+                    } else {
+                        Value::Null
+                    },
+                );
+            }
+            out.push(Value::Object(row));
+        }
+    }
+    if json {
+        println!(
+            "{}",
+            json!({
+                "bench": "contention",
+                "callers": args.callers,
+                "work_ms": args.work.as_secs_f64() * 1e3,
+                "rounds": args.rounds,
+                "duration_ms": args.duration.as_secs_f64() * 1e3,
+                "medians": out,
+            })
+        );
+    } else {
+        print_table(args, &out);
+    }
+    Ok(())
+}
+
+fn print_table(args: &ContentionArgs, rows: &[Value]) {
+    println!(
+        "bench contention: {} callers, work {:?}, {} rounds (medians), timed run {:?}",
+        args.callers, args.work, args.rounds, args.duration
+    );
+    let cols = [
+        ("workload", "workload"),
+        ("mode", "mode"),
+        ("elapsed_ms", "elapsed ms"),
+        ("held_ms", "held ms"),
+        ("utilisation", "util"),
+        ("round_trips_per_acq", "rt/acq"),
+        ("redis_cpu_us_per_acq", "cpu us/acq"),
+        ("gap_p50_us", "gap p50 us"),
+        ("gap_p99_us", "gap p99 us"),
+        ("gave_up", "gave up"),
+        ("fairness", "max/min"),
+    ];
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            cols.iter()
+                .map(|(k, _)| match &r[*k] {
+                    Value::String(s) => s.clone(),
+                    Value::Null => "-".into(),
+                    v => v.to_string(),
+                })
+                .collect()
+        })
+        .collect();
+    let mut widths: Vec<usize> = cols.iter().map(|(_, h)| h.len()).collect();
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cols: Vec<&str>| {
+        let padded: Vec<String> = cols
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(cols.iter().map(|(_, h)| *h).collect());
+    for row in &cells {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+/// Every caller takes the lock once and holds it for `--work`.
+async fn burst(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<Figures> {
+    clear(env, KEY).await?;
+    let waiter = Waiter::connect(env, mode).await?;
+    let meter = Meter::new()?;
+    let gave_up = Arc::new(AtomicU64::new(0));
+    let cpu_before = server::cpu(&env.redis).await?;
+    let start = Instant::now();
+    let (w, m, g, work, wait) = (
+        waiter.clone(),
+        meter.clone(),
+        gave_up.clone(),
+        args.work,
+        args.wait,
+    );
+    let tally = hammer(args.callers, move |_| {
+        let (waiter, meter, gave_up) = (w.clone(), m.clone(), g.clone());
+        async move {
+            match waiter
+                .acquire(KEY, TTL, AcquireOptions::new().wait(wait))
+                .await
+            {
+                Ok(lease) => {
+                    let since = meter.acquired();
+                    tokio::time::sleep(work).await;
+                    meter.releasing(since);
+                    lease.release().await?;
+                    Ok(true)
+                }
+                Err(Error::NotAcquired { .. }) => {
+                    gave_up.fetch_add(1, Ordering::Relaxed);
+                    Ok(false)
+                }
+                Err(err) => Err(err.into()),
+            }
+        }
+    })
+    .await;
+    let elapsed = start.elapsed();
+    let cpu = server::cpu(&env.redis).await?.saturating_sub(cpu_before);
+    fail_on_errors(&tally)?;
+    Ok(figures(
+        &waiter,
+        &meter,
+        elapsed,
+        cpu,
+        gave_up.load(Ordering::Relaxed),
+        None,
+    ))
+}
+
+/// The tutorial's Step 4 with this way of waiting: elapsed only matters.
+async fn tutorial(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<Figures> {
+    clear(env, KEY).await?;
+    let wallet = Wallet::new(env.redis.clone());
+    wallet.reset(args.initial).await?;
+    let waiter = Waiter::connect(env, mode).await?;
+    let meter = Meter::new()?;
+    let gave_up = Arc::new(AtomicU64::new(0));
+    let cpu_before = server::cpu(&env.redis).await?;
+    let start = Instant::now();
+    let (w, m, g, s, work, wait) = (
+        waiter.clone(),
+        meter.clone(),
+        gave_up.clone(),
+        wallet.clone(),
+        args.work,
+        args.wait,
+    );
+    let tally = hammer(args.callers, move |_| {
+        let (waiter, meter, gave_up, wallet) = (w.clone(), m.clone(), g.clone(), s.clone());
+        async move {
+            match waiter
+                .acquire(KEY, TTL, AcquireOptions::new().wait(wait))
+                .await
+            {
+                Ok(lease) => {
+                    let since = meter.acquired();
+                    let spent = wallet.spend(10, work).await;
+                    meter.releasing(since);
+                    lease.release().await?;
+                    spent
+                }
+                Err(Error::NotAcquired { .. }) => {
+                    gave_up.fetch_add(1, Ordering::Relaxed);
+                    Ok(false)
+                }
+                Err(err) => Err(err.into()),
+            }
+        }
+    })
+    .await;
+    let elapsed = start.elapsed();
+    let cpu = server::cpu(&env.redis).await?.saturating_sub(cpu_before);
+    fail_on_errors(&tally)?;
+    let balance = wallet.balance().await?;
+    let spent = i64::try_from(tally.accepted).unwrap_or(i64::MAX) * 10;
+    anyhow::ensure!(
+        balance == args.initial - spent && balance >= 0,
+        "{}: balance {balance} after {} payments from {}",
+        mode.name(),
+        tally.accepted,
+        args.initial
+    );
+    Ok(figures(
+        &waiter,
+        &meter,
+        elapsed,
+        cpu,
+        gave_up.load(Ordering::Relaxed),
+        None,
+    ))
+}
+
+/// Every caller loops for `--duration`; the end cancels whoever waits.
+async fn timed(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<Figures> {
+    clear(env, KEY).await?;
+    let waiter = Waiter::connect(env, mode).await?;
+    let meter = Meter::new()?;
+    let gave_up = Arc::new(AtomicU64::new(0));
+    let stop = CancellationToken::new();
+    let n = usize::try_from(args.callers)?;
+    let barrier = Arc::new(Barrier::new(n + 1));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (waiter, meter, gave_up, stop, barrier) = (
+            waiter.clone(),
+            meter.clone(),
+            gave_up.clone(),
+            stop.clone(),
+            barrier.clone(),
+        );
+        let (work, wait) = (args.work, args.wait);
+        tasks.spawn(async move {
+            barrier.wait().await;
+            let mut mine: u64 = 0;
+            while !stop.is_cancelled() {
+                let opts = AcquireOptions::new().wait(wait).cancel(stop.clone());
+                match waiter.acquire(KEY, TTL, opts).await {
+                    Ok(lease) => {
+                        let since = meter.acquired();
+                        tokio::time::sleep(work).await;
+                        meter.releasing(since);
+                        lease.release().await?;
+                        mine += 1;
+                    }
+                    Err(Error::NotAcquired {
+                        reason: GiveUpReason::Cancelled,
+                        ..
+                    }) => break,
+                    Err(Error::NotAcquired { .. }) => {
+                        gave_up.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+            Ok::<u64, Error>(mine)
+        });
+    }
+    let cpu_before = server::cpu(&env.redis).await?;
+    barrier.wait().await;
+    let start = Instant::now();
+    tokio::time::sleep(args.duration).await;
+    stop.cancel();
+    let mut counts = Vec::with_capacity(n);
+    while let Some(joined) = tasks.join_next().await {
+        counts.push(joined??);
+    }
+    let elapsed = start.elapsed();
+    let cpu = server::cpu(&env.redis).await?.saturating_sub(cpu_before);
+    let (max, min) = (
+        counts.iter().copied().max().unwrap_or(0),
+        counts.iter().copied().min().unwrap_or(0),
+    );
+    let fairness = if min == 0 {
+        f64::INFINITY
+    } else {
+        max as f64 / min as f64
+    };
+    Ok(figures(
+        &waiter,
+        &meter,
+        elapsed,
+        cpu,
+        gave_up.load(Ordering::Relaxed),
+        Some(fairness),
+    ))
+}
+
+fn figures(
+    waiter: &Waiter,
+    meter: &Meter,
+    elapsed: Duration,
+    cpu: Duration,
+    gave_up: u64,
+    fairness: Option<f64>,
+) -> Figures {
+    let stats = waiter.locker().stats();
+    Figures {
+        elapsed,
+        held: meter.held(),
+        acquisitions: stats.acquisitions,
+        requests: stats.requests(),
+        cpu,
+        gap_p50: meter.gap(0.5),
+        gap_p99: meter.gap(0.99),
+        gave_up,
+        fairness,
+    }
+}
+
+fn fail_on_errors(tally: &crate::wallet::Tally) -> anyhow::Result<()> {
+    if tally.errors > 0 {
+        anyhow::bail!(
+            "{} callers failed: {}",
+            tally.errors,
+            tally.first_errors.join("; ")
+        );
+    }
+    Ok(())
+}

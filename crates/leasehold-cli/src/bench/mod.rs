@@ -1,0 +1,95 @@
+//! `leasehold bench`: performance figures for `BENCHMARKS.md`. Build with
+//! `--release`; the machine is shared and noisy, so every bench runs its
+//! modes side by side for several rounds and reports medians.
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+
+use crate::cli::parse_duration;
+
+pub(crate) mod contention;
+pub(crate) mod uncontended;
+
+/// Which bench to run.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Bench {
+    /// Many callers on one key, for each way of waiting: polling with
+    /// exponential backoff, with full jitter, with jitter tuned for speed,
+    /// and hand-off (grant and wake).
+    Contention(ContentionArgs),
+    /// Acquire+release pairs per second with no contention, against a raw
+    /// `SET NX PX` + `EVALSHA` loop on the same connection.
+    Uncontended(UncontendedArgs),
+}
+
+/// Flags of `bench contention`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ContentionArgs {
+    /// Concurrent callers on the one key.
+    #[arg(short = 'n', long = "callers", default_value_t = 50, value_parser = clap::value_parser!(u32).range(2..=100_000))]
+    pub(crate) callers: u32,
+    /// Time each caller holds the lock.
+    #[arg(long, default_value = "2ms", value_parser = parse_duration)]
+    pub(crate) work: Duration,
+    /// Starting balance of the tutorial workload (10 per payment).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(0..))]
+    pub(crate) initial: i64,
+    /// Length of the timed (fairness) run.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+    /// Rounds; every figure is the median over rounds.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) rounds: u32,
+    /// How long a caller waits for the lock before giving up.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub(crate) wait: Duration,
+}
+
+/// Flags of `bench uncontended`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct UncontendedArgs {
+    /// Length of each measurement.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+    /// Rounds; every figure is the median over rounds.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) rounds: u32,
+    /// Concurrent tasks of the many-keys run.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) tasks: u32,
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+pub(crate) fn median(values: &[f64]) -> f64 {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    }
+}
+
+/// Rounds to 3 significant decimals for printing and JSON.
+pub(crate) fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+        assert_eq!(median(&[f64::NAN, 1.0]), 1.0);
+        assert_eq!(median(&[f64::INFINITY, 1.0, 5.0]), 5.0);
+    }
+}

@@ -1,0 +1,138 @@
+//! `bench uncontended`: what the library costs when nobody waits.
+//!
+//! On one connection, sequentially: the library's acquire+release pairs per
+//! second against a raw `SET key token NX PX` + `EVALSHA release` loop on the
+//! same connection; their ratio is the library's overhead. Then the library
+//! again with `--tasks` concurrent tasks, each on its own keys.
+
+use std::time::Duration;
+
+use leasehold::Locker;
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::{UncontendedArgs, median, round3};
+use crate::env::Env;
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// The same compare-and-delete the library runs (its `release.lua`).
+const RELEASE: &str = r#"if redis.call("GET", KEYS[1]) == ARGV[1] then
+  return redis.call("DEL", KEYS[1])
+end
+return 0"#;
+
+pub(crate) async fn run(env: &Env, args: &UncontendedArgs, json: bool) -> anyhow::Result<()> {
+    let locker = Locker::builder(env.redis.clone())
+        .command_timeout(env.locker.command_timeout())
+        .build()?;
+    let mut conn = env.redis.clone();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(RELEASE)
+        .query_async(&mut conn)
+        .await?;
+    let (mut lib, mut raw, mut many) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=args.rounds {
+        if !json {
+            eprintln!("round {round}/{}", args.rounds);
+        }
+        lib.push(library_loop(&locker, "bench:u:lib", args.duration).await?);
+        raw.push(raw_loop(env, &sha, "bench:u:raw", args.duration).await?);
+        many.push(many_tasks(&locker, args.tasks, args.duration).await?);
+    }
+    let (lib, raw, many) = (median(&lib), median(&raw), median(&many));
+    let ratio = lib / raw;
+    if json {
+        println!(
+            "{}",
+            json!({
+                "bench": "uncontended",
+                "rounds": args.rounds,
+                "duration_ms": args.duration.as_secs_f64() * 1e3,
+                "library_pairs_per_s": round3(lib),
+                "raw_pairs_per_s": round3(raw),
+                "overhead_ratio": round3(ratio),
+                "tasks": args.tasks,
+                "many_keys_pairs_per_s": round3(many),
+            })
+        );
+    } else {
+        println!(
+            "bench uncontended: {} rounds of {:?} (medians)",
+            args.rounds, args.duration
+        );
+        println!("one connection, library:   {lib:.0} acquire+release pairs/s");
+        println!("one connection, raw loop:  {raw:.0} SET NX PX + EVALSHA pairs/s");
+        println!("overhead ratio (library / raw): {ratio:.3}");
+        println!(
+            "{} tasks over many keys, library: {many:.0} pairs/s",
+            args.tasks
+        );
+    }
+    Ok(())
+}
+
+async fn library_loop(locker: &Locker, key: &str, duration: Duration) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let mut pairs: u64 = 0;
+    while start.elapsed() < duration {
+        let lease = locker.acquire(key, TTL).await?;
+        lease.release().await?;
+        pairs += 1;
+    }
+    Ok(pairs as f64 / start.elapsed().as_secs_f64())
+}
+
+async fn raw_loop(env: &Env, sha: &str, key: &str, duration: Duration) -> anyhow::Result<f64> {
+    let mut conn = env.redis.clone();
+    let px = u64::try_from(TTL.as_millis())?;
+    let start = Instant::now();
+    let mut pairs: u64 = 0;
+    while start.elapsed() < duration {
+        // A token per pair, as the library draws one.
+        let token = format!("{:032x}", rand::random::<u128>());
+        let set: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(px)
+            .query_async(&mut conn)
+            .await?;
+        anyhow::ensure!(set.is_some(), "raw SET NX found {key} busy");
+        let deleted: i64 = redis::cmd("EVALSHA")
+            .arg(sha)
+            .arg(1)
+            .arg(key)
+            .arg(&token)
+            .query_async(&mut conn)
+            .await?;
+        anyhow::ensure!(deleted == 1, "raw release did not delete {key}");
+        pairs += 1;
+    }
+    Ok(pairs as f64 / start.elapsed().as_secs_f64())
+}
+
+async fn many_tasks(locker: &Locker, tasks: u32, duration: Duration) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for task in 0..tasks {
+        let locker = locker.clone();
+        set.spawn(async move {
+            let mut pairs: u64 = 0;
+            while start.elapsed() < duration {
+                let key = format!("bench:u:many:{task}:{}", pairs % 16);
+                let lease = locker.acquire(&key, TTL).await?;
+                lease.release().await?;
+                pairs += 1;
+            }
+            Ok::<u64, leasehold::Error>(pairs)
+        });
+    }
+    let mut total: u64 = 0;
+    while let Some(joined) = set.join_next().await {
+        total += joined??;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}

@@ -1,0 +1,34 @@
+//! What the Redis server itself reports about a run.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use redis::aio::MultiplexedConnection;
+
+/// CPU time the server process has used so far (`INFO cpu`:
+/// `used_cpu_sys + used_cpu_user`).
+pub(crate) async fn cpu(conn: &MultiplexedConnection) -> anyhow::Result<Duration> {
+    let mut conn = conn.clone();
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut conn)
+        .await
+        .context("reading INFO cpu")?;
+    let mut total = 0.0;
+    for field in ["used_cpu_sys:", "used_cpu_user:"] {
+        let value = info
+            .lines()
+            .find_map(|line| line.strip_prefix(field))
+            .with_context(|| format!("INFO cpu has no {field}"))?;
+        total += value
+            .trim()
+            .parse::<f64>()
+            .with_context(|| format!("INFO cpu {field} {value}"))?;
+    }
+    Ok(Duration::from_secs_f64(total.max(0.0)))
+}
+
+/// Milliseconds, with microsecond precision, for the JSON output.
+pub(crate) fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}

@@ -1,0 +1,161 @@
+//! How a caller waits for a busy lock, and what the lock was used for: the
+//! pieces `backoff` and `bench contention` share.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use leasehold::{AcquireOptions, HandoffLocker, HandoffStyle, Lease, Locker, RetryStrategy};
+use tokio::time::Instant;
+
+use crate::env::Env;
+
+/// One way of waiting for the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Polling with this strategy.
+    Poll(&'static str, RetryStrategy),
+    /// A hand-off locker with this style.
+    Handoff(&'static str, HandoffStyle),
+}
+
+impl Mode {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Mode::Poll(name, _) | Mode::Handoff(name, _) => name,
+        }
+    }
+}
+
+/// A connected way of waiting.
+#[derive(Clone)]
+pub(crate) enum Waiter {
+    Poll(Locker, RetryStrategy),
+    Handoff(HandoffLocker),
+}
+
+impl Waiter {
+    /// Connects `mode` with a fresh locker on `env`'s connection, so its
+    /// stats count this run only.
+    pub(crate) async fn connect(env: &Env, mode: Mode) -> anyhow::Result<Waiter> {
+        let locker = Locker::builder(env.redis.clone())
+            .command_timeout(env.locker.command_timeout())
+            .build()?;
+        Ok(match mode {
+            Mode::Poll(_, strategy) => Waiter::Poll(locker, strategy),
+            Mode::Handoff(_, style) => Waiter::Handoff(
+                HandoffLocker::builder(locker, &env.client)
+                    .style(style)
+                    .connect()
+                    .await?,
+            ),
+        })
+    }
+
+    pub(crate) fn locker(&self) -> &Locker {
+        match self {
+            Waiter::Poll(locker, _) => locker,
+            Waiter::Handoff(handoff) => handoff.locker(),
+        }
+    }
+
+    /// Takes the lease; `opts` gives the deadline and cancellation, the mode
+    /// the strategy.
+    pub(crate) async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        opts: AcquireOptions,
+    ) -> leasehold::Result<Lease> {
+        match self {
+            Waiter::Poll(locker, strategy) => {
+                locker.acquire_with(key, ttl, &opts.retry(*strategy)).await
+            }
+            Waiter::Handoff(handoff) => handoff.acquire_with(key, ttl, &opts).await,
+        }
+    }
+}
+
+/// The tutorial's Step 4 strategy: exponential backoff from `min` to `max`.
+pub(crate) fn exponential(min: Duration, max: Duration, jitter: bool) -> RetryStrategy {
+    let s = RetryStrategy::exponential(min, max);
+    if jitter { s.with_full_jitter() } else { s }
+}
+
+/// How much the lock was used: time held, and the gap from each release to
+/// the next acquisition.
+pub(crate) struct Meter {
+    held_ns: AtomicU64,
+    last_release: Mutex<Option<Instant>>,
+    gaps_us: Mutex<Histogram<u64>>,
+}
+
+impl Meter {
+    pub(crate) fn new() -> anyhow::Result<Arc<Meter>> {
+        Ok(Arc::new(Meter {
+            held_ns: AtomicU64::new(0),
+            last_release: Mutex::new(None),
+            gaps_us: Mutex::new(Histogram::new(3)?),
+        }))
+    }
+
+    /// Call as soon as the lease is in hand; returns when that was.
+    pub(crate) fn acquired(&self) -> Instant {
+        let now = Instant::now();
+        if let Some(released) = *self
+            .last_release
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            let gap = u64::try_from(now.duration_since(released).as_micros()).unwrap_or(u64::MAX);
+            let _ = self
+                .gaps_us
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .record(gap.max(1));
+        }
+        now
+    }
+
+    /// Call just before releasing a lease acquired at `since`.
+    pub(crate) fn releasing(&self, since: Instant) {
+        let now = Instant::now();
+        let held = u64::try_from(now.duration_since(since).as_nanos()).unwrap_or(u64::MAX);
+        self.held_ns.fetch_add(held, Ordering::Relaxed);
+        *self
+            .last_release
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(now);
+    }
+
+    pub(crate) fn held(&self) -> Duration {
+        Duration::from_nanos(self.held_ns.load(Ordering::Relaxed))
+    }
+
+    /// The gap at `quantile` (0..=1), if any was recorded.
+    pub(crate) fn gap(&self, quantile: f64) -> Option<Duration> {
+        let h = self.gaps_us.lock().unwrap_or_else(PoisonError::into_inner);
+        (!h.is_empty()).then(|| Duration::from_micros(h.value_at_quantile(quantile)))
+    }
+}
+
+/// Held time over elapsed time.
+pub(crate) fn utilisation(held: Duration, elapsed: Duration) -> f64 {
+    if elapsed.is_zero() {
+        return 0.0;
+    }
+    held.as_secs_f64() / elapsed.as_secs_f64()
+}
+
+/// Deletes the lock key and its hand-off queue.
+pub(crate) async fn clear(env: &Env, key: &str) -> anyhow::Result<()> {
+    let mut conn = env.redis.clone();
+    let () = redis::cmd("DEL")
+        .arg(key)
+        .arg(format!("{key}:waitq"))
+        .arg(format!("{key}:waiters"))
+        .query_async(&mut conn)
+        .await?;
+    Ok(())
+}

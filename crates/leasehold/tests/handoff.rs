@@ -1,0 +1,407 @@
+//! Hand-off mode against a real, throwaway redis-server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use leasehold::{
+    AcquireOptions, CancellationToken, Error, GiveUpReason, HandoffLocker, HandoffStyle, Locker,
+    RetryStrategy,
+};
+use leasehold_testkit::RedisServer;
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const SECOND: Duration = Duration::from_secs(1);
+/// A hang detector, not a timing assertion: far above what any of these
+/// tests needs on a loaded machine.
+const HUNG: Duration = Duration::from_secs(20);
+
+struct Setup {
+    server: RedisServer,
+    client: redis::Client,
+    conn: MultiplexedConnection,
+}
+
+async fn setup() -> Result<Setup, Box<dyn std::error::Error>> {
+    let server = RedisServer::start()?;
+    let client = redis::Client::open(server.url())?;
+    let conn = leasehold::connect(&client, SECOND).await?;
+    Ok(Setup {
+        server,
+        client,
+        conn,
+    })
+}
+
+/// A hand-off locker with its own connections (another "process").
+async fn handoff(s: &Setup, style: HandoffStyle) -> Result<HandoffLocker, Error> {
+    let conn = leasehold::connect(&s.client, SECOND).await?;
+    HandoffLocker::builder(Locker::new(conn), &s.client)
+        .style(style)
+        .connect()
+        .await
+}
+
+/// Waits until the wait queue of `key` holds at least `n` entries.
+async fn until_queued(conn: &mut MultiplexedConnection, key: &str, n: usize) -> TestResult {
+    let queue = format!("{key}:waitq");
+    tokio::time::timeout(HUNG, async {
+        loop {
+            let len: usize = conn.zcard(&queue).await?;
+            if len >= n {
+                return Ok::<_, redis::RedisError>(());
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await??;
+    Ok(())
+}
+
+async fn many_waiters_are_served_one_at_a_time(style: HandoffStyle) -> TestResult {
+    let s = setup().await?;
+    let key = "t:handoff:many";
+    let lockers = [handoff(&s, style).await?, handoff(&s, style).await?];
+    let holders = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let served = Arc::new(AtomicU32::new(0));
+    let n = 40;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let locker = lockers[i % 2].clone();
+        let (holders, most, served) = (holders.clone(), most.clone(), served.clone());
+        tasks.spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            let lease = locker.acquire_with(key, 10 * SECOND, &opts).await?;
+            let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            tokio::task::yield_now().await;
+            holders.fetch_sub(1, Ordering::SeqCst);
+            served.fetch_add(1, Ordering::SeqCst);
+            lease.release().await
+        });
+    }
+    tokio::time::timeout(HUNG, async {
+        while let Some(joined) = tasks.join_next().await {
+            joined??;
+        }
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+    .await??;
+    assert_eq!(most.load(Ordering::SeqCst), 1, "two holders at once");
+    assert_eq!(served.load(Ordering::SeqCst), 40);
+    let mut conn = s.conn.clone();
+    let left: bool = conn.exists(key).await?;
+    assert!(!left, "the last release left the lock behind");
+    let queued: usize = conn.zcard(format!("{key}:waitq")).await?;
+    assert_eq!(queued, 0, "served waiters left queue entries");
+
+    // No polling: one request to join or take, one to release (grant), plus
+    // one to take after a wake-up (wake). The fallback timer (5 s) never
+    // fires here.
+    let (mut acquires, mut releases, mut taken) = (0, 0, 0);
+    for l in &lockers {
+        let stats = l.locker().stats();
+        acquires += stats.acquire_requests;
+        releases += stats.release_requests;
+        taken += stats.acquisitions;
+    }
+    assert_eq!(taken, 40);
+    assert_eq!(releases, 40);
+    match style {
+        HandoffStyle::Grant => assert_eq!(acquires, 40),
+        _ => assert!(acquires <= 80, "{acquires} acquire requests"),
+    }
+    drop(s.server);
+    Ok(())
+}
+
+#[tokio::test]
+async fn grant_serves_every_waiter_one_at_a_time() -> TestResult {
+    many_waiters_are_served_one_at_a_time(HandoffStyle::Grant).await
+}
+
+#[tokio::test]
+async fn wake_serves_every_waiter_one_at_a_time() -> TestResult {
+    many_waiters_are_served_one_at_a_time(HandoffStyle::Wake).await
+}
+
+#[tokio::test]
+async fn waiters_are_served_in_arrival_order() -> TestResult {
+    let s = setup().await?;
+    let key = "t:handoff:fifo";
+    let locker = handoff(&s, HandoffStyle::Grant).await?;
+    let holder = locker
+        .acquire_with(key, 10 * SECOND, &AcquireOptions::new())
+        .await?;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut conn = s.conn.clone();
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let (locker, order) = (locker.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            let lease = locker.acquire_with(key, 10 * SECOND, &opts).await?;
+            order
+                .lock()
+                .map_err(|_| Error::InvalidOptions("poisoned"))?
+                .push(i);
+            lease.release().await
+        }));
+        // Each one queued before the next starts: arrival order is i.
+        until_queued(&mut conn, key, i + 1).await?;
+    }
+    holder.release().await?;
+    for task in tasks {
+        tokio::time::timeout(HUNG, task).await???;
+    }
+    assert_eq!(*order.lock().map_err(|_| "poisoned")?, vec![0, 1, 2, 3, 4]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_dead_holder_and_a_dead_waiter_block_the_key_only_until_their_ttls() -> TestResult {
+    let s = setup().await?;
+    let key = "t:handoff:dead";
+    let ttl = Duration::from_millis(300);
+    let mut conn = s.conn.clone();
+
+    // A holder that dies: its lease is never released, not even in the
+    // background.
+    let dead_holder = handoff(&s, HandoffStyle::Grant).await?;
+    let lease = dead_holder
+        .acquire_with(key, ttl, &AcquireOptions::new())
+        .await?;
+    std::mem::forget(lease);
+
+    // A waiter that enqueues and then vanishes without leaving the queue.
+    let ghost = handoff(&s, HandoffStyle::Grant).await?;
+    let opts = AcquireOptions::new().wait(HUNG);
+    let mut vanished = Box::pin(ghost.acquire_with(key, ttl, &opts));
+    tokio::select! {
+        got = &mut vanished => return Err(format!("the ghost got {got:?}").into()),
+        queued = until_queued(&mut conn, key, 1) => queued?,
+    }
+    std::mem::forget(vanished);
+
+    // A waiter whose whole process died: its locker, and with it its pub/sub
+    // connection, is gone too.
+    let dead_process = handoff(&s, HandoffStyle::Grant).await?;
+    let mut vanished = Box::pin(dead_process.acquire_with(key, ttl, &opts));
+    tokio::select! {
+        got = &mut vanished => return Err(format!("the dead process got {got:?}").into()),
+        queued = until_queued(&mut conn, key, 2) => queued?,
+    }
+    std::mem::forget(vanished);
+    drop(dead_process);
+
+    // The next live waiter must get the lock: after the holder's TTL, and
+    // (if the lock was handed to the ghost first) the ghost's TTL.
+    let live = handoff(&s, HandoffStyle::Grant).await?;
+    let lease = tokio::time::timeout(
+        HUNG,
+        live.acquire_with(key, 10 * SECOND, &AcquireOptions::new().wait(HUNG)),
+    )
+    .await??;
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, lease.token().as_str());
+    lease.release().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn giving_up_is_not_acquired_with_its_reason_and_leaves_the_queue() -> TestResult {
+    let s = setup().await?;
+    let key = "t:handoff:giveup";
+    let locker = handoff(&s, HandoffStyle::Grant).await?;
+    let mut conn = s.conn.clone();
+    let holder = locker
+        .acquire_with(key, 30 * SECOND, &AcquireOptions::new())
+        .await?;
+
+    let opts = AcquireOptions::new().wait(Duration::from_millis(50));
+    let err = locker.acquire_with(key, SECOND, &opts).await.err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::NotAcquired {
+                reason: GiveUpReason::DeadlineExpired,
+                attempts: 1,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+
+    let opts = AcquireOptions::new().retry(RetryStrategy::none());
+    let err = locker.acquire_with(key, SECOND, &opts).await.err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::NotAcquired {
+                reason: GiveUpReason::RetriesExhausted,
+                attempts: 1,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+
+    // Two attempts: the join, then one fallback re-check (after one ttl).
+    let opts = AcquireOptions::new().retry(RetryStrategy::default().max_attempts(2));
+    let err = locker
+        .acquire_with(key, Duration::from_millis(100), &opts)
+        .await
+        .err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::NotAcquired {
+                reason: GiveUpReason::RetriesExhausted,
+                attempts: 2,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+
+    let cancel = CancellationToken::new();
+    let opts = AcquireOptions::new().wait(HUNG).cancel(cancel.clone());
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move { locker.acquire_with(key, SECOND, &opts).await.map(|_| ()) })
+    };
+    until_queued(&mut conn, key, 1).await?;
+    cancel.cancel();
+    let err = tokio::time::timeout(HUNG, waiter).await??.err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::NotAcquired {
+                reason: GiveUpReason::Cancelled,
+                attempts: 1,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+
+    // Whatever the strategy, the same variant and reason.
+    for strategy in [
+        RetryStrategy::none(),
+        RetryStrategy::default(),
+        RetryStrategy::exponential(Duration::from_millis(16), Duration::from_millis(128))
+            .with_full_jitter(),
+        RetryStrategy::decorrelated_jitter(Duration::from_millis(5), Duration::from_millis(50)),
+    ] {
+        let opts = AcquireOptions::new()
+            .retry(strategy)
+            .wait(Duration::from_millis(30));
+        let err = locker.acquire_with(key, SECOND, &opts).await.err();
+        let want = if strategy == RetryStrategy::none() {
+            GiveUpReason::RetriesExhausted
+        } else {
+            GiveUpReason::DeadlineExpired
+        };
+        assert!(
+            matches!(err, Some(Error::NotAcquired { reason, .. }) if reason == want),
+            "{strategy:?}: {err:?}"
+        );
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let opts = AcquireOptions::new().retry(strategy).cancel(cancel);
+        let err = locker.acquire_with(key, SECOND, &opts).await.err();
+        assert!(
+            matches!(
+                err,
+                Some(Error::NotAcquired {
+                    reason: GiveUpReason::Cancelled,
+                    attempts: 0,
+                    ..
+                })
+            ),
+            "{strategy:?}: {err:?}"
+        );
+        let opts = AcquireOptions::new().retry(strategy.max_attempts(1));
+        let err = locker.acquire_with(key, SECOND, &opts).await.err();
+        assert!(
+            matches!(
+                err,
+                Some(Error::NotAcquired {
+                    reason: GiveUpReason::RetriesExhausted,
+                    attempts: 1,
+                    ..
+                })
+            ),
+            "{strategy:?}: {err:?}"
+        );
+    }
+
+    // Every waiter that gave up left the queue, so the release deletes the
+    // lock instead of handing it to someone who is gone.
+    tokio::time::timeout(HUNG, async {
+        loop {
+            let queued: usize = conn.zcard(format!("{key}:waitq")).await?;
+            if queued == 0 {
+                return Ok::<_, redis::RedisError>(());
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await??;
+    holder.release().await?;
+    let left: bool = conn.exists(key).await?;
+    assert!(!left);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_late_release_spares_the_successor() -> TestResult {
+    let s = setup().await?;
+    let key = "t:handoff:late";
+    let locker = handoff(&s, HandoffStyle::Grant).await?;
+    let mut conn = s.conn.clone();
+    let a = locker
+        .acquire_with(key, Duration::from_millis(5), &AcquireOptions::new())
+        .await?;
+    let b = locker
+        .acquire_with(key, 30 * SECOND, &AcquireOptions::new().wait(HUNG))
+        .await?;
+    let err = a.release().await.err();
+    assert!(matches!(err, Some(Error::NotHeld { .. })), "{err:?}");
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, b.token().as_str());
+    b.release().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_dropped_handoff_lease_is_handed_on_in_the_background() -> TestResult {
+    let s = setup().await?;
+    let key = "t:handoff:drop";
+    let locker = handoff(&s, HandoffStyle::Grant).await?;
+    let mut conn = s.conn.clone();
+    let lease = locker
+        .acquire_with(key, 60 * SECOND, &AcquireOptions::new())
+        .await?;
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            locker.acquire_with(key, 60 * SECOND, &opts).await
+        })
+    };
+    until_queued(&mut conn, key, 1).await?;
+    // Only the background hand-on can pass a 60 s lease on within HUNG.
+    drop(lease);
+    let next = tokio::time::timeout(HUNG, waiter).await???;
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, next.token().as_str());
+    next.release().await?;
+    let left: bool = conn.exists(key).await?;
+    assert!(!left);
+    Ok(())
+}
