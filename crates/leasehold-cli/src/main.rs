@@ -9,6 +9,7 @@ mod cli;
 mod demo;
 mod env;
 mod experiments;
+mod holds;
 mod ledger;
 mod redact;
 mod report;

@@ -517,3 +517,19 @@ fn redlock_keeps_the_balance_with_a_node_paused_or_killed() -> TestResult {
     }
     Ok(())
 }
+
+#[test]
+fn a_ttl_below_the_p99_hold_time_is_reported_once() -> TestResult {
+    let out = leasehold(&["ttl", "--runs", "2"])?;
+    let stderr = String::from_utf8(out.stderr)?;
+    assert_eq!(
+        stderr.matches("is shorter than the p99 hold time").count(),
+        1,
+        "{stderr}"
+    );
+    // A watchdog refreshes the lease, so holding it past the TTL is fine.
+    let out = leasehold(&["ttl", "--watchdog"])?;
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(!stderr.contains("p99 hold time"), "{stderr}");
+    Ok(())
+}

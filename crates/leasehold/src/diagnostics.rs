@@ -72,9 +72,20 @@ impl fmt::Display for Finding {
             ),
             Finding::TtlBelowHoldTime { ttl, p99 } => write!(
                 f,
-                "lock ttl {ttl:?} is shorter than the p99 hold time {p99:?}: leases expire under working holders"
+                "lock ttl {} is shorter than the p99 hold time {}: leases expire under working holders",
+                Millis(*ttl),
+                Millis(*p99)
             ),
         }
+    }
+}
+
+/// A duration in milliseconds with one decimal, as people write it.
+struct Millis(Duration);
+
+impl fmt::Display for Millis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.1}ms", self.0.as_secs_f64() * 1000.0)
     }
 }
 
@@ -230,6 +241,12 @@ mod tests {
     fn hold_time() {
         let ms = Duration::from_millis;
         assert!(check_hold_time(ms(100), ms(99)).is_none());
-        assert!(check_hold_time(ms(100), ms(100)).is_some());
+        let found = check_hold_time(ms(100), Duration::from_micros(302_158));
+        assert_eq!(
+            found.map(|f| f.to_string()).as_deref(),
+            Some(
+                "lock ttl 100.0ms is shorter than the p99 hold time 302.2ms: leases expire under working holders"
+            )
+        );
     }
 }

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use crate::cli::LockArgs;
 use crate::env::Env;
+use crate::holds::HoldTimes;
 use crate::report::Report;
 use crate::wallet::{Wallet, hammer};
 
@@ -23,11 +24,15 @@ pub(crate) async fn run(env: &Env, args: &LockArgs) -> anyhow::Result<Report> {
     let (amount, work, ttl) = (args.spend.amount, args.spend.work, args.ttl);
     let opts = AcquireOptions::new().wait(args.wait);
     let (locker, spender) = (env.locker.clone(), wallet.clone());
+    let holds = HoldTimes::default();
+    let recorder = holds.clone();
     let tally = hammer(args.spend.callers, move |_| {
         let (locker, wallet, opts) = (locker.clone(), spender.clone(), opts.clone());
+        let holds = recorder.clone();
         async move {
             let lease = locker.acquire_with(LOCK_KEY, ttl, &opts).await?;
             let spent = wallet.spend(amount, work).await;
+            holds.record(&lease);
             match lease.release().await {
                 Ok(()) | Err(Error::NotHeld { .. }) => {}
                 Err(err) => tracing::warn!(error = %err, "release failed"),
@@ -37,6 +42,7 @@ pub(crate) async fn run(env: &Env, args: &LockArgs) -> anyhow::Result<Report> {
     })
     .await;
     let elapsed = start.elapsed();
+    holds.check(ttl);
     let balance = wallet.balance().await?;
     let left: bool = conn
         .exists(LOCK_KEY)

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::cli::TtlArgs;
 use crate::env::Env;
 use crate::experiments::lock::LOCK_KEY;
+use crate::holds::HoldTimes;
 use crate::report::Report;
 use crate::wallet::{Wallet, hammer};
 
@@ -35,9 +36,12 @@ pub(crate) async fn run(env: &Env, args: &TtlArgs) -> anyhow::Result<Report> {
     let opts = AcquireOptions::new().wait(args.wait);
     let (locker, spender) = (env.locker.clone(), wallet.clone());
     let (stale_count, lost_count) = (stale.clone(), lost.clone());
+    let holds = HoldTimes::default();
+    let recorder = holds.clone();
     let tally = hammer(args.callers, move |_| {
         let (locker, wallet, opts) = (locker.clone(), spender.clone(), opts.clone());
         let (stale, lost) = (stale_count.clone(), lost_count.clone());
+        let holds = recorder.clone();
         async move {
             let mut lease = locker.acquire_with(LOCK_KEY, ttl, &opts).await?;
             let spent = if watchdog {
@@ -52,6 +56,7 @@ pub(crate) async fn run(env: &Env, args: &TtlArgs) -> anyhow::Result<Report> {
             } else {
                 wallet.spend(amount, work).await
             };
+            holds.record(&lease);
             match lease.release().await {
                 Ok(()) => {}
                 Err(Error::NotHeld { .. }) => {
@@ -64,6 +69,7 @@ pub(crate) async fn run(env: &Env, args: &TtlArgs) -> anyhow::Result<Report> {
     })
     .await;
     let elapsed = start.elapsed();
+    holds.check(ttl);
     let balance = wallet.balance().await?;
     Ok(Report::check(
         "ttl",

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::cli::{VerifyArgs, WriteMode};
 use crate::env::Env;
+use crate::holds::HoldTimes;
 use crate::ledger::{self, RESOURCE, WALLET_ID, WriteCheck};
 use crate::report::Report;
 use crate::wallet::hammer;
@@ -36,9 +37,11 @@ pub(crate) async fn run(env: &Env, args: &VerifyArgs) -> anyhow::Result<Report> 
     let opts = AcquireOptions::new().wait(args.wait);
     let (locker, refused) = (env.locker.clone(), rejected.clone());
     let start = Instant::now();
+    let holds = HoldTimes::default();
+    let recorder = holds.clone();
     let tally = hammer(spend.callers, move |_| {
         let (locker, opts, keys, pool) = (locker.clone(), opts.clone(), keys.clone(), pool.clone());
-        let refused = refused.clone();
+        let (refused, holds) = (refused.clone(), recorder.clone());
         async move {
             let lease = if mode.uses_redis_lock() {
                 Some(locker.acquire_fenced_with(&keys, ttl, &opts).await?)
@@ -83,7 +86,7 @@ pub(crate) async fn run(env: &Env, args: &VerifyArgs) -> anyhow::Result<Report> 
                     let written =
                         ledger::read_and_debit(&*client, amount, work, token, check).await?;
                     let Some(outcome) = written else {
-                        release(lease).await;
+                        release(lease, &holds).await;
                         return Ok(false);
                     };
                     outcome
@@ -92,7 +95,7 @@ pub(crate) async fn run(env: &Env, args: &VerifyArgs) -> anyhow::Result<Report> 
                     anyhow::bail!("a fenced lease came back without a fence")
                 }
             };
-            release(lease).await;
+            release(lease, &holds).await;
             if ledger::refused(&outcome) {
                 refused.fetch_add(1, Ordering::Relaxed);
             }
@@ -101,6 +104,7 @@ pub(crate) async fn run(env: &Env, args: &VerifyArgs) -> anyhow::Result<Report> 
     })
     .await;
     let elapsed = start.elapsed();
+    holds.check(ttl);
 
     let db = env
         .postgres()
@@ -131,8 +135,9 @@ pub(crate) async fn run(env: &Env, args: &VerifyArgs) -> anyhow::Result<Report> 
 
 /// Gives the lease back; a lease that already expired (the point of a 1 ms
 /// TTL) is expected, anything else is logged.
-async fn release(lease: Option<leasehold::Lease>) {
+async fn release(lease: Option<leasehold::Lease>, holds: &HoldTimes) {
     if let Some(lease) = lease {
+        holds.record(&lease);
         match lease.release().await {
             Ok(()) | Err(Error::NotHeld { .. }) => {}
             Err(err) => tracing::warn!(error = %err, "release failed"),
