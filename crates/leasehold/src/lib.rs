@@ -46,6 +46,13 @@
 //!   order, each release hands the lock to the next live waiter in the same
 //!   atomic step, and a holder or waiter that dies blocks the key for at most
 //!   one TTL.
+//! - A [`Quorum`] (Redlock) lease holds on a majority of independent servers;
+//!   a node that errors or hangs is a missing vote, never an abort, and its
+//!   fencing token grows across leases within the limits its
+//!   [module docs](quorum) spell out.
+//! - [`AcquireOptions::wait_replicas`] gives the lock back unless `WAIT`
+//!   saw it reach the replicas ([`Error::NotReplicated`]); it narrows the
+//!   failover window, it does not close it.
 
 mod call;
 mod compare;
@@ -62,11 +69,11 @@ mod retry;
 mod rounds;
 mod scripts;
 mod stats;
+mod token;
+pub mod watchdog;
 
 #[cfg(test)]
 mod give_up_tests;
-mod token;
-pub mod watchdog;
 
 pub use error::{Error, GiveUpReason, Result};
 pub use fencing::{FencedKeys, FencingToken};
