@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what leasehold's demo and tests need and a fresh Debian/Ubuntu
-# machine lacks: redis-server and PostgreSQL (server binaries only; no service
-# is configured or started). Idempotent: installs nothing when all is present.
+# machine with only rustup lacks: a C toolchain for linking, redis-server and
+# PostgreSQL (server binaries; the scripts configure no service). Idempotent:
+# installs nothing when all is present.
 set -euo pipefail
 
 need=()
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 
 have_pg=no
