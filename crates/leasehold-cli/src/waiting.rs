@@ -18,12 +18,15 @@ pub(crate) enum Mode {
     Poll(&'static str, RetryStrategy),
     /// A hand-off locker with this style.
     Handoff(&'static str, HandoffStyle),
+    /// This many hand-off lockers with this style (as if in separate
+    /// processes: a pub/sub channel each), callers spread over them in turn.
+    HandoffSpread(&'static str, HandoffStyle, usize),
 }
 
 impl Mode {
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Mode::Poll(name, _) | Mode::Handoff(name, _) => name,
+            Mode::Poll(name, _) | Mode::Handoff(name, _) | Mode::HandoffSpread(name, _, _) => name,
         }
     }
 }
@@ -32,7 +35,9 @@ impl Mode {
 #[derive(Clone)]
 pub(crate) enum Waiter {
     Poll(Locker, RetryStrategy),
-    Handoff(HandoffLocker),
+    /// One or more hand-off lockers over one [`Locker`] (so its stats
+    /// count them all), taken in turn.
+    Handoff(Arc<[HandoffLocker]>, Arc<AtomicU64>),
 }
 
 impl Waiter {
@@ -42,21 +47,27 @@ impl Waiter {
         let locker = Locker::builder(env.redis.clone())
             .command_timeout(env.locker.command_timeout())
             .build()?;
-        Ok(match mode {
-            Mode::Poll(_, strategy) => Waiter::Poll(locker, strategy),
-            Mode::Handoff(_, style) => Waiter::Handoff(
-                HandoffLocker::builder(locker, &env.client)
+        let (style, n) = match mode {
+            Mode::Poll(_, strategy) => return Ok(Waiter::Poll(locker, strategy)),
+            Mode::Handoff(_, style) => (style, 1),
+            Mode::HandoffSpread(_, style, n) => (style, n.max(1)),
+        };
+        let mut lockers = Vec::with_capacity(n);
+        for _ in 0..n {
+            lockers.push(
+                HandoffLocker::builder(locker.clone(), &env.client)
                     .style(style)
                     .connect()
                     .await?,
-            ),
-        })
+            );
+        }
+        Ok(Waiter::Handoff(lockers.into(), Arc::default()))
     }
 
     pub(crate) fn locker(&self) -> &Locker {
         match self {
             Waiter::Poll(locker, _) => locker,
-            Waiter::Handoff(handoff) => handoff.locker(),
+            Waiter::Handoff(lockers, _) => lockers[0].locker(),
         }
     }
 
@@ -72,7 +83,10 @@ impl Waiter {
             Waiter::Poll(locker, strategy) => {
                 locker.acquire_with(key, ttl, &opts.retry(*strategy)).await
             }
-            Waiter::Handoff(handoff) => handoff.acquire_with(key, ttl, &opts).await,
+            Waiter::Handoff(lockers, turn) => {
+                let i = turn.fetch_add(1, Ordering::Relaxed) as usize % lockers.len();
+                lockers[i].acquire_with(key, ttl, &opts).await
+            }
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::RedisConnection;
 use crate::compare::Step;
 use crate::error::{Error, Result};
 use crate::fencing::FencingToken;
-use crate::handoff::HandoffStyle;
+use crate::handoff::HandoffRelease;
 use crate::locker::{Locker, check_ttl};
 use crate::token::LeaseToken;
 use crate::watchdog::{self, LostCause, Shared};
@@ -52,12 +52,12 @@ pub struct Lease<C: RedisConnection = MultiplexedConnection> {
 }
 
 /// How a lease gives its lock back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) enum ReleaseKind {
     /// Compare-and-delete.
     Plain,
     /// Hand the lock to the next waiter in the queue (hand-off mode).
-    Handoff(HandoffStyle),
+    Handoff(HandoffRelease),
 }
 
 impl<C: RedisConnection> std::fmt::Debug for Lease<C> {
@@ -325,7 +325,7 @@ impl<C: RedisConnection> Lease<C> {
         self.released = true;
         self.end();
         let deadline = Instant::now() + self.locker.command_timeout();
-        if release(&self.locker, &self.key, &self.token, self.kind, deadline).await? {
+        if release(&self.locker, &self.key, &self.token, &self.kind, deadline).await? {
             Ok(())
         } else {
             Err(Error::NotHeld {
@@ -343,7 +343,7 @@ impl<C: RedisConnection> Drop for Lease<C> {
                 self.locker.clone(),
                 std::mem::take(&mut self.key),
                 self.token.clone(),
-                self.kind,
+                std::mem::replace(&mut self.kind, ReleaseKind::Plain),
             );
         }
     }
@@ -353,13 +353,13 @@ async fn release<C: RedisConnection>(
     locker: &Locker<C>,
     key: &str,
     token: &LeaseToken,
-    kind: ReleaseKind,
+    kind: &ReleaseKind,
     deadline: Instant,
 ) -> Result<bool> {
     match kind {
         ReleaseKind::Plain => locker.release_token(key, token, deadline).await,
-        ReleaseKind::Handoff(style) => {
-            crate::handoff::release(locker, key, token, style, false, deadline).await
+        ReleaseKind::Handoff(how) => {
+            crate::handoff::release(locker, key, token, how, false, deadline).await
         }
     }
 }
@@ -385,7 +385,7 @@ pub(crate) fn spawn_release_kind<C: RedisConnection>(
     };
     runtime.spawn(async move {
         let deadline = Instant::now() + locker.command_timeout();
-        match release(&locker, &key, &token, kind, deadline).await {
+        match release(&locker, &key, &token, &kind, deadline).await {
             Ok(true) => tracing::debug!(key, "released dropped lease"),
             Ok(false) => tracing::debug!(key, "dropped lease had already expired"),
             Err(err) => tracing::warn!(key, error = %err, "could not release dropped lease; the ttl will end it"),

@@ -405,3 +405,193 @@ async fn a_dropped_handoff_lease_is_handed_on_in_the_background() -> TestResult 
     assert!(!left);
     Ok(())
 }
+
+/// Calls of `cmd` the server has run so far (`INFO commandstats`).
+async fn calls(conn: &mut MultiplexedConnection, cmd: &str) -> Result<u64, redis::RedisError> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    let prefix = format!("cmdstat_{cmd}:calls=");
+    Ok(info
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0))
+}
+
+#[tokio::test]
+async fn fifo_holds_across_lockers_and_own_waiters_are_served_without_publish() -> TestResult {
+    let s = setup().await?;
+    let key = "t:handoff:local";
+    let mut conn = s.conn.clone();
+    // Lockers 0 and 1 are two "processes"; waiters alternate 0, 0, 1, 0, 0,
+    // 1, ... so hand-offs go both within one process and across.
+    let lockers = [
+        handoff(&s, HandoffStyle::Grant).await?,
+        handoff(&s, HandoffStyle::Grant).await?,
+    ];
+    let holder = lockers[0]
+        .acquire_with(key, 30 * SECOND, &AcquireOptions::new())
+        .await?;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let holders = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let n = 12;
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let locker = lockers[usize::from(i % 3 == 2)].clone();
+        let (order, holders, most) = (order.clone(), holders.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            let lease = locker.acquire_with(key, 30 * SECOND, &opts).await?;
+            let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            order
+                .lock()
+                .map_err(|_| Error::InvalidOptions("poisoned"))?
+                .push(i);
+            tokio::task::yield_now().await;
+            holders.fetch_sub(1, Ordering::SeqCst);
+            lease.release().await
+        }));
+        until_queued(&mut conn, key, i + 1).await?;
+    }
+    let published = calls(&mut conn, "publish").await?;
+    holder.release().await?;
+    for task in tasks {
+        tokio::time::timeout(HUNG, task).await???;
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 1, "two holders at once");
+    let want: Vec<usize> = (0..n).collect();
+    assert_eq!(*order.lock().map_err(|_| "poisoned")?, want);
+    // Waiter i is told by the release of waiter i - 1 (the first by the
+    // holder, of locker 0): over pub/sub only when they are in different
+    // lockers, i.e. when one of the two is a locker-1 waiter (i % 3 == 2).
+    let across = (0..n)
+        .filter(|&i| {
+            let prev = i.checked_sub(1).map_or(0, |p| usize::from(p % 3 == 2));
+            prev != usize::from(i % 3 == 2)
+        })
+        .count() as u64;
+    let publishes = calls(&mut conn, "publish").await? - published;
+    assert_eq!(publishes, across, "one PUBLISH per cross-locker hand-off");
+    let left: bool = conn.exists(key).await?;
+    assert!(!left, "the last release left the lock behind");
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_own_waiter_that_no_longer_waits_is_skipped_and_the_lock_handed_on() -> TestResult {
+    let s = setup().await?;
+    let key = "t:handoff:skip";
+    let mut conn = s.conn.clone();
+    let locker = handoff(&s, HandoffStyle::Grant).await?;
+    let holder = locker
+        .acquire_with(key, 60 * SECOND, &AcquireOptions::new())
+        .await?;
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            locker.acquire_with(key, 60 * SECOND, &opts).await
+        })
+    };
+    until_queued(&mut conn, key, 1).await?;
+    // Ahead of the real waiter, an entry of the same locker (its channel)
+    // whose waiter this process no longer has: as a waiter that gave up
+    // just before its leave script ran. Handed a 60 s lease, it would
+    // block the key far beyond HUNG.
+    let queue = format!("{key}:waitq");
+    let entries = format!("{key}:waiters");
+    let real: Vec<(String, f64)> = conn.zrange_withscores(&queue, 0, 0).await?;
+    let (real_token, real_score) = real.first().ok_or("no queued waiter")?.clone();
+    let entry: String = conn.hget(&entries, &real_token).await?;
+    let channel = entry.splitn(3, ' ').nth(2).ok_or("no channel")?;
+    let _: () = conn.zadd(&queue, "gone", real_score - 1.0).await?;
+    let _: () = conn
+        .hset(&entries, "gone", format!("99999999999999 60000 {channel}"))
+        .await?;
+
+    holder.release().await?;
+    let lease = tokio::time::timeout(HUNG, waiter).await???;
+    assert_eq!(lease.token().as_str(), real_token);
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, real_token);
+    let queued: usize = conn.zcard(&queue).await?;
+    assert_eq!(queued, 0, "the skipped entry stayed queued");
+    lease.release().await?;
+    let left: bool = conn.exists(key).await?;
+    assert!(!left);
+    Ok(())
+}
+
+#[tokio::test]
+async fn own_waiters_that_give_up_while_queued_never_hold_up_the_rest() -> TestResult {
+    for style in [HandoffStyle::Grant, HandoffStyle::Wake] {
+        let s = setup().await?;
+        let key = "t:handoff:giveup-local";
+        let mut conn = s.conn.clone();
+        let lockers = [handoff(&s, style).await?, handoff(&s, style).await?];
+        let holder = lockers[0]
+            .acquire_with(key, 60 * SECOND, &AcquireOptions::new())
+            .await?;
+        let holders = Arc::new(AtomicU32::new(0));
+        let most = Arc::new(AtomicU32::new(0));
+        let cancel = CancellationToken::new();
+        let n = 30;
+        let mut tasks = Vec::new();
+        for i in 0..n {
+            let locker = lockers[usize::from(i % 4 == 3)].clone();
+            let (holders, most) = (holders.clone(), most.clone());
+            let mut opts = AcquireOptions::new().wait(HUNG);
+            if i % 3 == 1 {
+                opts = opts.cancel(cancel.clone());
+            }
+            tasks.push(tokio::spawn(async move {
+                // 60 s leases: a hand-off to a waiter that is gone would
+                // block the key far beyond HUNG.
+                let lease = match locker.acquire_with(key, 60 * SECOND, &opts).await {
+                    Ok(lease) => lease,
+                    Err(Error::NotAcquired {
+                        reason: GiveUpReason::Cancelled,
+                        ..
+                    }) => return Ok(false),
+                    Err(err) => return Err(err),
+                };
+                let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                holders.fetch_sub(1, Ordering::SeqCst);
+                lease.release().await?;
+                Ok(true)
+            }));
+        }
+        until_queued(&mut conn, key, n).await?;
+        // The give-ups race the hand-offs: their leave scripts run before,
+        // between or after the releases.
+        let release = tokio::spawn(holder.release());
+        cancel.cancel();
+        release.await??;
+        let mut served = 0;
+        for task in tasks {
+            if tokio::time::timeout(HUNG, task).await??? {
+                served += 1;
+            }
+        }
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            1,
+            "{style:?}: two holders at once"
+        );
+        assert_eq!(
+            served,
+            n - n / 3,
+            "{style:?}: not every waiter that stayed was served"
+        );
+        let left: bool = conn.exists(key).await?;
+        assert!(!left, "{style:?}: the last release left the lock behind");
+    }
+    Ok(())
+}

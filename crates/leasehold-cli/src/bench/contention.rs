@@ -29,7 +29,7 @@ const TTL: Duration = Duration::from_secs(2);
 const MS: Duration = Duration::from_millis(1);
 
 /// The ways of waiting, in the order they are reported.
-pub(crate) fn modes() -> [Mode; 5] {
+pub(crate) fn modes() -> [Mode; 6] {
     [
         Mode::Poll("exponential", exponential(16 * MS, 128 * MS, false)),
         Mode::Poll("jittered", exponential(16 * MS, 128 * MS, true)),
@@ -39,6 +39,7 @@ pub(crate) fn modes() -> [Mode; 5] {
         ),
         Mode::Handoff("hand-off", HandoffStyle::Grant),
         Mode::Handoff("hand-off-wake", HandoffStyle::Wake),
+        Mode::HandoffSpread("hand-off-2p", HandoffStyle::Grant, 2),
     ]
 }
 

@@ -3,39 +3,48 @@
 -- it leaves the queue first, and if the lock was handed to it meanwhile (or
 -- is free with waiters queued), it serves the next waiter in the same step.
 --
--- A waiter is live when its entry is not past its deadline and its channel
--- has a subscriber (PUBLISH reports how many received the message); dead
--- ones are dropped and the next one is tried.
+-- A waiter is live when its entry is not past its deadline and, for a
+-- waiter of another locker, its channel has a subscriber (PUBLISH reports
+-- how many received the message); dead ones are dropped and the next one is
+-- tried. A waiter of the calling locker (its channel is ARGV[4]) is served
+-- without PUBLISH: its token is returned and the caller wakes it in its own
+-- process (or, if it no longer waits, hands the lock on with this script).
 --
 -- KEYS[1]  the lock key
 -- KEYS[2]  the wait queue: ZSET of waiter tokens, scored by arrival (us)
 -- KEYS[3]  the waiters: HASH token -> "<expiry ms> <ttl ms> <channel>"
 -- ARGV[1]  the holder's (or leaving waiter's) token
--- ARGV[2]  "grant": PUBLISH "g <token> <lock key>" on the next waiter's
---          channel and set the lock to its token with its TTL (the lease
---          moves without a round trip); "wake": delete the lock and PUBLISH
---          "w <token> <lock key>", so the next waiter takes it with its own
---          request
+-- ARGV[2]  "grant": set the lock to the next waiter's token with its TTL
+--          (the lease moves without a round trip) and tell it ("g <token>
+--          <lock key>" on its channel); "wake": delete the lock and tell
+--          the next waiter ("w <token> <lock key>"), which takes it with its
+--          own request
 -- ARGV[3]  "leave" to first drop ARGV[1]'s own queue entry, else ""
+-- ARGV[4]  the calling locker's channel
 --
--- Returns 0 when the lock did not hold ARGV[1] (expired or changed hands;
--- nothing else was touched), 1 when it was deleted with nobody waiting, 2
--- when the next waiter was served.
+-- Returns {code, local}: code 0 when the lock did not hold ARGV[1] (expired
+-- or changed hands; nothing else was touched, unless leaving found the lock
+-- free and served the queue), 1 when it was deleted with nobody waiting, 2
+-- when the next waiter was served; local is the token of the served waiter
+-- when it belongs to the calling locker (not told: the caller must), else "".
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local grant = ARGV[2] == "grant"
 
-local function forget(token)
-  redis.call("ZREM", KEYS[2], token)
-  redis.call("HDEL", KEYS[3], token)
-end
-
+-- Pops (grant) or peeks at (wake: the woken waiter keeps its place until it
+-- takes the lock) the first waiter, dropping stale entries on the way.
 local function next_live()
   while true do
-    local first = redis.call("ZRANGE", KEYS[2], 0, 0)
-    if #first == 0 then
+    local token
+    if grant then
+      local popped = redis.call("ZPOPMIN", KEYS[2])
+      token = popped[1]
+    else
+      token = redis.call("ZRANGE", KEYS[2], 0, 0)[1]
+    end
+    if token == nil then
       return nil
     end
-    local token = first[1]
     local entry = redis.call("HGET", KEYS[3], token)
     if entry then
       local expiry, ttl, channel = string.match(entry, "^(%d+) (%d+) (.+)$")
@@ -43,44 +52,57 @@ local function next_live()
         return token, ttl, channel
       end
     end
-    forget(token)
+    if not grant then
+      redis.call("ZREM", KEYS[2], token)
+    end
+    redis.call("HDEL", KEYS[3], token)
   end
 end
 
+-- Serves the first live waiter: returns false when nobody waits, else its
+-- token if it is ours to tell, else "".
 local function serve()
   while true do
     local head, ttl, channel = next_live()
     if head == nil then
       return false
     end
-    if ARGV[2] == "grant" then
-      if redis.call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1]) > 0 then
-        forget(head)
+    local mine = channel == ARGV[4]
+    if grant then
+      redis.call("HDEL", KEYS[3], head)
+      if mine or redis.call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1]) > 0 then
         redis.call("SET", KEYS[1], head, "PX", ttl)
-        return true
+        return mine and head or ""
       end
-    elseif redis.call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
-      return true
+    else
+      if mine or redis.call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
+        return mine and head or ""
+      end
+      redis.call("ZREM", KEYS[2], head)
+      redis.call("HDEL", KEYS[3], head)
     end
-    forget(head)
   end
 end
 
 if ARGV[3] == "leave" then
-  forget(ARGV[1])
+  redis.call("ZREM", KEYS[2], ARGV[1])
+  redis.call("HDEL", KEYS[3], ARGV[1])
 end
 local holder = redis.call("GET", KEYS[1])
 if holder ~= ARGV[1] then
   if ARGV[3] == "leave" and not holder then
-    serve()
+    return {0, serve() or ""}
   end
-  return 0
+  return {0, ""}
 end
-if ARGV[2] == "wake" then
+if not grant then
   redis.call("DEL", KEYS[1])
 end
-if serve() then
-  return 2
+local served = serve()
+if served then
+  return {2, served}
 end
-redis.call("DEL", KEYS[1])
-return 1
+if grant then
+  redis.call("DEL", KEYS[1])
+end
+return {1, ""}
