@@ -202,6 +202,36 @@ fn print_table(args: &ContentionArgs, rows: &[Value]) {
 /// Every caller takes the lock once and holds it for `--work`.
 async fn burst(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<Figures> {
     clear(env, KEY).await?;
+    let (figures, _accepted) = once_each(env, mode, args, None).await?;
+    Ok(figures)
+}
+
+/// The tutorial's Step 4 with this way of waiting: elapsed only matters.
+async fn tutorial(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<Figures> {
+    clear(env, KEY).await?;
+    let wallet = Wallet::new(env.redis.clone());
+    wallet.reset(args.initial).await?;
+    let (figures, accepted) = once_each(env, mode, args, Some(wallet.clone())).await?;
+    let balance = wallet.balance().await?;
+    let spent = i64::try_from(accepted).unwrap_or(i64::MAX) * 10;
+    anyhow::ensure!(
+        balance == args.initial - spent && balance >= 0,
+        "{}: balance {balance} after {accepted} payments from {}",
+        mode.name(),
+        args.initial
+    );
+    Ok(figures)
+}
+
+/// Every caller takes the lock once. While holding it, it spends 10 from
+/// `wallet` (the tutorial's work), or with no wallet just works for
+/// `--work`. Returns the figures and how many calls succeeded.
+async fn once_each(
+    env: &Env,
+    mode: Mode,
+    args: &ContentionArgs,
+    wallet: Option<Wallet>,
+) -> anyhow::Result<(Figures, u64)> {
     let waiter = Waiter::connect(env, mode).await?;
     let meter = Meter::new()?;
     let gave_up = Arc::new(AtomicU64::new(0));
@@ -215,7 +245,7 @@ async fn burst(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<F
         args.wait,
     );
     let tally = hammer(args.callers, move |_| {
-        let (waiter, meter, gave_up) = (w.clone(), m.clone(), g.clone());
+        let (waiter, meter, gave_up, wallet) = (w.clone(), m.clone(), g.clone(), wallet.clone());
         async move {
             match waiter
                 .acquire(KEY, TTL, AcquireOptions::new().wait(wait))
@@ -223,10 +253,16 @@ async fn burst(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<F
             {
                 Ok(lease) => {
                     let since = meter.acquired();
-                    tokio::time::sleep(work).await;
+                    let done = match &wallet {
+                        Some(wallet) => wallet.spend(10, work).await,
+                        None => {
+                            tokio::time::sleep(work).await;
+                            Ok(true)
+                        }
+                    };
                     meter.releasing(since);
                     lease.release().await?;
-                    Ok(true)
+                    done
                 }
                 Err(Error::NotAcquired { .. }) => {
                     gave_up.fetch_add(1, Ordering::Relaxed);
@@ -240,77 +276,15 @@ async fn burst(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<F
     let elapsed = start.elapsed();
     let cpu = server::cpu(&env.redis).await?.saturating_sub(cpu_before);
     fail_on_errors(&tally)?;
-    Ok(figures(
+    let figures = figures(
         &waiter,
         &meter,
         elapsed,
         cpu,
         gave_up.load(Ordering::Relaxed),
         None,
-    ))
-}
-
-/// The tutorial's Step 4 with this way of waiting: elapsed only matters.
-async fn tutorial(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<Figures> {
-    clear(env, KEY).await?;
-    let wallet = Wallet::new(env.redis.clone());
-    wallet.reset(args.initial).await?;
-    let waiter = Waiter::connect(env, mode).await?;
-    let meter = Meter::new()?;
-    let gave_up = Arc::new(AtomicU64::new(0));
-    let cpu_before = server::cpu(&env.redis).await?;
-    let start = Instant::now();
-    let (w, m, g, s, work, wait) = (
-        waiter.clone(),
-        meter.clone(),
-        gave_up.clone(),
-        wallet.clone(),
-        args.work,
-        args.wait,
     );
-    let tally = hammer(args.callers, move |_| {
-        let (waiter, meter, gave_up, wallet) = (w.clone(), m.clone(), g.clone(), s.clone());
-        async move {
-            match waiter
-                .acquire(KEY, TTL, AcquireOptions::new().wait(wait))
-                .await
-            {
-                Ok(lease) => {
-                    let since = meter.acquired();
-                    let spent = wallet.spend(10, work).await;
-                    meter.releasing(since);
-                    lease.release().await?;
-                    spent
-                }
-                Err(Error::NotAcquired { .. }) => {
-                    gave_up.fetch_add(1, Ordering::Relaxed);
-                    Ok(false)
-                }
-                Err(err) => Err(err.into()),
-            }
-        }
-    })
-    .await;
-    let elapsed = start.elapsed();
-    let cpu = server::cpu(&env.redis).await?.saturating_sub(cpu_before);
-    fail_on_errors(&tally)?;
-    let balance = wallet.balance().await?;
-    let spent = i64::try_from(tally.accepted).unwrap_or(i64::MAX) * 10;
-    anyhow::ensure!(
-        balance == args.initial - spent && balance >= 0,
-        "{}: balance {balance} after {} payments from {}",
-        mode.name(),
-        tally.accepted,
-        args.initial
-    );
-    Ok(figures(
-        &waiter,
-        &meter,
-        elapsed,
-        cpu,
-        gave_up.load(Ordering::Relaxed),
-        None,
-    ))
+    Ok((figures, tally.accepted))
 }
 
 /// Every caller loops for `--duration`; the end cancels whoever waits.
