@@ -15,17 +15,23 @@ fn leasehold(args: &[&str]) -> Result<Output, std::io::Error> {
         .output()
 }
 
-/// Runs with `--json` and returns one object per run.
-fn runs(args: &[&str]) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
-    let mut all = args.to_vec();
-    all.push("--json");
-    let out = leasehold(&all)?;
+/// Runs `leasehold args`, requires it to succeed, and returns its stdout.
+fn succeeded(args: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
+    let out = leasehold(args)?;
     let stdout = String::from_utf8(out.stdout)?;
     assert!(
         out.status.success(),
         "leasehold {args:?} failed: {}\n{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
+    Ok(stdout)
+}
+
+/// Runs with `--json` and returns one object per run.
+fn runs(args: &[&str]) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let stdout = succeeded(&all)?;
     Ok(stdout
         .lines()
         .map(serde_json::from_str)
@@ -131,9 +137,7 @@ fn backoff_with_handoff_reports_its_figures_without_polling() -> TestResult {
 
 #[test]
 fn backoff_human_output_has_the_tutorials_lines() -> TestResult {
-    let out = leasehold(&["backoff", "--handoff", "-n", "5", "--initial", "20"])?;
-    let stdout = String::from_utf8(out.stdout)?;
-    assert!(out.status.success(), "{stdout}");
+    let stdout = succeeded(&["backoff", "--handoff", "-n", "5", "--initial", "20"])?;
     assert!(
         stdout.contains("accepted=2 balance=0 expected=0 OK"),
         "{stdout}"
@@ -145,7 +149,7 @@ fn backoff_human_output_has_the_tutorials_lines() -> TestResult {
 
 #[test]
 fn bench_uncontended_smoke_prints_its_fields() -> TestResult {
-    let out = leasehold(&[
+    let stdout = succeeded(&[
         "bench",
         "uncontended",
         "--duration",
@@ -156,12 +160,6 @@ fn bench_uncontended_smoke_prints_its_fields() -> TestResult {
         "4",
         "--json",
     ])?;
-    let stdout = String::from_utf8(out.stdout)?;
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let r: Value = serde_json::from_str(stdout.trim())?;
     assert_eq!(r["bench"], "uncontended", "{r}");
     for key in [
@@ -206,9 +204,7 @@ fn ttl_with_the_watchdog_serialises_the_callers() -> TestResult {
 #[test]
 fn ttl_prints_the_tutorials_lines() -> TestResult {
     // The second caller gets in ~10 ms after the first, which writes at 300 ms.
-    let out = leasehold(&["ttl", "-n", "2", "--work", "300ms", "--ttl", "10ms"])?;
-    let stdout = String::from_utf8(out.stdout)?;
-    assert!(out.status.success(), "{stdout}");
+    let stdout = succeeded(&["ttl", "-n", "2", "--work", "300ms", "--ttl", "10ms"])?;
     let mut lines = stdout.lines();
     assert_eq!(
         lines.next(),
@@ -225,13 +221,7 @@ fn ttl_prints_the_tutorials_lines() -> TestResult {
 
 #[test]
 fn demo_matches_the_tutorial() -> TestResult {
-    let out = leasehold(&["demo"])?;
-    let stdout = String::from_utf8(out.stdout)?;
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&["demo"])?;
     assert!(stdout.contains("tutorial shows"), "{stdout}");
     assert!(
         stdout.contains("steps show what the tutorial shows"),
@@ -310,13 +300,7 @@ fn bad_flags_are_rejected_before_any_work() -> TestResult {
 
 #[test]
 fn fencing_prints_the_tutorial_lines_and_refuses_the_stale_writer() -> TestResult {
-    let out = leasehold(&["fencing"])?;
-    let stdout = String::from_utf8(out.stdout)?;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&["fencing"])?;
     for line in [
         "A: got the lock, fence 33, read balance 100",
         "A: paused for 250ms (GC pause, slow network, stopped VM)",
@@ -431,13 +415,7 @@ fn same_version_with_a_database_only_mode_is_rejected_before_any_work() -> TestR
 
 #[test]
 fn failover_grants_the_lock_twice_and_the_database_catches_it() -> TestResult {
-    let out = leasehold(&["failover"])?;
-    let stdout = String::from_utf8(out.stdout)?;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&["failover"])?;
     for line in [
         "A: got lock:{wallet:42} on the primary, fence 33, read balance 100",
         "B: got lock:{wallet:42} on the promoted replica, fence 33, read balance 100",
