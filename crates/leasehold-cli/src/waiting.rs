@@ -16,17 +16,34 @@ use crate::env::Env;
 pub(crate) enum Mode {
     /// Polling with this strategy.
     Poll(&'static str, RetryStrategy),
-    /// A hand-off locker with this style.
-    Handoff(&'static str, HandoffStyle),
-    /// This many hand-off lockers with this style (as if in separate
-    /// processes: a pub/sub channel each), callers spread over them in turn.
-    HandoffSpread(&'static str, HandoffStyle, usize),
+    /// Hand-off lockers set up like this.
+    Handoff(&'static str, Handoff),
+}
+
+/// How the hand-off lockers of a run are set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Handoff {
+    pub(crate) style: HandoffStyle,
+    /// [`leasehold::HandoffLockerBuilder::relay_limit`]; 0 is off.
+    pub(crate) relay_limit: u32,
+    /// This many lockers (as if in separate processes: a pub/sub channel
+    /// and a local queue each), callers spread over them in turn.
+    pub(crate) lockers: usize,
+}
+
+impl Handoff {
+    /// What `leasehold` does by default: grant, relay on, one locker.
+    pub(crate) const DEFAULT: Handoff = Handoff {
+        style: HandoffStyle::Grant,
+        relay_limit: leasehold::DEFAULT_RELAY_LIMIT,
+        lockers: 1,
+    };
 }
 
 impl Mode {
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Mode::Poll(name, _) | Mode::Handoff(name, _) | Mode::HandoffSpread(name, _, _) => name,
+            Mode::Poll(name, _) | Mode::Handoff(name, _) => name,
         }
     }
 }
@@ -36,8 +53,9 @@ impl Mode {
 pub(crate) enum Waiter {
     Poll(Locker, RetryStrategy),
     /// One or more hand-off lockers over one [`Locker`] (so its stats
-    /// count them all), taken in turn.
-    Handoff(Arc<[HandoffLocker]>, Arc<AtomicU64>),
+    /// count them all); each caller always uses the same one, as a task of
+    /// one process would.
+    Handoff(Arc<[HandoffLocker]>),
 }
 
 impl Waiter {
@@ -47,34 +65,36 @@ impl Waiter {
         let locker = Locker::builder(env.redis.clone())
             .command_timeout(env.locker.command_timeout())
             .build()?;
-        let (style, n) = match mode {
+        let how = match mode {
             Mode::Poll(_, strategy) => return Ok(Waiter::Poll(locker, strategy)),
-            Mode::Handoff(_, style) => (style, 1),
-            Mode::HandoffSpread(_, style, n) => (style, n.max(1)),
+            Mode::Handoff(_, how) => how,
         };
+        let n = how.lockers.max(1);
         let mut lockers = Vec::with_capacity(n);
         for _ in 0..n {
             lockers.push(
                 HandoffLocker::builder(locker.clone(), &env.client)
-                    .style(style)
+                    .style(how.style)
+                    .relay_limit(how.relay_limit)
                     .connect()
                     .await?,
             );
         }
-        Ok(Waiter::Handoff(lockers.into(), Arc::default()))
+        Ok(Waiter::Handoff(lockers.into()))
     }
 
     pub(crate) fn locker(&self) -> &Locker {
         match self {
             Waiter::Poll(locker, _) => locker,
-            Waiter::Handoff(lockers, _) => lockers[0].locker(),
+            Waiter::Handoff(lockers) => lockers[0].locker(),
         }
     }
 
-    /// Takes the lease; `opts` gives the deadline and cancellation, the mode
-    /// the strategy.
+    /// Takes the lease for caller number `caller`; `opts` gives the
+    /// deadline and cancellation, the mode the strategy.
     pub(crate) async fn acquire(
         &self,
+        caller: usize,
         key: &str,
         ttl: Duration,
         opts: AcquireOptions,
@@ -83,9 +103,10 @@ impl Waiter {
             Waiter::Poll(locker, strategy) => {
                 locker.acquire_with(key, ttl, &opts.retry(*strategy)).await
             }
-            Waiter::Handoff(lockers, turn) => {
-                let i = turn.fetch_add(1, Ordering::Relaxed) as usize % lockers.len();
-                lockers[i].acquire_with(key, ttl, &opts).await
+            Waiter::Handoff(lockers) => {
+                lockers[caller % lockers.len()]
+                    .acquire_with(key, ttl, &opts)
+                    .await
             }
         }
     }

@@ -99,9 +99,7 @@ fn assert_backoff_figures(r: &Value) {
     assert_eq!(r["errors"], 0, "{r}");
     assert_eq!(r["gave_up"], 0, "{r}");
     assert_eq!(r["acquisitions"], 50, "{r}");
-    let round_trips = r["round_trips"].as_u64().unwrap_or(0);
-    // At least one request to take and one to give back each lease.
-    assert!(round_trips >= 100, "{r}");
+    assert!(r["round_trips"].as_u64().is_some(), "{r}");
     assert!(
         r["redis_cpu_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
         "{r}"
@@ -120,6 +118,9 @@ fn backoff_with_jitter_reports_its_figures() -> TestResult {
     assert_eq!(reports.len(), 1);
     assert_backoff_figures(&reports[0]);
     assert_eq!(reports[0]["mode"], "full jitter");
+    // Polling: at least one request to take and one to give back each lease.
+    let round_trips = reports[0]["round_trips"].as_u64().unwrap_or(0);
+    assert!(round_trips >= 100, "{}", reports[0]);
     Ok(())
 }
 
@@ -129,9 +130,11 @@ fn backoff_with_handoff_reports_its_figures_without_polling() -> TestResult {
     let r = &reports[0];
     assert_backoff_figures(r);
     assert_eq!(r["mode"], "hand-off");
-    // One request to join or take, one to release: no polling (the
-    // fallback timer, once per 2 s TTL, cannot fire in this run).
-    assert_eq!(r["round_trips"], 100, "{r}");
+    // No polling, and the leases pass from caller to caller in process:
+    // fewer requests than leases (one per 16 passes plus the first take and
+    // the last release, when all 50 queue behind the first).
+    let round_trips = r["round_trips"].as_u64().unwrap_or(u64::MAX);
+    assert!(round_trips < 50, "{r}");
     Ok(())
 }
 

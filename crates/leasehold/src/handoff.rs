@@ -17,8 +17,15 @@ use crate::error::{Error, GiveUpReason, Result};
 use crate::lease::{Lease, ReleaseKind};
 use crate::locker::{Locker, check_key, check_ttl, ttl_millis};
 use crate::options::AcquireOptions;
+use crate::relay::{Entry, Next, Relay, Ticket, Turn};
 use crate::token::LeaseToken;
+use crate::watchdog::Validity;
 use crate::{RedisConnection, call};
+
+/// How many leases in a row a release may pass to another waiter of the
+/// same [`HandoffLocker`] without a Redis request, by default
+/// ([`HandoffLockerBuilder::relay_limit`]).
+pub const DEFAULT_RELAY_LIMIT: u32 = 16;
 
 /// How a release passes the lock to the next waiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -60,6 +67,8 @@ type Waiters = Mutex<HashMap<String, mpsc::UnboundedSender<Signal>>>;
 struct Local {
     channel: String,
     waiters: Waiters,
+    /// The in-process queues, unless relay is off.
+    relay: Option<Relay>,
 }
 
 impl Local {
@@ -109,6 +118,14 @@ impl std::fmt::Debug for HandoffRelease {
 /// request to join, one to release, whatever the number of waiters, and
 /// waiters are served in arrival order.
 ///
+/// By default it goes one step further for the callers of one process (all
+/// the tasks sharing one `HandoffLocker`): they queue in process behind the
+/// one of them that holds or waits in Redis, and a release passes the lease
+/// to the next of them without any request
+/// ([in-process relay](#in-process-relay)). Redis then sees about one
+/// request per [`relay_limit`](HandoffLockerBuilder::relay_limit) leases
+/// instead of two per lease.
+///
 /// # Protocol
 ///
 /// Three keys per lock key `K`: the lock `K` itself (the same string as in
@@ -142,6 +159,38 @@ impl std::fmt::Debug for HandoffRelease {
 ///   queue when a holder died without releasing. There is no per-waiter
 ///   heartbeat: a waiter's liveness is checked when it is served (below).
 ///
+/// # In-process relay
+///
+/// On by default ([`DEFAULT_RELAY_LIMIT`]); `relay_limit(0)` turns it off.
+///
+/// - A caller that finds another task of this locker holding `key`, or
+///   waiting for it in Redis, does not send a request: it joins a local FIFO
+///   and sleeps. Only one task per locker and key is ever in Redis's queue.
+/// - A release with local waiters passes the lease to the first of them
+///   **without a request** when the lease is still believed held, the waiter
+///   asked for the same TTL, at least half of that TTL is left, and fewer
+///   than `relay_limit` leases were passed that way since Redis last saw the
+///   lock. The new holder continues the *same* Redis lease: the same token
+///   ([`Lease::token`] is shared along the relay) and the same confirmed
+///   deadline, so its [`remaining`](Lease::remaining) is at least half its
+///   TTL and never longer than Redis's.
+/// - Otherwise the pass is a **checkpoint**: one run of the release script
+///   that serves Redis's queue first (another process's waiter gets the
+///   lock; our next waiter then queues in Redis behind it) or, with nobody
+///   waiting there, keeps the lock with a fresh TTL for our next waiter.
+///   So another process waits at most `relay_limit` local turns, and
+///   processes take turns in batches instead of caller by caller: with
+///   relay on, FIFO holds within a process and between the batches of
+///   processes; with it off, across all callers.
+/// - A local waiter that gives up (deadline, cancel, dropped future) leaves
+///   the local queue without a request; if a turn reached it meanwhile it
+///   passes it on. [`RetryStrategy::none`](crate::RetryStrategy::none) on a
+///   key busy in process gives up at once (one attempt, answered locally).
+/// - Safety does not depend on the local queue: a free pass continues a
+///   lease that is valid by the holder's own conservative clock, and every
+///   other transfer is decided by Redis with a token check. As with any
+///   lease, a write that must not happen twice is fenced by the database.
+///
 /// # Crash safety
 ///
 /// - A holder that dies blocks the key for at most its TTL: the lock
@@ -158,6 +207,12 @@ impl std::fmt::Debug for HandoffRelease {
 /// - A waiter that gives up while a hand-off to it is in flight: its leave
 ///   script runs after the hand-off (which then finds the lock holding its
 ///   token and passes it on) or before it (and then no release can pick it).
+/// - With relay, a holder task that panics drops its lease, which passes it
+///   on in the background. A holder that never releases nor drops its
+///   lease (a leaked guard, a hung task) blocks our local waiters until its
+///   lease runs out by its own clock: they then fall back to Redis, which
+///   has freed the key by then. The whole process dying is the dead holder
+///   case above.
 /// - Anything that still slips through (a process that is partitioned but
 ///   not yet disconnected, a waiter future leaked with `mem::forget`) is
 ///   handed a lease that ends with its TTL; queue entries expire at their
@@ -221,6 +276,10 @@ impl<C: RedisConnection> std::fmt::Debug for HandoffLocker<C> {
         f.debug_struct("HandoffLocker")
             .field("style", &self.inner.how.style)
             .field("channel", &self.inner.how.local.channel)
+            .field(
+                "relay_limit",
+                &self.inner.how.local.relay.as_ref().map_or(0, Relay::limit),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -232,9 +291,23 @@ pub struct HandoffLockerBuilder<C: RedisConnection> {
     locker: Locker<C>,
     client: redis::Client,
     style: HandoffStyle,
+    relay_limit: u32,
 }
 
 impl<C: RedisConnection> HandoffLockerBuilder<C> {
+    /// How many leases in a row a release may pass to another waiter of
+    /// this locker without a Redis request (see
+    /// [relay](HandoffLocker#in-process-relay)); after that many, the next
+    /// pass goes through Redis, which serves other processes' waiters first.
+    /// `0` turns relay off: every waiter queues in Redis, and all callers,
+    /// whatever their process, are served in arrival order.
+    ///
+    /// Defaults to [`DEFAULT_RELAY_LIMIT`] (16).
+    pub fn relay_limit(mut self, limit: u32) -> Self {
+        self.relay_limit = limit;
+        self
+    }
+
     /// How a release passes the lock on.
     ///
     /// Defaults to [`HandoffStyle::Grant`].
@@ -263,6 +336,7 @@ impl<C: RedisConnection> HandoffLockerBuilder<C> {
         let local = Arc::new(Local {
             channel,
             waiters: Waiters::default(),
+            relay: (self.relay_limit > 0).then(|| Relay::new(self.relay_limit)),
         });
         let listener = tokio::spawn(route(pubsub.into_on_message(), local.clone()));
         Ok(HandoffLocker {
@@ -319,6 +393,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
             locker,
             client: client.clone(),
             style: HandoffStyle::default(),
+            relay_limit: DEFAULT_RELAY_LIMIT,
         }
     }
 
@@ -360,23 +435,50 @@ impl<C: RedisConnection> HandoffLocker<C> {
     ) -> Result<Lease<C>> {
         check_key(key)?;
         check_ttl(ttl)?;
-        let token = LeaseToken::generate()?;
-        let px = ttl_millis(ttl);
-        let locker = &self.inner.locker;
-        let counters = &locker.inner.counters;
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let waiting = Waiting::enter(self, key, &token, ttl, tx);
-
         let start = Instant::now();
         let deadline = opts.deadline_from(start);
-        let mut waits = opts.retry.waits();
-        let mut attempts: u32 = 0;
         let give_up = |attempts, reason| Error::NotAcquired {
             key: key.to_owned(),
             attempts,
             waited: start.elapsed(),
             reason,
         };
+        if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
+            return Err(give_up(0, GiveUpReason::Cancelled));
+        }
+        let unit = match &self.inner.how.local.relay {
+            None => None,
+            Some(relay) => {
+                match relay.enter(key, ttl, opts.retry.waits().next().is_some()) {
+                    Entry::Represent => {}
+                    Entry::Busy => return Err(give_up(1, GiveUpReason::RetriesExhausted)),
+                    Entry::Queued(ticket) => {
+                        let waited = self
+                            .wait_in_process(relay, key, ttl, ticket, deadline, opts)
+                            .await;
+                        match waited {
+                            Ok(Some(lease)) => return Ok(lease),
+                            Ok(None) => {}
+                            Err(reason) => return Err(give_up(0, reason)),
+                        }
+                    }
+                }
+                Some(Unit {
+                    relay,
+                    key,
+                    armed: true,
+                })
+            }
+        };
+        let token = LeaseToken::generate()?;
+        let px = ttl_millis(ttl);
+        let locker = &self.inner.locker;
+        let counters = &locker.inner.counters;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let waiting = Waiting::enter(self, key, &token, ttl, tx, unit);
+
+        let mut waits = opts.retry.waits();
+        let mut attempts: u32 = 0;
         let mut last_busy = start;
         loop {
             if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
@@ -431,6 +533,106 @@ impl<C: RedisConnection> HandoffLocker<C> {
         }
     }
 
+    /// Waits in this locker's queue for `key` until a unit of ours passes
+    /// us the lease (`Some`) or its place in Redis's queue (`None`: go to
+    /// Redis), or our fallback timer (one TTL) sends us to Redis as a unit
+    /// of our own. `Err`: we gave up.
+    async fn wait_in_process(
+        &self,
+        relay: &Relay,
+        key: &str,
+        ttl: Duration,
+        ticket: Ticket,
+        deadline: Instant,
+        opts: &AcquireOptions,
+    ) -> std::result::Result<Option<Lease<C>>, GiveUpReason> {
+        let mut waiting = LocalWaiting {
+            handoff: self,
+            key,
+            ticket: Some(ticket),
+        };
+        let cancelled = async {
+            match &opts.cancel {
+                Some(cancel) => cancel.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(cancelled);
+        let turn = loop {
+            // Due when our holder's lease runs out (as it knows it), so a
+            // holder that never gives its lease back blocks us at most until
+            // then; with no holder of ours known, after our own TTL.
+            let fallback = relay
+                .held_until(key)
+                .map_or(Instant::now() + ttl, |until| {
+                    until + Duration::from_millis(1)
+                })
+                .min(deadline);
+            let Some(ticket) = waiting.ticket.as_mut() else {
+                break None;
+            };
+            tokio::select! {
+                biased;
+                () = &mut cancelled => return Err(GiveUpReason::Cancelled),
+                turn = ticket.turn() => {
+                    waiting.ticket = None;
+                    break turn;
+                }
+                () = tokio::time::sleep_until(fallback) => {
+                    if fallback >= deadline {
+                        return Err(GiveUpReason::DeadlineExpired);
+                    }
+                    if relay.held_until(key).is_some_and(|until| until > Instant::now()) {
+                        continue;
+                    }
+                    break waiting.ticket.take().and_then(|t| relay.leave(key, t, true));
+                }
+            }
+        };
+        Ok(match turn {
+            Some(Turn::Lease { token, validity }) => Some(self.relayed(key, token, validity)),
+            // `None` from the ticket: the unit that was passing to us was
+            // dropped mid-way; its place is ours.
+            Some(Turn::Represent) | None => None,
+        })
+    }
+
+    /// A lease passed to us in process.
+    fn relayed(&self, key: &str, token: LeaseToken, validity: Validity) -> Lease<C> {
+        let locker = self.inner.locker.clone();
+        locker.inner.counters.acquisition();
+        let lease = Lease::new(
+            locker,
+            key.to_owned(),
+            token,
+            validity.ttl,
+            validity.confirmed_at,
+        )
+        .with_release(ReleaseKind::Handoff(self.inner.how.clone()));
+        self.held(&lease);
+        lease
+    }
+
+    /// Records `lease` as this locker's holder of its key (relay on).
+    fn held(&self, lease: &Lease<C>) {
+        if let Some(relay) = &self.inner.how.local.relay {
+            relay.hold(lease.key(), lease.shared());
+        }
+    }
+
+    /// How many callers of this locker wait *in process* for `key` (see
+    /// [relay](HandoffLocker#in-process-relay)): queued behind a holder or
+    /// waiter of this same locker, without a request of their own. Zero
+    /// when relay is off.
+    pub fn queued_in_process(&self, key: &str) -> usize {
+        self.inner
+            .how
+            .local
+            .relay
+            .as_ref()
+            .map_or(0, |relay| relay.queued(key))
+    }
+
     /// One run of the acquire script.
     async fn try_or_enqueue(
         &self,
@@ -471,23 +673,111 @@ fn queue_keys(key: &str) -> [String; 2] {
     [format!("{key}:waitq"), format!("{key}:waiters")]
 }
 
-/// Releases (or, with `leave`, leaves the queue for) the lock `key` held (or
-/// waited for) with `token`, handing it to the next waiter. `Ok(false)`: the
-/// lock did not hold `token`.
-///
-/// When the next waiter is one of this locker's own, the script serves it
-/// without `PUBLISH` and we tell it here; if it no longer waits, we hand the
-/// lock on for it (one more request each), as its own leave would.
+/// What a run of the release script is for.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    /// The holder gives the lock back: the next waiter in Redis's queue, or
+    /// nobody, gets it.
+    Release,
+    /// A waiter gives up: it leaves Redis's queue, passing on a lock that
+    /// was handed to it meanwhile.
+    Leave,
+    /// The holder would pass the lock to a waiter of its own process: Redis's
+    /// queue first; with nobody live there the lock stays, with this TTL
+    /// (ms).
+    Pass(u64),
+}
+
+/// Gives back the lock `key` held with `token` (last confirmed as
+/// `validity`; `None` if found lost): to the next waiter of this locker if
+/// relay is on and one waits, else to the next waiter in Redis's queue.
+/// `Ok(false)`: the lock did not hold `token`.
 pub(crate) async fn release<C: RedisConnection>(
     locker: &Locker<C>,
     key: &str,
     token: &LeaseToken,
     how: &HandoffRelease,
-    leave: bool,
+    validity: Option<Validity>,
     deadline: Instant,
 ) -> Result<bool> {
-    let (code, mut served) =
-        release_once(locker, key, token.as_str(), how, leave, deadline).await?;
+    let Some(relay) = &how.local.relay else {
+        return release_in_redis(locker, key, token.as_str(), how, Mode::Release, deadline).await;
+    };
+    let mut validity = validity;
+    loop {
+        let (queued, sent_at, served) = match relay.next(key, validity) {
+            Next::Nobody => {
+                return release_in_redis(locker, key, token.as_str(), how, Mode::Release, deadline)
+                    .await;
+            }
+            Next::Free(queued, valid) => match queued.hand(Turn::Lease {
+                token: token.clone(),
+                validity: valid,
+            }) {
+                Ok(()) => return Ok(true),
+                Err(_) => continue,
+            },
+            Next::Checkpoint(queued) => {
+                let sent_at = Instant::now();
+                let px = ttl_millis(queued.ttl());
+                let run = release_once(locker, key, token.as_str(), how, Mode::Pass(px), deadline);
+                (queued, sent_at, run.await)
+            }
+        };
+        match served {
+            Ok((3, _)) => {
+                let valid = Validity {
+                    confirmed_at: sent_at,
+                    ttl: queued.ttl(),
+                };
+                validity = Some(valid);
+                match queued.hand(Turn::Lease {
+                    token: token.clone(),
+                    validity: valid,
+                }) {
+                    Ok(()) => return Ok(true),
+                    Err(_) => continue,
+                }
+            }
+            Ok((code, served)) => {
+                relay.pass_place(key, Some(queued));
+                tell_served(locker, key, how, served, deadline).await;
+                return Ok(code != 0);
+            }
+            Err(err) => {
+                relay.pass_place(key, Some(queued));
+                return Err(err);
+            }
+        }
+    }
+}
+
+/// Gives back (or, with [`Mode::Leave`], leaves the queue for) the lock in
+/// Redis, handing it to the next waiter there. `Ok(false)`: the lock did not
+/// hold `token`.
+async fn release_in_redis<C: RedisConnection>(
+    locker: &Locker<C>,
+    key: &str,
+    token: &str,
+    how: &HandoffRelease,
+    mode: Mode,
+    deadline: Instant,
+) -> Result<bool> {
+    let (code, served) = release_once(locker, key, token, how, mode, deadline).await?;
+    tell_served(locker, key, how, served, deadline).await;
+    Ok(code != 0)
+}
+
+/// When a release served one of this locker's own Redis waiters, the script
+/// did not tell it: we do. If it no longer waits, we hand the lock on for it
+/// (one more request each), as its own leave would.
+async fn tell_served<C: RedisConnection>(
+    locker: &Locker<C>,
+    key: &str,
+    how: &HandoffRelease,
+    mut served: Option<String>,
+    deadline: Instant,
+) {
     let signal = match how.style {
         HandoffStyle::Grant => Signal::Granted,
         HandoffStyle::Wake => Signal::Woken,
@@ -496,7 +786,7 @@ pub(crate) async fn release<C: RedisConnection>(
         if how.local.tell(&next, signal) {
             break;
         }
-        match release_once(locker, key, &next, how, true, deadline).await {
+        match release_once(locker, key, &next, how, Mode::Leave, deadline).await {
             Ok((_, after)) => served = after,
             // Our own release went through; the waiter's leave (spawned when
             // it stopped waiting) or its lease's TTL passes the lock on.
@@ -505,7 +795,6 @@ pub(crate) async fn release<C: RedisConnection>(
             }
         }
     }
-    Ok(code != 0)
 }
 
 /// One run of the release script: its code, and the token of one of our own
@@ -515,20 +804,26 @@ async fn release_once<C: RedisConnection>(
     key: &str,
     token: &str,
     how: &HandoffRelease,
-    leave: bool,
+    mode: Mode,
     deadline: Instant,
 ) -> Result<(i64, Option<String>)> {
     locker.inner.counters.release_request();
     let [queue, waiters] = queue_keys(key);
     let mut conn = locker.inner.conn.clone();
     let mut invocation = crate::scripts::HANDOFF_RELEASE.key(key);
+    let (mode, px) = match mode {
+        Mode::Release => ("", 0),
+        Mode::Leave => ("leave", 0),
+        Mode::Pass(px) => ("pass", px),
+    };
     invocation
         .key(&queue)
         .key(&waiters)
         .arg(token)
         .arg(how.style.as_arg())
-        .arg(if leave { "leave" } else { "" })
-        .arg(&how.local.channel);
+        .arg(mode)
+        .arg(&how.local.channel)
+        .arg(px);
     let (code, served): (i64, String) =
         call::bounded("release", key, deadline, invocation.invoke_async(&mut conn)).await?;
     Ok((code, Some(served).filter(|t| !t.is_empty())))
@@ -543,6 +838,9 @@ struct Waiting<'a, C: RedisConnection> {
     token: &'a LeaseToken,
     ttl: Duration,
     won: bool,
+    /// Our relay unit, if relay is on: ended (serving the local queue) if
+    /// we stop waiting without the lease, passed to the lease if we win.
+    unit: Option<Unit<'a>>,
 }
 
 impl<'a, C: RedisConnection> Waiting<'a, C> {
@@ -552,6 +850,7 @@ impl<'a, C: RedisConnection> Waiting<'a, C> {
         token: &'a LeaseToken,
         ttl: Duration,
         signals: mpsc::UnboundedSender<Signal>,
+        unit: Option<Unit<'a>>,
     ) -> Self {
         handoff
             .inner
@@ -567,22 +866,28 @@ impl<'a, C: RedisConnection> Waiting<'a, C> {
             token,
             ttl,
             won: false,
+            unit,
         }
     }
 
     fn into_lease(mut self, acquired_at: Instant) -> Lease<C> {
         self.won = true;
+        if let Some(unit) = &mut self.unit {
+            unit.armed = false;
+        }
         let locker = self.handoff.inner.locker.clone();
         locker.inner.counters.acquisition();
         let kind = ReleaseKind::Handoff(self.handoff.inner.how.clone());
-        Lease::new(
+        let lease = Lease::new(
             locker,
             self.key.to_owned(),
             self.token.clone(),
             self.ttl,
             acquired_at,
         )
-        .with_release(kind)
+        .with_release(kind);
+        self.handoff.held(&lease);
+        lease
     }
 }
 
@@ -607,6 +912,47 @@ impl<C: RedisConnection> Drop for Waiting<'_, C> {
     }
 }
 
+/// A relay unit that has not (yet) turned into a lease: if it ends without
+/// one, its place goes to the next local waiter.
+struct Unit<'a> {
+    relay: &'a Relay,
+    key: &'a str,
+    armed: bool,
+}
+
+impl Drop for Unit<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.relay.pass_place(self.key, None);
+        }
+    }
+}
+
+/// A waiter in the local queue: if it stops waiting (gave up, or the future
+/// was dropped) after its turn was handed to it, it passes that turn on.
+struct LocalWaiting<'a, C: RedisConnection> {
+    handoff: &'a HandoffLocker<C>,
+    key: &'a str,
+    ticket: Option<Ticket>,
+}
+
+impl<C: RedisConnection> Drop for LocalWaiting<'_, C> {
+    fn drop(&mut self) {
+        let (Some(ticket), Some(relay)) = (self.ticket.take(), &self.handoff.inner.how.local.relay)
+        else {
+            return;
+        };
+        match relay.leave(self.key, ticket, false) {
+            None => {}
+            Some(Turn::Represent) => relay.pass_place(self.key, None),
+            // Dropping the lease passes it on (in the background).
+            Some(Turn::Lease { token, validity }) => {
+                drop(self.handoff.relayed(self.key, token, validity));
+            }
+        }
+    }
+}
+
 fn spawn_leave<C: RedisConnection>(
     locker: Locker<C>,
     key: String,
@@ -622,7 +968,8 @@ fn spawn_leave<C: RedisConnection>(
     };
     runtime.spawn(async move {
         let deadline = Instant::now() + locker.command_timeout();
-        if let Err(err) = release(&locker, &key, &token, &how, true, deadline).await {
+        let left = release_in_redis(&locker, &key, token.as_str(), &how, Mode::Leave, deadline);
+        if let Err(err) = left.await {
             tracing::warn!(key, error = %err, "could not leave the wait queue; the entry expires");
         }
     });

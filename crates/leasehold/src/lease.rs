@@ -16,7 +16,7 @@ use crate::fencing::FencingToken;
 use crate::handoff::HandoffRelease;
 use crate::locker::{Locker, check_ttl};
 use crate::token::LeaseToken;
-use crate::watchdog::{self, LostCause, Shared};
+use crate::watchdog::{self, LostCause, Shared, Validity};
 
 /// A held lease on one lock key.
 ///
@@ -94,6 +94,11 @@ impl<C: RedisConnection> Lease<C> {
             released: false,
             kind: ReleaseKind::Plain,
         }
+    }
+
+    /// What the lease shares with its watchdog (its validity).
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// The same lease, carrying the fencing token its acquire was issued.
@@ -296,6 +301,11 @@ impl<C: RedisConnection> Lease<C> {
         }
     }
 
+    /// The lease's validity as last confirmed, `None` once found lost.
+    fn validity(&self) -> Option<Validity> {
+        self.lost().is_none().then(|| self.shared.validity())
+    }
+
     /// Stops the watchdog and tells holders of the token the lease ended.
     fn end(&mut self) {
         self.watchdog = None;
@@ -325,7 +335,16 @@ impl<C: RedisConnection> Lease<C> {
         self.released = true;
         self.end();
         let deadline = Instant::now() + self.locker.command_timeout();
-        if release(&self.locker, &self.key, &self.token, &self.kind, deadline).await? {
+        let validity = self.validity();
+        let released = release(
+            &self.locker,
+            &self.key,
+            &self.token,
+            &self.kind,
+            validity,
+            deadline,
+        );
+        if released.await? {
             Ok(())
         } else {
             Err(Error::NotHeld {
@@ -339,11 +358,13 @@ impl<C: RedisConnection> Drop for Lease<C> {
     fn drop(&mut self) {
         self.end();
         if !self.released {
+            let validity = self.validity();
             spawn_release_kind(
                 self.locker.clone(),
                 std::mem::take(&mut self.key),
                 self.token.clone(),
                 std::mem::replace(&mut self.kind, ReleaseKind::Plain),
+                validity,
             );
         }
     }
@@ -354,19 +375,20 @@ async fn release<C: RedisConnection>(
     key: &str,
     token: &LeaseToken,
     kind: &ReleaseKind,
+    validity: Option<Validity>,
     deadline: Instant,
 ) -> Result<bool> {
     match kind {
         ReleaseKind::Plain => locker.release_token(key, token, deadline).await,
         ReleaseKind::Handoff(how) => {
-            crate::handoff::release(locker, key, token, how, false, deadline).await
+            crate::handoff::release(locker, key, token, how, validity, deadline).await
         }
     }
 }
 
 /// Best-effort background release; never blocks, never panics.
 pub(crate) fn spawn_release<C: RedisConnection>(locker: Locker<C>, key: String, token: LeaseToken) {
-    spawn_release_kind(locker, key, token, ReleaseKind::Plain);
+    spawn_release_kind(locker, key, token, ReleaseKind::Plain, None);
 }
 
 /// [`spawn_release`] for a lease of any kind.
@@ -375,6 +397,7 @@ pub(crate) fn spawn_release_kind<C: RedisConnection>(
     key: String,
     token: LeaseToken,
     kind: ReleaseKind,
+    validity: Option<Validity>,
 ) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(
@@ -385,7 +408,7 @@ pub(crate) fn spawn_release_kind<C: RedisConnection>(
     };
     runtime.spawn(async move {
         let deadline = Instant::now() + locker.command_timeout();
-        match release(&locker, &key, &token, &kind, deadline).await {
+        match release(&locker, &key, &token, &kind, validity, deadline).await {
             Ok(true) => tracing::debug!(key, "released dropped lease"),
             Ok(false) => tracing::debug!(key, "dropped lease had already expired"),
             Err(err) => tracing::warn!(key, error = %err, "could not release dropped lease; the ttl will end it"),

@@ -43,9 +43,11 @@
 //! - Giving up is always [`Error::NotAcquired`] with its [`GiveUpReason`],
 //!   whatever the retry strategy and options (and in hand-off mode).
 //! - In hand-off mode ([`HandoffLocker`]) waiters are served in arrival
-//!   order, each release hands the lock to the next live waiter in the same
-//!   atomic step, and a holder or waiter that dies blocks the key for at most
-//!   one TTL.
+//!   order (within a process; across processes in turns of at most
+//!   `relay_limit` leases, or caller by caller with relay off), each release
+//!   hands the lock to the next live waiter in the same atomic step or, in
+//!   process, continues its own lease for it, and a holder or waiter that
+//!   dies blocks the key for at most one TTL.
 //! - A [`Quorum`] (Redlock) lease holds on a majority of independent servers;
 //!   a node that errors or hangs is a missing vote, never an abort, and its
 //!   fencing token grows across leases within the limits its
@@ -64,6 +66,7 @@ mod lease;
 mod locker;
 mod options;
 pub mod quorum;
+mod relay;
 mod replicas;
 mod retry;
 mod rounds;
@@ -77,7 +80,7 @@ mod give_up_tests;
 
 pub use error::{Error, GiveUpReason, Result};
 pub use fencing::{FencedKeys, FencingToken};
-pub use handoff::{HandoffLocker, HandoffLockerBuilder, HandoffStyle};
+pub use handoff::{DEFAULT_RELAY_LIMIT, HandoffLocker, HandoffLockerBuilder, HandoffStyle};
 pub use lease::Lease;
 pub use locker::{DEFAULT_COMMAND_TIMEOUT, Locker, LockerBuilder, MAX_TTL, connect};
 pub use options::{AcquireOptions, DEFAULT_WAIT};

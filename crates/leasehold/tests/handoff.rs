@@ -36,11 +36,18 @@ async fn setup() -> Result<Setup, Box<dyn std::error::Error>> {
     })
 }
 
-/// A hand-off locker with its own connections (another "process").
+/// A hand-off locker with its own connections (another "process"), relay
+/// off: every waiter queues in Redis (the protocol these tests check).
 async fn handoff(s: &Setup, style: HandoffStyle) -> Result<HandoffLocker, Error> {
+    relaying(s, style, 0).await
+}
+
+/// A hand-off locker that relays up to `limit` leases in process.
+async fn relaying(s: &Setup, style: HandoffStyle, limit: u32) -> Result<HandoffLocker, Error> {
     let conn = leasehold::connect(&s.client, SECOND).await?;
     HandoffLocker::builder(Locker::new(conn), &s.client)
         .style(style)
+        .relay_limit(limit)
         .connect()
         .await
 }
@@ -593,5 +600,249 @@ async fn own_waiters_that_give_up_while_queued_never_hold_up_the_rest() -> TestR
         let left: bool = conn.exists(key).await?;
         assert!(!left, "{style:?}: the last release left the lock behind");
     }
+    Ok(())
+}
+
+// In-process relay: waiters of one locker queue in process and a release
+// passes the lease along without a request.
+
+/// Waits until `n` callers of `locker` wait in process for `key`.
+async fn until_queued_in_process(locker: &HandoffLocker, key: &str, n: usize) -> TestResult {
+    tokio::time::timeout(HUNG, async {
+        while locker.queued_in_process(key) < n {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// Spawns a waiter that records `name` in `order` when it holds the lock,
+/// checks that nobody else holds it at the same time, and releases.
+fn spawn_recorder(
+    locker: &HandoffLocker,
+    key: &'static str,
+    name: &'static str,
+    order: &Arc<std::sync::Mutex<Vec<&'static str>>>,
+    holders: &Arc<AtomicU32>,
+) -> tokio::task::JoinHandle<Result<(), Error>> {
+    let (locker, order, holders) = (locker.clone(), order.clone(), holders.clone());
+    tokio::spawn(async move {
+        let opts = AcquireOptions::new().wait(HUNG);
+        let lease = locker.acquire_with(key, 10 * SECOND, &opts).await?;
+        if holders.fetch_add(1, Ordering::SeqCst) != 0 {
+            return Err(Error::InvalidOptions("two holders at once"));
+        }
+        order
+            .lock()
+            .map_err(|_| Error::InvalidOptions("poisoned"))?
+            .push(name);
+        tokio::task::yield_now().await;
+        holders.fetch_sub(1, Ordering::SeqCst);
+        lease.release().await
+    })
+}
+
+async fn join_all(tasks: Vec<tokio::task::JoinHandle<Result<(), Error>>>) -> TestResult {
+    for task in tasks {
+        tokio::time::timeout(HUNG, task).await???;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn relay_serves_local_waiters_in_order_with_one_request_per_limit_passes() -> TestResult {
+    let s = setup().await?;
+    let key = "t:relay:order";
+    let locker = relaying(&s, HandoffStyle::Grant, 16).await?;
+    let mut conn = s.conn.clone();
+    let holder = locker
+        .acquire_with(key, 10 * SECOND, &AcquireOptions::new())
+        .await?;
+    let names = [
+        "w0", "w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8", "w9", "w10", "w11", "w12", "w13",
+        "w14", "w15", "w16", "w17", "w18", "w19",
+    ];
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let holders = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        tasks.push(spawn_recorder(&locker, key, name, &order, &holders));
+        until_queued_in_process(&locker, key, i + 1).await?;
+    }
+    let queued: usize = conn.zcard(format!("{key}:waitq")).await?;
+    assert_eq!(queued, 0, "local waiters must not queue in Redis");
+    holder.release().await?;
+    join_all(tasks).await?;
+    assert_eq!(*order.lock().map_err(|_| "poisoned")?, names.to_vec());
+    let left: bool = conn.exists(key).await?;
+    assert!(!left, "the last release left the lock behind");
+
+    // 21 leases: the holder's acquire, 16 free passes, one checkpoint (the
+    // 17th pass), 3 more free passes, and the last release.
+    let stats = locker.locker().stats();
+    assert_eq!(stats.acquisitions, 21);
+    assert_eq!(stats.acquire_requests, 1);
+    assert_eq!(stats.release_requests, 2);
+    Ok(())
+}
+
+#[tokio::test]
+async fn relay_lets_another_process_in_after_limit_passes() -> TestResult {
+    let s = setup().await?;
+    let key = "t:relay:fair";
+    let a = relaying(&s, HandoffStyle::Grant, 2).await?;
+    let b = relaying(&s, HandoffStyle::Grant, 2).await?;
+    let mut conn = s.conn.clone();
+    let holder = a
+        .acquire_with(key, 10 * SECOND, &AcquireOptions::new())
+        .await?;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let holders = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for (i, name) in ["a1", "a2", "a3", "a4"].into_iter().enumerate() {
+        tasks.push(spawn_recorder(&a, key, name, &order, &holders));
+        until_queued_in_process(&a, key, i + 1).await?;
+    }
+    // B's first waiter queues in Redis on behalf of B's process; its second
+    // queues behind it in process.
+    tasks.push(spawn_recorder(&b, key, "b1", &order, &holders));
+    until_queued(&mut conn, key, 1).await?;
+    tasks.push(spawn_recorder(&b, key, "b2", &order, &holders));
+    until_queued_in_process(&b, key, 1).await?;
+    holder.release().await?;
+    join_all(tasks).await?;
+    // Two free passes in A, then the checkpoint serves B's place in Redis
+    // (and b2 behind it), while a3 queues in Redis behind B.
+    assert_eq!(
+        *order.lock().map_err(|_| "poisoned")?,
+        vec!["a1", "a2", "b1", "b2", "a3", "a4"]
+    );
+    let left: bool = conn.exists(key).await?;
+    assert!(!left);
+    Ok(())
+}
+
+#[tokio::test]
+async fn relay_gives_up_with_the_same_errors_and_loses_no_turn() -> TestResult {
+    let s = setup().await?;
+    let key = "t:relay:giveup";
+    let locker = relaying(&s, HandoffStyle::Grant, 16).await?;
+    let mut conn = s.conn.clone();
+    let holder = locker
+        .acquire_with(key, 30 * SECOND, &AcquireOptions::new())
+        .await?;
+
+    let short = AcquireOptions::new().wait(Duration::from_millis(20));
+    let err = locker.acquire_with(key, 30 * SECOND, &short).await.err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::NotAcquired {
+                reason: GiveUpReason::DeadlineExpired,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    let once = AcquireOptions::new().retry(RetryStrategy::none());
+    let err = locker.acquire_with(key, 30 * SECOND, &once).await.err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::NotAcquired {
+                reason: GiveUpReason::RetriesExhausted,
+                attempts: 1,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    let cancel = CancellationToken::new();
+    let waiting = {
+        let (locker, cancel) = (locker.clone(), cancel.clone());
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG).cancel(cancel);
+            locker.acquire_with(key, 30 * SECOND, &opts).await
+        })
+    };
+    until_queued_in_process(&locker, key, 1).await?;
+    // A waiter whose future is dropped while queued.
+    let forever = AcquireOptions::new().wait(HUNG);
+    let mut dropped = Box::pin(locker.acquire_with(key, 30 * SECOND, &forever));
+    tokio::select! {
+        got = &mut dropped => return Err(format!("the dropped waiter got {got:?}").into()),
+        queued = until_queued_in_process(&locker, key, 2) => queued?,
+    }
+    drop(dropped);
+    let last = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            locker.acquire_with(key, 30 * SECOND, &opts).await
+        })
+    };
+    until_queued_in_process(&locker, key, 2).await?;
+    cancel.cancel();
+    let err = tokio::time::timeout(HUNG, waiting).await??.err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::NotAcquired {
+                reason: GiveUpReason::Cancelled,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(locker.queued_in_process(key), 1);
+    holder.release().await?;
+    let lease = tokio::time::timeout(HUNG, last).await???;
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, lease.token().as_str());
+    lease.release().await?;
+    let left: bool = conn.exists(key).await?;
+    assert!(!left);
+    assert_eq!(locker.queued_in_process(key), 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn relay_a_dropped_lease_passes_on_and_a_leaked_one_blocks_only_its_ttl() -> TestResult {
+    let s = setup().await?;
+    let key = "t:relay:dead";
+    let locker = relaying(&s, HandoffStyle::Grant, 16).await?;
+    let mut conn = s.conn.clone();
+    let opts = AcquireOptions::new().wait(HUNG);
+
+    // Dropped: passed on in the background, at once (60 s TTL).
+    let lease = locker
+        .acquire_with(key, 60 * SECOND, &AcquireOptions::new())
+        .await?;
+    let next = {
+        let (locker, opts) = (locker.clone(), opts.clone());
+        tokio::spawn(async move { locker.acquire_with(key, 60 * SECOND, &opts).await })
+    };
+    until_queued_in_process(&locker, key, 1).await?;
+    drop(lease);
+    let next = tokio::time::timeout(HUNG, next).await???;
+
+    // Leaked with a short TTL left: the waiter falls back to Redis when it
+    // runs out and takes the lock there.
+    next.refresh(Duration::from_millis(200)).await?;
+    let waiter = {
+        let (locker, opts) = (locker.clone(), opts.clone());
+        tokio::spawn(async move { locker.acquire_with(key, 10 * SECOND, &opts).await })
+    };
+    until_queued_in_process(&locker, key, 1).await?;
+    let leaked_token = next.token().clone();
+    std::mem::forget(next);
+    let lease = tokio::time::timeout(HUNG, waiter).await???;
+    assert_ne!(lease.token(), &leaked_token);
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, lease.token().as_str());
+    lease.release().await?;
+    let left: bool = conn.exists(key).await?;
+    assert!(!left);
     Ok(())
 }

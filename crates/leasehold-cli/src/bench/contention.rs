@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use super::{ContentionArgs, median, round3};
 use crate::env::Env;
 use crate::server;
-use crate::waiting::{Meter, Mode, Waiter, clear, exponential, utilisation};
+use crate::waiting::{Handoff, Meter, Mode, Waiter, clear, exponential, utilisation};
 use crate::wallet::{Wallet, hammer};
 
 const KEY: &str = "lock:bench:contention";
@@ -29,7 +29,7 @@ const TTL: Duration = Duration::from_secs(2);
 const MS: Duration = Duration::from_millis(1);
 
 /// The ways of waiting, in the order they are reported.
-pub(crate) fn modes() -> [Mode; 6] {
+pub(crate) fn modes() -> [Mode; 7] {
     [
         Mode::Poll("exponential", exponential(16 * MS, 128 * MS, false)),
         Mode::Poll("jittered", exponential(16 * MS, 128 * MS, true)),
@@ -37,9 +37,29 @@ pub(crate) fn modes() -> [Mode; 6] {
             "tuned",
             RetryStrategy::exponential(MS, 10 * MS).with_full_jitter(),
         ),
-        Mode::Handoff("hand-off", HandoffStyle::Grant),
-        Mode::Handoff("hand-off-wake", HandoffStyle::Wake),
-        Mode::HandoffSpread("hand-off-2p", HandoffStyle::Grant, 2),
+        Mode::Handoff("hand-off", Handoff::DEFAULT),
+        Mode::Handoff(
+            "hand-off-2p",
+            Handoff {
+                lockers: 2,
+                ..Handoff::DEFAULT
+            },
+        ),
+        Mode::Handoff(
+            "hand-off-fifo",
+            Handoff {
+                relay_limit: 0,
+                ..Handoff::DEFAULT
+            },
+        ),
+        Mode::Handoff(
+            "hand-off-wake",
+            Handoff {
+                style: HandoffStyle::Wake,
+                relay_limit: 0,
+                ..Handoff::DEFAULT
+            },
+        ),
     ]
 }
 
@@ -244,11 +264,11 @@ async fn once_each(
         args.work,
         args.wait,
     );
-    let tally = hammer(args.callers, move |_| {
+    let tally = hammer(args.callers, move |caller| {
         let (waiter, meter, gave_up, wallet) = (w.clone(), m.clone(), g.clone(), wallet.clone());
         async move {
             match waiter
-                .acquire(KEY, TTL, AcquireOptions::new().wait(wait))
+                .acquire(caller as usize, KEY, TTL, AcquireOptions::new().wait(wait))
                 .await
             {
                 Ok(lease) => {
@@ -297,7 +317,7 @@ async fn timed(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<F
     let n = usize::try_from(args.callers)?;
     let barrier = Arc::new(Barrier::new(n + 1));
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..n {
+    for caller in 0..n {
         let (waiter, meter, gave_up, stop, barrier) = (
             waiter.clone(),
             meter.clone(),
@@ -311,7 +331,7 @@ async fn timed(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<F
             let mut mine: u64 = 0;
             while !stop.is_cancelled() {
                 let opts = AcquireOptions::new().wait(wait).cancel(stop.clone());
-                match waiter.acquire(KEY, TTL, opts).await {
+                match waiter.acquire(caller, KEY, TTL, opts).await {
                     Ok(lease) => {
                         let since = meter.acquired();
                         tokio::time::sleep(work).await;

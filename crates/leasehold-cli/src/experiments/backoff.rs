@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use leasehold::{AcquireOptions, Error, HandoffStyle};
+use leasehold::{AcquireOptions, Error};
 use tokio::time::Instant;
 
 use crate::cli::BackoffArgs;
@@ -13,7 +13,7 @@ use crate::env::Env;
 use crate::experiments::lock::LOCK_KEY;
 use crate::report::{Report, round_ms};
 use crate::server;
-use crate::waiting::{Meter, Mode, Waiter, clear, exponential, utilisation};
+use crate::waiting::{Handoff, Meter, Mode, Waiter, clear, exponential, utilisation};
 use crate::wallet::{Wallet, hammer};
 
 pub(crate) async fn run(env: &Env, args: &BackoffArgs) -> anyhow::Result<Report> {
@@ -21,7 +21,7 @@ pub(crate) async fn run(env: &Env, args: &BackoffArgs) -> anyhow::Result<Report>
     wallet.reset(args.lock.spend.initial).await?;
     clear(env, LOCK_KEY).await?;
     let mode = if args.handoff {
-        Mode::Handoff("hand-off", HandoffStyle::Grant)
+        Mode::Handoff("hand-off", Handoff::DEFAULT)
     } else {
         Mode::Poll("backoff", exponential(args.min, args.max, args.jitter))
     };
@@ -43,11 +43,16 @@ pub(crate) async fn run(env: &Env, args: &BackoffArgs) -> anyhow::Result<Report>
         meter.clone(),
         gave_up.clone(),
     );
-    let tally = hammer(args.lock.spend.callers, move |_| {
+    let tally = hammer(args.lock.spend.callers, move |caller| {
         let (wallet, waiter, meter, gave_up) = (spender.clone(), w.clone(), m.clone(), g.clone());
         async move {
             let lease = match waiter
-                .acquire(LOCK_KEY, ttl, AcquireOptions::new().wait(wait))
+                .acquire(
+                    caller as usize,
+                    LOCK_KEY,
+                    ttl,
+                    AcquireOptions::new().wait(wait),
+                )
                 .await
             {
                 Ok(lease) => lease,

@@ -2,6 +2,9 @@
 -- when nobody waits. Also used by a waiter that gives up (ARGV[3] = "leave"):
 -- it leaves the queue first, and if the lock was handed to it meanwhile (or
 -- is free with waiters queued), it serves the next waiter in the same step.
+-- And by a holder that would pass the lock on within its own process
+-- (ARGV[3] = "pass"): the queue is served first; with nobody live in it the
+-- lock stays with ARGV[1] and its TTL becomes ARGV[5].
 --
 -- A waiter is live when its entry is not past its deadline and, for a
 -- waiter of another locker, its channel has a subscriber (PUBLISH reports
@@ -19,13 +22,15 @@
 --          <lock key>" on its channel); "wake": delete the lock and tell
 --          the next waiter ("w <token> <lock key>"), which takes it with its
 --          own request
--- ARGV[3]  "leave" to first drop ARGV[1]'s own queue entry, else ""
+-- ARGV[3]  "leave" to first drop ARGV[1]'s own queue entry, "pass" to keep
+--          the lock when nobody waits, else ""
 -- ARGV[4]  the calling locker's channel
+-- ARGV[5]  with "pass": the TTL (ms) the kept lock gets
 --
 -- Returns {code, local}: code 0 when the lock did not hold ARGV[1] (expired
 -- or changed hands; nothing else was touched, unless leaving found the lock
 -- free and served the queue), 1 when it was deleted with nobody waiting, 2
--- when the next waiter was served; local is the token of the served waiter
+-- when the next waiter was served, 3 when "pass" kept it; local is the token of the served waiter
 -- when it belongs to the calling locker (not told: the caller must), else "".
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -95,14 +100,16 @@ if holder ~= ARGV[1] then
   end
   return {0, ""}
 end
-if not grant then
-  redis.call("DEL", KEYS[1])
-end
 local served = serve()
 if served then
+  if not grant then
+    redis.call("DEL", KEYS[1])
+  end
   return {2, served}
 end
-if grant then
-  redis.call("DEL", KEYS[1])
+if ARGV[3] == "pass" then
+  redis.call("PEXPIRE", KEYS[1], ARGV[5])
+  return {3, ""}
 end
+redis.call("DEL", KEYS[1])
 return {1, ""}

@@ -1,0 +1,392 @@
+//! In-process relay: the waiters of one [`HandoffLocker`](crate::HandoffLocker)
+//! queue in process, and a release passes the lease straight to the next of
+//! them without a Redis request.
+//!
+//! # Why
+//!
+//! In hand-off mode without relay every acquisition costs Redis two
+//! requests (a waiter's join, its release), and each arrives alone: the
+//! holder's work separates them. On a small machine a lone request costs the
+//! server tens of microseconds of CPU, mostly socket system calls, whatever
+//! the script does. A service with many tasks waiting on one key in one
+//! process does not need Redis to order them: it can keep them in a local
+//! FIFO, keep *one* of them in Redis's queue on everyone's behalf, and pass
+//! the lock it holds from task to task.
+//!
+//! # The rules (per key, per locker)
+//!
+//! - **Units.** A task that holds the lock, or waits for it in Redis, is a
+//!   *unit*. A caller that finds no unit becomes one and goes to Redis (the
+//!   usual join script); a caller that finds one queues locally and sleeps.
+//!   Every unit, when it ends, serves the local queue: a holder passes its
+//!   lease to the head, a Redis waiter that gives up hands it its place (the
+//!   head then goes to Redis itself). So a local waiter is never left behind
+//!   with nobody to serve it.
+//! - **Free pass.** A release passes the lease to the local head *without a
+//!   request* when the lease is believed held (not found lost), the head
+//!   asked for the same TTL, at least half that TTL is left, and fewer than
+//!   `limit` leases were passed this way since Redis last saw the lock. The
+//!   new holder continues the same Redis lease: same token, same confirmed
+//!   deadline (so its [`remaining`](crate::Lease::remaining) is never longer
+//!   than Redis's).
+//! - **Checkpoint.** Otherwise the release runs the release script in
+//!   "pass" mode: if a live waiter sits in Redis's queue (another process,
+//!   or one of ours), the lock goes to it as in a plain hand-off and the
+//!   local head goes to Redis to queue behind it; if nobody waits there, the
+//!   lock stays ours with a fresh TTL and passes to the local head. That one
+//!   request bounds how long other processes wait (at most `limit` local
+//!   turns) and renews the lease.
+//! - **Fallback.** A local waiter whose turn has not come within its own
+//!   TTL stops waiting locally and goes to Redis as a unit of its own. That
+//!   only matters when a holder neither releases nor drops its lease (a
+//!   leaked guard, a hung task): Redis then frees the key after the TTL and
+//!   serves whoever waits there.
+//!
+//! Safety does not rest on this bookkeeping: a free pass continues a lease
+//! that is valid by the holder's own conservative clock, and every other
+//! transfer is decided by Redis with a token check.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::token::LeaseToken;
+use crate::watchdog::{Shared, Validity};
+
+/// What a local waiter is handed when its turn comes.
+#[derive(Debug)]
+pub(crate) enum Turn {
+    /// The lease, continued: the lock holds `token`, as last confirmed by
+    /// `validity`.
+    Lease {
+        token: LeaseToken,
+        validity: Validity,
+    },
+    /// No unit of ours is left for this key: go to Redis.
+    Represent,
+}
+
+/// How a caller enters the relay.
+pub(crate) enum Entry {
+    /// Nobody of ours holds or waits: go to Redis (as a unit).
+    Represent,
+    /// Queued behind a unit of ours: wait on the ticket.
+    Queued(Ticket),
+    /// Busy, and the caller may not wait.
+    Busy,
+}
+
+/// A local waiter's place in the queue.
+pub(crate) struct Ticket {
+    id: u64,
+    turn: oneshot::Receiver<Turn>,
+}
+
+impl Ticket {
+    /// Waits for the turn. Cancel safe: dropping the future keeps the ticket.
+    pub(crate) async fn turn(&mut self) -> Option<Turn> {
+        (&mut self.turn).await.ok()
+    }
+}
+
+/// Who is served next by a unit that ends holding the lease.
+pub(crate) enum Next {
+    /// Nobody waits locally: the unit ended, release to Redis.
+    Nobody,
+    /// Pass the lease, valid as said, to this waiter without a request.
+    Free(Queued, Validity),
+    /// Pass through Redis first (the "pass" mode of the release script).
+    Checkpoint(Queued),
+}
+
+/// A waiter in the local queue.
+pub(crate) struct Queued {
+    ttl: Duration,
+    tx: oneshot::Sender<Turn>,
+}
+
+impl Queued {
+    /// The TTL the waiter asked for.
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Hands the waiter its turn; gives the turn back if it stopped waiting.
+    pub(crate) fn hand(self, turn: Turn) -> std::result::Result<(), Turn> {
+        self.tx.send(turn)
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    /// Tasks of this locker that hold the lock or wait for it in Redis.
+    units: u32,
+    /// Free passes since Redis last saw the lock.
+    streak: u32,
+    /// The lease of our latest holder, for when it runs out.
+    holder: Weak<Shared>,
+    queue: VecDeque<(u64, Queued)>,
+}
+
+/// The local queues of one locker.
+pub(crate) struct Relay {
+    limit: u32,
+    slots: Mutex<HashMap<String, Slot>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl Relay {
+    pub(crate) fn new(limit: u32) -> Relay {
+        Relay {
+            limit,
+            slots: Mutex::default(),
+            next_id: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A caller asks for `key`: it becomes a unit if none exists, else it
+    /// queues (or, when it `may_wait` not, is told the lock is busy).
+    pub(crate) fn enter(&self, key: &str, ttl: Duration, may_wait: bool) -> Entry {
+        let mut slots = self.slots();
+        let slot = slots.entry(key.to_owned()).or_default();
+        if slot.units == 0 {
+            slot.units = 1;
+            return Entry::Represent;
+        }
+        if !may_wait {
+            return Entry::Busy;
+        }
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        slot.queue.push_back((id, Queued { ttl, tx }));
+        Entry::Queued(Ticket { id, turn: rx })
+    }
+
+    /// The waiter stops waiting locally (its fallback timer, or it gives up).
+    /// `None`: it left the queue, and, with `as_unit`, became a unit of its
+    /// own. `Some(turn)`: its turn had already been handed to it, and it must
+    /// take or pass on that turn.
+    pub(crate) fn leave(&self, key: &str, mut ticket: Ticket, as_unit: bool) -> Option<Turn> {
+        let mut slots = self.slots();
+        let slot = slots.entry(key.to_owned()).or_default();
+        if let Some(at) = slot.queue.iter().position(|(id, _)| *id == ticket.id) {
+            slot.queue.remove(at);
+        } else {
+            // Popped already: the turn was sent, or is about to be. Closing
+            // makes a send after this point fail (the sender then serves
+            // the next waiter); a turn sent before it is still received.
+            ticket.turn.close();
+            if let Ok(turn) = ticket.turn.try_recv() {
+                return Some(turn);
+            }
+        }
+        if as_unit {
+            slot.units = slot.units.saturating_add(1);
+        } else if slot.units == 0 && slot.queue.is_empty() {
+            slots.remove(key);
+        }
+        None
+    }
+
+    /// A unit of ours now holds `key` with the lease that shares `shared`.
+    pub(crate) fn hold(&self, key: &str, shared: &Arc<Shared>) {
+        if let Some(slot) = self.slots().get_mut(key) {
+            slot.holder = Arc::downgrade(shared);
+        }
+    }
+
+    /// Until when our latest holder of `key` can still hold it, while its
+    /// lease is alive (not yet released or dropped).
+    pub(crate) fn held_until(&self, key: &str) -> Option<Instant> {
+        let shared = self.slots().get(key)?.holder.upgrade()?;
+        Some(shared.validity().until())
+    }
+
+    /// How many callers wait in process for `key`.
+    pub(crate) fn queued(&self, key: &str) -> usize {
+        self.slots().get(key).map_or(0, |slot| slot.queue.len())
+    }
+
+    /// A unit that holds the lease (valid as `validity`, `None` if lost)
+    /// ends: who is served next.
+    pub(crate) fn next(&self, key: &str, validity: Option<Validity>) -> Next {
+        let mut slots = self.slots();
+        let Some(slot) = slots.get_mut(key) else {
+            return Next::Nobody;
+        };
+        while let Some((_, queued)) = slot.queue.pop_front() {
+            if queued.tx.is_closed() {
+                continue;
+            }
+            let free = validity.filter(|v| {
+                slot.streak < self.limit
+                    && v.ttl == queued.ttl
+                    && v.until().saturating_duration_since(Instant::now()) >= queued.ttl / 2
+            });
+            if let Some(v) = free {
+                slot.streak = slot.streak.saturating_add(1);
+                return Next::Free(queued, v);
+            }
+            slot.streak = 0;
+            return Next::Checkpoint(queued);
+        }
+        end_unit(&mut slots, key);
+        Next::Nobody
+    }
+
+    /// A unit ends without the lease (or after the lease went elsewhere):
+    /// its place goes to `first`, else to the next live local waiter, who
+    /// goes to Redis; with nobody waiting the unit is gone.
+    pub(crate) fn pass_place(&self, key: &str, first: Option<Queued>) {
+        let mut turn = Turn::Represent;
+        if let Some(queued) = first {
+            match queued.hand(turn) {
+                Ok(()) => return,
+                Err(back) => turn = back,
+            }
+        }
+        let mut slots = self.slots();
+        if let Some(slot) = slots.get_mut(key) {
+            while let Some((_, queued)) = slot.queue.pop_front() {
+                match queued.hand(turn) {
+                    Ok(()) => return,
+                    Err(back) => turn = back,
+                }
+            }
+        }
+        end_unit(&mut slots, key);
+    }
+}
+
+/// One unit of `key` ended with nobody to serve.
+fn end_unit(slots: &mut HashMap<String, Slot>, key: &str) {
+    if let Some(slot) = slots.get_mut(key) {
+        slot.units = slot.units.saturating_sub(1);
+        if slot.units == 0 && slot.queue.is_empty() {
+            slots.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validity(left: Duration, ttl: Duration) -> Validity {
+        Validity {
+            confirmed_at: Instant::now() + left - ttl,
+            ttl,
+        }
+    }
+
+    const TTL: Duration = Duration::from_secs(2);
+
+    fn queued(relay: &Relay, key: &str) -> Ticket {
+        match relay.enter(key, TTL, true) {
+            Entry::Queued(ticket) => ticket,
+            _ => panic!("expected to queue"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_first_caller_is_the_unit_and_the_rest_queue_in_order() {
+        let relay = Relay::new(4);
+        assert!(matches!(relay.enter("k", TTL, true), Entry::Represent));
+        assert!(matches!(relay.enter("k", TTL, false), Entry::Busy));
+        let mut first = queued(&relay, "k");
+        let mut second = queued(&relay, "k");
+        let Next::Free(q, _) = relay.next("k", Some(validity(TTL, TTL))) else {
+            panic!("expected a free pass");
+        };
+        assert!(q.hand(Turn::Represent).is_ok());
+        assert!(matches!(first.turn().await, Some(Turn::Represent)));
+        let Next::Free(q, _) = relay.next("k", Some(validity(TTL, TTL))) else {
+            panic!("expected a free pass");
+        };
+        assert!(q.hand(Turn::Represent).is_ok());
+        assert!(matches!(second.turn().await, Some(Turn::Represent)));
+        assert!(matches!(relay.next("k", None), Next::Nobody));
+        assert!(relay.slots().is_empty(), "the last unit ended");
+    }
+
+    #[tokio::test]
+    async fn passes_are_free_only_within_the_limit_with_half_the_ttl_left_and_the_same_ttl() {
+        let relay = Relay::new(2);
+        let _unit = relay.enter("k", TTL, true);
+        let _waiters: Vec<Ticket> = (0..6).map(|_| queued(&relay, "k")).collect();
+        let fresh = Some(validity(TTL, TTL));
+        assert!(matches!(relay.next("k", fresh), Next::Free(..)));
+        assert!(matches!(relay.next("k", fresh), Next::Free(..)));
+        assert!(
+            matches!(relay.next("k", fresh), Next::Checkpoint(_)),
+            "limit"
+        );
+        assert!(matches!(relay.next("k", fresh), Next::Free(..)), "reset");
+        let stale = Some(validity(TTL / 2 - Duration::from_millis(1), TTL));
+        assert!(matches!(relay.next("k", stale), Next::Checkpoint(_)));
+        assert!(matches!(relay.next("k", None), Next::Checkpoint(_)), "lost");
+        let other_ttl = Some(validity(TTL * 2, TTL * 2));
+        let _late = queued(&relay, "k");
+        assert!(matches!(relay.next("k", other_ttl), Next::Checkpoint(_)));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_left_is_skipped_and_its_turn_goes_to_the_next() {
+        let relay = Relay::new(4);
+        let _unit = relay.enter("k", TTL, true);
+        let gone = queued(&relay, "k");
+        let mut next = queued(&relay, "k");
+        assert!(relay.leave("k", gone, false).is_none());
+        relay.pass_place("k", None);
+        assert!(matches!(next.turn().await, Some(Turn::Represent)));
+    }
+
+    #[tokio::test]
+    async fn a_turn_sent_before_leaving_is_returned_not_lost() {
+        let relay = Relay::new(4);
+        let _unit = relay.enter("k", TTL, true);
+        let ticket = queued(&relay, "k");
+        relay.pass_place("k", None);
+        assert!(matches!(
+            relay.leave("k", ticket, true),
+            Some(Turn::Represent)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_turn_sent_after_leaving_comes_back_to_the_sender() {
+        let relay = Relay::new(4);
+        let _unit = relay.enter("k", TTL, true);
+        let ticket = queued(&relay, "k");
+        let Next::Free(q, _) = relay.next("k", Some(validity(TTL, TTL))) else {
+            panic!("expected a free pass");
+        };
+        assert!(relay.leave("k", ticket, false).is_none());
+        assert!(matches!(q.hand(Turn::Represent), Err(Turn::Represent)));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_falls_back_becomes_a_unit_of_its_own() {
+        let relay = Relay::new(4);
+        let _unit = relay.enter("k", TTL, true);
+        let ticket = queued(&relay, "k");
+        assert!(relay.leave("k", ticket, true).is_none());
+        assert!(matches!(relay.next("k", None), Next::Nobody));
+        assert!(matches!(relay.enter("k", TTL, false), Entry::Busy));
+        relay.pass_place("k", None);
+        assert!(matches!(relay.enter("k", TTL, false), Entry::Represent));
+    }
+}
