@@ -414,19 +414,28 @@ impl<C: RedisConnection> HandoffLocker<C> {
     /// attempt and [`max_attempts`](crate::RetryStrategy::max_attempts)
     /// bounds the number of requests.
     ///
+    /// [`AcquireOptions::watchdog`] and
+    /// [`AcquireOptions::wait_replicas`] apply as in
+    /// [`Locker::acquire_with`], to a lease passed on in process too (its
+    /// `WAIT` then covers the write that last moved the lock, sent earlier
+    /// on the same connection).
+    ///
     /// The lease's release hands the lock to the next waiter.
     ///
     /// # Errors
     /// As [`Locker::acquire_with`]: [`Error::NotAcquired`] with the reason
     /// (retries exhausted, deadline expired, cancelled), whatever the
-    /// options; [`Error::InvalidTtl`] / [`Error::InvalidKey`] before any I/O;
-    /// Redis failures returned at once.
+    /// options; [`Error::InvalidTtl`] / [`Error::InvalidKey`] (and a zero
+    /// replica wait timeout, [`Error::InvalidOptions`]) before any I/O;
+    /// [`Error::NotReplicated`] when too few replicas acknowledged (the lock
+    /// was passed on); Redis failures returned at once.
     ///
     /// # Cancel safety
     /// Cancel safe. If the future is dropped while waiting (or a request is
     /// in flight), a best-effort "leave" script is spawned that removes our
     /// queue entry and passes on a lock that was handed to us; the entry's
-    /// expiry and the lease's TTL are the fallback.
+    /// expiry and the lease's TTL are the fallback. Dropped while waiting
+    /// for replicas, the lease exists and its drop passes it on.
     pub async fn acquire_with(
         &self,
         key: &str,
@@ -435,7 +444,27 @@ impl<C: RedisConnection> HandoffLocker<C> {
     ) -> Result<Lease<C>> {
         check_key(key)?;
         check_ttl(ttl)?;
+        crate::replicas::check(opts)?;
         let start = Instant::now();
+        let lease = self.take(key, ttl, opts, start).await?;
+        let deadline = opts.deadline_from(start);
+        let locker = &self.inner.locker;
+        let mut lease = locker.confirm_replicated(lease, opts, deadline).await?;
+        if opts.watchdog {
+            lease.watch()?;
+        }
+        Ok(lease)
+    }
+
+    /// The waiting part of [`acquire_with`](Self::acquire_with), from
+    /// `start`: in process, then in Redis.
+    async fn take(
+        &self,
+        key: &str,
+        ttl: Duration,
+        opts: &AcquireOptions,
+        start: Instant,
+    ) -> Result<Lease<C>> {
         let deadline = opts.deadline_from(start);
         let give_up = |attempts, reason| Error::NotAcquired {
             key: key.to_owned(),

@@ -126,7 +126,10 @@ impl<C: RedisConnection> Lease<C> {
         &self.key
     }
 
-    /// This holder's token, as stored in the key.
+    /// This holder's token, as stored in the key. A lease passed on in
+    /// process by a [`HandoffLocker`](crate::HandoffLocker)'s relay keeps
+    /// the token of the Redis lease it continues, so successive holders in
+    /// one process may share it (never two at a time).
     pub fn token(&self) -> &LeaseToken {
         &self.token
     }
@@ -137,7 +140,9 @@ impl<C: RedisConnection> Lease<C> {
         self.shared.validity().ttl
     }
 
-    /// When the winning acquire request was sent (monotonic clock).
+    /// When the winning acquire request was sent (monotonic clock); for a
+    /// lease passed on in process, when the request that last proved the
+    /// lease it continues was sent.
     pub fn acquired_at(&self) -> Instant {
         self.acquired_at
     }

@@ -846,3 +846,47 @@ async fn relay_a_dropped_lease_passes_on_and_a_leaked_one_blocks_only_its_ttl() 
     assert!(!left);
     Ok(())
 }
+
+#[tokio::test]
+async fn watchdog_and_replica_options_apply_in_hand_off_mode_relayed_or_not() -> TestResult {
+    let s = setup().await?;
+    let key = "t:handoff:options";
+    let locker = relaying(&s, HandoffStyle::Grant, 16).await?;
+    let mut conn = s.conn.clone();
+    let watched = AcquireOptions::new().wait(HUNG).watchdog(true);
+    let first = locker.acquire_with(key, 10 * SECOND, &watched).await?;
+    assert!(first.is_watched());
+    let second = {
+        let (locker, watched) = (locker.clone(), watched.clone());
+        tokio::spawn(async move { locker.acquire_with(key, 10 * SECOND, &watched).await })
+    };
+    until_queued_in_process(&locker, key, 1).await?;
+    first.release().await?;
+    let second = tokio::time::timeout(HUNG, second).await???;
+    assert!(second.is_watched(), "a relayed lease gets its watchdog too");
+    second.release().await?;
+
+    // No replicas here: the lock is taken, found unreplicated and given back.
+    let replicated = AcquireOptions::new().wait_replicas(1, Duration::from_millis(20));
+    let err = locker
+        .acquire_with(key, 10 * SECOND, &replicated)
+        .await
+        .err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::NotReplicated {
+                acked: 0,
+                wanted: 1,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    let left: bool = conn.exists(key).await?;
+    assert!(!left, "an unreplicated lease must be given back");
+    let zero = AcquireOptions::new().wait_replicas(1, Duration::ZERO);
+    let err = locker.acquire_with(key, 10 * SECOND, &zero).await.err();
+    assert!(matches!(err, Some(Error::InvalidOptions(_))), "{err:?}");
+    Ok(())
+}
