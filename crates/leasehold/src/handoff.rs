@@ -200,10 +200,12 @@ impl std::fmt::Debug for HandoffRelease {
 ///   `PUBLISH` reports zero receivers, and the release drops it and serves
 ///   the next one in the same step.
 /// - A waiter of the releasing locker itself is alive with the process; if
-///   it no longer waits (it gave up and its leave script has not run yet),
-///   the release finds it gone locally and hands the lock on for it at once
-///   (one more release request, token-checked, so racing its own leave
-///   script is harmless).
+///   the release finds it no longer waiting, it leaves it alone: the waiter
+///   either won the lock another way meanwhile (its own re-check, or another
+///   client's script, can serve it between the release script and the
+///   in-process message), or it gave up and its leave script passes the
+///   lock on. (An earlier version handed the lock on for it and, under
+///   load, took it from a waiter that had just won it.)
 /// - A waiter that gives up while a hand-off to it is in flight: its leave
 ///   script runs after the hand-off (which then finds the lock holding its
 ///   token and passes it on) or before it (and then no release can pick it).
@@ -220,14 +222,31 @@ impl std::fmt::Debug for HandoffRelease {
 ///
 /// # Which design, and why
 ///
-/// Two styles are implemented and measured by `leasehold bench contention`
-/// (see `BENCHMARKS.md`): [`HandoffStyle::Grant`], the direct FIFO hand-off
-/// described above, and [`HandoffStyle::Wake`], in which the release deletes
-/// the lock and only *wakes* the first waiter, which then takes the lock with
-/// its own acquire script. Grant is the default: it needs one request fewer
-/// per acquisition (measured 2.0 against 3.0) and its release-to-next-holder
-/// gap is one pub/sub message instead of a message plus a round trip
-/// (measured p50 100 us against 150 us with 50 callers on loopback).
+/// Three designs are implemented and measured side by side by `leasehold
+/// bench contention` (see `BENCHMARKS.md`, 50 and 500 callers working 2 ms
+/// each on one key, medians):
+///
+/// - [`HandoffStyle::Wake`], relay off: the release deletes the lock and
+///   only *wakes* the first waiter, which takes it with its own request.
+///   3.0 requests per acquisition.
+/// - [`HandoffStyle::Grant`], relay off: the FIFO hand-off described above,
+///   the lock moves inside the release script. 2.0 requests per
+///   acquisition, a shorter release-to-next-holder gap (p50 about 130 to
+///   190 us against 170 to 210 us), and less server CPU than Wake.
+/// - Grant with [in-process relay](#in-process-relay) (the default): about
+///   0.06 to 0.08 requests per acquisition, a gap of 10 to 25 us, the lock
+///   held 0.98 to 0.99 of the time, and Redis CPU per acquisition at 0.03
+///   to 0.19 of tuned polling (the strict FIFO Grant: 0.17 to 0.6), flat
+///   from 50 to 500 callers.
+///
+/// Why relay wins: without it every acquisition costs two requests that
+/// each reach Redis alone (the holder's work separates them), and on a
+/// small machine a lone request costs the server tens of microseconds of
+/// CPU in socket system calls, whatever the script does. No script tuning
+/// removes that; only sending fewer requests does. What it costs: FIFO
+/// across processes becomes turns of up to `relay_limit` leases, and the
+/// successive holders of one relay share one token. Both are documented
+/// above; `relay_limit(0)` restores strict per-caller FIFO.
 ///
 /// # Limits
 ///
@@ -770,7 +789,7 @@ pub(crate) async fn release<C: RedisConnection>(
             }
             Ok((code, served)) => {
                 relay.pass_place(key, Some(queued));
-                tell_served(locker, key, how, served, deadline).await;
+                tell_served(key, how, served);
                 return Ok(code != 0);
             }
             Err(err) => {
@@ -793,36 +812,28 @@ async fn release_in_redis<C: RedisConnection>(
     deadline: Instant,
 ) -> Result<bool> {
     let (code, served) = release_once(locker, key, token, how, mode, deadline).await?;
-    tell_served(locker, key, how, served, deadline).await;
+    tell_served(key, how, served);
     Ok(code != 0)
 }
 
 /// When a release served one of this locker's own Redis waiters, the script
-/// did not tell it: we do. If it no longer waits, we hand the lock on for it
-/// (one more request each), as its own leave would.
-async fn tell_served<C: RedisConnection>(
-    locker: &Locker<C>,
-    key: &str,
-    how: &HandoffRelease,
-    mut served: Option<String>,
-    deadline: Instant,
-) {
+/// did not tell it: we do. If it no longer waits we do nothing more: either
+/// it won the lock another way meanwhile (a re-check found it handed over,
+/// or another client's script granted it), and the lock is rightly its, or
+/// it gave up, and the leave script it spawned then passes the lock on.
+/// (Handing the lock on for it here would take it from a waiter that won.)
+fn tell_served(key: &str, how: &HandoffRelease, served: Option<String>) {
     let signal = match how.style {
         HandoffStyle::Grant => Signal::Granted,
         HandoffStyle::Wake => Signal::Woken,
     };
-    while let Some(next) = served.take() {
-        if how.local.tell(&next, signal) {
-            break;
-        }
-        match release_once(locker, key, &next, how, Mode::Leave, deadline).await {
-            Ok((_, after)) => served = after,
-            // Our own release went through; the waiter's leave (spawned when
-            // it stopped waiting) or its lease's TTL passes the lock on.
-            Err(err) => {
-                tracing::warn!(key, error = %err, "could not hand the lock on for a waiter that left")
-            }
-        }
+    if let Some(next) = served
+        && !how.local.tell(&next, signal)
+    {
+        tracing::debug!(
+            key,
+            "served waiter no longer waits; it won the lock or its leave passes it on"
+        );
     }
 }
 

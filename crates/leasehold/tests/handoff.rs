@@ -490,7 +490,8 @@ async fn fifo_holds_across_lockers_and_own_waiters_are_served_without_publish() 
 }
 
 #[tokio::test]
-async fn an_own_waiter_that_no_longer_waits_is_skipped_and_the_lock_handed_on() -> TestResult {
+async fn an_own_waiter_served_after_it_stopped_waiting_keeps_the_lock_until_its_ttl() -> TestResult
+{
     let s = setup().await?;
     let key = "t:handoff:skip";
     let mut conn = s.conn.clone();
@@ -501,33 +502,40 @@ async fn an_own_waiter_that_no_longer_waits_is_skipped_and_the_lock_handed_on() 
     let waiter = {
         let locker = locker.clone();
         tokio::spawn(async move {
+            // A 1 s TTL: its fallback re-check (once per TTL of its own)
+            // finds the lock free once the other entry's lease ran out.
             let opts = AcquireOptions::new().wait(HUNG);
-            locker.acquire_with(key, 60 * SECOND, &opts).await
+            locker.acquire_with(key, SECOND, &opts).await
         })
     };
     until_queued(&mut conn, key, 1).await?;
     // Ahead of the real waiter, an entry of the same locker (its channel)
-    // whose waiter this process no longer has: as a waiter that gave up
-    // just before its leave script ran. Handed a 60 s lease, it would
-    // block the key far beyond HUNG.
+    // whose waiter this process no longer has: as one that won the lock
+    // another way just before the release served it. The release must not
+    // take the lock from it; its short TTL then frees the key for the next.
     let queue = format!("{key}:waitq");
     let entries = format!("{key}:waiters");
     let real: Vec<(String, f64)> = conn.zrange_withscores(&queue, 0, 0).await?;
     let (real_token, real_score) = real.first().ok_or("no queued waiter")?.clone();
     let entry: String = conn.hget(&entries, &real_token).await?;
     let channel = entry.splitn(3, ' ').nth(2).ok_or("no channel")?;
-    let _: () = conn.zadd(&queue, "gone", real_score - 1.0).await?;
+    let _: () = conn.zadd(&queue, "won", real_score - 1.0).await?;
     let _: () = conn
-        .hset(&entries, "gone", format!("99999999999999 60000 {channel}"))
+        .hset(&entries, "won", format!("99999999999999 300 {channel}"))
         .await?;
 
     holder.release().await?;
+    let stored: String = conn.get(key).await?;
+    assert_eq!(
+        stored, "won",
+        "the release took the lock from a waiter that had it"
+    );
     let lease = tokio::time::timeout(HUNG, waiter).await???;
     assert_eq!(lease.token().as_str(), real_token);
     let stored: String = conn.get(key).await?;
     assert_eq!(stored, real_token);
     let queued: usize = conn.zcard(&queue).await?;
-    assert_eq!(queued, 0, "the skipped entry stayed queued");
+    assert_eq!(queued, 0, "served entries stayed queued");
     lease.release().await?;
     let left: bool = conn.exists(key).await?;
     assert!(!left);

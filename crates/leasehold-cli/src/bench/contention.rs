@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use leasehold::{
     AcquireOptions, CancellationToken, Error, GiveUpReason, HandoffStyle, RetryStrategy,
 };
@@ -119,9 +120,23 @@ pub(crate) async fn run(env: &Env, args: &ContentionArgs, json: bool) -> anyhow:
             if !json {
                 eprintln!("round {round}/{}: {}", args.rounds, mode.name());
             }
-            results[0][m].push(burst(env, *mode, args).await?);
-            results[1][m].push(tutorial(env, *mode, args).await?);
-            results[2][m].push(timed(env, *mode, args).await?);
+            let name = mode.name();
+            let failed = |w: &str| format!("round {round}, {w} workload, {name} mode");
+            results[0][m].push(
+                burst(env, *mode, args)
+                    .await
+                    .with_context(|| failed("burst"))?,
+            );
+            results[1][m].push(
+                tutorial(env, *mode, args)
+                    .await
+                    .with_context(|| failed("tutorial"))?,
+            );
+            results[2][m].push(
+                timed(env, *mode, args)
+                    .await
+                    .with_context(|| failed("timed"))?,
+            );
         }
     }
 

@@ -11,7 +11,8 @@
 -- how many received the message); dead ones are dropped and the next one is
 -- tried. A waiter of the calling locker (its channel is ARGV[4]) is served
 -- without PUBLISH: its token is returned and the caller wakes it in its own
--- process (or, if it no longer waits, hands the lock on with this script).
+-- process (if it no longer waits, it won the lock another way or its own
+-- leave passes it on).
 --
 -- KEYS[1]  the lock key
 -- KEYS[2]  the wait queue: ZSET of waiter tokens, scored by arrival (us)
