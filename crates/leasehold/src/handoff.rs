@@ -228,16 +228,16 @@ impl std::fmt::Debug for HandoffRelease {
 ///
 /// - [`HandoffStyle::Wake`], relay off: the release deletes the lock and
 ///   only *wakes* the first waiter, which takes it with its own request.
-///   3.0 requests per acquisition.
+///   3.0 requests per acquisition, the longest release-to-next-holder gap
+///   (p50 230 to 430 us).
 /// - [`HandoffStyle::Grant`], relay off: the FIFO hand-off described above,
 ///   the lock moves inside the release script. 2.0 requests per
-///   acquisition, a shorter release-to-next-holder gap (p50 about 130 to
-///   190 us against 170 to 210 us), and less server CPU than Wake.
-/// - Grant with [in-process relay](#in-process-relay) (the default): about
-///   0.06 to 0.08 requests per acquisition, a gap of 10 to 25 us, the lock
-///   held 0.98 to 0.99 of the time, and Redis CPU per acquisition at 0.03
-///   to 0.19 of tuned polling (the strict FIFO Grant: 0.17 to 0.6), flat
-///   from 50 to 500 callers.
+///   acquisition, gap p50 170 to 250 us, server CPU per acquisition 0.42
+///   to 0.76 of tuned polling at 50 callers.
+/// - Grant with [in-process relay](#in-process-relay) (the default): 0.06
+///   to 0.08 requests per acquisition, gap p50 15 to 30 us, the lock held
+///   0.98 to 0.99 of the time, and server CPU per acquisition 0.02 to 0.19
+///   of tuned polling, flat from 50 to 500 callers.
 ///
 /// Why relay wins: without it every acquisition costs two requests that
 /// each reach Redis alone (the holder's work separates them), and on a
