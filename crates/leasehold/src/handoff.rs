@@ -258,6 +258,12 @@ impl std::fmt::Debug for HandoffRelease {
 ///   subscribers on the node that runs the script, so a waiter connected to
 ///   another node looks dead: use hand-off mode on a single node (or with
 ///   every locker's pub/sub connection on the key's node).
+/// - With relay on, a lease that is neither released nor dropped (a hung
+///   task, `mem::forget`) still counts as its locker's holder or waiter for
+///   the key: after it runs out, that locker's later callers each wait up
+///   to one TTL of their own in process before going to Redis (where the
+///   key is free). Release or drop every lease; a watchdog does not help a
+///   task that never returns.
 /// - If a locker's pub/sub connection drops, its waiters look dead to other
 ///   lockers' releases and are dropped from the queue (its own releases
 ///   still serve them in process); their fallback re-check (once
