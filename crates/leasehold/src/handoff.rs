@@ -437,7 +437,9 @@ impl<C: RedisConnection> HandoffLocker<C> {
     /// fires), but its length is: each fallback re-check consumes one wait,
     /// so [`RetryStrategy::none`](crate::RetryStrategy::none) makes one
     /// attempt and [`max_attempts`](crate::RetryStrategy::max_attempts)
-    /// bounds the number of requests.
+    /// bounds the number of requests. Queuing in process behind another
+    /// task of this locker ([relay](#in-process-relay)) counts as one
+    /// attempt and uses one wait.
     ///
     /// [`AcquireOptions::watchdog`] and
     /// [`AcquireOptions::wait_replicas`] apply as in
@@ -500,20 +502,26 @@ impl<C: RedisConnection> HandoffLocker<C> {
         if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
             return Err(give_up(0, GiveUpReason::Cancelled));
         }
+        let mut waits = opts.retry.waits().peekable();
+        let mut attempts: u32 = 0;
         let unit = match &self.inner.how.local.relay {
             None => None,
             Some(relay) => {
-                match relay.enter(key, ttl, opts.retry.waits().next().is_some()) {
+                // Queuing in process is an attempt (answered locally) and
+                // uses up one wait of the strategy, as a busy join would.
+                match relay.enter(key, ttl, waits.peek().is_some()) {
                     Entry::Represent => {}
                     Entry::Busy => return Err(give_up(1, GiveUpReason::RetriesExhausted)),
                     Entry::Queued(ticket) => {
+                        attempts = 1;
+                        waits.next();
                         let waited = self
                             .wait_in_process(relay, key, ttl, ticket, deadline, opts)
                             .await;
                         match waited {
                             Ok(Some(lease)) => return Ok(lease),
                             Ok(None) => {}
-                            Err(reason) => return Err(give_up(0, reason)),
+                            Err(reason) => return Err(give_up(attempts, reason)),
                         }
                     }
                 }
@@ -531,8 +539,6 @@ impl<C: RedisConnection> HandoffLocker<C> {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let waiting = Waiting::enter(self, key, &token, ttl, tx, unit);
 
-        let mut waits = opts.retry.waits();
-        let mut attempts: u32 = 0;
         let mut last_busy = start;
         loop {
             if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {

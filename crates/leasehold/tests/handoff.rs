@@ -748,6 +748,7 @@ async fn relay_gives_up_with_the_same_errors_and_loses_no_turn() -> TestResult {
             err,
             Some(Error::NotAcquired {
                 reason: GiveUpReason::DeadlineExpired,
+                attempts: 1,
                 ..
             })
         ),
@@ -766,6 +767,67 @@ async fn relay_gives_up_with_the_same_errors_and_loses_no_turn() -> TestResult {
         ),
         "{err:?}"
     );
+    // Whatever the strategy, the same variant and reason as in Redis's queue.
+    for strategy in [
+        RetryStrategy::none(),
+        RetryStrategy::default(),
+        RetryStrategy::exponential(Duration::from_millis(16), Duration::from_millis(128))
+            .with_full_jitter(),
+        RetryStrategy::decorrelated_jitter(Duration::from_millis(5), Duration::from_millis(50)),
+    ] {
+        let opts = AcquireOptions::new()
+            .retry(strategy)
+            .wait(Duration::from_millis(30));
+        let err = locker.acquire_with(key, 30 * SECOND, &opts).await.err();
+        let want = if strategy == RetryStrategy::none() {
+            GiveUpReason::RetriesExhausted
+        } else {
+            GiveUpReason::DeadlineExpired
+        };
+        assert!(
+            matches!(err, Some(Error::NotAcquired { reason, attempts: 1, .. }) if reason == want),
+            "{strategy:?}: {err:?}"
+        );
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let opts = AcquireOptions::new().retry(strategy).cancel(cancel);
+        let err = locker.acquire_with(key, 30 * SECOND, &opts).await.err();
+        assert!(
+            matches!(
+                err,
+                Some(Error::NotAcquired {
+                    reason: GiveUpReason::Cancelled,
+                    attempts: 0,
+                    ..
+                })
+            ),
+            "{strategy:?}: {err:?}"
+        );
+        let opts = AcquireOptions::new().retry(strategy.max_attempts(1));
+        let err = locker.acquire_with(key, 30 * SECOND, &opts).await.err();
+        assert!(
+            matches!(
+                err,
+                Some(Error::NotAcquired {
+                    reason: GiveUpReason::RetriesExhausted,
+                    attempts: 1,
+                    ..
+                })
+            ),
+            "{strategy:?}: {err:?}"
+        );
+    }
+    assert_eq!(
+        locker.queued_in_process(key),
+        0,
+        "a waiter that gave up stayed queued"
+    );
+    assert_eq!(
+        locker.locker().stats().requests(),
+        1,
+        "waiting in process sent requests"
+    );
+
     let cancel = CancellationToken::new();
     let waiting = {
         let (locker, cancel) = (locker.clone(), cancel.clone());
@@ -798,6 +860,7 @@ async fn relay_gives_up_with_the_same_errors_and_loses_no_turn() -> TestResult {
             err,
             Some(Error::NotAcquired {
                 reason: GiveUpReason::Cancelled,
+                attempts: 1,
                 ..
             })
         ),
