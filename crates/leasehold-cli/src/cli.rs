@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::env::Env;
+use crate::env::{Database, Env};
 use crate::report::Report;
 use crate::{bench, demo, experiments};
 
@@ -403,15 +403,24 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Verify(args) = &cli.command {
         args.mode()?;
     }
-    let mut global = cli.global.clone();
-    if matches!(cli.command, Command::Failover(_) | Command::Redlock(_))
-        && global.redis_url.take().is_some()
-    {
-        eprintln!(
-            "leasehold: --redis-url is ignored here: this experiment pauses or kills servers, so it starts its own"
-        );
+    // These two pause or kill Redis servers, so they start their own and
+    // need only the database: no Redis connection (or throwaway server) here.
+    let standalone = Database::new(&cli.global);
+    match &cli.command {
+        Command::Failover(args) => {
+            warn_ignored_redis_url(&cli.global);
+            return repeat(&cli.global, || {
+                experiments::failover::run(&standalone, args)
+            })
+            .await;
+        }
+        Command::Redlock(args) => {
+            warn_ignored_redis_url(&cli.global);
+            return repeat(&cli.global, || experiments::redlock::run(&standalone, args)).await;
+        }
+        _ => {}
     }
-    let env = Env::connect(&global).await?;
+    let env = Env::connect(&cli.global).await?;
     match &cli.command {
         Command::Demo => demo::run(&env).await,
         Command::Bench(bench::Bench::Contention(args)) => {
@@ -430,14 +439,28 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Verify(args) => repeat(&cli.global, || experiments::verify::run(&env, args)).await,
         Command::Failover(args) => {
-            repeat(&cli.global, || experiments::failover::run(&env, args)).await
+            repeat(&cli.global, || {
+                experiments::failover::run(env.database(), args)
+            })
+            .await
         }
         Command::Redlock(args) => {
-            repeat(&cli.global, || experiments::redlock::run(&env, args)).await
+            repeat(&cli.global, || {
+                experiments::redlock::run(env.database(), args)
+            })
+            .await
         }
         Command::Backoff(args) => {
             repeat(&cli.global, || experiments::backoff::run(&env, args)).await
         }
+    }
+}
+
+fn warn_ignored_redis_url(global: &Global) {
+    if global.redis_url.is_some() {
+        eprintln!(
+            "leasehold: --redis-url is ignored here: this experiment pauses or kills servers, so it starts its own"
+        );
     }
 }
 

@@ -192,7 +192,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<ExitCode> {
         Shows::Broken,
         experiments::verify::run(env, &verify(healthy, WriteMode::None)).await?,
     );
-    let two_holders = experiments::failover::run(env, &FailoverArgs::default()).await?;
+    let two_holders = experiments::failover::run(env.database(), &FailoverArgs::default()).await?;
     // The tutorial's point: the lock was granted twice, and the database
     // still kept the balance right.
     let caught = two_holders.extra.get("holders") == Some(&2.into())
@@ -205,7 +205,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<ExitCode> {
         two_holders.tutorial_also(caught),
     );
     let waited = experiments::failover::run(
-        env,
+        env.database(),
         &FailoverArgs {
             wait_replicas: 1,
             ..FailoverArgs::default()
@@ -226,7 +226,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<ExitCode> {
         "redlock: 3 nodes, one paused mid-run",
         "majority survives one node: balance right",
         Shows::Ok,
-        experiments::redlock::run(env, &RedlockArgs::default()).await?,
+        experiments::redlock::run(env.database(), &RedlockArgs::default()).await?,
     );
 
     print_table(&rows);

@@ -25,13 +25,38 @@ const PG_POOL_SIZE: usize = 64;
 pub(crate) struct Env {
     pub(crate) redis: MultiplexedConnection,
     pub(crate) locker: Locker,
-    database_url: Option<String>,
-    /// Opened by the first experiment that needs PostgreSQL, never before.
-    postgres: OnceCell<Postgres>,
+    database: Database,
     /// Opens further connections (the hand-off pub/sub connection).
     pub(crate) client: redis::Client,
     /// Kept alive for the whole run; stopped on drop.
     _throwaway_redis: Option<RedisServer>,
+}
+
+/// The PostgreSQL side alone: what the experiments that start their own
+/// Redis servers (`failover`, `redlock`) need.
+pub(crate) struct Database {
+    url: Option<String>,
+    /// Opened by the first experiment that needs PostgreSQL, never before.
+    postgres: OnceCell<Postgres>,
+}
+
+impl Database {
+    pub(crate) fn new(global: &Global) -> Database {
+        Database {
+            url: global.database_url.clone(),
+            postgres: OnceCell::new(),
+        }
+    }
+
+    /// The PostgreSQL pool, with the wallet tables set up: connects (or
+    /// starts a throwaway server) on first use only.
+    pub(crate) async fn postgres(&self) -> anyhow::Result<&Pool> {
+        let pg = self
+            .postgres
+            .get_or_try_init(|| open_postgres(self.url.clone()))
+            .await?;
+        Ok(&pg.pool)
+    }
 }
 
 struct Postgres {
@@ -70,21 +95,20 @@ impl Env {
         Ok(Env {
             redis,
             locker,
-            database_url: global.database_url.clone(),
-            postgres: OnceCell::new(),
+            database: Database::new(global),
             client,
             _throwaway_redis: throwaway,
         })
     }
 
-    /// The PostgreSQL pool, with the wallet tables set up: connects (or
-    /// starts a throwaway server) on first use only.
+    /// The PostgreSQL pool ([`Database::postgres`]).
     pub(crate) async fn postgres(&self) -> anyhow::Result<&Pool> {
-        let pg = self
-            .postgres
-            .get_or_try_init(|| open_postgres(self.database_url.clone()))
-            .await?;
-        Ok(&pg.pool)
+        self.database.postgres().await
+    }
+
+    /// The PostgreSQL side, for the experiments that need nothing else.
+    pub(crate) fn database(&self) -> &Database {
+        &self.database
     }
 }
 

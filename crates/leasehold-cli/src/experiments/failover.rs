@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::cli::FailoverArgs;
-use crate::env::Env;
+use crate::env::Database;
 use crate::ledger::{self, RESOURCE, WALLET_ID, WriteCheck};
 use crate::report::Report;
 
@@ -65,8 +65,8 @@ struct Holder {
     read: Snapshot,
 }
 
-pub(crate) async fn run(env: &Env, args: &FailoverArgs) -> anyhow::Result<Report> {
-    let pool = env.postgres().await?;
+pub(crate) async fn run(db: &Database, args: &FailoverArgs) -> anyhow::Result<Report> {
+    let pool = db.postgres().await?;
     let db = pool.get().await.context("connecting to postgresql")?;
     leasehold_pg::reset_wallet(&**db, WALLET_ID, INITIAL).await?;
     let check = if args.unfenced {

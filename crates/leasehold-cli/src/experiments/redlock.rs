@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Fault, RedlockArgs};
-use crate::env::Env;
+use crate::env::Database;
 use crate::ledger::{self, RESOURCE, WALLET_ID, WriteCheck};
 use crate::report::Report;
 use crate::wallet::hammer;
@@ -35,9 +35,9 @@ struct Counters {
     release_failed: AtomicU64,
 }
 
-pub(crate) async fn run(env: &Env, args: &RedlockArgs) -> anyhow::Result<Report> {
+pub(crate) async fn run(db: &Database, args: &RedlockArgs) -> anyhow::Result<Report> {
     let spend = &args.spend;
-    let pool = env.postgres().await?.clone();
+    let pool = db.postgres().await?.clone();
     {
         let db = pool.get().await.context("connecting to postgresql")?;
         leasehold_pg::reset_wallet(&**db, WALLET_ID, spend.initial).await?;
@@ -121,7 +121,7 @@ pub(crate) async fn run(env: &Env, args: &RedlockArgs) -> anyhow::Result<Report>
     let (_victim, injected_after) = fault.await.context("the fault task failed")??;
     drop(servers);
 
-    let db = pool_audit(env).await?;
+    let db = pool_audit(db).await?;
     let audit = leasehold_pg::audit(&**db, WALLET_ID).await?;
     let histogram = latency
         .lock()
@@ -222,8 +222,8 @@ async fn inject(
     Ok((victim, Some(after)))
 }
 
-async fn pool_audit(env: &Env) -> anyhow::Result<deadpool_postgres::Object> {
-    env.postgres()
+async fn pool_audit(db: &Database) -> anyhow::Result<deadpool_postgres::Object> {
+    db.postgres()
         .await?
         .get()
         .await
