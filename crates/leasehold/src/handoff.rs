@@ -18,6 +18,7 @@ use crate::lease::{Lease, ReleaseKind};
 use crate::locker::{Locker, check_key, check_ttl, ttl_millis};
 use crate::options::AcquireOptions;
 use crate::relay::{Entry, Next, Relay, Ticket, Turn};
+use crate::rounds::Rounds;
 use crate::token::LeaseToken;
 use crate::watchdog::Validity;
 use crate::{RedisConnection, call};
@@ -492,36 +493,28 @@ impl<C: RedisConnection> HandoffLocker<C> {
         opts: &AcquireOptions,
         start: Instant,
     ) -> Result<Lease<C>> {
-        let deadline = opts.deadline_from(start);
-        let give_up = |attempts, reason| Error::NotAcquired {
-            key: key.to_owned(),
-            attempts,
-            waited: start.elapsed(),
-            reason,
-        };
-        if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
-            return Err(give_up(0, GiveUpReason::Cancelled));
-        }
-        let mut waits = opts.retry.waits().peekable();
-        let mut attempts: u32 = 0;
+        let locker = &self.inner.locker;
+        let mut rounds = Rounds::new(key, opts, locker.command_timeout(), start);
+        rounds.check_cancelled()?;
         let unit = match &self.inner.how.local.relay {
             None => None,
             Some(relay) => {
-                // Queuing in process is an attempt (answered locally) and
-                // uses up one wait of the strategy, as a busy join would.
-                match relay.enter(key, ttl, waits.peek().is_some()) {
+                let may_wait = rounds.may_wait();
+                match relay.enter(key, ttl, may_wait) {
                     Entry::Represent => {}
-                    Entry::Busy => return Err(give_up(1, GiveUpReason::RetriesExhausted)),
+                    // Queuing in process is an attempt (answered locally)
+                    // and uses up one wait of the strategy, as a busy join
+                    // would.
+                    Entry::Busy => {
+                        rounds.attempt_in_process();
+                        return Err(rounds.give_up(GiveUpReason::RetriesExhausted));
+                    }
                     Entry::Queued(ticket) => {
-                        attempts = 1;
-                        waits.next();
-                        let waited = self
-                            .wait_in_process(relay, key, ttl, ticket, deadline, opts)
-                            .await;
-                        match waited {
-                            Ok(Some(lease)) => return Ok(lease),
-                            Ok(None) => {}
-                            Err(reason) => return Err(give_up(attempts, reason)),
+                        rounds.attempt_in_process();
+                        rounds.next_wait()?;
+                        let waited = self.wait_in_process(relay, key, ttl, ticket, &rounds);
+                        if let Some(lease) = waited.await? {
+                            return Ok(lease);
                         }
                     }
                 }
@@ -534,56 +527,31 @@ impl<C: RedisConnection> HandoffLocker<C> {
         };
         let token = LeaseToken::generate()?;
         let px = ttl_millis(ttl);
-        let locker = &self.inner.locker;
         let counters = &locker.inner.counters;
         let (tx, mut rx) = mpsc::unbounded_channel();
         let waiting = Waiting::enter(self, key, &token, ttl, tx, unit);
 
         let mut last_busy = start;
         loop {
-            if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
-                return Err(give_up(attempts, GiveUpReason::Cancelled));
-            }
-            let sent_at = Instant::now();
-            if sent_at >= deadline {
-                return Err(give_up(attempts, GiveUpReason::DeadlineExpired));
-            }
-            attempts = attempts.saturating_add(1);
+            let (sent_at, call_deadline) = rounds.attempt()?;
             counters.acquire_request();
-            let call_deadline = deadline.min(sent_at + locker.command_timeout());
-            let lifetime = ttl_millis(deadline.saturating_duration_since(sent_at));
+            let lifetime = ttl_millis(rounds.deadline().saturating_duration_since(sent_at));
             let request = self.try_or_enqueue(key, &token, px, lifetime, call_deadline);
-            let outcome = match &opts.cancel {
-                Some(cancel) => tokio::select! {
-                    biased;
-                    () = cancel.cancelled() => return Err(give_up(attempts, GiveUpReason::Cancelled)),
-                    outcome = request => outcome,
-                },
-                None => request.await,
-            }?;
-            let holder_left = match outcome {
+            let holder_left = match rounds.unless_cancelled(request).await?? {
                 Found::TookIt => return Ok(waiting.into_lease(sent_at)),
                 Found::HandedOver => return Ok(waiting.into_lease(last_busy)),
                 Found::Waiting(holder_left) => holder_left,
             };
             last_busy = sent_at;
-            if waits.next().is_none() {
-                return Err(give_up(attempts, GiveUpReason::RetriesExhausted));
-            }
+            rounds.next_wait()?;
             // Due no later than the holder's expiry (as last seen), so a dead
             // holder is noticed at once; at least once per TTL of our own.
             let recheck =
                 holder_left.map_or(ttl, |left| (left + Duration::from_millis(1)).min(ttl));
-            let wake = deadline.min(Instant::now() + recheck);
-            let cancelled = async {
-                match &opts.cancel {
-                    Some(cancel) => cancel.cancelled().await,
-                    None => std::future::pending().await,
-                }
-            };
+            let wake = rounds.deadline().min(Instant::now() + recheck);
             tokio::select! {
                 biased;
-                () = cancelled => return Err(give_up(attempts, GiveUpReason::Cancelled)),
+                () = rounds.cancelled() => return Err(rounds.give_up(GiveUpReason::Cancelled)),
                 signal = rx.recv() => match signal {
                     Some(Signal::Granted) => return Ok(waiting.into_lease(last_busy)),
                     Some(Signal::Woken) | None => {}
@@ -596,27 +564,22 @@ impl<C: RedisConnection> HandoffLocker<C> {
     /// Waits in this locker's queue for `key` until a unit of ours passes
     /// us the lease (`Some`) or its place in Redis's queue (`None`: go to
     /// Redis), or our fallback timer (one TTL) sends us to Redis as a unit
-    /// of our own. `Err`: we gave up.
+    /// of our own. Gives up as `rounds` says.
     async fn wait_in_process(
         &self,
         relay: &Relay,
         key: &str,
         ttl: Duration,
         ticket: Ticket,
-        deadline: Instant,
-        opts: &AcquireOptions,
-    ) -> std::result::Result<Option<Lease<C>>, GiveUpReason> {
+        rounds: &Rounds<'_>,
+    ) -> Result<Option<Lease<C>>> {
         let mut waiting = LocalWaiting {
             handoff: self,
             key,
             ticket: Some(ticket),
         };
-        let cancelled = async {
-            match &opts.cancel {
-                Some(cancel) => cancel.cancelled().await,
-                None => std::future::pending().await,
-            }
-        };
+        let deadline = rounds.deadline();
+        let cancelled = rounds.cancelled();
         tokio::pin!(cancelled);
         let turn = loop {
             // Due when our holder's lease runs out (as it knows it), so a
@@ -633,14 +596,14 @@ impl<C: RedisConnection> HandoffLocker<C> {
             };
             tokio::select! {
                 biased;
-                () = &mut cancelled => return Err(GiveUpReason::Cancelled),
+                () = &mut cancelled => return Err(rounds.give_up(GiveUpReason::Cancelled)),
                 turn = ticket.turn() => {
                     waiting.ticket = None;
                     break turn;
                 }
                 () = tokio::time::sleep_until(fallback) => {
                     if fallback >= deadline {
-                        return Err(GiveUpReason::DeadlineExpired);
+                        return Err(rounds.give_up(GiveUpReason::DeadlineExpired));
                     }
                     if relay.held_until(key).is_some_and(|until| until > Instant::now()) {
                         continue;

@@ -1,11 +1,13 @@
 //! The retry loop that every way of taking a lease shares.
 
+use std::iter::Peekable;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::error::{Error, GiveUpReason, Result};
 use crate::options::AcquireOptions;
+use crate::retry::Waits;
 
 /// What one attempt to take a lock found.
 pub(crate) enum Attempt<T> {
@@ -13,6 +15,112 @@ pub(crate) enum Attempt<T> {
     Won(T),
     /// Someone else holds it.
     Busy,
+}
+
+/// One acquire's retry rounds: its deadline, the attempts made so far, the
+/// strategy's remaining waits, and how giving up is reported. Every way of
+/// taking a lease (polling, fenced, quorum, hand-off) counts and gives up
+/// through this, so the same options always give the same
+/// [`Error::NotAcquired`].
+pub(crate) struct Rounds<'a> {
+    key: &'a str,
+    opts: &'a AcquireOptions,
+    command_timeout: Duration,
+    start: Instant,
+    deadline: Instant,
+    waits: Peekable<Waits>,
+    attempts: u32,
+}
+
+impl<'a> Rounds<'a> {
+    /// Rounds for an acquire of `key` that started at `start`.
+    pub(crate) fn new(
+        key: &'a str,
+        opts: &'a AcquireOptions,
+        command_timeout: Duration,
+        start: Instant,
+    ) -> Self {
+        Rounds {
+            key,
+            opts,
+            command_timeout,
+            start,
+            deadline: opts.deadline_from(start),
+            waits: opts.retry.waits().peekable(),
+            attempts: 0,
+        }
+    }
+
+    /// When the caller stops waiting.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The error for giving up now, for `reason`.
+    pub(crate) fn give_up(&self, reason: GiveUpReason) -> Error {
+        Error::NotAcquired {
+            key: self.key.to_owned(),
+            attempts: self.attempts,
+            waited: self.start.elapsed(),
+            reason,
+        }
+    }
+
+    /// Gives up if the caller's token is already cancelled.
+    pub(crate) fn check_cancelled(&self) -> Result<()> {
+        match &self.opts.cancel {
+            Some(cancel) if cancel.is_cancelled() => Err(self.give_up(GiveUpReason::Cancelled)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Starts an attempt: gives up if cancelled or past the deadline, else
+    /// counts it and returns its send time and the deadline of its request
+    /// (the caller's, capped by the command timeout).
+    pub(crate) fn attempt(&mut self) -> Result<(Instant, Instant)> {
+        self.check_cancelled()?;
+        let sent_at = Instant::now();
+        if sent_at >= self.deadline {
+            return Err(self.give_up(GiveUpReason::DeadlineExpired));
+        }
+        self.attempts = self.attempts.saturating_add(1);
+        Ok((sent_at, self.deadline.min(sent_at + self.command_timeout)))
+    }
+
+    /// Counts an attempt answered without a request (in process).
+    pub(crate) fn attempt_in_process(&mut self) {
+        self.attempts = self.attempts.saturating_add(1);
+    }
+
+    /// Whether the strategy allows another wait (without using it).
+    pub(crate) fn may_wait(&mut self) -> bool {
+        self.waits.peek().is_some()
+    }
+
+    /// The strategy's next wait; gives up when none is left.
+    pub(crate) fn next_wait(&mut self) -> Result<Duration> {
+        self.waits
+            .next()
+            .ok_or_else(|| self.give_up(GiveUpReason::RetriesExhausted))
+    }
+
+    /// Resolves when the caller's token is cancelled; never without one.
+    pub(crate) async fn cancelled(&self) {
+        match &self.opts.cancel {
+            Some(cancel) => cancel.cancelled().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// `work`'s output, unless the caller's token is cancelled first (then
+    /// `work` is dropped and we give up).
+    pub(crate) async fn unless_cancelled<F: Future>(&self, work: F) -> Result<F::Output> {
+        tokio::select! {
+            biased;
+            () = self.cancelled() => Err(self.give_up(GiveUpReason::Cancelled)),
+            output = work => Ok(output),
+        }
+    }
 }
 
 /// One `attempt` per round, each bounded by the caller's deadline and
@@ -35,37 +143,11 @@ where
     Fut: Future<Output = Result<Attempt<T>>>,
     A: Fn(),
 {
-    let start = Instant::now();
-    let deadline = opts.deadline_from(start);
-    let mut waits = opts.retry.waits();
-    let mut attempts: u32 = 0;
-    let give_up = |attempts, reason| Error::NotAcquired {
-        key: key.to_owned(),
-        attempts,
-        waited: start.elapsed(),
-        reason,
-    };
+    let mut rounds = Rounds::new(key, opts, command_timeout, Instant::now());
     loop {
-        if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
-            return Err(give_up(attempts, GiveUpReason::Cancelled));
-        }
-        let sent_at = Instant::now();
-        if sent_at >= deadline {
-            return Err(give_up(attempts, GiveUpReason::DeadlineExpired));
-        }
-        attempts = attempts.saturating_add(1);
-        let call_deadline = deadline.min(sent_at + command_timeout);
+        let (sent_at, call_deadline) = rounds.attempt()?;
         let in_flight = OnAbandon::new(&abandon);
-        let request = attempt(call_deadline);
-        let outcome = match &opts.cancel {
-            Some(cancel) => tokio::select! {
-                biased;
-                () = cancel.cancelled() => return Err(give_up(attempts, GiveUpReason::Cancelled)),
-                outcome = request => outcome,
-            },
-            None => request.await,
-        };
-        match outcome {
+        match rounds.unless_cancelled(attempt(call_deadline)).await? {
             Ok(Attempt::Won(won)) => {
                 in_flight.disarm();
                 return Ok((won, sent_at));
@@ -79,28 +161,11 @@ where
                 return Err(err);
             }
         }
-        let Some(wait) = waits.next() else {
-            return Err(give_up(attempts, GiveUpReason::RetriesExhausted));
-        };
-        let wake = deadline.min(Instant::now() + wait);
-        if !sleep_until(wake, opts).await {
-            return Err(give_up(attempts, GiveUpReason::Cancelled));
-        }
-    }
-}
-
-/// Sleeps until `wake`; false if the caller's token was cancelled first.
-async fn sleep_until(wake: Instant, opts: &AcquireOptions) -> bool {
-    match &opts.cancel {
-        Some(cancel) => tokio::select! {
-            biased;
-            () = cancel.cancelled() => false,
-            () = tokio::time::sleep_until(wake) => true,
-        },
-        None => {
-            tokio::time::sleep_until(wake).await;
-            true
-        }
+        let wait = rounds.next_wait()?;
+        let wake = rounds.deadline().min(Instant::now() + wait);
+        rounds
+            .unless_cancelled(tokio::time::sleep_until(wake))
+            .await?;
     }
 }
 
