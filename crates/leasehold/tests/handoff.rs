@@ -219,6 +219,64 @@ async fn a_dead_holder_and_a_dead_waiter_block_the_key_only_until_their_ttls() -
     Ok(())
 }
 
+/// Whatever the strategy, giving up on `key` (held by someone else) comes
+/// back as the same variant and reason: deadline (or, with no retries,
+/// retries exhausted) after one attempt, cancelled before any, and one
+/// attempt with `max_attempts(1)`.
+async fn every_strategy_gives_up_the_same_way(locker: &HandoffLocker, key: &str) -> TestResult {
+    for strategy in [
+        RetryStrategy::none(),
+        RetryStrategy::default(),
+        RetryStrategy::exponential(Duration::from_millis(16), Duration::from_millis(128))
+            .with_full_jitter(),
+        RetryStrategy::decorrelated_jitter(Duration::from_millis(5), Duration::from_millis(50)),
+    ] {
+        let opts = AcquireOptions::new()
+            .retry(strategy)
+            .wait(Duration::from_millis(30));
+        let err = locker.acquire_with(key, SECOND, &opts).await.err();
+        let want = if strategy == RetryStrategy::none() {
+            GiveUpReason::RetriesExhausted
+        } else {
+            GiveUpReason::DeadlineExpired
+        };
+        assert!(
+            matches!(err, Some(Error::NotAcquired { reason, attempts: 1, .. }) if reason == want),
+            "{strategy:?}: {err:?}"
+        );
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let opts = AcquireOptions::new().retry(strategy).cancel(cancel);
+        let err = locker.acquire_with(key, SECOND, &opts).await.err();
+        assert!(
+            matches!(
+                err,
+                Some(Error::NotAcquired {
+                    reason: GiveUpReason::Cancelled,
+                    attempts: 0,
+                    ..
+                })
+            ),
+            "{strategy:?}: {err:?}"
+        );
+        let opts = AcquireOptions::new().retry(strategy.max_attempts(1));
+        let err = locker.acquire_with(key, SECOND, &opts).await.err();
+        assert!(
+            matches!(
+                err,
+                Some(Error::NotAcquired {
+                    reason: GiveUpReason::RetriesExhausted,
+                    attempts: 1,
+                    ..
+                })
+            ),
+            "{strategy:?}: {err:?}"
+        );
+    }
+
+    Ok(())
+}
+
 #[tokio::test]
 async fn giving_up_is_not_acquired_with_its_reason_and_leaves_the_queue() -> TestResult {
     let s = setup().await?;
@@ -296,56 +354,7 @@ async fn giving_up_is_not_acquired_with_its_reason_and_leaves_the_queue() -> Tes
         "{err:?}"
     );
 
-    // Whatever the strategy, the same variant and reason.
-    for strategy in [
-        RetryStrategy::none(),
-        RetryStrategy::default(),
-        RetryStrategy::exponential(Duration::from_millis(16), Duration::from_millis(128))
-            .with_full_jitter(),
-        RetryStrategy::decorrelated_jitter(Duration::from_millis(5), Duration::from_millis(50)),
-    ] {
-        let opts = AcquireOptions::new()
-            .retry(strategy)
-            .wait(Duration::from_millis(30));
-        let err = locker.acquire_with(key, SECOND, &opts).await.err();
-        let want = if strategy == RetryStrategy::none() {
-            GiveUpReason::RetriesExhausted
-        } else {
-            GiveUpReason::DeadlineExpired
-        };
-        assert!(
-            matches!(err, Some(Error::NotAcquired { reason, .. }) if reason == want),
-            "{strategy:?}: {err:?}"
-        );
-        let cancel = CancellationToken::new();
-        cancel.cancel();
-        let opts = AcquireOptions::new().retry(strategy).cancel(cancel);
-        let err = locker.acquire_with(key, SECOND, &opts).await.err();
-        assert!(
-            matches!(
-                err,
-                Some(Error::NotAcquired {
-                    reason: GiveUpReason::Cancelled,
-                    attempts: 0,
-                    ..
-                })
-            ),
-            "{strategy:?}: {err:?}"
-        );
-        let opts = AcquireOptions::new().retry(strategy.max_attempts(1));
-        let err = locker.acquire_with(key, SECOND, &opts).await.err();
-        assert!(
-            matches!(
-                err,
-                Some(Error::NotAcquired {
-                    reason: GiveUpReason::RetriesExhausted,
-                    attempts: 1,
-                    ..
-                })
-            ),
-            "{strategy:?}: {err:?}"
-        );
-    }
+    every_strategy_gives_up_the_same_way(&locker, key).await?;
 
     // Every waiter that gave up left the queue, so the release deletes the
     // lock instead of handing it to someone who is gone.
@@ -767,56 +776,7 @@ async fn relay_gives_up_with_the_same_errors_and_loses_no_turn() -> TestResult {
         ),
         "{err:?}"
     );
-    // Whatever the strategy, the same variant and reason as in Redis's queue.
-    for strategy in [
-        RetryStrategy::none(),
-        RetryStrategy::default(),
-        RetryStrategy::exponential(Duration::from_millis(16), Duration::from_millis(128))
-            .with_full_jitter(),
-        RetryStrategy::decorrelated_jitter(Duration::from_millis(5), Duration::from_millis(50)),
-    ] {
-        let opts = AcquireOptions::new()
-            .retry(strategy)
-            .wait(Duration::from_millis(30));
-        let err = locker.acquire_with(key, 30 * SECOND, &opts).await.err();
-        let want = if strategy == RetryStrategy::none() {
-            GiveUpReason::RetriesExhausted
-        } else {
-            GiveUpReason::DeadlineExpired
-        };
-        assert!(
-            matches!(err, Some(Error::NotAcquired { reason, attempts: 1, .. }) if reason == want),
-            "{strategy:?}: {err:?}"
-        );
-        let cancel = CancellationToken::new();
-        cancel.cancel();
-        let opts = AcquireOptions::new().retry(strategy).cancel(cancel);
-        let err = locker.acquire_with(key, 30 * SECOND, &opts).await.err();
-        assert!(
-            matches!(
-                err,
-                Some(Error::NotAcquired {
-                    reason: GiveUpReason::Cancelled,
-                    attempts: 0,
-                    ..
-                })
-            ),
-            "{strategy:?}: {err:?}"
-        );
-        let opts = AcquireOptions::new().retry(strategy.max_attempts(1));
-        let err = locker.acquire_with(key, 30 * SECOND, &opts).await.err();
-        assert!(
-            matches!(
-                err,
-                Some(Error::NotAcquired {
-                    reason: GiveUpReason::RetriesExhausted,
-                    attempts: 1,
-                    ..
-                })
-            ),
-            "{strategy:?}: {err:?}"
-        );
-    }
+    every_strategy_gives_up_the_same_way(&locker, key).await?;
     assert_eq!(
         locker.queued_in_process(key),
         0,
