@@ -333,7 +333,8 @@ pub(crate) struct BackoffArgs {
     /// Longest backoff.
     #[arg(long, default_value = "128ms", value_parser = parse_duration)]
     pub(crate) max: Duration,
-    /// Wait in a FIFO queue and be handed the lock on release (no polling).
+    /// Wait in a FIFO queue and be handed the lock on release (no polling;
+    /// the 50 callers share one hand-off locker, so leases pass in process).
     #[arg(long)]
     pub(crate) handoff: bool,
 }

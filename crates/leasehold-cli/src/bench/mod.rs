@@ -16,7 +16,8 @@ pub(crate) mod uncontended;
 pub(crate) enum Bench {
     /// Many callers on one key, for each way of waiting: polling with
     /// exponential backoff, with full jitter, with jitter tuned for speed,
-    /// and hand-off (grant and wake).
+    /// and hand-off (relayed in process, over two lockers, strict FIFO,
+    /// wake).
     Contention(ContentionArgs),
     /// Acquire+release pairs per second with no contention, against a raw
     /// `SET NX PX` + `EVALSHA` loop on the same connection.
