@@ -187,8 +187,9 @@ async fn waiters_are_served_in_arrival_order() -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_dead_holder_and_a_dead_waiter_block_the_key_only_until_their_ttls() -> TestResult {
+/// Lockers in separate "processes" (one task each), so relay changes who
+/// queues where only for the Redis side of the protocol.
+async fn dead_holder_and_dead_waiters(relay: u32) -> TestResult {
     let s = setup().await?;
     let key = "t:handoff:dead";
     let ttl = Duration::from_millis(300);
@@ -196,14 +197,14 @@ async fn a_dead_holder_and_a_dead_waiter_block_the_key_only_until_their_ttls() -
 
     // A holder that dies: its lease is never released, not even in the
     // background.
-    let dead_holder = handoff(&s, HandoffStyle::Grant).await?;
+    let dead_holder = relaying(&s, HandoffStyle::Grant, relay).await?;
     let lease = dead_holder
         .acquire_with(key, ttl, &AcquireOptions::new())
         .await?;
     std::mem::forget(lease);
 
     // A waiter that enqueues and then vanishes without leaving the queue.
-    let ghost = handoff(&s, HandoffStyle::Grant).await?;
+    let ghost = relaying(&s, HandoffStyle::Grant, relay).await?;
     let opts = AcquireOptions::new().wait(HUNG);
     let mut vanished = Box::pin(ghost.acquire_with(key, ttl, &opts));
     tokio::select! {
@@ -214,7 +215,7 @@ async fn a_dead_holder_and_a_dead_waiter_block_the_key_only_until_their_ttls() -
 
     // A waiter whose whole process died: its locker, and with it its pub/sub
     // connection, is gone too.
-    let dead_process = handoff(&s, HandoffStyle::Grant).await?;
+    let dead_process = relaying(&s, HandoffStyle::Grant, relay).await?;
     let mut vanished = Box::pin(dead_process.acquire_with(key, ttl, &opts));
     tokio::select! {
         got = &mut vanished => return Err(format!("the dead process got {got:?}").into()),
@@ -225,7 +226,7 @@ async fn a_dead_holder_and_a_dead_waiter_block_the_key_only_until_their_ttls() -
 
     // The next live waiter must get the lock: after the holder's TTL, and
     // (if the lock was handed to the ghost first) the ghost's TTL.
-    let live = handoff(&s, HandoffStyle::Grant).await?;
+    let live = relaying(&s, HandoffStyle::Grant, relay).await?;
     let lease = tokio::time::timeout(
         HUNG,
         live.acquire_with(key, 10 * SECOND, &AcquireOptions::new().wait(HUNG)),
@@ -293,6 +294,17 @@ async fn every_strategy_gives_up_the_same_way(locker: &HandoffLocker, key: &str)
     }
 
     Ok(())
+}
+
+#[tokio::test]
+async fn a_dead_holder_and_a_dead_waiter_block_the_key_only_until_their_ttls() -> TestResult {
+    dead_holder_and_dead_waiters(0).await
+}
+
+#[tokio::test]
+async fn with_relay_a_dead_holder_and_a_dead_waiter_block_the_key_only_until_their_ttls()
+-> TestResult {
+    dead_holder_and_dead_waiters(16).await
 }
 
 #[tokio::test]
