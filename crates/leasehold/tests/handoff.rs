@@ -187,8 +187,9 @@ async fn waiters_are_served_in_arrival_order() -> TestResult {
     Ok(())
 }
 
-/// Lockers in separate "processes" (one task each), so relay changes who
-/// queues where only for the Redis side of the protocol.
+/// Each role has a locker of its own (a process of its own), so even with
+/// relay on every waiter queues in Redis: dead holders and waiters must
+/// block the key only until their TTLs whatever the relay setting.
 async fn dead_holder_and_dead_waiters(relay: u32) -> TestResult {
     let s = setup().await?;
     let key = "t:handoff:dead";
