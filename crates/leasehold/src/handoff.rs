@@ -260,11 +260,11 @@ impl std::fmt::Debug for HandoffRelease {
 ///   another node looks dead: use hand-off mode on a single node (or with
 ///   every locker's pub/sub connection on the key's node).
 /// - With relay on, a lease that is neither released nor dropped (a hung
-///   task, `mem::forget`) still counts as its locker's holder or waiter for
-///   the key: after it runs out, that locker's later callers each wait up
-///   to one TTL of their own in process before going to Redis (where the
-///   key is free). Release or drop every lease; a watchdog does not help a
-///   task that never returns.
+///   task, `mem::forget`) still counts as its locker's holder for the key,
+///   forever. Once it runs out (by its own clock), that locker's callers
+///   stop waiting for it at once and go to Redis, where the key is free;
+///   they just no longer get free passes from it. Release or drop every
+///   lease; a watchdog does not help a task that never returns.
 /// - If a locker's pub/sub connection drops, its waiters look dead to other
 ///   lockers' releases and are dropped from the queue (its own releases
 ///   still serve them in process); their fallback re-check (once
@@ -582,9 +582,9 @@ impl<C: RedisConnection> HandoffLocker<C> {
         let cancelled = rounds.cancelled();
         tokio::pin!(cancelled);
         let turn = loop {
-            // Due when our holder's lease runs out (as it knows it), so a
+            // Due when our holders' leases run out (as they know it), so a
             // holder that never gives its lease back blocks us at most until
-            // then; with no holder of ours known, after our own TTL.
+            // then; with no holder of ours alive, after our own TTL.
             let fallback = relay
                 .held_until(key)
                 .map_or(Instant::now() + ttl, |until| {

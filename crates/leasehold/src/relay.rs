@@ -36,10 +36,11 @@
 //!   lock stays ours with a fresh TTL and passes to the local head. That one
 //!   request bounds how long other processes wait (at most `limit` local
 //!   turns) and renews the lease.
-//! - **Fallback.** A local waiter whose turn has not come within its own
-//!   TTL stops waiting locally and goes to Redis as a unit of its own. That
+//! - **Fallback.** A local waiter stops waiting locally and goes to Redis as
+//!   a unit of its own once every live lease of ours on the key has run out
+//!   by its holder's clock (or, with none alive, after its own TTL). That
 //!   only matters when a holder neither releases nor drops its lease (a
-//!   leaked guard, a hung task): Redis then frees the key after the TTL and
+//!   leaked guard, a hung task): Redis frees the key after the TTL and
 //!   serves whoever waits there.
 //!
 //! Safety does not rest on this bookkeeping: a free pass continues a lease
@@ -126,8 +127,10 @@ struct Slot {
     units: u32,
     /// Free passes since Redis last saw the lock.
     streak: u32,
-    /// The lease of our latest holder, for when it runs out.
-    holder: Weak<Shared>,
+    /// The leases of our holders that may still be alive (a `Weak` that no
+    /// longer upgrades is a lease released or dropped): for when they run
+    /// out, and to tell a hung holder from a live one.
+    holders: Vec<Weak<Shared>>,
     queue: VecDeque<(u64, Queued)>,
 }
 
@@ -204,15 +207,21 @@ impl Relay {
     /// A unit of ours now holds `key` with the lease that shares `shared`.
     pub(crate) fn hold(&self, key: &str, shared: &Arc<Shared>) {
         if let Some(slot) = self.slots().get_mut(key) {
-            slot.holder = Arc::downgrade(shared);
+            slot.holders.retain(|h| h.strong_count() > 0);
+            slot.holders.push(Arc::downgrade(shared));
         }
     }
 
-    /// Until when our latest holder of `key` can still hold it, while its
-    /// lease is alive (not yet released or dropped).
+    /// Until when our holders of `key` can still hold it (the latest of
+    /// their leases' ends), while one of them is alive (not yet released
+    /// or dropped).
     pub(crate) fn held_until(&self, key: &str) -> Option<Instant> {
-        let shared = self.slots().get(key)?.holder.upgrade()?;
-        Some(shared.validity().until())
+        self.slots()
+            .get(key)?
+            .holders
+            .iter()
+            .filter_map(until)
+            .max()
     }
 
     /// How many callers wait in process for `key`.
@@ -269,6 +278,11 @@ impl Relay {
         }
         end_unit(&mut slots, key);
     }
+}
+
+/// When the lease behind `holder` ends, if it is still alive.
+fn until(holder: &Weak<Shared>) -> Option<Instant> {
+    holder.upgrade().map(|shared| shared.validity().until())
 }
 
 /// One unit of `key` ended with nobody to serve.

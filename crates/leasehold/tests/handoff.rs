@@ -906,6 +906,15 @@ async fn relay_a_dropped_lease_passes_on_and_a_leaked_one_blocks_only_its_ttl() 
     lease.release().await?;
     let left: bool = conn.exists(key).await?;
     assert!(!left);
+
+    // The leaked lease still counts as this locker's holder, but it ran
+    // out: a later caller goes to Redis at once instead of queuing behind
+    // it (queued, it would wait out its own 60 s TTL, past its deadline).
+    let opts = AcquireOptions::new().wait(HUNG);
+    let later = locker.acquire_with(key, 60 * SECOND, &opts).await?;
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, later.token().as_str());
+    later.release().await?;
     Ok(())
 }
 
