@@ -198,8 +198,8 @@ impl Relay {
         }
         if as_unit {
             slot.units = slot.units.saturating_add(1);
-        } else if slot.units == 0 && slot.queue.is_empty() {
-            slots.remove(key);
+        } else {
+            forget_if_idle(&mut slots, key);
         }
         None
     }
@@ -289,9 +289,17 @@ fn until(holder: &Weak<Shared>) -> Option<Instant> {
 fn end_unit(slots: &mut HashMap<String, Slot>, key: &str) {
     if let Some(slot) = slots.get_mut(key) {
         slot.units = slot.units.saturating_sub(1);
-        if slot.units == 0 && slot.queue.is_empty() {
-            slots.remove(key);
-        }
+    }
+    forget_if_idle(slots, key);
+}
+
+/// Drops `key`'s slot once no unit and no waiter is left in it.
+fn forget_if_idle(slots: &mut HashMap<String, Slot>, key: &str) {
+    if slots
+        .get(key)
+        .is_some_and(|slot| slot.units == 0 && slot.queue.is_empty())
+    {
+        slots.remove(key);
     }
 }
 
