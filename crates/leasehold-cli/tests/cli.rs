@@ -130,11 +130,12 @@ fn backoff_with_handoff_reports_its_figures_without_polling() -> TestResult {
     let r = &reports[0];
     assert_backoff_figures(r);
     assert_eq!(r["mode"], "hand-off");
-    // No polling, and the leases pass from caller to caller in process:
-    // fewer requests than leases (one per 16 passes plus the first take and
-    // the last release, when all 50 queue behind the first).
+    // No polling, and the leases pass from caller to caller in process with
+    // one token-checked request each (plus the first take and the last
+    // release, when all 50 queue behind the first): at most 1.2 requests
+    // per lease, where polling needs at least 2.
     let round_trips = r["round_trips"].as_u64().unwrap_or(u64::MAX);
-    assert!(round_trips < 50, "{r}");
+    assert!(round_trips <= 60, "{r}");
     Ok(())
 }
 

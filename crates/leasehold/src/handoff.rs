@@ -121,11 +121,10 @@ impl std::fmt::Debug for HandoffRelease {
 ///
 /// By default it goes one step further for the callers of one process (all
 /// the tasks sharing one `HandoffLocker`): they queue in process behind the
-/// one of them that holds or waits in Redis, and a release passes the lease
-/// to the next of them without any request
-/// ([in-process relay](#in-process-relay)). Redis then sees about one
-/// request per [`relay_limit`](HandoffLockerBuilder::relay_limit) leases
-/// instead of two per lease.
+/// one of them that holds or waits in Redis, and a release passes the lock
+/// to the next of them with one token-checked request
+/// ([in-process relay](#in-process-relay)). Redis then sees one request per
+/// lease instead of two.
 ///
 /// # Protocol
 ///
@@ -167,18 +166,21 @@ impl std::fmt::Debug for HandoffRelease {
 /// - A caller that finds another task of this locker holding `key`, or
 ///   waiting for it in Redis, does not send a request: it joins a local FIFO
 ///   and sleeps. Only one task per locker and key is ever in Redis's queue.
-/// - A release with local waiters passes the lease to the first of them
-///   **without a request** when the lease is still believed held, the waiter
-///   asked for the same TTL, at least half of that TTL is left, and fewer
-///   than `relay_limit` leases were passed that way since Redis last saw the
-///   lock. The new holder continues the *same* Redis lease: the same token
-///   ([`Lease::token`] is shared along the relay) and the same confirmed
-///   deadline, so its [`remaining`](Lease::remaining) is at least half its
-///   TTL and never longer than Redis's.
-/// - Otherwise the pass is a **checkpoint**: one run of the release script
-///   that serves Redis's queue first (another process's waiter gets the
-///   lock; our next waiter then queues in Redis behind it) or, with nobody
-///   waiting there, keeps the lock with a fresh TTL for our next waiter.
+/// - A release with local waiters passes the lock to the first of them with
+///   **one token-checked request** (a *relay*): in one atomic step Redis
+///   checks that the key still holds the releasing lease's token and sets
+///   it to a fresh token of the next holder, with the TTL that holder asked
+///   for. The new lease is counted from when that request was sent. If the
+///   key no longer held our token (it expired, was evicted, lost in a
+///   restart or failover, or taken by another process), nothing moves: the
+///   release returns [`Error::NotHeld`] and the next local waiter goes to
+///   Redis like any other caller. So every holder, relayed or not, was
+///   confirmed by Redis when it was handed the lock, and no two holders
+///   share a token.
+/// - Every `relay_limit + 1`-th pass is a **checkpoint**: the same request
+///   serves Redis's queue first (another process's waiter gets the lock;
+///   our next waiter then queues in Redis behind it) and, with nobody
+///   waiting there, moves the lock to our next waiter as a relay does.
 ///   So another process waits at most `relay_limit` local turns, and
 ///   processes take turns in batches instead of caller by caller: with
 ///   relay on, FIFO holds within a process and between the batches of
@@ -187,10 +189,10 @@ impl std::fmt::Debug for HandoffRelease {
 ///   the local queue without a request; if a turn reached it meanwhile it
 ///   passes it on. [`RetryStrategy::none`](crate::RetryStrategy::none) on a
 ///   key busy in process gives up at once (one attempt, answered locally).
-/// - Safety does not depend on the local queue: a free pass continues a
-///   lease that is valid by the holder's own conservative clock, and every
-///   other transfer is decided by Redis with a token check. As with any
-///   lease, a write that must not happen twice is fenced by the database.
+/// - Safety does not depend on the local queue: every transfer of the lock
+///   is decided by Redis with a token check; the local queue only decides
+///   who asks next. As with any lease, a write that must not happen twice
+///   is fenced by the database.
 ///
 /// # Crash safety
 ///
@@ -235,19 +237,20 @@ impl std::fmt::Debug for HandoffRelease {
 ///   the lock moves inside the release script. 2.0 requests per
 ///   acquisition, gap p50 170 to 250 us, server CPU per acquisition 0.42
 ///   to 0.76 of tuned polling at 50 callers.
-/// - Grant with [in-process relay](#in-process-relay) (the default): 0.06
-///   to 0.08 requests per acquisition, gap p50 15 to 30 us, the lock held
-///   0.98 to 0.99 of the time, and server CPU per acquisition 0.02 to 0.19
-///   of tuned polling, flat from 50 to 500 callers.
+/// - Grant with [in-process relay](#in-process-relay) (the default): one
+///   token-checked request per acquisition (see `BENCHMARKS.md` for the
+///   current figures). An earlier relay passed the lease on *without* a
+///   request (0.06 requests per acquisition) and was withdrawn: it let
+///   local holders work after the key had vanished and another process had
+///   taken the lock.
 ///
 /// Why relay wins: without it every acquisition costs two requests that
 /// each reach Redis alone (the holder's work separates them), and on a
 /// small machine a lone request costs the server tens of microseconds of
-/// CPU in socket system calls, whatever the script does. No script tuning
-/// removes that; only sending fewer requests does. What it costs: FIFO
-/// across processes becomes turns of up to `relay_limit` leases, and the
-/// successive holders of one relay share one token. Both are documented
-/// above; `relay_limit(0)` restores strict per-caller FIFO.
+/// CPU in socket system calls, whatever the script does. Relay halves that
+/// and keeps the waiters off Redis. What it costs: FIFO across processes
+/// becomes turns of up to `relay_limit` leases (documented above);
+/// `relay_limit(0)` restores strict per-caller FIFO.
 ///
 /// # Limits
 ///
@@ -263,7 +266,7 @@ impl std::fmt::Debug for HandoffRelease {
 ///   task, `mem::forget`) still counts as its locker's holder for the key,
 ///   forever. Once it runs out (by its own clock), that locker's callers
 ///   stop waiting for it at once and go to Redis, where the key is free;
-///   they just no longer get free passes from it. Release or drop every
+///   they just no longer get relays from it. Release or drop every
 ///   lease; a watchdog does not help a task that never returns.
 /// - If a locker's pub/sub connection drops, its waiters look dead to other
 ///   lockers' releases and are dropped from the queue (its own releases
@@ -698,81 +701,162 @@ fn queue_keys(key: &str) -> [String; 2] {
 
 /// What a run of the release script is for.
 #[derive(Debug, Clone, Copy)]
-enum Mode {
+enum Mode<'a> {
     /// The holder gives the lock back: the next waiter in Redis's queue, or
     /// nobody, gets it.
     Release,
     /// A waiter gives up: it leaves Redis's queue, passing on a lock that
     /// was handed to it meanwhile.
     Leave,
-    /// The holder would pass the lock to a waiter of its own process: Redis's
-    /// queue first; with nobody live there the lock stays, with this TTL
-    /// (ms).
-    Pass(u64),
+    /// The holder passes the lock to a waiter of its own process: the lock
+    /// moves to `next` with TTL `px` (ms), token-checked. With
+    /// `serve_queue`, Redis's queue is served first (a checkpoint).
+    Pass {
+        serve_queue: bool,
+        px: u64,
+        next: &'a str,
+    },
 }
 
-/// Gives back the lock `key` held with `token` (last confirmed as
-/// `validity`; `None` if found lost): to the next waiter of this locker if
-/// relay is on and one waits, else to the next waiter in Redis's queue.
-/// `Ok(false)`: the lock did not hold `token`.
+/// Gives back the lock `key` held with `token`: to the next waiter of this
+/// locker if relay is on and one waits, else to the next waiter in Redis's
+/// queue. `Ok(false)`: the lock did not hold `token`.
 pub(crate) async fn release<C: RedisConnection>(
     locker: &Locker<C>,
     key: &str,
     token: &LeaseToken,
     how: &HandoffRelease,
-    validity: Option<Validity>,
+    deadline: Instant,
+) -> Result<bool> {
+    let next = how
+        .local
+        .relay
+        .as_ref()
+        .map_or(Next::Nobody, |r| r.next(key));
+    serve(locker, key, token, how, next, deadline).await
+}
+
+/// The release of a lease dropped without [`release`]: who is served next is
+/// decided here, synchronously, and only the Redis requests are spawned.
+/// With no runtime to spawn them on, the local head goes to Redis itself and
+/// the lock's TTL ends the dropped lease.
+pub(crate) fn release_dropped<C: RedisConnection>(
+    locker: Locker<C>,
+    key: String,
+    token: LeaseToken,
+    how: HandoffRelease,
+) {
+    let next = how
+        .local
+        .relay
+        .as_ref()
+        .map_or(Next::Nobody, |r| r.next(&key));
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if let (Next::Relay(queued) | Next::Checkpoint(queued), Some(relay)) =
+            (next, &how.local.relay)
+        {
+            relay.pass_place(&key, Some(queued));
+        }
+        tracing::debug!(
+            key,
+            "no tokio runtime to release a dropped lease; the ttl will end it"
+        );
+        return;
+    };
+    runtime.spawn(async move {
+        let deadline = Instant::now() + locker.command_timeout();
+        match serve(&locker, &key, &token, &how, next, deadline).await {
+            Ok(true) => tracing::debug!(key, "released dropped lease"),
+            Ok(false) => tracing::debug!(key, "dropped lease had already expired"),
+            Err(err) => tracing::warn!(key, error = %err, "could not release dropped lease; the ttl will end it"),
+        }
+    });
+}
+
+/// Serves `next` (what the relay decided) with the lock `key` held with
+/// `token`. Every move of the lock is one token-checked script run, so a
+/// local waiter is handed a lease only after Redis moved the lock to its
+/// own fresh token.
+async fn serve<C: RedisConnection>(
+    locker: &Locker<C>,
+    key: &str,
+    token: &LeaseToken,
+    how: &HandoffRelease,
+    mut next: Next,
     deadline: Instant,
 ) -> Result<bool> {
     let Some(relay) = &how.local.relay else {
         return release_in_redis(locker, key, token.as_str(), how, Mode::Release, deadline).await;
     };
-    let mut validity = validity;
+    let mut token = token.clone();
+    // Set once a pass moved the lock from the releasing lease's token: that
+    // lease was then held until its release, whatever happens after.
+    let mut confirmed = false;
     loop {
-        let (queued, sent_at, served) = match relay.next(key, validity) {
+        let (queued, serve_queue) = match next {
             Next::Nobody => {
-                return release_in_redis(locker, key, token.as_str(), how, Mode::Release, deadline)
-                    .await;
+                let released =
+                    release_in_redis(locker, key, token.as_str(), how, Mode::Release, deadline)
+                        .await;
+                return settle(key, confirmed, released);
             }
-            Next::Free(queued, valid) => match queued.hand(Turn::Lease {
-                token: token.clone(),
-                validity: valid,
-            }) {
-                Ok(()) => return Ok(true),
-                Err(_) => continue,
-            },
-            Next::Checkpoint(queued) => {
-                let sent_at = Instant::now();
-                let px = ttl_millis(queued.ttl());
-                let run = release_once(locker, key, token.as_str(), how, Mode::Pass(px), deadline);
-                (queued, sent_at, run.await)
-            }
+            Next::Relay(queued) => (queued, false),
+            Next::Checkpoint(queued) => (queued, true),
         };
-        match served {
+        let Ok(next_token) = LeaseToken::generate() else {
+            relay.pass_place(key, Some(queued));
+            next = Next::Nobody;
+            continue;
+        };
+        let mode = Mode::Pass {
+            serve_queue,
+            px: ttl_millis(queued.ttl()),
+            next: next_token.as_str(),
+        };
+        let sent_at = Instant::now();
+        match release_once(locker, key, token.as_str(), how, mode, deadline).await {
             Ok((3, _)) => {
-                let valid = Validity {
+                confirmed = true;
+                let validity = Validity {
                     confirmed_at: sent_at,
                     ttl: queued.ttl(),
                 };
-                validity = Some(valid);
-                match queued.hand(Turn::Lease {
-                    token: token.clone(),
-                    validity: valid,
-                }) {
-                    Ok(()) => return Ok(true),
-                    Err(_) => continue,
+                let turn = Turn::Lease {
+                    token: next_token.clone(),
+                    validity,
+                };
+                if queued.hand(turn).is_ok() {
+                    return Ok(true);
                 }
+                // It stopped waiting: the lock now holds a token nobody has;
+                // pass it on (or give it back) for it.
+                token = next_token;
+                next = relay.next(key);
             }
             Ok((code, served)) => {
                 relay.pass_place(key, Some(queued));
                 tell_served(key, how, served);
-                return Ok(code != 0);
+                return Ok(confirmed || code != 0);
             }
             Err(err) => {
                 relay.pass_place(key, Some(queued));
-                return Err(err);
+                return settle(key, confirmed, Err(err));
             }
         }
     }
+}
+
+/// The outcome of a release whose last step was `last`: once a pass had
+/// confirmed the releasing lease, a failure after it (on the lock moved to a
+/// waiter that then left) is not that lease's; the TTL ends it.
+fn settle(key: &str, confirmed: bool, last: Result<bool>) -> Result<bool> {
+    if !confirmed {
+        return last;
+    }
+    if let Err(err) = last {
+        tracing::warn!(key, error = %err, "could not give back a lock passed to a waiter that left; the ttl will end it");
+    }
+    Ok(true)
 }
 
 /// Gives back (or, with [`Mode::Leave`], leaves the queue for) the lock in
@@ -783,7 +867,7 @@ async fn release_in_redis<C: RedisConnection>(
     key: &str,
     token: &str,
     how: &HandoffRelease,
-    mode: Mode,
+    mode: Mode<'_>,
     deadline: Instant,
 ) -> Result<bool> {
     let (code, served) = release_once(locker, key, token, how, mode, deadline).await?;
@@ -819,17 +903,21 @@ async fn release_once<C: RedisConnection>(
     key: &str,
     token: &str,
     how: &HandoffRelease,
-    mode: Mode,
+    mode: Mode<'_>,
     deadline: Instant,
 ) -> Result<(i64, Option<String>)> {
     locker.inner.counters.release_request();
     let [queue, waiters] = queue_keys(key);
     let mut conn = locker.inner.conn.clone();
     let mut invocation = crate::scripts::HANDOFF_RELEASE.key(key);
-    let (mode, px) = match mode {
-        Mode::Release => ("", 0),
-        Mode::Leave => ("leave", 0),
-        Mode::Pass(px) => ("pass", px),
+    let (mode, px, next) = match mode {
+        Mode::Release => ("", 0, ""),
+        Mode::Leave => ("leave", 0, ""),
+        Mode::Pass {
+            serve_queue,
+            px,
+            next,
+        } => (if serve_queue { "pass" } else { "relay" }, px, next),
     };
     invocation
         .key(&queue)
@@ -838,7 +926,8 @@ async fn release_once<C: RedisConnection>(
         .arg(how.style.as_arg())
         .arg(mode)
         .arg(&how.local.channel)
-        .arg(px);
+        .arg(px)
+        .arg(next);
     let (code, served): (i64, String) =
         call::bounded("release", key, deadline, invocation.invoke_async(&mut conn)).await?;
     Ok((code, Some(served).filter(|t| !t.is_empty())))

@@ -16,7 +16,7 @@ use crate::fencing::FencingToken;
 use crate::handoff::HandoffRelease;
 use crate::locker::{Locker, check_ttl};
 use crate::token::LeaseToken;
-use crate::watchdog::{self, LostCause, Shared, Validity};
+use crate::watchdog::{self, LostCause, Shared};
 
 /// A held lease on one lock key.
 ///
@@ -126,10 +126,9 @@ impl<C: RedisConnection> Lease<C> {
         &self.key
     }
 
-    /// This holder's token, as stored in the key. A lease passed on in
-    /// process by a [`HandoffLocker`](crate::HandoffLocker)'s relay keeps
-    /// the token of the Redis lease it continues, so successive holders in
-    /// one process may share it (never two at a time).
+    /// This holder's token, as stored in the key: 128 random bits of its
+    /// own, never shared with another holder (a lease relayed in process by
+    /// a [`HandoffLocker`](crate::HandoffLocker) gets a fresh one too).
     pub fn token(&self) -> &LeaseToken {
         &self.token
     }
@@ -140,9 +139,8 @@ impl<C: RedisConnection> Lease<C> {
         self.shared.validity().ttl
     }
 
-    /// When the winning acquire request was sent (monotonic clock); for a
-    /// lease passed on in process, when the request that last proved the
-    /// lease it continues was sent.
+    /// When the request that gave us the lock was sent (monotonic clock):
+    /// the winning acquire, or the pass that moved the lock to us.
     pub fn acquired_at(&self) -> Instant {
         self.acquired_at
     }
@@ -306,11 +304,6 @@ impl<C: RedisConnection> Lease<C> {
         }
     }
 
-    /// The lease's validity as last confirmed, `None` once found lost.
-    fn validity(&self) -> Option<Validity> {
-        self.lost().is_none().then(|| self.shared.validity())
-    }
-
     /// Stops the watchdog and tells holders of the token the lease ended.
     fn end(&mut self) {
         self.watchdog = None;
@@ -340,15 +333,7 @@ impl<C: RedisConnection> Lease<C> {
         self.released = true;
         self.end();
         let deadline = Instant::now() + self.locker.command_timeout();
-        let validity = self.validity();
-        let released = release(
-            &self.locker,
-            &self.key,
-            &self.token,
-            &self.kind,
-            validity,
-            deadline,
-        );
+        let released = release(&self.locker, &self.key, &self.token, &self.kind, deadline);
         if released.await? {
             Ok(())
         } else {
@@ -363,14 +348,17 @@ impl<C: RedisConnection> Drop for Lease<C> {
     fn drop(&mut self) {
         self.end();
         if !self.released {
-            let validity = self.validity();
-            spawn_release_kind(
+            let (locker, key, token) = (
                 self.locker.clone(),
                 std::mem::take(&mut self.key),
                 self.token.clone(),
-                std::mem::replace(&mut self.kind, ReleaseKind::Plain),
-                validity,
             );
+            match std::mem::replace(&mut self.kind, ReleaseKind::Plain) {
+                ReleaseKind::Plain => spawn_release(locker, key, token),
+                ReleaseKind::Handoff(how) => {
+                    crate::handoff::release_dropped(locker, key, token, how);
+                }
+            }
         }
     }
 }
@@ -380,30 +368,19 @@ async fn release<C: RedisConnection>(
     key: &str,
     token: &LeaseToken,
     kind: &ReleaseKind,
-    validity: Option<Validity>,
     deadline: Instant,
 ) -> Result<bool> {
     match kind {
         ReleaseKind::Plain => locker.release_token(key, token, deadline).await,
         ReleaseKind::Handoff(how) => {
-            crate::handoff::release(locker, key, token, how, validity, deadline).await
+            crate::handoff::release(locker, key, token, how, deadline).await
         }
     }
 }
 
-/// Best-effort background release; never blocks, never panics.
+/// Best-effort background release of a plain lease; never blocks, never
+/// panics. With no runtime, the TTL ends the lease.
 pub(crate) fn spawn_release<C: RedisConnection>(locker: Locker<C>, key: String, token: LeaseToken) {
-    spawn_release_kind(locker, key, token, ReleaseKind::Plain, None);
-}
-
-/// [`spawn_release`] for a lease of any kind.
-pub(crate) fn spawn_release_kind<C: RedisConnection>(
-    locker: Locker<C>,
-    key: String,
-    token: LeaseToken,
-    kind: ReleaseKind,
-    validity: Option<Validity>,
-) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(
             key,
@@ -413,7 +390,7 @@ pub(crate) fn spawn_release_kind<C: RedisConnection>(
     };
     runtime.spawn(async move {
         let deadline = Instant::now() + locker.command_timeout();
-        match release(&locker, &key, &token, &kind, validity, deadline).await {
+        match locker.release_token(&key, &token, deadline).await {
             Ok(true) => tracing::debug!(key, "released dropped lease"),
             Ok(false) => tracing::debug!(key, "dropped lease had already expired"),
             Err(err) => tracing::warn!(key, error = %err, "could not release dropped lease; the ttl will end it"),

@@ -1,6 +1,6 @@
 //! In-process relay: the waiters of one [`HandoffLocker`](crate::HandoffLocker)
 //! queue in process, and a release passes the lease straight to the next of
-//! them without a Redis request.
+//! them with one token-checked request.
 //!
 //! # Why
 //!
@@ -9,9 +9,12 @@
 //! holder's work separates them. On a small machine a lone request costs the
 //! server tens of microseconds of CPU, mostly socket system calls, whatever
 //! the script does. A service with many tasks waiting on one key in one
-//! process does not need Redis to order them: it can keep them in a local
+//! process does not need Redis to *order* them: it can keep them in a local
 //! FIFO, keep *one* of them in Redis's queue on everyone's behalf, and pass
-//! the lock it holds from task to task.
+//! the lock it holds from task to task. It does need Redis to *confirm*
+//! every hand-over: the lock key can vanish (expiry, eviction, a restart or
+//! failover) and be taken by another process at any time, and only Redis
+//! knows.
 //!
 //! # The rules (per key, per locker)
 //!
@@ -22,20 +25,21 @@
 //!   lease to the head, a Redis waiter that gives up hands it its place (the
 //!   head then goes to Redis itself). So a local waiter is never left behind
 //!   with nobody to serve it.
-//! - **Free pass.** A release passes the lease to the local head *without a
-//!   request* when the lease is believed held (not found lost), the head
-//!   asked for the same TTL, at least half that TTL is left, and fewer than
-//!   `limit` leases were passed this way since Redis last saw the lock. The
-//!   new holder continues the same Redis lease: same token, same confirmed
-//!   deadline (so its [`remaining`](crate::Lease::remaining) is never longer
-//!   than Redis's).
-//! - **Checkpoint.** Otherwise the release runs the release script in
-//!   "pass" mode: if a live waiter sits in Redis's queue (another process,
+//! - **Relay.** A release passes the lock to the local head with one run of
+//!   the release script in "relay" mode: it checks that the key still holds
+//!   the releasing holder's token, and sets it to a fresh token of the new
+//!   holder with the TTL that holder asked for, in one atomic step. The new
+//!   holder's lease is counted from when that request was sent. If the key
+//!   no longer held our token, nothing moves: the release reports
+//!   [`NotHeld`](crate::Error::NotHeld) and the head goes to Redis as a
+//!   unit of its own. So every holder was confirmed by Redis at its
+//!   hand-over, and has a token no other holder had.
+//! - **Checkpoint.** After `limit` relays in a row the pass runs in "pass"
+//!   mode instead: if a live waiter sits in Redis's queue (another process,
 //!   or one of ours), the lock goes to it as in a plain hand-off and the
 //!   local head goes to Redis to queue behind it; if nobody waits there, the
-//!   lock stays ours with a fresh TTL and passes to the local head. That one
-//!   request bounds how long other processes wait (at most `limit` local
-//!   turns) and renews the lease.
+//!   lock moves to the local head as in a relay. That bounds how long other
+//!   processes wait (at most `limit` local turns).
 //! - **Fallback.** A local waiter stops waiting locally and goes to Redis as
 //!   a unit of its own once every live lease of ours on the key has run out
 //!   by its holder's clock (or, with none alive, after its own TTL). That
@@ -43,9 +47,9 @@
 //!   leaked guard, a hung task): Redis frees the key after the TTL and
 //!   serves whoever waits there.
 //!
-//! Safety does not rest on this bookkeeping: a free pass continues a lease
-//! that is valid by the holder's own conservative clock, and every other
-//! transfer is decided by Redis with a token check.
+//! Safety does not rest on this bookkeeping: every transfer of the lock,
+//! local or not, is decided by Redis with a token check. The bookkeeping
+//! only decides who asks Redis next.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -60,8 +64,8 @@ use crate::watchdog::{Shared, Validity};
 /// What a local waiter is handed when its turn comes.
 #[derive(Debug)]
 pub(crate) enum Turn {
-    /// The lease, continued: the lock holds `token`, as last confirmed by
-    /// `validity`.
+    /// The lease: Redis moved the lock to `token` (ours alone) by the
+    /// request whose send time and TTL `validity` records.
     Lease {
         token: LeaseToken,
         validity: Validity,
@@ -97,9 +101,11 @@ impl Ticket {
 pub(crate) enum Next {
     /// Nobody waits locally: the unit ended, release to Redis.
     Nobody,
-    /// Pass the lease, valid as said, to this waiter without a request.
-    Free(Queued, Validity),
-    /// Pass through Redis first (the "pass" mode of the release script).
+    /// Move the lock to this waiter (the "relay" mode of the release
+    /// script).
+    Relay(Queued),
+    /// Serve Redis's queue first, else move the lock to this waiter (the
+    /// "pass" mode of the release script).
     Checkpoint(Queued),
 }
 
@@ -125,7 +131,7 @@ impl Queued {
 struct Slot {
     /// Tasks of this locker that hold the lock or wait for it in Redis.
     units: u32,
-    /// Free passes since Redis last saw the lock.
+    /// Relays since the last checkpoint.
     streak: u32,
     /// The leases of our holders that may still be alive (a `Weak` that no
     /// longer upgrades is a lease released or dropped): for when they run
@@ -229,9 +235,10 @@ impl Relay {
         self.slots().get(key).map_or(0, |slot| slot.queue.len())
     }
 
-    /// A unit that holds the lease (valid as `validity`, `None` if lost)
-    /// ends: who is served next.
-    pub(crate) fn next(&self, key: &str, validity: Option<Validity>) -> Next {
+    /// A unit that holds the lease ends: who is served next. Synchronous,
+    /// so a lease dropped where nothing can be spawned still serves the
+    /// local queue.
+    pub(crate) fn next(&self, key: &str) -> Next {
         let mut slots = self.slots();
         let Some(slot) = slots.get_mut(key) else {
             return Next::Nobody;
@@ -240,14 +247,9 @@ impl Relay {
             if queued.tx.is_closed() {
                 continue;
             }
-            let free = validity.filter(|v| {
-                slot.streak < self.limit
-                    && v.ttl == queued.ttl
-                    && v.until().saturating_duration_since(Instant::now()) >= queued.ttl / 2
-            });
-            if let Some(v) = free {
+            if slot.streak < self.limit {
                 slot.streak = slot.streak.saturating_add(1);
-                return Next::Free(queued, v);
+                return Next::Relay(queued);
             }
             slot.streak = 0;
             return Next::Checkpoint(queued);
@@ -307,13 +309,6 @@ fn forget_if_idle(slots: &mut HashMap<String, Slot>, key: &str) {
 mod tests {
     use super::*;
 
-    fn validity(left: Duration, ttl: Duration) -> Validity {
-        Validity {
-            confirmed_at: Instant::now() + left - ttl,
-            ttl,
-        }
-    }
-
     const TTL: Duration = Duration::from_secs(2);
 
     fn queued(relay: &Relay, key: &str) -> Ticket {
@@ -330,39 +325,29 @@ mod tests {
         assert!(matches!(relay.enter("k", TTL, false), Entry::Busy));
         let mut first = queued(&relay, "k");
         let mut second = queued(&relay, "k");
-        let Next::Free(q, _) = relay.next("k", Some(validity(TTL, TTL))) else {
-            panic!("expected a free pass");
+        let Next::Relay(q) = relay.next("k") else {
+            panic!("expected a relay");
         };
         assert!(q.hand(Turn::Represent).is_ok());
         assert!(matches!(first.turn().await, Some(Turn::Represent)));
-        let Next::Free(q, _) = relay.next("k", Some(validity(TTL, TTL))) else {
-            panic!("expected a free pass");
+        let Next::Relay(q) = relay.next("k") else {
+            panic!("expected a relay");
         };
         assert!(q.hand(Turn::Represent).is_ok());
         assert!(matches!(second.turn().await, Some(Turn::Represent)));
-        assert!(matches!(relay.next("k", None), Next::Nobody));
+        assert!(matches!(relay.next("k"), Next::Nobody));
         assert!(relay.slots().is_empty(), "the last unit ended");
     }
 
     #[tokio::test]
-    async fn passes_are_free_only_within_the_limit_with_half_the_ttl_left_and_the_same_ttl() {
+    async fn every_limit_plus_first_pass_is_a_checkpoint() {
         let relay = Relay::new(2);
         let _unit = relay.enter("k", TTL, true);
         let _waiters: Vec<Ticket> = (0..6).map(|_| queued(&relay, "k")).collect();
-        let fresh = Some(validity(TTL, TTL));
-        assert!(matches!(relay.next("k", fresh), Next::Free(..)));
-        assert!(matches!(relay.next("k", fresh), Next::Free(..)));
-        assert!(
-            matches!(relay.next("k", fresh), Next::Checkpoint(_)),
-            "limit"
-        );
-        assert!(matches!(relay.next("k", fresh), Next::Free(..)), "reset");
-        let stale = Some(validity(TTL / 2 - Duration::from_millis(1), TTL));
-        assert!(matches!(relay.next("k", stale), Next::Checkpoint(_)));
-        assert!(matches!(relay.next("k", None), Next::Checkpoint(_)), "lost");
-        let other_ttl = Some(validity(TTL * 2, TTL * 2));
-        let _late = queued(&relay, "k");
-        assert!(matches!(relay.next("k", other_ttl), Next::Checkpoint(_)));
+        assert!(matches!(relay.next("k"), Next::Relay(_)));
+        assert!(matches!(relay.next("k"), Next::Relay(_)));
+        assert!(matches!(relay.next("k"), Next::Checkpoint(_)), "limit");
+        assert!(matches!(relay.next("k"), Next::Relay(_)), "reset");
     }
 
     #[tokio::test]
@@ -393,8 +378,8 @@ mod tests {
         let relay = Relay::new(4);
         let _unit = relay.enter("k", TTL, true);
         let ticket = queued(&relay, "k");
-        let Next::Free(q, _) = relay.next("k", Some(validity(TTL, TTL))) else {
-            panic!("expected a free pass");
+        let Next::Relay(q) = relay.next("k") else {
+            panic!("expected a relay");
         };
         assert!(relay.leave("k", ticket, false).is_none());
         assert!(matches!(q.hand(Turn::Represent), Err(Turn::Represent)));
@@ -406,7 +391,7 @@ mod tests {
         let _unit = relay.enter("k", TTL, true);
         let ticket = queued(&relay, "k");
         assert!(relay.leave("k", ticket, true).is_none());
-        assert!(matches!(relay.next("k", None), Next::Nobody));
+        assert!(matches!(relay.next("k"), Next::Nobody));
         assert!(matches!(relay.enter("k", TTL, false), Entry::Busy));
         relay.pass_place("k", None);
         assert!(matches!(relay.enter("k", TTL, false), Entry::Represent));

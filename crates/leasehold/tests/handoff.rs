@@ -699,7 +699,7 @@ async fn join_all(tasks: Vec<tokio::task::JoinHandle<Result<(), Error>>>) -> Tes
 }
 
 #[tokio::test]
-async fn relay_serves_local_waiters_in_order_with_one_request_per_limit_passes() -> TestResult {
+async fn relay_serves_local_waiters_in_order_with_one_request_per_acquisition() -> TestResult {
     let s = setup().await?;
     let key = "t:relay:order";
     let locker = relaying(&s, HandoffStyle::Grant, 16).await?;
@@ -726,12 +726,13 @@ async fn relay_serves_local_waiters_in_order_with_one_request_per_limit_passes()
     let left: bool = conn.exists(key).await?;
     assert!(!left, "the last release left the lock behind");
 
-    // 21 leases: the holder's acquire, 16 free passes, one checkpoint (the
-    // 17th pass), 3 more free passes, and the last release.
+    // 21 leases: the holder's acquire, then one token-checked pass per
+    // hand-over (16 relays, one checkpoint, 3 more relays), and the last
+    // release: one request per acquisition.
     let stats = locker.locker().stats();
     assert_eq!(stats.acquisitions, 21);
     assert_eq!(stats.acquire_requests, 1);
-    assert_eq!(stats.release_requests, 2);
+    assert_eq!(stats.release_requests, 21);
     Ok(())
 }
 
@@ -959,5 +960,100 @@ async fn watchdog_and_replica_options_apply_in_hand_off_mode_relayed_or_not() ->
     let zero = AcquireOptions::new().wait_replicas(1, Duration::ZERO);
     let err = locker.acquire_with(key, 10 * SECOND, &zero).await.err();
     assert!(matches!(err, Some(Error::InvalidOptions(_))), "{err:?}");
+    Ok(())
+}
+
+/// Spawns a caller of `locker` that, once it holds `key`, checks that Redis
+/// holds the lock for it (the key carries its own token), and releases.
+fn spawn_confirmed(
+    locker: &HandoffLocker,
+    key: &'static str,
+    tokens: &Arc<std::sync::Mutex<Vec<String>>>,
+    conn: &MultiplexedConnection,
+) -> tokio::task::JoinHandle<Result<(), Error>> {
+    let (locker, tokens, mut conn) = (locker.clone(), tokens.clone(), conn.clone());
+    tokio::spawn(async move {
+        let opts = AcquireOptions::new().wait(HUNG);
+        let lease = locker.acquire_with(key, 10 * SECOND, &opts).await?;
+        let stored: Option<String> = conn
+            .get(key)
+            .await
+            .map_err(|_| Error::InvalidOptions("could not read the lock"))?;
+        if stored.as_deref() != Some(lease.token().as_str()) {
+            return Err(Error::InvalidOptions(
+                "a holder of ours works without the lock",
+            ));
+        }
+        tokens
+            .lock()
+            .map_err(|_| Error::InvalidOptions("poisoned"))?
+            .push(lease.token().as_str().to_owned());
+        lease.release().await
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_hands_over_only_leases_redis_confirms_when_the_key_vanishes() -> TestResult {
+    let s = setup().await?;
+    let key = "t:relay:vanished";
+    let ours = relaying(&s, HandoffStyle::Grant, 16).await?;
+    let other = Locker::new(leasehold::connect(&s.client, SECOND).await?);
+    let mut conn = s.conn.clone();
+    let holder = ours
+        .acquire_with(key, 10 * SECOND, &AcquireOptions::new())
+        .await?;
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        tasks.push(spawn_confirmed(&ours, key, &tokens, &s.conn));
+        until_queued_in_process(&ours, key, i + 1).await?;
+    }
+    // The key vanishes (eviction, restart, failover) and another process
+    // takes the lock; it keeps it until its TTL runs out.
+    let _: () = conn.del(key).await?;
+    let theirs = other.acquire(key, SECOND).await?;
+    let err = holder.release().await.err();
+    assert!(matches!(err, Some(Error::NotHeld { .. })), "{err:?}");
+    join_all(tasks).await?;
+    let tokens = tokens.lock().map_err(|_| "poisoned")?.clone();
+    assert_eq!(tokens.len(), 20);
+    let distinct: std::collections::HashSet<&String> = tokens.iter().collect();
+    assert_eq!(distinct.len(), 20, "two holders shared a token");
+    assert!(!tokens.contains(&theirs.token().as_str().to_owned()));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_a_lease_dropped_outside_any_runtime_blocks_the_key_only_until_its_ttl() -> TestResult
+{
+    let s = setup().await?;
+    let key = "t:relay:no-runtime";
+    let locker = relaying(&s, HandoffStyle::Grant, 16).await?;
+    let mut conn = s.conn.clone();
+    let lease = locker
+        .acquire_with(key, Duration::from_millis(300), &AcquireOptions::new())
+        .await?;
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            locker.acquire_with(key, 60 * SECOND, &opts).await
+        })
+    };
+    until_queued_in_process(&locker, key, 1).await?;
+    std::thread::spawn(move || drop(lease))
+        .join()
+        .map_err(|_| "the dropping thread panicked")?;
+    // Queued behind a lease nobody will pass on, the waiter would wait out
+    // its own 60 s TTL; it goes to Redis instead and takes the lock there.
+    let got = tokio::time::timeout(HUNG, waiter).await???;
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, got.token().as_str());
+    got.release().await?;
+    let later = locker
+        .acquire_with(key, 60 * SECOND, &AcquireOptions::new().wait(HUNG))
+        .await?;
+    later.release().await?;
+    assert_eq!(locker.queued_in_process(key), 0);
     Ok(())
 }

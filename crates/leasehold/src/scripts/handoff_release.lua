@@ -2,9 +2,13 @@
 -- when nobody waits. Also used by a waiter that gives up (ARGV[3] = "leave"):
 -- it leaves the queue first, and if the lock was handed to it meanwhile (or
 -- is free with waiters queued), it serves the next waiter in the same step.
--- And by a holder that would pass the lock on within its own process
--- (ARGV[3] = "pass"): the queue is served first; with nobody live in it the
--- lock stays with ARGV[1] and its TTL becomes ARGV[5].
+-- And by a holder that passes the lock on within its own process: with
+-- ARGV[3] = "pass" the queue is served first and, with nobody live in it,
+-- the lock moves to the next local holder's token ARGV[6] with TTL ARGV[5];
+-- with ARGV[3] = "relay" the lock moves to ARGV[6] without serving the
+-- queue. Either way the move is token-checked: a holder whose lock expired
+-- or changed hands passes nothing on (code 0), so no local holder is ever
+-- handed a lease Redis does not hold for it.
 --
 -- A waiter is live when its entry is not past its deadline and, for a
 -- waiter of another locker, its channel has a subscriber (PUBLISH reports
@@ -23,15 +27,18 @@
 --          <lock key>" on its channel); "wake": delete the lock and tell
 --          the next waiter ("w <token> <lock key>"), which takes it with its
 --          own request
--- ARGV[3]  "leave" to first drop ARGV[1]'s own queue entry, "pass" to keep
---          the lock when nobody waits, else ""
+-- ARGV[3]  "leave" to first drop ARGV[1]'s own queue entry, "pass" to move
+--          the lock to ARGV[6] when nobody waits, "relay" to move it to
+--          ARGV[6] at once, else ""
 -- ARGV[4]  the calling locker's channel
--- ARGV[5]  with "pass": the TTL (ms) the kept lock gets
+-- ARGV[5]  with "pass" / "relay": the TTL (ms) of the next local holder
+-- ARGV[6]  with "pass" / "relay": the next local holder's token
 --
 -- Returns {code, local}: code 0 when the lock did not hold ARGV[1] (expired
 -- or changed hands; nothing else was touched, unless leaving found the lock
 -- free and served the queue), 1 when it was deleted with nobody waiting, 2
--- when the next waiter was served, 3 when "pass" kept it; local is the token of the served waiter
+-- when the next waiter was served, 3 when "pass" or "relay" moved it to
+-- ARGV[6]; local is the token of the served waiter
 -- when it belongs to the calling locker (not told: the caller must), else "".
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -101,6 +108,10 @@ if holder ~= ARGV[1] then
   end
   return {0, ""}
 end
+if ARGV[3] == "relay" then
+  redis.call("SET", KEYS[1], ARGV[6], "PX", ARGV[5])
+  return {3, ""}
+end
 local served = serve()
 if served then
   if not grant then
@@ -109,7 +120,7 @@ if served then
   return {2, served}
 end
 if ARGV[3] == "pass" then
-  redis.call("PEXPIRE", KEYS[1], ARGV[5])
+  redis.call("SET", KEYS[1], ARGV[6], "PX", ARGV[5])
   return {3, ""}
 end
 redis.call("DEL", KEYS[1])
