@@ -6,7 +6,7 @@ use anyhow::Context;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use leasehold::Locker;
 use leasehold_testkit::{PostgresServer, RedisServer};
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionManager;
 use tokio::sync::OnceCell;
 
 use crate::cli::Global;
@@ -23,7 +23,7 @@ const PG_POOL_SIZE: usize = 64;
 
 /// Connections shared by every experiment of one CLI invocation.
 pub(crate) struct Env {
-    pub(crate) redis: MultiplexedConnection,
+    pub(crate) redis: ConnectionManager,
     pub(crate) locker: Locker,
     database: Database,
     /// Opens further connections (the hand-off pub/sub connection).
@@ -167,7 +167,7 @@ async fn open_postgres(url: Option<String>) -> anyhow::Result<Postgres> {
 }
 
 /// Prints, once, the server settings that weaken what a lease promises.
-async fn report_findings(redis: &MultiplexedConnection, shown: &str, throwaway: bool) {
+async fn report_findings(redis: &ConnectionManager, shown: &str, throwaway: bool) {
     match leasehold::diagnostics::diagnose(redis, COMMAND_TIMEOUT).await {
         Ok(findings) => {
             for finding in findings {

@@ -3,11 +3,11 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionManager;
 
 /// CPU time the server process has used so far (`INFO cpu`:
 /// `used_cpu_sys + used_cpu_user`).
-pub(crate) async fn cpu(conn: &MultiplexedConnection) -> anyhow::Result<Duration> {
+pub(crate) async fn cpu(conn: &ConnectionManager) -> anyhow::Result<Duration> {
     let mut conn = conn.clone();
     let info: String = redis::cmd("INFO")
         .arg("cpu")

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionManager;
 use tokio::sync::Barrier;
 
 /// The tutorial's balance key.
@@ -15,12 +15,12 @@ pub(crate) const BALANCE_KEY: &str = "wallet:42:balance";
 /// A balance kept in Redis, spent the naive way.
 #[derive(Clone)]
 pub(crate) struct Wallet {
-    conn: MultiplexedConnection,
+    conn: ConnectionManager,
     key: &'static str,
 }
 
 impl Wallet {
-    pub(crate) fn new(conn: MultiplexedConnection) -> Wallet {
+    pub(crate) fn new(conn: ConnectionManager) -> Wallet {
         Wallet {
             conn,
             key: BALANCE_KEY,

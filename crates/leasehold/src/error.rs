@@ -227,11 +227,14 @@ pub enum Error {
 
 impl Error {
     /// True when trying the same operation again later may succeed: the lock
-    /// was busy, Redis was slow or unreachable, or its replicas did not
-    /// acknowledge the lock in time.
+    /// was busy, Redis was slow or unreachable, was loading, failing over or
+    /// busy with a script, or its replicas did not acknowledge the lock in
+    /// time. `Unreachable` counts as retryable because the connection
+    /// [`Locker::connect`](crate::Locker::connect) opens reconnects (a bare
+    /// `MultiplexedConnection` does not: see [`Locker`](crate::Locker)).
     ///
-    /// Invalid input, authentication failures and wrong-type keys are not
-    /// retryable. `NotHeld` is not retryable either: the lease is gone, and
+    /// Invalid input, authentication and permission failures (`NOPERM`),
+    /// unknown commands and wrong-type keys are not retryable. `NotHeld` is not retryable either: the lease is gone, and
     /// the right response is to stop the protected work, not to retry it;
     /// the same goes for `LeaseLost`.
     pub fn is_retryable(&self) -> bool {
@@ -241,7 +244,22 @@ impl Error {
             | Error::Unreachable { .. }
             | Error::QuorumNotReached { .. }
             | Error::NotReplicated { .. } => true,
-            Error::Redis { source, .. } => !source.is_unrecoverable_error(),
+            Error::Redis { source, .. } => {
+                source.is_io_error()
+                    || source.is_timeout()
+                    || matches!(
+                        source.code(),
+                        Some(
+                            "LOADING"
+                                | "BUSY"
+                                | "TRYAGAIN"
+                                | "CLUSTERDOWN"
+                                | "MASTERDOWN"
+                                | "READONLY"
+                                | "NOREPLICAS"
+                        )
+                    )
+            }
             _ => false,
         }
     }

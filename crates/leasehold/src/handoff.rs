@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionManager;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -73,6 +73,18 @@ struct Local {
 }
 
 impl Local {
+    /// Tells every waiter of ours to re-check the lock.
+    fn wake_all(&self) {
+        for sender in self
+            .waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+        {
+            let _ = sender.send(Signal::Woken);
+        }
+    }
+
     /// Delivers `signal` to our waiter `token`; `false` when it no longer
     /// waits (it won another way, or gave up and is leaving the queue).
     fn tell(&self, token: &str, signal: Signal) -> bool {
@@ -269,11 +281,11 @@ impl std::fmt::Debug for HandoffRelease {
 ///   they just no longer get relays from it. Release or drop every
 ///   lease; a watchdog does not help a task that never returns.
 /// - If a locker's pub/sub connection drops, its waiters look dead to other
-///   lockers' releases and are dropped from the queue (its own releases
-///   still serve them in process); their fallback re-check (once
-///   per TTL) still takes the lock when it finds it free, so they are served
-///   late and out of order, never stuck. The locker does not reconnect it:
-///   build a new one.
+///   lockers' releases until it is back, and are dropped from the queue (its
+///   own releases still serve them in process). The locker reconnects and
+///   resubscribes on its own (retrying while Redis is down) and then wakes
+///   all its waiters, which re-check the lock and re-join the queue at
+///   once: they may lose their place in line, never their turn.
 ///
 /// # Lease validity
 ///
@@ -284,7 +296,7 @@ impl std::fmt::Debug for HandoffRelease {
 ///
 /// Cheap to clone: clones share the locker and the one pub/sub connection.
 #[derive(Clone)]
-pub struct HandoffLocker<C: RedisConnection = MultiplexedConnection> {
+pub struct HandoffLocker<C: RedisConnection = ConnectionManager> {
     inner: Arc<HandoffInner<C>>,
 }
 
@@ -358,16 +370,14 @@ impl<C: RedisConnection> HandoffLockerBuilder<C> {
     /// Cancel safe: dropping the future drops the half-open connection.
     pub async fn connect(self) -> Result<HandoffLocker<C>> {
         let channel = format!("leasehold:handoff:{}", LeaseToken::generate()?);
-        let deadline = Instant::now() + self.locker.command_timeout();
-        let mut pubsub =
-            call::bounded("subscribe", "", deadline, self.client.get_async_pubsub()).await?;
-        call::bounded("subscribe", "", deadline, pubsub.subscribe(&channel)).await?;
+        let timeout = self.locker.command_timeout();
+        let messages = subscribe(&self.client, &channel, timeout).await?;
         let local = Arc::new(Local {
             channel,
             waiters: Waiters::default(),
             relay: (self.relay_limit > 0).then(|| Relay::new(self.relay_limit)),
         });
-        let listener = tokio::spawn(route(pubsub.into_on_message(), local.clone()));
+        let listener = tokio::spawn(route(self.client, messages, local.clone(), timeout));
         Ok(HandoffLocker {
             inner: Arc::new(HandoffInner {
                 locker: self.locker,
@@ -381,27 +391,74 @@ impl<C: RedisConnection> HandoffLockerBuilder<C> {
     }
 }
 
+/// Opens a pub/sub connection subscribed to `channel`, each request bounded
+/// by `timeout`.
+async fn subscribe(
+    client: &redis::Client,
+    channel: &str,
+    timeout: Duration,
+) -> Result<redis::aio::PubSubStream> {
+    let deadline = Instant::now() + timeout;
+    let mut pubsub = call::bounded("subscribe", "", deadline, client.get_async_pubsub()).await?;
+    call::bounded("subscribe", "", deadline, pubsub.subscribe(channel)).await?;
+    Ok(pubsub.into_on_message())
+}
+
 /// Delivers each `g <token> <key>` / `w <token> <key>` message to the local
 /// waiter. A message for a waiter that is no longer registered is dropped:
 /// either it won the lock another way (a re-check found it handed over), or
 /// it gave up, and its leave script passes on anything granted to it.
-async fn route(mut messages: redis::aio::PubSubStream, local: Arc<Local>) {
-    while let Some(msg) = messages.next().await {
-        let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) else {
-            continue;
+///
+/// When the connection drops (Redis restarted, the connection was killed),
+/// it reconnects and resubscribes, retrying with a growing pause (up to 1 s)
+/// while Redis is down, then wakes every waiter of this locker: a message
+/// sent while nobody listened is lost, and a release that found nobody
+/// listening dropped our waiter from Redis's queue, so each one re-checks
+/// the lock (and re-joins the queue) at once instead of at its fallback
+/// timer.
+async fn route(
+    client: redis::Client,
+    mut messages: redis::aio::PubSubStream,
+    local: Arc<Local>,
+    timeout: Duration,
+) {
+    loop {
+        while let Some(msg) = messages.next().await {
+            let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) else {
+                continue;
+            };
+            let mut parts = payload.splitn(3, ' ');
+            let (Some(kind), Some(token)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let signal = match kind {
+                "g" => Signal::Granted,
+                "w" => Signal::Woken,
+                _ => continue,
+            };
+            local.tell(token, signal);
+        }
+        tracing::warn!(
+            channel = local.channel,
+            "hand-off pub/sub connection lost; reconnecting"
+        );
+        let mut pause = Duration::from_millis(20);
+        messages = loop {
+            match subscribe(&client, &local.channel, timeout).await {
+                Ok(messages) => break messages,
+                Err(err) => {
+                    tracing::debug!(error = %err, "hand-off pub/sub reconnect failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
         };
-        let mut parts = payload.splitn(3, ' ');
-        let (Some(kind), Some(token)) = (parts.next(), parts.next()) else {
-            continue;
-        };
-        let signal = match kind {
-            "g" => Signal::Granted,
-            "w" => Signal::Woken,
-            _ => continue,
-        };
-        local.tell(token, signal);
+        tracing::info!(
+            channel = local.channel,
+            "hand-off pub/sub connection back; waiters re-check the lock"
+        );
+        local.wake_all();
     }
-    tracing::warn!("hand-off pub/sub connection closed; waiters fall back to their re-check timer");
 }
 
 /// What one run of the acquire script found.

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -37,7 +37,7 @@ use crate::watchdog::{self, LostCause, Shared};
 /// spawns a best-effort release on the current tokio runtime (if any); the
 /// TTL is the fallback.
 #[must_use = "a lease should be released with `release().await`; dropping it releases in the background"]
-pub struct Lease<C: RedisConnection = MultiplexedConnection> {
+pub struct Lease<C: RedisConnection = ConnectionManager> {
     locker: Locker<C>,
     key: String,
     token: LeaseToken,

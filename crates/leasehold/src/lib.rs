@@ -99,9 +99,10 @@ pub use tokio_util::sync::CancellationToken;
 
 /// A Redis connection a [`Locker`] can use: any clonable async redis-rs
 /// connection, such as a
-/// [`MultiplexedConnection`](redis::aio::MultiplexedConnection),
-/// [`ConnectionManager`](redis::aio::ConnectionManager) or cluster
-/// connection.
+/// [`ConnectionManager`](redis::aio::ConnectionManager) (the default, which
+/// reconnects), a cluster connection, or a
+/// [`ConnectionManager`](redis::aio::ConnectionManager) (which does
+/// not: see [`Locker`]).
 pub trait RedisConnection: redis::aio::ConnectionLike + Clone + Send + Sync + 'static {}
 
 impl<T> RedisConnection for T where T: redis::aio::ConnectionLike + Clone + Send + Sync + 'static {}

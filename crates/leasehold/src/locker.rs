@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::Value;
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
@@ -28,12 +28,17 @@ pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 /// Takes leases on one Redis server (or one Redis Cluster).
 ///
 /// Cheap to clone: clones share the connection, which redis-rs multiplexes.
-/// Generic over the connection type so it works with a
-/// [`MultiplexedConnection`] (the default), a
-/// [`ConnectionManager`](redis::aio::ConnectionManager) or a cluster
-/// connection.
+/// Generic over the connection type; the default, from [`Locker::connect`]
+/// or [`connect`], is a reconnecting [`ConnectionManager`]: after Redis
+/// restarts or the connection drops, the request that finds it broken fails
+/// ([`Error::Unreachable`], which [`is_retryable`](Error::is_retryable))
+/// and starts a reconnect, and the next request goes out on the new
+/// connection. A cluster connection works too. A bare
+/// [`ConnectionManager`](redis::aio::ConnectionManager) never
+/// reconnects: once it breaks, every request fails until you build a new
+/// locker, so use it only where something else replaces it.
 #[derive(Clone)]
-pub struct Locker<C = MultiplexedConnection> {
+pub struct Locker<C = ConnectionManager> {
     pub(crate) inner: Arc<Inner<C>>,
 }
 
@@ -86,10 +91,11 @@ impl<C: RedisConnection> LockerBuilder<C> {
     }
 }
 
-impl Locker<MultiplexedConnection> {
-    /// Opens a multiplexed connection to `client`'s server, bounded by
-    /// [`DEFAULT_COMMAND_TIMEOUT`], and wraps it in a locker with default
-    /// settings.
+impl Locker<ConnectionManager> {
+    /// Opens a reconnecting connection to `client`'s server (see
+    /// [`connect`]) and wraps it in a locker with default settings. This is
+    /// the way in for a long-lived service: the locker outlives Redis
+    /// restarts and dropped connections.
     ///
     /// # Errors
     /// [`Error::Unreachable`] when nothing listens, [`Error::Timeout`] when
@@ -104,21 +110,36 @@ impl Locker<MultiplexedConnection> {
     }
 }
 
-/// Opens a multiplexed connection whose connect and response timeouts are both
-/// `timeout`, mapping failures to [`Error`].
+/// How often a broken connection is retried before the request waiting for
+/// it fails (the next request starts a new round).
+const RECONNECT_RETRIES: usize = 2;
+
+/// Opens a reconnecting connection ([`ConnectionManager`]) whose connect and
+/// response timeouts are both `timeout`, mapping failures to [`Error`].
+///
+/// When a request finds the connection broken (Redis restarted, the
+/// connection was killed or timed out at the TCP level), that request fails
+/// and a reconnect starts at once, retried twice within a few hundred
+/// milliseconds; requests sent meanwhile wait for it (bounded by their own
+/// deadlines). If Redis is still down, those requests fail and the next one
+/// starts a new reconnect, so a caller that retries recovers as soon as
+/// Redis is back.
 ///
 /// # Errors
 /// See [`Locker::connect`].
-pub async fn connect(client: &redis::Client, timeout: Duration) -> Result<MultiplexedConnection> {
-    let config = redis::AsyncConnectionConfig::new()
+pub async fn connect(client: &redis::Client, timeout: Duration) -> Result<ConnectionManager> {
+    let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout));
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(RECONNECT_RETRIES)
+        .set_min_delay(Duration::from_millis(20))
+        .set_max_delay(Duration::from_millis(200));
     let deadline = Instant::now() + timeout;
     call::bounded(
         "connect",
         "",
         deadline,
-        client.get_multiplexed_async_connection_with_config(&config),
+        ConnectionManager::new_with_config(client.clone(), config),
     )
     .await
 }

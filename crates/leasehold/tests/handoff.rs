@@ -10,7 +10,7 @@ use leasehold::{
 };
 use leasehold_testkit::RedisServer;
 use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionManager;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -22,7 +22,7 @@ const HUNG: Duration = Duration::from_secs(20);
 struct Setup {
     server: RedisServer,
     client: redis::Client,
-    conn: MultiplexedConnection,
+    conn: ConnectionManager,
 }
 
 async fn setup() -> Result<Setup, Box<dyn std::error::Error>> {
@@ -53,7 +53,7 @@ async fn relaying(s: &Setup, style: HandoffStyle, limit: u32) -> Result<HandoffL
 }
 
 /// Waits until the wait queue of `key` holds at least `n` entries.
-async fn until_queued(conn: &mut MultiplexedConnection, key: &str, n: usize) -> TestResult {
+async fn until_queued(conn: &mut ConnectionManager, key: &str, n: usize) -> TestResult {
     let queue = format!("{key}:waitq");
     tokio::time::timeout(HUNG, async {
         loop {
@@ -454,7 +454,7 @@ async fn a_dropped_handoff_lease_is_handed_on_in_the_background() -> TestResult 
 }
 
 /// Calls of `cmd` the server has run so far (`INFO commandstats`).
-async fn calls(conn: &mut MultiplexedConnection, cmd: &str) -> Result<u64, redis::RedisError> {
+async fn calls(conn: &mut ConnectionManager, cmd: &str) -> Result<u64, redis::RedisError> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
@@ -969,7 +969,7 @@ fn spawn_confirmed(
     locker: &HandoffLocker,
     key: &'static str,
     tokens: &Arc<std::sync::Mutex<Vec<String>>>,
-    conn: &MultiplexedConnection,
+    conn: &ConnectionManager,
 ) -> tokio::task::JoinHandle<Result<(), Error>> {
     let (locker, tokens, mut conn) = (locker.clone(), tokens.clone(), conn.clone());
     tokio::spawn(async move {
@@ -1055,5 +1055,51 @@ async fn relay_a_lease_dropped_outside_any_runtime_blocks_the_key_only_until_its
         .await?;
     later.release().await?;
     assert_eq!(locker.queued_in_process(key), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_promptly_after_the_pubsub_connection_is_killed() -> TestResult {
+    let s = setup().await?;
+    let key = "t:handoff:pubsub-kill";
+    let a = handoff(&s, HandoffStyle::Grant).await?;
+    let b = handoff(&s, HandoffStyle::Grant).await?;
+    let mut conn = s.conn.clone();
+    // Long TTLs: a waiter left to its fallback re-check (once per TTL) would
+    // wait far past HUNG.
+    let holder = b
+        .acquire_with(key, 60 * SECOND, &AcquireOptions::new())
+        .await?;
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            a.acquire_with(key, 60 * SECOND, &opts).await
+        })
+    };
+    until_queued(&mut conn, key, 1).await?;
+    s.server.redis_cli(&["CLIENT", "KILL", "TYPE", "pubsub"])?;
+    holder.release().await?;
+    let lease = tokio::time::timeout(HUNG, waiter).await???;
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, lease.token().as_str());
+    lease.release().await?;
+
+    // And the resubscribed channel carries hand-offs again: B waits, A's
+    // release grants it the lock.
+    let holder = a
+        .acquire_with(key, 60 * SECOND, &AcquireOptions::new())
+        .await?;
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            b.acquire_with(key, 60 * SECOND, &opts).await
+        })
+    };
+    until_queued(&mut conn, key, 1).await?;
+    holder.release().await?;
+    let lease = tokio::time::timeout(HUNG, waiter).await???;
+    lease.release().await?;
     Ok(())
 }

@@ -330,3 +330,75 @@ async fn a_timed_out_acquire_leaves_no_orphaned_lock() -> TestResult {
     until_gone(&mut conn, "t:orphan").await?;
     Ok(())
 }
+
+/// Takes `key` with single attempts until one wins, counting the failures
+/// (each must say a retry can succeed). Bounded by [`HUNG`].
+async fn first_win(
+    locker: &Locker,
+    key: &str,
+) -> Result<(leasehold::Lease, u32), Box<dyn std::error::Error>> {
+    let mut failures = 0;
+    let lease = tokio::time::timeout(HUNG, async {
+        loop {
+            match locker.try_acquire(key, SECOND).await {
+                Ok(lease) => return Ok::<_, Error>(lease),
+                Err(err) if err.is_retryable() => failures += 1,
+                Err(err) => return Err(err),
+            }
+        }
+    })
+    .await??;
+    Ok((lease, failures))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_lived_locker_works_again_after_redis_restarts() -> TestResult {
+    let mut server = RedisServer::start()?;
+    let client = redis::Client::open(server.url())?;
+    let locker = Locker::connect(&client).await?;
+    let key = "t:restart";
+    locker.acquire(key, SECOND).await?.release().await?;
+    for round in 0..2 {
+        server.restart()?;
+        // The request that finds the old connection broken fails and starts
+        // the reconnect; the next one goes out on the new connection.
+        let (lease, failures) = first_win(&locker, key).await?;
+        assert!(
+            failures <= 1,
+            "round {round}: {failures} failures after the restart"
+        );
+        lease.release().await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_connection_is_replaced_by_the_next_request() -> TestResult {
+    let (server, _conn, _) = setup().await?;
+    let client = redis::Client::open(server.url())?;
+    let locker = Locker::connect(&client).await?;
+    let key = "t:client-kill";
+    locker.acquire(key, SECOND).await?.release().await?;
+    server.redis_cli(&["CLIENT", "KILL", "TYPE", "normal"])?;
+    let (lease, failures) = first_win(&locker, key).await?;
+    assert!(failures <= 1, "{failures} failures after the kill");
+    lease.release().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_permission_error_is_not_retryable() -> TestResult {
+    let (server, _conn, _) = setup().await?;
+    server.redis_cli(&[
+        "ACL", "SETUSER", "noset", "on", ">pw", "~*", "+@all", "-set",
+    ])?;
+    let url = format!("redis://noset:pw@{}:{}", server.host(), server.port());
+    let locker = Locker::connect(&redis::Client::open(url)?).await?;
+    let err = locker.try_acquire("t:noperm", SECOND).await.err();
+    assert!(err.is_some(), "SET was refused, yet the acquire succeeded");
+    assert!(
+        !err.as_ref().is_some_and(Error::is_retryable),
+        "{err:?} must not be retryable"
+    );
+    Ok(())
+}

@@ -12,7 +12,7 @@ use leasehold::{AcquireOptions, Error, FencedKeys, FencingToken, Lease, Locker};
 use leasehold_pg::Snapshot;
 use leasehold_testkit::{RedisOptions, RedisServer};
 use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionManager;
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -45,14 +45,14 @@ fn start_pair() -> anyhow::Result<(RedisServer, RedisServer)> {
     Ok((primary, replica))
 }
 
-async fn connect(server: &RedisServer, what: &str) -> anyhow::Result<MultiplexedConnection> {
+async fn connect(server: &RedisServer, what: &str) -> anyhow::Result<ConnectionManager> {
     let client = redis::Client::open(server.url())?;
     leasehold::connect(&client, COMMAND_TIMEOUT)
         .await
         .with_context(|| format!("connecting to the {what}"))
 }
 
-async fn locker(conn: MultiplexedConnection) -> anyhow::Result<Locker> {
+async fn locker(conn: ConnectionManager) -> anyhow::Result<Locker> {
     Ok(Locker::builder(conn)
         .command_timeout(COMMAND_TIMEOUT)
         .build()?)

@@ -7,7 +7,7 @@ use std::time::Duration;
 use leasehold::Locker;
 use leasehold_testkit::RedisServer;
 use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionManager;
 
 pub type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -19,8 +19,8 @@ pub const SECOND: Duration = Duration::from_secs(1);
 pub const HUNG: Duration = Duration::from_secs(5);
 
 /// A fresh server, a connection to it, and a locker over that connection.
-pub async fn setup()
--> Result<(RedisServer, MultiplexedConnection, Locker), Box<dyn std::error::Error>> {
+pub async fn setup() -> Result<(RedisServer, ConnectionManager, Locker), Box<dyn std::error::Error>>
+{
     let server = RedisServer::start()?;
     let client = redis::Client::open(server.url())?;
     let conn = leasehold::connect(&client, SECOND).await?;
@@ -29,7 +29,7 @@ pub async fn setup()
 }
 
 /// Waits for Redis to expire `key` (checks the condition; no blind sleep).
-pub async fn until_gone(conn: &mut MultiplexedConnection, key: &str) -> TestResult {
+pub async fn until_gone(conn: &mut ConnectionManager, key: &str) -> TestResult {
     tokio::time::timeout(HUNG, async {
         loop {
             let exists: bool = conn.exists(key).await?;
