@@ -229,7 +229,9 @@ impl<C: RedisConnection> Locker<C> {
     /// Takes the lease on `keys.lock()` and, in the same atomic script and
     /// only if that worked, increments `keys.fence()`: the new value is the
     /// lease's [`FencingToken`]. Retried while the lock is busy, as `opts`
-    /// says. Only a caller that got the lock gets a token.
+    /// says. Only a caller that got the lock gets a token. Every
+    /// [`AcquireOptions`] field applies as in
+    /// [`acquire_with`](Self::acquire_with), the watchdog included.
     ///
     /// # Errors
     /// - [`Error::InvalidTtl`] before any I/O;
@@ -264,7 +266,11 @@ impl<C: RedisConnection> Locker<C> {
             .await?;
         let lease =
             Lease::new(self.clone(), keys.lock().to_owned(), token, ttl, sent_at).with_fence(fence);
-        self.confirm_replicated(lease, opts, deadline).await
+        let mut lease = self.confirm_replicated(lease, opts, deadline).await?;
+        if opts.watchdog {
+            lease.watch()?;
+        }
+        Ok(lease)
     }
 
     /// One run of `scripts/acquire_fenced.lua`.

@@ -237,7 +237,9 @@ impl<C: RedisConnection> Quorum<C> {
     /// [`Error::InvalidTtl`] / [`Error::InvalidKey`] before any I/O, and
     /// [`Error::InvalidOptions`] when `opts` asks to
     /// [wait for replicas](AcquireOptions::wait_replicas) (a quorum's
-    /// servers are independent; that option is for a replicated server);
+    /// servers are independent; that option is for a replicated server) or
+    /// for a [watchdog](AcquireOptions::watchdog) (a quorum lease has none:
+    /// refresh it yourself);
     /// [`Error::NotAcquired`] when the lock stayed busy;
     /// [`Error::QuorumNotReached`] when, in the last attempt, too many nodes
     /// failed to answer for a majority to be possible.
@@ -255,6 +257,11 @@ impl<C: RedisConnection> Quorum<C> {
         if opts.wait_replicas.is_some() {
             return Err(Error::InvalidOptions(
                 "wait_replicas does not apply to a quorum: its servers are independent",
+            ));
+        }
+        if opts.watchdog {
+            return Err(Error::InvalidOptions(
+                "watchdog is not available for a quorum lease: refresh it with QuorumLease::refresh",
             ));
         }
         let keys = keys.clone();

@@ -1,0 +1,108 @@
+//! Every acquire option is honoured by every way of taking a lease, or
+//! refused before any I/O with `InvalidOptions`.
+
+use std::time::Duration;
+
+use leasehold::{AcquireOptions, Error, FencedKeys, HandoffLocker, Locker, Quorum};
+use leasehold_testkit::RedisServer;
+
+mod common;
+use common::*;
+
+/// The ways of taking a lease, as a table.
+#[derive(Debug, Clone, Copy)]
+enum Path {
+    Polling,
+    Fenced,
+    Handoff,
+    Relay,
+    Quorum,
+}
+
+const PATHS: [Path; 5] = [
+    Path::Polling,
+    Path::Fenced,
+    Path::Handoff,
+    Path::Relay,
+    Path::Quorum,
+];
+
+/// What an acquire with the options returned: whether the lease is watched,
+/// or the error.
+async fn acquire(
+    server: &RedisServer,
+    path: Path,
+    resource: &str,
+    opts: &AcquireOptions,
+) -> Result<Result<bool, Error>, Box<dyn std::error::Error>> {
+    let client = redis::Client::open(server.url())?;
+    let keys = FencedKeys::for_resource(resource)?;
+    let ttl = 10 * SECOND;
+    let locker = Locker::connect(&client).await?;
+    let outcome = match path {
+        Path::Polling => locker.acquire_with(keys.lock(), ttl, opts).await,
+        Path::Fenced => locker.acquire_fenced_with(&keys, ttl, opts).await,
+        Path::Handoff | Path::Relay => {
+            let limit = if matches!(path, Path::Relay) { 16 } else { 0 };
+            let handoff = HandoffLocker::builder(locker.clone(), &client)
+                .relay_limit(limit)
+                .connect()
+                .await?;
+            handoff.acquire_with(keys.lock(), ttl, opts).await
+        }
+        Path::Quorum => {
+            let quorum = Quorum::connect(vec![client.clone()]).await?;
+            return Ok(match quorum.acquire(&keys, ttl, opts).await {
+                Ok(lease) => {
+                    lease.release().await?;
+                    Ok(false)
+                }
+                Err(err) => Err(err),
+            });
+        }
+    };
+    let requests = locker.stats().requests();
+    Ok(match outcome {
+        Ok(lease) => {
+            let watched = lease.is_watched();
+            lease.release().await?;
+            Ok(watched)
+        }
+        Err(err @ Error::InvalidOptions(_)) => {
+            assert_eq!(requests, 0, "{path:?}: refused after I/O");
+            Err(err)
+        }
+        Err(err) => Err(err),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_is_started_or_refused_on_every_path() -> TestResult {
+    let server = RedisServer::start()?;
+    let opts = AcquireOptions::new().watchdog(true).wait(HUNG);
+    for (i, path) in PATHS.into_iter().enumerate() {
+        let outcome = acquire(&server, path, &format!("t:opts:watch:{i}"), &opts).await?;
+        match outcome {
+            Ok(watched) => assert!(watched, "{path:?}: watchdog asked for, not started"),
+            Err(Error::InvalidOptions(why)) => {
+                assert!(why.contains("watchdog"), "{path:?}: {why}");
+            }
+            Err(err) => return Err(format!("{path:?}: {err}").into()),
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_replica_wait_is_refused_before_any_io_on_every_path() -> TestResult {
+    let server = RedisServer::start()?;
+    let opts = AcquireOptions::new().wait_replicas(1, Duration::ZERO);
+    for (i, path) in PATHS.into_iter().enumerate() {
+        let outcome = acquire(&server, path, &format!("t:opts:wait:{i}"), &opts).await?;
+        assert!(
+            matches!(outcome, Err(Error::InvalidOptions(_))),
+            "{path:?}: {outcome:?}"
+        );
+    }
+    Ok(())
+}
