@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold::{Lease, RedisConnection};
+use leasehold::Lease;
 
 static WARNED: AtomicBool = AtomicBool::new(false);
 
@@ -16,7 +16,7 @@ pub(crate) struct HoldTimes(Arc<Mutex<Vec<Duration>>>);
 impl HoldTimes {
     /// Records how long `lease` has been held, unless a watchdog keeps it
     /// (a refreshed lease may rightly be held past its TTL).
-    pub(crate) fn record<C: RedisConnection>(&self, lease: &Lease<C>) {
+    pub(crate) fn record(&self, lease: &Lease) {
         if lease.is_watched() {
             return;
         }

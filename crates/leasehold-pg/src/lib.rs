@@ -60,7 +60,7 @@
 //! leasehold_pg::setup(&mut db).await?;
 //!
 //! let keys = FencedKeys::for_resource("wallet:42")?;
-//! let lease = locker.acquire_fenced(&keys, Duration::from_secs(2)).await?;
+//! let lease = locker.acquire(&keys, Duration::from_secs(2)).await?;
 //! let token = lease.fence().ok_or("a fenced lease has a fence")?;
 //! let read = leasehold_pg::read_wallet(&db, 42).await?;
 //! match leasehold_pg::debit_check_and_set(&db, &read, 10, token).await? {

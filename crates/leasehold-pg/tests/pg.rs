@@ -290,7 +290,7 @@ async fn counter_reset_never_lets_an_old_token_write() -> TestResult {
 
     let mut paused = None;
     for n in 1..=5u64 {
-        let lease = locker.acquire_fenced(&keys, ttl).await?;
+        let lease = locker.acquire(&keys, ttl).await?;
         let fence = lease.fence().ok_or("fenced")?;
         assert_eq!(fence, token(n));
         let read = leasehold_pg::read_wallet(&db, id).await?;
@@ -308,7 +308,7 @@ async fn counter_reset_never_lets_an_old_token_write() -> TestResult {
 
     let mut reissued = Vec::new();
     loop {
-        let lease = locker.acquire_fenced(&keys, ttl).await?;
+        let lease = locker.acquire(&keys, ttl).await?;
         let fence = lease.fence().ok_or("fenced")?;
         let read = leasehold_pg::read_wallet(&db, id).await?;
         let outcome = leasehold_pg::debit_check_and_set(&db, &read, 10, fence).await?;

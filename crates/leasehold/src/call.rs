@@ -1,6 +1,7 @@
 //! Every Redis request goes through [`bounded`]: one deadline, one error map.
 
 use std::future::Future;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -31,4 +32,10 @@ where
             after: start.elapsed(),
         }),
     }
+}
+
+/// The TTL in whole milliseconds, rounded up: Redis may keep the key a little
+/// longer than the holder believes (harmless), never shorter.
+pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }

@@ -12,7 +12,7 @@
 //! (`scripts/release.lua`, `scripts/refresh.lua`), sent as `EVALSHA` with an
 //! `EVAL` of the source when the script cache is empty.
 //!
-//! A locker decides once, lazily, on its first release or refresh:
+//! A node decides once, lazily, on its first release or refresh:
 //! `INFO server` reporting `redis_version` 8.4 or later picks the commands.
 //! Anything else picks Lua, which is correct on every server: an older
 //! version, an `INFO` the server refuses (ACLs) or answers in a shape we do
@@ -26,13 +26,12 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
-use tokio::time::Instant;
+use redis::{Cmd, Value};
 
+use crate::call::ttl_millis;
 use crate::error::{Error, Result};
-use crate::locker::{Locker, ttl_millis};
+use crate::scripts;
 use crate::token::LeaseToken;
-use crate::{RedisConnection, call, scripts};
 
 /// How a locker sends the token-checked steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +50,7 @@ impl Detected {
     const COMMANDS: u8 = 1;
     const LUA: u8 = 2;
 
-    fn get(&self) -> Option<Path> {
+    pub(crate) fn get(&self) -> Option<Path> {
         match self.0.load(Ordering::Relaxed) {
             Self::COMMANDS => Some(Path::Commands),
             Self::LUA => Some(Path::Lua),
@@ -59,7 +58,7 @@ impl Detected {
         }
     }
 
-    fn set(&self, path: Path) {
+    pub(crate) fn set(&self, path: Path) {
         let v = match path {
             Path::Commands => Self::COMMANDS,
             Path::Lua => Self::LUA,
@@ -81,7 +80,7 @@ pub(crate) enum Step {
 }
 
 impl Step {
-    fn op(self) -> &'static str {
+    pub(crate) fn op(self) -> &'static str {
         match self {
             Step::Release => "release",
             Step::Refresh { .. } => "refresh",
@@ -160,89 +159,6 @@ pub(crate) fn supports_commands(info: &str) -> Option<bool> {
     let major = parts.next()?.ok()?;
     let minor = parts.next().and_then(|m| m.ok()).unwrap_or(0);
     Some((major, minor) >= (8, 4))
-}
-
-/// A server that does not know the command or option we sent: nothing ran.
-fn is_unknown_syntax(err: &redis::RedisError) -> bool {
-    err.code() == Some("ERR")
-        && err.detail().is_some_and(|d| {
-            let d = d.to_ascii_lowercase();
-            d.contains("unknown command") || d.contains("syntax error")
-        })
-}
-
-impl<C: RedisConnection> Locker<C> {
-    /// Runs `step` for `key` and `token`, bounded by `deadline`. `Ok(false)`:
-    /// the key did not hold our token, and nothing changed.
-    pub(crate) async fn token_checked(
-        &self,
-        step: Step,
-        key: &str,
-        token: &LeaseToken,
-        deadline: Instant,
-    ) -> Result<bool> {
-        let path = self.path(key, deadline).await;
-        let mut conn = self.inner.conn.clone();
-        let sent = step.cmd(path, key, token);
-        let reply = call::bounded(step.op(), key, deadline, async {
-            match sent.query_async::<Value>(&mut conn).await {
-                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    step.eval_cmd(key, token).query_async(&mut conn).await
-                }
-                other => other,
-            }
-        })
-        .await;
-        match reply {
-            Ok(reply) => step.acted(path, &reply),
-            Err(Error::Redis { source, .. })
-                if path == Path::Commands && is_unknown_syntax(&source) =>
-            {
-                tracing::debug!(
-                    "server claims redis 8.4 but refused the command; using lua from now on"
-                );
-                self.inner.compare.set(Path::Lua);
-                Box::pin(self.token_checked(step, key, token, deadline)).await
-            }
-            Err(err) => Err(err),
-        }
-    }
-
-    /// The path this locker uses, detecting it on first use.
-    async fn path(&self, key: &str, deadline: Instant) -> Path {
-        if let Some(path) = self.inner.compare.get() {
-            return path;
-        }
-        let mut conn = self.inner.conn.clone();
-        let info = call::bounded(
-            "detect",
-            key,
-            deadline,
-            redis::cmd("INFO")
-                .arg("server")
-                .query_async::<String>(&mut conn),
-        )
-        .await;
-        let path = match info {
-            Ok(info) if supports_commands(&info) == Some(true) => Path::Commands,
-            Ok(_) => Path::Lua,
-            // Transient: ask again next time; this call uses Lua.
-            Err(Error::Timeout { .. } | Error::Unreachable { .. }) => return Path::Lua,
-            // Refused or unparseable: Lua is correct everywhere.
-            Err(err) => {
-                tracing::debug!(error = %err, "could not detect the server version; using lua");
-                Path::Lua
-            }
-        };
-        self.inner.compare.set(path);
-        path
-    }
-
-    /// The path this locker has settled on, if it has decided (test hook).
-    #[cfg(test)]
-    pub(crate) fn detected_path(&self) -> Option<Path> {
-        self.inner.compare.get()
-    }
 }
 
 #[cfg(test)]
@@ -365,42 +281,5 @@ mod tests {
         assert_eq!(supports_commands(&info("10.0.0")), Some(true));
         assert_eq!(supports_commands("# Server\r\nno version here\r\n"), None);
         assert_eq!(supports_commands(&info("garbage")), None);
-    }
-
-    #[tokio::test]
-    async fn redis_7_is_detected_as_lua_and_steps_work()
-    -> std::result::Result<(), Box<dyn std::error::Error>> {
-        let server = leasehold_testkit::RedisServer::start()?;
-        let client = redis::Client::open(server.url())?;
-        let conn = crate::connect(&client, Duration::from_secs(1)).await?;
-        let locker = Locker::new(conn.clone());
-        assert_eq!(locker.detected_path(), None);
-        let lease = locker.acquire("t:detect", Duration::from_secs(5)).await?;
-        lease.refresh(Duration::from_secs(9)).await?;
-        assert_eq!(locker.detected_path(), Some(Path::Lua));
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg("t:detect")
-            .query_async(&mut conn.clone())
-            .await?;
-        assert!(pttl > 5000, "refresh did not extend: {pttl}");
-        lease.release().await?;
-        Ok(())
-    }
-
-    #[tokio::test]
-    async fn a_paused_server_during_detection_is_not_remembered()
-    -> std::result::Result<(), Box<dyn std::error::Error>> {
-        let server = leasehold_testkit::RedisServer::start()?;
-        let client = redis::Client::open(server.url())?;
-        let conn = crate::connect(&client, Duration::from_secs(1)).await?;
-        let locker = Locker::new(conn);
-        server.pause()?;
-        let path = locker
-            .path("t:x", Instant::now() + Duration::from_millis(50))
-            .await;
-        server.resume()?;
-        assert_eq!(path, Path::Lua);
-        assert_eq!(locker.detected_path(), None);
-        Ok(())
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 pub enum GiveUpReason {
     /// The lock was held by someone else on every attempt and the retry
     /// strategy ran out of waits (for example [`RetryStrategy::none`], as used
-    /// by `try_acquire`).
+    /// by a single attempt).
     ///
     /// [`RetryStrategy::none`]: crate::RetryStrategy::none
     RetriesExhausted,

@@ -1,23 +1,14 @@
-//! Fencing tokens: the fenced acquire script and the Cluster-safe key pair.
+//! Fencing tokens, the Cluster-safe key pair, and what an acquire locks.
 
 use std::fmt;
-use std::time::Duration;
-
-use redis::Value;
-use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::lease::Lease;
-use crate::locker::{Attempt, Locker, check_key, check_ttl, ttl_millis};
-use crate::options::AcquireOptions;
-use crate::token::LeaseToken;
-use crate::{RedisConnection, call};
 
 /// A number that increases with every acquisition of one lock: the highest
 /// accepted one wins, lower ones are stale.
 ///
-/// Issued by [`Locker::acquire_fenced`] and read from
-/// [`Lease::fence`]. Compare tokens with `<` / `>`; store the highest
+/// Issued by every acquire given [`FencedKeys`] and read from
+/// [`Lease::fence`](crate::Lease::fence). Compare tokens with `<` / `>`; store the highest
 /// accepted one next to the data it guards and refuse writes at or below it.
 ///
 /// # Why fencing
@@ -27,8 +18,8 @@ use crate::{RedisConnection, call};
 /// the lock, and the first holder wakes up still believing it holds it.
 /// Nothing the holder checks *before* writing can rule this out, because the
 /// pause can fall between the check and the write. Only the storage, which
-/// sees every write in order, can refuse it. [`Locker::acquire_fenced`]
-/// therefore hands out, with every lease, a [`FencingToken`] one higher than
+/// sees every write in order, can refuse it. A fenced acquire therefore
+/// hands out, with every lease, a [`FencingToken`] one higher than
 /// the previous one; the write carries it, and the storage refuses a token at
 /// or below the highest it has accepted (`... WHERE fence < $token`, see the
 /// `leasehold-pg` crate).
@@ -215,98 +206,100 @@ fn crc16_xmodem(data: &[u8]) -> u16 {
     crc
 }
 
-impl<C: RedisConnection> Locker<C> {
-    /// Takes the fenced lease on `keys` for `ttl`, waiting with the default
-    /// [`AcquireOptions`]; the lease's [`fence`](Lease::fence) is set.
-    ///
-    /// See [`acquire_fenced_with`](Self::acquire_fenced_with) for errors and
-    /// cancel safety.
-    pub async fn acquire_fenced(&self, keys: &FencedKeys, ttl: Duration) -> Result<Lease<C>> {
-        self.acquire_fenced_with(keys, ttl, &AcquireOptions::default())
-            .await
+/// What to lock: a plain lock key (`&str`, `String`) or a lock key with its
+/// fence counter ([`FencedKeys`]). Passing [`FencedKeys`] to any acquire
+/// call is how you ask for a [`FencingToken`]; the lease's
+/// [`fence`](crate::Lease::fence) then holds it.
+///
+/// Sealed: implemented for `str`, `String`, [`FencedKeys`] and references
+/// to them.
+pub trait LockKeys: sealed::Sealed {
+    /// The lock key.
+    fn lock_key(&self) -> &str;
+    /// The fence counter's key, for a fenced lock.
+    fn fence_key(&self) -> Option<&str>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for str {}
+    impl Sealed for String {}
+    impl Sealed for super::FencedKeys {}
+    impl<T: Sealed + ?Sized> Sealed for &T {}
+}
+
+impl LockKeys for str {
+    fn lock_key(&self) -> &str {
+        self
+    }
+    fn fence_key(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl LockKeys for String {
+    fn lock_key(&self) -> &str {
+        self
+    }
+    fn fence_key(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl LockKeys for FencedKeys {
+    fn lock_key(&self) -> &str {
+        &self.lock
+    }
+    fn fence_key(&self) -> Option<&str> {
+        Some(&self.fence)
+    }
+}
+
+impl<T: LockKeys + ?Sized> LockKeys for &T {
+    fn lock_key(&self) -> &str {
+        (**self).lock_key()
+    }
+    fn fence_key(&self) -> Option<&str> {
+        (**self).fence_key()
+    }
+}
+
+/// One lock to take: its key and, if fenced, its counter. Checked (no
+/// I/O): a non-empty lock key, and a fence pair that shares a slot.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Target {
+    pub(crate) lock: String,
+    pub(crate) fence: Option<String>,
+}
+
+impl Target {
+    pub(crate) fn of(keys: &(impl LockKeys + ?Sized)) -> Result<Target> {
+        let lock = keys.lock_key();
+        check_key(lock)?;
+        Ok(Target {
+            lock: lock.to_owned(),
+            fence: keys.fence_key().map(str::to_owned),
+        })
     }
 
-    /// Takes the lease on `keys.lock()` and, in the same atomic script and
-    /// only if that worked, increments `keys.fence()`: the new value is the
-    /// lease's [`FencingToken`]. Retried while the lock is busy, as `opts`
-    /// says. Only a caller that got the lock gets a token. Every
-    /// [`AcquireOptions`] field applies as in
-    /// [`acquire_with`](Self::acquire_with), the watchdog included.
-    ///
-    /// # Errors
-    /// - [`Error::InvalidTtl`] before any I/O;
-    /// - [`Error::NotAcquired`] when the lock stayed busy;
-    /// - [`Error::InvalidFence`] when the fence key holds anything but a
-    ///   positive integer counter (the lock is not left taken);
-    /// - [`Error::WrongType`] when the lock key holds a non-string value;
-    /// - [`Error::Timeout`], [`Error::Unreachable`], [`Error::Auth`],
-    ///   [`Error::NotReplicated`] and [`Error::InvalidOptions`] as for
-    ///   [`acquire_with`](Self::acquire_with) (a lock given back for want of
-    ///   replicas leaves its fencing token unused, which is harmless).
-    ///
-    /// # Cancel safety
-    /// Cancel safe, as [`acquire_with`](Self::acquire_with): an abandoned
-    /// in-flight attempt that may have landed is released in the background
-    /// (the token it consumed is simply never used, which is harmless).
-    pub async fn acquire_fenced_with(
-        &self,
-        keys: &FencedKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> Result<Lease<C>> {
-        check_ttl(ttl)?;
-        crate::replicas::check(opts)?;
-        let token = LeaseToken::generate()?;
-        let px = ttl_millis(ttl);
-        let deadline = opts.deadline_from(Instant::now());
-        let (fence, sent_at) = self
-            .acquire_loop(keys.lock(), &token, opts, |deadline| {
-                self.fenced_attempt(keys, &token, px, deadline)
-            })
-            .await?;
-        let lease =
-            Lease::new(self.clone(), keys.lock().to_owned(), token, ttl, sent_at).with_fence(fence);
-        let mut lease = self.confirm_replicated(lease, opts, deadline).await?;
-        if opts.watchdog {
-            lease.watch()?;
-        }
-        Ok(lease)
+    /// The pair as [`FencedKeys`], for a fenced target.
+    pub(crate) fn fenced(&self) -> Option<FencedKeys> {
+        self.fence.as_ref().map(|fence| FencedKeys {
+            lock: self.lock.clone(),
+            fence: fence.clone(),
+        })
     }
+}
 
-    /// One run of `scripts/acquire_fenced.lua`.
-    async fn fenced_attempt(
-        &self,
-        keys: &FencedKeys,
-        token: &LeaseToken,
-        px: u64,
-        deadline: Instant,
-    ) -> Result<Attempt<FencingToken>> {
-        let mut conn = self.inner.conn.clone();
-        let mut invocation = crate::scripts::ACQUIRE_FENCED.key(keys.lock());
-        invocation.key(keys.fence()).arg(token).arg(px);
-        let reply = call::bounded(
-            "acquire",
-            keys.lock(),
-            deadline,
-            invocation.invoke_async::<Value>(&mut conn),
-        )
-        .await;
-        match reply {
-            Ok(Value::Int(fence)) => match u64::try_from(fence) {
-                Ok(fence) if fence > 0 => Ok(Attempt::Won(FencingToken(fence))),
-                _ => Err(Error::UnexpectedReply { op: "acquire" }),
-            },
-            Ok(Value::Nil) => Ok(Attempt::Busy),
-            Ok(_) => Err(Error::UnexpectedReply { op: "acquire" }),
-            Err(Error::Redis { source, .. }) if source.code() == Some("NOTFENCE") => {
-                Err(Error::InvalidFence {
-                    key: keys.fence().to_owned(),
-                    source,
-                })
-            }
-            Err(err) => Err(err),
-        }
+/// Rejects keys that cannot name a lock. No I/O.
+pub(crate) fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::InvalidKey {
+            key: key.to_owned(),
+            reason: "key is empty",
+        });
     }
+    Ok(())
 }
 
 #[cfg(test)]

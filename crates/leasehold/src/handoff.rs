@@ -13,27 +13,31 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::compare::Step;
 use crate::error::{Error, GiveUpReason, Result};
-use crate::lease::{Lease, ReleaseKind};
-use crate::locker::{Locker, check_key, check_ttl, ttl_millis};
-use crate::options::AcquireOptions;
+use crate::fencing::{FencingToken, LockKeys, Target};
+use crate::lease::{Backend, Lease, Part, Reply, check_ttl, hold_while};
+use crate::locker::Locker;
+use crate::node::{Node, not_a_fence, ttl_millis};
+use crate::options::{AcquireOptions, Supports};
 use crate::relay::{Entry, Next, Relay, Ticket, Turn};
 use crate::rounds::Rounds;
 use crate::token::LeaseToken;
 use crate::watchdog::Validity;
 use crate::{RedisConnection, call};
 
-/// How many leases in a row a release may pass to another waiter of the
-/// same [`HandoffLocker`] without a Redis request, by default
-/// ([`HandoffLockerBuilder::relay_limit`]).
+/// How many passes in a row a release may make to other waiters of the
+/// same [`HandoffLocker`] before one lets other processes' waiters in
+/// first, by default ([`HandoffLockerBuilder::relay_limit`]).
 pub const DEFAULT_RELAY_LIMIT: u32 = 16;
 
 /// How a release passes the lock to the next waiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum HandoffStyle {
-    /// The release sets the lock to the next waiter's token and tells it: the
-    /// waiter owns the lease without sending a request. FIFO.
+    /// The release sets the lock to the next waiter's token (issuing its
+    /// fencing token too) and tells it: the waiter owns the lease without
+    /// sending a request. FIFO.
     #[default]
     Grant,
     /// The release deletes the lock and wakes the next waiter, which takes
@@ -54,9 +58,10 @@ impl HandoffStyle {
 /// What a waiter's pub/sub message said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Signal {
-    /// The lock is ours.
-    Granted,
-    /// The lock was released to us: take it.
+    /// The lock is ours, with this fencing token (0: unfenced).
+    Granted(u64),
+    /// Re-check the lock: it was released to us (take it), or messages may
+    /// have been lost.
     Woken,
 }
 
@@ -96,25 +101,40 @@ impl Local {
     }
 }
 
-/// How a hand-off lease passes its lock on: the style, and the locker's own
-/// waiters (served in process).
-#[derive(Clone)]
-pub(crate) struct HandoffRelease {
+/// What a hand-off lease gives its lock back through: the node, the style,
+/// and the locker's own waiters (served in process).
+pub(crate) struct HandoffBackend<C> {
+    node: Arc<Node<C>>,
     style: HandoffStyle,
     local: Arc<Local>,
 }
 
-impl std::fmt::Debug for HandoffRelease {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HandoffRelease")
-            .field("style", &self.style)
-            .field("channel", &self.local.channel)
-            .finish_non_exhaustive()
+impl<C: RedisConnection> Backend for HandoffBackend<C> {
+    fn command_timeout(&self) -> Duration {
+        self.node.command_timeout()
+    }
+
+    fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(
+            self.node
+                .token_checked(Step::Refresh { ttl }, &part.key, &part.token, deadline),
+        )
+    }
+
+    fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(release(self, part, deadline))
+    }
+
+    fn release_dropped(self: Arc<Self>, part: Part) {
+        release_dropped(self, part);
     }
 }
 
 /// A [`Locker`] whose waiters are handed the lock by the release instead of
-/// polling for it.
+/// polling for it: the queued way of taking a [`Lease`], with the same four
+/// calls as [`Locker`] ([`acquire`](Self::acquire),
+/// [`acquire_with`](Self::acquire_with), [`acquire_all`](Self::acquire_all),
+/// [`with_lock`](Self::with_lock)), fenced or not.
 ///
 /// # Why
 ///
@@ -302,7 +322,7 @@ pub struct HandoffLocker<C: RedisConnection = ConnectionManager> {
 
 struct HandoffInner<C: RedisConnection> {
     locker: Locker<C>,
-    how: HandoffRelease,
+    backend: Arc<HandoffBackend<C>>,
     listener: JoinHandle<()>,
 }
 
@@ -314,12 +334,13 @@ impl<C: RedisConnection> Drop for HandoffInner<C> {
 
 impl<C: RedisConnection> std::fmt::Debug for HandoffLocker<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let backend = &self.inner.backend;
         f.debug_struct("HandoffLocker")
-            .field("style", &self.inner.how.style)
-            .field("channel", &self.inner.how.local.channel)
+            .field("style", &backend.style)
+            .field("channel", &backend.local.channel)
             .field(
                 "relay_limit",
-                &self.inner.how.local.relay.as_ref().map_or(0, Relay::limit),
+                &backend.local.relay.as_ref().map_or(0, Relay::limit),
             )
             .finish_non_exhaustive()
     }
@@ -336,11 +357,10 @@ pub struct HandoffLockerBuilder<C: RedisConnection> {
 }
 
 impl<C: RedisConnection> HandoffLockerBuilder<C> {
-    /// How many leases in a row a release may pass to another waiter of
-    /// this locker without a Redis request (see
-    /// [relay](HandoffLocker#in-process-relay)); after that many, the next
-    /// pass goes through Redis, which serves other processes' waiters first.
-    /// `0` turns relay off: every waiter queues in Redis, and all callers,
+    /// How many passes in a row a release may make to other waiters of
+    /// this locker (see [relay](HandoffLocker#in-process-relay)) before the
+    /// next one serves Redis's queue (other processes' waiters) first. `0`
+    /// turns relay off: every waiter queues in Redis, and all callers,
     /// whatever their process, are served in arrival order.
     ///
     /// Defaults to [`DEFAULT_RELAY_LIMIT`] (16).
@@ -358,8 +378,9 @@ impl<C: RedisConnection> HandoffLockerBuilder<C> {
     }
 
     /// Opens the pub/sub connection, subscribes to this locker's channel
-    /// and starts the task that routes hand-offs to waiters. Both requests
-    /// are bounded by the locker's command timeout.
+    /// and starts the task that routes hand-offs to waiters (and reconnects
+    /// the pub/sub connection when it drops). Both requests are bounded by
+    /// the locker's command timeout.
     ///
     /// # Errors
     /// [`Error::Unreachable`], [`Error::Timeout`] or [`Error::Auth`] when the
@@ -378,13 +399,15 @@ impl<C: RedisConnection> HandoffLockerBuilder<C> {
             relay: (self.relay_limit > 0).then(|| Relay::new(self.relay_limit)),
         });
         let listener = tokio::spawn(route(self.client, messages, local.clone(), timeout));
+        let backend = Arc::new(HandoffBackend {
+            node: self.locker.node.clone(),
+            style: self.style,
+            local,
+        });
         Ok(HandoffLocker {
             inner: Arc::new(HandoffInner {
                 locker: self.locker,
-                how: HandoffRelease {
-                    style: self.style,
-                    local,
-                },
+                backend,
                 listener,
             }),
         })
@@ -404,10 +427,11 @@ async fn subscribe(
     Ok(pubsub.into_on_message())
 }
 
-/// Delivers each `g <token> <key>` / `w <token> <key>` message to the local
-/// waiter. A message for a waiter that is no longer registered is dropped:
-/// either it won the lock another way (a re-check found it handed over), or
-/// it gave up, and its leave script passes on anything granted to it.
+/// Delivers each `g <token> <key> <fence>` / `w <token> <key>` message to
+/// the local waiter. A message for a waiter that is no longer registered is
+/// dropped: either it won the lock another way (a re-check found it handed
+/// over), or it gave up, and its leave script passes on anything granted to
+/// it.
 ///
 /// When the connection drops (Redis restarted, the connection was killed),
 /// it reconnects and resubscribes, retrying with a growing pause (up to 1 s)
@@ -427,12 +451,15 @@ async fn route(
             let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) else {
                 continue;
             };
-            let mut parts = payload.splitn(3, ' ');
+            let mut parts = payload.split(' ');
             let (Some(kind), Some(token)) = (parts.next(), parts.next()) else {
                 continue;
             };
             let signal = match kind {
-                "g" => Signal::Granted,
+                "g" => {
+                    let fence = parts.nth(1).and_then(|f| f.parse().ok()).unwrap_or(0);
+                    Signal::Granted(fence)
+                }
                 "w" => Signal::Woken,
                 _ => continue,
             };
@@ -463,13 +490,23 @@ async fn route(
 
 /// What one run of the acquire script found.
 enum Found {
-    /// We set the lock just now.
-    TookIt,
-    /// A release had already handed it to us.
-    HandedOver,
+    /// We set the lock just now, with this fence (0: unfenced).
+    TookIt(u64),
+    /// A release had already handed it to us, with this fence.
+    HandedOver(u64),
     /// We wait; the holder's remaining TTL if known.
     Waiting(Option<Duration>),
 }
+
+/// A fence from a script or message: `None` for 0 (unfenced).
+fn fence_of(value: u64) -> Option<FencingToken> {
+    (value > 0).then(|| FencingToken::new(value))
+}
+
+/// What a hand-off locker honours of [`AcquireOptions`]: everything.
+const SUPPORTS: Supports = Supports {
+    wait_replicas: true,
+};
 
 impl<C: RedisConnection> HandoffLocker<C> {
     /// A builder over `locker` (whose connection sends the scripts) and
@@ -489,8 +526,22 @@ impl<C: RedisConnection> HandoffLocker<C> {
         &self.inner.locker
     }
 
-    /// Takes the lease on `key` for `ttl`, waiting in the key's FIFO queue
-    /// until a release hands it over, as `opts` says.
+    /// Takes the lease on `keys` for `ttl`, queued, with the default
+    /// [`AcquireOptions`].
+    ///
+    /// See [`acquire_with`](Self::acquire_with) for errors and cancel safety.
+    pub async fn acquire(&self, keys: impl LockKeys, ttl: Duration) -> Result<Lease> {
+        self.acquire_with(keys, ttl, &AcquireOptions::default())
+            .await
+    }
+
+    /// Takes the lease on `keys` for `ttl`, waiting in the key's FIFO queue
+    /// until a release hands it over, as `opts` says. Given
+    /// [`FencedKeys`](crate::FencedKeys), every holder gets its own
+    /// [`FencingToken`], issued in the same atomic step that gives it the
+    /// lock (its own acquire, a release's grant, or a relay's pass), so
+    /// tokens grow strictly from holder to holder. Use the same fence key
+    /// for every caller of one lock key.
     ///
     /// `opts`'s deadline and cancellation token apply exactly as in
     /// [`Locker::acquire_with`]. Its retry strategy's *waits* are not used
@@ -504,9 +555,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
     ///
     /// [`AcquireOptions::watchdog`] and
     /// [`AcquireOptions::wait_replicas`] apply as in
-    /// [`Locker::acquire_with`], to a lease passed on in process too (its
-    /// `WAIT` then covers the write that last moved the lock, sent earlier
-    /// on the same connection).
+    /// [`Locker::acquire_with`], to a lease passed on in process too.
     ///
     /// The lease's release hands the lock to the next waiter.
     ///
@@ -516,7 +565,8 @@ impl<C: RedisConnection> HandoffLocker<C> {
     /// options; [`Error::InvalidTtl`] / [`Error::InvalidKey`] (and a zero
     /// replica wait timeout, [`Error::InvalidOptions`]) before any I/O;
     /// [`Error::NotReplicated`] when too few replicas acknowledged (the lock
-    /// was passed on); Redis failures returned at once.
+    /// was passed on); [`Error::InvalidFence`] when the fence key holds no
+    /// counter; Redis failures returned at once.
     ///
     /// # Cancel safety
     /// Cancel safe. If the future is dropped while waiting (or a request is
@@ -526,18 +576,72 @@ impl<C: RedisConnection> HandoffLocker<C> {
     /// for replicas, the lease exists and its drop passes it on.
     pub async fn acquire_with(
         &self,
-        key: &str,
+        keys: impl LockKeys,
         ttl: Duration,
         opts: &AcquireOptions,
-    ) -> Result<Lease<C>> {
-        check_key(key)?;
+    ) -> Result<Lease> {
+        let target = Target::of(&keys)?;
         check_ttl(ttl)?;
-        crate::replicas::check(opts)?;
+        opts.check(SUPPORTS)?;
+        self.take_checked(target, ttl, opts).await
+    }
+
+    /// Takes the leases on every one of `keys`, queued, in one global order,
+    /// as one [`Lease`]; see [`Locker::acquire_all`].
+    ///
+    /// # Errors
+    /// As [`Locker::acquire_all`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`acquire_with`](Self::acquire_with).
+    pub async fn acquire_all<K: LockKeys>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> Result<Lease> {
+        let targets = crate::multi::targets(keys)?;
+        check_ttl(ttl)?;
+        opts.check(SUPPORTS)?;
+        crate::multi::acquire_all(targets, opts, |target, each| async move {
+            self.take_checked(target, ttl, &each).await
+        })
+        .await
+    }
+
+    /// Takes the lease on `keys`, queued, runs `work` while it is held and
+    /// releases it; see [`Locker::with_lock`].
+    ///
+    /// # Errors
+    /// As [`Locker::with_lock`].
+    ///
+    /// # Cancel safety
+    /// As [`Locker::with_lock`].
+    pub async fn with_lock<T>(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+        work: impl AsyncFnOnce(&Lease) -> T,
+    ) -> Result<T> {
+        let lease = self
+            .acquire_with(keys, ttl, &opts.clone().watchdog(false))
+            .await?;
+        hold_while(lease, work).await
+    }
+
+    /// One checked target: queued, then the replica wait and the watchdog.
+    async fn take_checked(
+        &self,
+        target: Target,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> Result<Lease> {
         let start = Instant::now();
-        let lease = self.take(key, ttl, opts, start).await?;
+        let lease = self.take(&target, ttl, opts, start).await?;
         let deadline = opts.deadline_from(start);
-        let locker = &self.inner.locker;
-        let mut lease = locker.confirm_replicated(lease, opts, deadline).await?;
+        let mut lease =
+            crate::replicas::confirm(&self.inner.locker.node, lease, opts, deadline).await?;
         if opts.watchdog {
             lease.watch()?;
         }
@@ -548,19 +652,21 @@ impl<C: RedisConnection> HandoffLocker<C> {
     /// `start`: in process, then in Redis.
     async fn take(
         &self,
-        key: &str,
+        target: &Target,
         ttl: Duration,
         opts: &AcquireOptions,
         start: Instant,
-    ) -> Result<Lease<C>> {
-        let locker = &self.inner.locker;
-        let mut rounds = Rounds::new(key, opts, locker.command_timeout(), start);
+    ) -> Result<Lease> {
+        let key = target.lock.as_str();
+        let fence_key = target.fence.as_deref();
+        let backend = &self.inner.backend;
+        let mut rounds = Rounds::new(key, opts, backend.node.command_timeout(), start);
         rounds.check_cancelled()?;
-        let unit = match &self.inner.how.local.relay {
+        let unit = match &backend.local.relay {
             None => None,
             Some(relay) => {
                 let may_wait = rounds.may_wait();
-                match relay.enter(key, ttl, may_wait) {
+                match relay.enter(key, ttl, fence_key, may_wait) {
                     Entry::Represent => {}
                     // Queuing in process is an attempt (answered locally)
                     // and uses up one wait of the strategy, as a busy join
@@ -572,7 +678,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
                     Entry::Queued(ticket) => {
                         rounds.attempt_in_process();
                         rounds.next_wait()?;
-                        let waited = self.wait_in_process(relay, key, ttl, ticket, &rounds);
+                        let waited = self.wait_in_process(relay, target, ttl, ticket, &rounds);
                         if let Some(lease) = waited.await? {
                             return Ok(lease);
                         }
@@ -587,19 +693,19 @@ impl<C: RedisConnection> HandoffLocker<C> {
         };
         let token = LeaseToken::generate()?;
         let px = ttl_millis(ttl);
-        let counters = &locker.inner.counters;
+        let counters = &backend.node.counters;
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let waiting = Waiting::enter(self, key, &token, ttl, tx, unit);
+        let waiting = Waiting::enter(self, target, &token, ttl, tx, unit);
 
         let mut last_busy = start;
         loop {
             let (sent_at, call_deadline) = rounds.attempt()?;
             counters.acquire_request();
             let lifetime = ttl_millis(rounds.deadline().saturating_duration_since(sent_at));
-            let request = self.try_or_enqueue(key, &token, px, lifetime, call_deadline);
+            let request = self.try_or_enqueue(target, &token, px, lifetime, call_deadline);
             let holder_left = match rounds.unless_cancelled(request).await?? {
-                Found::TookIt => return Ok(waiting.into_lease(sent_at)),
-                Found::HandedOver => return Ok(waiting.into_lease(last_busy)),
+                Found::TookIt(fence) => return Ok(waiting.into_lease(sent_at, fence)),
+                Found::HandedOver(fence) => return Ok(waiting.into_lease(last_busy, fence)),
                 Found::Waiting(holder_left) => holder_left,
             };
             last_busy = sent_at;
@@ -613,7 +719,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
                 biased;
                 () = rounds.cancelled() => return Err(rounds.give_up(GiveUpReason::Cancelled)),
                 signal = rx.recv() => match signal {
-                    Some(Signal::Granted) => return Ok(waiting.into_lease(last_busy)),
+                    Some(Signal::Granted(fence)) => return Ok(waiting.into_lease(last_busy, fence)),
                     Some(Signal::Woken) | None => {}
                 },
                 () = tokio::time::sleep_until(wake) => {}
@@ -621,21 +727,22 @@ impl<C: RedisConnection> HandoffLocker<C> {
         }
     }
 
-    /// Waits in this locker's queue for `key` until a unit of ours passes
+    /// Waits in this locker's queue for `target` until a unit of ours passes
     /// us the lease (`Some`) or its place in Redis's queue (`None`: go to
     /// Redis), or our fallback timer (one TTL) sends us to Redis as a unit
     /// of our own. Gives up as `rounds` says.
     async fn wait_in_process(
         &self,
         relay: &Relay,
-        key: &str,
+        target: &Target,
         ttl: Duration,
         ticket: Ticket,
         rounds: &Rounds<'_>,
-    ) -> Result<Option<Lease<C>>> {
+    ) -> Result<Option<Lease>> {
+        let key = target.lock.as_str();
         let mut waiting = LocalWaiting {
             handoff: self,
-            key,
+            target,
             ticket: Some(ticket),
         };
         let deadline = rounds.deadline();
@@ -673,7 +780,11 @@ impl<C: RedisConnection> HandoffLocker<C> {
             }
         };
         Ok(match turn {
-            Some(Turn::Lease { token, validity }) => Some(self.relayed(key, token, validity)),
+            Some(Turn::Lease {
+                token,
+                validity,
+                fence,
+            }) => Some(self.relayed(target, token, validity, fence)),
             // `None` from the ticket: the unit that was passing to us was
             // dropped mid-way; its place is ours.
             Some(Turn::Represent) | None => None,
@@ -681,26 +792,39 @@ impl<C: RedisConnection> HandoffLocker<C> {
     }
 
     /// A lease passed to us in process.
-    fn relayed(&self, key: &str, token: LeaseToken, validity: Validity) -> Lease<C> {
-        let locker = self.inner.locker.clone();
-        locker.inner.counters.acquisition();
-        let lease = Lease::new(
-            locker,
-            key.to_owned(),
-            token,
-            validity.ttl,
-            validity.confirmed_at,
-        )
-        .with_release(ReleaseKind::Handoff(self.inner.how.clone()));
-        self.held(&lease);
-        lease
+    fn relayed(
+        &self,
+        target: &Target,
+        token: LeaseToken,
+        validity: Validity,
+        fence: Option<FencingToken>,
+    ) -> Lease {
+        self.lease(target, token, validity.ttl, validity.confirmed_at, fence)
     }
 
-    /// Records `lease` as this locker's holder of its key (relay on).
-    fn held(&self, lease: &Lease<C>) {
-        if let Some(relay) = &self.inner.how.local.relay {
+    /// A lease of ours on `target`, recorded as this locker's holder of its
+    /// key (relay on).
+    fn lease(
+        &self,
+        target: &Target,
+        token: LeaseToken,
+        ttl: Duration,
+        confirmed_at: Instant,
+        fence: Option<FencingToken>,
+    ) -> Lease {
+        let backend = &self.inner.backend;
+        backend.node.counters.acquisition();
+        let part = Part {
+            key: target.lock.clone(),
+            token,
+            fence_key: target.fence.clone(),
+            fence,
+        };
+        let lease = Lease::new(backend.clone(), part, ttl, confirmed_at);
+        if let Some(relay) = &backend.local.relay {
             relay.hold(lease.key(), lease.shared());
         }
+        lease
     }
 
     /// How many callers of this locker wait *in process* for `key` (see
@@ -709,7 +833,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
     /// when relay is off.
     pub fn queued_in_process(&self, key: &str) -> usize {
         self.inner
-            .how
+            .backend
             .local
             .relay
             .as_ref()
@@ -719,27 +843,35 @@ impl<C: RedisConnection> HandoffLocker<C> {
     /// One run of the acquire script.
     async fn try_or_enqueue(
         &self,
-        key: &str,
+        target: &Target,
         token: &LeaseToken,
         px: u64,
         lifetime: u64,
         deadline: Instant,
     ) -> Result<Found> {
+        let key = target.lock.as_str();
+        let backend = &self.inner.backend;
         let [queue, waiters] = queue_keys(key);
-        let mut conn = self.inner.locker.inner.conn.clone();
+        let mut conn = backend.node.conn();
         let mut invocation = crate::scripts::HANDOFF_ACQUIRE.key(key);
+        invocation.key(&queue).key(&waiters);
+        if let Some(fence_key) = &target.fence {
+            invocation.key(fence_key);
+        }
         invocation
-            .key(&queue)
-            .key(&waiters)
             .arg(token)
             .arg(px)
-            .arg(&self.inner.how.local.channel)
+            .arg(&backend.local.channel)
             .arg(lifetime.max(1));
-        let (code, pttl): (i64, i64) =
-            call::bounded("acquire", key, deadline, invocation.invoke_async(&mut conn)).await?;
+        let reply =
+            call::bounded("acquire", key, deadline, invocation.invoke_async(&mut conn)).await;
+        let (code, pttl, fence): (i64, i64, u64) = match reply {
+            Ok(reply) => reply,
+            Err(err) => return Err(not_a_fence(err, target.fence.as_deref().unwrap_or(""))),
+        };
         match code {
-            1 => Ok(Found::TookIt),
-            2 => Ok(Found::HandedOver),
+            1 => Ok(Found::TookIt(fence)),
+            2 => Ok(Found::HandedOver(fence)),
             0 => Ok(Found::Waiting(
                 u64::try_from(pttl)
                     .ok()
@@ -766,63 +898,69 @@ enum Mode<'a> {
     /// was handed to it meanwhile.
     Leave,
     /// The holder passes the lock to a waiter of its own process: the lock
-    /// moves to `next` with TTL `px` (ms), token-checked. With
-    /// `serve_queue`, Redis's queue is served first (a checkpoint).
+    /// moves to `next` with TTL `px` (ms), token-checked, and a fenced
+    /// waiter gets its fencing token. With `serve_queue`, Redis's queue is
+    /// served first (a checkpoint).
     Pass {
         serve_queue: bool,
         px: u64,
         next: &'a str,
+        fenced: bool,
     },
 }
 
-/// Gives back the lock `key` held with `token`: to the next waiter of this
-/// locker if relay is on and one waits, else to the next waiter in Redis's
-/// queue. `Ok(false)`: the lock did not hold `token`.
-pub(crate) async fn release<C: RedisConnection>(
-    locker: &Locker<C>,
-    key: &str,
-    token: &LeaseToken,
-    how: &HandoffRelease,
-    deadline: Instant,
-) -> Result<bool> {
-    let next = how
-        .local
-        .relay
-        .as_ref()
-        .map_or(Next::Nobody, |r| r.next(key));
-    serve(locker, key, token, how, next, deadline).await
+/// What one run of the release script did: its code, the token of one of
+/// our own waiters it served (we must tell it), and the fence it issued to
+/// that waiter or to the next local holder.
+struct Served {
+    code: i64,
+    local: Option<String>,
+    /// The fence issued (0: none; negative: woken, not granted).
+    fence: i64,
 }
 
-/// The release of a lease dropped without [`release`]: who is served next is
-/// decided here, synchronously, and only the Redis requests are spawned.
-/// With no runtime to spawn them on, the local head goes to Redis itself and
-/// the lock's TTL ends the dropped lease.
-pub(crate) fn release_dropped<C: RedisConnection>(
-    locker: Locker<C>,
-    key: String,
-    token: LeaseToken,
-    how: HandoffRelease,
-) {
-    let next = how
+/// Gives back the lock of `part`: to the next waiter of this locker if relay
+/// is on and one waits, else to the next waiter in Redis's queue.
+/// `Ok(false)`: the lock did not hold our token.
+async fn release<C: RedisConnection>(
+    backend: &HandoffBackend<C>,
+    part: &Part,
+    deadline: Instant,
+) -> Result<bool> {
+    let next = backend
         .local
         .relay
         .as_ref()
-        .map_or(Next::Nobody, |r| r.next(&key));
+        .map_or(Next::Nobody, |r| r.next(&part.key));
+    serve(backend, part, next, deadline).await
+}
+
+/// The release of a lease dropped without [`Lease::release`]: who is served
+/// next is decided here, synchronously, and only the Redis requests are
+/// spawned. With no runtime to spawn them on, the local head goes to Redis
+/// itself and the lock's TTL ends the dropped lease.
+fn release_dropped<C: RedisConnection>(backend: Arc<HandoffBackend<C>>, part: Part) {
+    let next = backend
+        .local
+        .relay
+        .as_ref()
+        .map_or(Next::Nobody, |r| r.next(&part.key));
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         if let (Next::Relay(queued) | Next::Checkpoint(queued), Some(relay)) =
-            (next, &how.local.relay)
+            (next, &backend.local.relay)
         {
-            relay.pass_place(&key, Some(queued));
+            relay.pass_place(&part.key, Some(queued));
         }
         tracing::debug!(
-            key,
+            key = part.key,
             "no tokio runtime to release a dropped lease; the ttl will end it"
         );
         return;
     };
     runtime.spawn(async move {
-        let deadline = Instant::now() + locker.command_timeout();
-        match serve(&locker, &key, &token, &how, next, deadline).await {
+        let deadline = Instant::now() + backend.node.command_timeout();
+        let key = part.key.clone();
+        match serve(&backend, &part, next, deadline).await {
             Ok(true) => tracing::debug!(key, "released dropped lease"),
             Ok(false) => tracing::debug!(key, "dropped lease had already expired"),
             Err(err) => tracing::warn!(key, error = %err, "could not release dropped lease; the ttl will end it"),
@@ -830,31 +968,28 @@ pub(crate) fn release_dropped<C: RedisConnection>(
     });
 }
 
-/// Serves `next` (what the relay decided) with the lock `key` held with
-/// `token`. Every move of the lock is one token-checked script run, so a
-/// local waiter is handed a lease only after Redis moved the lock to its
-/// own fresh token.
+/// Serves `next` (what the relay decided) with the lock of `part`. Every
+/// move of the lock is one token-checked script run, so a local waiter is
+/// handed a lease only after Redis moved the lock to its own fresh token
+/// (and issued its own fencing token).
 async fn serve<C: RedisConnection>(
-    locker: &Locker<C>,
-    key: &str,
-    token: &LeaseToken,
-    how: &HandoffRelease,
+    backend: &HandoffBackend<C>,
+    part: &Part,
     mut next: Next,
     deadline: Instant,
 ) -> Result<bool> {
-    let Some(relay) = &how.local.relay else {
-        return release_in_redis(locker, key, token.as_str(), how, Mode::Release, deadline).await;
+    let key = part.key.as_str();
+    let Some(relay) = &backend.local.relay else {
+        return release_in_redis(backend, part, Mode::Release, deadline).await;
     };
-    let mut token = token.clone();
+    let mut holding = part.clone();
     // Set once a pass moved the lock from the releasing lease's token: that
     // lease was then held until its release, whatever happens after.
     let mut confirmed = false;
     loop {
         let (queued, serve_queue) = match next {
             Next::Nobody => {
-                let released =
-                    release_in_redis(locker, key, token.as_str(), how, Mode::Release, deadline)
-                        .await;
+                let released = release_in_redis(backend, &holding, Mode::Release, deadline).await;
                 return settle(key, confirmed, released);
             }
             Next::Relay(queued) => (queued, false),
@@ -865,35 +1000,43 @@ async fn serve<C: RedisConnection>(
             next = Next::Nobody;
             continue;
         };
+        // The counter that issues the next holder's token (and any fenced
+        // Redis waiter's): the waiter's own, else ours.
+        let fence_key = queued.fence_key().or(holding.fence_key.as_deref());
         let mode = Mode::Pass {
             serve_queue,
             px: ttl_millis(queued.ttl()),
             next: next_token.as_str(),
+            fenced: queued.fence_key().is_some(),
         };
         let sent_at = Instant::now();
-        match release_once(locker, key, token.as_str(), how, mode, deadline).await {
-            Ok((3, _)) => {
+        match release_once(backend, &holding, fence_key, mode, deadline).await {
+            Ok(Served { code: 3, fence, .. }) => {
                 confirmed = true;
-                let validity = Validity {
-                    confirmed_at: sent_at,
-                    ttl: queued.ttl(),
-                };
+                let validity = Validity::new(sent_at, queued.ttl());
                 let turn = Turn::Lease {
                     token: next_token.clone(),
                     validity,
+                    fence: fence_of(u64::try_from(fence).unwrap_or(0)),
                 };
+                let fence_key = queued.fence_key().map(str::to_owned);
                 if queued.hand(turn).is_ok() {
                     return Ok(true);
                 }
                 // It stopped waiting: the lock now holds a token nobody has;
                 // pass it on (or give it back) for it.
-                token = next_token;
+                holding = Part {
+                    key: key.to_owned(),
+                    token: next_token,
+                    fence_key,
+                    fence: fence_of(u64::try_from(fence).unwrap_or(0)),
+                };
                 next = relay.next(key);
             }
-            Ok((code, served)) => {
+            Ok(served) => {
                 relay.pass_place(key, Some(queued));
-                tell_served(key, how, served);
-                return Ok(confirmed || code != 0);
+                tell_served(key, backend, &served);
+                return Ok(confirmed || served.code != 0);
             }
             Err(err) => {
                 relay.pass_place(key, Some(queued));
@@ -918,18 +1061,16 @@ fn settle(key: &str, confirmed: bool, last: Result<bool>) -> Result<bool> {
 
 /// Gives back (or, with [`Mode::Leave`], leaves the queue for) the lock in
 /// Redis, handing it to the next waiter there. `Ok(false)`: the lock did not
-/// hold `token`.
+/// hold our token.
 async fn release_in_redis<C: RedisConnection>(
-    locker: &Locker<C>,
-    key: &str,
-    token: &str,
-    how: &HandoffRelease,
+    backend: &HandoffBackend<C>,
+    part: &Part,
     mode: Mode<'_>,
     deadline: Instant,
 ) -> Result<bool> {
-    let (code, served) = release_once(locker, key, token, how, mode, deadline).await?;
-    tell_served(key, how, served);
-    Ok(code != 0)
+    let served = release_once(backend, part, part.fence_key.as_deref(), mode, deadline).await?;
+    tell_served(&part.key, backend, &served);
+    Ok(served.code != 0)
 }
 
 /// When a release served one of this locker's own Redis waiters, the script
@@ -938,13 +1079,15 @@ async fn release_in_redis<C: RedisConnection>(
 /// or another client's script granted it), and the lock is rightly its, or
 /// it gave up, and the leave script it spawned then passes the lock on.
 /// (Handing the lock on for it here would take it from a waiter that won.)
-fn tell_served(key: &str, how: &HandoffRelease, served: Option<String>) {
-    let signal = match how.style {
-        HandoffStyle::Grant => Signal::Granted,
-        HandoffStyle::Wake => Signal::Woken,
+fn tell_served<C>(key: &str, backend: &HandoffBackend<C>, served: &Served) {
+    let signal = match (backend.style, u64::try_from(served.fence)) {
+        (HandoffStyle::Grant, Ok(fence)) => Signal::Granted(fence),
+        // Woken instead of granted (a fenced waiter we could not issue a
+        // token to): it takes the lock itself.
+        (HandoffStyle::Grant, Err(_)) | (HandoffStyle::Wake, _) => Signal::Woken,
     };
-    if let Some(next) = served
-        && !how.local.tell(&next, signal)
+    if let Some(next) = &served.local
+        && !backend.local.tell(next, signal)
     {
         tracing::debug!(
             key,
@@ -953,41 +1096,53 @@ fn tell_served(key: &str, how: &HandoffRelease, served: Option<String>) {
     }
 }
 
-/// One run of the release script: its code, and the token of one of our own
-/// waiters that it served and we must tell.
+/// One run of the release script for the lock of `part`, with `fence_key`
+/// (if any) as the counter that issues fencing tokens to the waiters it
+/// serves.
 async fn release_once<C: RedisConnection>(
-    locker: &Locker<C>,
-    key: &str,
-    token: &str,
-    how: &HandoffRelease,
+    backend: &HandoffBackend<C>,
+    part: &Part,
+    fence_key: Option<&str>,
     mode: Mode<'_>,
     deadline: Instant,
-) -> Result<(i64, Option<String>)> {
-    locker.inner.counters.release_request();
+) -> Result<Served> {
+    let key = part.key.as_str();
+    backend.node.counters.release_request();
     let [queue, waiters] = queue_keys(key);
-    let mut conn = locker.inner.conn.clone();
+    let mut conn = backend.node.conn();
     let mut invocation = crate::scripts::HANDOFF_RELEASE.key(key);
-    let (mode, px, next) = match mode {
-        Mode::Release => ("", 0, ""),
-        Mode::Leave => ("leave", 0, ""),
+    invocation.key(&queue).key(&waiters);
+    if let Some(fence_key) = fence_key {
+        invocation.key(fence_key);
+    }
+    let (mode, px, next, fenced) = match mode {
+        Mode::Release => ("", 0, "", false),
+        Mode::Leave => ("leave", 0, "", false),
         Mode::Pass {
             serve_queue,
             px,
             next,
-        } => (if serve_queue { "pass" } else { "relay" }, px, next),
+            fenced,
+        } => (if serve_queue { "pass" } else { "relay" }, px, next, fenced),
     };
     invocation
-        .key(&queue)
-        .key(&waiters)
-        .arg(token)
-        .arg(how.style.as_arg())
+        .arg(&part.token)
+        .arg(backend.style.as_arg())
         .arg(mode)
-        .arg(&how.local.channel)
+        .arg(&backend.local.channel)
         .arg(px)
-        .arg(next);
-    let (code, served): (i64, String) =
-        call::bounded("release", key, deadline, invocation.invoke_async(&mut conn)).await?;
-    Ok((code, Some(served).filter(|t| !t.is_empty())))
+        .arg(next)
+        .arg(if fenced { "f" } else { "-" });
+    let reply = call::bounded("release", key, deadline, invocation.invoke_async(&mut conn)).await;
+    let (code, local, fence): (i64, String, i64) = match reply {
+        Ok(reply) => reply,
+        Err(err) => return Err(not_a_fence(err, fence_key.unwrap_or(""))),
+    };
+    Ok(Served {
+        code,
+        local: Some(local).filter(|t| !t.is_empty()),
+        fence,
+    })
 }
 
 /// A registered waiter: routes its signals while it waits, and leaves the
@@ -995,7 +1150,7 @@ async fn release_once<C: RedisConnection>(
 /// lease.
 struct Waiting<'a, C: RedisConnection> {
     handoff: &'a HandoffLocker<C>,
-    key: &'a str,
+    target: &'a Target,
     token: &'a LeaseToken,
     ttl: Duration,
     won: bool,
@@ -1007,7 +1162,7 @@ struct Waiting<'a, C: RedisConnection> {
 impl<'a, C: RedisConnection> Waiting<'a, C> {
     fn enter(
         handoff: &'a HandoffLocker<C>,
-        key: &'a str,
+        target: &'a Target,
         token: &'a LeaseToken,
         ttl: Duration,
         signals: mpsc::UnboundedSender<Signal>,
@@ -1015,7 +1170,7 @@ impl<'a, C: RedisConnection> Waiting<'a, C> {
     ) -> Self {
         handoff
             .inner
-            .how
+            .backend
             .local
             .waiters
             .lock()
@@ -1023,7 +1178,7 @@ impl<'a, C: RedisConnection> Waiting<'a, C> {
             .insert(token.as_str().to_owned(), signals);
         Waiting {
             handoff,
-            key,
+            target,
             token,
             ttl,
             won: false,
@@ -1031,44 +1186,38 @@ impl<'a, C: RedisConnection> Waiting<'a, C> {
         }
     }
 
-    fn into_lease(mut self, acquired_at: Instant) -> Lease<C> {
+    fn into_lease(mut self, acquired_at: Instant, fence: u64) -> Lease {
         self.won = true;
         if let Some(unit) = &mut self.unit {
             unit.armed = false;
         }
-        let locker = self.handoff.inner.locker.clone();
-        locker.inner.counters.acquisition();
-        let kind = ReleaseKind::Handoff(self.handoff.inner.how.clone());
-        let lease = Lease::new(
-            locker,
-            self.key.to_owned(),
+        self.handoff.lease(
+            self.target,
             self.token.clone(),
             self.ttl,
             acquired_at,
+            fence_of(fence),
         )
-        .with_release(kind);
-        self.handoff.held(&lease);
-        lease
     }
 }
 
 impl<C: RedisConnection> Drop for Waiting<'_, C> {
     fn drop(&mut self) {
-        self.handoff
-            .inner
-            .how
+        let backend = &self.handoff.inner.backend;
+        backend
             .local
             .waiters
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(self.token.as_str());
         if !self.won {
-            spawn_leave(
-                self.handoff.inner.locker.clone(),
-                self.key.to_owned(),
-                self.token.clone(),
-                self.handoff.inner.how.clone(),
-            );
+            let part = Part {
+                key: self.target.lock.clone(),
+                token: self.token.clone(),
+                fence_key: self.target.fence.clone(),
+                fence: None,
+            };
+            spawn_leave(backend.clone(), part);
         }
     }
 }
@@ -1093,45 +1242,47 @@ impl Drop for Unit<'_> {
 /// was dropped) after its turn was handed to it, it passes that turn on.
 struct LocalWaiting<'a, C: RedisConnection> {
     handoff: &'a HandoffLocker<C>,
-    key: &'a str,
+    target: &'a Target,
     ticket: Option<Ticket>,
 }
 
 impl<C: RedisConnection> Drop for LocalWaiting<'_, C> {
     fn drop(&mut self) {
-        let (Some(ticket), Some(relay)) = (self.ticket.take(), &self.handoff.inner.how.local.relay)
+        let key = self.target.lock.as_str();
+        let (Some(ticket), Some(relay)) =
+            (self.ticket.take(), &self.handoff.inner.backend.local.relay)
         else {
             return;
         };
-        match relay.leave(self.key, ticket, false) {
+        match relay.leave(key, ticket, false) {
             None => {}
-            Some(Turn::Represent) => relay.pass_place(self.key, None),
-            // Dropping the lease passes it on (in the background).
-            Some(Turn::Lease { token, validity }) => {
-                drop(self.handoff.relayed(self.key, token, validity));
+            Some(Turn::Represent) => relay.pass_place(key, None),
+            // Dropping the lease passes it on.
+            Some(Turn::Lease {
+                token,
+                validity,
+                fence,
+            }) => {
+                drop(self.handoff.relayed(self.target, token, validity, fence));
             }
         }
     }
 }
 
-fn spawn_leave<C: RedisConnection>(
-    locker: Locker<C>,
-    key: String,
-    token: LeaseToken,
-    how: HandoffRelease,
-) {
+/// Leaves Redis's queue in the background (the waiter gave up).
+fn spawn_leave<C: RedisConnection>(backend: Arc<HandoffBackend<C>>, part: Part) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(
-            key,
+            key = part.key,
             "no tokio runtime to leave the wait queue; the entry expires"
         );
         return;
     };
     runtime.spawn(async move {
-        let deadline = Instant::now() + locker.command_timeout();
-        let left = release_in_redis(&locker, &key, token.as_str(), &how, Mode::Leave, deadline);
+        let deadline = Instant::now() + backend.node.command_timeout();
+        let left = release_in_redis(&backend, &part, Mode::Leave, deadline);
         if let Err(err) = left.await {
-            tracing::warn!(key, error = %err, "could not leave the wait queue; the entry expires");
+            tracing::warn!(key = part.key, error = %err, "could not leave the wait queue; the entry expires");
         }
     });
 }

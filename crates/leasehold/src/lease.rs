@@ -1,72 +1,121 @@
-//! The lease guard: proof, for a while, that we hold a lock.
+//! The lease guard: proof, for a while, that we hold one or more locks.
+//!
+//! This is the lease core. One [`Lease`] type serves every way of taking a
+//! lease (polling, hand-off, quorum): it keeps the validity, runs the
+//! watchdog and gives the locks back, and it talks to whatever granted it
+//! through one small interface, [`Backend`]. It knows nothing of retries,
+//! queues or quorums.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::RedisConnection;
-use crate::compare::Step;
 use crate::error::{Error, Result};
 use crate::fencing::FencingToken;
-use crate::handoff::HandoffRelease;
-use crate::locker::{Locker, check_ttl};
 use crate::token::LeaseToken;
-use crate::watchdog::{self, LostCause, Shared};
+use crate::watchdog::{self, LostCause, Margin, Shared};
 
-/// A held lease on one lock key.
+/// The longest TTL a lease may have: 24 hours. A lease longer than that is
+/// almost certainly a unit mistake (seconds passed as milliseconds), and a
+/// crashed holder would block the key for as long.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Rejects TTLs Redis would refuse or that cannot be meant. No I/O.
+pub(crate) fn check_ttl(ttl: Duration) -> Result<()> {
+    if ttl < Duration::from_millis(1) || ttl > MAX_TTL {
+        return Err(Error::InvalidTtl { ttl, max: MAX_TTL });
+    }
+    Ok(())
+}
+
+/// One lock a lease holds: its key, the token the key carries for us, and,
+/// for a fenced lock, its fence counter's key and the fencing token issued
+/// with it.
+#[derive(Debug, Clone)]
+pub(crate) struct Part {
+    pub(crate) key: String,
+    pub(crate) token: LeaseToken,
+    pub(crate) fence_key: Option<String>,
+    pub(crate) fence: Option<FencingToken>,
+}
+
+/// A boxed reply future of a [`Backend`].
+pub(crate) type Reply<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
+
+/// What granted a lease, as the lease sees it: the token-checked steps on
+/// one lock. Implemented by each way of taking a lease.
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// The bound on a release with no tighter deadline.
+    fn command_timeout(&self) -> Duration;
+
+    /// The clock-drift margin taken off every confirmed TTL.
+    fn margin(&self) -> Margin {
+        watchdog::no_margin
+    }
+
+    /// Resets `part`'s TTL to `ttl` if its key still holds our token:
+    /// `Ok(false)` when it does not. Never creates or deletes the key.
+    fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, deadline: Instant) -> Reply<'a, bool>;
+
+    /// Gives `part`'s lock back (deleted, or passed to the next waiter) if
+    /// its key still holds our token: `Ok(false)` when it does not.
+    fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool>;
+
+    /// Gives back the lock of a lease dropped without
+    /// [`release`](Lease::release). Synchronous, never blocks: bookkeeping
+    /// happens here, Redis requests are spawned when a runtime is at hand,
+    /// and the TTL is the fallback.
+    fn release_dropped(self: Arc<Self>, part: Part);
+}
+
+/// A held lease on one or more lock keys.
+///
+/// Every way of taking a lease returns this type: [`Locker`](crate::Locker)
+/// (polling), [`HandoffLocker`](crate::HandoffLocker) (queued) and
+/// [`Quorum`](crate::Quorum) (Redlock), for one key or, with `acquire_all`,
+/// several. Each key carries a 128-bit token of this holder alone, and, if
+/// fenced, its own [`FencingToken`].
 ///
 /// A lease is not a mutex: Redis deletes the key when the TTL runs out,
 /// whether or not the holder has finished, and a holder paused past its TTL
 /// cannot tell. [`remaining`](Self::remaining) is the holder's conservative
 /// local estimate, counted on a monotonic clock from when the last request
-/// that proved we hold the key (the acquire or a refresh) was sent.
+/// that proved we hold the keys (the acquire or a refresh) was sent (less a
+/// drift margin for a quorum).
 ///
 /// Work that may outlast the TTL should run inside [`run`](Self::run), or
 /// under [`watch`](Self::watch): a watchdog then refreshes the lease every
 /// `ttl / 3` and stops the work when the lease is lost (see the
-/// [`watchdog` docs](crate#keeping-a-lease)).
+/// [`watchdog` docs](crate::watchdog)).
 ///
 /// Give it back with [`release`](Self::release), which tells you whether the
 /// lease was still yours. Dropping a `Lease` without releasing never blocks:
-/// it aborts the watchdog, cancels the [`watch`](Self::watch) token, and
-/// spawns a best-effort release on the current tokio runtime (if any); the
-/// TTL is the fallback.
+/// it aborts the watchdog, cancels the [`watch`](Self::watch) token, does
+/// its bookkeeping at once and spawns the release requests on the current
+/// tokio runtime (if any); the TTL is the fallback.
 #[must_use = "a lease should be released with `release().await`; dropping it releases in the background"]
-pub struct Lease<C: RedisConnection = ConnectionManager> {
-    locker: Locker<C>,
-    key: String,
-    token: LeaseToken,
+pub struct Lease {
+    backend: Arc<dyn Backend>,
+    /// In acquire order (sorted by key for a lease on several keys).
+    parts: Vec<Part>,
     acquired_at: Instant,
     shared: Arc<Shared>,
     /// The runtime the lease was taken on, for spawning its watchdog.
     runtime: Option<tokio::runtime::Handle>,
     watchdog: Option<AbortOnDropHandle<()>>,
-    fence: Option<FencingToken>,
     released: bool,
-    kind: ReleaseKind,
 }
 
-/// How a lease gives its lock back.
-#[derive(Debug, Clone)]
-pub(crate) enum ReleaseKind {
-    /// Compare-and-delete.
-    Plain,
-    /// Hand the lock to the next waiter in the queue (hand-off mode).
-    Handoff(HandoffRelease),
-}
-
-impl<C: RedisConnection> std::fmt::Debug for Lease<C> {
+impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")
-            .field("key", &self.key)
-            .field("token", &self.token)
+            .field("parts", &self.parts)
             .field("ttl", &self.ttl())
-            .field("fence", &self.fence)
             .field("remaining", &self.remaining())
             .field("watched", &self.is_watched())
             .field("lost", &self.lost())
@@ -74,26 +123,39 @@ impl<C: RedisConnection> std::fmt::Debug for Lease<C> {
     }
 }
 
-impl<C: RedisConnection> Lease<C> {
+impl Lease {
+    /// A lease on one lock, confirmed by a request sent at `confirmed_at`
+    /// that set `ttl`.
     pub(crate) fn new(
-        locker: Locker<C>,
-        key: String,
-        token: LeaseToken,
+        backend: Arc<dyn Backend>,
+        part: Part,
         ttl: Duration,
-        acquired_at: Instant,
+        confirmed_at: Instant,
     ) -> Self {
+        let margin = backend.margin();
         Lease {
-            locker,
-            key,
-            token,
-            acquired_at,
-            shared: Shared::new(acquired_at, ttl),
+            backend,
+            parts: vec![part],
+            acquired_at: confirmed_at,
+            shared: Shared::with_margin(confirmed_at, ttl, margin),
             runtime: tokio::runtime::Handle::try_current().ok(),
             watchdog: None,
-            fence: None,
             released: false,
-            kind: ReleaseKind::Plain,
         }
+    }
+
+    /// Takes `other`'s locks into this lease (same backend, same TTL, no
+    /// watchdog running yet): one lease, valid until the earlier of the two
+    /// ends.
+    pub(crate) fn absorb(&mut self, mut other: Lease) {
+        other.released = true;
+        other.end();
+        if other.valid_until() < self.valid_until() {
+            let v = other.shared.validity();
+            self.shared = Shared::with_margin(v.confirmed_at, v.ttl, self.backend.margin());
+            self.acquired_at = other.acquired_at;
+        }
+        self.parts.append(&mut other.parts);
     }
 
     /// What the lease shares with its watchdog (its validity).
@@ -101,59 +163,64 @@ impl<C: RedisConnection> Lease<C> {
         &self.shared
     }
 
-    /// The same lease, carrying the fencing token its acquire was issued.
-    pub(crate) fn with_fence(mut self, fence: FencingToken) -> Self {
-        self.fence = Some(fence);
-        self
-    }
-
-    /// The fencing token issued with this lease, if it was taken with
-    /// [`Locker::acquire_fenced`]; `None` for a plain lease. Send it with
-    /// every write the lease protects, and have the storage refuse tokens at
-    /// or below the highest it has accepted.
-    pub fn fence(&self) -> Option<FencingToken> {
-        self.fence
-    }
-
-    /// Makes the lease give its lock back the `kind` way.
-    pub(crate) fn with_release(mut self, kind: ReleaseKind) -> Self {
-        self.kind = kind;
-        self
-    }
-
-    /// The lock key.
+    /// The lock key (the first one, in acquire order, of a lease on several
+    /// keys).
     pub fn key(&self) -> &str {
-        &self.key
+        self.parts.first().map_or("", |p| &p.key)
     }
 
-    /// This holder's token, as stored in the key: 128 random bits of its
-    /// own, never shared with another holder (a lease relayed in process by
-    /// a [`HandoffLocker`](crate::HandoffLocker) gets a fresh one too).
+    /// Every lock key this lease holds, in acquire order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().map(|p| p.key.as_str())
+    }
+
+    /// This holder's token on [`key`](Self::key), as stored there: 128
+    /// random bits of its own, never shared with another holder.
     pub fn token(&self) -> &LeaseToken {
-        &self.token
+        &self.parts[0].token
     }
 
-    /// The TTL of the last request that proved we hold the key: the acquire,
-    /// or the last successful refresh.
+    /// The fencing token issued with the lock on [`key`](Self::key), if it
+    /// was taken with [`FencedKeys`](crate::FencedKeys); `None` for a plain
+    /// lock. Send it with every write the lease protects, and have the
+    /// storage refuse tokens at or below the highest it has accepted.
+    pub fn fence(&self) -> Option<FencingToken> {
+        self.parts.first().and_then(|p| p.fence)
+    }
+
+    /// The fencing token issued with the lock on `key`, for a lease on
+    /// several keys; `None` if the lease does not hold `key` or holds it
+    /// unfenced.
+    pub fn fence_for(&self, key: &str) -> Option<FencingToken> {
+        self.parts
+            .iter()
+            .find(|p| p.key == key)
+            .and_then(|p| p.fence)
+    }
+
+    /// The TTL of the last request that proved we hold the keys: the
+    /// acquire, or the last successful refresh.
     pub fn ttl(&self) -> Duration {
         self.shared.validity().ttl
     }
 
     /// When the request that gave us the lock was sent (monotonic clock):
-    /// the winning acquire, or the pass that moved the lock to us.
+    /// the winning acquire, or the pass that moved the lock to us (the
+    /// earliest of them for a lease on several keys).
     pub fn acquired_at(&self) -> Instant {
         self.acquired_at
     }
 
-    /// When the last request that proved we hold the key was sent: the
+    /// When the last request that proved we hold the keys was sent: the
     /// acquire, or the last successful refresh (yours or the watchdog's).
     pub fn confirmed_at(&self) -> Instant {
         self.shared.validity().confirmed_at
     }
 
     /// The latest instant until which the lease can still be ours: the send
-    /// time of the last request that proved we hold it plus its TTL (the
-    /// *confirmed deadline*). After it, assume it is gone.
+    /// time of the last request that proved we hold it plus its TTL, less
+    /// the drift margin of a quorum (the *confirmed deadline*). After it,
+    /// assume it is gone.
     pub fn valid_until(&self) -> Instant {
         self.shared.validity().until()
     }
@@ -174,24 +241,27 @@ impl<C: RedisConnection> Lease<C> {
         self.watchdog.is_some()
     }
 
-    /// Resets the lease's TTL to `ttl`, if the key still holds our token:
-    /// one token-checked request (`SET key token IFEQ token PX ttl` on Redis
-    /// 8.4+, a Lua `GET` + `PEXPIRE` before). On success the confirmed
-    /// deadline becomes the request's send time plus `ttl`, and `ttl` is what
-    /// a running watchdog uses from then on.
+    /// Resets the lease's TTL to `ttl` on every key, if each still holds our
+    /// token: one token-checked request per key (`SET key token IFEQ token
+    /// PX ttl` on Redis 8.4+, a Lua `GET` + `PEXPIRE` before; on a majority
+    /// of a quorum's nodes). On success the confirmed deadline becomes the
+    /// send time of the first request plus `ttl`, and `ttl` is what a
+    /// running watchdog uses from then on.
     ///
-    /// A refresh never creates or deletes the key. Bounded by the locker's
-    /// command timeout.
+    /// A refresh never creates or deletes a key. Bounded by the command (or
+    /// node) timeout.
     ///
     /// # Errors
     /// - [`Error::InvalidTtl`] before any I/O, as for acquire;
     /// - [`Error::LeaseLost`] without I/O if the lease was already found
     ///   lost (a lost lease stays lost: its work has been told to stop);
-    /// - [`Error::NotHeld`] when the key expired or changed hands: nothing
-    ///   changed, the lease is marked lost ([`LostCause::Expired`]) and the
+    /// - [`Error::NotHeld`] when a key expired or changed hands: the lease
+    ///   is marked lost ([`LostCause::Expired`]) and the
     ///   [`watch`](Self::watch) token is cancelled;
-    /// - [`Error::Timeout`], [`Error::Unreachable`] and friends when Redis
-    ///   could not be asked; the lease keeps its previous deadline.
+    /// - [`Error::Timeout`], [`Error::Unreachable`],
+    ///   [`Error::QuorumNotReached`] and friends when Redis could not be
+    ///   asked or did not answer enough; the lease keeps its previous
+    ///   deadline.
     ///
     /// # Cancel safety
     /// Cancel safe: if the future is dropped before Redis answers, the
@@ -203,19 +273,16 @@ impl<C: RedisConnection> Lease<C> {
             return Err(self.lost_error(cause));
         }
         let sent_at = Instant::now();
-        let deadline = sent_at + self.locker.command_timeout();
-        let held = self
-            .locker
-            .token_checked(Step::Refresh { ttl }, &self.key, &self.token, deadline)
-            .await?;
-        if held {
-            self.shared.confirm(sent_at, ttl);
-            Ok(())
-        } else {
-            self.shared.lose(LostCause::Expired);
-            Err(Error::NotHeld {
-                key: self.key.clone(),
-            })
+        let deadline = sent_at + self.backend.command_timeout();
+        match refresh_all(&*self.backend, &self.parts, ttl, deadline).await? {
+            None => {
+                self.shared.confirm(sent_at, ttl);
+                Ok(())
+            }
+            Some(key) => {
+                self.shared.lose(LostCause::Expired);
+                Err(Error::NotHeld { key })
+            }
         }
     }
 
@@ -224,13 +291,14 @@ impl<C: RedisConnection> Lease<C> {
     /// [`cancelled()`](CancellationToken::cancelled) in the protected work,
     /// and read [`lost`](Self::lost) for the cause.
     ///
-    /// The watchdog is a task owned by the lease: it refreshes every
-    /// `ttl / 3` (each refresh bounded by `ttl / 3`), and cancels the token
-    /// when a refresh says the lease is gone or when refreshes keep failing
-    /// until the confirmed deadline. It stops when the lease is released or
-    /// dropped, and the token is then cancelled too (with `lost()` unset),
-    /// so work that still holds a clone stops. A lease that was already
-    /// lost returns its (cancelled) token without starting anything.
+    /// The watchdog is a task owned by the lease: it refreshes every key
+    /// every `ttl / 3` (each refresh bounded by `ttl / 3`), and cancels the
+    /// token when a refresh says a key is gone or when refreshes keep
+    /// failing until the confirmed deadline. It stops when the lease is
+    /// released or dropped, and the token is then cancelled too (with
+    /// `lost()` unset), so work that still holds a clone stops. A lease that
+    /// was already lost returns its (cancelled) token without starting
+    /// anything.
     ///
     /// See also [`AcquireOptions::watchdog`](crate::AcquireOptions::watchdog)
     /// to start it at acquire time, and [`run`](Self::run).
@@ -243,18 +311,17 @@ impl<C: RedisConnection> Lease<C> {
             let runtime = self.runtime.as_ref().ok_or(Error::InvalidOptions(
                 "the watchdog needs the lease to be taken on a tokio runtime",
             ))?;
-            let (locker, key, token) = (self.locker.clone(), self.key.clone(), self.token.clone());
+            let (backend, parts) = (self.backend.clone(), self.parts.clone());
             let refresh = move |ttl, deadline| {
-                let (locker, key, token) = (locker.clone(), key.clone(), token.clone());
+                let (backend, parts) = (backend.clone(), parts.clone());
                 async move {
-                    locker
-                        .token_checked(Step::Refresh { ttl }, &key, &token, deadline)
-                        .await
+                    let gone = refresh_all(&*backend, &parts, ttl, deadline).await?;
+                    Ok(gone.is_none())
                 }
             };
             let task = runtime.spawn(watchdog::keep(
                 self.shared.clone(),
-                self.key.clone(),
+                self.key().to_owned(),
                 refresh,
             ));
             self.watchdog = Some(AbortOnDropHandle::new(task));
@@ -288,6 +355,11 @@ impl<C: RedisConnection> Lease<C> {
     /// the lease and its watchdog are unaffected.
     pub async fn run<F: Future>(&mut self, work: F) -> Result<F::Output> {
         let lost = self.watch()?;
+        self.race(&lost, work).await
+    }
+
+    /// `work` raced against the loss of the lease (`lost` cancelled).
+    async fn race<F: Future>(&self, lost: &CancellationToken, work: F) -> Result<F::Output> {
         tokio::select! {
             biased;
             () = lost.cancelled() => {
@@ -299,7 +371,7 @@ impl<C: RedisConnection> Lease<C> {
 
     fn lost_error(&self, cause: LostCause) -> Error {
         Error::LeaseLost {
-            key: self.key.clone(),
+            key: self.key().to_owned(),
             cause,
         }
     }
@@ -311,20 +383,21 @@ impl<C: RedisConnection> Lease<C> {
     }
 
     /// Stops the watchdog, cancels the [`watch`](Self::watch) token, and
-    /// deletes the lock if it still holds this lease's token
-    /// (`DELEX key IFEQ token` on Redis 8.4+, a Lua script before). A lease
-    /// taken through a [`HandoffLocker`](crate::HandoffLocker) instead
-    /// passes the lock to the next waiter, in the same atomic step.
+    /// gives every lock back if its key still holds our token (`DELEX key
+    /// IFEQ token` on Redis 8.4+, a Lua script before; in hand-off mode the
+    /// lock passes to the next waiter in the same atomic step; on every
+    /// node of a quorum).
     ///
-    /// Bounded by the locker's command timeout. A lease the watchdog found
+    /// Bounded by the command (or node) timeout. A lease the watchdog found
     /// [`Unreachable`](LostCause::Unreachable) may still be in Redis, so
     /// release still asks.
     ///
     /// # Errors
-    /// [`Error::NotHeld`] when the lease had expired or the key changed
-    /// hands: nothing was deleted, and another holder's lock is untouched.
-    /// [`Error::Timeout`], [`Error::Unreachable`] and friends when Redis
-    /// could not be asked; the TTL then ends the lease.
+    /// [`Error::NotHeld`] when a key had expired or changed hands: nothing
+    /// was deleted there, and another holder's lock is untouched (the other
+    /// keys were still given back). [`Error::Timeout`],
+    /// [`Error::Unreachable`], [`Error::QuorumNotReached`] and friends when
+    /// Redis could not be asked; the TTL then ends the lease.
     ///
     /// # Cancel safety
     /// If the future is dropped before Redis answers, the release may or may
@@ -332,68 +405,77 @@ impl<C: RedisConnection> Lease<C> {
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         self.end();
-        let deadline = Instant::now() + self.locker.command_timeout();
-        let released = release(&self.locker, &self.key, &self.token, &self.kind, deadline);
-        if released.await? {
-            Ok(())
-        } else {
-            Err(Error::NotHeld {
-                key: std::mem::take(&mut self.key),
-            })
+        let deadline = Instant::now() + self.backend.command_timeout();
+        let mut outcome = Ok(());
+        for part in &self.parts {
+            let released = self.backend.release(part, deadline).await;
+            if outcome.is_ok() {
+                outcome = match released {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(Error::NotHeld {
+                        key: part.key.clone(),
+                    }),
+                    Err(err) => Err(err),
+                };
+            }
         }
+        outcome
     }
 }
 
-impl<C: RedisConnection> Drop for Lease<C> {
+/// Holds `lease` while `work` runs with it: starts the watchdog, races the
+/// work against the loss of the lease, and releases it. The common case of
+/// every way of taking a lease (`with_lock`).
+pub(crate) async fn hold_while<T>(
+    mut lease: Lease,
+    work: impl AsyncFnOnce(&Lease) -> T,
+) -> Result<T> {
+    let lost = lease.watch()?;
+    let output = lease.race(&lost, work(&lease)).await?;
+    lease.release().await?;
+    Ok(output)
+}
+
+/// Refreshes every part; `Some(key)` names the first whose key no longer
+/// held our token (the rest are left as they are).
+async fn refresh_all(
+    backend: &dyn Backend,
+    parts: &[Part],
+    ttl: Duration,
+    deadline: Instant,
+) -> Result<Option<String>> {
+    for part in parts {
+        if !backend.refresh(part, ttl, deadline).await? {
+            return Ok(Some(part.key.clone()));
+        }
+    }
+    Ok(None)
+}
+
+impl Drop for Lease {
     fn drop(&mut self) {
         self.end();
         if !self.released {
-            let (locker, key, token) = (
-                self.locker.clone(),
-                std::mem::take(&mut self.key),
-                self.token.clone(),
-            );
-            match std::mem::replace(&mut self.kind, ReleaseKind::Plain) {
-                ReleaseKind::Plain => spawn_release(locker, key, token),
-                ReleaseKind::Handoff(how) => {
-                    crate::handoff::release_dropped(locker, key, token, how);
-                }
+            for part in std::mem::take(&mut self.parts) {
+                self.backend.clone().release_dropped(part);
             }
         }
     }
 }
 
-async fn release<C: RedisConnection>(
-    locker: &Locker<C>,
-    key: &str,
-    token: &LeaseToken,
-    kind: &ReleaseKind,
-    deadline: Instant,
-) -> Result<bool> {
-    match kind {
-        ReleaseKind::Plain => locker.release_token(key, token, deadline).await,
-        ReleaseKind::Handoff(how) => {
-            crate::handoff::release(locker, key, token, how, deadline).await
-        }
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Best-effort background release of a plain lease; never blocks, never
-/// panics. With no runtime, the TTL ends the lease.
-pub(crate) fn spawn_release<C: RedisConnection>(locker: Locker<C>, key: String, token: LeaseToken) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::debug!(
-            key,
-            "no tokio runtime to release a dropped lease; the ttl will end it"
-        );
-        return;
-    };
-    runtime.spawn(async move {
-        let deadline = Instant::now() + locker.command_timeout();
-        match locker.release_token(&key, &token, deadline).await {
-            Ok(true) => tracing::debug!(key, "released dropped lease"),
-            Ok(false) => tracing::debug!(key, "dropped lease had already expired"),
-            Err(err) => tracing::warn!(key, error = %err, "could not release dropped lease; the ttl will end it"),
-        }
-    });
+    #[test]
+    fn ttl_bounds() {
+        assert!(check_ttl(Duration::ZERO).is_err());
+        assert!(check_ttl(Duration::from_micros(999)).is_err());
+        assert!(check_ttl(Duration::from_millis(1)).is_ok());
+        assert!(check_ttl(MAX_TTL).is_ok());
+        assert!(matches!(
+            check_ttl(MAX_TTL + Duration::from_millis(1)),
+            Err(Error::InvalidTtl { .. })
+        ));
+    }
 }

@@ -19,74 +19,106 @@
 //!
 //! # What this crate guarantees
 //!
-//! - A lease is taken with one `SET key token NX PX ttl`, so key and expiry
-//!   are created atomically; the token is 128 bits from the OS CSPRNG.
-//! - Release deletes the key only if it still holds our token (one Lua
-//!   script), so a late holder never deletes its successor's lock, and
-//!   reports [`Error::NotHeld`] when the lease was already gone.
-//! - Refresh extends the TTL only if the key still holds our token, and
-//!   never creates or deletes the key. On Redis 8.4+ release and refresh
-//!   are the `DELEX ... IFEQ` and `SET ... IFEQ` commands; older servers
-//!   get the same steps as Lua scripts (detected once per locker).
-//! - A lease's watchdog refreshes it every `ttl / 3` and cancels the work's
-//!   token when the lease is lost ([`watchdog`] explains why ttl/3, and
-//!   what it cannot do).
-//! - Every Redis request is bounded by the caller's deadline (or the
-//!   locker's command timeout): a paused Redis fails fast with
-//!   [`Error::Timeout`].
-//! - [`Locker::acquire_fenced`] takes the lock and issues a [`FencingToken`]
-//!   in one script, so only a holder gets a token and tokens grow with every
-//!   acquisition (as long as Redis keeps the counter; see
-//!   [`FencingToken`] on failover).
-//! - Bad input ([`Error::InvalidTtl`], [`Error::InvalidKey`],
-//!   [`Error::KeysInDifferentSlots`]) is rejected before any I/O.
-//! - Giving up is always [`Error::NotAcquired`] with its [`GiveUpReason`],
-//!   whatever the retry strategy and options (and in hand-off mode).
-//! - In hand-off mode ([`HandoffLocker`]) waiters are served in arrival
+//! These hold for **every** way of taking a lease (polling, hand-off with
+//! or without relay, fenced or not, quorum, cluster); each is tested on
+//! every path.
+//!
+//! - **Confirmed hand-over.** A task holds a lease only after Redis (or a
+//!   majority of a quorum) confirmed, at or after the moment it was handed
+//!   the lease, that the key carries the lease's token: its own `SET NX`,
+//!   the release script that granted it the lock, or the token-checked
+//!   pass that relayed it in process. No local shortcut grants a lease
+//!   Redis does not know about. The lease's validity is counted from when
+//!   that confirming request was *sent*, so the holder's idea of its
+//!   remaining time is never longer than Redis's.
+//! - **Honest release.** Release and refresh act only if the key still holds
+//!   our token, in one atomic step, and return [`Error::NotHeld`] whenever
+//!   it does not: a late holder never deletes or extends its successor's
+//!   lock, and never hears that all is well. On Redis 8.4+ they are the
+//!   `DELEX ... IFEQ` and `SET ... IFEQ` commands, before that Lua scripts.
+//! - **One token per holder.** Every holder gets 128 fresh bits from the OS
+//!   CSPRNG, never shared with another holder; every fenced holder gets its
+//!   own [`FencingToken`], issued in the atomic step that gives it the lock
+//!   and strictly greater than every token issued before it for that
+//!   resource (as long as Redis keeps the counter; see [`FencingToken`] on
+//!   failover, and the [`quorum`] docs for a quorum).
+//! - **Every option honoured or refused.** Each [`AcquireOptions`] field is
+//!   honoured by every way of taking a lease, or refused with
+//!   [`Error::InvalidOptions`] naming it before any I/O. Bad input
+//!   ([`Error::InvalidTtl`], [`Error::InvalidKey`],
+//!   [`Error::KeysInDifferentSlots`]) is rejected before any I/O too.
+//! - **Connections recover.** [`Locker::connect`] opens a reconnecting
+//!   connection and a [`HandoffLocker`]'s pub/sub connection resubscribes:
+//!   after Redis restarts or a connection drops, the next request
+//!   reconnects. Every request is bounded by the caller's deadline (or the
+//!   command timeout): a paused Redis fails fast with [`Error::Timeout`].
+//! - **Drop never leaks.** Dropping a lease (or an acquire future) never
+//!   blocks: its bookkeeping is synchronous and only Redis requests are
+//!   spawned; with no runtime the TTL ends the lease and the locker stays
+//!   usable.
+//! - **Liveness.** A watchdog refreshes every `ttl / 3` and cancels the
+//!   work's token when the lease is lost ([`watchdog`] explains why ttl/3,
+//!   and what it cannot do). Giving up is always [`Error::NotAcquired`] with
+//!   its [`GiveUpReason`]. In hand-off mode waiters are served in arrival
 //!   order (within a process; across processes in turns of at most
-//!   `relay_limit` leases, or caller by caller with relay off), each release
-//!   hands the lock to the next live waiter in the same atomic step or, in
-//!   process, continues its own lease for it, and a holder or waiter that
-//!   dies blocks the key for at most one TTL.
-//! - A [`Quorum`] (Redlock) lease holds on a majority of independent servers;
-//!   a node that errors or hangs is a missing vote, never an abort, and its
-//!   fencing token grows across leases within the limits its
-//!   [module docs](quorum) spell out.
-//! - [`AcquireOptions::wait_replicas`] gives the lock back unless `WAIT`
-//!   saw it reach the replicas ([`Error::NotReplicated`]); it narrows the
-//!   failover window, it does not close it.
+//!   `relay_limit + 1` leases), and a holder or waiter that dies blocks the
+//!   key for at most one TTL. [`AcquireOptions::wait_replicas`] gives the
+//!   lock back unless `WAIT` saw it reach the replicas
+//!   ([`Error::NotReplicated`]); it narrows the failover window, it does
+//!   not close it.
+//!
+//! # How the crate is built
+//!
+//! In layers, each using only those below it:
+//!
+//! 1. **Protocol**: the connection, the Lua scripts and the token-checked
+//!    steps on one server (`node`, `compare`, `call`, `scripts`). Knows
+//!    nothing of leases.
+//! 2. **Lease core**: one [`Lease`] type (keys, tokens, validity, fence,
+//!    [`watchdog`], `run`, `release`) that talks to whatever granted it
+//!    through one small backend interface. Knows nothing of hand-off or
+//!    quorum.
+//! 3. **Ways of taking a lease**: polling ([`Locker`]), hand-off with its
+//!    relay ([`HandoffLocker`]), Redlock ([`Quorum`]); each implements the
+//!    backend, checks options in one place and shares one retry loop and
+//!    one routine for several keys.
+//! 4. The crate root: these docs and the `pub use` list.
 
+// Protocol: the connection, the scripts and the token-checked steps.
 mod call;
 mod compare;
-pub mod diagnostics;
 mod error;
 mod fencing;
-mod handoff;
-mod lease;
-mod locker;
+mod node;
 mod options;
-pub mod quorum;
-mod relay;
-mod replicas;
 mod retry;
-mod rounds;
 mod scripts;
 mod stats;
 mod token;
+// Lease core: one lease type, its validity and watchdog.
+mod lease;
 pub mod watchdog;
+// The ways of taking a lease.
+mod handoff;
+mod locker;
+mod multi;
+pub mod quorum;
+mod relay;
+mod replicas;
+mod rounds;
+// Reading a server's settings.
+pub mod diagnostics;
 
 #[cfg(test)]
 mod give_up_tests;
 
 pub use error::{Error, GiveUpReason, Result};
-pub use fencing::{FencedKeys, FencingToken};
+pub use fencing::{FencedKeys, FencingToken, LockKeys};
 pub use handoff::{DEFAULT_RELAY_LIMIT, HandoffLocker, HandoffLockerBuilder, HandoffStyle};
-pub use lease::Lease;
-pub use locker::{DEFAULT_COMMAND_TIMEOUT, Locker, LockerBuilder, MAX_TTL, connect};
+pub use lease::{Lease, MAX_TTL};
+pub use locker::{DEFAULT_COMMAND_TIMEOUT, Locker, LockerBuilder, connect};
 pub use options::{AcquireOptions, DEFAULT_WAIT};
-pub use quorum::{
-    DEFAULT_NODE_TIMEOUT, Quorum, QuorumBuilder, QuorumLease, drift, majority, validity,
-};
+pub use quorum::{DEFAULT_NODE_TIMEOUT, Quorum, QuorumBuilder};
 pub use retry::{RetryStrategy, Waits};
 pub use stats::LockerStats;
 pub use token::LeaseToken;

@@ -1,31 +1,28 @@
-//! The single-node lease lock: `SET key token NX PX ttl`.
+//! The single-node lease lock, polling: `SET key token NX PX ttl`, retried
+//! with a [`RetryStrategy`](crate::RetryStrategy) until a deadline.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
+use crate::compare::Step;
 use crate::error::{Error, Result};
-use crate::lease::Lease;
-use crate::options::AcquireOptions;
-pub(crate) use crate::rounds::{self, Attempt};
-use crate::stats::{Counters, LockerStats};
+use crate::fencing::{LockKeys, Target};
+use crate::lease::{Backend, Lease, Part, Reply, check_ttl, hold_while};
+use crate::node::{Attempt, Node, ttl_millis};
+use crate::options::{AcquireOptions, Supports};
+use crate::stats::LockerStats;
 use crate::token::LeaseToken;
-use crate::{RedisConnection, RetryStrategy, call};
-
-/// The longest TTL a lease may have: 24 hours. A lease longer than that is
-/// almost certainly a unit mistake (seconds passed as milliseconds), and a
-/// crashed holder would block the key for as long.
-pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+use crate::{RedisConnection, call, rounds};
 
 /// How long a single Redis request may take when the caller gave no tighter
 /// deadline: 1 s.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Takes leases on one Redis server (or one Redis Cluster).
+/// Takes leases on one Redis server (or one Redis Cluster), polling while
+/// the lock is busy.
 ///
 /// Cheap to clone: clones share the connection, which redis-rs multiplexes.
 /// Generic over the connection type; the default, from [`Locker::connect`]
@@ -34,29 +31,24 @@ pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 /// ([`Error::Unreachable`], which [`is_retryable`](Error::is_retryable))
 /// and starts a reconnect, and the next request goes out on the new
 /// connection. A cluster connection works too. A bare
-/// [`ConnectionManager`](redis::aio::ConnectionManager) never
+/// [`MultiplexedConnection`](redis::aio::MultiplexedConnection) never
 /// reconnects: once it breaks, every request fails until you build a new
 /// locker, so use it only where something else replaces it.
+///
+/// The same four calls take a lease every way (see also
+/// [`HandoffLocker`](crate::HandoffLocker) and [`Quorum`](crate::Quorum)):
+/// [`acquire`](Self::acquire), [`acquire_with`](Self::acquire_with),
+/// [`acquire_all`](Self::acquire_all) and [`with_lock`](Self::with_lock).
+/// Pass a key (`&str`) for a plain lock, [`FencedKeys`](crate::FencedKeys)
+/// for a fenced one.
 #[derive(Clone)]
 pub struct Locker<C = ConnectionManager> {
-    pub(crate) inner: Arc<Inner<C>>,
-}
-
-pub(crate) struct Inner<C> {
-    pub(crate) conn: C,
-    pub(crate) command_timeout: Duration,
-    /// `SET ... NX GET` needs Redis 7.0; older servers get plain `SET NX`.
-    set_nx_get: AtomicBool,
-    /// Whether release and refresh use Redis 8.4 commands or Lua.
-    pub(crate) compare: crate::compare::Detected,
-    pub(crate) counters: Counters,
+    pub(crate) node: Arc<Node<C>>,
 }
 
 impl<C> std::fmt::Debug for Locker<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Locker")
-            .field("command_timeout", &self.inner.command_timeout)
-            .finish_non_exhaustive()
+        f.debug_struct("Locker").finish_non_exhaustive()
     }
 }
 
@@ -144,31 +136,6 @@ pub async fn connect(client: &redis::Client, timeout: Duration) -> Result<Connec
     .await
 }
 
-/// Rejects TTLs Redis would refuse or that cannot be meant. No I/O.
-pub(crate) fn check_ttl(ttl: Duration) -> Result<()> {
-    if ttl < Duration::from_millis(1) || ttl > MAX_TTL {
-        return Err(Error::InvalidTtl { ttl, max: MAX_TTL });
-    }
-    Ok(())
-}
-
-/// Rejects keys that cannot name a lock. No I/O.
-pub(crate) fn check_key(key: &str) -> Result<()> {
-    if key.is_empty() {
-        return Err(Error::InvalidKey {
-            key: key.to_owned(),
-            reason: "key is empty",
-        });
-    }
-    Ok(())
-}
-
-/// The TTL in whole milliseconds, rounded up: Redis may keep the key a little
-/// longer than the holder believes (harmless), never shorter.
-pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
-}
-
 impl<C: RedisConnection> Locker<C> {
     /// A locker over `conn` with default settings.
     pub fn new(conn: C) -> Self {
@@ -177,13 +144,7 @@ impl<C: RedisConnection> Locker<C> {
 
     fn from_parts(conn: C, command_timeout: Duration) -> Self {
         Locker {
-            inner: Arc::new(Inner {
-                conn,
-                command_timeout,
-                set_nx_get: AtomicBool::new(true),
-                compare: crate::compare::Detected::default(),
-                counters: Counters::default(),
-            }),
+            node: Arc::new(Node::new(conn, command_timeout)),
         }
     }
 
@@ -198,211 +159,236 @@ impl<C: RedisConnection> Locker<C> {
     /// The bound on a single Redis request; see
     /// [`LockerBuilder::command_timeout`].
     pub fn command_timeout(&self) -> Duration {
-        self.inner.command_timeout
+        self.node.command_timeout()
     }
 
     /// What this locker and its clones have asked of Redis so far.
     pub fn stats(&self) -> LockerStats {
-        self.inner.counters.snapshot()
+        self.node.counters.snapshot()
     }
 
-    /// Takes the lease on `key` for `ttl`, waiting with the default
+    /// Takes the lease on `keys` for `ttl` with the default
     /// [`AcquireOptions`] (up to 10 s, random 5 to 15 ms between attempts).
     ///
     /// See [`acquire_with`](Self::acquire_with) for errors and cancel safety.
-    pub async fn acquire(&self, key: &str, ttl: Duration) -> Result<Lease<C>> {
-        self.acquire_with(key, ttl, &AcquireOptions::default())
+    pub async fn acquire(&self, keys: impl LockKeys, ttl: Duration) -> Result<Lease> {
+        self.acquire_with(keys, ttl, &AcquireOptions::default())
             .await
     }
 
-    /// One attempt: the lease if the key is free now, else
-    /// [`Error::NotAcquired`] with
-    /// [`GiveUpReason::RetriesExhausted`](crate::GiveUpReason::RetriesExhausted).
-    ///
-    /// See [`acquire_with`](Self::acquire_with) for errors and cancel safety.
-    pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Lease<C>> {
-        let opts = AcquireOptions::new()
-            .retry(RetryStrategy::none())
-            .wait(self.inner.command_timeout);
-        self.acquire_with(key, ttl, &opts).await
-    }
-
-    /// Takes the lease on `key` for `ttl`: `SET key token NX PX ttl` with a
+    /// Takes the lease on `keys` for `ttl`: `SET key token NX PX ttl` with a
     /// fresh 128-bit token, retried while the key is busy, as `opts` says.
+    /// Given [`FencedKeys`](crate::FencedKeys), one script takes the lock
+    /// and, only if that worked, issues the next [`FencingToken`] from the
+    /// fence counter (`INCR`): only a holder gets a token.
     ///
     /// The lease's validity is counted from the moment the winning request
     /// was *sent*, so the holder's idea of its remaining time is never longer
-    /// than Redis's.
+    /// than Redis's. Every [`AcquireOptions`] field applies.
     ///
     /// # Errors
-    /// - [`Error::InvalidTtl`] / [`Error::InvalidKey`] before any I/O;
+    /// - [`Error::InvalidTtl`] / [`Error::InvalidKey`] /
+    ///   [`Error::InvalidOptions`] (a zero replica wait) before any I/O;
     /// - [`Error::NotAcquired`] when the key stayed busy, with the reason:
     ///   retries exhausted, deadline expired, or cancelled;
     /// - [`Error::Timeout`] when Redis did not answer in time (each request
     ///   is bounded by the deadline and the command timeout),
     ///   [`Error::Unreachable`], [`Error::Auth`], [`Error::WrongType`] (the
     ///   key holds a non-string value), returned at once without retrying;
+    /// - [`Error::InvalidFence`] when the fence key holds anything but a
+    ///   positive integer counter (the lock is not left taken);
     /// - [`Error::InvalidOptions`] when [`AcquireOptions::watchdog`] is set
     ///   but there is no tokio runtime to run it on (the lease just taken is
-    ///   then released in the background), or for a zero
-    ///   [`wait_replicas`](AcquireOptions::wait_replicas) timeout (before
-    ///   any I/O);
+    ///   then released in the background);
     /// - [`Error::NotReplicated`] when
     ///   [`AcquireOptions::wait_replicas`] is set and too few replicas
     ///   acknowledged the lock: it was released again.
     ///
+    /// [`FencingToken`]: crate::FencingToken
+    ///
     /// # Cancel safety
-    /// Cancel safe. If the future is dropped (or times out) while a `SET` is
-    /// in flight, the `SET` may still land; a best-effort token-checked
-    /// release is then spawned, and the TTL is the fallback. Dropped while
-    /// waiting for replicas, the lease already exists and its drop releases
-    /// it in the background.
+    /// Cancel safe. If the future is dropped (or times out) while a request
+    /// is in flight, it may still land; a best-effort token-checked release
+    /// is then spawned, and the TTL is the fallback (a fencing token it
+    /// consumed is simply never used). Dropped while waiting for replicas,
+    /// the lease already exists and its drop releases it in the background.
     pub async fn acquire_with(
         &self,
-        key: &str,
+        keys: impl LockKeys,
         ttl: Duration,
         opts: &AcquireOptions,
-    ) -> Result<Lease<C>> {
-        check_key(key)?;
+    ) -> Result<Lease> {
+        let target = Target::of(&keys)?;
         check_ttl(ttl)?;
-        crate::replicas::check(opts)?;
+        opts.check(SUPPORTS)?;
+        self.take(target, ttl, opts).await
+    }
+
+    /// Takes the leases on every one of `keys` for `ttl`, in one global
+    /// order (sorted by lock key, whatever the order given), and returns
+    /// them as one [`Lease`] with one watchdog and a fencing token per
+    /// fenced key ([`Lease::fence_for`]). Two callers locking the same keys
+    /// in opposite orders never deadlock. All keys share `opts`' deadline.
+    ///
+    /// # Errors
+    /// As [`acquire_with`](Self::acquire_with), for the first key that
+    /// fails; the keys already taken are given back first. Also
+    /// [`Error::InvalidKey`] for no keys, or one lock key named with two
+    /// fence keys.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the keys already taken are released in the background.
+    pub async fn acquire_all<K: LockKeys>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> Result<Lease> {
+        let targets = crate::multi::targets(keys)?;
+        check_ttl(ttl)?;
+        opts.check(SUPPORTS)?;
+        crate::multi::acquire_all(targets, opts, |target, each| async move {
+            self.take(target, ttl, &each).await
+        })
+        .await
+    }
+
+    /// Takes the lease on `keys`, runs `work` while it is held (with the
+    /// watchdog, as [`Lease::run`]), and releases it: the lease's whole life
+    /// in one call. `work` gets the lease, for its
+    /// [`fence`](Lease::fence).
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: leasehold::Locker) -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    /// use leasehold::{AcquireOptions, FencedKeys};
+    ///
+    /// let keys = FencedKeys::for_resource("wallet:42")?;
+    /// let opts = AcquireOptions::new().wait(Duration::from_secs(5));
+    /// let written = locker
+    ///     .with_lock(&keys, Duration::from_secs(2), &opts, async |lease| {
+    ///         // read, decide, write with lease.fence() ...
+    ///         lease.fence()
+    ///     })
+    ///     .await?;
+    /// # let _ = written;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`acquire_with`](Self::acquire_with); [`Error::LeaseLost`] when
+    /// the lease was lost while `work` ran (`work` was stopped at its
+    /// current `.await`); [`Error::NotHeld`] (and friends) when the release
+    /// found the lease gone after `work` finished: its output is then not
+    /// returned, since it may have been produced without the lock.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops `work` and the lease (released in the
+    /// background).
+    pub async fn with_lock<T>(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+        work: impl AsyncFnOnce(&Lease) -> T,
+    ) -> Result<T> {
+        let lease = self
+            .acquire_with(keys, ttl, &opts.clone().watchdog(false))
+            .await?;
+        hold_while(lease, work).await
+    }
+
+    /// The polling loop for one checked target.
+    async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
         let token = LeaseToken::generate()?;
         let px = ttl_millis(ttl);
         let deadline = opts.deadline_from(Instant::now());
-        let ((), sent_at) = self
-            .acquire_loop(key, &token, opts, |deadline| {
-                self.set_nx(key, &token, px, deadline)
-            })
-            .await?;
-        let lease = Lease::new(self.clone(), key.to_owned(), token, ttl, sent_at);
-        let mut lease = self.confirm_replicated(lease, opts, deadline).await?;
+        let fenced = target.fenced();
+        let node = &self.node;
+        let (fence, sent_at) = rounds::acquire_rounds(
+            &target.lock,
+            opts,
+            node.command_timeout(),
+            |deadline| {
+                node.counters.acquire_request();
+                let (fenced, target, token) = (&fenced, &target, &token);
+                async move {
+                    Ok(match fenced {
+                        None => match node.set_nx(&target.lock, token, px, deadline).await? {
+                            Attempt::Won(()) => Attempt::Won(None),
+                            Attempt::Busy => Attempt::Busy,
+                        },
+                        Some(keys) => match node.set_nx_fenced(keys, token, px, deadline).await? {
+                            Attempt::Won(fence) => Attempt::Won(Some(fence)),
+                            Attempt::Busy => Attempt::Busy,
+                        },
+                    })
+                }
+            },
+            || spawn_release(node.clone(), target.lock.clone(), token.clone()),
+        )
+        .await?;
+        node.counters.acquisition();
+        let part = Part {
+            key: target.lock,
+            token,
+            fence_key: target.fence,
+            fence,
+        };
+        let lease = Lease::new(self.node.clone(), part, ttl, sent_at);
+        let mut lease = crate::replicas::confirm(node, lease, opts, deadline).await?;
         if opts.watchdog {
             lease.watch()?;
         }
         Ok(lease)
     }
+}
 
-    /// The retry loop every way of taking a lease shares: one `attempt` per
-    /// round, each bounded by the caller's deadline and the command timeout
-    /// and raced against the caller's cancellation token, waits from the
-    /// retry strategy in between. Returns what the winning attempt returned
-    /// and when it was sent.
-    ///
-    /// If an attempt is abandoned mid-flight (timeout, cancel, or the whole
-    /// future dropped), its request may still land, so a token-checked
-    /// release is spawned for `token`.
-    pub(crate) async fn acquire_loop<T, F, Fut>(
-        &self,
-        key: &str,
-        token: &LeaseToken,
-        opts: &AcquireOptions,
-        mut attempt: F,
-    ) -> Result<(T, Instant)>
-    where
-        F: FnMut(Instant) -> Fut,
-        Fut: Future<Output = Result<Attempt<T>>>,
-    {
-        let (won, sent_at) = rounds::acquire_rounds(
-            key,
-            opts,
-            self.inner.command_timeout,
-            |deadline| {
-                self.inner.counters.acquire_request();
-                attempt(deadline)
-            },
-            || crate::lease::spawn_release(self.clone(), key.to_owned(), token.clone()),
-        )
-        .await?;
-        self.inner.counters.acquisition();
-        Ok((won, sent_at))
+/// What a polling locker honours of [`AcquireOptions`]: everything.
+const SUPPORTS: Supports = Supports {
+    wait_replicas: true,
+};
+
+/// A plain lease gives its lock back with a token-checked delete.
+impl<C: RedisConnection> Backend for Node<C> {
+    fn command_timeout(&self) -> Duration {
+        Node::command_timeout(self)
     }
 
-    /// One `SET key token NX PX ttl` round trip.
-    async fn set_nx(
-        &self,
-        key: &str,
-        token: &LeaseToken,
-        px: u64,
-        deadline: Instant,
-    ) -> Result<Attempt<()>> {
-        let with_get = self.inner.set_nx_get.load(Ordering::Relaxed);
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(key).arg(token).arg("NX").arg("PX").arg(px);
-        if with_get {
-            // With GET, a key of another type fails with WRONGTYPE instead of
-            // looking busy forever.
-            cmd.arg("GET");
-        }
-        let mut conn = self.inner.conn.clone();
-        let reply = call::bounded(
-            "acquire",
-            key,
-            deadline,
-            cmd.query_async::<Value>(&mut conn),
-        )
-        .await;
-        let reply = match reply {
-            Err(Error::Redis { source, .. })
-                if with_get && source.code() == Some("ERR") && is_syntax_error(&source) =>
-            {
-                // Redis before 7.0 refuses NX together with GET.
-                self.inner.set_nx_get.store(false, Ordering::Relaxed);
-                return Box::pin(self.set_nx(key, token, px, deadline)).await;
-            }
-            other => other?,
-        };
-        match (with_get, reply) {
-            (true, Value::Nil) | (false, Value::Okay) => Ok(Attempt::Won(())),
-            (true, Value::BulkString(_) | Value::SimpleString(_)) | (false, Value::Nil) => {
-                Ok(Attempt::Busy)
-            }
-            _ => Err(Error::UnexpectedReply { op: "acquire" }),
-        }
+    fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(self.token_checked(Step::Refresh { ttl }, &part.key, &part.token, deadline))
     }
 
-    /// Deletes `key` if it still holds `token`. `Ok(false)`: it did not.
-    pub(crate) async fn release_token(
-        &self,
-        key: &str,
-        token: &LeaseToken,
-        deadline: Instant,
-    ) -> Result<bool> {
-        self.inner.counters.release_request();
-        self.token_checked(crate::compare::Step::Release, key, token, deadline)
-            .await
+    fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(self.token_checked(Step::Release, &part.key, &part.token, deadline))
+    }
+
+    fn release_dropped(self: Arc<Self>, part: Part) {
+        spawn_release(self, part.key, part.token);
     }
 }
 
-fn is_syntax_error(err: &redis::RedisError) -> bool {
-    err.detail().is_some_and(|d| d.contains("syntax error"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ttl_bounds() {
-        assert!(check_ttl(Duration::ZERO).is_err());
-        assert!(check_ttl(Duration::from_micros(999)).is_err());
-        assert!(check_ttl(Duration::from_millis(1)).is_ok());
-        assert!(check_ttl(MAX_TTL).is_ok());
-        assert!(matches!(
-            check_ttl(MAX_TTL + Duration::from_millis(1)),
-            Err(Error::InvalidTtl { .. })
-        ));
-    }
-
-    #[test]
-    fn ttl_rounds_up_to_whole_milliseconds() {
-        assert_eq!(ttl_millis(Duration::from_millis(1)), 1);
-        assert_eq!(ttl_millis(Duration::from_micros(1001)), 2);
-        assert_eq!(ttl_millis(Duration::from_secs(2)), 2000);
-    }
-
-    #[test]
-    fn empty_key_rejected() {
-        assert!(matches!(check_key(""), Err(Error::InvalidKey { .. })));
-        assert!(check_key("lock:wallet:42").is_ok());
-    }
+/// Best-effort background release; never blocks, never panics. With no
+/// runtime, the TTL ends the lease.
+pub(crate) fn spawn_release<C: RedisConnection>(
+    node: Arc<Node<C>>,
+    key: String,
+    token: LeaseToken,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::debug!(
+            key,
+            "no tokio runtime to release a dropped lease; the ttl will end it"
+        );
+        return;
+    };
+    runtime.spawn(async move {
+        let deadline = Instant::now() + node.command_timeout();
+        match node.token_checked(Step::Release, &key, &token, deadline).await {
+            Ok(true) => tracing::debug!(key, "released dropped lease"),
+            Ok(false) => tracing::debug!(key, "dropped lease had already expired"),
+            Err(err) => tracing::warn!(key, error = %err, "could not release dropped lease; the ttl will end it"),
+        }
+    });
 }

@@ -5,8 +5,22 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::RetryStrategy;
-use crate::replicas::WaitReplicas;
+use crate::error::{Error, Result};
+use crate::retry::RetryStrategy;
+
+/// How many replicas must acknowledge an acquire, and for how long to wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WaitReplicas {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
+}
+
+/// What a way of taking a lease supports, for [`AcquireOptions::check`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Supports {
+    /// `WAIT` for replicas (a single, replicated server).
+    pub(crate) wait_replicas: bool,
+}
 
 /// How long and how to wait for a busy lock.
 ///
@@ -124,6 +138,29 @@ impl AcquireOptions {
     pub fn wait_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.wait_replicas = Some(WaitReplicas { replicas, timeout });
         self
+    }
+
+    /// Checks every field against what the way of taking a lease
+    /// `supports`, before any I/O: an option it cannot honour is refused
+    /// with [`Error::InvalidOptions`] naming the field, never ignored.
+    pub(crate) fn check(&self, supports: Supports) -> Result<()> {
+        match self.wait_replicas {
+            Some(_) if !supports.wait_replicas => Err(Error::InvalidOptions(
+                "wait_replicas does not apply to a quorum: its servers are independent",
+            )),
+            Some(wait) if wait.timeout.is_zero() => Err(Error::InvalidOptions(
+                "wait_replicas: the timeout must be positive",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The same options with the deadline fixed at the one they give from
+    /// `start`, so that several acquires share it.
+    pub(crate) fn fixed_from(&self, start: Instant) -> AcquireOptions {
+        let mut fixed = self.clone();
+        fixed.deadline = Deadline::At(self.deadline_from(start));
+        fixed
     }
 
     pub(crate) fn deadline_from(&self, start: Instant) -> Instant {

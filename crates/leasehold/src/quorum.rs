@@ -66,15 +66,16 @@ use redis::aio::ConnectionManager;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::call;
 use crate::compare::Step;
 use crate::error::{Error, GiveUpReason, Result};
-use crate::fencing::{FencedKeys, FencingToken};
-use crate::locker::{Locker, check_ttl, ttl_millis};
-use crate::options::AcquireOptions;
-use crate::rounds::{self, Attempt};
+use crate::fencing::{FencedKeys, FencingToken, LockKeys, Target};
+use crate::lease::{Backend, Lease, Part, Reply, check_ttl, hold_while};
+use crate::node::{Attempt, Node, ttl_millis};
+use crate::options::{AcquireOptions, Supports};
+use crate::rounds;
 use crate::token::LeaseToken;
-use crate::{RedisConnection, scripts};
+use crate::watchdog::Margin;
+use crate::{RedisConnection, call, scripts};
 
 /// How long one node may take to answer one request when the caller's
 /// deadline is further away: 50 ms. Keep it well below the TTL, so that a
@@ -110,7 +111,7 @@ pub struct Quorum<C = ConnectionManager> {
 }
 
 struct QuorumInner<C> {
-    nodes: Vec<Locker<C>>,
+    nodes: Vec<Arc<Node<C>>>,
     node_timeout: Duration,
 }
 
@@ -154,12 +155,8 @@ impl<C: RedisConnection> QuorumBuilder<C> {
         let nodes = self
             .nodes
             .into_iter()
-            .map(|conn| {
-                Locker::builder(conn)
-                    .command_timeout(self.node_timeout)
-                    .build()
-            })
-            .collect::<Result<_>>()?;
+            .map(|conn| Arc::new(Node::new(conn, self.node_timeout)))
+            .collect();
         Ok(Quorum {
             inner: Arc::new(QuorumInner {
                 nodes,
@@ -197,8 +194,14 @@ impl Quorum<ConnectionManager> {
     }
 }
 
+/// What a quorum honours of [`AcquireOptions`]: all but `wait_replicas`
+/// (its servers are independent, not replicas of each other).
+const SUPPORTS: Supports = Supports {
+    wait_replicas: false,
+};
+
 impl<C: RedisConnection> Quorum<C> {
-    /// A builder over one connection per independent server.
+    /// A builder over one connection per server.
     pub fn builder(nodes: Vec<C>) -> QuorumBuilder<C> {
         QuorumBuilder {
             nodes,
@@ -206,40 +209,50 @@ impl<C: RedisConnection> Quorum<C> {
         }
     }
 
-    /// A quorum with default settings.
+    /// A quorum over one connection per server, with default settings.
     ///
     /// # Errors
-    /// As for [`QuorumBuilder::build`].
+    /// [`Error::InvalidOptions`] for an empty list.
     pub fn new(nodes: Vec<C>) -> Result<Self> {
         Quorum::builder(nodes).build()
     }
 
-    /// The number of servers.
+    /// How many servers.
     pub fn len(&self) -> usize {
         self.inner.nodes.len()
     }
 
-    /// Always false: a quorum has at least one node.
+    /// Whether there are no servers (never true for a built quorum).
     pub fn is_empty(&self) -> bool {
         self.inner.nodes.is_empty()
     }
 
-    /// The votes a lease needs: a strict majority of [`len`](Self::len).
+    /// How many servers must agree: a strict majority.
     pub fn needed(&self) -> usize {
-        majority(self.len())
+        self.inner.needed()
+    }
+
+    /// Takes the lease on `keys` for `ttl` with the default
+    /// [`AcquireOptions`].
+    ///
+    /// See [`acquire_with`](Self::acquire_with) for errors and cancel safety.
+    pub async fn acquire(&self, keys: impl LockKeys, ttl: Duration) -> Result<Lease> {
+        self.acquire_with(keys, ttl, &AcquireOptions::default())
+            .await
     }
 
     /// Takes the lease on `keys` for `ttl` on a majority of the servers,
-    /// with a fencing token, retrying as `opts` says. The same two keys are
-    /// used on every node.
+    /// retrying as `opts` says; given [`FencedKeys`], with a fencing token
+    /// (see the [module docs](self) for how it grows). The same keys are
+    /// used on every node. The lease's validity is the TTL less the time
+    /// the winning attempt took less the drift allowance, and a refresh
+    /// (yours or the watchdog's) must reach a majority.
     ///
     /// # Errors
     /// [`Error::InvalidTtl`] / [`Error::InvalidKey`] before any I/O, and
     /// [`Error::InvalidOptions`] when `opts` asks to
     /// [wait for replicas](AcquireOptions::wait_replicas) (a quorum's
-    /// servers are independent; that option is for a replicated server) or
-    /// for a [watchdog](AcquireOptions::watchdog) (a quorum lease has none:
-    /// refresh it yourself);
+    /// servers are independent; that option is for a replicated server);
     /// [`Error::NotAcquired`] when the lock stayed busy;
     /// [`Error::QuorumNotReached`] when, in the last attempt, too many nodes
     /// failed to answer for a majority to be possible.
@@ -247,46 +260,89 @@ impl<C: RedisConnection> Quorum<C> {
     /// # Cancel safety
     /// Cancel safe: if the future is dropped mid-attempt, the lock is
     /// released on every node in the background; the TTL is the fallback.
-    pub async fn acquire(
+    pub async fn acquire_with(
         &self,
-        keys: &FencedKeys,
+        keys: impl LockKeys,
         ttl: Duration,
         opts: &AcquireOptions,
-    ) -> Result<QuorumLease<C>> {
+    ) -> Result<Lease> {
+        let target = Target::of(&keys)?;
         check_ttl(ttl)?;
-        if opts.wait_replicas.is_some() {
-            return Err(Error::InvalidOptions(
-                "wait_replicas does not apply to a quorum: its servers are independent",
-            ));
-        }
-        if opts.watchdog {
-            return Err(Error::InvalidOptions(
-                "watchdog is not available for a quorum lease: refresh it with QuorumLease::refresh",
-            ));
-        }
-        let keys = keys.clone();
+        opts.check(SUPPORTS)?;
+        self.take(target, ttl, opts).await
+    }
+
+    /// Takes the leases on every one of `keys` on a majority, in one global
+    /// order, as one [`Lease`]; see [`Locker::acquire_all`](crate::Locker::acquire_all).
+    ///
+    /// # Errors
+    /// As [`Locker::acquire_all`](crate::Locker::acquire_all).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`acquire_with`](Self::acquire_with).
+    pub async fn acquire_all<K: LockKeys>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> Result<Lease> {
+        let targets = crate::multi::targets(keys)?;
+        check_ttl(ttl)?;
+        opts.check(SUPPORTS)?;
+        crate::multi::acquire_all(targets, opts, |target, each| async move {
+            self.take(target, ttl, &each).await
+        })
+        .await
+    }
+
+    /// Takes the lease on `keys` on a majority, runs `work` while it is held
+    /// and releases it; see [`Locker::with_lock`](crate::Locker::with_lock).
+    ///
+    /// # Errors
+    /// As [`Locker::with_lock`](crate::Locker::with_lock).
+    ///
+    /// # Cancel safety
+    /// As [`Locker::with_lock`](crate::Locker::with_lock).
+    pub async fn with_lock<T>(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+        work: impl AsyncFnOnce(&Lease) -> T,
+    ) -> Result<T> {
+        let lease = self
+            .acquire_with(keys, ttl, &opts.clone().watchdog(false))
+            .await?;
+        hold_while(lease, work).await
+    }
+
+    async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
         let token = LeaseToken::generate()?;
         let last_round = std::sync::Mutex::new(Round::default());
+        let inner = &self.inner;
         let outcome = rounds::acquire_rounds(
-            keys.lock(),
+            &target.lock,
             opts,
             // Two rounds of votes plus a cleanup round per attempt.
-            self.inner.node_timeout * 3,
-            |deadline| self.attempt(&keys, &token, ttl, deadline, &last_round),
-            || self.spawn_release_all(&keys, &token),
+            inner.node_timeout * 3,
+            |deadline| inner.attempt(&target, &token, ttl, deadline, &last_round),
+            || inner.spawn_release_all(&target.lock, &token),
         )
         .await;
         match outcome {
-            Ok((won, _sent_at)) => Ok(QuorumLease {
-                quorum: self.clone(),
-                keys,
-                token,
-                ttl,
-                fence: won.fence,
-                votes: won.votes,
-                valid_until: won.valid_until,
-                released: false,
-            }),
+            Ok((fence, sent_at)) => {
+                let part = Part {
+                    key: target.lock,
+                    token,
+                    fence_key: target.fence,
+                    fence,
+                };
+                let mut lease = Lease::new(self.inner.clone(), part, ttl, sent_at);
+                if opts.watchdog {
+                    lease.watch()?;
+                }
+                Ok(lease)
+            }
             Err(Error::NotAcquired {
                 key,
                 attempts,
@@ -313,67 +369,85 @@ impl<C: RedisConnection> Quorum<C> {
             Err(other) => Err(other),
         }
     }
+}
 
-    /// One round: votes from every node, then the fence write.
+impl<C: RedisConnection> QuorumInner<C> {
+    fn needed(&self) -> usize {
+        majority(self.nodes.len())
+    }
+
+    /// One round: votes from every node, then (fenced) the fence write.
     async fn attempt(
         &self,
-        keys: &FencedKeys,
+        target: &Target,
         token: &LeaseToken,
         ttl: Duration,
         deadline: Instant,
         last_round: &std::sync::Mutex<Round>,
-    ) -> Result<Attempt<Won>> {
+    ) -> Result<Attempt<Option<FencingToken>>> {
         let started = Instant::now();
-        let node_deadline = deadline.min(started + self.inner.node_timeout);
+        let node_deadline = deadline.min(started + self.node_timeout);
         let px = ttl_millis(ttl);
-        let votes: Vec<Result<Option<u64>>> = self
-            .script_on_every_node(
-                NodeStep::Vote,
-                keys,
-                token,
-                px,
-                node_deadline,
-                Option::is_some,
-            )
-            .await;
-        let failed = votes.iter().filter(|v| v.is_err()).count();
-        let counters: Vec<u64> = votes.into_iter().filter_map(|v| v.ok().flatten()).collect();
-        if let Ok(mut round) = last_round.lock() {
-            *round = Round {
-                votes: counters.len(),
-                failed,
-            };
-        }
-        let mut won = None;
-        if counters.len() >= self.needed() && validity(ttl, started.elapsed()).is_some() {
-            let fence = counters
-                .iter()
-                .copied()
-                .max()
-                .unwrap_or(0)
-                .saturating_add(1);
-            let confirmed = self.record_fence(keys, token, fence, deadline).await;
-            if confirmed >= self.needed()
-                && let Some(left) = validity(ttl, started.elapsed())
-            {
-                won = Some(Won {
-                    fence: FencingToken::from(fence),
-                    votes: confirmed,
-                    valid_until: Instant::now() + left,
-                });
+        let fenced = target.fenced();
+        let (yes, failed, counter) = match &fenced {
+            Some(keys) => {
+                let votes: Vec<Result<Option<u64>>> = self
+                    .script_on_every_node(
+                        NodeStep::Vote,
+                        keys,
+                        token,
+                        px,
+                        node_deadline,
+                        Option::is_some,
+                    )
+                    .await;
+                let failed = votes.iter().filter(|v| v.is_err()).count();
+                let counters: Vec<u64> =
+                    votes.into_iter().filter_map(|v| v.ok().flatten()).collect();
+                let max = counters.iter().copied().max().unwrap_or(0);
+                (counters.len(), failed, Some(max))
             }
-        }
-        match won {
-            Some(won) => Ok(Attempt::Won(won)),
             None => {
-                // Undo every yes vote, including any from nodes that timed out.
-                self.release_all(keys, token, |deleted| *deleted).await;
-                Ok(Attempt::Busy)
+                let votes = self
+                    .on_every_node(
+                        |node| {
+                            let (key, token) = (target.lock.clone(), token.clone());
+                            async move {
+                                let won = node.set_nx(&key, &token, px, node_deadline).await?;
+                                Ok(matches!(won, Attempt::Won(())))
+                            }
+                        },
+                        |won| *won,
+                    )
+                    .await;
+                let failed = votes.iter().filter(|v| v.is_err()).count();
+                let yes = votes.iter().filter(|v| matches!(v, Ok(true))).count();
+                (yes, failed, None)
+            }
+        };
+        if let Ok(mut round) = last_round.lock() {
+            *round = Round { votes: yes, failed };
+        }
+        if yes >= self.needed() && validity(ttl, started.elapsed()).is_some() {
+            match (&fenced, counter) {
+                (Some(keys), Some(max)) => {
+                    let fence = max.saturating_add(1);
+                    let confirmed = self.record_fence(keys, token, fence, deadline).await;
+                    if confirmed >= self.needed() && validity(ttl, started.elapsed()).is_some() {
+                        return Ok(Attempt::Won(Some(FencingToken::new(fence))));
+                    }
+                }
+                _ => return Ok(Attempt::Won(None)),
             }
         }
+        // Undo every yes vote, including any from nodes that timed out.
+        self.release_all(&target.lock, token, |deleted| *deleted)
+            .await;
+        Ok(Attempt::Busy)
     }
 
-    /// Writes `fence` everywhere; returns how many nodes it counts on.
+    /// Writes `fence` to every node's counter; how many nodes counted it
+    /// (our lock still held there).
     async fn record_fence(
         &self,
         keys: &FencedKeys,
@@ -381,7 +455,7 @@ impl<C: RedisConnection> Quorum<C> {
         fence: u64,
         deadline: Instant,
     ) -> usize {
-        let node_deadline = deadline.min(Instant::now() + self.inner.node_timeout);
+        let node_deadline = deadline.min(Instant::now() + self.node_timeout);
         self.script_on_every_node::<i64>(
             NodeStep::Fence,
             keys,
@@ -396,8 +470,7 @@ impl<C: RedisConnection> Quorum<C> {
         .count()
     }
 
-    /// Runs a quorum script (`KEYS = lock, fence`, `ARGV = token, arg`) on
-    /// every node, each bounded by `deadline`.
+    /// Runs one of the quorum scripts on every node.
     async fn script_on_every_node<T>(
         &self,
         step: NodeStep,
@@ -415,7 +488,7 @@ impl<C: RedisConnection> Quorum<C> {
                 let keys = keys.clone();
                 let token = token.clone();
                 async move {
-                    let mut conn = node.inner.conn.clone();
+                    let mut conn = node.conn();
                     let mut invocation = step.script().key(keys.lock());
                     invocation.key(keys.fence()).arg(&token).arg(arg);
                     call::bounded(
@@ -432,76 +505,89 @@ impl<C: RedisConnection> Quorum<C> {
         .await
     }
 
-    /// Token-checked release on every node; returns the number of nodes on
-    /// which our key was deleted and the number that failed to answer.
-    /// Cleanup gets its own node timeout, even when the caller's deadline
-    /// has passed.
-    /// Returns once a majority of answers satisfy `enough` (see
-    /// [`on_every_node`](Self::on_every_node)).
-    async fn release_all(
+    /// Runs `step` (release or refresh) on every node: (acted, failed).
+    async fn checked_on_every_node(
         &self,
-        keys: &FencedKeys,
+        step: Step,
+        key: &str,
         token: &LeaseToken,
         enough: impl Fn(&bool) -> bool,
     ) -> (usize, usize) {
-        let node_deadline = Instant::now() + self.inner.node_timeout;
+        let node_deadline = Instant::now() + self.node_timeout;
         let outcomes = self
             .on_every_node(
                 |node| {
-                    let lock = keys.lock().to_owned();
-                    let token = token.clone();
-                    async move { node.release_token(&lock, &token, node_deadline).await }
+                    let (key, token) = (key.to_owned(), token.clone());
+                    async move { node.token_checked(step, &key, &token, node_deadline).await }
                 },
                 enough,
             )
             .await;
-        let deleted = outcomes.iter().filter(|o| matches!(o, Ok(true))).count();
+        let acted = outcomes.iter().filter(|o| matches!(o, Ok(true))).count();
         let failed = outcomes.iter().filter(|o| o.is_err()).count();
-        (deleted, failed)
+        (acted, failed)
     }
 
-    fn spawn_release_all(&self, keys: &FencedKeys, token: &LeaseToken) {
+    /// Releases `key` on every node: (deleted, failed).
+    async fn release_all(
+        &self,
+        key: &str,
+        token: &LeaseToken,
+        enough: impl Fn(&bool) -> bool,
+    ) -> (usize, usize) {
+        self.checked_on_every_node(Step::Release, key, token, enough)
+            .await
+    }
+
+    /// The outcome of a step that acted on `acted` nodes with `failed`
+    /// unanswered: held (a majority acted), not held (a majority refused),
+    /// or unknown (too many failed to tell).
+    fn verdict(&self, key: &str, acted: usize, failed: usize) -> Result<bool> {
+        let needed = self.needed();
+        if acted >= needed {
+            Ok(true)
+        } else if acted + failed >= needed {
+            Err(Error::QuorumNotReached {
+                key: key.to_owned(),
+                got: acted,
+                needed,
+                failed_nodes: failed,
+            })
+        } else {
+            Ok(false)
+        }
+    }
+
+    fn spawn_release_all(self: &Arc<Self>, key: &str, token: &LeaseToken) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (quorum, keys, token) = (self.clone(), keys.clone(), token.clone());
+        let (quorum, key, token) = (self.clone(), key.to_owned(), token.clone());
         runtime.spawn(async move {
-            let (deleted, failed) = quorum.release_all(&keys, &token, |deleted| *deleted).await;
-            tracing::debug!(
-                key = keys.lock(),
-                deleted,
-                failed,
-                "released abandoned quorum lease"
-            );
+            let (deleted, failed) = quorum.release_all(&key, &token, |deleted| *deleted).await;
+            tracing::debug!(key, deleted, failed, "released abandoned quorum lease");
         });
     }
 
-    /// Runs `request` against every node concurrently; one result per node.
-    ///
-    /// Returns as soon as a majority of answers satisfy `enough`: a slow or
-    /// paused node then costs a winning round nothing. The requests still
-    /// running finish in the background (their answers are reported as not
-    /// received); a vote that lands late is part of the lease and is
-    /// released with it. Otherwise waits for every node, each bounded by its
-    /// own deadline: a losing round hears every answer before it releases,
-    /// which also spaces out the retries of colliding waiters (measured: not
-    /// waiting made runs with a paused node slower and erratic).
+    /// Sends one request per node at once; returns every node's outcome
+    /// once a majority gave an outcome that is `enough` (the rest finish in
+    /// the background) or all answered.
     async fn on_every_node<T, F, Fut>(
         &self,
         request: F,
         enough: impl Fn(&T) -> bool,
     ) -> Vec<Result<T>>
     where
-        F: Fn(Locker<C>) -> Fut,
+        F: Fn(Arc<Node<C>>) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'static,
         T: Send + 'static,
     {
         let mut tasks = JoinSet::new();
-        for (index, node) in self.inner.nodes.iter().enumerate() {
+        for (index, node) in self.nodes.iter().enumerate() {
             let request = request(node.clone());
             tasks.spawn(async move { (index, request.await) });
         }
-        let mut results: Vec<Result<T>> = (0..self.len())
+        let mut results: Vec<Result<T>> = (0..self.nodes.len())
             .map(|_| Err(Error::UnexpectedReply { op: "quorum" }))
             .collect();
         let mut satisfied = 0;
@@ -523,12 +609,46 @@ impl<C: RedisConnection> Quorum<C> {
     }
 }
 
-/// The two per-node scripts of a quorum acquire.
+/// A quorum lease: refreshed and released on every node, counted by
+/// majority, its validity less the drift allowance.
+impl<C: RedisConnection> Backend for QuorumInner<C> {
+    fn command_timeout(&self) -> Duration {
+        self.node_timeout
+    }
+
+    fn margin(&self) -> Margin {
+        drift
+    }
+
+    fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, _deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(async move {
+            let step = Step::Refresh { ttl };
+            let (extended, failed) = self
+                .checked_on_every_node(step, &part.key, &part.token, |extended| *extended)
+                .await;
+            self.verdict(&part.key, extended, failed)
+        })
+    }
+
+    fn release<'a>(&'a self, part: &'a Part, _deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(async move {
+            let (deleted, failed) = self
+                .release_all(&part.key, &part.token, |deleted| *deleted)
+                .await;
+            self.verdict(&part.key, deleted, failed)
+        })
+    }
+
+    fn release_dropped(self: Arc<Self>, part: Part) {
+        self.spawn_release_all(&part.key, &part.token);
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 enum NodeStep {
-    /// `scripts/quorum_acquire.lua`.
+    /// `quorum_acquire.lua`: the lock and this node's fence counter.
     Vote,
-    /// `scripts/quorum_fence.lua`.
+    /// `quorum_fence.lua`: raise this node's counter, if our lock is there.
     Fence,
 }
 
@@ -553,176 +673,6 @@ impl NodeStep {
 struct Round {
     votes: usize,
     failed: usize,
-}
-
-/// What a winning attempt learned.
-struct Won {
-    fence: FencingToken,
-    votes: usize,
-    valid_until: Instant,
-}
-
-/// A lease held on a majority of a [`Quorum`]'s servers.
-///
-/// Use it only until [`valid_until`](Self::valid_until): that is the TTL
-/// minus the time the acquire took minus the drift allowance. Dropping it
-/// without [`release`](Self::release) releases it in the background.
-#[must_use = "a lease should be released with `release().await`; dropping it releases in the background"]
-pub struct QuorumLease<C: RedisConnection = ConnectionManager> {
-    quorum: Quorum<C>,
-    keys: FencedKeys,
-    token: LeaseToken,
-    ttl: Duration,
-    fence: FencingToken,
-    votes: usize,
-    valid_until: Instant,
-    released: bool,
-}
-
-impl<C: RedisConnection> std::fmt::Debug for QuorumLease<C> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QuorumLease")
-            .field("key", &self.keys.lock())
-            .field("fence", &self.fence)
-            .field("votes", &self.votes)
-            .field("remaining", &self.remaining())
-            .finish()
-    }
-}
-
-impl<C: RedisConnection> QuorumLease<C> {
-    /// The lock key, `lock:{resource}`.
-    pub fn key(&self) -> &str {
-        self.keys.lock()
-    }
-
-    /// This holder's token.
-    pub fn token(&self) -> &LeaseToken {
-        &self.token
-    }
-
-    /// The fencing token: higher than that of every earlier lease on the
-    /// resource, within the limits explained in the [module docs](crate::quorum).
-    pub fn fence(&self) -> FencingToken {
-        self.fence
-    }
-
-    /// The TTL requested.
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    /// How many nodes confirmed the lease: at least the majority. Answers
-    /// beyond the majority are not waited for, so this is usually exactly
-    /// the majority even when every node holds the lock.
-    pub fn votes(&self) -> usize {
-        self.votes
-    }
-
-    /// The end of the lease's validity: acquire start + TTL - time the
-    /// acquire took - drift.
-    pub fn valid_until(&self) -> Instant {
-        self.valid_until
-    }
-
-    /// Time left until [`valid_until`](Self::valid_until), zero once passed.
-    pub fn remaining(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
-    }
-
-    /// Extends the lease to `ttl` on every node that still holds our token
-    /// (token-checked, like [`Lease::refresh`](crate::Lease::refresh)); it
-    /// succeeds when a majority did, and the validity is then recomputed
-    /// from this refresh's start.
-    ///
-    /// # Errors
-    /// [`Error::InvalidTtl`] before any I/O; [`Error::NotHeld`] when fewer
-    /// than a majority still held our token; [`Error::QuorumNotReached`]
-    /// when too many nodes failed to answer to tell. On error the validity
-    /// is unchanged.
-    ///
-    /// # Cancel safety
-    /// If dropped mid-way, some nodes may have been extended; the validity
-    /// is unchanged, which errs on the safe side.
-    pub async fn refresh(&mut self, ttl: Duration) -> Result<()> {
-        check_ttl(ttl)?;
-        let started = Instant::now();
-        let deadline = started + self.quorum.inner.node_timeout;
-        let step = Step::Refresh { ttl };
-        let outcomes = self
-            .quorum
-            .on_every_node(
-                |node| {
-                    let lock = self.keys.lock().to_owned();
-                    let token = self.token.clone();
-                    async move { node.token_checked(step, &lock, &token, deadline).await }
-                },
-                |extended| *extended,
-            )
-            .await;
-        let extended = outcomes.iter().filter(|o| matches!(o, Ok(true))).count();
-        let failed = outcomes.iter().filter(|o| o.is_err()).count();
-        let needed = self.quorum.needed();
-        if extended >= needed
-            && let Some(left) = validity(ttl, started.elapsed())
-        {
-            self.ttl = ttl;
-            self.votes = extended;
-            self.valid_until = Instant::now() + left;
-            return Ok(());
-        }
-        if extended + failed >= needed {
-            return Err(Error::QuorumNotReached {
-                key: self.keys.lock().to_owned(),
-                got: extended,
-                needed,
-                failed_nodes: failed,
-            });
-        }
-        Err(Error::NotHeld {
-            key: self.keys.lock().to_owned(),
-        })
-    }
-
-    /// Releases the lease on every node (token-checked).
-    ///
-    /// # Errors
-    /// [`Error::NotHeld`] when fewer than a majority of nodes still held our
-    /// token (the lease had expired or been taken); [`Error::QuorumNotReached`]
-    /// when too many nodes failed to answer to tell.
-    ///
-    /// # Cancel safety
-    /// If dropped mid-way, some nodes may keep the key until its TTL.
-    pub async fn release(mut self) -> Result<()> {
-        self.released = true;
-        let (deleted, failed) = self
-            .quorum
-            .release_all(&self.keys, &self.token, |deleted| *deleted)
-            .await;
-        let needed = self.quorum.needed();
-        if deleted >= needed {
-            Ok(())
-        } else if deleted + failed >= needed {
-            Err(Error::QuorumNotReached {
-                key: self.keys.lock().to_owned(),
-                got: deleted,
-                needed,
-                failed_nodes: failed,
-            })
-        } else {
-            Err(Error::NotHeld {
-                key: self.keys.lock().to_owned(),
-            })
-        }
-    }
-}
-
-impl<C: RedisConnection> Drop for QuorumLease<C> {
-    fn drop(&mut self) {
-        if !self.released {
-            self.quorum.spawn_release_all(&self.keys, &self.token);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -58,6 +58,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::fencing::FencingToken;
 use crate::token::LeaseToken;
 use crate::watchdog::{Shared, Validity};
 
@@ -65,10 +66,12 @@ use crate::watchdog::{Shared, Validity};
 #[derive(Debug)]
 pub(crate) enum Turn {
     /// The lease: Redis moved the lock to `token` (ours alone) by the
-    /// request whose send time and TTL `validity` records.
+    /// request whose send time and TTL `validity` records, and issued
+    /// `fence` to us in the same step (a fenced waiter).
     Lease {
         token: LeaseToken,
         validity: Validity,
+        fence: Option<FencingToken>,
     },
     /// No unit of ours is left for this key: go to Redis.
     Represent,
@@ -112,6 +115,7 @@ pub(crate) enum Next {
 /// A waiter in the local queue.
 pub(crate) struct Queued {
     ttl: Duration,
+    fence_key: Option<String>,
     tx: oneshot::Sender<Turn>,
 }
 
@@ -119,6 +123,11 @@ impl Queued {
     /// The TTL the waiter asked for.
     pub(crate) fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    /// The fence counter of a fenced waiter.
+    pub(crate) fn fence_key(&self) -> Option<&str> {
+        self.fence_key.as_deref()
     }
 
     /// Hands the waiter its turn; gives the turn back if it stopped waiting.
@@ -166,7 +175,13 @@ impl Relay {
 
     /// A caller asks for `key`: it becomes a unit if none exists, else it
     /// queues (or, when it `may_wait` not, is told the lock is busy).
-    pub(crate) fn enter(&self, key: &str, ttl: Duration, may_wait: bool) -> Entry {
+    pub(crate) fn enter(
+        &self,
+        key: &str,
+        ttl: Duration,
+        fence_key: Option<&str>,
+        may_wait: bool,
+    ) -> Entry {
         let mut slots = self.slots();
         let slot = slots.entry(key.to_owned()).or_default();
         if slot.units == 0 {
@@ -180,7 +195,8 @@ impl Relay {
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        slot.queue.push_back((id, Queued { ttl, tx }));
+        let fence_key = fence_key.map(str::to_owned);
+        slot.queue.push_back((id, Queued { ttl, fence_key, tx }));
         Entry::Queued(Ticket { id, turn: rx })
     }
 
@@ -312,7 +328,7 @@ mod tests {
     const TTL: Duration = Duration::from_secs(2);
 
     fn queued(relay: &Relay, key: &str) -> Ticket {
-        match relay.enter(key, TTL, true) {
+        match relay.enter(key, TTL, None, true) {
             Entry::Queued(ticket) => ticket,
             _ => panic!("expected to queue"),
         }
@@ -321,8 +337,11 @@ mod tests {
     #[tokio::test]
     async fn the_first_caller_is_the_unit_and_the_rest_queue_in_order() {
         let relay = Relay::new(4);
-        assert!(matches!(relay.enter("k", TTL, true), Entry::Represent));
-        assert!(matches!(relay.enter("k", TTL, false), Entry::Busy));
+        assert!(matches!(
+            relay.enter("k", TTL, None, true),
+            Entry::Represent
+        ));
+        assert!(matches!(relay.enter("k", TTL, None, false), Entry::Busy));
         let mut first = queued(&relay, "k");
         let mut second = queued(&relay, "k");
         let Next::Relay(q) = relay.next("k") else {
@@ -342,7 +361,7 @@ mod tests {
     #[tokio::test]
     async fn every_limit_plus_first_pass_is_a_checkpoint() {
         let relay = Relay::new(2);
-        let _unit = relay.enter("k", TTL, true);
+        let _unit = relay.enter("k", TTL, None, true);
         let _waiters: Vec<Ticket> = (0..6).map(|_| queued(&relay, "k")).collect();
         assert!(matches!(relay.next("k"), Next::Relay(_)));
         assert!(matches!(relay.next("k"), Next::Relay(_)));
@@ -353,7 +372,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_that_left_is_skipped_and_its_turn_goes_to_the_next() {
         let relay = Relay::new(4);
-        let _unit = relay.enter("k", TTL, true);
+        let _unit = relay.enter("k", TTL, None, true);
         let gone = queued(&relay, "k");
         let mut next = queued(&relay, "k");
         assert!(relay.leave("k", gone, false).is_none());
@@ -364,7 +383,7 @@ mod tests {
     #[tokio::test]
     async fn a_turn_sent_before_leaving_is_returned_not_lost() {
         let relay = Relay::new(4);
-        let _unit = relay.enter("k", TTL, true);
+        let _unit = relay.enter("k", TTL, None, true);
         let ticket = queued(&relay, "k");
         relay.pass_place("k", None);
         assert!(matches!(
@@ -376,7 +395,7 @@ mod tests {
     #[tokio::test]
     async fn a_turn_sent_after_leaving_comes_back_to_the_sender() {
         let relay = Relay::new(4);
-        let _unit = relay.enter("k", TTL, true);
+        let _unit = relay.enter("k", TTL, None, true);
         let ticket = queued(&relay, "k");
         let Next::Relay(q) = relay.next("k") else {
             panic!("expected a relay");
@@ -388,12 +407,15 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_that_falls_back_becomes_a_unit_of_its_own() {
         let relay = Relay::new(4);
-        let _unit = relay.enter("k", TTL, true);
+        let _unit = relay.enter("k", TTL, None, true);
         let ticket = queued(&relay, "k");
         assert!(relay.leave("k", ticket, true).is_none());
         assert!(matches!(relay.next("k"), Next::Nobody));
-        assert!(matches!(relay.enter("k", TTL, false), Entry::Busy));
+        assert!(matches!(relay.enter("k", TTL, None, false), Entry::Busy));
         relay.pass_place("k", None);
-        assert!(matches!(relay.enter("k", TTL, false), Entry::Represent));
+        assert!(matches!(
+            relay.enter("k", TTL, None, false),
+            Entry::Represent
+        ));
     }
 }

@@ -29,86 +29,54 @@
 //! requests queue behind it for up to the WAIT timeout. On Redis Cluster,
 //! redis-rs sends `WAIT` to every primary and keeps the smallest count.
 
-use std::time::Duration;
-
 use tokio::time::Instant;
 
+use crate::RedisConnection;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::locker::{Locker, ttl_millis};
+use crate::node::Node;
 use crate::options::AcquireOptions;
-use crate::{RedisConnection, call};
 
-/// How many replicas must acknowledge an acquire, and for how long to wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct WaitReplicas {
-    pub(crate) replicas: u32,
-    pub(crate) timeout: Duration,
+/// After an acquire won: the lease, once `opts`' replicas acknowledged it;
+/// otherwise the lease is released (token-checked) and the result is
+/// [`Error::NotReplicated`]. WAIT's timeout is capped by `deadline`, and the
+/// request by `deadline` plus the command timeout.
+///
+/// Called with the lease already built, so that dropping the future mid-WAIT
+/// releases the lock (the lease's `Drop`).
+pub(crate) async fn confirm<C: RedisConnection>(
+    node: &Node<C>,
+    lease: Lease,
+    opts: &AcquireOptions,
+    deadline: Instant,
+) -> Result<Lease> {
+    let Some(wait) = opts.wait_replicas else {
+        return Ok(lease);
+    };
+    let timeout = wait
+        .timeout
+        .min(deadline.saturating_duration_since(Instant::now()));
+    let acked = match node
+        .wait_replicas(lease.key(), wait.replicas, timeout)
+        .await
+    {
+        Ok(acked) if acked >= u64::from(wait.replicas) => return Ok(lease),
+        Ok(acked) => acked,
+        Err(err) => {
+            give_back(lease).await;
+            return Err(err);
+        }
+    };
+    let key = lease.key().to_owned();
+    give_back(lease).await;
+    Err(Error::NotReplicated {
+        key,
+        acked: u32::try_from(acked).unwrap_or(u32::MAX),
+        wanted: wait.replicas,
+    })
 }
 
-/// Rejects a zero WAIT timeout: `WAIT n 0` blocks forever. No I/O.
-pub(crate) fn check(opts: &AcquireOptions) -> Result<()> {
-    match opts.wait_replicas {
-        Some(wait) if wait.timeout.is_zero() => Err(Error::InvalidOptions(
-            "the replica wait timeout must be positive",
-        )),
-        _ => Ok(()),
-    }
-}
-
-impl<C: RedisConnection> Locker<C> {
-    /// After an acquire won: the lease, once `opts`' replicas acknowledged
-    /// it; otherwise the lease is released (token-checked) and the result is
-    /// [`Error::NotReplicated`]. WAIT's timeout is capped by `deadline`, and
-    /// the request by `deadline` plus the command timeout.
-    ///
-    /// Called with the lease already built, so that dropping the future
-    /// mid-WAIT releases the lock (the lease's `Drop`).
-    pub(crate) async fn confirm_replicated(
-        &self,
-        lease: Lease<C>,
-        opts: &AcquireOptions,
-        deadline: Instant,
-    ) -> Result<Lease<C>> {
-        let Some(wait) = opts.wait_replicas else {
-            return Ok(lease);
-        };
-        let now = Instant::now();
-        // Never 0: `WAIT n 0` would block forever.
-        let timeout = wait
-            .timeout
-            .min(deadline.saturating_duration_since(now))
-            .max(Duration::from_millis(1));
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(wait.replicas).arg(ttl_millis(timeout));
-        let mut conn = self.inner.conn.clone();
-        let acked = call::bounded(
-            "wait",
-            lease.key(),
-            now + timeout + self.inner.command_timeout,
-            cmd.query_async::<u64>(&mut conn),
-        )
-        .await;
-        let acked = match acked {
-            Ok(acked) if acked >= u64::from(wait.replicas) => return Ok(lease),
-            Ok(acked) => acked,
-            Err(err) => {
-                give_back(lease).await;
-                return Err(err);
-            }
-        };
-        let key = lease.key().to_owned();
-        give_back(lease).await;
-        Err(Error::NotReplicated {
-            key,
-            acked: u32::try_from(acked).unwrap_or(u32::MAX),
-            wanted: wait.replicas,
-        })
-    }
-}
-
-/// Releases a lease whose replication could not be confirmed.
-async fn give_back<C: RedisConnection>(lease: Lease<C>) {
+async fn give_back(lease: Lease) {
     let key = lease.key().to_owned();
     if let Err(err) = lease.release().await {
         tracing::warn!(key, error = %err, "could not release an unreplicated lease; the ttl will end it");

@@ -6,16 +6,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{Error, GiveUpReason, Result};
+use crate::node::Attempt;
 use crate::options::AcquireOptions;
 use crate::retry::Waits;
-
-/// What one attempt to take a lock found.
-pub(crate) enum Attempt<T> {
-    /// The lock is ours; `T` is whatever the attempt learned (a fence, ...).
-    Won(T),
-    /// Someone else holds it.
-    Busy,
-}
 
 /// One acquire's retry rounds: its deadline, the attempts made so far, the
 /// strategy's remaining waits, and how giving up is reported. Every way of

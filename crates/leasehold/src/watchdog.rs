@@ -88,26 +88,61 @@ pub(crate) struct Validity {
     pub(crate) confirmed_at: Instant,
     /// The TTL that request set.
     pub(crate) ttl: Duration,
+    /// Taken off the TTL for clock drift between us and the servers (a
+    /// quorum's; zero for a single server, whose clock alone counts).
+    pub(crate) margin: Duration,
 }
 
 impl Validity {
-    pub(crate) fn until(self) -> Instant {
-        self.confirmed_at + self.ttl
+    /// A validity of `ttl` from `confirmed_at`, with no drift margin.
+    pub(crate) fn new(confirmed_at: Instant, ttl: Duration) -> Validity {
+        Validity {
+            confirmed_at,
+            ttl,
+            margin: Duration::ZERO,
+        }
     }
+
+    pub(crate) fn until(self) -> Instant {
+        self.confirmed_at + self.ttl.saturating_sub(self.margin)
+    }
+}
+
+/// The drift margin for a TTL.
+pub(crate) type Margin = fn(Duration) -> Duration;
+
+/// No drift margin: the single server's clock alone counts.
+pub(crate) fn no_margin(_: Duration) -> Duration {
+    Duration::ZERO
 }
 
 /// What a lease and its watchdog share.
 #[derive(Debug)]
 pub(crate) struct Shared {
     validity: Mutex<Validity>,
+    margin: Margin,
     lost: OnceLock<LostCause>,
     signal: CancellationToken,
 }
 
 impl Shared {
+    /// Shared state of a lease confirmed at `confirmed_at` for `ttl`, with
+    /// no drift margin.
+    #[cfg(test)]
     pub(crate) fn new(confirmed_at: Instant, ttl: Duration) -> Arc<Shared> {
+        Shared::with_margin(confirmed_at, ttl, no_margin)
+    }
+
+    /// Shared state of a lease confirmed at `confirmed_at` for `ttl`, every
+    /// confirmation less `margin(ttl)`.
+    pub(crate) fn with_margin(confirmed_at: Instant, ttl: Duration, margin: Margin) -> Arc<Shared> {
         Arc::new(Shared {
-            validity: Mutex::new(Validity { confirmed_at, ttl }),
+            validity: Mutex::new(Validity {
+                confirmed_at,
+                ttl,
+                margin: margin(ttl),
+            }),
+            margin,
             lost: OnceLock::new(),
             signal: CancellationToken::new(),
         })
@@ -125,6 +160,7 @@ impl Shared {
             *validity = Validity {
                 confirmed_at: sent_at,
                 ttl,
+                margin: (self.margin)(ttl),
             };
         }
     }

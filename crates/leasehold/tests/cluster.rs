@@ -8,6 +8,13 @@ use redis::AsyncCommands;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// One attempt, no retry.
+fn once() -> leasehold::AcquireOptions {
+    leasehold::AcquireOptions::new()
+        .retry(leasehold::RetryStrategy::none())
+        .wait(Duration::from_secs(1))
+}
+
 #[tokio::test]
 async fn leases_work_across_slots_and_redirects() -> TestResult {
     let cluster = RedisCluster::start(3)?;
@@ -26,7 +33,7 @@ async fn leases_work_across_slots_and_redirects() -> TestResult {
         assert_ne!(keys, "0", "a node holds no lock: {keys}");
     }
     let err = locker
-        .try_acquire(&keys[0], Duration::from_secs(30))
+        .acquire_with(&keys[0], Duration::from_secs(30), &once())
         .await
         .err();
     assert!(
@@ -77,7 +84,9 @@ async fn ask_and_moved_redirects_are_followed_during_a_slot_migration() -> TestR
     lease.release().await?;
     during.release().await?;
     assert_eq!(cluster.nodes()[to].redis_cli(&["DBSIZE"])?, "0");
-    let again = locker.try_acquire(held, Duration::from_secs(30)).await?;
+    let again = locker
+        .acquire_with(held, Duration::from_secs(30), &once())
+        .await?;
     assert_eq!(cluster.nodes()[to].redis_cli(&["EXISTS", held])?, "1");
     again.release().await?;
     Ok(())
@@ -92,9 +101,7 @@ async fn fenced_acquire_works_because_both_keys_share_a_slot() -> TestResult {
     for resource in ["wallet:1", "wallet:2", "wallet:42"] {
         let keys = leasehold::FencedKeys::for_resource(resource)?;
         for _ in 0..3 {
-            let lease = locker
-                .acquire_fenced(&keys, Duration::from_secs(30))
-                .await?;
+            let lease = locker.acquire(&keys, Duration::from_secs(30)).await?;
             let fence = lease.fence().ok_or("no fence")?.get();
             assert!(fence > 0);
             if resource == "wallet:42" {

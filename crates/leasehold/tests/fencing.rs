@@ -15,7 +15,7 @@ async fn tokens_increase_with_every_acquisition() -> TestResult {
     let () = conn.set(keys.fence(), 32).await?;
     let mut last = FencingToken::new(0);
     for expected in 33..=37 {
-        let lease = locker.acquire_fenced(&keys, 30 * SECOND).await?;
+        let lease = locker.acquire(&keys, 30 * SECOND).await?;
         let fence = lease.fence().ok_or("a fenced lease has a fence")?;
         assert_eq!(fence, FencingToken::new(expected));
         assert!(fence > last);
@@ -33,15 +33,12 @@ async fn tokens_increase_with_every_acquisition() -> TestResult {
 async fn busy_lock_issues_no_token() -> TestResult {
     let (_server, mut conn, locker) = setup().await?;
     let keys = FencedKeys::for_resource("t:busy")?;
-    let held = locker.acquire_fenced(&keys, 30 * SECOND).await?;
+    let held = locker.acquire(&keys, 30 * SECOND).await?;
     assert_eq!(held.fence(), Some(FencingToken::new(1)));
     let opts = leasehold::AcquireOptions::new()
         .retry(leasehold::RetryStrategy::none())
         .wait(SECOND);
-    let err = locker
-        .acquire_fenced_with(&keys, 30 * SECOND, &opts)
-        .await
-        .err();
+    let err = locker.acquire_with(&keys, 30 * SECOND, &opts).await.err();
     assert!(matches!(err, Some(Error::NotAcquired { .. })), "{err:?}");
     let counter: i64 = conn.get(keys.fence()).await?;
     assert_eq!(counter, 1, "a refused acquire must not consume a token");
@@ -68,7 +65,7 @@ async fn bad_fence_key_is_a_typed_error_and_leaves_no_lock() -> TestResult {
         ("-5", "negative"),
     ] {
         let () = conn.set(keys.fence(), setup).await?;
-        let err = locker.acquire_fenced(&keys, 30 * SECOND).await.err();
+        let err = locker.acquire(&keys, 30 * SECOND).await.err();
         assert!(
             matches!(&err, Some(Error::InvalidFence { key, .. }) if key == keys.fence()),
             "{what}: {err:?}"
@@ -78,7 +75,7 @@ async fn bad_fence_key_is_a_typed_error_and_leaves_no_lock() -> TestResult {
     }
     let () = conn.del(keys.fence()).await?;
     let () = conn.hset(keys.fence(), "f", "v").await?;
-    let err = locker.acquire_fenced(&keys, 30 * SECOND).await.err();
+    let err = locker.acquire(&keys, 30 * SECOND).await.err();
     assert!(matches!(err, Some(Error::InvalidFence { .. })), "{err:?}");
     Ok(())
 }
@@ -88,7 +85,7 @@ async fn lock_key_of_another_type_is_wrong_type_not_busy() -> TestResult {
     let (_server, mut conn, locker) = setup().await?;
     let keys = FencedKeys::for_resource("t:wrongtype")?;
     let () = conn.rpush(keys.lock(), "x").await?;
-    let err = locker.acquire_fenced(&keys, 30 * SECOND).await.err();
+    let err = locker.acquire(&keys, 30 * SECOND).await.err();
     assert!(
         matches!(&err, Some(Error::WrongType { key, .. }) if key == keys.lock()),
         "{err:?}"
@@ -113,7 +110,7 @@ async fn mismatched_slot_pair_is_refused_without_io() -> TestResult {
 async fn zero_ttl_is_refused_before_io() -> TestResult {
     let (_server, mut conn, locker) = setup().await?;
     let keys = FencedKeys::for_resource("t:ttl")?;
-    let err = locker.acquire_fenced(&keys, Duration::ZERO).await.err();
+    let err = locker.acquire(&keys, Duration::ZERO).await.err();
     assert!(matches!(err, Some(Error::InvalidTtl { .. })), "{err:?}");
     let exists: bool = conn.exists(keys.fence()).await?;
     assert!(!exists);

@@ -18,7 +18,10 @@ async fn second_holder_is_refused_until_release() -> TestResult {
     let stored: String = conn.get("t:busy").await?;
     assert_eq!(stored, a.token().as_str());
 
-    let err = locker.try_acquire("t:busy", 30 * SECOND).await.err();
+    let err = locker
+        .acquire_with("t:busy", 30 * SECOND, &once())
+        .await
+        .err();
     assert!(
         matches!(
             err,
@@ -32,7 +35,7 @@ async fn second_holder_is_refused_until_release() -> TestResult {
     );
 
     a.release().await?;
-    let b = locker.try_acquire("t:busy", 30 * SECOND).await?;
+    let b = locker.acquire_with("t:busy", 30 * SECOND, &once()).await?;
     b.release().await?;
     let exists: bool = conn.exists("t:busy").await?;
     assert!(!exists, "release left the key behind");
@@ -95,13 +98,13 @@ async fn bad_ttl_and_key_are_rejected_without_io() -> TestResult {
         Duration::from_micros(500),
         leasehold::MAX_TTL * 2,
     ] {
-        let err = locker.try_acquire("t:bad", ttl).await.err();
+        let err = locker.acquire_with("t:bad", ttl, &once()).await.err();
         assert!(
             matches!(err, Some(Error::InvalidTtl { .. })),
             "{ttl:?}: {err:?}"
         );
     }
-    let err = locker.try_acquire("", SECOND).await.err();
+    let err = locker.acquire_with("", SECOND, &once()).await.err();
     assert!(matches!(err, Some(Error::InvalidKey { .. })), "{err:?}");
     assert!(
         Locker::builder(_conn.clone())
@@ -154,7 +157,7 @@ async fn unreachable_redis_is_reported_as_such() -> TestResult {
 
     let (mut server, _conn, locker) = setup().await?;
     server.kill()?;
-    let err = locker.try_acquire("t:gone", SECOND).await.err();
+    let err = locker.acquire_with("t:gone", SECOND, &once()).await.err();
     assert!(
         matches!(err, Some(Error::Unreachable { .. } | Error::Timeout { .. })),
         "{err:?}"
@@ -180,7 +183,7 @@ async fn wrong_password_and_missing_password_are_auth_errors() -> TestResult {
     let anonymous = redis::Client::open(format!("redis://127.0.0.1:{}/", server.port()))?;
     let outcome = match leasehold::connect(&anonymous, SECOND).await {
         Ok(conn) => Locker::new(conn)
-            .try_acquire("t:auth", SECOND)
+            .acquire_with("t:auth", SECOND, &once())
             .await
             .map(|_| ()),
         Err(err) => Err(err),
@@ -190,7 +193,7 @@ async fn wrong_password_and_missing_password_are_auth_errors() -> TestResult {
     let right = redis::Client::open(server.url())?;
     let lease = Locker::connect(&right)
         .await?
-        .try_acquire("t:auth", SECOND)
+        .acquire_with("t:auth", SECOND, &once())
         .await?;
     lease.release().await?;
     Ok(())
@@ -200,7 +203,7 @@ async fn wrong_password_and_missing_password_are_auth_errors() -> TestResult {
 async fn key_of_the_wrong_type_is_reported() -> TestResult {
     let (_server, mut conn, locker) = setup().await?;
     let () = conn.hset("t:hash", "field", "value").await?;
-    let err = locker.try_acquire("t:hash", SECOND).await.err();
+    let err = locker.acquire_with("t:hash", SECOND, &once()).await.err();
     assert!(matches!(err, Some(Error::WrongType { .. })), "{err:?}");
     let kind: String = redis::cmd("TYPE")
         .arg("t:hash")
@@ -340,7 +343,7 @@ async fn first_win(
     let mut failures = 0;
     let lease = tokio::time::timeout(HUNG, async {
         loop {
-            match locker.try_acquire(key, SECOND).await {
+            match locker.acquire_with(key, SECOND, &once()).await {
                 Ok(lease) => return Ok::<_, Error>(lease),
                 Err(err) if err.is_retryable() => failures += 1,
                 Err(err) => return Err(err),
@@ -394,7 +397,7 @@ async fn a_permission_error_is_not_retryable() -> TestResult {
     ])?;
     let url = format!("redis://noset:pw@{}:{}", server.host(), server.port());
     let locker = Locker::connect(&redis::Client::open(url)?).await?;
-    let err = locker.try_acquire("t:noperm", SECOND).await.err();
+    let err = locker.acquire_with("t:noperm", SECOND, &once()).await.err();
     assert!(err.is_some(), "SET was refused, yet the acquire succeeded");
     assert!(
         !err.as_ref().is_some_and(Error::is_retryable),

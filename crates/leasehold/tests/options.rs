@@ -41,7 +41,7 @@ async fn acquire(
     let locker = Locker::connect(&client).await?;
     let outcome = match path {
         Path::Polling => locker.acquire_with(keys.lock(), ttl, opts).await,
-        Path::Fenced => locker.acquire_fenced_with(&keys, ttl, opts).await,
+        Path::Fenced => locker.acquire_with(&keys, ttl, opts).await,
         Path::Handoff | Path::Relay => {
             let limit = if matches!(path, Path::Relay) { 16 } else { 0 };
             let handoff = HandoffLocker::builder(locker.clone(), &client)
@@ -52,13 +52,7 @@ async fn acquire(
         }
         Path::Quorum => {
             let quorum = Quorum::connect(vec![client.clone()]).await?;
-            return Ok(match quorum.acquire(&keys, ttl, opts).await {
-                Ok(lease) => {
-                    lease.release().await?;
-                    Ok(false)
-                }
-                Err(err) => Err(err),
-            });
+            quorum.acquire_with(&keys, ttl, opts).await
         }
     };
     let requests = locker.stats().requests();

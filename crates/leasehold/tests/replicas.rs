@@ -65,7 +65,7 @@ async fn healthy_replica_acknowledges_the_lock() -> TestResult {
     let keys = FencedKeys::for_resource("t:wait:fenced")?;
     let fenced = p
         .locker
-        .acquire_fenced_with(&keys, 30 * SECOND, &wait_for_one(2 * SECOND))
+        .acquire_with(&keys, 30 * SECOND, &wait_for_one(2 * SECOND))
         .await?;
     assert_eq!(fenced.fence(), Some(FencingToken::new(1)));
     assert_eq!(p.replica.redis_cli(&["GET", keys.fence()])?, "1");
@@ -98,7 +98,7 @@ async fn paused_replica_means_not_replicated_and_no_lock_left() -> TestResult {
     let keys = FencedKeys::for_resource("t:wait:fenced-lost")?;
     let err = p
         .locker
-        .acquire_fenced_with(
+        .acquire_with(
             &keys,
             30 * SECOND,
             &wait_for_one(Duration::from_millis(200)),
@@ -130,11 +130,7 @@ async fn zero_wait_timeout_is_refused_before_any_io() -> TestResult {
         .err();
     assert!(matches!(err, Some(Error::InvalidOptions(_))), "{err:?}");
     let keys = FencedKeys::for_resource("t:wait:zero")?;
-    let err = p
-        .locker
-        .acquire_fenced_with(&keys, SECOND, &opts)
-        .await
-        .err();
+    let err = p.locker.acquire_with(&keys, SECOND, &opts).await.err();
     assert!(matches!(err, Some(Error::InvalidOptions(_))), "{err:?}");
     let mut conn = p.conn.clone();
     let left: Option<String> = conn.get("t:wait:zero").await?;
@@ -148,7 +144,7 @@ async fn a_quorum_refuses_to_wait_for_replicas() -> TestResult {
     let quorum = leasehold::Quorum::new(vec![p.conn.clone()])?;
     let keys = FencedKeys::for_resource("t:wait:quorum")?;
     let err = quorum
-        .acquire(&keys, SECOND, &wait_for_one(SECOND))
+        .acquire_with(&keys, SECOND, &wait_for_one(SECOND))
         .await
         .err();
     assert!(matches!(err, Some(Error::InvalidOptions(_))), "{err:?}");

@@ -122,7 +122,7 @@ pub(crate) async fn run(db: &Database, args: &FailoverArgs) -> anyhow::Result<Re
     }
     let a_locker = locker(conn).await?;
     let mut not_replicated = false;
-    let a = match a_locker.acquire_fenced_with(&keys, TTL, &opts).await {
+    let a = match a_locker.acquire_with(&keys, TTL, &opts).await {
         Ok(lease) => {
             let fence = lease.fence().context("a fenced lease has a fence")?;
             let read = leasehold_pg::read_wallet(&**db, WALLET_ID).await?;
@@ -160,7 +160,7 @@ pub(crate) async fn run(db: &Database, args: &FailoverArgs) -> anyhow::Result<Re
 
     let b_locker = locker(promoted).await?;
     let b_lease = b_locker
-        .acquire_fenced_with(&keys, TTL, &AcquireOptions::new().wait(COMMAND_TIMEOUT))
+        .acquire_with(&keys, TTL, &AcquireOptions::new().wait(COMMAND_TIMEOUT))
         .await
         .context("B acquiring the lock on the promoted replica")?;
     let b_fence = b_lease.fence().context("a fenced lease has a fence")?;

@@ -66,7 +66,7 @@ pub(crate) async fn run(env: &Env, args: &FencingArgs) -> anyhow::Result<Report>
         Ok(())
     };
 
-    let a = env.locker.acquire_fenced(&keys, TTL).await?;
+    let a = env.locker.acquire(&keys, TTL).await?;
     let a_read = leasehold_pg::read_wallet(&**db, WALLET_ID).await?;
     let a_fence = a.fence().unwrap_or(FencingToken::new(0));
     let mut intro = vec![
@@ -82,7 +82,7 @@ pub(crate) async fn run(env: &Env, args: &FencingArgs) -> anyhow::Result<Report>
     // The pause is the experiment: A's lease runs out while it sleeps.
     tokio::time::sleep(PAUSE).await;
 
-    let b = env.locker.acquire_fenced(&keys, TTL).await?;
+    let b = env.locker.acquire(&keys, TTL).await?;
     let b_read = leasehold_pg::read_wallet(&**db, WALLET_ID).await?;
     let b_fence = b.fence().unwrap_or(FencingToken::new(0));
     intro.push(format!(

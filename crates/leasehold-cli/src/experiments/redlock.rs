@@ -80,7 +80,7 @@ pub(crate) async fn run(db: &Database, args: &RedlockArgs) -> anyhow::Result<Rep
         let (counters, latency, fault_now) = (shared.clone(), recorded.clone(), fault_now.clone());
         async move {
             let asked = Instant::now();
-            let lease = match quorum.acquire(&keys, ttl, &opts).await {
+            let lease = match quorum.acquire_with(&keys, ttl, &opts).await {
                 Ok(lease) => lease,
                 Err(Error::QuorumNotReached { .. }) => {
                     counters.quorum_not_reached.fetch_add(1, Ordering::Relaxed);
@@ -100,9 +100,9 @@ pub(crate) async fn run(db: &Database, args: &RedlockArgs) -> anyhow::Result<Rep
                 fault_now.notify_one();
             }
             let db = pool.get().await.context("connecting to postgresql")?;
+            let fence = lease.fence().context("a fenced quorum lease has a fence")?;
             let written =
-                ledger::read_and_debit(&**db, amount, work, lease.fence(), WriteCheck::CheckAndSet)
-                    .await;
+                ledger::read_and_debit(&**db, amount, work, fence, WriteCheck::CheckAndSet).await;
             if lease.release().await.is_err() {
                 counters.release_failed.fetch_add(1, Ordering::Relaxed);
             }

@@ -44,7 +44,7 @@ pub(crate) async fn run(env: &Env, args: &VerifyArgs) -> anyhow::Result<Report> 
         let (refused, holds) = (refused.clone(), recorder.clone());
         async move {
             let lease = if mode.uses_redis_lock() {
-                Some(locker.acquire_fenced_with(&keys, ttl, &opts).await?)
+                Some(locker.acquire_with(&keys, ttl, &opts).await?)
             } else {
                 None
             };

@@ -5,24 +5,46 @@
 --
 -- KEYS[1]  the lock key
 -- KEYS[2]  the wait queue: ZSET of waiter tokens, scored by arrival (us)
--- KEYS[3]  the waiters: HASH token -> "<expiry ms> <ttl ms> <channel>"
+-- KEYS[3]  the waiters: HASH token -> "<expiry ms> <ttl ms> <f|-> <channel>"
+--          ("f": a fenced waiter), or "granted <fence>"
+-- KEYS[4]  optional, for a fenced lock: its fence counter (same slot)
 -- ARGV[1]  our token
 -- ARGV[2]  the lease TTL in milliseconds
 -- ARGV[3]  the pub/sub channel that reaches us
 -- ARGV[4]  how long our queue entry stays valid (ms): our remaining wait
 --
--- Returns {1, 0} when we took the lock now, {2, 0} when it had already been
--- handed to us, {0, pttl} when we wait (pttl: the holder's remaining TTL in
--- ms, or -1 when the lock is free but handed to a waiter ahead of us).
+-- Returns {1, 0, fence} when we took the lock now, {2, 0, fence} when it
+-- had already been handed to us, {0, pttl, 0} when we wait (pttl: the
+-- holder's remaining TTL in ms, or -1 when the lock is free but handed to a
+-- waiter ahead of us). fence is our fencing token (INCR of KEYS[4], issued
+-- in the step that gave us the lock), 0 when unfenced.
 --
 -- Stale entries (past their owner's deadline) are dropped as they reach the
 -- head of the queue. Serving a waiter ahead of us means: PUBLISH
--- "g <token> <lock key>" on its channel and, if anyone received it, set the
--- lock to its token with its TTL; a waiter whose channel has no subscriber
--- (its process died) is dropped and the next one is tried.
+-- "g <token> <lock key> <fence>" on its channel and, if anyone received it,
+-- set the lock to its token with its TTL (a fenced waiter gets its fencing
+-- token in the same step, and keeps its entry as "granted <fence>"); a
+-- waiter whose channel has no subscriber (its process died) is dropped and
+-- the next one is tried. A fenced waiter ahead of an unfenced caller is
+-- woken instead ("w <token> <lock key>") and takes the lock itself.
+--
+-- Errors: NOTFENCE when KEYS[4] holds no positive integer counter;
+-- WRONGTYPE when the lock key is not a string. Nothing is changed.
 local time = redis.call("TIME")
 local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local now_ms = math.floor(now_us / 1000)
+local fence_key = KEYS[4]
+
+local kind = redis.call("TYPE", KEYS[1])["ok"]
+if kind ~= "string" and kind ~= "none" then
+  return redis.error_reply("WRONGTYPE lock key holds a " .. kind)
+end
+if fence_key then
+  local current = redis.call("GET", fence_key)
+  if current and not (tonumber(current) and tonumber(current) >= 0) then
+    return redis.error_reply("NOTFENCE fence key does not hold an integer counter")
+  end
+end
 
 local function forget(token)
   redis.call("ZREM", KEYS[2], token)
@@ -38,9 +60,9 @@ local function next_live()
     local token = first[1]
     local entry = redis.call("HGET", KEYS[3], token)
     if entry then
-      local expiry, ttl, channel = string.match(entry, "^(%d+) (%d+) (.+)$")
+      local expiry, ttl, fenced, channel = string.match(entry, "^(%d+) (%d+) ([f-]) (.+)$")
       if expiry and tonumber(expiry) > now_ms then
-        return token, ttl, channel
+        return token, ttl, fenced == "f", channel
       end
     end
     forget(token)
@@ -49,32 +71,56 @@ end
 
 local holder = redis.call("GET", KEYS[1])
 if holder == ARGV[1] then
+  local entry = redis.call("HGET", KEYS[3], ARGV[1]) or ""
+  local fence = tonumber(string.match(entry, "^granted (%d+)$") or "0")
   forget(ARGV[1])
-  return {2, 0}
+  return {2, 0, fence}
 end
 if not holder then
-  local head, ttl, channel = next_live()
+  local head, ttl, fenced, channel = next_live()
   while head ~= nil and head ~= ARGV[1] do
-    forget(head)
-    if redis.call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1]) > 0 then
-      redis.call("SET", KEYS[1], head, "PX", ttl)
-      break
+    if fenced and not fence_key then
+      if redis.call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
+        break
+      end
+      forget(head)
+    else
+      forget(head)
+      local fence = 0
+      if fenced then
+        fence = redis.call("INCR", fence_key)
+      end
+      if redis.call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
+        redis.call("SET", KEYS[1], head, "PX", ttl)
+        if fenced then
+          redis.call("HSET", KEYS[3], head, "granted " .. fence)
+        end
+        break
+      end
     end
-    head, ttl, channel = next_live()
+    head, ttl, fenced, channel = next_live()
   end
   if head == nil or head == ARGV[1] then
     forget(ARGV[1])
     redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
-    return {1, 0}
+    local fence = 0
+    if fence_key then
+      fence = redis.call("INCR", fence_key)
+    end
+    return {1, 0, fence}
   end
 end
 
 local lifetime = tonumber(ARGV[4])
+local fenced = "-"
+if fence_key then
+  fenced = "f"
+end
 redis.call("ZADD", KEYS[2], "NX", now_us, ARGV[1])
-redis.call("HSET", KEYS[3], ARGV[1], (now_ms + lifetime) .. " " .. ARGV[2] .. " " .. ARGV[3])
+redis.call("HSET", KEYS[3], ARGV[1], (now_ms + lifetime) .. " " .. ARGV[2] .. " " .. fenced .. " " .. ARGV[3])
 for i = 2, 3 do
   if redis.call("PTTL", KEYS[i]) < lifetime then
     redis.call("PEXPIRE", KEYS[i], lifetime)
   end
 end
-return {0, redis.call("PTTL", KEYS[1])}
+return {0, redis.call("PTTL", KEYS[1]), 0}

@@ -10,6 +10,14 @@
 -- or changed hands passes nothing on (code 0), so no local holder is ever
 -- handed a lease Redis does not hold for it.
 --
+-- Fencing: every holder of a fenced lock gets its own fencing token, issued
+-- (INCR of KEYS[4]) in the same step that hands it the lock. A queued
+-- waiter's entry says whether it is fenced; a fenced waiter granted the
+-- lock keeps its entry as "granted <fence>", so that it learns its token
+-- even if the pub/sub message is lost. Without KEYS[4] (the caller's lock
+-- is not fenced) a fenced waiter is woken instead of granted, and takes the
+-- lock (and its token) with its own request.
+--
 -- A waiter is live when its entry is not past its deadline and, for a
 -- waiter of another locker, its channel has a subscriber (PUBLISH reports
 -- how many received the message); dead ones are dropped and the next one is
@@ -20,29 +28,49 @@
 --
 -- KEYS[1]  the lock key
 -- KEYS[2]  the wait queue: ZSET of waiter tokens, scored by arrival (us)
--- KEYS[3]  the waiters: HASH token -> "<expiry ms> <ttl ms> <channel>"
+-- KEYS[3]  the waiters: HASH token -> "<expiry ms> <ttl ms> <f|-> <channel>"
+--          ("f": a fenced waiter), or "granted <fence>"
+-- KEYS[4]  optional: the lock's fence counter (same slot)
 -- ARGV[1]  the holder's (or leaving waiter's) token
 -- ARGV[2]  "grant": set the lock to the next waiter's token with its TTL
 --          (the lease moves without a round trip) and tell it ("g <token>
---          <lock key>" on its channel); "wake": delete the lock and tell
---          the next waiter ("w <token> <lock key>"), which takes it with its
---          own request
+--          <lock key> <fence>" on its channel, fence 0 when unfenced);
+--          "wake": delete the lock and tell the next waiter ("w <token>
+--          <lock key>"), which takes it with its own request
 -- ARGV[3]  "leave" to first drop ARGV[1]'s own queue entry, "pass" to move
 --          the lock to ARGV[6] when nobody waits, "relay" to move it to
 --          ARGV[6] at once, else ""
 -- ARGV[4]  the calling locker's channel
 -- ARGV[5]  with "pass" / "relay": the TTL (ms) of the next local holder
 -- ARGV[6]  with "pass" / "relay": the next local holder's token
+-- ARGV[7]  with "pass" / "relay": "f" when the next local holder is fenced
 --
--- Returns {code, local}: code 0 when the lock did not hold ARGV[1] (expired
--- or changed hands; nothing else was touched, unless leaving found the lock
--- free and served the queue), 1 when it was deleted with nobody waiting, 2
--- when the next waiter was served, 3 when "pass" or "relay" moved it to
--- ARGV[6]; local is the token of the served waiter
--- when it belongs to the calling locker (not told: the caller must), else "".
+-- Returns {code, local, fence}: code 0 when the lock did not hold ARGV[1]
+-- (expired or changed hands; nothing else was touched, unless leaving found
+-- the lock free and served the queue), 1 when it was deleted with nobody
+-- waiting, 2 when the next waiter was served, 3 when "pass" or "relay"
+-- moved it to ARGV[6]; local is the token of the served waiter when it
+-- belongs to the calling locker (not told: the caller must), else ""; fence
+-- is the fencing token issued to that local waiter or to ARGV[6] (0: none;
+-- -1: the waiter was woken, not granted, and must take the lock itself).
+--
+-- Errors: NOTFENCE when KEYS[4] holds no positive integer counter (nothing
+-- was changed).
 local time = redis.call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local grant = ARGV[2] == "grant"
+local fence_key = KEYS[4]
+
+if fence_key then
+  local current = redis.call("GET", fence_key)
+  if current and not (tonumber(current) and tonumber(current) >= 0) then
+    return redis.error_reply("NOTFENCE fence key does not hold an integer counter")
+  end
+end
+
+local function issue()
+  return redis.call("INCR", fence_key)
+end
 
 -- Pops (grant) or peeks at (wake: the woken waiter keeps its place until it
 -- takes the lock) the first waiter, dropping stale entries on the way.
@@ -60,9 +88,9 @@ local function next_live()
     end
     local entry = redis.call("HGET", KEYS[3], token)
     if entry then
-      local expiry, ttl, channel = string.match(entry, "^(%d+) (%d+) (.+)$")
+      local expiry, ttl, fenced, channel = string.match(entry, "^(%d+) (%d+) ([f-]) (.+)$")
       if expiry and tonumber(expiry) > now_ms then
-        return token, ttl, channel
+        return token, ttl, fenced == "f", channel
       end
     end
     if not grant then
@@ -73,28 +101,59 @@ local function next_live()
 end
 
 -- Serves the first live waiter: returns false when nobody waits, else its
--- token if it is ours to tell, else "".
+-- token if it is ours to tell (else "") and the fence issued to it.
 local function serve()
   while true do
-    local head, ttl, channel = next_live()
+    local head, ttl, fenced, channel = next_live()
     if head == nil then
-      return false
+      return false, 0
     end
     local mine = channel == ARGV[4]
-    if grant then
-      redis.call("HDEL", KEYS[3], head)
-      if mine or redis.call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1]) > 0 then
-        redis.call("SET", KEYS[1], head, "PX", ttl)
-        return mine and head or ""
+    if grant and fenced and not fence_key then
+      -- We cannot issue its token: wake it instead (it keeps its place).
+      redis.call("ZADD", KEYS[2], 0, head)
+      if mine or redis.call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
+        redis.call("DEL", KEYS[1])
+        return mine and head or "", -1
       end
+      redis.call("ZREM", KEYS[2], head)
+      redis.call("HDEL", KEYS[3], head)
+    elseif grant then
+      local fence = 0
+      if fenced then
+        fence = issue()
+      end
+      if mine or redis.call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
+        redis.call("SET", KEYS[1], head, "PX", ttl)
+        if fenced then
+          redis.call("HSET", KEYS[3], head, "granted " .. fence)
+        else
+          redis.call("HDEL", KEYS[3], head)
+        end
+        return mine and head or "", fence
+      end
+      redis.call("HDEL", KEYS[3], head)
     else
       if mine or redis.call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
-        return mine and head or ""
+        return mine and head or "", 0
       end
       redis.call("ZREM", KEYS[2], head)
       redis.call("HDEL", KEYS[3], head)
     end
   end
+end
+
+-- Moves the lock to the next local holder ARGV[6], with its own fence.
+local function move()
+  local fence = 0
+  if ARGV[7] == "f" then
+    if not fence_key then
+      return redis.error_reply("NOTFENCE no fence key for a fenced holder")
+    end
+    fence = issue()
+  end
+  redis.call("SET", KEYS[1], ARGV[6], "PX", ARGV[5])
+  return {3, "", fence}
 end
 
 if ARGV[3] == "leave" then
@@ -104,24 +163,23 @@ end
 local holder = redis.call("GET", KEYS[1])
 if holder ~= ARGV[1] then
   if ARGV[3] == "leave" and not holder then
-    return {0, serve() or ""}
+    local served, fence = serve()
+    return {0, served or "", fence}
   end
-  return {0, ""}
+  return {0, "", 0}
 end
 if ARGV[3] == "relay" then
-  redis.call("SET", KEYS[1], ARGV[6], "PX", ARGV[5])
-  return {3, ""}
+  return move()
 end
-local served = serve()
+local served, fence = serve()
 if served then
   if not grant then
     redis.call("DEL", KEYS[1])
   end
-  return {2, served}
+  return {2, served, fence}
 end
 if ARGV[3] == "pass" then
-  redis.call("SET", KEYS[1], ARGV[6], "PX", ARGV[5])
-  return {3, ""}
+  return move()
 end
 redis.call("DEL", KEYS[1])
-return {1, ""}
+return {1, "", 0}

@@ -42,3 +42,10 @@ pub async fn until_gone(conn: &mut ConnectionManager, key: &str) -> TestResult {
     .await??;
     Ok(())
 }
+
+/// One attempt, no retry: the lease if the key is free now.
+pub fn once() -> leasehold::AcquireOptions {
+    leasehold::AcquireOptions::new()
+        .retry(leasehold::RetryStrategy::none())
+        .wait(SECOND)
+}

@@ -1,0 +1,338 @@
+//! One Redis server (or one Redis Cluster) as the lock protocol sees it: a
+//! connection and the atomic, token-checked steps sent over it.
+//!
+//! This is the protocol layer. Each step is one request (a command or one Lua
+//! script from `scripts/`), bounded by a deadline, mapped to an outcome. It
+//! knows nothing of leases, retries or queues: the ways of taking a lease
+//! (`locker`, `handoff`, `quorum`) are built on top of it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use redis::{ErrorKind, ServerErrorKind, Value};
+use tokio::time::Instant;
+
+use crate::compare::{Detected, Path, Step, supports_commands};
+use crate::error::{Error, Result};
+use crate::fencing::{FencedKeys, FencingToken};
+use crate::stats::Counters;
+use crate::token::LeaseToken;
+use crate::{RedisConnection, call};
+
+/// What one attempt to take a lock found.
+pub(crate) enum Attempt<T> {
+    /// The lock is ours (with what the attempt returned).
+    Won(T),
+    /// Someone else holds it.
+    Busy,
+}
+
+pub(crate) use crate::call::ttl_millis;
+
+/// A connection to one server and what we learnt about the server.
+pub(crate) struct Node<C> {
+    conn: C,
+    command_timeout: Duration,
+    /// `SET ... NX GET` needs Redis 7.0; older servers get plain `SET NX`.
+    set_nx_get: AtomicBool,
+    /// Whether release and refresh use Redis 8.4 commands or Lua.
+    compare: Detected,
+    pub(crate) counters: Counters,
+}
+
+impl<C: RedisConnection> Node<C> {
+    pub(crate) fn new(conn: C, command_timeout: Duration) -> Node<C> {
+        Node {
+            conn,
+            command_timeout,
+            set_nx_get: AtomicBool::new(true),
+            compare: Detected::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// A clone of the connection, for one request.
+    pub(crate) fn conn(&self) -> C {
+        self.conn.clone()
+    }
+
+    /// The bound on one request with no tighter deadline of its own.
+    pub(crate) fn command_timeout(&self) -> Duration {
+        self.command_timeout
+    }
+
+    /// One `SET key token NX PX ttl` round trip.
+    pub(crate) async fn set_nx(
+        &self,
+        key: &str,
+        token: &LeaseToken,
+        px: u64,
+        deadline: Instant,
+    ) -> Result<Attempt<()>> {
+        let with_get = self.set_nx_get.load(Ordering::Relaxed);
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(token).arg("NX").arg("PX").arg(px);
+        if with_get {
+            // With GET, a key of another type fails with WRONGTYPE instead of
+            // looking busy forever.
+            cmd.arg("GET");
+        }
+        let mut conn = self.conn.clone();
+        let reply = call::bounded(
+            "acquire",
+            key,
+            deadline,
+            cmd.query_async::<Value>(&mut conn),
+        )
+        .await;
+        let reply = match reply {
+            Err(Error::Redis { source, .. })
+                if with_get && source.code() == Some("ERR") && is_syntax_error(&source) =>
+            {
+                // Redis before 7.0 refuses NX together with GET.
+                self.set_nx_get.store(false, Ordering::Relaxed);
+                return Box::pin(self.set_nx(key, token, px, deadline)).await;
+            }
+            other => other?,
+        };
+        match (with_get, reply) {
+            (true, Value::Nil) | (false, Value::Okay) => Ok(Attempt::Won(())),
+            (true, Value::BulkString(_) | Value::SimpleString(_)) | (false, Value::Nil) => {
+                Ok(Attempt::Busy)
+            }
+            _ => Err(Error::UnexpectedReply { op: "acquire" }),
+        }
+    }
+
+    /// One run of the fenced acquire script: the lock and, only if that
+    /// worked, the next fencing token.
+    pub(crate) async fn set_nx_fenced(
+        &self,
+        keys: &FencedKeys,
+        token: &LeaseToken,
+        px: u64,
+        deadline: Instant,
+    ) -> Result<Attempt<FencingToken>> {
+        let mut conn = self.conn.clone();
+        let mut invocation = crate::scripts::ACQUIRE_FENCED.key(keys.lock());
+        invocation.key(keys.fence()).arg(token).arg(px);
+        let reply = call::bounded(
+            "acquire",
+            keys.lock(),
+            deadline,
+            invocation.invoke_async::<Value>(&mut conn),
+        )
+        .await;
+        match reply {
+            Ok(Value::Int(fence)) => match u64::try_from(fence) {
+                Ok(fence) if fence > 0 => Ok(Attempt::Won(FencingToken::new(fence))),
+                _ => Err(Error::UnexpectedReply { op: "acquire" }),
+            },
+            Ok(Value::Nil) => Ok(Attempt::Busy),
+            Ok(_) => Err(Error::UnexpectedReply { op: "acquire" }),
+            Err(err) => Err(not_a_fence(err, keys.fence())),
+        }
+    }
+
+    /// Runs `step` (release or refresh) for `key` if it holds `token`, in
+    /// one atomic step: `Ok(true)` if it acted, `Ok(false)` when the key did
+    /// not hold our token. Sent as a Redis 8.4 command or a Lua script, as
+    /// detected (see the `compare` module).
+    pub(crate) async fn token_checked(
+        &self,
+        step: Step,
+        key: &str,
+        token: &LeaseToken,
+        deadline: Instant,
+    ) -> Result<bool> {
+        if step == Step::Release {
+            self.counters.release_request();
+        }
+        self.checked(step, key, token, deadline).await
+    }
+
+    async fn checked(
+        &self,
+        step: Step,
+        key: &str,
+        token: &LeaseToken,
+        deadline: Instant,
+    ) -> Result<bool> {
+        let path = self.path(key, deadline).await;
+        let mut conn = self.conn.clone();
+        let sent = step.cmd(path, key, token);
+        let reply = call::bounded(step.op(), key, deadline, async {
+            match sent.query_async::<Value>(&mut conn).await {
+                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    step.eval_cmd(key, token).query_async(&mut conn).await
+                }
+                other => other,
+            }
+        })
+        .await;
+        match reply {
+            Ok(reply) => step.acted(path, &reply),
+            Err(Error::Redis { source, .. })
+                if path == Path::Commands && is_unknown_syntax(&source) =>
+            {
+                tracing::debug!(
+                    "server claims redis 8.4 but refused the command; using lua from now on"
+                );
+                self.compare.set(Path::Lua);
+                Box::pin(self.checked(step, key, token, deadline)).await
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The path this node uses, detecting it on first use.
+    async fn path(&self, key: &str, deadline: Instant) -> Path {
+        if let Some(path) = self.compare.get() {
+            return path;
+        }
+        let mut conn = self.conn.clone();
+        let info = call::bounded(
+            "detect",
+            key,
+            deadline,
+            redis::cmd("INFO")
+                .arg("server")
+                .query_async::<String>(&mut conn),
+        )
+        .await;
+        let path = match info {
+            Ok(info) if supports_commands(&info) == Some(true) => Path::Commands,
+            Ok(_) => Path::Lua,
+            // Transient: ask again next time; this call uses Lua.
+            Err(Error::Timeout { .. } | Error::Unreachable { .. }) => return Path::Lua,
+            // Refused or unparseable: Lua is correct everywhere.
+            Err(err) => {
+                tracing::debug!(error = %err, "could not detect the server version; using lua");
+                Path::Lua
+            }
+        };
+        self.compare.set(path);
+        path
+    }
+
+    /// `WAIT replicas timeout` on this connection: how many replicas
+    /// acknowledged every write it sent so far.
+    pub(crate) async fn wait_replicas(
+        &self,
+        key: &str,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<u64> {
+        // Never 0: `WAIT n 0` would block forever.
+        let timeout = timeout.max(Duration::from_millis(1));
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(replicas).arg(ttl_millis(timeout));
+        let mut conn = self.conn.clone();
+        call::bounded(
+            "wait",
+            key,
+            Instant::now() + timeout + self.command_timeout,
+            cmd.query_async::<u64>(&mut conn),
+        )
+        .await
+    }
+
+    /// The path this node has settled on, if it has decided (test hook).
+    #[cfg(test)]
+    pub(crate) fn detected_path(&self) -> Option<Path> {
+        self.compare.get()
+    }
+}
+
+/// A `NOTFENCE` reply means the fence key holds no integer counter.
+pub(crate) fn not_a_fence(err: Error, fence_key: &str) -> Error {
+    match err {
+        Error::Redis { source, .. } if source.code() == Some("NOTFENCE") => Error::InvalidFence {
+            key: fence_key.to_owned(),
+            source,
+        },
+        err => err,
+    }
+}
+
+fn is_syntax_error(err: &redis::RedisError) -> bool {
+    err.detail().is_some_and(|d| d.contains("syntax error"))
+}
+
+fn is_unknown_syntax(err: &redis::RedisError) -> bool {
+    err.code() == Some("ERR")
+        && err.detail().is_some_and(|d| {
+            let d = d.to_ascii_lowercase();
+            d.contains("unknown command") || d.contains("syntax error")
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_rounds_up_to_whole_milliseconds() {
+        assert_eq!(ttl_millis(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_millis(Duration::from_micros(1001)), 2);
+        assert_eq!(ttl_millis(Duration::from_secs(2)), 2000);
+    }
+
+    async fn node(
+        server: &leasehold_testkit::RedisServer,
+    ) -> std::result::Result<Node<redis::aio::ConnectionManager>, Box<dyn std::error::Error>> {
+        let client = redis::Client::open(server.url())?;
+        let conn = crate::connect(&client, Duration::from_secs(1)).await?;
+        Ok(Node::new(conn, Duration::from_secs(1)))
+    }
+
+    #[tokio::test]
+    async fn redis_7_is_detected_as_lua_and_steps_work()
+    -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let server = leasehold_testkit::RedisServer::start()?;
+        let node = node(&server).await?;
+        let token = LeaseToken::generate()?;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        assert_eq!(node.detected_path(), None);
+        let won = node.set_nx("t:detect", &token, 5000, deadline).await?;
+        assert!(matches!(won, Attempt::Won(())));
+        let refresh = Step::Refresh {
+            ttl: Duration::from_secs(9),
+        };
+        assert!(
+            node.token_checked(refresh, "t:detect", &token, deadline)
+                .await?
+        );
+        assert_eq!(node.detected_path(), Some(Path::Lua));
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg("t:detect")
+            .query_async(&mut node.conn())
+            .await?;
+        assert!(pttl > 5000, "refresh did not extend: {pttl}");
+        assert!(
+            node.token_checked(Step::Release, "t:detect", &token, deadline)
+                .await?
+        );
+        assert!(
+            !node
+                .token_checked(Step::Release, "t:detect", &token, deadline)
+                .await?
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_paused_server_during_detection_is_not_remembered()
+    -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let server = leasehold_testkit::RedisServer::start()?;
+        let node = node(&server).await?;
+        server.pause()?;
+        let path = node
+            .path("t:x", Instant::now() + Duration::from_millis(50))
+            .await;
+        server.resume()?;
+        assert_eq!(path, Path::Lua);
+        assert_eq!(node.detected_path(), None);
+        Ok(())
+    }
+}
