@@ -1103,3 +1103,59 @@ async fn waiters_are_served_promptly_after_the_pubsub_connection_is_killed() -> 
     lease.release().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_waiter_behind_a_plain_holder_still_gets_its_own_fence() -> TestResult {
+    let s = setup().await?;
+    let keys = leasehold::FencedKeys::for_resource("handoff:mixed")?;
+    let key: &'static str = "lock:{handoff:mixed}";
+    let a = handoff(&s, HandoffStyle::Grant).await?;
+    let b = handoff(&s, HandoffStyle::Grant).await?;
+    let mut conn = s.conn.clone();
+    // A plain holder cannot issue the fenced waiter's token: its release
+    // wakes the waiter, which takes the lock (and its token) itself.
+    let plain = a
+        .acquire_with(key, 60 * SECOND, &AcquireOptions::new())
+        .await?;
+    assert_eq!(plain.fence(), None);
+    let waiter = {
+        let (b, keys) = (b.clone(), keys.clone());
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            b.acquire_with(&keys, 60 * SECOND, &opts).await
+        })
+    };
+    until_queued(&mut conn, key, 1).await?;
+    plain.release().await?;
+    let fenced = tokio::time::timeout(HUNG, waiter).await???;
+    let first = fenced.fence().ok_or("the fenced waiter got no fence")?;
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, fenced.token().as_str());
+
+    // A fenced holder grants a plain waiter the lock (no fence for it) and
+    // the next fenced holder a strictly greater token.
+    let plain_waiter = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            a.acquire_with(key, 60 * SECOND, &opts).await
+        })
+    };
+    until_queued(&mut conn, key, 1).await?;
+    fenced.release().await?;
+    let plain = tokio::time::timeout(HUNG, plain_waiter).await???;
+    assert_eq!(plain.fence(), None);
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, plain.token().as_str());
+    plain.release().await?;
+    let next = b
+        .acquire_with(&keys, 60 * SECOND, &AcquireOptions::new())
+        .await?;
+    assert!(
+        next.fence().is_some_and(|f| f > first),
+        "{:?} after {first}",
+        next.fence()
+    );
+    next.release().await?;
+    Ok(())
+}

@@ -1,0 +1,229 @@
+//! The invariants, table-driven over every way of taking a lease: polling,
+//! hand-off (Grant and Wake, relay off), relay, and a quorum. Each "process"
+//! is its own locker with its own connections.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use leasehold::{
+    AcquireOptions, Error, FencedKeys, FencingToken, HandoffLocker, HandoffStyle, Lease, Locker,
+    Quorum,
+};
+use leasehold_testkit::RedisServer;
+use redis::AsyncCommands;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const SECOND: Duration = Duration::from_secs(1);
+/// A hang detector, not a timing assertion.
+const HUNG: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Polling,
+    Handoff,
+    Wake,
+    Relay,
+    Quorum,
+}
+
+const KINDS: [Kind; 5] = [
+    Kind::Polling,
+    Kind::Handoff,
+    Kind::Wake,
+    Kind::Relay,
+    Kind::Quorum,
+];
+
+/// One "process" taking leases one way.
+#[derive(Clone)]
+enum Way {
+    Polling(Locker),
+    Handoff(HandoffLocker),
+    Quorum(Quorum),
+}
+
+impl Way {
+    async fn open(kind: Kind, servers: &[RedisServer]) -> Result<Way, Box<dyn std::error::Error>> {
+        let client = redis::Client::open(servers[0].url())?;
+        Ok(match kind {
+            Kind::Polling => Way::Polling(Locker::connect(&client).await?),
+            Kind::Handoff | Kind::Wake | Kind::Relay => {
+                let locker = Locker::connect(&client).await?;
+                let (style, limit) = match kind {
+                    Kind::Wake => (HandoffStyle::Wake, 0),
+                    Kind::Relay => (HandoffStyle::Grant, 16),
+                    _ => (HandoffStyle::Grant, 0),
+                };
+                let handoff = HandoffLocker::builder(locker, &client)
+                    .style(style)
+                    .relay_limit(limit)
+                    .connect()
+                    .await?;
+                Way::Handoff(handoff)
+            }
+            Kind::Quorum => {
+                let clients = servers
+                    .iter()
+                    .map(|s| redis::Client::open(s.url()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Way::Quorum(Quorum::connect(clients).await?)
+            }
+        })
+    }
+
+    async fn acquire_with(
+        &self,
+        keys: &FencedKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> Result<Lease, Error> {
+        match self {
+            Way::Polling(l) => l.acquire_with(keys, ttl, opts).await,
+            Way::Handoff(h) => h.acquire_with(keys, ttl, opts).await,
+            Way::Quorum(q) => q.acquire_with(keys, ttl, opts).await,
+        }
+    }
+
+    async fn acquire_all(
+        &self,
+        keys: &[&FencedKeys],
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> Result<Lease, Error> {
+        let keys = keys.iter().copied();
+        match self {
+            Way::Polling(l) => l.acquire_all(keys, ttl, opts).await,
+            Way::Handoff(h) => h.acquire_all(keys, ttl, opts).await,
+            Way::Quorum(q) => q.acquire_all(keys, ttl, opts).await,
+        }
+    }
+
+    async fn with_lock(&self, keys: &FencedKeys) -> Result<Option<FencingToken>, Error> {
+        let opts = AcquireOptions::new().wait(HUNG);
+        let work = async |lease: &Lease| lease.fence();
+        match self {
+            Way::Polling(l) => l.with_lock(keys, 10 * SECOND, &opts, work).await,
+            Way::Handoff(h) => h.with_lock(keys, 10 * SECOND, &opts, work).await,
+            Way::Quorum(q) => q.with_lock(keys, 10 * SECOND, &opts, work).await,
+        }
+    }
+}
+
+fn servers_for(kind: Kind) -> Result<Vec<RedisServer>, Box<dyn std::error::Error>> {
+    Ok(match kind {
+        Kind::Quorum => RedisServer::start_many(3)?,
+        _ => vec![RedisServer::start()?],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fenced_holder_gets_its_own_strictly_greater_token_every_way() -> TestResult {
+    for kind in KINDS {
+        let servers = servers_for(kind)?;
+        let ways = [
+            Way::open(kind, &servers).await?,
+            Way::open(kind, &servers).await?,
+        ];
+        let keys = FencedKeys::for_resource("wallet:fences")?;
+        let holders = Arc::new(AtomicU32::new(0));
+        let fences = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for caller in 0..16 {
+            let way = ways[caller % 2].clone();
+            let (keys, holders, fences) = (keys.clone(), holders.clone(), fences.clone());
+            tasks.push(tokio::spawn(async move {
+                let opts = AcquireOptions::new().wait(HUNG);
+                let lease = way.acquire_with(&keys, 10 * SECOND, &opts).await?;
+                if holders.fetch_add(1, Ordering::SeqCst) != 0 {
+                    return Err(Error::InvalidOptions("two holders at once"));
+                }
+                let fence = lease.fence();
+                fences
+                    .lock()
+                    .map_err(|_| Error::InvalidOptions("poisoned"))?
+                    .push(fence);
+                tokio::task::yield_now().await;
+                holders.fetch_sub(1, Ordering::SeqCst);
+                lease.release().await
+            }));
+        }
+        for task in tasks {
+            tokio::time::timeout(HUNG, task).await???;
+        }
+        let fences = fences.lock().map_err(|_| "poisoned")?.clone();
+        assert_eq!(fences.len(), 16, "{kind:?}");
+        let fences: Vec<u64> = fences
+            .into_iter()
+            .map(|f| {
+                f.map(FencingToken::get)
+                    .ok_or("a fenced lease without a fence")
+            })
+            .collect::<Result<_, _>>()?;
+        assert!(
+            fences.windows(2).all(|w| w[0] < w[1]),
+            "{kind:?}: fences not strictly increasing in holding order: {fences:?}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfers_in_opposite_directions_never_deadlock_every_way() -> TestResult {
+    for kind in KINDS {
+        let servers = servers_for(kind)?;
+        let ways = [
+            Way::open(kind, &servers).await?,
+            Way::open(kind, &servers).await?,
+        ];
+        let a = FencedKeys::for_resource("wallet:a")?;
+        let b = FencedKeys::for_resource("wallet:b")?;
+        let mut tasks = Vec::new();
+        for (i, way) in ways.into_iter().enumerate() {
+            let (a, b) = (a.clone(), b.clone());
+            tasks.push(tokio::spawn(async move {
+                let order = if i == 0 { [&a, &b] } else { [&b, &a] };
+                // Short deadline per transfer: a deadlock would show as a
+                // NotAcquired, not as a hang.
+                let opts = AcquireOptions::new().wait(10 * SECOND);
+                for _ in 0..10 {
+                    let lease = way.acquire_all(&order, 10 * SECOND, &opts).await?;
+                    let keys: Vec<&str> = lease.keys().collect();
+                    if keys != [a.lock(), b.lock()] {
+                        return Err(Error::InvalidOptions("keys not in the global order"));
+                    }
+                    if lease.fence_for(a.lock()).is_none() || lease.fence_for(b.lock()).is_none() {
+                        return Err(Error::InvalidOptions("a fenced key without its fence"));
+                    }
+                    tokio::task::yield_now().await;
+                    lease.release().await?;
+                }
+                Ok::<_, Error>(())
+            }));
+        }
+        for task in tasks {
+            let outcome = tokio::time::timeout(HUNG, task).await??;
+            assert!(outcome.is_ok(), "{kind:?}: {outcome:?}");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_runs_the_work_while_held_and_releases_every_way() -> TestResult {
+    for kind in KINDS {
+        let servers = servers_for(kind)?;
+        let way = Way::open(kind, &servers).await?;
+        let keys = FencedKeys::for_resource("wallet:scoped")?;
+        let fence = way.with_lock(&keys).await?;
+        assert!(fence.is_some(), "{kind:?}");
+        let client = redis::Client::open(servers[0].url())?;
+        let mut conn = leasehold::connect(&client, SECOND).await?;
+        let left: bool = conn.exists(keys.lock()).await?;
+        assert!(!left, "{kind:?}: with_lock left the lock behind");
+        let again = way.with_lock(&keys).await?;
+        assert!(again > fence, "{kind:?}: {again:?} after {fence:?}");
+    }
+    Ok(())
+}
