@@ -83,19 +83,19 @@ use crate::{RedisConnection, call, scripts};
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// The votes needed among `nodes`: a strict majority.
-pub const fn majority(nodes: usize) -> usize {
+pub(crate) const fn majority(nodes: usize) -> usize {
     nodes / 2 + 1
 }
 
 /// The clock drift allowance of a lease of `ttl`: 1 % of the TTL plus 2 ms.
-pub fn drift(ttl: Duration) -> Duration {
+pub(crate) fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 
 /// The time a quorum lease of `ttl` is still safe to use after an acquire
 /// that took `elapsed`: `ttl - elapsed - drift(ttl)`, or `None` when that is
 /// not positive (the lease may already have expired on some node).
-pub fn validity(ttl: Duration, elapsed: Duration) -> Option<Duration> {
+pub(crate) fn validity(ttl: Duration, elapsed: Duration) -> Option<Duration> {
     ttl.checked_sub(elapsed)
         .and_then(|left| left.checked_sub(drift(ttl)))
         .filter(|left| !left.is_zero())
@@ -207,24 +207,6 @@ impl<C: RedisConnection> Quorum<C> {
             nodes,
             node_timeout: DEFAULT_NODE_TIMEOUT,
         }
-    }
-
-    /// A quorum over one connection per server, with default settings.
-    ///
-    /// # Errors
-    /// [`Error::InvalidOptions`] for an empty list.
-    pub fn new(nodes: Vec<C>) -> Result<Self> {
-        Quorum::builder(nodes).build()
-    }
-
-    /// How many servers.
-    pub fn len(&self) -> usize {
-        self.inner.nodes.len()
-    }
-
-    /// Whether there are no servers (never true for a built quorum).
-    pub fn is_empty(&self) -> bool {
-        self.inner.nodes.is_empty()
     }
 
     /// How many servers must agree: a strict majority.
@@ -350,7 +332,7 @@ impl<C: RedisConnection> Quorum<C> {
                 reason,
             }) if reason != GiveUpReason::Cancelled => {
                 let round = last_round.lock().map(|r| *r).unwrap_or_default();
-                if self.len() - round.failed < self.needed() {
+                if self.inner.nodes.len() - round.failed < self.needed() {
                     Err(Error::QuorumNotReached {
                         key,
                         got: round.votes,

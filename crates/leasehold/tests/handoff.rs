@@ -652,7 +652,7 @@ async fn own_waiters_that_give_up_while_queued_never_hold_up_the_rest() -> TestR
 }
 
 // In-process relay: waiters of one locker queue in process and a release
-// passes the lease along without a request.
+// passes the lock along with one token-checked request.
 
 /// Waits until `n` callers of `locker` wait in process for `key`.
 async fn until_queued_in_process(locker: &HandoffLocker, key: &str, n: usize) -> TestResult {
@@ -761,7 +761,7 @@ async fn relay_lets_another_process_in_after_limit_passes() -> TestResult {
     until_queued_in_process(&b, key, 1).await?;
     holder.release().await?;
     join_all(tasks).await?;
-    // Two free passes in A, then the checkpoint serves B's place in Redis
+    // Two relays in A, then the checkpoint serves B's place in Redis
     // (and b2 behind it), while a3 queues in Redis behind B.
     assert_eq!(
         *order.lock().map_err(|_| "poisoned")?,

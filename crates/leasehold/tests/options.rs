@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use leasehold::{AcquireOptions, Error, FencedKeys, HandoffLocker, Locker, Quorum};
+use leasehold::{
+    AcquireOptions, CancellationToken, Error, FencedKeys, GiveUpReason, HandoffLocker, Locker,
+    Quorum, RetryStrategy,
+};
 use leasehold_testkit::RedisServer;
 
 mod common;
@@ -97,6 +100,49 @@ async fn a_zero_replica_wait_is_refused_before_any_io_on_every_path() -> TestRes
             matches!(outcome, Err(Error::InvalidOptions(_))),
             "{path:?}: {outcome:?}"
         );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_retry_and_cancel_give_up_the_same_way_on_every_path() -> TestResult {
+    let server = RedisServer::start()?;
+    let client = redis::Client::open(server.url())?;
+    let mut conn = leasehold::connect(&client, SECOND).await?;
+    let cancelled = CancellationToken::new();
+    cancelled.cancel();
+    let cases = [
+        (
+            AcquireOptions::new().retry(RetryStrategy::none()),
+            GiveUpReason::RetriesExhausted,
+        ),
+        (
+            AcquireOptions::new().wait(Duration::from_millis(30)),
+            GiveUpReason::DeadlineExpired,
+        ),
+        (
+            AcquireOptions::new().cancel(cancelled),
+            GiveUpReason::Cancelled,
+        ),
+    ];
+    for (i, path) in PATHS.into_iter().enumerate() {
+        let resource = format!("t:opts:busy:{i}");
+        let keys = FencedKeys::for_resource(&resource)?;
+        // Held by someone else for the whole test.
+        let _: () = redis::cmd("SET")
+            .arg(keys.lock())
+            .arg("someone-else")
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await?;
+        for (opts, reason) in &cases {
+            let outcome = acquire(&server, path, &resource, opts).await?;
+            match outcome {
+                Err(Error::NotAcquired { reason: got, .. }) if got == *reason => {}
+                other => return Err(format!("{path:?}, {reason:?}: {other:?}").into()),
+            }
+        }
     }
     Ok(())
 }

@@ -141,7 +141,7 @@ async fn zero_wait_timeout_is_refused_before_any_io() -> TestResult {
 #[tokio::test]
 async fn a_quorum_refuses_to_wait_for_replicas() -> TestResult {
     let p = pair().await?;
-    let quorum = leasehold::Quorum::new(vec![p.conn.clone()])?;
+    let quorum = leasehold::Quorum::builder(vec![p.conn.clone()]).build()?;
     let keys = FencedKeys::for_resource("t:wait:quorum")?;
     let err = quorum
         .acquire_with(&keys, SECOND, &wait_for_one(SECOND))
