@@ -897,12 +897,10 @@ enum Mode<'a> {
     /// A waiter gives up: it leaves Redis's queue, passing on a lock that
     /// was handed to it meanwhile.
     Leave,
-    /// The holder passes the lock to a waiter of its own process: the lock
-    /// moves to `next` with TTL `px` (ms), token-checked, and a fenced
-    /// waiter gets its fencing token. With `serve_queue`, Redis's queue is
-    /// served first (a checkpoint).
-    Pass {
-        serve_queue: bool,
+    /// A checkpoint: the holder serves Redis's queue first and, with nobody
+    /// live there, moves the lock to a waiter of its own process (`next`,
+    /// TTL `px` ms), token-checked; a fenced waiter gets its fencing token.
+    Checkpoint {
         px: u64,
         next: &'a str,
         fenced: bool,
@@ -1003,14 +1001,18 @@ async fn serve<C: RedisConnection>(
         // The counter that issues the next holder's token (and any fenced
         // Redis waiter's): the waiter's own, else ours.
         let fence_key = queued.fence_key().or(holding.fence_key.as_deref());
-        let mode = Mode::Pass {
-            serve_queue,
-            px: ttl_millis(queued.ttl()),
-            next: next_token.as_str(),
-            fenced: queued.fence_key().is_some(),
-        };
         let sent_at = Instant::now();
-        match release_once(backend, &holding, fence_key, mode, deadline).await {
+        let moved = if serve_queue {
+            let mode = Mode::Checkpoint {
+                px: ttl_millis(queued.ttl()),
+                next: next_token.as_str(),
+                fenced: queued.fence_key().is_some(),
+            };
+            release_once(backend, &holding, fence_key, mode, deadline).await
+        } else {
+            relay_once(backend, &holding, &next_token, &queued, deadline).await
+        };
+        match moved {
             Ok(Served { code: 3, fence, .. }) => {
                 confirmed = true;
                 let validity = Validity::new(sent_at, queued.ttl());
@@ -1118,12 +1120,7 @@ async fn release_once<C: RedisConnection>(
     let (mode, px, next, fenced) = match mode {
         Mode::Release => ("", 0, "", false),
         Mode::Leave => ("leave", 0, "", false),
-        Mode::Pass {
-            serve_queue,
-            px,
-            next,
-            fenced,
-        } => (if serve_queue { "pass" } else { "relay" }, px, next, fenced),
+        Mode::Checkpoint { px, next, fenced } => ("pass", px, next, fenced),
     };
     invocation
         .arg(&part.token)
@@ -1141,6 +1138,39 @@ async fn release_once<C: RedisConnection>(
     Ok(Served {
         code,
         local: Some(local).filter(|t| !t.is_empty()),
+        fence,
+    })
+}
+
+/// One run of the relay script: moves the lock of `part` to `next` (the
+/// local waiter `queued`'s token), with its fencing token if it is fenced.
+/// Code 3 when it moved, 0 when the lock did not hold `part`'s token.
+async fn relay_once<C: RedisConnection>(
+    backend: &HandoffBackend<C>,
+    part: &Part,
+    next: &LeaseToken,
+    queued: &crate::relay::Queued,
+    deadline: Instant,
+) -> Result<Served> {
+    let key = part.key.as_str();
+    backend.node.counters.release_request();
+    let mut conn = backend.node.conn();
+    let mut invocation = crate::scripts::RELAY.key(key);
+    if let Some(fence_key) = queued.fence_key() {
+        invocation.key(fence_key);
+    }
+    invocation
+        .arg(&part.token)
+        .arg(next)
+        .arg(ttl_millis(queued.ttl()));
+    let reply = call::bounded("release", key, deadline, invocation.invoke_async(&mut conn)).await;
+    let (moved, fence): (i64, i64) = match reply {
+        Ok(reply) => reply,
+        Err(err) => return Err(not_a_fence(err, queued.fence_key().unwrap_or(""))),
+    };
+    Ok(Served {
+        code: if moved == 1 { 3 } else { 0 },
+        local: None,
         fence,
     })
 }

@@ -41,3 +41,7 @@ pub(crate) static HANDOFF_ACQUIRE: LazyLock<Script> =
 /// Hand-off mode, release to the next waiter: see `scripts/handoff_release.lua`.
 pub(crate) static HANDOFF_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/handoff_release.lua")));
+
+/// One token-checked in-process pass: see `scripts/relay.lua`.
+pub(crate) static RELAY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/relay.lua")));

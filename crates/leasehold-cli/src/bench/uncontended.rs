@@ -2,8 +2,9 @@
 //!
 //! On one connection, sequentially: the library's acquire+release pairs per
 //! second against a raw `SET key token NX PX` + `EVALSHA release` loop on the
-//! same connection; their ratio is the library's overhead. Then the library
-//! again with `--tasks` concurrent tasks, each on its own keys.
+//! same connection; their ratio is the library's overhead. Then the same
+//! two, throughput-bound: `--tasks` concurrent tasks, each on its own keys,
+//! over the one multiplexed connection.
 
 use std::time::Duration;
 
@@ -32,7 +33,8 @@ pub(crate) async fn run(env: &Env, args: &UncontendedArgs, json: bool) -> anyhow
         .arg(RELEASE)
         .query_async(&mut conn)
         .await?;
-    let (mut lib, mut raw, mut many) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut lib, mut raw, mut many, mut raw_many) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 1..=args.rounds {
         if !json {
             eprintln!("round {round}/{}", args.rounds);
@@ -40,9 +42,11 @@ pub(crate) async fn run(env: &Env, args: &UncontendedArgs, json: bool) -> anyhow
         lib.push(library_loop(&locker, "bench:u:lib", args.duration).await?);
         raw.push(raw_loop(env, &sha, "bench:u:raw", args.duration).await?);
         many.push(many_tasks(&locker, args.tasks, args.duration).await?);
+        raw_many.push(raw_many_tasks(env, &sha, args.tasks, args.duration).await?);
     }
-    let (lib, raw, many) = (median(&lib), median(&raw), median(&many));
+    let (lib, raw, many, raw_many) = (median(&lib), median(&raw), median(&many), median(&raw_many));
     let ratio = lib / raw;
+    let many_ratio = many / raw_many;
     if json {
         println!(
             "{}",
@@ -55,6 +59,8 @@ pub(crate) async fn run(env: &Env, args: &UncontendedArgs, json: bool) -> anyhow
                 "overhead_ratio": round3(ratio),
                 "tasks": args.tasks,
                 "many_keys_pairs_per_s": round3(many),
+                "raw_many_keys_pairs_per_s": round3(raw_many),
+                "many_keys_ratio": round3(many_ratio),
             })
         );
     } else {
@@ -69,6 +75,11 @@ pub(crate) async fn run(env: &Env, args: &UncontendedArgs, json: bool) -> anyhow
             "{} tasks over many keys, library: {many:.0} pairs/s",
             args.tasks
         );
+        println!(
+            "{} tasks over many keys, raw loop: {raw_many:.0} pairs/s",
+            args.tasks
+        );
+        println!("throughput ratio (library / raw): {many_ratio:.3}");
     }
     Ok(())
 }
@@ -85,11 +96,37 @@ async fn library_loop(locker: &Locker, key: &str, duration: Duration) -> anyhow:
 }
 
 async fn raw_loop(env: &Env, sha: &str, key: &str, duration: Duration) -> anyhow::Result<f64> {
-    let mut conn = env.redis.clone();
-    let px = u64::try_from(TTL.as_millis())?;
     let start = Instant::now();
+    let pairs = raw_pairs(
+        env.redis.clone(),
+        sha,
+        key.to_owned(),
+        start,
+        duration,
+        None,
+    )
+    .await?;
+    Ok(pairs as f64 / start.elapsed().as_secs_f64())
+}
+
+/// The raw two-request loop until `duration` after `start`; with `task`,
+/// on that task's 16 keys in turn.
+async fn raw_pairs(
+    mut conn: redis::aio::ConnectionManager,
+    sha: &str,
+    key: String,
+    start: Instant,
+    duration: Duration,
+    task: Option<u32>,
+) -> anyhow::Result<u64> {
+    let px = u64::try_from(TTL.as_millis())?;
     let mut pairs: u64 = 0;
     while start.elapsed() < duration {
+        let this = match task {
+            Some(task) => format!("{key}:{task}:{}", pairs % 16),
+            None => key.clone(),
+        };
+        let key = &this;
         // A token per pair, as the library draws one.
         let token = format!("{:032x}", rand::random::<u128>());
         let set: Option<String> = redis::cmd("SET")
@@ -111,7 +148,36 @@ async fn raw_loop(env: &Env, sha: &str, key: &str, duration: Duration) -> anyhow
         anyhow::ensure!(deleted == 1, "raw release did not delete {key}");
         pairs += 1;
     }
-    Ok(pairs as f64 / start.elapsed().as_secs_f64())
+    Ok(pairs)
+}
+
+async fn raw_many_tasks(
+    env: &Env,
+    sha: &str,
+    tasks: u32,
+    duration: Duration,
+) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for task in 0..tasks {
+        let (conn, sha) = (env.redis.clone(), sha.to_owned());
+        set.spawn(async move {
+            raw_pairs(
+                conn,
+                &sha,
+                "bench:u:rawmany".to_owned(),
+                start,
+                duration,
+                Some(task),
+            )
+            .await
+        });
+    }
+    let mut total: u64 = 0;
+    while let Some(joined) = set.join_next().await {
+        total += joined??;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
 }
 
 async fn many_tasks(locker: &Locker, tasks: u32, duration: Duration) -> anyhow::Result<f64> {

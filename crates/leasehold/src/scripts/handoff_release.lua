@@ -2,13 +2,13 @@
 -- when nobody waits. Also used by a waiter that gives up (ARGV[3] = "leave"):
 -- it leaves the queue first, and if the lock was handed to it meanwhile (or
 -- is free with waiters queued), it serves the next waiter in the same step.
--- And by a holder that passes the lock on within its own process: with
--- ARGV[3] = "pass" the queue is served first and, with nobody live in it,
--- the lock moves to the next local holder's token ARGV[6] with TTL ARGV[5];
--- with ARGV[3] = "relay" the lock moves to ARGV[6] without serving the
--- queue. Either way the move is token-checked: a holder whose lock expired
--- or changed hands passes nothing on (code 0), so no local holder is ever
--- handed a lease Redis does not hold for it.
+-- And by a holder that passes the lock on within its own process at a
+-- checkpoint (ARGV[3] = "pass"): the queue is served first and, with nobody
+-- live in it, the lock moves to the next local holder's token ARGV[6] with
+-- TTL ARGV[5]. The move is token-checked: a holder whose lock expired or
+-- changed hands passes nothing on (code 0), so no local holder is ever
+-- handed a lease Redis does not hold for it. (Passes between checkpoints
+-- use the smaller relay.lua.)
 --
 -- Fencing: every holder of a fenced lock gets its own fencing token, issued
 -- (INCR of KEYS[4]) in the same step that hands it the lock. A queued
@@ -38,18 +38,17 @@
 --          "wake": delete the lock and tell the next waiter ("w <token>
 --          <lock key>"), which takes it with its own request
 -- ARGV[3]  "leave" to first drop ARGV[1]'s own queue entry, "pass" to move
---          the lock to ARGV[6] when nobody waits, "relay" to move it to
---          ARGV[6] at once, else ""
+--          the lock to ARGV[6] when nobody waits, else ""
 -- ARGV[4]  the calling locker's channel
--- ARGV[5]  with "pass" / "relay": the TTL (ms) of the next local holder
--- ARGV[6]  with "pass" / "relay": the next local holder's token
--- ARGV[7]  with "pass" / "relay": "f" when the next local holder is fenced
+-- ARGV[5]  with "pass": the TTL (ms) of the next local holder
+-- ARGV[6]  with "pass": the next local holder's token
+-- ARGV[7]  with "pass": "f" when the next local holder is fenced
 --
 -- Returns {code, local, fence}: code 0 when the lock did not hold ARGV[1]
 -- (expired or changed hands; nothing else was touched, unless leaving found
 -- the lock free and served the queue), 1 when it was deleted with nobody
--- waiting, 2 when the next waiter was served, 3 when "pass" or "relay"
--- moved it to ARGV[6]; local is the token of the served waiter when it
+-- waiting, 2 when the next waiter was served, 3 when "pass" moved it to
+-- ARGV[6]; local is the token of the served waiter when it
 -- belongs to the calling locker (not told: the caller must), else ""; fence
 -- is the fencing token issued to that local waiter or to ARGV[6] (0: none;
 -- -1: the waiter was woken, not granted, and must take the lock itself).
@@ -167,9 +166,6 @@ if holder ~= ARGV[1] then
     return {0, served or "", fence}
   end
   return {0, "", 0}
-end
-if ARGV[3] == "relay" then
-  return move()
 end
 local served, fence = serve()
 if served then

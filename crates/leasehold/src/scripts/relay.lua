@@ -1,0 +1,34 @@
+-- relay.lua: pass the lock to the next holder in the same process, in one
+-- token-checked step: the lock moves from the releasing holder's token to the
+-- next holder's own token (with its TTL) only if it still holds the former,
+-- and a fenced next holder gets its fencing token in the same step. A holder
+-- whose lock expired or changed hands passes nothing on.
+--
+-- (The queue in Redis is not served here: every few passes the release
+-- script's "pass" mode does that instead, see handoff_release.lua. This
+-- script is the common case, kept small because it runs once per lease.)
+--
+-- KEYS[1]  the lock key
+-- KEYS[2]  optional, for a fenced next holder: the fence counter (same slot)
+-- ARGV[1]  the releasing holder's token
+-- ARGV[2]  the next holder's token
+-- ARGV[3]  the next holder's TTL in milliseconds
+--
+-- Returns {1, fence} when the lock moved (fence 0 when unfenced), {0, 0}
+-- when it did not hold ARGV[1] (nothing changed).
+--
+-- Errors: NOTFENCE when KEYS[2] holds no positive integer counter (nothing
+-- changed).
+if redis.call("GET", KEYS[1]) ~= ARGV[1] then
+  return {0, 0}
+end
+local fence = 0
+if KEYS[2] then
+  local current = redis.call("GET", KEYS[2])
+  if current and not (tonumber(current) and tonumber(current) >= 0) then
+    return redis.error_reply("NOTFENCE fence key does not hold an integer counter")
+  end
+  fence = redis.call("INCR", KEYS[2])
+end
+redis.call("SET", KEYS[1], ARGV[2], "PX", ARGV[3])
+return {1, fence}
