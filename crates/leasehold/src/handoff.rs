@@ -23,7 +23,7 @@ use crate::options::{AcquireOptions, Supports};
 use crate::relay::{Entry, Next, Relay, Ticket, Turn};
 use crate::rounds::Rounds;
 use crate::token::LeaseToken;
-use crate::watchdog::Validity;
+use crate::watchdog::{Shared, Validity};
 use crate::{RedisConnection, call};
 
 /// How many passes in a row a release may make to other waiters of the
@@ -123,6 +123,12 @@ impl<C: RedisConnection> Backend for HandoffBackend<C> {
 
     fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool> {
         Box::pin(release(self, part, deadline))
+    }
+
+    fn held(&self, key: &str, shared: &Arc<Shared>) {
+        if let Some(relay) = &self.local.relay {
+            relay.hold(key, shared);
+        }
     }
 
     fn release_dropped(self: Arc<Self>, part: Part) {

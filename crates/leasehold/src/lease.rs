@@ -66,6 +66,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// its key still holds our token: `Ok(false)` when it does not.
     fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool>;
 
+    /// Notes that the lease sharing `shared` now holds `key` (a lease on
+    /// several keys took in another lock).
+    fn held(&self, _key: &str, _shared: &Arc<Shared>) {}
+
     /// Gives back the lock of a lease dropped without
     /// [`release`](Lease::release). Synchronous, never blocks: bookkeeping
     /// happens here, Redis requests are spawned when a runtime is at hand,
@@ -150,10 +154,10 @@ impl Lease {
     pub(crate) fn absorb(&mut self, mut other: Lease) {
         other.released = true;
         other.end();
-        if other.valid_until() < self.valid_until() {
-            let v = other.shared.validity();
-            self.shared = Shared::with_margin(v.confirmed_at, v.ttl, self.backend.margin());
-            self.acquired_at = other.acquired_at;
+        self.shared.lower_to(other.shared.validity());
+        self.acquired_at = self.acquired_at.min(other.acquired_at);
+        for part in &other.parts {
+            self.backend.held(&part.key, &self.shared);
         }
         self.parts.append(&mut other.parts);
     }

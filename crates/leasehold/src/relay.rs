@@ -26,16 +26,17 @@
 //!   head then goes to Redis itself). So a local waiter is never left behind
 //!   with nobody to serve it.
 //! - **Relay.** A release passes the lock to the local head with one run of
-//!   the release script in "relay" mode: it checks that the key still holds
+//!   a small script (`relay.lua`): it checks that the key still holds
 //!   the releasing holder's token, and sets it to a fresh token of the new
 //!   holder with the TTL that holder asked for, in one atomic step. The new
 //!   holder's lease is counted from when that request was sent. If the key
 //!   no longer held our token, nothing moves: the release reports
 //!   [`NotHeld`](crate::Error::NotHeld) and the head goes to Redis as a
 //!   unit of its own. So every holder was confirmed by Redis at its
-//!   hand-over, and has a token no other holder had.
-//! - **Checkpoint.** After `limit` relays in a row the pass runs in "pass"
-//!   mode instead: if a live waiter sits in Redis's queue (another process,
+//!   hand-over, and has a token no other holder had. A fenced head gets its
+//!   own fencing token (`INCR`) in the same step.
+//! - **Checkpoint.** After `limit` relays in a row the pass runs the release
+//!   script in "pass" mode instead: if a live waiter sits in Redis's queue (another process,
 //!   or one of ours), the lock goes to it as in a plain hand-off and the
 //!   local head goes to Redis to queue behind it; if nobody waits there, the
 //!   lock moves to the local head as in a relay. That bounds how long other
@@ -104,8 +105,7 @@ impl Ticket {
 pub(crate) enum Next {
     /// Nobody waits locally: the unit ended, release to Redis.
     Nobody,
-    /// Move the lock to this waiter (the "relay" mode of the release
-    /// script).
+    /// Move the lock to this waiter (`relay.lua`).
     Relay(Queued),
     /// Serve Redis's queue first, else move the lock to this waiter (the
     /// "pass" mode of the release script).

@@ -165,6 +165,15 @@ impl Shared {
         }
     }
 
+    /// Lowers the validity to `other` if that ends sooner (a lease that
+    /// takes in another lock is valid until the earlier of the two ends).
+    pub(crate) fn lower_to(&self, other: Validity) {
+        let mut validity = self.validity.lock().unwrap_or_else(PoisonError::into_inner);
+        if other.until() < validity.until() {
+            *validity = other;
+        }
+    }
+
     /// Marks the lease lost (the first cause wins) and cancels the signal.
     pub(crate) fn lose(&self, cause: LostCause) {
         let _ = self.lost.set(cause);
