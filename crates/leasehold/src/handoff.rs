@@ -494,6 +494,10 @@ async fn route(
     }
 }
 
+/// How soon a queued waiter whose re-check failed (connection dropped, Redis
+/// restarting) tries again.
+const RECHECK_AFTER_FAILURE: Duration = Duration::from_millis(50);
+
 /// What one run of the acquire script found.
 enum Found {
     /// We set the lock just now, with this fence (0: unfenced).
@@ -572,7 +576,11 @@ impl<C: RedisConnection> HandoffLocker<C> {
     /// replica wait timeout, [`Error::InvalidOptions`]) before any I/O;
     /// [`Error::NotReplicated`] when too few replicas acknowledged (the lock
     /// was passed on); [`Error::InvalidFence`] when the fence key holds no
-    /// counter; Redis failures returned at once.
+    /// counter; a failure of the first request returned at once. Once
+    /// queued, a waiter rides out a dropped connection or a Redis restart: a
+    /// re-check that fails with [`Error::Unreachable`] or
+    /// [`Error::Timeout`] is retried 50 ms later (the connection reconnects
+    /// meanwhile) until the deadline.
     ///
     /// # Cancel safety
     /// Cancel safe. If the future is dropped while waiting (or a request is
@@ -709,12 +717,27 @@ impl<C: RedisConnection> HandoffLocker<C> {
             counters.acquire_request();
             let lifetime = ttl_millis(rounds.deadline().saturating_duration_since(sent_at));
             let request = self.try_or_enqueue(target, &token, px, lifetime, call_deadline);
-            let holder_left = match rounds.unless_cancelled(request).await?? {
-                Found::TookIt(fence) => return Ok(waiting.into_lease(sent_at, fence)),
-                Found::HandedOver(fence) => return Ok(waiting.into_lease(last_busy, fence)),
-                Found::Waiting(holder_left) => holder_left,
+            let holder_left = match rounds.unless_cancelled(request).await? {
+                Ok(Found::TookIt(fence)) => return Ok(waiting.into_lease(sent_at, fence)),
+                Ok(Found::HandedOver(fence)) => return Ok(waiting.into_lease(last_busy, fence)),
+                Ok(Found::Waiting(holder_left)) => {
+                    // Only a reply that saw the lock busy bounds when a
+                    // later hand-over can have happened.
+                    last_busy = sent_at;
+                    holder_left
+                }
+                // Once queued, a waiter rides out a dropped connection or a
+                // Redis restart: the connection reconnects for the next
+                // request, which re-joins the queue (a restarted Redis has
+                // lost it). Its first request still fails fast.
+                Err(err @ (Error::Unreachable { .. } | Error::Timeout { .. }))
+                    if last_busy > start =>
+                {
+                    tracing::debug!(key, error = %err, "re-check failed; the waiter retries");
+                    Some(RECHECK_AFTER_FAILURE)
+                }
+                Err(err) => return Err(err),
             };
-            last_busy = sent_at;
             rounds.next_wait()?;
             // Due no later than the holder's expiry (as last seen), so a dead
             // holder is noticed at once; at least once per TTL of our own.

@@ -1159,3 +1159,51 @@ async fn a_fenced_waiter_behind_a_plain_holder_still_gets_its_own_fence() -> Tes
     next.release().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_waiter_is_served_after_redis_restarts_under_it() -> TestResult {
+    let mut s = setup().await?;
+    let key = "t:handoff:restart";
+    let a = handoff(&s, HandoffStyle::Grant).await?;
+    let b = handoff(&s, HandoffStyle::Grant).await?;
+    let mut conn = s.conn.clone();
+    // Long TTLs: a waiter left to its fallback re-check would wait past HUNG.
+    let held = a
+        .acquire_with(key, 60 * SECOND, &AcquireOptions::new())
+        .await?;
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            b.acquire_with(key, 60 * SECOND, &opts).await
+        })
+    };
+    until_queued(&mut conn, key, 1).await?;
+    // Restarted empty: the lock and the queue are gone, both lockers'
+    // connections are broken. The waiter's pub/sub connection comes back,
+    // wakes it, and its re-check (on a reconnected lock connection) takes
+    // the free lock.
+    s.server.restart()?;
+    let lease = tokio::time::timeout(HUNG, waiter).await???;
+    let stored: Option<String> = loop {
+        match conn.get(key).await {
+            Ok(stored) => break stored,
+            Err(_) => continue, // this connection reconnects too
+        }
+    };
+    assert_eq!(stored.as_deref(), Some(lease.token().as_str()));
+    // The old holder's lock is gone: its release says so (after the one
+    // request that finds its connection broken, if it is the first).
+    let token = held.token().clone();
+    let err = held.release().await.err();
+    match err {
+        Some(Error::NotHeld { .. }) => {}
+        Some(Error::Unreachable { .. }) => {
+            let stored: Option<String> = conn.get(key).await?;
+            assert_ne!(stored.as_deref(), Some(token.as_str()));
+        }
+        other => return Err(format!("{other:?}").into()),
+    }
+    lease.release().await?;
+    Ok(())
+}
