@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::compare::Step;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::fencing::{FencingToken, LockKeys, Target};
-use crate::lease::{Backend, Lease, Part, Reply, check_ttl, hold_while};
+use crate::lease::{Backend, Lease, Part, Reply};
 use crate::locker::Locker;
 use crate::node::{Node, not_a_fence, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
@@ -24,6 +24,7 @@ use crate::relay::{Entry, Next, Relay, Ticket, Turn};
 use crate::rounds::Rounds;
 use crate::token::LeaseToken;
 use crate::watchdog::{Shared, Validity};
+use crate::way::{self, Way};
 use crate::{RedisConnection, call};
 
 /// How many passes in a row a release may make to other waiters of the
@@ -513,10 +514,16 @@ fn fence_of(value: u64) -> Option<FencingToken> {
     (value > 0).then(|| FencingToken::new(value))
 }
 
-/// What a hand-off locker honours of [`AcquireOptions`]: everything.
-const SUPPORTS: Supports = Supports {
-    wait_replicas: true,
-};
+impl<C: RedisConnection> Way for HandoffLocker<C> {
+    /// A hand-off locker honours every option.
+    const SUPPORTS: Supports = Supports {
+        wait_replicas: true,
+    };
+
+    async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
+        self.take_checked(target, ttl, opts).await
+    }
+}
 
 impl<C: RedisConnection> HandoffLocker<C> {
     /// A builder over `locker` (whose connection sends the scripts) and
@@ -594,10 +601,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
         ttl: Duration,
         opts: &AcquireOptions,
     ) -> Result<Lease> {
-        let target = Target::of(&keys)?;
-        check_ttl(ttl)?;
-        opts.check(SUPPORTS)?;
-        self.take_checked(target, ttl, opts).await
+        way::acquire_with(self, keys, ttl, opts).await
     }
 
     /// Takes the leases on every one of `keys`, queued, in one global order,
@@ -614,13 +618,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
         ttl: Duration,
         opts: &AcquireOptions,
     ) -> Result<Lease> {
-        let targets = crate::multi::targets(keys)?;
-        check_ttl(ttl)?;
-        opts.check(SUPPORTS)?;
-        crate::multi::acquire_all(targets, opts, |target, each| async move {
-            self.take_checked(target, ttl, &each).await
-        })
-        .await
+        way::acquire_all_of(self, keys, ttl, opts).await
     }
 
     /// Takes the lease on `keys`, queued, runs `work` while it is held and
@@ -638,10 +636,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
         opts: &AcquireOptions,
         work: impl AsyncFnOnce(&Lease) -> T,
     ) -> Result<T> {
-        let lease = self
-            .acquire_with(keys, ttl, &opts.clone().watchdog(false))
-            .await?;
-        hold_while(lease, work).await
+        way::with_lock(self, keys, ttl, opts, work).await
     }
 
     /// One checked target: queued, then the replica wait and the watchdog.

@@ -101,11 +101,11 @@ pub mod watchdog;
 // The ways of taking a lease.
 mod handoff;
 mod locker;
-mod multi;
 pub mod quorum;
 mod relay;
 mod replicas;
 mod rounds;
+mod way;
 // Reading a server's settings.
 pub mod diagnostics;
 

@@ -10,11 +10,12 @@ use tokio::time::Instant;
 use crate::compare::Step;
 use crate::error::{Error, Result};
 use crate::fencing::{LockKeys, Target};
-use crate::lease::{Backend, Lease, Part, Reply, check_ttl, hold_while};
+use crate::lease::{Backend, Lease, Part, Reply};
 use crate::node::{Attempt, Node, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
 use crate::stats::LockerStats;
 use crate::token::LeaseToken;
+use crate::way::{self, Way};
 use crate::{RedisConnection, call, rounds};
 
 /// How long a single Redis request may take when the caller gave no tighter
@@ -218,10 +219,7 @@ impl<C: RedisConnection> Locker<C> {
         ttl: Duration,
         opts: &AcquireOptions,
     ) -> Result<Lease> {
-        let target = Target::of(&keys)?;
-        check_ttl(ttl)?;
-        opts.check(SUPPORTS)?;
-        self.take(target, ttl, opts).await
+        way::acquire_with(self, keys, ttl, opts).await
     }
 
     /// Takes the leases on every one of `keys` for `ttl`, in one global
@@ -244,13 +242,7 @@ impl<C: RedisConnection> Locker<C> {
         ttl: Duration,
         opts: &AcquireOptions,
     ) -> Result<Lease> {
-        let targets = crate::multi::targets(keys)?;
-        check_ttl(ttl)?;
-        opts.check(SUPPORTS)?;
-        crate::multi::acquire_all(targets, opts, |target, each| async move {
-            self.take(target, ttl, &each).await
-        })
-        .await
+        way::acquire_all_of(self, keys, ttl, opts).await
     }
 
     /// Takes the lease on `keys`, runs `work` while it is held (with the
@@ -293,11 +285,15 @@ impl<C: RedisConnection> Locker<C> {
         opts: &AcquireOptions,
         work: impl AsyncFnOnce(&Lease) -> T,
     ) -> Result<T> {
-        let lease = self
-            .acquire_with(keys, ttl, &opts.clone().watchdog(false))
-            .await?;
-        hold_while(lease, work).await
+        way::with_lock(self, keys, ttl, opts, work).await
     }
+}
+
+impl<C: RedisConnection> Way for Locker<C> {
+    /// A polling locker honours every option.
+    const SUPPORTS: Supports = Supports {
+        wait_replicas: true,
+    };
 
     /// The polling loop for one checked target.
     async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
@@ -344,11 +340,6 @@ impl<C: RedisConnection> Locker<C> {
         Ok(lease)
     }
 }
-
-/// What a polling locker honours of [`AcquireOptions`]: everything.
-const SUPPORTS: Supports = Supports {
-    wait_replicas: true,
-};
 
 /// A plain lease gives its lock back with a token-checked delete.
 impl<C: RedisConnection> Backend for Node<C> {

@@ -69,12 +69,13 @@ use tokio::time::Instant;
 use crate::compare::Step;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::fencing::{FencedKeys, FencingToken, LockKeys, Target};
-use crate::lease::{Backend, Lease, Part, Reply, check_ttl, hold_while};
+use crate::lease::{Backend, Lease, Part, Reply};
 use crate::node::{Attempt, Node, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
 use crate::rounds;
 use crate::token::LeaseToken;
 use crate::watchdog::Margin;
+use crate::way::{self, Way};
 use crate::{RedisConnection, call, scripts};
 
 /// How long one node may take to answer one request when the caller's
@@ -194,11 +195,17 @@ impl Quorum<ConnectionManager> {
     }
 }
 
-/// What a quorum honours of [`AcquireOptions`]: all but `wait_replicas`
-/// (its servers are independent, not replicas of each other).
-const SUPPORTS: Supports = Supports {
-    wait_replicas: false,
-};
+impl<C: RedisConnection> Way for Quorum<C> {
+    /// A quorum honours every option but `wait_replicas` (its servers are
+    /// independent, not replicas of each other).
+    const SUPPORTS: Supports = Supports {
+        wait_replicas: false,
+    };
+
+    async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
+        self.take_one(target, ttl, opts).await
+    }
+}
 
 impl<C: RedisConnection> Quorum<C> {
     /// A builder over one connection per server.
@@ -248,10 +255,7 @@ impl<C: RedisConnection> Quorum<C> {
         ttl: Duration,
         opts: &AcquireOptions,
     ) -> Result<Lease> {
-        let target = Target::of(&keys)?;
-        check_ttl(ttl)?;
-        opts.check(SUPPORTS)?;
-        self.take(target, ttl, opts).await
+        way::acquire_with(self, keys, ttl, opts).await
     }
 
     /// Takes the leases on every one of `keys` on a majority, in one global
@@ -268,13 +272,7 @@ impl<C: RedisConnection> Quorum<C> {
         ttl: Duration,
         opts: &AcquireOptions,
     ) -> Result<Lease> {
-        let targets = crate::multi::targets(keys)?;
-        check_ttl(ttl)?;
-        opts.check(SUPPORTS)?;
-        crate::multi::acquire_all(targets, opts, |target, each| async move {
-            self.take(target, ttl, &each).await
-        })
-        .await
+        way::acquire_all_of(self, keys, ttl, opts).await
     }
 
     /// Takes the lease on `keys` on a majority, runs `work` while it is held
@@ -292,13 +290,15 @@ impl<C: RedisConnection> Quorum<C> {
         opts: &AcquireOptions,
         work: impl AsyncFnOnce(&Lease) -> T,
     ) -> Result<T> {
-        let lease = self
-            .acquire_with(keys, ttl, &opts.clone().watchdog(false))
-            .await?;
-        hold_while(lease, work).await
+        way::with_lock(self, keys, ttl, opts, work).await
     }
 
-    async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
+    async fn take_one(
+        &self,
+        target: Target,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> Result<Lease> {
         let token = LeaseToken::generate()?;
         let last_round = std::sync::Mutex::new(Round::default());
         let inner = &self.inner;

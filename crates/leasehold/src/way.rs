@@ -1,4 +1,11 @@
-//! Several locks in one lease: the keys in one global order, one watchdog.
+//! What every way of taking a lease shares: the checks before any I/O, the
+//! acquire of several keys, and the scoped form. Each way ([`Locker`],
+//! [`HandoffLocker`], [`Quorum`]) implements [`Way`] (how it takes one
+//! checked lock, and which options it supports); its public calls are thin
+//! wrappers over the functions here, so the checks and the rules below are
+//! written once.
+//!
+//! # Several locks in one lease
 //!
 //! A transfer between two wallets needs both. Taking them in the order the
 //! caller names them deadlocks two transfers in opposite directions (each
@@ -7,15 +14,77 @@
 //! smaller key is never waiting for someone who waits for it. Every way of
 //! taking a lease uses this one routine, so the order is the same whatever
 //! the mode.
+//!
+//! [`Locker`]: crate::Locker
+//! [`HandoffLocker`]: crate::HandoffLocker
+//! [`Quorum`]: crate::Quorum
 
 use std::future::Future;
 
 use tokio::time::Instant;
 
+use std::time::Duration;
+
 use crate::error::{Error, Result};
 use crate::fencing::{LockKeys, Target};
-use crate::lease::Lease;
-use crate::options::AcquireOptions;
+use crate::lease::{Lease, check_ttl, hold_while};
+use crate::options::{AcquireOptions, Supports};
+
+/// A way of taking a lease.
+pub(crate) trait Way {
+    /// Which options it honours (the rest are refused before any I/O).
+    const SUPPORTS: Supports;
+
+    /// Takes the lease on one checked target, as `opts` says (the options
+    /// were checked against [`SUPPORTS`](Self::SUPPORTS)).
+    fn take(
+        &self,
+        target: Target,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>>;
+}
+
+/// `acquire_with` of every way: checks (no I/O), then one lock.
+pub(crate) async fn acquire_with<W: Way>(
+    way: &W,
+    keys: impl LockKeys,
+    ttl: Duration,
+    opts: &AcquireOptions,
+) -> Result<Lease> {
+    let target = Target::of(&keys)?;
+    check_ttl(ttl)?;
+    opts.check(W::SUPPORTS)?;
+    way.take(target, ttl, opts).await
+}
+
+/// `acquire_all` of every way: checks (no I/O), then every lock in order.
+pub(crate) async fn acquire_all_of<W: Way, K: LockKeys>(
+    way: &W,
+    keys: impl IntoIterator<Item = K>,
+    ttl: Duration,
+    opts: &AcquireOptions,
+) -> Result<Lease> {
+    let targets = targets(keys)?;
+    check_ttl(ttl)?;
+    opts.check(W::SUPPORTS)?;
+    acquire_all(targets, opts, |target, each| async move {
+        way.take(target, ttl, &each).await
+    })
+    .await
+}
+
+/// `with_lock` of every way: acquire, run `work` while held, release.
+pub(crate) async fn with_lock<W: Way, T>(
+    way: &W,
+    keys: impl LockKeys,
+    ttl: Duration,
+    opts: &AcquireOptions,
+    work: impl AsyncFnOnce(&Lease) -> T,
+) -> Result<T> {
+    let lease = acquire_with(way, keys, ttl, &opts.clone().watchdog(false)).await?;
+    hold_while(lease, work).await
+}
 
 /// The targets of `keys`, sorted by lock key, duplicates dropped. No I/O.
 ///
@@ -123,5 +192,32 @@ mod tests {
             Err(Error::InvalidKey { .. })
         ));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod send_tests {
+    use std::time::Duration;
+
+    use crate::{AcquireOptions, HandoffLocker, Locker, Quorum, RedisConnection};
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// Every acquire future is `Send` for any connection type, so callers
+    /// can `tokio::spawn` it (a compile-time check; nothing runs).
+    #[allow(dead_code)]
+    fn acquire_futures_are_send<C: RedisConnection>(
+        locker: &Locker<C>,
+        handoff: &HandoffLocker<C>,
+        quorum: &Quorum<C>,
+    ) {
+        let (ttl, opts) = (Duration::from_secs(1), AcquireOptions::new());
+        assert_send(&locker.acquire_with("k", ttl, &opts));
+        assert_send(&locker.acquire_all(["a", "b"], ttl, &opts));
+        assert_send(&locker.with_lock("k", ttl, &opts, async |_| ()));
+        assert_send(&handoff.acquire_with("k", ttl, &opts));
+        assert_send(&handoff.acquire_all(["a", "b"], ttl, &opts));
+        assert_send(&quorum.acquire_with("k", ttl, &opts));
+        assert_send(&quorum.acquire_all(["a", "b"], ttl, &opts));
     }
 }
