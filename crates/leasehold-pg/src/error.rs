@@ -67,6 +67,28 @@ pub enum Error {
         token: FencingToken,
     },
 
+    /// A fence guard was given an unusable resource name.
+    #[error("invalid resource: {reason}")]
+    InvalidResource {
+        /// Why.
+        reason: &'static str,
+    },
+
+    /// A fence guard was given token 0, which no fenced lease carries.
+    #[error("fencing token {token} is not positive")]
+    InvalidToken {
+        /// The token.
+        token: FencingToken,
+    },
+
+    /// [`guard()`](crate::guard()) was given a lease with no fenced lock.
+    #[error("the lease holds no fenced lock: take it with FencedKeys")]
+    NotFenced,
+
+    /// The database user may not read or write a table it needs.
+    #[error("permission denied")]
+    PermissionDenied(#[source] tokio_postgres::Error),
+
     /// Any other error from PostgreSQL or the client.
     #[error("postgresql error")]
     Postgres(#[source] tokio_postgres::Error),
@@ -92,12 +114,17 @@ impl Error {
         if let Some(db) = err.as_db_error() {
             let code = db.code();
             if *code == SqlState::UNDEFINED_TABLE {
-                let table = if db.message().contains(crate::LEDGER) {
+                let table = if db.message().contains(crate::FENCES) {
+                    crate::FENCES
+                } else if db.message().contains(crate::LEDGER) {
                     crate::LEDGER
                 } else {
                     crate::WALLETS
                 };
                 return Error::TableMissing { table, source: err };
+            }
+            if *code == SqlState::INSUFFICIENT_PRIVILEGE {
+                return Error::PermissionDenied(err);
             }
             if *code == SqlState::INVALID_PASSWORD
                 || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION

@@ -1,10 +1,58 @@
-//! PostgreSQL writes that stay correct when the Redis lock does not:
-//! fenced and check-and-set debits, plus the two database-only alternatives.
+//! PostgreSQL writes that stay correct when the Redis lock does not: a fence
+//! guard for any transaction on any table, the tutorial's fenced and
+//! check-and-set debits, and the two database-only alternatives.
 //!
 //! A Redis lease from [`leasehold`] is an *efficiency* lock: a holder that
 //! is paused past its TTL keeps working after its lease has passed to
 //! someone else, and nothing it checks before writing can rule that out.
 //! This crate moves the final check to where the write happens.
+//!
+//! # The fence guard: any transaction, any table
+//!
+//! [`guard()`] is the way in for your own schema: run it first in your
+//! transaction with the lease, then read and write whatever you like and
+//! commit. It keeps one row per resource in [`FENCES`] (no version column
+//! on your tables, any number of writes per lease), refuses a holder whose
+//! token is older than one that has written ([`Guard::Refused`]: roll back),
+//! and, when Redis has lost the fence counter, raises it so that the next
+//! lease wins again after at most one refused write. The [`guard`](mod@guard)
+//! module states the serialization argument (what every writer must do, and
+//! what it does not cover) and the plain SQL, for other drivers.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use leasehold::{AcquireOptions, FencedKeys, Locker};
+//! use leasehold_pg::Guard;
+//!
+//! # async fn run(locker: Locker) -> Result<(), Box<dyn std::error::Error>> {
+//! let mut db = leasehold_pg::connect("postgres://app@127.0.0.1/app").await?;
+//! leasehold_pg::setup(&mut db).await?; // creates leasehold_fences
+//!
+//! let keys = FencedKeys::for_resource("account:alice")?;
+//! let lease = locker.acquire(&keys, Duration::from_secs(2)).await?;
+//! let tx = db.transaction().await?;
+//! match leasehold_pg::guard(&tx, &lease).await? {
+//!     Guard::Accepted => {
+//!         // Reads after the guard see every earlier guarded write.
+//!         let row = tx
+//!             .query_one("SELECT balance FROM accounts WHERE name = 'alice'", &[])
+//!             .await?;
+//!         let balance: i64 = row.get(0);
+//!         tx.execute(
+//!             "UPDATE accounts SET balance = $1 WHERE name = 'alice'",
+//!             &[&(balance - 10)],
+//!         )
+//!         .await?;
+//!         tx.commit().await?;
+//!     }
+//!     // A newer holder has written (our lease failed us): nothing was
+//!     // written; retry with a new lease.
+//!     Guard::Refused { .. } => tx.rollback().await?,
+//! }
+//! let _ = lease.release().await;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Why fencing orders writes but not reads
 //!
@@ -79,11 +127,13 @@
 
 mod connect;
 mod error;
+pub mod guard;
 mod schema;
 mod write;
 
 pub use connect::connect;
 pub use error::{Error, Result};
+pub use guard::{FENCES, Guard, guard, guard_token};
 pub use leasehold::FencingToken;
 pub use schema::{LEDGER, WALLETS, reset_wallet, setup};
 pub use write::{

@@ -29,6 +29,10 @@ CREATE TABLE IF NOT EXISTS wallet_ledger (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS wallet_ledger_wallet_id ON wallet_ledger (wallet_id);
+CREATE TABLE IF NOT EXISTS leasehold_fences (
+    resource text PRIMARY KEY CHECK (resource <> ''),
+    fence    bigint NOT NULL CHECK (fence > 0)
+);
 ";
 
 /// An arbitrary constant naming this crate's advisory lock: concurrent

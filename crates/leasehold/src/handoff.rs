@@ -126,6 +126,18 @@ impl<C: RedisConnection> Backend for HandoffBackend<C> {
         Box::pin(release(self, part, deadline))
     }
 
+    fn raise_fence<'a>(
+        &'a self,
+        fence_key: &'a str,
+        at_least: FencingToken,
+        deadline: Instant,
+    ) -> Reply<'a, ()> {
+        Box::pin(async move {
+            self.node.raise_fence(fence_key, at_least, deadline).await?;
+            Ok(())
+        })
+    }
+
     fn held(&self, key: &str, shared: &Arc<Shared>) {
         if let Some(relay) = &self.local.relay {
             relay.hold(key, shared);

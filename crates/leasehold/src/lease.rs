@@ -66,6 +66,15 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// its key still holds our token: `Ok(false)` when it does not.
     fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool>;
 
+    /// Raises the fence counter `fence_key` to at least `at_least`, never
+    /// lowering it (on a majority, for a quorum).
+    fn raise_fence<'a>(
+        &'a self,
+        fence_key: &'a str,
+        at_least: FencingToken,
+        deadline: Instant,
+    ) -> Reply<'a, ()>;
+
     /// Notes that the lease sharing `shared` now holds `key` (a lease on
     /// several keys took in another lock).
     fn held(&self, _key: &str, _shared: &Arc<Shared>) {}
@@ -200,6 +209,69 @@ impl Lease {
             .iter()
             .find(|p| p.key == key)
             .and_then(|p| p.fence)
+    }
+
+    /// Raises the fence counter of the lock on [`key`](Self::key) to at
+    /// least `at_least`, never lowering it: what to do when the storage
+    /// refused a write because it has seen a fence at least as high as ours.
+    /// That happens when Redis lost increments (a restart without
+    /// persistence, a failover to a lagging replica, an evicted or expired
+    /// fence key): the counter restarted below what the storage has seen, so
+    /// every new token would be refused. Raised to the fence the storage
+    /// reported, the counter issues the next lease a token above it, and
+    /// writes succeed again after at most one refusal. This lease's own
+    /// token stays what it was (it was refused; take a new lease to write).
+    ///
+    /// The `leasehold-pg` fence guard calls it for you when it refuses a
+    /// write. Bounded by the command (or node) timeout.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] when the lease's lock is not fenced;
+    /// [`Error::InvalidFence`] when the counter holds no integer;
+    /// [`Error::Timeout`], [`Error::Unreachable`],
+    /// [`Error::QuorumNotReached`] when Redis (or a majority) could not be
+    /// asked.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the raise may or may not land; raising again is
+    /// harmless.
+    pub async fn raise_fence(&self, at_least: FencingToken) -> Result<()> {
+        self.raise_fence_for(&self.parts[0].key, at_least).await
+    }
+
+    /// [`raise_fence`](Self::raise_fence) for the lock on `key`, for a lease
+    /// on several keys.
+    ///
+    /// # Errors
+    /// As [`raise_fence`](Self::raise_fence); [`Error::InvalidKey`] also
+    /// when the lease does not hold `key`.
+    ///
+    /// # Cancel safety
+    /// As [`raise_fence`](Self::raise_fence).
+    pub async fn raise_fence_for(&self, key: &str, at_least: FencingToken) -> Result<()> {
+        let fence_key = self
+            .parts
+            .iter()
+            .find(|p| p.key == key)
+            .and_then(|p| p.fence_key.as_deref())
+            .ok_or_else(|| Error::InvalidKey {
+                key: key.to_owned(),
+                reason: "the lease holds no fenced lock on this key",
+            })?;
+        let deadline = Instant::now() + self.backend.command_timeout();
+        self.backend
+            .raise_fence(fence_key, at_least, deadline)
+            .await
+    }
+
+    /// The fence counter's key of the lock on `key`; `None` if the lease
+    /// does not hold `key` or holds it unfenced. It names the resource in a
+    /// database fence table (see `leasehold-pg`).
+    pub fn fence_key_for(&self, key: &str) -> Option<&str> {
+        self.parts
+            .iter()
+            .find(|p| p.key == key)
+            .and_then(|p| p.fence_key.as_deref())
     }
 
     /// The TTL of the last request that proved we hold the keys: the

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::compare::Step;
 use crate::error::{Error, Result};
-use crate::fencing::{LockKeys, Target};
+use crate::fencing::{FencingToken, LockKeys, Target};
 use crate::lease::{Backend, Lease, Part, Reply};
 use crate::node::{Attempt, Node, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
@@ -353,6 +353,18 @@ impl<C: RedisConnection> Backend for Node<C> {
 
     fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool> {
         Box::pin(self.token_checked(Step::Release, &part.key, &part.token, deadline))
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        fence_key: &'a str,
+        at_least: FencingToken,
+        deadline: Instant,
+    ) -> Reply<'a, ()> {
+        Box::pin(async move {
+            self.raise_fence(fence_key, at_least, deadline).await?;
+            Ok(())
+        })
     }
 
     fn release_dropped(self: Arc<Self>, part: Part) {

@@ -215,6 +215,27 @@ impl<C: RedisConnection> Node<C> {
         path
     }
 
+    /// Raises the counter `fence_key` to at least `at_least` (never
+    /// lowering it); returns its value afterwards.
+    pub(crate) async fn raise_fence(
+        &self,
+        fence_key: &str,
+        at_least: FencingToken,
+        deadline: Instant,
+    ) -> Result<u64> {
+        let mut conn = self.conn.clone();
+        let mut invocation = crate::scripts::RAISE_FENCE.key(fence_key);
+        invocation.arg(at_least.get());
+        call::bounded(
+            "raise fence",
+            fence_key,
+            deadline,
+            invocation.invoke_async::<u64>(&mut conn),
+        )
+        .await
+        .map_err(|err| not_a_fence(err, fence_key))
+    }
+
     /// `WAIT replicas timeout` on this connection: how many replicas
     /// acknowledged every write it sent so far.
     pub(crate) async fn wait_replicas(

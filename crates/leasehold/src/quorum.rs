@@ -621,6 +621,43 @@ impl<C: RedisConnection> Backend for QuorumInner<C> {
         })
     }
 
+    fn raise_fence<'a>(
+        &'a self,
+        fence_key: &'a str,
+        at_least: FencingToken,
+        _deadline: Instant,
+    ) -> Reply<'a, ()> {
+        Box::pin(async move {
+            let node_deadline = Instant::now() + self.node_timeout;
+            let outcomes = self
+                .on_every_node(
+                    |node| {
+                        let fence_key = fence_key.to_owned();
+                        async move { node.raise_fence(&fence_key, at_least, node_deadline).await }
+                    },
+                    |_| true,
+                )
+                .await;
+            let raised = outcomes.iter().filter(|o| o.is_ok()).count();
+            if raised >= self.needed() {
+                return Ok(());
+            }
+            // A counter that is not a counter is the caller's to fix.
+            if let Some(Err(err @ Error::InvalidFence { .. })) = outcomes
+                .into_iter()
+                .find(|o| matches!(o, Err(Error::InvalidFence { .. })))
+            {
+                return Err(err);
+            }
+            Err(Error::QuorumNotReached {
+                key: fence_key.to_owned(),
+                got: raised,
+                needed: self.needed(),
+                failed_nodes: self.nodes.len() - raised,
+            })
+        })
+    }
+
     fn release_dropped(self: Arc<Self>, part: Part) {
         self.spawn_release_all(&part.key, &part.token);
     }

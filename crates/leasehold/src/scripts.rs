@@ -45,3 +45,7 @@ pub(crate) static HANDOFF_RELEASE: LazyLock<Script> =
 /// One token-checked in-process pass: see `scripts/relay.lua`.
 pub(crate) static RELAY: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/relay.lua")));
+
+/// Raise a fence counter, never lowering it: see `scripts/raise_fence.lua`.
+pub(crate) static RAISE_FENCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));

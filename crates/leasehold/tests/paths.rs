@@ -227,3 +227,40 @@ async fn with_lock_runs_the_work_while_held_and_releases_every_way() -> TestResu
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_fence_counter_heals_with_one_raise_every_way() -> TestResult {
+    for kind in KINDS {
+        let servers = servers_for(kind)?;
+        let way = Way::open(kind, &servers).await?;
+        let keys = FencedKeys::for_resource("wallet:heal")?;
+        let opts = AcquireOptions::new().wait(HUNG);
+        // The storage has seen fence 500; Redis lost the counter (here:
+        // nothing was ever issued on these servers).
+        let stored = FencingToken::new(500);
+        let lease = way.acquire_with(&keys, 10 * SECOND, &opts).await?;
+        let low = lease.fence().ok_or("no fence")?;
+        assert!(low < stored, "{kind:?}: {low}");
+        lease.raise_fence(stored).await?;
+        // Raising never lowers.
+        lease.raise_fence(FencingToken::new(3)).await?;
+        lease.release().await?;
+        let lease = way.acquire_with(&keys, 10 * SECOND, &opts).await?;
+        let next = lease.fence().ok_or("no fence")?;
+        assert!(next > stored, "{kind:?}: {next} after raising to {stored}");
+        lease.release().await?;
+        // A plain lock has no counter to raise.
+        let plain = match &way {
+            Way::Polling(l) => l.acquire("wallet:heal:plain", 10 * SECOND).await?,
+            Way::Handoff(h) => h.acquire("wallet:heal:plain", 10 * SECOND).await?,
+            Way::Quorum(q) => q.acquire("wallet:heal:plain", 10 * SECOND).await?,
+        };
+        let err = plain.raise_fence(stored).await.err();
+        assert!(
+            matches!(err, Some(Error::InvalidKey { .. })),
+            "{kind:?}: {err:?}"
+        );
+        plain.release().await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,220 @@
+//! The fence guard: fencing for any transaction on any table.
+//!
+//! # What it does
+//!
+//! One small table, [`FENCES`] (`leasehold_fences (resource, fence)`), holds
+//! the highest fencing token that has written each resource. The guard is
+//! one statement, run first in the caller's own transaction:
+//!
+//! ```sql
+//! INSERT INTO leasehold_fences (resource, fence) VALUES ($1, $2)
+//! ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence
+//!   WHERE leasehold_fences.fence <= EXCLUDED.fence
+//! RETURNING fence;
+//! -- no row returned: refused; then
+//! SELECT fence FROM leasehold_fences WHERE resource = $1;  -- the newer fence
+//! ```
+//!
+//! It raises the resource's row to our token if ours is at least as new,
+//! and either way leaves the row locked by our transaction until it ends
+//! (`ON CONFLICT DO UPDATE` locks the conflicting row even when its `WHERE`
+//! is false). **Accepted**: go on with any reads and writes, on any tables,
+//! as many as you like, and commit. **Refused**: a holder with a newer token
+//! has written; nothing was written by the guard; roll back. Users of other
+//! drivers or languages can run exactly these two statements.
+//!
+//! # Why it is enough (the serialization argument)
+//!
+//! Rule for every writer of the protected data: **run the guard first in
+//! the transaction, and make every read that a decision depends on after
+//! it, in the same transaction.** Then, under PostgreSQL's default
+//! `READ COMMITTED`:
+//!
+//! 1. The guard's row lock serializes every guarded transaction of one
+//!    resource: a second one waits in its guard statement until the first
+//!    commits or rolls back.
+//! 2. Under `READ COMMITTED` each statement sees every transaction committed
+//!    before it started, so the reads after the guard see everything the
+//!    previous guarded transactions wrote: a read-modify-write cannot be
+//!    lost, whatever the lock in Redis did. (This is what check-and-set
+//!    gave the tutorial, without a version column.)
+//! 3. Once a token has committed, every lower token is refused: a holder
+//!    paused past its lease cannot write after its successor did. Equal
+//!    tokens are accepted (one lease, several transactions); two holders
+//!    that got the same token (Redis reissued it after losing increments)
+//!    are still serialized by points 1 and 2.
+//!
+//! Under `REPEATABLE READ` or `SERIALIZABLE`, a guard that waited for a
+//! concurrent guarded transaction fails with a serialization failure
+//! (`Error::is_retryable`): retry the whole transaction. Never a stale read.
+//!
+//! What it does **not** cover: writes that bypass the guard (another code
+//! path, a migration, a manual `UPDATE`); reads made before the guard or in
+//! another transaction; effects outside the database (an e-mail, a call to
+//! another service) that the transaction cannot roll back.
+//!
+//! # Several resources (a transfer)
+//!
+//! Guard every resource the transaction touches, always in one order, so
+//! that two transfers in opposite directions wait for each other instead of
+//! deadlocking: [`guard`] does that for a lease on several keys (sorted by
+//! resource name); with [`guard_token`] sort them yourself.
+//!
+//! # When Redis loses the counter
+//!
+//! A restart without persistence, a failover to a lagging replica or an
+//! evicted fence key restarts the counter below what [`FENCES`] has seen:
+//! every new token would be refused. [`guard`] heals it: on a refusal it
+//! raises the Redis counter to the fence it found
+//! ([`Lease::raise_fence`]), so the next lease's token is newer and wins.
+//! At most one refused write per resource, then writes succeed again.
+
+use leasehold::{FencingToken, Lease};
+use tokio_postgres::GenericClient;
+
+use crate::error::{Error, Result};
+
+/// The table of fences, one row per resource: `leasehold_fences (resource
+/// text PRIMARY KEY, fence bigint)`. Created by [`setup`](crate::setup).
+pub const FENCES: &str = "leasehold_fences";
+
+/// What the guard found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a refused guard means the transaction must be rolled back"]
+pub enum Guard {
+    /// Our token is the newest the resource has seen (or equal to it): the
+    /// resource's fence is now ours and its row is locked by this
+    /// transaction until it ends. Go on, then commit.
+    Accepted,
+    /// A newer token has written `resource`: roll back. `current` is the
+    /// fence found; `healed` says whether the Redis counter was raised to
+    /// it (by [`guard`]), so that the next lease gets a newer token.
+    Refused {
+        /// The resource that refused.
+        resource: String,
+        /// Our token.
+        token: FencingToken,
+        /// The newer fence the resource has seen.
+        current: FencingToken,
+        /// Whether the Redis counter was raised past `current`.
+        healed: bool,
+    },
+}
+
+impl Guard {
+    /// Whether the transaction may go on.
+    pub fn is_accepted(&self) -> bool {
+        matches!(self, Guard::Accepted)
+    }
+}
+
+/// Guards `resource` with `token` in the caller's transaction `tx` (see the
+/// [module docs](self)): the one statement above, then, if refused, the
+/// fence found. Does not touch Redis; see [`guard`] for the healing one.
+///
+/// # Errors
+/// [`Error::InvalidResource`] for an empty name, [`Error::InvalidToken`]
+/// for token 0, [`Error::TokenOutOfRange`] beyond `i64`, all before any
+/// statement; [`Error::TableMissing`] when [`FENCES`] does not exist
+/// ([`setup`](crate::setup) creates it); [`Error::PermissionDenied`];
+/// [`Error::Postgres`] (a serialization failure under `REPEATABLE READ`
+/// is retryable).
+///
+/// # Cancel safety
+/// If the future is dropped, the statement may or may not have run; roll
+/// the transaction back.
+pub async fn guard_token<C: GenericClient>(
+    tx: &C,
+    resource: &str,
+    token: FencingToken,
+) -> Result<Guard> {
+    if resource.is_empty() {
+        return Err(Error::InvalidResource {
+            reason: "resource name is empty",
+        });
+    }
+    if token.get() == 0 {
+        return Err(Error::InvalidToken { token });
+    }
+    let fence = i64::try_from(token.get()).map_err(|_| Error::TokenOutOfRange { token })?;
+    let raised = tx
+        .query_opt(
+            "INSERT INTO leasehold_fences (resource, fence) VALUES ($1, $2)
+             ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence
+               WHERE leasehold_fences.fence <= EXCLUDED.fence
+             RETURNING fence",
+            &[&resource, &fence],
+        )
+        .await
+        .map_err(Error::from_pg)?;
+    if raised.is_some() {
+        return Ok(Guard::Accepted);
+    }
+    let current: i64 = tx
+        .query_one(
+            "SELECT fence FROM leasehold_fences WHERE resource = $1",
+            &[&resource],
+        )
+        .await
+        .map_err(Error::from_pg)?
+        .try_get(0)
+        .map_err(Error::from_pg)?;
+    Ok(Guard::Refused {
+        resource: resource.to_owned(),
+        token,
+        current: FencingToken::new(u64::try_from(current).unwrap_or(0)),
+        healed: false,
+    })
+}
+
+/// Guards every fenced lock of `lease` in the caller's transaction `tx`,
+/// in one order (sorted by resource), with the lease's own tokens; the
+/// resource of a lock is its fence key (`fence:{wallet:42}` for
+/// `FencedKeys::for_resource("wallet:42")`). On a refusal, raises the Redis
+/// counter to the fence found ([`Lease::raise_fence_for`]) so that the next
+/// lease wins, and returns [`Guard::Refused`] at once: roll back (a lock
+/// guarded before it in this call is part of the transaction too).
+///
+/// # Errors
+/// As [`guard_token`]; [`Error::NotFenced`] when the lease holds no fenced
+/// lock. A failure to raise the Redis counter is not an error (the refusal
+/// is the outcome): `healed` is then false.
+///
+/// # Cancel safety
+/// As [`guard_token`].
+pub async fn guard<C: GenericClient>(tx: &C, lease: &Lease) -> Result<Guard> {
+    let mut fenced: Vec<(String, &str, FencingToken)> = lease
+        .keys()
+        .filter_map(|key| {
+            let fence = lease.fence_for(key)?;
+            let resource = lease.fence_key_for(key)?;
+            Some((resource.to_owned(), key, fence))
+        })
+        .collect();
+    if fenced.is_empty() {
+        return Err(Error::NotFenced);
+    }
+    fenced.sort();
+    for (resource, key, token) in fenced {
+        match guard_token(tx, &resource, token).await? {
+            Guard::Accepted => {}
+            Guard::Refused { current, .. } => {
+                let healed = match lease.raise_fence_for(key, current).await {
+                    Ok(()) => true,
+                    Err(err) => {
+                        tracing::warn!(resource, error = %err, "could not raise the fence counter; the next lease may be refused too");
+                        false
+                    }
+                };
+                tracing::info!(resource, %token, %current, healed, "write refused: a newer fencing token has written");
+                return Ok(Guard::Refused {
+                    resource,
+                    token,
+                    current,
+                    healed,
+                });
+            }
+        }
+    }
+    Ok(Guard::Accepted)
+}

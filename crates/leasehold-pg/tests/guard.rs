@@ -1,0 +1,398 @@
+//! The fence guard against a real PostgreSQL and Redis, on the caller's own
+//! table (`accounts`, no fence column).
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use leasehold::redis::AsyncCommands;
+use leasehold::{AcquireOptions, FencedKeys, FencingToken, Lease, Locker};
+use leasehold_pg::tokio_postgres::Client;
+use leasehold_pg::{Error, FENCES, Guard};
+use leasehold_testkit::{PostgresServer, RedisServer};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const SECOND: Duration = Duration::from_secs(1);
+/// A hang detector, not a timing assertion.
+const HUNG: Duration = Duration::from_secs(30);
+
+/// One server shared by the tests that run at the same time; dropped (and
+/// stopped) when the last of them ends.
+fn server() -> Result<Arc<PostgresServer>, leasehold_testkit::Error> {
+    static SHARED: Mutex<Weak<PostgresServer>> = Mutex::new(Weak::new());
+    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(server) = shared.upgrade() {
+        return Ok(server);
+    }
+    let server = Arc::new(PostgresServer::start()?);
+    *shared = Arc::downgrade(&server);
+    Ok(server)
+}
+
+/// A database with the fence table and the caller's own table.
+async fn db(server: &PostgresServer) -> Result<Client, Box<dyn std::error::Error>> {
+    let mut client = leasehold_pg::connect(&server.url()).await?;
+    leasehold_pg::setup(&mut client).await?;
+    // Serialized: concurrent `CREATE TABLE IF NOT EXISTS` can still clash.
+    client
+        .batch_execute(
+            "BEGIN;
+             SELECT pg_advisory_xact_lock(4242);
+             CREATE TABLE IF NOT EXISTS accounts (name text PRIMARY KEY, balance bigint NOT NULL);
+             CREATE TABLE IF NOT EXISTS payments (id bigserial PRIMARY KEY, account text, amount bigint);
+             COMMIT;",
+        )
+        .await?;
+    Ok(client)
+}
+
+async fn open_account(db: &Client, name: &str, balance: i64) -> TestResult {
+    db.execute(
+        "INSERT INTO accounts (name, balance) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET balance = EXCLUDED.balance",
+        &[&name, &balance],
+    )
+    .await?;
+    db.execute("DELETE FROM payments WHERE account = $1", &[&name])
+        .await?;
+    Ok(())
+}
+
+async fn balance(db: &Client, name: &str) -> Result<i64, Box<dyn std::error::Error>> {
+    Ok(db
+        .query_one("SELECT balance FROM accounts WHERE name = $1", &[&name])
+        .await?
+        .get(0))
+}
+
+async fn fence_of(db: &Client, resource: &str) -> Result<Option<i64>, Box<dyn std::error::Error>> {
+    Ok(db
+        .query_opt(
+            "SELECT fence FROM leasehold_fences WHERE resource = $1",
+            &[&resource],
+        )
+        .await?
+        .map(|row| row.get(0)))
+}
+
+/// A plain read-modify-write debit inside the guard: `Ok(true)` paid,
+/// `Ok(false)` refused or insufficient (rolled back).
+async fn guarded_debit(
+    db: &mut Client,
+    lease: &Lease,
+    account: &str,
+    amount: i64,
+) -> Result<Option<Guard>, Box<dyn std::error::Error + Send + Sync>> {
+    let tx = db.transaction().await?;
+    let guard = leasehold_pg::guard(&tx, lease).await?;
+    if !guard.is_accepted() {
+        tx.rollback().await?;
+        return Ok(Some(guard));
+    }
+    let balance: i64 = tx
+        .query_one("SELECT balance FROM accounts WHERE name = $1", &[&account])
+        .await?
+        .get(0);
+    if balance < amount {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    tx.execute(
+        "UPDATE accounts SET balance = $2 WHERE name = $1",
+        &[&account, &(balance - amount)],
+    )
+    .await?;
+    tx.execute(
+        "INSERT INTO payments (account, amount) VALUES ($1, $2)",
+        &[&account, &amount],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Some(guard))
+}
+
+#[tokio::test]
+async fn a_stale_token_is_refused_an_equal_or_newer_one_accepted_and_rollback_raises_nothing()
+-> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg).await?;
+    let resource = "t:guard:order";
+    let guard_with = async |db: &mut Client, n: u64, commit: bool| {
+        let tx = db.transaction().await?;
+        let guard = leasehold_pg::guard_token(&tx, resource, FencingToken::new(n)).await?;
+        if commit && guard.is_accepted() {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
+        }
+        Ok::<_, Box<dyn std::error::Error>>(guard)
+    };
+    assert_eq!(guard_with(&mut db, 5, true).await?, Guard::Accepted);
+    match guard_with(&mut db, 4, true).await? {
+        Guard::Refused { current, .. } => assert_eq!(current, FencingToken::new(5)),
+        accepted => return Err(format!("a stale token was {accepted:?}").into()),
+    }
+    assert_eq!(
+        guard_with(&mut db, 5, true).await?,
+        Guard::Accepted,
+        "same lease again"
+    );
+    // Accepted, then rolled back: the fence is not raised.
+    assert_eq!(guard_with(&mut db, 9, false).await?, Guard::Accepted);
+    assert_eq!(fence_of(&db, resource).await?, Some(5));
+    assert_eq!(guard_with(&mut db, 6, true).await?, Guard::Accepted);
+    assert_eq!(fence_of(&db, resource).await?, Some(6));
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_before_any_statement_and_missing_tables_and_rights_are_typed()
+-> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg).await?;
+    let tx = db.transaction().await?;
+    let cases = [
+        ("", 1, "empty resource"),
+        ("r", 0, "token 0"),
+        ("r", u64::MAX, "token beyond i64"),
+    ];
+    for (resource, token, what) in cases {
+        let err = leasehold_pg::guard_token(&tx, resource, FencingToken::new(token))
+            .await
+            .err();
+        assert!(
+            matches!(
+                err,
+                Some(
+                    Error::InvalidResource { .. }
+                        | Error::InvalidToken { .. }
+                        | Error::TokenOutOfRange { .. }
+                )
+            ),
+            "{what}: {err:?}"
+        );
+    }
+    tx.rollback().await?;
+
+    // A database where setup never ran.
+    db.batch_execute("CREATE DATABASE bare").await?;
+    let bare = leasehold_pg::connect(&pg.url().replace("/postgres", "/bare")).await?;
+    let err = leasehold_pg::guard_token(&bare, "r", FencingToken::new(1))
+        .await
+        .err();
+    assert!(
+        matches!(err, Some(Error::TableMissing { table, .. }) if table == FENCES),
+        "{err:?}"
+    );
+
+    // A user without rights on the fence table.
+    db.batch_execute("CREATE ROLE nobody LOGIN PASSWORD 'nobody'")
+        .await?;
+    let url = format!(
+        "postgres://nobody:nobody@{}:{}/postgres",
+        pg.host(),
+        pg.port()
+    );
+    let nobody = leasehold_pg::connect(&url).await?;
+    let err = leasehold_pg::guard_token(&nobody, "r", FencingToken::new(1))
+        .await
+        .err();
+    assert!(matches!(err, Some(Error::PermissionDenied(_))), "{err:?}");
+    Ok(())
+}
+
+/// Takes the fenced lease, retrying once over a connection that a restart
+/// broke.
+async fn take(locker: &Locker, keys: &FencedKeys) -> Result<Lease, leasehold::Error> {
+    let opts = AcquireOptions::new().wait(HUNG);
+    match locker.acquire_with(keys, 10 * SECOND, &opts).await {
+        Err(err) if err.is_retryable() => locker.acquire_with(keys, 10 * SECOND, &opts).await,
+        other => other,
+    }
+}
+
+/// Sequential guarded debits of 1; `lose` makes Redis lose the counter
+/// after the 15th. Returns how many were refused.
+async fn debits_across_a_lost_counter(
+    account: &str,
+    lose: impl AsyncFnOnce(&mut RedisServer) -> TestResult,
+) -> Result<u32, Box<dyn std::error::Error>> {
+    let pg = server()?;
+    let mut db = db(&pg).await?;
+    let mut redis = RedisServer::start()?;
+    let client = leasehold::redis::Client::open(redis.url())?;
+    let locker = Locker::connect(&client).await?;
+    let keys = FencedKeys::for_resource(&format!("account:{account}"))?;
+    open_account(&db, account, 1_000).await?;
+    let mut refused = 0;
+    let mut paid = 0;
+    let mut lose = Some(lose);
+    for i in 0..40 {
+        if i == 15 {
+            if let Some(lose) = lose.take() {
+                lose(&mut redis).await?;
+            }
+            // Let the locker see its connection broken by a restart.
+            let _ = locker.acquire("probe", SECOND).await;
+        }
+        let lease = take(&locker, &keys).await?;
+        let debit = guarded_debit(&mut db, &lease, account, 1).await;
+        match debit.map_err(|e| e.to_string())? {
+            Some(Guard::Accepted) => paid += 1,
+            Some(Guard::Refused { healed, .. }) => {
+                assert!(healed, "refused without raising the counter");
+                refused += 1;
+            }
+            None => return Err("insufficient funds".into()),
+        }
+        let _ = lease.release().await;
+    }
+    assert_eq!(paid + refused, 40);
+    assert_eq!(balance(&db, account).await?, 1_000 - i64::from(paid));
+    Ok(refused)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_empty_costs_at_most_one_refused_write() -> TestResult {
+    let refused = debits_across_a_lost_counter("restart", async |redis: &mut RedisServer| {
+        redis.restart()?;
+        Ok(())
+    })
+    .await?;
+    assert!(refused <= 1, "{refused} refused writes");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_fence_key_costs_at_most_one_refused_write() -> TestResult {
+    let refused = debits_across_a_lost_counter("deleted", async |redis: &mut RedisServer| {
+        redis.redis_cli(&["DEL", "fence:{account:deleted}"])?;
+        Ok(())
+    })
+    .await?;
+    assert_eq!(
+        refused, 1,
+        "the deleted counter restarts at 1: one refusal, healed"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_spenders_with_a_1ms_ttl_lose_no_debit_inside_the_guard() -> TestResult {
+    let pg = server()?;
+    let setup = db(&pg).await?;
+    let redis = RedisServer::start()?;
+    let client = leasehold::redis::Client::open(redis.url())?;
+    let locker = Locker::connect(&client).await?;
+    for run in 0..5 {
+        let account = format!("spend:{run}");
+        open_account(&setup, &account, 100).await?;
+        let keys = FencedKeys::for_resource(&account)?;
+        let start = Arc::new(tokio::sync::Barrier::new(50));
+        let mut tasks = Vec::new();
+        for _ in 0..50 {
+            // Connected before the start, so that 50 backends starting up
+            // do not compete with the run.
+            let mut db = leasehold_pg::connect(&pg.url()).await?;
+            let (locker, keys, account, start) =
+                (locker.clone(), keys.clone(), account.clone(), start.clone());
+            tasks.push(tokio::spawn(async move {
+                start.wait().await;
+                let opts = AcquireOptions::new().wait(HUNG);
+                let lease = locker
+                    .acquire_with(&keys, Duration::from_millis(1), &opts)
+                    .await?;
+                // Refused and insufficient both roll back.
+                guarded_debit(&mut db, &lease, &account, 10).await?;
+                let _ = lease.release().await;
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+            }));
+        }
+        for task in tasks {
+            tokio::time::timeout(HUNG, task)
+                .await?
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+        }
+        let payments: i64 = setup
+            .query_one(
+                "SELECT count(*) FROM payments WHERE account = $1",
+                &[&account],
+            )
+            .await?
+            .get(0);
+        let left = balance(&setup, &account).await?;
+        assert_eq!(left, 100 - 10 * payments, "run {run}: a debit was lost");
+        assert!(left >= 0, "run {run}");
+        assert_eq!(payments, 10, "run {run}: every affordable debit lands");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfers_in_opposite_directions_are_guarded_without_deadlock() -> TestResult {
+    let pg = server()?;
+    let setup = db(&pg).await?;
+    open_account(&setup, "x", 1_000).await?;
+    open_account(&setup, "y", 1_000).await?;
+    let redis = RedisServer::start()?;
+    let client = leasehold::redis::Client::open(redis.url())?;
+    let locker = Locker::connect(&client).await?;
+    let mut tasks = Vec::new();
+    for (from, to) in [("x", "y"), ("y", "x")] {
+        let (locker, url) = (locker.clone(), pg.url());
+        tasks.push(tokio::spawn(async move {
+            let mut db = leasehold_pg::connect(&url).await?;
+            let keys = [
+                FencedKeys::for_resource(&format!("account:{from}"))?,
+                FencedKeys::for_resource(&format!("account:{to}"))?,
+            ];
+            let opts = AcquireOptions::new().wait(HUNG);
+            for _ in 0..20 {
+                let lease = locker.acquire_all(&keys, 10 * SECOND, &opts).await?;
+                let tx = db.transaction().await?;
+                if leasehold_pg::guard(&tx, &lease).await?.is_accepted() {
+                    tx.execute(
+                        "UPDATE accounts SET balance = balance - 1 WHERE name = $1",
+                        &[&from],
+                    )
+                    .await?;
+                    tx.execute(
+                        "UPDATE accounts SET balance = balance + 1 WHERE name = $1",
+                        &[&to],
+                    )
+                    .await?;
+                    tx.commit().await?;
+                }
+                lease.release().await?;
+            }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(HUNG, task)
+            .await?
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+    }
+    let total = balance(&setup, "x").await? + balance(&setup, "y").await?;
+    assert_eq!(total, 2_000);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_lease_without_a_fence_cannot_be_guarded() -> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg).await?;
+    let redis = RedisServer::start()?;
+    let client = leasehold::redis::Client::open(redis.url())?;
+    let locker = Locker::connect(&client).await?;
+    let lease = locker.acquire("plain:lock", SECOND).await?;
+    let tx = db.transaction().await?;
+    let err = leasehold_pg::guard(&tx, &lease).await.err();
+    assert!(matches!(err, Some(Error::NotFenced)), "{err:?}");
+    tx.rollback().await?;
+    let mut conn = leasehold::connect(&client, SECOND).await?;
+    let _: () = conn.del("plain:lock").await?;
+    Ok(())
+}
