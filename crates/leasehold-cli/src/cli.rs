@@ -244,6 +244,10 @@ pub(crate) enum WriteMode {
     /// Fenced lock, then `UPDATE ... WHERE fence < $token`.
     #[default]
     Fenced,
+    /// Fenced lock, then a plain read-modify-write inside the fence guard
+    /// (`leasehold_pg::guard`, first in the transaction): no version check
+    /// on the wallet row.
+    Guard,
     /// Fenced lock, then `... AND fence = $read_fence` too (check-and-set).
     Cas,
     /// No Redis lock: `SELECT ... FOR UPDATE` in a transaction.
@@ -259,6 +263,7 @@ impl WriteMode {
     pub(crate) fn name(self) -> &'static str {
         match self {
             WriteMode::Fenced => "fenced",
+            WriteMode::Guard => "guard",
             WriteMode::Cas => "cas",
             WriteMode::ForUpdate => "for-update",
             WriteMode::Single => "single",
@@ -268,7 +273,7 @@ impl WriteMode {
 
     /// The database-only modes and the negative control take no Redis lock.
     pub(crate) fn uses_redis_lock(self) -> bool {
-        matches!(self, WriteMode::Fenced | WriteMode::Cas)
+        matches!(self, WriteMode::Fenced | WriteMode::Guard | WriteMode::Cas)
     }
 }
 
@@ -286,9 +291,10 @@ pub(crate) struct VerifyArgs {
     /// Also require the fence read to be unchanged: the same as --mode cas.
     #[arg(long)]
     pub(crate) same_version: bool,
-    /// How spenders write: fenced and cas take the fenced Redis lock;
-    /// for-update and single rely on PostgreSQL alone (no Redis lock); none
-    /// takes no lock and checks nothing.
+    /// How spenders write: fenced, guard and cas take the fenced Redis lock
+    /// (guard also resets wallet 42's row in leasehold_fences); for-update
+    /// and single rely on PostgreSQL alone (no Redis lock); none takes no
+    /// lock and checks nothing.
     #[arg(long, value_enum, default_value_t = WriteMode::Fenced)]
     pub(crate) mode: WriteMode,
 }

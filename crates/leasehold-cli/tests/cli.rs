@@ -346,6 +346,30 @@ fn verify_with_the_version_check_is_ok_on_20_broken_leases() -> TestResult {
 }
 
 #[test]
+fn verify_inside_the_fence_guard_is_ok_on_20_broken_leases_while_fenced_alone_is_broken()
+-> TestResult {
+    let reports = runs(&["verify", "--ttl", "1ms", "--mode", "guard", "--runs", "20"])?;
+    assert_eq!(reports.len(), 20);
+    for r in &reports {
+        assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(r["mode"], "guard", "{r}");
+        assert_eq!(r["accepted"], 10, "{r}");
+        assert_eq!(r["balance"], 0, "{r}");
+        assert_eq!(r["ledger_count"], 10, "{r}");
+        assert_eq!(r["ledger_sum"], 100, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+    }
+    // The tutorial's fenced-only write under the same broken lease: the
+    // negative control for this comparison.
+    let fenced = runs(&["verify", "--ttl", "1ms", "--mode", "fenced", "--runs", "3"])?;
+    assert!(
+        fenced.iter().any(|r| r["ok"] == false),
+        "fenced alone at 1 ms should show BROKEN: {fenced:?}"
+    );
+    Ok(())
+}
+
+#[test]
 fn verify_modes_without_redis_are_ok_and_the_control_is_broken() -> TestResult {
     for mode in ["for-update", "single"] {
         let r = &runs(&["verify", "--mode", mode, "--runs", "2"])?;

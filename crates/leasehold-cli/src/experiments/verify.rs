@@ -26,6 +26,16 @@ pub(crate) async fn run(env: &Env, args: &VerifyArgs) -> anyhow::Result<Report> 
         leasehold_pg::reset_wallet(&**db, WALLET_ID, spend.initial).await?;
     }
     let keys = FencedKeys::for_resource(RESOURCE)?;
+    if mode == WriteMode::Guard {
+        let db = pool.get().await.context("connecting to postgresql")?;
+        db.execute(
+            "DELETE FROM leasehold_fences WHERE resource = $1",
+            &[&keys.fence()],
+        )
+        .await
+        .map_err(leasehold_pg::Error::from)
+        .context("resetting the wallet's fence guard")?;
+    }
     let mut conn = env.redis.clone();
     let () = conn
         .del(&[keys.lock(), keys.fence()])
@@ -77,6 +87,10 @@ pub(crate) async fn run(env: &Env, args: &VerifyArgs) -> anyhow::Result<Report> 
                     let balance = ledger::debit_unchecked(&*client, &read, amount, None).await?;
                     Outcome::Applied { balance }
                 }
+                (WriteMode::Guard, Some(_)) => {
+                    let lease = lease.as_ref().context("guard mode takes a lease")?;
+                    guarded_debit(client, lease, amount, work).await?
+                }
                 (WriteMode::Fenced | WriteMode::Cas, Some(token)) => {
                     let check = if mode == WriteMode::Cas {
                         WriteCheck::CheckAndSet
@@ -91,7 +105,7 @@ pub(crate) async fn run(env: &Env, args: &VerifyArgs) -> anyhow::Result<Report> 
                     };
                     outcome
                 }
-                (WriteMode::Fenced | WriteMode::Cas, None) => {
+                (WriteMode::Fenced | WriteMode::Guard | WriteMode::Cas, None) => {
                     anyhow::bail!("a fenced lease came back without a fence")
                 }
             };
@@ -143,4 +157,35 @@ async fn release(lease: Option<leasehold::Lease>, holds: &HoldTimes) {
             Err(err) => tracing::warn!(error = %err, "release failed"),
         }
     }
+}
+
+/// A plain read-modify-write of the wallet inside the fence guard: the
+/// guard first, then the read, the work and the write, in one transaction.
+async fn guarded_debit(
+    client: &mut leasehold_pg::tokio_postgres::Client,
+    lease: &leasehold::Lease,
+    amount: i64,
+    work: std::time::Duration,
+) -> anyhow::Result<Outcome> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(leasehold_pg::Error::from)?;
+    if let leasehold_pg::Guard::Refused { current, .. } = leasehold_pg::guard(&tx, lease).await? {
+        tx.rollback().await.map_err(leasehold_pg::Error::from)?;
+        return Ok(Outcome::StaleToken {
+            fence: i64::try_from(current.get()).unwrap_or(i64::MAX),
+        });
+    }
+    let read = leasehold_pg::read_wallet(&tx, WALLET_ID).await?;
+    if read.balance() < amount {
+        tx.rollback().await.map_err(leasehold_pg::Error::from)?;
+        return Ok(Outcome::InsufficientFunds {
+            balance: read.balance(),
+        });
+    }
+    tokio::time::sleep(work).await;
+    let balance = ledger::debit_unchecked(&tx, &read, amount, None).await?;
+    tx.commit().await.map_err(leasehold_pg::Error::from)?;
+    Ok(Outcome::Applied { balance })
 }
