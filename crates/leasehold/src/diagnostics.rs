@@ -4,8 +4,9 @@
 //! lost or granted twice. Check once at startup and log the findings:
 //!
 //! - an `allkeys-*` eviction policy lets Redis evict lock keys and fence
-//!   counters (which have no TTL) under memory pressure: a held lock
-//!   vanishes, a fence counter starts again;
+//!   counters under memory pressure, before their TTL: a held lock
+//!   vanishes, a fence counter starts again (which costs one refused write
+//!   before it heals);
 //! - no persistence (or `appendfsync` other than `always`): a restart loses
 //!   recent locks and fence increments;
 //! - replicas: replication is asynchronous, so after a failover the promoted

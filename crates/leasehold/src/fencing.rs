@@ -45,9 +45,16 @@ use crate::error::{Error, Result};
 /// version it read (`fence = $read`): that check is what keeps the balance
 /// right when two holders reuse a token or overlap.
 ///
-/// The fence key has no TTL, so an `allkeys-*` eviction policy could evict
-/// it and restart the counter at 1: keep such policies off any Redis that
-/// holds locks (`noeviction` or `volatile-*`).
+/// **Healing.** When the storage refuses a write because it has seen a
+/// fence at least as high as ours, [`Lease::raise_fence`](crate::Lease::raise_fence)
+/// raises the counter past it, so the next lease's token wins: a lost
+/// counter costs at most one refused write per resource. The
+/// `leasehold-pg` fence guard does it for you. That is also why a counter
+/// may expire: it lives [`DEFAULT_FENCE_TTL`](crate::DEFAULT_FENCE_TTL) (30
+/// days, [configurable](crate::LockerBuilder::fence_ttl)) after the last
+/// lease that used it, so idle resources do not keep a key each forever.
+/// An `allkeys-*` eviction policy can still evict a *lock* key under a
+/// holder: keep such policies off any Redis that holds locks.
 ///
 /// # Keys and Redis Cluster
 ///

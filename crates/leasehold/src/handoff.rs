@@ -898,7 +898,8 @@ impl<C: RedisConnection> HandoffLocker<C> {
             .arg(token)
             .arg(px)
             .arg(&backend.local.channel)
-            .arg(lifetime.max(1));
+            .arg(lifetime.max(1))
+            .arg(backend.node.fence_ttl_ms());
         let reply =
             call::bounded("acquire", key, deadline, invocation.invoke_async(&mut conn)).await;
         let (code, pttl, fence): (i64, i64, u64) = match reply {
@@ -1165,7 +1166,8 @@ async fn release_once<C: RedisConnection>(
         .arg(&backend.local.channel)
         .arg(px)
         .arg(next)
-        .arg(if fenced { "f" } else { "-" });
+        .arg(if fenced { "f" } else { "-" })
+        .arg(backend.node.fence_ttl_ms());
     let reply = call::bounded("release", key, deadline, invocation.invoke_async(&mut conn)).await;
     let (code, local, fence): (i64, String, i64) = match reply {
         Ok(reply) => reply,
@@ -1198,7 +1200,8 @@ async fn relay_once<C: RedisConnection>(
     invocation
         .arg(&part.token)
         .arg(next)
-        .arg(ttl_millis(queued.ttl()));
+        .arg(ttl_millis(queued.ttl()))
+        .arg(backend.node.fence_ttl_ms());
     let reply = call::bounded("release", key, deadline, invocation.invoke_async(&mut conn)).await;
     let (moved, fence): (i64, i64) = match reply {
         Ok(reply) => reply,

@@ -116,7 +116,7 @@ pub use error::{Error, GiveUpReason, Result};
 pub use fencing::{FencedKeys, FencingToken, LockKeys};
 pub use handoff::{DEFAULT_RELAY_LIMIT, HandoffLocker, HandoffLockerBuilder, HandoffStyle};
 pub use lease::{Lease, MAX_TTL};
-pub use locker::{DEFAULT_COMMAND_TIMEOUT, Locker, LockerBuilder, connect};
+pub use locker::{DEFAULT_COMMAND_TIMEOUT, DEFAULT_FENCE_TTL, Locker, LockerBuilder, connect};
 pub use options::{AcquireOptions, DEFAULT_WAIT};
 pub use quorum::{DEFAULT_NODE_TIMEOUT, Quorum, QuorumBuilder};
 pub use retry::{RetryStrategy, Waits};

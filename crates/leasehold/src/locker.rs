@@ -22,6 +22,20 @@ use crate::{RedisConnection, call, rounds};
 /// deadline: 1 s.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long a fence counter lives after the last lease that used it: 30
+/// days ([`LockerBuilder::fence_ttl`]).
+pub const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+
+/// Rejects a zero fence TTL (use `None` for "forever"). No I/O.
+pub(crate) fn check_fence_ttl(ttl: Option<Duration>) -> Result<()> {
+    match ttl {
+        Some(ttl) if ttl < Duration::from_millis(1) => Err(Error::InvalidOptions(
+            "fence_ttl must be at least 1 ms (None keeps counters forever)",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Takes leases on one Redis server (or one Redis Cluster), polling while
 /// the lock is busy.
 ///
@@ -59,6 +73,7 @@ impl<C> std::fmt::Debug for Locker<C> {
 pub struct LockerBuilder<C> {
     conn: C,
     command_timeout: Duration,
+    fence_ttl: Option<Duration>,
 }
 
 impl<C: RedisConnection> LockerBuilder<C> {
@@ -72,15 +87,33 @@ impl<C: RedisConnection> LockerBuilder<C> {
         self
     }
 
+    /// How long a fence counter lives after the last lease that used it
+    /// (every fenced acquire, grant and relay resets its expiry); `None`
+    /// keeps counters forever. A counter that expired restarts below what
+    /// the storage has seen: the first write after that is refused, and the
+    /// `leasehold-pg` fence guard raises the counter
+    /// ([`Lease::raise_fence`]) so that the next one lands. So counters of
+    /// idle resources can go away: a service that locks millions of
+    /// distinct resources does not keep a key for each forever.
+    ///
+    /// Defaults to [`DEFAULT_FENCE_TTL`] (30 days).
+    pub fn fence_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.fence_ttl = ttl;
+        self
+    }
+
     /// Checks the settings and builds the locker. No I/O.
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`] for a zero command timeout.
+    /// [`Error::InvalidOptions`] for a zero command timeout or fence TTL.
     pub fn build(self) -> Result<Locker<C>> {
         if self.command_timeout.is_zero() {
             return Err(Error::InvalidOptions("command timeout must be positive"));
         }
-        Ok(Locker::from_parts(self.conn, self.command_timeout))
+        check_fence_ttl(self.fence_ttl)?;
+        Ok(Locker {
+            node: Arc::new(Node::new(self.conn, self.command_timeout, self.fence_ttl)),
+        })
     }
 }
 
@@ -140,12 +173,12 @@ pub async fn connect(client: &redis::Client, timeout: Duration) -> Result<Connec
 impl<C: RedisConnection> Locker<C> {
     /// A locker over `conn` with default settings.
     pub fn new(conn: C) -> Self {
-        Locker::from_parts(conn, DEFAULT_COMMAND_TIMEOUT)
-    }
-
-    fn from_parts(conn: C, command_timeout: Duration) -> Self {
         Locker {
-            node: Arc::new(Node::new(conn, command_timeout)),
+            node: Arc::new(Node::new(
+                conn,
+                DEFAULT_COMMAND_TIMEOUT,
+                Some(DEFAULT_FENCE_TTL),
+            )),
         }
     }
 
@@ -154,6 +187,7 @@ impl<C: RedisConnection> Locker<C> {
         LockerBuilder {
             conn,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            fence_ttl: Some(DEFAULT_FENCE_TTL),
         }
     }
 

@@ -37,18 +37,27 @@ pub(crate) struct Node<C> {
     set_nx_get: AtomicBool,
     /// Whether release and refresh use Redis 8.4 commands or Lua.
     compare: Detected,
+    /// How long a fence counter lives after its last use, in ms (0: forever).
+    fence_ttl_ms: u64,
     pub(crate) counters: Counters,
 }
 
 impl<C: RedisConnection> Node<C> {
-    pub(crate) fn new(conn: C, command_timeout: Duration) -> Node<C> {
+    pub(crate) fn new(conn: C, command_timeout: Duration, fence_ttl: Option<Duration>) -> Node<C> {
         Node {
             conn,
             command_timeout,
             set_nx_get: AtomicBool::new(true),
             compare: Detected::default(),
+            fence_ttl_ms: fence_ttl.map_or(0, ttl_millis),
             counters: Counters::default(),
         }
+    }
+
+    /// How long a fence counter lives after its last use, in ms (0:
+    /// forever): the last argument of every script that issues a token.
+    pub(crate) fn fence_ttl_ms(&self) -> u64 {
+        self.fence_ttl_ms
     }
 
     /// A clone of the connection, for one request.
@@ -115,7 +124,11 @@ impl<C: RedisConnection> Node<C> {
     ) -> Result<Attempt<FencingToken>> {
         let mut conn = self.conn.clone();
         let mut invocation = crate::scripts::ACQUIRE_FENCED.key(keys.lock());
-        invocation.key(keys.fence()).arg(token).arg(px);
+        invocation
+            .key(keys.fence())
+            .arg(token)
+            .arg(px)
+            .arg(self.fence_ttl_ms);
         let reply = call::bounded(
             "acquire",
             keys.lock(),
@@ -225,7 +238,7 @@ impl<C: RedisConnection> Node<C> {
     ) -> Result<u64> {
         let mut conn = self.conn.clone();
         let mut invocation = crate::scripts::RAISE_FENCE.key(fence_key);
-        invocation.arg(at_least.get());
+        invocation.arg(at_least.get()).arg(self.fence_ttl_ms);
         call::bounded(
             "raise fence",
             fence_key,
@@ -304,7 +317,7 @@ mod tests {
     ) -> std::result::Result<Node<redis::aio::ConnectionManager>, Box<dyn std::error::Error>> {
         let client = redis::Client::open(server.url())?;
         let conn = crate::connect(&client, Duration::from_secs(1)).await?;
-        Ok(Node::new(conn, Duration::from_secs(1)))
+        Ok(Node::new(conn, Duration::from_secs(1), None))
     }
 
     #[tokio::test]

@@ -131,9 +131,20 @@ impl<C> std::fmt::Debug for Quorum<C> {
 pub struct QuorumBuilder<C> {
     nodes: Vec<C>,
     node_timeout: Duration,
+    fence_ttl: Option<Duration>,
 }
 
 impl<C: RedisConnection> QuorumBuilder<C> {
+    /// How long a fence counter lives on each node after its last use; see
+    /// [`LockerBuilder::fence_ttl`](crate::LockerBuilder::fence_ttl).
+    ///
+    /// Defaults to [`DEFAULT_FENCE_TTL`](crate::DEFAULT_FENCE_TTL) (30
+    /// days).
+    pub fn fence_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.fence_ttl = ttl;
+        self
+    }
+
     /// Bounds each request to each node.
     ///
     /// Defaults to [`DEFAULT_NODE_TIMEOUT`] (50 ms).
@@ -150,13 +161,14 @@ impl<C: RedisConnection> QuorumBuilder<C> {
         if self.nodes.is_empty() {
             return Err(Error::InvalidOptions("a quorum needs at least one node"));
         }
+        crate::locker::check_fence_ttl(self.fence_ttl)?;
         if self.node_timeout.is_zero() {
             return Err(Error::InvalidOptions("node timeout must be positive"));
         }
         let nodes = self
             .nodes
             .into_iter()
-            .map(|conn| Arc::new(Node::new(conn, self.node_timeout)))
+            .map(|conn| Arc::new(Node::new(conn, self.node_timeout, self.fence_ttl)))
             .collect();
         Ok(Quorum {
             inner: Arc::new(QuorumInner {
@@ -213,6 +225,7 @@ impl<C: RedisConnection> Quorum<C> {
         QuorumBuilder {
             nodes,
             node_timeout: DEFAULT_NODE_TIMEOUT,
+            fence_ttl: Some(crate::DEFAULT_FENCE_TTL),
         }
     }
 
@@ -472,7 +485,11 @@ impl<C: RedisConnection> QuorumInner<C> {
                 async move {
                     let mut conn = node.conn();
                     let mut invocation = step.script().key(keys.lock());
-                    invocation.key(keys.fence()).arg(&token).arg(arg);
+                    invocation
+                        .key(keys.fence())
+                        .arg(&token)
+                        .arg(arg)
+                        .arg(node.fence_ttl_ms());
                     call::bounded(
                         step.op(),
                         keys.lock(),

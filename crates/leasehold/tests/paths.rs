@@ -264,3 +264,34 @@ async fn a_lost_fence_counter_heals_with_one_raise_every_way() -> TestResult {
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_counters_expire_after_their_last_use_every_way() -> TestResult {
+    for kind in KINDS {
+        let servers = servers_for(kind)?;
+        let way = Way::open(kind, &servers).await?;
+        let keys = FencedKeys::for_resource("wallet:expiry")?;
+        let lease = way
+            .acquire_with(&keys, 10 * SECOND, &AcquireOptions::new())
+            .await?;
+        lease.release().await?;
+        let pttl: i64 = servers[0].redis_cli(&["PTTL", keys.fence()])?.parse()?;
+        let default = i64::try_from(leasehold::DEFAULT_FENCE_TTL.as_millis())?;
+        assert!(pttl > 0 && pttl <= default, "{kind:?}: PTTL {pttl}");
+    }
+    // Kept forever when asked.
+    let server = RedisServer::start()?;
+    let client = redis::Client::open(server.url())?;
+    let locker = Locker::builder(leasehold::connect(&client, SECOND).await?)
+        .fence_ttl(None)
+        .build()?;
+    let keys = FencedKeys::for_resource("wallet:forever")?;
+    locker.acquire(&keys, SECOND).await?.release().await?;
+    assert_eq!(server.redis_cli(&["PTTL", keys.fence()])?, "-1");
+    let zero = Locker::builder(leasehold::connect(&client, SECOND).await?)
+        .fence_ttl(Some(Duration::ZERO))
+        .build()
+        .err();
+    assert!(matches!(zero, Some(Error::InvalidOptions(_))), "{zero:?}");
+    Ok(())
+}

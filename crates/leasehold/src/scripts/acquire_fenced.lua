@@ -2,9 +2,11 @@
 -- fencing token.
 --
 -- KEYS[1]  the lock key
--- KEYS[2]  the fence key (an integer counter, no TTL); same hash slot
+-- KEYS[2]  the fence key (an integer counter); same hash slot
 -- ARGV[1]  the holder's token
 -- ARGV[2]  the TTL in milliseconds (at least 1)
+-- ARGV[3]  how long the fence counter lives after its last use (ms; 0:
+--          forever)
 --
 -- Returns the new fencing token (INCR of KEYS[2]) when the lock was free and
 -- is now ours, nil (false) when someone else holds it.
@@ -31,5 +33,8 @@ end
 if fence < 1 then
   redis.call("DEL", KEYS[1])
   return redis.error_reply("NOTFENCE fence counter is not positive")
+end
+if tonumber(ARGV[3]) > 0 then
+  redis.call("PEXPIRE", KEYS[2], ARGV[3])
 end
 return fence

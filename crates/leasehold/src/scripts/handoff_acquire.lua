@@ -12,6 +12,8 @@
 -- ARGV[2]  the lease TTL in milliseconds
 -- ARGV[3]  the pub/sub channel that reaches us
 -- ARGV[4]  how long our queue entry stays valid (ms): our remaining wait
+-- ARGV[5]  how long the fence counter lives after its last use (ms; 0:
+--          forever)
 --
 -- Returns {1, 0, fence} when we took the lock now, {2, 0, fence} when it
 -- had already been handed to us, {0, pttl, 0} when we wait (pttl: the
@@ -44,6 +46,15 @@ if fence_key then
   if current and not (tonumber(current) and tonumber(current) >= 0) then
     return redis.error_reply("NOTFENCE fence key does not hold an integer counter")
   end
+end
+
+-- Issues the next fencing token.
+local function issue()
+  local fence = redis.call("INCR", fence_key)
+  if tonumber(ARGV[5]) > 0 then
+    redis.call("PEXPIRE", fence_key, ARGV[5])
+  end
+  return fence
 end
 
 local function forget(token)
@@ -88,7 +99,7 @@ if not holder then
       forget(head)
       local fence = 0
       if fenced then
-        fence = redis.call("INCR", fence_key)
+        fence = issue()
       end
       if redis.call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
         redis.call("SET", KEYS[1], head, "PX", ttl)
@@ -105,7 +116,7 @@ if not holder then
     redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
     local fence = 0
     if fence_key then
-      fence = redis.call("INCR", fence_key)
+      fence = issue()
     end
     return {1, 0, fence}
   end

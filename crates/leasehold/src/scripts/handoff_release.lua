@@ -43,6 +43,8 @@
 -- ARGV[5]  with "pass": the TTL (ms) of the next local holder
 -- ARGV[6]  with "pass": the next local holder's token
 -- ARGV[7]  with "pass": "f" when the next local holder is fenced
+-- ARGV[8]  how long the fence counter lives after its last use (ms; 0:
+--          forever)
 --
 -- Returns {code, local, fence}: code 0 when the lock did not hold ARGV[1]
 -- (expired or changed hands; nothing else was touched, unless leaving found
@@ -68,7 +70,11 @@ if fence_key then
 end
 
 local function issue()
-  return redis.call("INCR", fence_key)
+  local fence = redis.call("INCR", fence_key)
+  if tonumber(ARGV[8]) > 0 then
+    redis.call("PEXPIRE", fence_key, ARGV[8])
+  end
+  return fence
 end
 
 -- Pops (grant) or peeks at (wake: the woken waiter keeps its place until it

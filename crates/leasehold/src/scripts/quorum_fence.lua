@@ -4,6 +4,8 @@
 -- KEYS[2]  the resource's fence counter on this node
 -- ARGV[1]  the holder's token
 -- ARGV[2]  the fencing token chosen for the lease
+-- ARGV[3]  how long the fence counter lives after its last use (ms; 0:
+--          forever)
 --
 -- Raises the counter to ARGV[2] if it is lower (a counter never goes down),
 -- whether or not we hold the lock here: a higher counter on more nodes only
@@ -15,6 +17,9 @@ if not current then
 end
 if current < tonumber(ARGV[2]) then
   redis.call("SET", KEYS[2], ARGV[2])
+end
+if tonumber(ARGV[3]) > 0 then
+  redis.call("PEXPIRE", KEYS[2], ARGV[3])
 end
 if redis.call("GET", KEYS[1]) == ARGV[1] then
   return 1

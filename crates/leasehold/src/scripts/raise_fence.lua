@@ -7,6 +7,7 @@
 --
 -- KEYS[1]  the fence counter
 -- ARGV[1]  the value it must reach (a positive integer below 2^53)
+-- ARGV[2]  how long the counter lives after its last use (ms; 0: forever)
 --
 -- Returns the counter's value afterwards (at least ARGV[1]).
 --
@@ -22,7 +23,10 @@ if current then
 end
 local want = tonumber(ARGV[1])
 if n < want then
-  redis.call("SET", KEYS[1], ARGV[1], "KEEPTTL")
+  redis.call("SET", KEYS[1], ARGV[1])
   n = want
+end
+if tonumber(ARGV[2]) > 0 then
+  redis.call("PEXPIRE", KEYS[1], ARGV[2])
 end
 return n

@@ -13,6 +13,8 @@
 -- ARGV[1]  the releasing holder's token
 -- ARGV[2]  the next holder's token
 -- ARGV[3]  the next holder's TTL in milliseconds
+-- ARGV[4]  how long the fence counter lives after its last use (ms; 0:
+--          forever)
 --
 -- Returns {1, fence} when the lock moved (fence 0 when unfenced), {0, 0}
 -- when it did not hold ARGV[1] (nothing changed).
@@ -29,6 +31,9 @@ if KEYS[2] then
     return redis.error_reply("NOTFENCE fence key does not hold an integer counter")
   end
   fence = redis.call("INCR", KEYS[2])
+  if tonumber(ARGV[4]) > 0 then
+    redis.call("PEXPIRE", KEYS[2], ARGV[4])
+  end
 end
 redis.call("SET", KEYS[1], ARGV[2], "PX", ARGV[3])
 return {1, fence}
