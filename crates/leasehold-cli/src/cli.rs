@@ -434,6 +434,10 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             bench::contention::run(&env, args, cli.global.json).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Bench(bench::Bench::Guard(args)) => {
+            bench::guard::run(&env, args, cli.global.json).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(bench::Bench::Uncontended(args)) => {
             bench::uncontended::run(&env, args, cli.global.json).await?;
             Ok(ExitCode::SUCCESS)

@@ -171,8 +171,41 @@ fn bench_uncontended_smoke_prints_its_fields() -> TestResult {
         "raw_pairs_per_s",
         "overhead_ratio",
         "many_keys_pairs_per_s",
+        "raw_many_keys_pairs_per_s",
+        "many_keys_ratio",
     ] {
         assert!(r[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {r}");
+    }
+    Ok(())
+}
+
+#[test]
+fn bench_guard_smoke_prints_one_line_per_mode() -> TestResult {
+    let stdout = succeeded(&[
+        "bench",
+        "guard",
+        "--duration",
+        "50ms",
+        "--rounds",
+        "1",
+        "--tasks",
+        "2",
+        "--json",
+    ])?;
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let modes: Vec<&str> = lines.iter().filter_map(|r| r["mode"].as_str()).collect();
+    assert_eq!(modes, ["unguarded", "guarded", "for-update"]);
+    for r in &lines {
+        for key in [
+            "sequential_debits_per_s",
+            "concurrent_debits_per_s",
+            "p50_us",
+        ] {
+            assert!(r[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {r}");
+        }
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use clap::{Args, Subcommand};
 use crate::cli::parse_duration;
 
 pub(crate) mod contention;
+pub(crate) mod guard;
 pub(crate) mod uncontended;
 
 /// Which bench to run.
@@ -22,6 +23,25 @@ pub(crate) enum Bench {
     /// Acquire+release pairs per second with no contention, against a raw
     /// `SET NX PX` + `EVALSHA` loop on the same connection.
     Uncontended(UncontendedArgs),
+    /// What the PostgreSQL fence guard costs a debit: unguarded, guarded
+    /// and `SELECT ... FOR UPDATE`, sequential and concurrent (creates and
+    /// overwrites the bench_accounts table and bench:* fence rows).
+    Guard(GuardArgs),
+}
+
+/// Flags of `bench guard`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct GuardArgs {
+    /// Length of each measurement.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+    /// Rounds; every figure is the median over rounds.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) rounds: u32,
+    /// Concurrent tasks (connections) of the concurrent run, each on its
+    /// own account.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=60))]
+    pub(crate) tasks: u32,
 }
 
 /// Flags of `bench contention`.
