@@ -80,6 +80,13 @@
 //! keeps the balance right on its own; a failing lock costs refused writes
 //! (which the caller may retry), never a wrong balance.
 //!
+//! These helpers keep the fence in the wallet row. If Redis loses the fence
+//! counter (a restart, a failover, an expired counter), they refuse every
+//! write until the counter passes the stored fence: on
+//! [`Outcome::StaleToken`] or [`Outcome::StaleRead`], call
+//! `lease.raise_fence(FencingToken::new(fence))` with the fence it reports
+//! (as [`guard()`] does by itself), and the next lease's writes land.
+//!
 //! # Without Redis at all
 //!
 //! If the balance lives in PostgreSQL, the database can serialize the
