@@ -462,6 +462,22 @@ fn unreachable_postgres_is_a_clear_error_without_the_password() -> TestResult {
 }
 
 #[test]
+fn a_key_value_or_query_password_never_shows_in_errors() -> TestResult {
+    let port = leasehold_testkit::free_port()?;
+    for url in [
+        format!("host=127.0.0.1 port={port} user=app password=kv-secret-7 dbname=app"),
+        format!("host=127.0.0.1 port={port} user=app password='kv secret-7' dbname=app"),
+        format!("postgres://127.0.0.1:{port}/app?user=app&password=kv-secret-7"),
+    ] {
+        let out = leasehold(&["verify", "--database-url", &url])?;
+        let stderr = String::from_utf8(out.stderr)?;
+        assert!(!out.status.success(), "{url}");
+        assert!(!stderr.contains("secret-7"), "password leaked: {stderr}");
+    }
+    Ok(())
+}
+
+#[test]
 fn same_version_with_a_database_only_mode_is_rejected_before_any_work() -> TestResult {
     let out = leasehold(&["verify", "--same-version", "--mode", "single"])?;
     let stderr = String::from_utf8(out.stderr)?;
