@@ -15,13 +15,46 @@ use crate::{bench, demo, experiments};
 /// Without --redis-url (or REDIS_URL) a throwaway redis-server is started on
 /// a free loopback port and stopped on exit.
 #[derive(Debug, Parser)]
-#[command(name = "leasehold", version, about, long_about)]
+#[command(
+    name = "leasehold",
+    version,
+    about,
+    long_about,
+    after_help = EXIT_CODES
+)]
 pub(crate) struct Cli {
     #[command(flatten)]
     pub(crate) global: Global,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
+
+/// The exit codes, as `--help` shows them.
+const EXIT_CODES: &str = "Exit codes:
+  0  every run OK (and, for demo, every step as the tutorial shows)
+  1  a run BROKEN, or a demo step not as the tutorial shows
+  2  usage: bad flags or flags that do not go together
+  3  a server error: Redis or PostgreSQL unreachable, refused, or failing mid-run";
+
+/// Exit code 1: a run BROKEN, or a demo step not as the tutorial shows.
+pub(crate) const BROKEN: u8 = 1;
+/// Exit code 2: bad flags or flags that do not go together.
+pub(crate) const USAGE: u8 = 2;
+/// Exit code 3: a server error.
+pub(crate) const SERVER_ERROR: u8 = 3;
+
+/// A usage error found after parsing (flags that do not go together):
+/// exit code 2, like clap's own.
+#[derive(Debug)]
+pub(crate) struct Usage(pub(crate) String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
 
 /// Flags every experiment takes.
 #[derive(Debug, Clone, Args)]
@@ -305,10 +338,11 @@ impl VerifyArgs {
         match (self.same_version, self.mode) {
             (false, mode) => Ok(mode),
             (true, WriteMode::Fenced | WriteMode::Cas) => Ok(WriteMode::Cas),
-            (true, other) => anyhow::bail!(
+            (true, other) => Err(Usage(format!(
                 "--same-version means --mode cas; it cannot be combined with --mode {}",
                 other.name()
-            ),
+            ))
+            .into()),
         }
     }
 }
@@ -495,7 +529,10 @@ where
         eprintln!(
             "leasehold: {errors} callers failed with an error; the check above is not trustworthy"
         );
-        return Ok(ExitCode::FAILURE);
+        return Ok(ExitCode::from(SERVER_ERROR));
+    }
+    if ok < global.runs {
+        return Ok(ExitCode::from(BROKEN));
     }
     Ok(ExitCode::SUCCESS)
 }

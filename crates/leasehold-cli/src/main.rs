@@ -33,14 +33,18 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(err) => {
             eprintln!("error: cannot start the tokio runtime: {err}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(cli::SERVER_ERROR);
         }
     };
     match runtime.block_on(cli::run(cli)) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {}", redact::redact_text(&format!("{err:#}")));
-            ExitCode::FAILURE
+            if err.downcast_ref::<cli::Usage>().is_some() {
+                ExitCode::from(cli::USAGE)
+            } else {
+                ExitCode::from(cli::SERVER_ERROR)
+            }
         }
     }
 }

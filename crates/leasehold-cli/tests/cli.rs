@@ -27,15 +27,38 @@ fn succeeded(args: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
     Ok(stdout)
 }
 
-/// Runs with `--json` and returns one object per run.
+/// Runs `leasehold args`, requires it to finish with OK (0) or BROKEN (1),
+/// not an error, and returns its stdout.
+fn finished(args: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
+    let out = leasehold(args)?;
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "leasehold {args:?} failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(stdout)
+}
+
+/// Runs with `--json` and returns one object per run, checking the exit
+/// code against them: 0 when every run is OK, 1 when one is BROKEN.
 fn runs(args: &[&str]) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
     let mut all = args.to_vec();
     all.push("--json");
-    let stdout = succeeded(&all)?;
-    Ok(stdout
+    let out = leasehold(&all)?;
+    let stdout = String::from_utf8(out.stdout)?;
+    let reports: Vec<Value> = stdout
         .lines()
         .map(serde_json::from_str)
-        .collect::<Result<_, _>>()?)
+        .collect::<Result<_, _>>()?;
+    let all_ok = reports.iter().all(|r| r["ok"] == true);
+    assert_eq!(
+        out.status.code(),
+        Some(if all_ok { 0 } else { 1 }),
+        "leasehold {all:?}: exit code against the reports\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(reports)
 }
 
 #[test]
@@ -241,7 +264,7 @@ fn ttl_with_the_watchdog_serialises_the_callers() -> TestResult {
 #[test]
 fn ttl_prints_the_tutorials_lines() -> TestResult {
     // The second caller gets in ~10 ms after the first, which writes at 300 ms.
-    let stdout = succeeded(&["ttl", "-n", "2", "--work", "300ms", "--ttl", "10ms"])?;
+    let stdout = finished(&["ttl", "-n", "2", "--work", "300ms", "--ttl", "10ms"])?;
     let mut lines = stdout.lines();
     assert_eq!(
         lines.next(),
@@ -368,11 +391,15 @@ fn verify_with_the_version_check_is_ok_on_20_broken_leases() -> TestResult {
         assert_eq!(r["ok"], true, "{r}");
         assert_eq!(r["mode"], "cas", "{r}");
         assert_eq!(r["ttl_ms"], 1, "{r}");
-        assert_eq!(r["accepted"], 10, "{r}");
-        assert_eq!(r["balance"], 0, "{r}");
-        assert_eq!(r["ledger_count"], 10, "{r}");
-        assert_eq!(r["ledger_sum"], 100, "{r}");
         assert_eq!(r["errors"], 0, "{r}");
+        // Balance, ledger and accepted count agree; how many of the 50 get
+        // through (10 on a quiet machine, as the tutorial shows) depends on
+        // how many were refused as stale, which grows with load.
+        let accepted = r["accepted"].as_i64().ok_or("accepted")?;
+        assert!((1..=10).contains(&accepted), "{r}");
+        assert_eq!(r["balance"].as_i64(), Some(100 - 10 * accepted), "{r}");
+        assert_eq!(r["ledger_count"].as_i64(), Some(accepted), "{r}");
+        assert_eq!(r["ledger_sum"].as_i64(), Some(10 * accepted), "{r}");
         assert!(r["rejected"].is_u64(), "{r}");
     }
     Ok(())
@@ -384,13 +411,17 @@ fn verify_inside_the_fence_guard_is_ok_on_20_broken_leases_while_fenced_alone_is
     let reports = runs(&["verify", "--ttl", "1ms", "--mode", "guard", "--runs", "20"])?;
     assert_eq!(reports.len(), 20);
     for r in &reports {
+        // No lost or duplicated debit: balance, ledger and accepted count
+        // agree. (How many of the 50 get through depends on how many were
+        // refused as stale, which grows with the machine's load.)
         assert_eq!(r["ok"], true, "{r}");
         assert_eq!(r["mode"], "guard", "{r}");
-        assert_eq!(r["accepted"], 10, "{r}");
-        assert_eq!(r["balance"], 0, "{r}");
-        assert_eq!(r["ledger_count"], 10, "{r}");
-        assert_eq!(r["ledger_sum"], 100, "{r}");
         assert_eq!(r["errors"], 0, "{r}");
+        let accepted = r["accepted"].as_i64().ok_or("accepted")?;
+        assert!((1..=10).contains(&accepted), "{r}");
+        assert_eq!(r["balance"].as_i64(), Some(100 - 10 * accepted), "{r}");
+        assert_eq!(r["ledger_count"].as_i64(), Some(accepted), "{r}");
+        assert_eq!(r["ledger_sum"].as_i64(), Some(10 * accepted), "{r}");
     }
     // The tutorial's fenced-only write under the same broken lease: the
     // negative control for this comparison.
@@ -426,7 +457,7 @@ fn experiments_without_postgres_do_not_start_it() -> TestResult {
     for args in [&["race", "-n", "2"][..], &["lock", "-n", "2"]] {
         let out = leasehold(args)?;
         let stderr = String::from_utf8(out.stderr)?;
-        assert!(out.status.success(), "{stderr}");
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{stderr}");
         assert!(!stderr.contains("postgres"), "{args:?}: {stderr}");
     }
     Ok(())
@@ -474,6 +505,25 @@ fn a_key_value_or_query_password_never_shows_in_errors() -> TestResult {
         assert!(!out.status.success(), "{url}");
         assert!(!stderr.contains("secret-7"), "password leaked: {stderr}");
     }
+    Ok(())
+}
+
+#[test]
+fn exit_codes_say_ok_broken_usage_and_server_error() -> TestResult {
+    assert_eq!(leasehold(&["lock"])?.status.code(), Some(0), "OK");
+    assert_eq!(leasehold(&["race"])?.status.code(), Some(1), "BROKEN");
+    assert_eq!(
+        leasehold(&["lock", "--no-such-flag"])?.status.code(),
+        Some(2)
+    );
+    let out = leasehold(&["verify", "--same-version", "--mode", "single"])?;
+    assert_eq!(out.status.code(), Some(2), "flags that do not go together");
+    let port = leasehold_testkit::free_port()?;
+    let url = format!("redis://127.0.0.1:{port}/");
+    let out = leasehold(&["lock", "--redis-url", &url])?;
+    assert_eq!(out.status.code(), Some(3), "redis unreachable");
+    let help = String::from_utf8(leasehold(&["--help"])?.stdout)?;
+    assert!(help.contains("Exit codes:"), "{help}");
     Ok(())
 }
 

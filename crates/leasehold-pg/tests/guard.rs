@@ -330,7 +330,12 @@ async fn fifty_spenders_with_a_1ms_ttl_lose_no_debit_inside_the_guard() -> TestR
         let left = balance(&setup, &account).await?;
         assert_eq!(left, 100 - 10 * payments, "run {run}: a debit was lost");
         assert!(left >= 0, "run {run}");
-        assert_eq!(payments, 10, "run {run}: every affordable debit lands");
+        // How many of the 50 get through (10 on a quiet machine) depends on
+        // how many were refused as stale, which grows with load.
+        assert!(
+            (1..=10).contains(&payments),
+            "run {run}: {payments} payments"
+        );
     }
     Ok(())
 }
