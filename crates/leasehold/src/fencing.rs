@@ -80,6 +80,33 @@ impl FencingToken {
     }
 }
 
+/// A fencing token that does not fit the other integer type (0 is not a
+/// token; PostgreSQL's `bigint` stops at `i64::MAX`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("fencing token out of range: {0}")]
+pub struct TokenRange(pub i128);
+
+impl TryFrom<FencingToken> for i64 {
+    type Error = TokenRange;
+
+    /// The token as PostgreSQL's `bigint`.
+    fn try_from(token: FencingToken) -> std::result::Result<i64, TokenRange> {
+        i64::try_from(token.0).map_err(|_| TokenRange(i128::from(token.0)))
+    }
+}
+
+impl TryFrom<i64> for FencingToken {
+    type Error = TokenRange;
+
+    /// A token read back from a `bigint` column: positive, or refused.
+    fn try_from(value: i64) -> std::result::Result<FencingToken, TokenRange> {
+        match u64::try_from(value) {
+            Ok(v) if v > 0 => Ok(FencingToken(v)),
+            _ => Err(TokenRange(i128::from(value))),
+        }
+    }
+}
+
 impl From<u64> for FencingToken {
     fn from(value: u64) -> Self {
         FencingToken(value)
@@ -312,6 +339,15 @@ pub(crate) fn check_key(key: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_convert_to_and_from_bigint_within_range() {
+        assert_eq!(i64::try_from(FencingToken::new(42)), Ok(42));
+        assert!(i64::try_from(FencingToken::new(u64::MAX)).is_err());
+        assert_eq!(FencingToken::try_from(7_i64), Ok(FencingToken::new(7)));
+        assert!(FencingToken::try_from(0_i64).is_err());
+        assert!(FencingToken::try_from(-3_i64).is_err());
+    }
 
     #[test]
     fn crc16_matches_the_cluster_spec() {

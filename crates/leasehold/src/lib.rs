@@ -113,7 +113,7 @@ pub mod diagnostics;
 mod give_up_tests;
 
 pub use error::{Error, GiveUpReason, Result};
-pub use fencing::{FencedKeys, FencingToken, LockKeys};
+pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 pub use handoff::{DEFAULT_RELAY_LIMIT, HandoffLocker, HandoffLockerBuilder, HandoffStyle};
 pub use lease::{Lease, MAX_TTL};
 pub use locker::{DEFAULT_COMMAND_TIMEOUT, DEFAULT_FENCE_TTL, Locker, LockerBuilder, connect};

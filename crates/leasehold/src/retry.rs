@@ -44,7 +44,7 @@
 
 use std::time::Duration;
 
-use rand::{Rng, SeedableRng, rngs::SmallRng};
+use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
 /// How long to wait between attempts to take a busy lock.
 ///
@@ -132,9 +132,10 @@ impl RetryStrategy {
         self
     }
 
-    /// The waits, seeded from the operating system's random source.
+    /// The waits, seeded from the thread-local generator (itself seeded from
+    /// the operating system): jitter needs no secrecy, only spread.
     pub fn waits(&self) -> Waits {
-        self.waits_with(SmallRng::from_os_rng())
+        self.waits_with(rand::make_rng::<SmallRng>())
     }
 
     /// The waits with a fixed seed, for reproducible sequences in tests and
