@@ -22,7 +22,14 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // The experiments break leases on purpose: the library's
+                // warnings for stale releases and refused writes are what
+                // they count and print, not news. RUST_LOG shows them.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new(
+                        "warn,leasehold::lease=error,leasehold_pg=error",
+                    )
+                }),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -206,7 +206,7 @@ pub async fn guard<C: GenericClient>(tx: &C, lease: &Lease) -> Result<Guard> {
                         false
                     }
                 };
-                tracing::info!(resource, %token, %current, healed, "write refused: a newer fencing token has written");
+                tracing::warn!(resource, %token, %current, healed, "write refused: a newer fencing token has written");
                 return Ok(Guard::Refused {
                     resource,
                     token,

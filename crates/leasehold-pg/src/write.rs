@@ -201,11 +201,19 @@ async fn debit_with_token<C: GenericClient>(
     // say why. The reason is as of this re-read; the refusal itself was
     // decided by the UPDATE's own check.
     let now = read_wallet(client, read.id).await?;
-    if now.fence >= token {
-        Ok(Outcome::StaleToken { fence: now.fence })
+    let outcome = if now.fence >= token {
+        Outcome::StaleToken { fence: now.fence }
     } else {
-        Ok(Outcome::StaleRead { fence: now.fence })
-    }
+        Outcome::StaleRead { fence: now.fence }
+    };
+    tracing::warn!(
+        wallet = read.id,
+        token,
+        current = now.fence,
+        ?outcome,
+        "write refused: the lease was superseded or the read is stale"
+    );
+    Ok(outcome)
 }
 
 /// One conditional statement, no lock and no token:

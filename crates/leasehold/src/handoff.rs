@@ -532,6 +532,8 @@ impl<C: RedisConnection> Way for HandoffLocker<C> {
         wait_replicas: true,
     };
 
+    const MODE: &'static str = "handoff";
+
     async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
         self.take_checked(target, ttl, opts).await
     }
@@ -726,7 +728,14 @@ impl<C: RedisConnection> HandoffLocker<C> {
             let request = self.try_or_enqueue(target, &token, px, lifetime, call_deadline);
             let holder_left = match rounds.unless_cancelled(request).await? {
                 Ok(Found::TookIt(fence)) => return Ok(waiting.into_lease(sent_at, fence)),
-                Ok(Found::HandedOver(fence)) => return Ok(waiting.into_lease(last_busy, fence)),
+                Ok(Found::HandedOver(fence)) => {
+                    tracing::debug!(
+                        key,
+                        fence,
+                        "handed the lock by a release (found on re-check)"
+                    );
+                    return Ok(waiting.into_lease(last_busy, fence));
+                }
                 Ok(Found::Waiting(holder_left)) => {
                     // Only a reply that saw the lock busy bounds when a
                     // later hand-over can have happened.
@@ -755,7 +764,10 @@ impl<C: RedisConnection> HandoffLocker<C> {
                 biased;
                 () = rounds.cancelled() => return Err(rounds.give_up(GiveUpReason::Cancelled)),
                 signal = rx.recv() => match signal {
-                    Some(Signal::Granted(fence)) => return Ok(waiting.into_lease(last_busy, fence)),
+                    Some(Signal::Granted(fence)) => {
+                        tracing::debug!(key, fence, "granted the lock by a release");
+                        return Ok(waiting.into_lease(last_busy, fence));
+                    }
                     Some(Signal::Woken) | None => {}
                 },
                 () = tokio::time::sleep_until(wake) => {}
@@ -820,7 +832,10 @@ impl<C: RedisConnection> HandoffLocker<C> {
                 token,
                 validity,
                 fence,
-            }) => Some(self.relayed(target, token, validity, fence)),
+            }) => {
+                tracing::debug!(key, "relayed the lock in process");
+                Some(self.relayed(target, token, validity, fence))
+            }
             // `None` from the ticket: the unit that was passing to us was
             // dropped mid-way; its place is ours.
             Some(Turn::Represent) | None => None,

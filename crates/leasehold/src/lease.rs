@@ -352,10 +352,12 @@ impl Lease {
         let deadline = sent_at + self.backend.command_timeout();
         match refresh_all(&*self.backend, &self.parts, ttl, deadline).await? {
             None => {
+                tracing::debug!(key = self.key(), ttl_ms = ttl.as_millis(), "refreshed");
                 self.shared.confirm(sent_at, ttl);
                 Ok(())
             }
             Some(key) => {
+                tracing::warn!(key, cause = %LostCause::Expired, "refresh found the lease gone");
                 self.shared.lose(LostCause::Expired);
                 Err(Error::NotHeld { key })
             }
@@ -485,6 +487,14 @@ impl Lease {
         let mut outcome = Ok(());
         for part in &self.parts {
             let released = self.backend.release(part, deadline).await;
+            match &released {
+                Ok(true) => tracing::debug!(key = part.key, "released"),
+                Ok(false) => tracing::warn!(
+                    key = part.key,
+                    "release found the lease gone: it expired or changed hands while held"
+                ),
+                Err(err) => tracing::debug!(key = part.key, error = %err, "release failed"),
+            }
             if outcome.is_ok() {
                 outcome = match released {
                     Ok(true) => Ok(()),

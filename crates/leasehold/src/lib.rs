@@ -67,6 +67,23 @@
 //!   ([`Error::NotReplicated`]); it narrows the failover window, it does
 //!   not close it.
 //!
+//! # Tracing
+//!
+//! Through the `tracing` facade (no subscriber is installed by the
+//! library):
+//!
+//! - DEBUG: a `leasehold.acquire` span per lock taken (`key`, `mode` =
+//!   `poll` / `handoff` / `quorum`, `fenced`, `attempts`, `waited_ms`,
+//!   `outcome` = `acquired` / `gave up` / `error`) ending with one event
+//!   saying how it went (the give-up `reason`, the `fence`); hand-off grants
+//!   and in-process relays; releases and refreshes.
+//! - WARN: a lease lost (the watchdog, with its cause), a release or
+//!   refresh that found the lease gone, a refresh that failed and will be
+//!   retried; in `leasehold-pg`, a write refused as stale (the money
+//!   alarm).
+//!
+//! Keys are logged; tokens and passwords never are.
+//!
 //! # How the crate is built
 //!
 //! In layers, each using only those below it:

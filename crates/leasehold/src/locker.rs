@@ -329,6 +329,8 @@ impl<C: RedisConnection> Way for Locker<C> {
         wait_replicas: true,
     };
 
+    const MODE: &'static str = "poll";
+
     /// The polling loop for one checked target.
     async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
         let token = LeaseToken::generate()?;

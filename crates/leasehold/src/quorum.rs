@@ -214,6 +214,8 @@ impl<C: RedisConnection> Way for Quorum<C> {
         wait_replicas: false,
     };
 
+    const MODE: &'static str = "quorum";
+
     async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
         self.take_one(target, ttl, opts).await
     }

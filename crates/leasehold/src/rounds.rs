@@ -77,12 +77,14 @@ impl<'a> Rounds<'a> {
             return Err(self.give_up(GiveUpReason::DeadlineExpired));
         }
         self.attempts = self.attempts.saturating_add(1);
+        tracing::Span::current().record("attempts", self.attempts);
         Ok((sent_at, self.deadline.min(sent_at + self.command_timeout)))
     }
 
     /// Counts an attempt answered without a request (in process).
     pub(crate) fn attempt_in_process(&mut self) {
         self.attempts = self.attempts.saturating_add(1);
+        tracing::Span::current().record("attempts", self.attempts);
     }
 
     /// Whether the strategy allows another wait (without using it).

@@ -35,6 +35,9 @@ pub(crate) trait Way {
     /// Which options it honours (the rest are refused before any I/O).
     const SUPPORTS: Supports;
 
+    /// Its name in traces: `poll`, `handoff` or `quorum`.
+    const MODE: &'static str;
+
     /// Takes the lease on one checked target, as `opts` says (the options
     /// were checked against [`SUPPORTS`](Self::SUPPORTS)).
     fn take(
@@ -55,7 +58,52 @@ pub(crate) async fn acquire_with<W: Way>(
     let target = Target::of(&keys)?;
     check_ttl(ttl)?;
     opts.check(W::SUPPORTS)?;
-    way.take(target, ttl, opts).await
+    traced_take(way, target, ttl, opts).await
+}
+
+/// `way.take`, inside a `leasehold.acquire` span (key, mode, fenced;
+/// attempts as they are made; outcome and waited_ms at the end), which ends
+/// with one DEBUG event saying how it went.
+async fn traced_take<W: Way>(
+    way: &W,
+    target: Target,
+    ttl: Duration,
+    opts: &AcquireOptions,
+) -> Result<Lease> {
+    use tracing::Instrument;
+    use tracing::field::Empty;
+    let span = tracing::debug_span!(
+        "leasehold.acquire",
+        key = %target.lock,
+        mode = W::MODE,
+        fenced = target.fence.is_some(),
+        attempts = Empty,
+        waited_ms = Empty,
+        outcome = Empty,
+    );
+    let start = Instant::now();
+    let result = way.take(target, ttl, opts).instrument(span.clone()).await;
+    let waited_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+    span.record("waited_ms", waited_ms);
+    match &result {
+        Ok(lease) => {
+            span.record("outcome", "acquired");
+            let fence = lease.fence().map(crate::FencingToken::get);
+            tracing::debug!(parent: &span, outcome = "acquired", waited_ms, fence, "acquired");
+        }
+        Err(Error::NotAcquired {
+            attempts, reason, ..
+        }) => {
+            span.record("outcome", "gave up");
+            span.record("attempts", attempts);
+            tracing::debug!(parent: &span, outcome = "gave up", %reason, attempts, waited_ms, "gave up");
+        }
+        Err(err) => {
+            span.record("outcome", "error");
+            tracing::debug!(parent: &span, outcome = "error", error = %err, waited_ms, "acquire failed");
+        }
+    }
+    result
 }
 
 /// `acquire_all` of every way: checks (no I/O), then every lock in order.
@@ -69,7 +117,7 @@ pub(crate) async fn acquire_all_of<W: Way, K: LockKeys>(
     check_ttl(ttl)?;
     opts.check(W::SUPPORTS)?;
     acquire_all(targets, opts, |target, each| async move {
-        way.take(target, ttl, &each).await
+        traced_take(way, target, ttl, &each).await
     })
     .await
 }
