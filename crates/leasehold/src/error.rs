@@ -191,6 +191,21 @@ pub enum Error {
     #[error("redis authentication failed")]
     Auth(#[source] redis::RedisError),
 
+    /// The Redis user may not run a command (or touch a key or channel)
+    /// that `op` needs: its ACL is missing something (the README lists the
+    /// minimal ACL for each mode). Not retryable.
+    #[error("redis refused {op}: no permission to run {command}")]
+    NoPermission {
+        /// The operation that failed.
+        op: &'static str,
+        /// The command (or key, or channel) the ACL refused, as Redis named
+        /// it.
+        command: String,
+        /// The server's error.
+        #[source]
+        source: redis::RedisError,
+    },
+
     /// The lock key exists but does not hold a string, so it is not a lock
     /// (another part of the application uses the same name).
     #[error("key {key:?} holds a value of the wrong type for a lock")]
@@ -284,6 +299,13 @@ impl Error {
                 };
             }
             Some("NOAUTH" | "WRONGPASS") => return Error::Auth(err),
+            Some("NOPERM") => {
+                return Error::NoPermission {
+                    op,
+                    command: refused_command(err.detail().unwrap_or_default()),
+                    source: err,
+                };
+            }
             _ => {}
         }
         if err.kind() == ErrorKind::AuthenticationFailed {
@@ -294,6 +316,24 @@ impl Error {
         }
         Error::Redis { op, source: err }
     }
+}
+
+/// What a `NOPERM` reply names: `... run the 'set' command` gives `SET`,
+/// `... access one of the keys ...` / `... one of the channels ...` say so.
+fn refused_command(detail: &str) -> String {
+    if let Some(start) = detail.find("run the '") {
+        let rest = &detail[start + "run the '".len()..];
+        if let Some(end) = rest.find('\'') {
+            return rest[..end].to_ascii_uppercase();
+        }
+    }
+    if detail.contains("keys") {
+        return "a command on one of its keys".to_owned();
+    }
+    if detail.contains("channels") {
+        return "a command on one of its channels".to_owned();
+    }
+    "a command".to_owned()
 }
 
 impl From<getrandom::Error> for Error {

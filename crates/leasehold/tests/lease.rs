@@ -398,10 +398,129 @@ async fn a_permission_error_is_not_retryable() -> TestResult {
     let url = format!("redis://noset:pw@{}:{}", server.host(), server.port());
     let locker = Locker::connect(&redis::Client::open(url)?).await?;
     let err = locker.acquire_with("t:noperm", SECOND, &once()).await.err();
-    assert!(err.is_some(), "SET was refused, yet the acquire succeeded");
+    assert!(
+        matches!(&err, Some(Error::NoPermission { command, .. }) if command == "SET"),
+        "{err:?}"
+    );
     assert!(
         !err.as_ref().is_some_and(Error::is_retryable),
         "{err:?} must not be retryable"
     );
+    Ok(())
+}
+
+/// The minimal ACL the README documents for a lock user, as `ACL SETUSER`
+/// arguments (every mode: polling, fenced, hand-off, wait for replicas).
+const LOCK_USER_ACL: &[&str] = &[
+    "resetkeys",
+    "~lock:*",
+    "~fence:*",
+    "resetchannels",
+    "&leasehold:handoff:*",
+    "-@all",
+    "+set",
+    "+get",
+    "+del",
+    "+pexpire",
+    "+pttl",
+    "+incr",
+    "+type",
+    "+time",
+    "+zadd",
+    "+zrange",
+    "+zrem",
+    "+zpopmin",
+    "+hget",
+    "+hset",
+    "+hdel",
+    "+publish",
+    "+subscribe",
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+wait",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mode_works_under_the_minimal_acl() -> TestResult {
+    let (server, _conn, _) = setup().await?;
+    let mut setuser = vec!["ACL", "SETUSER", "locker", "on", ">pw"];
+    setuser.extend_from_slice(LOCK_USER_ACL);
+    server.redis_cli(&setuser)?;
+    let client = redis::Client::open(format!(
+        "redis://locker:pw@{}:{}",
+        server.host(),
+        server.port()
+    ))?;
+    let locker = Locker::connect(&client).await?;
+    let ttl = 10 * SECOND;
+
+    let plain = locker.acquire("lock:acl", ttl).await?;
+    plain.refresh(ttl).await?;
+    plain.release().await?;
+
+    let keys = leasehold::FencedKeys::for_resource("acl")?;
+    let fenced = locker.acquire(&keys, ttl).await?;
+    fenced
+        .raise_fence(leasehold::FencingToken::new(100))
+        .await?;
+    fenced.release().await?;
+
+    let handoff = leasehold::HandoffLocker::builder(locker.clone(), &client)
+        .connect()
+        .await?;
+    let first = handoff.acquire(&keys, ttl).await?;
+    let waiter = {
+        let (handoff, keys) = (handoff.clone(), keys.clone());
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            handoff.acquire_with(&keys, ttl, &opts).await
+        })
+    };
+    while handoff.queued_in_process(keys.lock()) < 1 {
+        tokio::task::yield_now().await;
+    }
+    first.release().await?;
+    let second = tokio::time::timeout(HUNG, waiter).await???;
+    assert!(second.fence() > Some(leasehold::FencingToken::new(100)));
+    second.release().await?;
+
+    // Waiters queued in Redis (relay off, another "process").
+    let fifo = leasehold::HandoffLocker::builder(locker.clone(), &client)
+        .relay_limit(0)
+        .connect()
+        .await?;
+    let other = leasehold::HandoffLocker::builder(Locker::connect(&client).await?, &client)
+        .relay_limit(0)
+        .connect()
+        .await?;
+    let first = fifo.acquire(&keys, ttl).await?;
+    let waiter = {
+        let (other, keys) = (other.clone(), keys.clone());
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            other.acquire_with(&keys, ttl, &opts).await
+        })
+    };
+    while server.redis_cli(&["ZCARD", "lock:{acl}:waitq"])? != "1" {
+        tokio::task::yield_now().await;
+    }
+    first.release().await?;
+    tokio::time::timeout(HUNG, waiter)
+        .await???
+        .release()
+        .await?;
+
+    // WAIT is allowed: no replica here, so the lock is given back.
+    let replicated = AcquireOptions::new().wait_replicas(1, Duration::from_millis(10));
+    let err = locker
+        .acquire_with("lock:acl:wait", ttl, &replicated)
+        .await
+        .err();
+    assert!(matches!(err, Some(Error::NotReplicated { .. })), "{err:?}");
+
+    // Outside the key patterns: refused, typed.
+    let err = locker.acquire("elsewhere", ttl).await.err();
+    assert!(matches!(err, Some(Error::NoPermission { .. })), "{err:?}");
     Ok(())
 }
