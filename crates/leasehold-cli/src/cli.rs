@@ -463,7 +463,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let env = Env::connect(&cli.global).await?;
     match &cli.command {
-        Command::Demo => demo::run(&env).await,
+        Command::Demo => demo::run(&env, cli.global.json).await,
         Command::Bench(bench::Bench::Contention(args)) => {
             bench::contention::run(&env, args, cli.global.json).await?;
             Ok(ExitCode::SUCCESS)

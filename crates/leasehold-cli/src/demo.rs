@@ -43,8 +43,9 @@ struct Row {
     matches: bool,
 }
 
-/// Runs the steps and prints the table; non-zero exit on any mismatch.
-pub(crate) async fn run(env: &Env) -> anyhow::Result<ExitCode> {
+/// Runs the steps and prints the table (with `json`, one object per step
+/// and a summary object); exit code 1 on any mismatch.
+pub(crate) async fn run(env: &Env, json: bool) -> anyhow::Result<ExitCode> {
     let mut rows = Vec::new();
     let mut add = |step, what, tutorial, shows: Shows, report: Report| {
         let matches = shows.matches(&report);
@@ -229,8 +230,31 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<ExitCode> {
         experiments::redlock::run(env.database(), &RedlockArgs::default()).await?,
     );
 
-    print_table(&rows);
     let failed = rows.iter().filter(|r| !r.matches).count();
+    if json {
+        for row in &rows {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "step": row.step,
+                    "experiment": row.what,
+                    "tutorial": row.tutorial,
+                    "matches": row.matches,
+                    "report": row.report.to_json(),
+                })
+            );
+        }
+        println!(
+            "{}",
+            serde_json::json!({ "steps": rows.len(), "matching": rows.len() - failed })
+        );
+        return Ok(if failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    print_table(&rows);
     if failed == 0 {
         println!("\nall {} steps show what the tutorial shows", rows.len());
         Ok(ExitCode::SUCCESS)

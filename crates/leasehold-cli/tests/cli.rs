@@ -294,6 +294,27 @@ fn demo_matches_the_tutorial() -> TestResult {
 }
 
 #[test]
+fn demo_json_is_one_object_per_step_and_a_summary() -> TestResult {
+    let stdout = succeeded(&["demo", "--json"])?;
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let (summary, steps) = lines.split_last().ok_or("no output")?;
+    assert_eq!(
+        summary["steps"].as_u64(),
+        Some(steps.len() as u64),
+        "{summary}"
+    );
+    assert_eq!(summary["matching"], summary["steps"], "{summary}");
+    for step in steps {
+        assert_eq!(step["matches"], true, "{step}");
+        assert!(step["report"]["experiment"].is_string(), "{step}");
+    }
+    Ok(())
+}
+
+#[test]
 fn given_redis_url_is_used_and_its_password_never_printed() -> TestResult {
     let server = RedisServer::start_with(RedisOptions::default().password("hunter2-secret"))?;
     let out = leasehold(&["lock", "--redis-url", &server.url(), "--json"])?;
