@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     match runtime.block_on(cli::run(cli)) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {}", redact::redact_text(&format!("{err:#}")));
+            eprintln!("error: {}", redact::redact_text(&report::chain(&err)));
             if err.downcast_ref::<cli::Usage>().is_some() {
                 ExitCode::from(cli::USAGE)
             } else {

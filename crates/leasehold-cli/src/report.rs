@@ -210,6 +210,21 @@ pub(crate) fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// An error and its causes, `a: b: c`, without a cause that only repeats
+/// the message before it (redis-rs wraps an I/O error whose text is its
+/// own: `broken pipe: broken pipe`).
+pub(crate) fn chain(err: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if parts.last().is_some_and(|last| last.ends_with(&text)) {
+            continue;
+        }
+        parts.push(text);
+    }
+    parts.join(": ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,6 +246,17 @@ mod tests {
         let r = Report::check("x", 0, 10, 1, -10, Duration::ZERO);
         assert_eq!(r.expected, -10);
         assert!(!r.ok);
+    }
+
+    #[test]
+    fn an_error_chain_says_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "broken pipe");
+        let err = anyhow::Error::new(io)
+            .context("broken pipe")
+            .context("redis unreachable during acquire");
+        assert_eq!(chain(&err), "redis unreachable during acquire: broken pipe");
+        let distinct = anyhow::anyhow!("refused").context("connecting to postgresql");
+        assert_eq!(chain(&distinct), "connecting to postgresql: refused");
     }
 
     #[test]
