@@ -1,7 +1,7 @@
 //! The fence guard against a real PostgreSQL and Redis, on the caller's own
 //! table (`accounts`, no fence column).
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::redis::AsyncCommands;
@@ -10,24 +10,14 @@ use leasehold_pg::tokio_postgres::Client;
 use leasehold_pg::{Error, FENCES, Guard};
 use leasehold_testkit::{PostgresServer, RedisOptions, RedisServer};
 
+mod common;
+use common::server;
+
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const SECOND: Duration = Duration::from_secs(1);
 /// A hang detector, not a timing assertion.
 const HUNG: Duration = Duration::from_secs(30);
-
-/// One server shared by the tests that run at the same time; dropped (and
-/// stopped) when the last of them ends.
-fn server() -> Result<Arc<PostgresServer>, leasehold_testkit::Error> {
-    static SHARED: Mutex<Weak<PostgresServer>> = Mutex::new(Weak::new());
-    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(server) = shared.upgrade() {
-        return Ok(server);
-    }
-    let server = Arc::new(PostgresServer::start()?);
-    *shared = Arc::downgrade(&server);
-    Ok(server)
-}
 
 /// A database with the fence table and the caller's own table.
 async fn db(server: &PostgresServer) -> Result<Client, Box<dyn std::error::Error>> {

@@ -1,8 +1,8 @@
 //! The write helpers against a real, throwaway PostgreSQL (one per test
 //! binary while tests overlap) and, for the counter-reset case, Redis.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use leasehold::redis::AsyncCommands;
@@ -11,20 +11,10 @@ use leasehold_pg::tokio_postgres::Client;
 use leasehold_pg::{Error, Outcome};
 use leasehold_testkit::{PostgresServer, RedisServer};
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+mod common;
+use common::server;
 
-/// One server shared by the tests that run at the same time; dropped (and
-/// stopped) when the last of them ends, so nothing outlives the binary.
-fn server() -> Result<Arc<PostgresServer>, leasehold_testkit::Error> {
-    static SHARED: Mutex<Weak<PostgresServer>> = Mutex::new(Weak::new());
-    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(server) = shared.upgrade() {
-        return Ok(server);
-    }
-    let server = Arc::new(PostgresServer::start()?);
-    *shared = Arc::downgrade(&server);
-    Ok(server)
-}
+type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// A wallet id no other test in this binary uses.
 fn wallet_id() -> i64 {
