@@ -54,7 +54,12 @@ async fn acquire(
             handoff.acquire_with(keys.lock(), ttl, opts).await
         }
         Path::Quorum => {
-            let quorum = Quorum::connect(vec![client.clone()]).await?;
+            // A node timeout far above a loaded machine's loopback round
+            // trip: a slow answer would be a missing vote (QuorumNotReached),
+            // not the option under test.
+            let quorum = Quorum::builder(vec![leasehold::connect(&client, SECOND).await?])
+                .node_timeout(SECOND)
+                .build()?;
             quorum.acquire_with(&keys, ttl, opts).await
         }
     };
@@ -117,7 +122,9 @@ async fn deadline_retry_and_cancel_give_up_the_same_way_on_every_path() -> TestR
             GiveUpReason::RetriesExhausted,
         ),
         (
-            AcquireOptions::new().wait(Duration::from_millis(30)),
+            // Long enough for a loaded machine's attempt to be answered,
+            // far shorter than the 60 s the key stays held.
+            AcquireOptions::new().wait(Duration::from_millis(300)),
             GiveUpReason::DeadlineExpired,
         ),
         (
