@@ -13,10 +13,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::compare::Step;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::fencing::{FencingToken, LockKeys, Target};
-use crate::lease::{Backend, Lease, Part, Reply};
+use crate::lease::{Backend, Lease, Part, Reply, release_runtime, spawn_dropped_release};
 use crate::locker::Locker;
 use crate::node::{Node, not_a_fence, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
@@ -110,16 +109,25 @@ pub(crate) struct HandoffBackend<C> {
     local: Arc<Local>,
 }
 
+impl<C> HandoffBackend<C> {
+    /// Who a lease of ours on `key` that ends serves next: the relay's
+    /// decision (synchronous), or nobody in process with relay off.
+    fn next(&self, key: &str) -> Next {
+        self.local
+            .relay
+            .as_ref()
+            .map_or(Next::Nobody, |r| r.next(key))
+    }
+}
+
 impl<C: RedisConnection> Backend for HandoffBackend<C> {
     fn command_timeout(&self) -> Duration {
         self.node.command_timeout()
     }
 
     fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
-        Box::pin(
-            self.node
-                .token_checked(Step::Refresh { ttl }, &part.key, &part.token, deadline),
-        )
+        // The lock itself is a plain lease's: the node refreshes it.
+        Backend::refresh(&*self.node, part, ttl, deadline)
     }
 
     fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool> {
@@ -132,10 +140,7 @@ impl<C: RedisConnection> Backend for HandoffBackend<C> {
         at_least: FencingToken,
         deadline: Instant,
     ) -> Reply<'a, ()> {
-        Box::pin(async move {
-            self.node.raise_fence(fence_key, at_least, deadline).await?;
-            Ok(())
-        })
+        Backend::raise_fence(&*self.node, fence_key, at_least, deadline)
     }
 
     fn held(&self, key: &str, shared: &Arc<Shared>) {
@@ -977,12 +982,7 @@ async fn release<C: RedisConnection>(
     part: &Part,
     deadline: Instant,
 ) -> Result<bool> {
-    let next = backend
-        .local
-        .relay
-        .as_ref()
-        .map_or(Next::Nobody, |r| r.next(&part.key));
-    serve(backend, part, next, deadline).await
+    serve(backend, part, backend.next(&part.key), deadline).await
 }
 
 /// The release of a lease dropped without [`Lease::release`]: who is served
@@ -990,31 +990,18 @@ async fn release<C: RedisConnection>(
 /// spawned. With no runtime to spawn them on, the local head goes to Redis
 /// itself and the lock's TTL ends the dropped lease.
 fn release_dropped<C: RedisConnection>(backend: Arc<HandoffBackend<C>>, part: Part) {
-    let next = backend
-        .local
-        .relay
-        .as_ref()
-        .map_or(Next::Nobody, |r| r.next(&part.key));
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+    let next = backend.next(&part.key);
+    let Some(runtime) = release_runtime(&part.key) else {
         if let (Next::Relay(queued) | Next::Checkpoint(queued), Some(relay)) =
             (next, &backend.local.relay)
         {
             relay.pass_place(&part.key, Some(queued));
         }
-        tracing::debug!(
-            key = part.key,
-            "no tokio runtime to release a dropped lease; the ttl will end it"
-        );
         return;
     };
-    runtime.spawn(async move {
+    spawn_dropped_release(&runtime, part.key.clone(), async move {
         let deadline = Instant::now() + backend.node.command_timeout();
-        let key = part.key.clone();
-        match serve(&backend, &part, next, deadline).await {
-            Ok(true) => tracing::debug!(key, "released dropped lease"),
-            Ok(false) => tracing::debug!(key, "dropped lease had already expired"),
-            Err(err) => tracing::warn!(key, error = %err, "could not release dropped lease; the ttl will end it"),
-        }
+        serve(&backend, &part, next, deadline).await
     });
 }
 
@@ -1067,11 +1054,12 @@ async fn serve<C: RedisConnection>(
         match moved {
             Ok(Served { code: 3, fence, .. }) => {
                 confirmed = true;
+                let fence = fence_of(u64::try_from(fence).unwrap_or(0));
                 let validity = Validity::new(sent_at, queued.ttl());
                 let turn = Turn::Lease {
                     token: next_token.clone(),
                     validity,
-                    fence: fence_of(u64::try_from(fence).unwrap_or(0)),
+                    fence,
                 };
                 let fence_key = queued.fence_key().map(str::to_owned);
                 if queued.hand(turn).is_ok() {
@@ -1083,7 +1071,7 @@ async fn serve<C: RedisConnection>(
                     key: key.to_owned(),
                     token: next_token,
                     fence_key,
-                    fence: fence_of(u64::try_from(fence).unwrap_or(0)),
+                    fence,
                 };
                 next = relay.next(key);
             }

@@ -522,6 +522,34 @@ pub(crate) async fn hold_while<T>(
     Ok(output)
 }
 
+/// The runtime to spawn a dropped lease's release on; `None` (logged) when
+/// there is none, and the TTL ends the lease.
+pub(crate) fn release_runtime(key: &str) -> Option<tokio::runtime::Handle> {
+    let runtime = tokio::runtime::Handle::try_current().ok();
+    if runtime.is_none() {
+        tracing::debug!(
+            key,
+            "no tokio runtime to release a dropped lease; the ttl will end it"
+        );
+    }
+    runtime
+}
+
+/// Spawns `release` (the Redis part of giving back a dropped lease's lock
+/// `key`) on `runtime` and logs how it went; never blocks.
+pub(crate) fn spawn_dropped_release<F>(runtime: &tokio::runtime::Handle, key: String, release: F)
+where
+    F: Future<Output = Result<bool>> + Send + 'static,
+{
+    runtime.spawn(async move {
+        match release.await {
+            Ok(true) => tracing::debug!(key, "released dropped lease"),
+            Ok(false) => tracing::debug!(key, "dropped lease had already expired"),
+            Err(err) => tracing::warn!(key, error = %err, "could not release dropped lease; the ttl will end it"),
+        }
+    });
+}
+
 /// Refreshes every part; `Some(key)` names the first whose key no longer
 /// held our token (the rest are left as they are).
 async fn refresh_all(

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use crate::compare::Step;
 use crate::error::{Error, Result};
 use crate::fencing::{FencingToken, LockKeys, Target};
-use crate::lease::{Backend, Lease, Part, Reply};
+use crate::lease::{Backend, Lease, Part, Reply, release_runtime, spawn_dropped_release};
 use crate::node::{Attempt, Node, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
 use crate::stats::LockerStats;
@@ -415,19 +415,12 @@ pub(crate) fn spawn_release<C: RedisConnection>(
     key: String,
     token: LeaseToken,
 ) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::debug!(
-            key,
-            "no tokio runtime to release a dropped lease; the ttl will end it"
-        );
+    let Some(runtime) = release_runtime(&key) else {
         return;
     };
-    runtime.spawn(async move {
+    spawn_dropped_release(&runtime, key.clone(), async move {
         let deadline = Instant::now() + node.command_timeout();
-        match node.token_checked(Step::Release, &key, &token, deadline).await {
-            Ok(true) => tracing::debug!(key, "released dropped lease"),
-            Ok(false) => tracing::debug!(key, "dropped lease had already expired"),
-            Err(err) => tracing::warn!(key, error = %err, "could not release dropped lease; the ttl will end it"),
-        }
+        node.token_checked(Step::Release, &key, &token, deadline)
+            .await
     });
 }

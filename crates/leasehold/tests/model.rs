@@ -149,27 +149,11 @@ impl World {
     async fn settle(&mut self) -> Result<(), String> {
         let settled = tokio::time::timeout(HUNG, async {
             loop {
-                self.collect().await?;
-                let queue = format!("{}:waitq", self.key());
-                let mut conn = self.conn.clone();
-                let in_redis: usize = conn.zcard(&queue).await.map_err(|e| e.to_string())?;
-                let in_process: usize = self
-                    .lockers
-                    .iter()
-                    .map(|l| l.queued_in_process(self.keys.lock()))
-                    .sum();
-                if self.waiters.len() == in_redis + in_process {
+                if self.all_queued().await? {
                     // Still the same after a pause: not a snapshot taken
                     // mid-hand-over.
                     tokio::time::sleep(Duration::from_millis(5)).await;
-                    self.collect().await?;
-                    let in_redis: usize = conn.zcard(&queue).await.map_err(|e| e.to_string())?;
-                    let in_process: usize = self
-                        .lockers
-                        .iter()
-                        .map(|l| l.queued_in_process(self.keys.lock()))
-                        .sum();
-                    if self.waiters.len() == in_redis + in_process {
+                    if self.all_queued().await? {
                         return Ok::<_, String>(());
                     }
                 }
@@ -179,6 +163,21 @@ impl World {
         .await;
         settled.map_err(|_| "the system did not settle (a waiter stuck?)".to_owned())??;
         self.check().await
+    }
+
+    /// Collects the finished callers, then whether every caller still
+    /// waiting is accounted for by a queue: Redis's or a locker's own.
+    async fn all_queued(&mut self) -> Result<bool, String> {
+        self.collect().await?;
+        let queue = format!("{}:waitq", self.key());
+        let mut conn = self.conn.clone();
+        let in_redis: usize = conn.zcard(&queue).await.map_err(|e| e.to_string())?;
+        let in_process: usize = self
+            .lockers
+            .iter()
+            .map(|l| l.queued_in_process(self.keys.lock()))
+            .sum();
+        Ok(self.waiters.len() == in_redis + in_process)
     }
 
     /// Moves finished callers to holders (checking I2) or drops them.
