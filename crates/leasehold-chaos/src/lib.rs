@@ -1,0 +1,17 @@
+//! A fault-matrix verifier for lease locks.
+//!
+//! A Redis lock is a lease: it can expire under a slow holder, vanish in a
+//! failover or a restart, or be paused away. What keeps money right is the
+//! write path's own check. This crate runs real workloads against real
+//! servers under injected faults, records every operation as a
+//! [`history`], checks the invariants on that history, and draws a timeline
+//! of who held the lock when.
+//!
+//! The history is the contract between the parts: the runner (the CLI's
+//! worker processes, or a user's own write path) appends [`Event`]s, the
+//! checker reads nothing else, so a saved history can be re-checked and
+//! shared.
+
+pub mod history;
+
+pub use history::{Event, Kind, WriteOutcome};
