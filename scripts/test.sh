@@ -13,5 +13,29 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 set -x
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The library without its default features (quorum, handoff, cluster), and
+# with each alone; all of them is the workspace run above.
+for features in "" quorum handoff cluster; do
+  cargo clippy -p leasehold --no-default-features ${features:+--features "$features"} \
+    --all-targets --locked -- -D warnings
+done
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+# One version each of rand and getrandom in what the published crates pull in.
+if cargo tree --locked -d -e normal -p leasehold -p leasehold-pg --depth 0 --prefix none |
+  grep -E '^(rand|getrandom) v'; then
+  echo "two versions of rand or getrandom (above)" >&2
+  exit 1
+fi
 cargo test --workspace --locked
+# Package and build leasehold and leasehold-pg as crates.io would get them
+# (leasehold-pg against the packaged leasehold). The integration tests are
+# left out of the packages ("ignoring test ..."): they need the testkit.
+# A clean checkout (CI) needs no --allow-dirty; a working tree with
+# uncommitted changes does.
+dirty=()
+if [ -z "${CI:-}" ] && [ -n "$(git status --porcelain)" ]; then
+  dirty=(--allow-dirty)
+fi
+cargo publish --dry-run --locked -p leasehold -p leasehold-pg "${dirty[@]}"
+# The minimum supported Rust version: prints which kind of check ran.
+scripts/msrv.sh
