@@ -8,7 +8,7 @@ set -euo pipefail
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
-command -v python3 >/dev/null 2>&1 || need+=(python3)  # scripts/msrv.sh reads cargo metadata
+command -v python3 >/dev/null 2>&1 || need+=(python3)  # scripts/package.sh reads cargo metadata
 
 have_pg=no
 if command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1; then

@@ -27,15 +27,6 @@ if cargo tree --locked -d -e normal -p leasehold -p leasehold-pg --depth 0 --pre
   exit 1
 fi
 cargo test --workspace --locked
-# Package and build leasehold and leasehold-pg as crates.io would get them
-# (leasehold-pg against the packaged leasehold). The integration tests are
-# left out of the packages ("ignoring test ..."): they need the testkit.
-# A clean checkout (CI) needs no --allow-dirty; a working tree with
-# uncommitted changes does.
-dirty=()
-if [ -z "${CI:-}" ] && [ -n "$(git status --porcelain)" ]; then
-  dirty=(--allow-dirty)
-fi
-cargo publish --dry-run --locked -p leasehold -p leasehold-pg "${dirty[@]}"
-# The minimum supported Rust version: prints which kind of check ran.
-scripts/msrv.sh
+# Package leasehold and leasehold-pg as crates.io would get them, build the
+# packages, and check the MSRV (it prints which kind of check ran).
+scripts/package.sh
