@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what leasehold's demo and tests need and a fresh Debian/Ubuntu
-# machine with only rustup lacks: a C toolchain for linking, redis-server and
-# PostgreSQL (server binaries; the scripts configure no service). Idempotent:
+# machine with only rustup lacks: a C toolchain for linking, redis-server,
+# PostgreSQL (server binaries; the scripts configure no service) and python3. Idempotent:
 # installs nothing when all is present.
 set -euo pipefail
 
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v python3 >/dev/null 2>&1 || need+=(python3)  # scripts/package.sh reads cargo metadata
 
 have_pg=no
 if command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1; then

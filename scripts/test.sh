@@ -13,5 +13,20 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 set -x
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The library without its default features (quorum, handoff, cluster), and
+# with each alone; all of them is the workspace run above.
+for features in "" quorum handoff cluster; do
+  cargo clippy -p leasehold --no-default-features ${features:+--features "$features"} \
+    --all-targets --locked -- -D warnings
+done
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+# One version each of rand and getrandom in what the published crates pull in.
+if cargo tree --locked -d -e normal -p leasehold -p leasehold-pg --depth 0 --prefix none |
+  grep -E '^(rand|getrandom) v'; then
+  echo "two versions of rand or getrandom (above)" >&2
+  exit 1
+fi
 cargo test --workspace --locked
+# Package leasehold and leasehold-pg as crates.io would get them, build the
+# packages, and check the MSRV (it prints which kind of check ran).
+scripts/package.sh

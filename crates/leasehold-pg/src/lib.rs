@@ -151,3 +151,9 @@ pub use write::{
 /// Re-exported so callers can name the client types without adding a
 /// matching version of the crate themselves.
 pub use tokio_postgres;
+
+/// The README's example, compiled as a doctest (the crate docs above are
+/// the reference; the README is the repository and crates.io page).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -362,6 +362,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "cluster")]
     fn slots_agree_with_redis_rs() {
         use redis::cluster_routing::Slot;
         for key in [

@@ -172,6 +172,7 @@ impl Lease {
     }
 
     /// What the lease shares with its watchdog (its validity).
+    #[cfg(feature = "handoff")]
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }

@@ -1,4 +1,16 @@
-#![doc = include_str!("../README.md")]
+// The README's examples use every way of taking a lease; without them the
+// crate docs are a pointer to it (so its doctests build in every feature set).
+#![cfg_attr(
+    all(feature = "quorum", feature = "handoff"),
+    doc = include_str!("../README.md")
+)]
+#![cfg_attr(
+    not(all(feature = "quorum", feature = "handoff")),
+    doc = "Redis lease locks that keep money right. This build leaves out the \
+           `quorum` or `handoff` feature; the guide, which uses both, is the \
+           crate's README (and its docs on docs.rs)."
+)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 //!
 //! # Why a lease is not a mutex
 //!
@@ -116,9 +128,13 @@ mod token;
 mod lease;
 pub mod watchdog;
 // The ways of taking a lease.
+#[cfg(feature = "handoff")]
 mod handoff;
 mod locker;
+#[cfg(feature = "quorum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "quorum")))]
 pub mod quorum;
+#[cfg(feature = "handoff")]
 mod relay;
 mod replicas;
 mod rounds;
@@ -131,10 +147,14 @@ mod give_up_tests;
 
 pub use error::{Error, GiveUpReason, Result};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
+#[cfg(feature = "handoff")]
+#[cfg_attr(docsrs, doc(cfg(feature = "handoff")))]
 pub use handoff::{DEFAULT_RELAY_LIMIT, HandoffLocker, HandoffLockerBuilder, HandoffStyle};
 pub use lease::{Lease, MAX_TTL};
 pub use locker::{DEFAULT_COMMAND_TIMEOUT, DEFAULT_FENCE_TTL, Locker, LockerBuilder, connect};
 pub use options::{AcquireOptions, DEFAULT_WAIT};
+#[cfg(feature = "quorum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "quorum")))]
 pub use quorum::{DEFAULT_NODE_TIMEOUT, Quorum, QuorumBuilder};
 pub use retry::{RetryStrategy, Waits};
 pub use stats::LockerStats;

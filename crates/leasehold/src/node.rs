@@ -56,11 +56,13 @@ impl<C: RedisConnection> Node<C> {
 
     /// How long a fence counter lives after its last use, in ms (0:
     /// forever): the last argument of every script that issues a token.
+    #[cfg(any(feature = "quorum", feature = "handoff"))]
     pub(crate) fn fence_ttl_ms(&self) -> u64 {
         self.fence_ttl_ms
     }
 
     /// A clone of the connection, for one request.
+    #[cfg(any(test, feature = "quorum", feature = "handoff"))]
     pub(crate) fn conn(&self) -> C {
         self.conn.clone()
     }

@@ -82,12 +82,14 @@ impl<'a> Rounds<'a> {
     }
 
     /// Counts an attempt answered without a request (in process).
+    #[cfg(feature = "handoff")]
     pub(crate) fn attempt_in_process(&mut self) {
         self.attempts = self.attempts.saturating_add(1);
         tracing::Span::current().record("attempts", self.attempts);
     }
 
     /// Whether the strategy allows another wait (without using it).
+    #[cfg(feature = "handoff")]
     pub(crate) fn may_wait(&mut self) -> bool {
         self.waits.peek().is_some()
     }

@@ -23,10 +23,12 @@ pub(crate) const REFRESH_LUA: &str = include_str!("scripts/refresh.lua");
 pub(crate) static REFRESH: LazyLock<Script> = LazyLock::new(|| Script::new(REFRESH_LUA));
 
 /// One node's vote: see `scripts/quorum_acquire.lua`.
+#[cfg(feature = "quorum")]
 pub(crate) static QUORUM_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/quorum_acquire.lua")));
 
 /// Records a quorum lease's fence on one node: see `scripts/quorum_fence.lua`.
+#[cfg(feature = "quorum")]
 pub(crate) static QUORUM_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/quorum_fence.lua")));
 
@@ -35,14 +37,17 @@ pub(crate) static ACQUIRE_FENCED: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/acquire_fenced.lua")));
 
 /// Hand-off mode, try-or-enqueue: see `scripts/handoff_acquire.lua`.
+#[cfg(feature = "handoff")]
 pub(crate) static HANDOFF_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/handoff_acquire.lua")));
 
 /// Hand-off mode, release to the next waiter: see `scripts/handoff_release.lua`.
+#[cfg(feature = "handoff")]
 pub(crate) static HANDOFF_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/handoff_release.lua")));
 
 /// One token-checked in-process pass: see `scripts/relay.lua`.
+#[cfg(feature = "handoff")]
 pub(crate) static RELAY: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/relay.lua")));
 

@@ -95,6 +95,7 @@ pub(crate) struct Validity {
 
 impl Validity {
     /// A validity of `ttl` from `confirmed_at`, with no drift margin.
+    #[cfg(feature = "handoff")]
     pub(crate) fn new(confirmed_at: Instant, ttl: Duration) -> Validity {
         Validity {
             confirmed_at,

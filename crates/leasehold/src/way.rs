@@ -247,7 +247,7 @@ mod tests {
 mod send_tests {
     use std::time::Duration;
 
-    use crate::{AcquireOptions, HandoffLocker, Locker, Quorum, RedisConnection};
+    use crate::{AcquireOptions, Locker, RedisConnection};
 
     fn assert_send<T: Send>(_: &T) {}
 
@@ -256,16 +256,22 @@ mod send_tests {
     #[allow(dead_code)]
     fn acquire_futures_are_send<C: RedisConnection>(
         locker: &Locker<C>,
-        handoff: &HandoffLocker<C>,
-        quorum: &Quorum<C>,
+        #[cfg(feature = "handoff")] handoff: &crate::HandoffLocker<C>,
+        #[cfg(feature = "quorum")] quorum: &crate::Quorum<C>,
     ) {
         let (ttl, opts) = (Duration::from_secs(1), AcquireOptions::new());
         assert_send(&locker.acquire_with("k", ttl, &opts));
         assert_send(&locker.acquire_all(["a", "b"], ttl, &opts));
         assert_send(&locker.with_lock("k", ttl, &opts, async |_| ()));
-        assert_send(&handoff.acquire_with("k", ttl, &opts));
-        assert_send(&handoff.acquire_all(["a", "b"], ttl, &opts));
-        assert_send(&quorum.acquire_with("k", ttl, &opts));
-        assert_send(&quorum.acquire_all(["a", "b"], ttl, &opts));
+        #[cfg(feature = "handoff")]
+        {
+            assert_send(&handoff.acquire_with("k", ttl, &opts));
+            assert_send(&handoff.acquire_all(["a", "b"], ttl, &opts));
+        }
+        #[cfg(feature = "quorum")]
+        {
+            assert_send(&quorum.acquire_with("k", ttl, &opts));
+            assert_send(&quorum.acquire_all(["a", "b"], ttl, &opts));
+        }
     }
 }

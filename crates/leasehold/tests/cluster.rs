@@ -1,4 +1,5 @@
 //! The lease lock on a real local Redis Cluster (three masters).
+#![cfg(feature = "cluster")]
 
 use std::time::Duration;
 

@@ -1,4 +1,5 @@
 //! Hand-off mode against a real, throwaway redis-server.
+#![cfg(feature = "handoff")]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -466,50 +466,53 @@ async fn every_mode_works_under_the_minimal_acl() -> TestResult {
         .await?;
     fenced.release().await?;
 
-    let handoff = leasehold::HandoffLocker::builder(locker.clone(), &client)
-        .connect()
-        .await?;
-    let first = handoff.acquire(&keys, ttl).await?;
-    let waiter = {
-        let (handoff, keys) = (handoff.clone(), keys.clone());
-        tokio::spawn(async move {
-            let opts = AcquireOptions::new().wait(HUNG);
-            handoff.acquire_with(&keys, ttl, &opts).await
-        })
-    };
-    while handoff.queued_in_process(keys.lock()) < 1 {
-        tokio::task::yield_now().await;
-    }
-    first.release().await?;
-    let second = tokio::time::timeout(HUNG, waiter).await???;
-    assert!(second.fence() > Some(leasehold::FencingToken::new(100)));
-    second.release().await?;
+    #[cfg(feature = "handoff")]
+    {
+        let handoff = leasehold::HandoffLocker::builder(locker.clone(), &client)
+            .connect()
+            .await?;
+        let first = handoff.acquire(&keys, ttl).await?;
+        let waiter = {
+            let (handoff, keys) = (handoff.clone(), keys.clone());
+            tokio::spawn(async move {
+                let opts = AcquireOptions::new().wait(HUNG);
+                handoff.acquire_with(&keys, ttl, &opts).await
+            })
+        };
+        while handoff.queued_in_process(keys.lock()) < 1 {
+            tokio::task::yield_now().await;
+        }
+        first.release().await?;
+        let second = tokio::time::timeout(HUNG, waiter).await???;
+        assert!(second.fence() > Some(leasehold::FencingToken::new(100)));
+        second.release().await?;
 
-    // Waiters queued in Redis (relay off, another "process").
-    let fifo = leasehold::HandoffLocker::builder(locker.clone(), &client)
-        .relay_limit(0)
-        .connect()
-        .await?;
-    let other = leasehold::HandoffLocker::builder(Locker::connect(&client).await?, &client)
-        .relay_limit(0)
-        .connect()
-        .await?;
-    let first = fifo.acquire(&keys, ttl).await?;
-    let waiter = {
-        let (other, keys) = (other.clone(), keys.clone());
-        tokio::spawn(async move {
-            let opts = AcquireOptions::new().wait(HUNG);
-            other.acquire_with(&keys, ttl, &opts).await
-        })
-    };
-    while server.redis_cli(&["ZCARD", "lock:{acl}:waitq"])? != "1" {
-        tokio::task::yield_now().await;
+        // Waiters queued in Redis (relay off, another "process").
+        let fifo = leasehold::HandoffLocker::builder(locker.clone(), &client)
+            .relay_limit(0)
+            .connect()
+            .await?;
+        let other = leasehold::HandoffLocker::builder(Locker::connect(&client).await?, &client)
+            .relay_limit(0)
+            .connect()
+            .await?;
+        let first = fifo.acquire(&keys, ttl).await?;
+        let waiter = {
+            let (other, keys) = (other.clone(), keys.clone());
+            tokio::spawn(async move {
+                let opts = AcquireOptions::new().wait(HUNG);
+                other.acquire_with(&keys, ttl, &opts).await
+            })
+        };
+        while server.redis_cli(&["ZCARD", "lock:{acl}:waitq"])? != "1" {
+            tokio::task::yield_now().await;
+        }
+        first.release().await?;
+        tokio::time::timeout(HUNG, waiter)
+            .await???
+            .release()
+            .await?;
     }
-    first.release().await?;
-    tokio::time::timeout(HUNG, waiter)
-        .await???
-        .release()
-        .await?;
 
     // WAIT is allowed: no replica here, so the lock is given back.
     let replicated = AcquireOptions::new().wait_replicas(1, Duration::from_millis(10));

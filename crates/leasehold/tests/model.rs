@@ -13,6 +13,7 @@
 //!   new.
 //! - Liveness: every step settles (each caller holds, waits in a queue, or
 //!   gave up as told) within a bound far above what it needs.
+#![cfg(feature = "handoff")]
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -1,5 +1,6 @@
 //! Every acquire option is honoured by every way of taking a lease, or
 //! refused before any I/O with `InvalidOptions`.
+#![cfg(all(feature = "handoff", feature = "quorum"))]
 
 use std::time::Duration;
 

@@ -1,6 +1,7 @@
 //! The invariants, table-driven over every way of taking a lease: polling,
 //! hand-off (Grant and Wake, relay off), relay, and a quorum. Each "process"
 //! is its own locker with its own connections.
+#![cfg(all(feature = "handoff", feature = "quorum"))]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,4 +1,5 @@
 //! Redlock over three independent throwaway servers.
+#![cfg(feature = "quorum")]
 
 use std::time::Duration;
 

@@ -6,6 +6,7 @@
 //! ```sh
 //! cargo test --release -p leasehold --test recovery -- --ignored --nocapture
 //! ```
+#![cfg(feature = "handoff")]
 
 use std::time::Duration;
 

@@ -139,6 +139,7 @@ async fn zero_wait_timeout_is_refused_before_any_io() -> TestResult {
 }
 
 #[tokio::test]
+#[cfg(feature = "quorum")]
 async fn a_quorum_refuses_to_wait_for_replicas() -> TestResult {
     let p = pair().await?;
     let quorum = leasehold::Quorum::builder(vec![p.conn.clone()]).build()?;

@@ -1,5 +1,6 @@
 //! What the library tells a tracing subscriber: an acquire span with its
 //! outcome, give-ups, stale releases and hand-off grants; never a token.
+#![cfg(feature = "handoff")]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Packages leasehold and leasehold-pg as crates.io would get them and builds
+# the packages (leasehold-pg against the packaged leasehold, through cargo's
+# local overlay), which also checks the minimum supported Rust version (the
+# workspace's `rust-version`, MSRV) as honestly as this machine allows. It
+# prints which kind of MSRV check ran:
+#
+# - toolchain: the packages are built by the MSRV's rustc (rustup installs
+#   it if it can reach its servers). The current cargo drives it: publishing
+#   several packages at once needs cargo 1.90.
+# - metadata, when that rustc cannot be had: the packages are built by the
+#   default toolchain; no package in the lock file declares a `rust-version`
+#   above ours; and clippy's `incompatible_msrv` lint (std APIs newer than
+#   `rust-version`, run by the workspace clippy step) is not turned off and
+#   fires on a negative control. It does not catch language features newer
+#   than the MSRV.
+#
+# The rust-version comparison runs in both cases: it is cheap and names the
+# dependency that needs a newer Rust.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+metadata=$(mktemp)
+control=$(mktemp -d)
+trap 'rm -rf "$metadata" "$control"' EXIT
+cargo metadata --format-version 1 --locked >"$metadata"
+
+# Our rust-version (on stdout), checked against every package the lock file
+# resolves (all platforms, dev-dependencies included); edition 2024 needs
+# 1.85.
+msrv=$(python3 - "$metadata" <<'PY'
+import json, sys
+
+def v(s):
+    parts = [int(x) for x in s.split(".")]
+    return tuple(parts + [0] * (3 - len(parts)))
+
+m = json.load(open(sys.argv[1]))
+members = [p for p in m["packages"] if p["id"] in m["workspace_members"]]
+ours = {p["rust_version"] for p in members}
+if len(ours) != 1 or None in ours:
+    sys.exit(f"msrv: the workspace members must share one rust-version, found {ours}")
+msrv = ours.pop()
+newer, unknown = [], 0
+for p in members:
+    if p["edition"] == "2024" and v(msrv) < v("1.85"):
+        newer.append(f'{p["name"]} (edition 2024 needs 1.85)')
+for p in m["packages"]:
+    if p in members:
+        continue
+    rv = p.get("rust_version")
+    if rv is None:
+        unknown += 1
+    elif v(rv) > v(msrv):
+        newer.append(f'{p["name"]} {p["version"]} (rust-version {rv})')
+if newer:
+    sys.exit(f"msrv: needs a newer Rust than {msrv}: " + ", ".join(newer))
+print(f"msrv: {len(m['packages']) - len(members)} dependencies, none declares a "
+      f"rust-version above {msrv} ({unknown} declare none)", file=sys.stderr)
+print(msrv)
+PY
+)
+
+rustc_msrv=""
+if command -v rustup >/dev/null 2>&1; then
+  if ! rustup run "$msrv" rustc --version >/dev/null 2>&1; then
+    timeout 180 rustup toolchain install "$msrv" --profile minimal --no-self-update \
+      >/dev/null 2>&1 || true
+  fi
+  rustc_msrv=$(rustup which --toolchain "$msrv" rustc 2>/dev/null || true)
+fi
+
+# A clean checkout (CI) packages as it would publish; a working tree with
+# uncommitted changes needs --allow-dirty.
+dirty=()
+if [ -z "${CI:-}" ] && [ -n "$(git status --porcelain)" ]; then
+  dirty=(--allow-dirty)
+fi
+# The integration tests stay out of the packages (cargo says "ignoring test
+# ..."): they need the unpublished testkit.
+publish=(cargo publish --dry-run --locked -p leasehold -p leasehold-pg "${dirty[@]}")
+
+if [ -n "$rustc_msrv" ]; then
+  echo "msrv: check kind: toolchain (the packages, all features, built by rustc $msrv)"
+  RUSTC="$rustc_msrv" "${publish[@]}"
+  exit 0
+fi
+
+echo "msrv: check kind: metadata (rustc $msrv cannot be had here: nothing is built with it)"
+"${publish[@]}"
+if grep -rnE 'incompatible_msrv.*allow|(allow|expect)\(.*incompatible_msrv|^msrv' \
+  --include='*.rs' --include='*.toml' crates Cargo.toml clippy.toml .clippy.toml 2>/dev/null; then
+  echo "msrv: clippy's incompatible_msrv must stay on, reading rust-version" >&2
+  exit 1
+fi
+# Negative control: the lint fires for a std API newer than a crate's
+# rust-version (std::iter::repeat_n is 1.82), so the clippy step is a check.
+mkdir "$control/src"
+printf '[package]\nname = "msrv-control"\nversion = "0.0.0"\nedition = "2021"\nrust-version = "1.80"\n[workspace]\n' \
+  >"$control/Cargo.toml"
+printf 'pub fn three() -> usize {\n    std::iter::repeat_n(1, 3).count()\n}\n' >"$control/src/lib.rs"
+refused=$(cargo clippy -q --manifest-path "$control/Cargo.toml" --target-dir "$control/target" \
+  -- -D clippy::incompatible_msrv 2>&1 || true)
+if ! grep -q 'stable since `1.82' <<<"$refused"; then
+  echo "msrv: clippy's incompatible_msrv did not fire on its negative control" >&2
+  exit 1
+fi
+echo "msrv: clippy's incompatible_msrv is on and fires (negative control refused)"
