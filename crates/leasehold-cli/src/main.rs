@@ -1,5 +1,6 @@
 //! `leasehold`: reproduces the tutorial's experiments against real servers.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -35,6 +36,8 @@ fn main() -> ExitCode {
                 }),
         )
         .with_writer(progress::LogWriter)
+        // No colour codes in a captured log.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
