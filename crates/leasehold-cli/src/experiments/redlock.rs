@@ -67,6 +67,7 @@ pub(crate) async fn run(db: &Database, args: &RedlockArgs) -> anyhow::Result<Rep
     let fault_now = Arc::new(Notify::new());
     let finished = CancellationToken::new();
     let progress = Progress::new("redlock", u64::from(spend.callers));
+    progress.ticker().message("spenders done");
     let victim = servers.remove(FAULTY_NODE);
     // Aborted if the run is dropped (interrupted), dropping the victim with
     // it: a paused node must not outlive the CLI.
@@ -245,7 +246,7 @@ async fn inject(
         "leasehold: {what} node {FAULTY_NODE} (redis-server pid {}) after {after} acquisitions",
         victim.pid()
     );
-    progress.message(format!("node {FAULTY_NODE} {what}"));
+    progress.message(format!("spenders done; node {FAULTY_NODE} {what}"));
     Ok((victim, Some(after)))
 }
 
