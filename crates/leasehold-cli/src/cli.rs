@@ -1,4 +1,15 @@
 //! Flags, parsed into validated settings before any work starts.
+//!
+//! Each subcommand lists only the flags it uses. Its flags come in groups,
+//! flattened into the subcommand (and shown under their own heading in its
+//! `--help`):
+//!
+//! - the workload (`SpendArgs`, `LockArgs`, ...): what the experiment does;
+//! - connection flags: [`RedisFlags`] for the Redis the experiment runs
+//!   against (the place for TLS flags too), [`DatabaseFlags`] for
+//!   PostgreSQL;
+//! - [`RunFlags`]: how often to run and how to report (`--runs`, and
+//!   [`OutputFlags`]' `--json`, which `demo` and `bench` take alone).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -6,35 +17,53 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::env::{Database, Env};
+use crate::progress::note;
 use crate::report::Report;
 use crate::{bench, demo, experiments};
+
+/// The exit codes, as every `--help` shows them.
+macro_rules! exit_codes {
+    () => {
+        "Exit codes:
+  0    every run OK (and, for demo, every step as the tutorial shows)
+  1    a run BROKEN, or a demo step not as the tutorial shows
+  2    usage: bad flags or flags that do not go together
+  3    a server error: Redis or PostgreSQL unreachable, refused, or failing mid-run
+  130  interrupted (Ctrl-C/SIGINT or SIGTERM): the throwaway servers it started
+       are stopped first (a paused one too)"
+    };
+}
+pub(crate) use exit_codes;
+
+/// What the experiments on the wallet tables do to PostgreSQL.
+macro_rules! wallet_tables {
+    () => {
+        "  PostgreSQL (--database-url, or a throwaway server started for it):
+    creates the tables wallets, wallet_ledger and leasehold_fences if
+    missing; resets wallet 42 (starting balance, fence 0) and deletes its
+    wallet_ledger rows."
+    };
+}
 
 /// Reproduces the experiments of the Redis distributed-locks tutorial against
 /// real servers, and checks the final balance against what was accepted.
 ///
 /// Without --redis-url (or REDIS_URL) a throwaway redis-server is started on
-/// a free loopback port and stopped on exit.
+/// a free loopback port and stopped on exit; likewise PostgreSQL without
+/// --database-url (or DATABASE_URL), for the experiments that need it. Each
+/// subcommand's --help says which keys and tables it changes.
 #[derive(Debug, Parser)]
 #[command(
     name = "leasehold",
     version,
     about,
     long_about,
-    after_help = EXIT_CODES
+    after_help = exit_codes!()
 )]
 pub(crate) struct Cli {
-    #[command(flatten)]
-    pub(crate) global: Global,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
-
-/// The exit codes, as `--help` shows them.
-const EXIT_CODES: &str = "Exit codes:
-  0  every run OK (and, for demo, every step as the tutorial shows)
-  1  a run BROKEN, or a demo step not as the tutorial shows
-  2  usage: bad flags or flags that do not go together
-  3  a server error: Redis or PostgreSQL unreachable, refused, or failing mid-run";
 
 /// Exit code 1: a run BROKEN, or a demo step not as the tutorial shows.
 pub(crate) const BROKEN: u8 = 1;
@@ -42,6 +71,8 @@ pub(crate) const BROKEN: u8 = 1;
 pub(crate) const USAGE: u8 = 2;
 /// Exit code 3: a server error.
 pub(crate) const SERVER_ERROR: u8 = 3;
+/// Exit code 130 (128 + SIGINT): interrupted by SIGINT or SIGTERM.
+pub(crate) const INTERRUPTED: u8 = 130;
 
 /// A usage error found after parsing (flags that do not go together):
 /// exit code 2, like clap's own.
@@ -56,69 +87,248 @@ impl std::fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
-/// Flags every experiment takes.
-#[derive(Debug, Clone, Args)]
-pub(crate) struct Global {
-    /// Redis to run against, e.g. redis://127.0.0.1:6379/ [default: a
-    /// throwaway local redis-server]
-    #[arg(long, env = "REDIS_URL", hide_env_values = true, global = true)]
+/// Connection flags for the Redis an experiment runs against. (TLS flags
+/// for that connection belong here too.)
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Redis connection")]
+pub(crate) struct RedisFlags {
+    /// Redis to run against, e.g. redis://user:password@127.0.0.1:6379/
+    /// [default: a throwaway local redis-server]
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub(crate) redis_url: Option<String>,
+}
 
-    /// PostgreSQL for the experiments that need it (fencing, verify,
-    /// failover, redlock), e.g.
+/// Connection flags for PostgreSQL.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "PostgreSQL connection")]
+pub(crate) struct DatabaseFlags {
+    /// PostgreSQL to run against, e.g.
     /// postgres://user:password@127.0.0.1:5432/db [default: a throwaway
-    /// local postgres, started only when an experiment needs it]
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    /// local postgres]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub(crate) database_url: Option<String>,
+}
 
-    /// How many times to run the experiment.
-    #[arg(long, default_value_t = 1, global = true, value_parser = clap::value_parser!(u32).range(1..))]
-    pub(crate) runs: u32,
-
-    /// Print one JSON object per run instead of the check line.
-    #[arg(long, global = true)]
+/// How output is printed.
+#[derive(Debug, Clone, Copy, Default, Args)]
+pub(crate) struct OutputFlags {
+    /// Print JSON (one object per line) instead of text; no progress bar.
+    #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// How an experiment is run and reported.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Run")]
+pub(crate) struct RunFlags {
+    /// How many times to run the experiment.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) runs: u32,
+    #[command(flatten)]
+    pub(crate) output: OutputFlags,
+}
+
+/// The servers of an experiment that runs on one Redis and PostgreSQL.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct RedisAndDatabase {
+    #[command(flatten)]
+    pub(crate) redis: RedisFlags,
+    #[command(flatten)]
+    pub(crate) database: DatabaseFlags,
+}
+
+/// The servers of an experiment that starts its own redis-servers (it
+/// pauses or kills them) and uses PostgreSQL.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct OwnRedis {
+    #[command(flatten)]
+    pub(crate) database: DatabaseFlags,
+    /// Accepted so that scripts passing it to every subcommand keep
+    /// working, and ignored with a note; not listed in --help.
+    #[arg(long, env = "REDIS_URL", hide = true, hide_env = true)]
+    pub(crate) redis_url: Option<String>,
+}
+
+impl OwnRedis {
+    fn warn_ignored_redis_url(&self) {
+        if self.redis_url.is_some() {
+            note!(
+                "leasehold: --redis-url is ignored here: this experiment pauses or kills servers, so it starts its own"
+            );
+        }
+    }
+}
+
+/// One experiment's flags: its workload `W`, its servers `S`, how it runs.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct Experiment<W: Args, S: Args> {
+    #[command(flatten)]
+    pub(crate) workload: W,
+    #[command(flatten)]
+    pub(crate) servers: S,
+    #[command(flatten)]
+    pub(crate) run: RunFlags,
+}
+
+/// Flags of `demo`.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct DemoArgs {
+    #[command(flatten)]
+    pub(crate) output: OutputFlags,
+    #[command(flatten)]
+    pub(crate) servers: RedisAndDatabase,
 }
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Step 1: concurrent spenders with no lock lose updates (shows BROKEN).
-    Race(SpendArgs),
+    #[command(after_help = concat!(
+        "What it changes (on --redis-url, or a throwaway redis-server):
+  Redis: overwrites wallet:42:balance.
+
+",
+        exit_codes!()
+    ))]
+    Race(Experiment<SpendArgs, RedisFlags>),
     /// Step 2: the same spenders under the lease lock (shows OK, no key left).
-    Lock(LockArgs),
+    #[command(after_help = concat!(
+        "What it changes (on --redis-url, or a throwaway redis-server):
+  Redis: overwrites wallet:42:balance; deletes lock:wallet:42 first (a lock
+    someone holds there is lost), then takes and releases it.
+
+",
+        exit_codes!()
+    ))]
+    Lock(Experiment<LockArgs, RedisFlags>),
     /// Step 3: work longer than the lease's TTL (shows BROKEN), and the same
     /// with --watchdog (refresh every ttl/3, cancel lost work: shows OK).
-    Ttl(TtlArgs),
+    #[command(after_help = concat!(
+        "What it changes (on --redis-url, or a throwaway redis-server):
+  Redis: overwrites wallet:42:balance; deletes lock:wallet:42 first (a lock
+    someone holds there is lost), then takes and releases it.
+
+",
+        exit_codes!()
+    ))]
+    Ttl(Experiment<TtlArgs, RedisFlags>),
     /// Step 4: 50 callers with exponential backoff (thundering herd), full
     /// jitter, or hand-off mode; prints how many gave up.
-    Backoff(BackoffArgs),
+    #[command(after_help = concat!(
+        "What it changes (on --redis-url, or a throwaway redis-server):
+  Redis: overwrites wallet:42:balance; deletes lock:wallet:42,
+    lock:wallet:42:waitq and lock:wallet:42:waiters first, then takes and
+    releases lock:wallet:42 (with --handoff, waiters may queue in the other
+    two, and releases publish on leasehold:handoff:* channels). Reads INFO cpu if the user
+    may (redis_cpu_ms is null otherwise).
+
+",
+        exit_codes!()
+    ))]
+    Backoff(Experiment<BackoffArgs, RedisFlags>),
     /// Step 5: a holder paused past its lease writes late; PostgreSQL refuses
     /// its fencing token (shows OK; --unfenced shows the lost update, BROKEN).
-    Fencing(FencingArgs),
+    #[command(after_help = concat!(
+        "What it changes:
+  Redis (--redis-url, or a throwaway redis-server): sets the fencing
+    counter fence:{wallet:42} to 32; deletes lock:{wallet:42} first (a lock
+    someone holds there is lost), then takes and releases it twice.
+",
+        wallet_tables!(),
+        "\n\n",
+        exit_codes!()
+    ))]
+    Fencing(Experiment<FencingArgs, RedisAndDatabase>),
     /// Step 6: spenders on the fenced lock with conditional writes in
     /// PostgreSQL, checked against the balance and the ledger.
-    Verify(VerifyArgs),
+    #[command(after_help = concat!(
+        "What it changes:
+  Redis (--redis-url, or a throwaway redis-server), every mode: deletes
+    lock:{wallet:42} and its fencing counter fence:{wallet:42} first (the
+    next token is 1; a lock someone holds there is lost); fenced, guard and
+    cas then take and release the lock, raising the counter.
+",
+        wallet_tables!(),
+        "
+    --mode guard also deletes the leasehold_fences row fence:{wallet:42}.
+
+",
+        exit_codes!()
+    ))]
+    Verify(Experiment<VerifyArgs, RedisAndDatabase>),
     /// Safety: a failover hands the same lock to two holders (async
     /// replication); PostgreSQL's check keeps the balance right (OK).
     /// --unfenced shows the lost update (BROKEN); --wait-replicas 1 refuses
     /// the unreplicated lock (OK).
     ///
     /// Always starts its own throwaway primary and replica, because it kills
-    /// the primary; --redis-url is ignored.
-    Failover(FailoverArgs),
+    /// the primary; it takes no --redis-url.
+    #[command(after_help = concat!(
+        "What it changes:
+  Redis: none of yours: its own throwaway primary and replica (killed at
+    the end) hold lock:{wallet:42} and fence:{wallet:42}.
+",
+        wallet_tables!(),
+        "\n\n",
+        exit_codes!()
+    ))]
+    Failover(Experiment<FailoverArgs, OwnRedis>),
     /// Redlock under load: spenders on a quorum of 3 or 5 throwaway,
     /// independent redis-servers, one paused or killed mid-run, fenced
     /// check-and-set writes in PostgreSQL.
     ///
     /// Always starts its own throwaway servers, because it pauses or kills
-    /// one; --redis-url is ignored.
-    Redlock(RedlockArgs),
+    /// one; it takes no --redis-url.
+    #[command(after_help = concat!(
+        "What it changes:
+  Redis: none of yours: its own 3 or 5 throwaway redis-servers (stopped at
+    the end) hold lock:{wallet:42} and fence:{wallet:42}.
+",
+        wallet_tables!(),
+        "\n\n",
+        exit_codes!()
+    ))]
+    Redlock(Experiment<RedlockArgs, OwnRedis>),
     /// Performance benchmarks (build with --release); see BENCHMARKS.md.
     #[command(subcommand)]
     Bench(bench::Bench),
     /// Runs every experiment in tutorial order and checks each shows what the
     /// tutorial shows; exits non-zero if one does not.
-    Demo,
+    #[command(after_help = concat!(
+        "What it changes: what race, lock, ttl, backoff, fencing, verify,
+failover and redlock change (see their --help):
+  Redis (--redis-url, or a throwaway redis-server): overwrites
+    wallet:42:balance; deletes, then takes and releases lock:wallet:42 (and
+    its :waitq and :waiters keys) and lock:{wallet:42}; resets the fencing
+    counter fence:{wallet:42}. failover and redlock start their own
+    redis-servers.
+",
+        wallet_tables!(),
+        "
+    Also deletes the leasehold_fences row fence:{wallet:42}.
+
+",
+        exit_codes!()
+    ))]
+    Demo(DemoArgs),
+}
+
+impl Cli {
+    /// Whether the output is JSON (and so drawn without progress bars).
+    pub(crate) fn json(&self) -> bool {
+        let output = match &self.command {
+            Command::Race(e) => e.run.output,
+            Command::Lock(e) => e.run.output,
+            Command::Ttl(e) => e.run.output,
+            Command::Backoff(e) => e.run.output,
+            Command::Fencing(e) => e.run.output,
+            Command::Verify(e) => e.run.output,
+            Command::Failover(e) => e.run.output,
+            Command::Redlock(e) => e.run.output,
+            Command::Bench(bench) => bench.output(),
+            Command::Demo(args) => args.output,
+        };
+        output.json
+    }
 }
 
 /// The wallet workload shared by the experiments.
@@ -441,97 +651,78 @@ impl Default for LockArgs {
 
 /// Runs the command; the exit code says whether it showed what it should.
 pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    if let Command::Verify(args) = &cli.command {
-        args.mode()?;
-    }
-    // These two pause or kill Redis servers, so they start their own and
-    // need only the database: no Redis connection (or throwaway server) here.
-    let standalone = Database::new(&cli.global);
-    match &cli.command {
-        Command::Failover(args) => {
-            warn_ignored_redis_url(&cli.global);
-            return repeat(&cli.global, || {
-                experiments::failover::run(&standalone, args)
-            })
-            .await;
+    use experiments::{backoff, failover, fencing, lock, race, redlock, ttl, verify};
+    match cli.command {
+        Command::Race(e) => {
+            let env = Env::connect(&e.servers).await?;
+            repeat(&e.run, || race::run(&env, &e.workload)).await
         }
-        Command::Redlock(args) => {
-            warn_ignored_redis_url(&cli.global);
-            return repeat(&cli.global, || experiments::redlock::run(&standalone, args)).await;
+        Command::Lock(e) => {
+            let env = Env::connect(&e.servers).await?;
+            repeat(&e.run, || lock::run(&env, &e.workload)).await
         }
-        _ => {}
-    }
-    let env = Env::connect(&cli.global).await?;
-    match &cli.command {
-        Command::Demo => demo::run(&env, cli.global.json).await,
-        Command::Bench(bench::Bench::Contention(args)) => {
-            bench::contention::run(&env, args, cli.global.json).await?;
-            Ok(ExitCode::SUCCESS)
+        Command::Ttl(e) => {
+            let env = Env::connect(&e.servers).await?;
+            repeat(&e.run, || ttl::run(&env, &e.workload)).await
         }
-        Command::Bench(bench::Bench::Guard(args)) => {
-            bench::guard::run(&env, args, cli.global.json).await?;
-            Ok(ExitCode::SUCCESS)
+        Command::Backoff(e) => {
+            let env = Env::connect(&e.servers).await?;
+            repeat(&e.run, || backoff::run(&env, &e.workload)).await
         }
-        Command::Bench(bench::Bench::Uncontended(args)) => {
-            bench::uncontended::run(&env, args, cli.global.json).await?;
-            Ok(ExitCode::SUCCESS)
+        Command::Fencing(e) => {
+            let env = Env::connect(&e.servers.redis).await?;
+            let db = Database::new(&e.servers.database);
+            repeat(&e.run, || fencing::run(&env, &db, &e.workload)).await
         }
-        Command::Race(args) => repeat(&cli.global, || experiments::race::run(&env, args)).await,
-        Command::Lock(args) => repeat(&cli.global, || experiments::lock::run(&env, args)).await,
-        Command::Ttl(args) => repeat(&cli.global, || experiments::ttl::run(&env, args)).await,
-        Command::Fencing(args) => {
-            repeat(&cli.global, || experiments::fencing::run(&env, args)).await
+        Command::Verify(e) => {
+            e.workload.mode()?;
+            let env = Env::connect(&e.servers.redis).await?;
+            let db = Database::new(&e.servers.database);
+            repeat(&e.run, || verify::run(&env, &db, &e.workload)).await
         }
-        Command::Verify(args) => repeat(&cli.global, || experiments::verify::run(&env, args)).await,
-        Command::Failover(args) => {
-            repeat(&cli.global, || {
-                experiments::failover::run(env.database(), args)
-            })
-            .await
+        Command::Failover(e) => {
+            e.servers.warn_ignored_redis_url();
+            let db = Database::new(&e.servers.database);
+            repeat(&e.run, || failover::run(&db, &e.workload)).await
         }
-        Command::Redlock(args) => {
-            repeat(&cli.global, || {
-                experiments::redlock::run(env.database(), args)
-            })
-            .await
+        Command::Redlock(e) => {
+            e.servers.warn_ignored_redis_url();
+            let db = Database::new(&e.servers.database);
+            repeat(&e.run, || redlock::run(&db, &e.workload)).await
         }
-        Command::Backoff(args) => {
-            repeat(&cli.global, || experiments::backoff::run(&env, args)).await
+        Command::Bench(which) => bench::run(which).await,
+        Command::Demo(args) => {
+            let env = Env::connect(&args.servers.redis).await?;
+            let db = Database::new(&args.servers.database);
+            demo::run(&env, &db, args.output.json).await
         }
-    }
-}
-
-fn warn_ignored_redis_url(global: &Global) {
-    if global.redis_url.is_some() {
-        eprintln!(
-            "leasehold: --redis-url is ignored here: this experiment pauses or kills servers, so it starts its own"
-        );
     }
 }
 
 /// Runs one experiment `--runs` times, printing each run as it ends.
-async fn repeat<F, Fut>(global: &Global, mut once: F) -> anyhow::Result<ExitCode>
+async fn repeat<F, Fut>(flags: &RunFlags, mut once: F) -> anyhow::Result<ExitCode>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<Report>>,
 {
+    let (runs, json) = (flags.runs, flags.output.json);
     let (mut ok, mut errors) = (0, 0);
-    for run in 1..=global.runs {
+    for run in 1..=runs {
         let report = once().await?.with_run(run);
         ok += u32::from(report.ok);
         errors += report.errors;
-        report.print(global.json);
+        report.print(json);
     }
-    if global.runs > 1 && !global.json {
-        println!("runs={} OK={} BROKEN={}", global.runs, ok, global.runs - ok);
+    if runs > 1 && !json {
+        println!("runs={} OK={} BROKEN={}", runs, ok, runs - ok);
     }
     if errors > 0 {
-        eprintln!(
+        note!(
             "leasehold: {errors} callers failed with an error; the check above is not trustworthy"
         );
         return Ok(ExitCode::from(SERVER_ERROR));
     }
-    if ok < global.runs {
+    if ok < runs {
         return Ok(ExitCode::from(BROKEN));
     }
     Ok(ExitCode::SUCCESS)

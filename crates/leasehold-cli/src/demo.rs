@@ -2,15 +2,15 @@
 //! tutorial shows.
 
 use std::process::ExitCode;
-
 use std::time::Duration;
 
 use crate::cli::{
     BackoffArgs, FailoverArgs, FencingArgs, LockArgs, RedlockArgs, SpendArgs, TtlArgs, VerifyArgs,
     WriteMode,
 };
-use crate::env::Env;
+use crate::env::{Database, Env};
 use crate::experiments;
+use crate::progress::Progress;
 use crate::report::Report;
 
 /// What the tutorial's printed result says a step must show.
@@ -43,192 +43,255 @@ struct Row {
     matches: bool,
 }
 
-/// Runs the steps and prints the table (with `json`, one object per step
-/// and a summary object); exit code 1 on any mismatch.
-pub(crate) async fn run(env: &Env, json: bool) -> anyhow::Result<ExitCode> {
-    let mut rows = Vec::new();
-    let mut add = |step, what, tutorial, shows: Shows, report: Report| {
+/// How many steps the demo runs.
+const STEPS: u64 = 18;
+
+/// The steps run so far, and the bar that shows which one is running.
+struct Steps {
+    rows: Vec<Row>,
+    progress: Progress,
+}
+
+impl Steps {
+    /// Runs one step: `report` is the experiment's run, `what` names it on
+    /// the bar and in the table.
+    async fn run(
+        &mut self,
+        step: &'static str,
+        what: &'static str,
+        tutorial: &'static str,
+        shows: Shows,
+        report: impl Future<Output = anyhow::Result<Report>>,
+    ) -> anyhow::Result<()> {
+        self.progress.start(what);
+        let report = report.await?;
         let matches = shows.matches(&report);
-        rows.push(Row {
+        self.rows.push(Row {
             step,
             what,
             tutorial,
             report,
             matches,
         });
+        Ok(())
+    }
+}
+
+/// Runs the steps and prints the table (with `json`, one object per step
+/// and a summary object); exit code 1 on any mismatch.
+pub(crate) async fn run(env: &Env, db: &Database, json: bool) -> anyhow::Result<ExitCode> {
+    let mut steps = Steps {
+        rows: Vec::new(),
+        progress: Progress::new("demo", STEPS),
     };
 
     let spend = SpendArgs::default();
-    add(
-        "1",
-        "race: 50 spenders, no lock",
-        "accepted=50 balance=80 expected=-400 BROKEN",
-        Shows::Broken,
-        experiments::race::run(env, &spend).await?,
-    );
-    add(
-        "2",
-        "lock: SET NX PX + token release",
-        "accepted=10 balance=0 expected=0 OK",
-        Shows::Ok,
-        experiments::lock::run(env, &LockArgs::default()).await?,
-    );
+    steps
+        .run(
+            "1",
+            "race: 50 spenders, no lock",
+            "accepted=50 balance=80 expected=-400 BROKEN",
+            Shows::Broken,
+            experiments::race::run(env, &spend),
+        )
+        .await?;
+    let lock = LockArgs::default();
+    steps
+        .run(
+            "2",
+            "lock: SET NX PX + token release",
+            "accepted=10 balance=0 expected=0 OK",
+            Shows::Ok,
+            experiments::lock::run(env, &lock),
+        )
+        .await?;
     let ttl = TtlArgs::default();
-    let broken = experiments::ttl::run(env, &ttl).await?;
-    // The tutorial also shows every release refused as stale.
-    let all_stale = broken.extra.get("stale_releases") == Some(&ttl.callers.into());
-    add(
-        "3",
-        "ttl: 300ms work on a 100ms lease",
-        "accepted=5 balance=80 expected=50 BROKEN",
-        Shows::Broken,
-        broken.tutorial_also(all_stale),
-    );
-    add(
-        "3",
-        "ttl --watchdog",
-        "accepted=5 balance=50 expected=50 OK",
-        Shows::Ok,
-        experiments::ttl::run(
-            env,
-            &TtlArgs {
-                watchdog: true,
-                ..TtlArgs::default()
+    steps
+        .run(
+            "3",
+            "ttl: 300ms work on a 100ms lease",
+            "accepted=5 balance=80 expected=50 BROKEN",
+            Shows::Broken,
+            async {
+                let broken = experiments::ttl::run(env, &ttl).await?;
+                // The tutorial also shows every release refused as stale.
+                let all_stale = broken.extra.get("stale_releases") == Some(&ttl.callers.into());
+                Ok(broken.tutorial_also(all_stale))
             },
         )
-        .await?,
-    );
-    add(
-        "4",
-        "backoff: exponential 16..128ms, no jitter",
-        "accepted=10 balance=0 expected=0 OK, gave up=0..5",
-        Shows::Ok,
-        experiments::backoff::run(env, &BackoffArgs::default()).await?,
-    );
+        .await?;
+    let watchdog = TtlArgs {
+        watchdog: true,
+        ..TtlArgs::default()
+    };
+    steps
+        .run(
+            "3",
+            "ttl --watchdog",
+            "accepted=5 balance=50 expected=50 OK",
+            Shows::Ok,
+            experiments::ttl::run(env, &watchdog),
+        )
+        .await?;
+    let backoff = BackoffArgs::default();
+    steps
+        .run(
+            "4",
+            "backoff: exponential 16..128ms, no jitter",
+            "accepted=10 balance=0 expected=0 OK, gave up=0..5",
+            Shows::Ok,
+            experiments::backoff::run(env, &backoff),
+        )
+        .await?;
     let jitter = BackoffArgs {
         jitter: true,
         ..BackoffArgs::default()
     };
-    let report = experiments::backoff::run(env, &jitter).await?;
-    let none_gave_up = report.extra.get("gave_up").and_then(|v| v.as_u64()) == Some(0);
-    add(
-        "4",
-        "backoff: full jitter",
-        "accepted=10 balance=0 expected=0 OK, gave up=0",
-        Shows::Ok,
-        report.require(none_gave_up),
-    );
+    steps
+        .run(
+            "4",
+            "backoff: full jitter",
+            "accepted=10 balance=0 expected=0 OK, gave up=0",
+            Shows::Ok,
+            none_gave_up(experiments::backoff::run(env, &jitter)),
+        )
+        .await?;
     let handoff = BackoffArgs {
         handoff: true,
         ..BackoffArgs::default()
     };
-    let report = experiments::backoff::run(env, &handoff).await?;
-    let none_gave_up = report.extra.get("gave_up").and_then(|v| v.as_u64()) == Some(0);
-    add(
-        "4",
-        "backoff: hand-off (FIFO, no polling)",
-        "(beyond the tutorial) OK, gave up=0",
-        Shows::Ok,
-        report.require(none_gave_up),
+    steps
+        .run(
+            "4",
+            "backoff: hand-off (FIFO, no polling)",
+            "(beyond the tutorial) OK, gave up=0",
+            Shows::Ok,
+            none_gave_up(experiments::backoff::run(env, &handoff)),
+        )
+        .await?;
+    let (fenced, unfenced) = (
+        FencingArgs { unfenced: false },
+        FencingArgs { unfenced: true },
     );
-    add(
-        "5",
-        "fencing: A paused past its lease",
-        "A: write with fence 33 REJECTED, balance=90 fence=34",
-        Shows::Ok,
-        experiments::fencing::run(env, &FencingArgs { unfenced: false }).await?,
-    );
-    add(
-        "5",
-        "fencing --unfenced",
-        "A: wrote balance 90 with fence 33 (lost update)",
-        Shows::Broken,
-        experiments::fencing::run(env, &FencingArgs { unfenced: true }).await?,
-    );
+    steps
+        .run(
+            "5",
+            "fencing: A paused past its lease",
+            "A: write with fence 33 REJECTED, balance=90 fence=34",
+            Shows::Ok,
+            experiments::fencing::run(env, db, &fenced),
+        )
+        .await?;
+    steps
+        .run(
+            "5",
+            "fencing --unfenced",
+            "A: wrote balance 90 with fence 33 (lost update)",
+            Shows::Broken,
+            experiments::fencing::run(env, db, &unfenced),
+        )
+        .await?;
     let verify = |ttl: Duration, mode: WriteMode| VerifyArgs {
         ttl,
         mode,
         ..VerifyArgs::default()
     };
     let (healthy, broken) = (Duration::from_secs(2), Duration::from_millis(1));
-    add(
-        "6",
-        "verify: fenced, ttl 2s",
-        "accepted=10 balance=0 expected=0 OK",
-        Shows::Ok,
-        experiments::verify::run(env, &verify(healthy, WriteMode::Fenced)).await?,
-    );
-    add(
-        "6",
-        "verify: fenced only, ttl 1ms",
-        "accepted=17..20 balance=0 BROKEN (can be)",
-        Shows::Either,
-        experiments::verify::run(env, &verify(broken, WriteMode::Fenced)).await?,
-    );
-    add(
-        "6",
-        "verify: --same-version, ttl 1ms",
-        "accepted=10 balance=0 expected=0 OK",
-        Shows::Ok,
-        experiments::verify::run(env, &verify(broken, WriteMode::Cas)).await?,
-    );
-    add(
-        "6",
-        "verify: SELECT FOR UPDATE, no redis lock",
-        "correct (recommended alternative)",
-        Shows::Ok,
-        experiments::verify::run(env, &verify(healthy, WriteMode::ForUpdate)).await?,
-    );
-    add(
-        "6",
-        "verify: one conditional UPDATE, no lock",
-        "correct (recommended alternative)",
-        Shows::Ok,
-        experiments::verify::run(env, &verify(healthy, WriteMode::Single)).await?,
-    );
-    add(
-        "6",
-        "verify: no lock, no check (control)",
-        "the Step 1 bug: BROKEN",
-        Shows::Broken,
-        experiments::verify::run(env, &verify(healthy, WriteMode::None)).await?,
-    );
-    let two_holders = experiments::failover::run(env.database(), &FailoverArgs::default()).await?;
-    // The tutorial's point: the lock was granted twice, and the database
-    // still kept the balance right.
-    let caught = two_holders.extra.get("holders") == Some(&2.into())
-        && two_holders.extra.get("refused_by_database") == Some(&1.into());
-    add(
-        "safety",
-        "failover: lock lost with the primary",
-        "two holders (SAFETY VIOLATION), balance right",
-        Shows::Ok,
-        two_holders.tutorial_also(caught),
-    );
-    let waited = experiments::failover::run(
-        env.database(),
-        &FailoverArgs {
-            wait_replicas: 1,
-            ..FailoverArgs::default()
-        },
-    )
-    .await?;
-    let refused = waited.extra.get("not_replicated") == Some(&true.into())
-        && waited.extra.get("holders") == Some(&1.into());
-    add(
-        "safety",
-        "failover --wait-replicas 1",
-        "WAIT narrows the window: acquire refused",
-        Shows::Ok,
-        waited.tutorial_also(refused),
-    );
-    add(
-        "safety",
-        "redlock: 3 nodes, one paused mid-run",
-        "majority survives one node: balance right",
-        Shows::Ok,
-        experiments::redlock::run(env.database(), &RedlockArgs::default()).await?,
-    );
+    for (what, tutorial, shows, args) in [
+        (
+            "verify: fenced, ttl 2s",
+            "accepted=10 balance=0 expected=0 OK",
+            Shows::Ok,
+            verify(healthy, WriteMode::Fenced),
+        ),
+        (
+            "verify: fenced only, ttl 1ms",
+            "accepted=17..20 balance=0 BROKEN (can be)",
+            Shows::Either,
+            verify(broken, WriteMode::Fenced),
+        ),
+        (
+            "verify: --same-version, ttl 1ms",
+            "accepted=10 balance=0 expected=0 OK",
+            Shows::Ok,
+            verify(broken, WriteMode::Cas),
+        ),
+        (
+            "verify: SELECT FOR UPDATE, no redis lock",
+            "correct (recommended alternative)",
+            Shows::Ok,
+            verify(healthy, WriteMode::ForUpdate),
+        ),
+        (
+            "verify: one conditional UPDATE, no lock",
+            "correct (recommended alternative)",
+            Shows::Ok,
+            verify(healthy, WriteMode::Single),
+        ),
+        (
+            "verify: no lock, no check (control)",
+            "the Step 1 bug: BROKEN",
+            Shows::Broken,
+            verify(healthy, WriteMode::None),
+        ),
+    ] {
+        steps
+            .run(
+                "6",
+                what,
+                tutorial,
+                shows,
+                experiments::verify::run(env, db, &args),
+            )
+            .await?;
+    }
+    let two_holders = FailoverArgs::default();
+    steps
+        .run(
+            "safety",
+            "failover: lock lost with the primary",
+            "two holders (SAFETY VIOLATION), balance right",
+            Shows::Ok,
+            async {
+                let report = experiments::failover::run(db, &two_holders).await?;
+                // The tutorial's point: the lock was granted twice, and the
+                // database still kept the balance right.
+                let caught = report.extra.get("holders") == Some(&2.into())
+                    && report.extra.get("refused_by_database") == Some(&1.into());
+                Ok(report.tutorial_also(caught))
+            },
+        )
+        .await?;
+    let waited = FailoverArgs {
+        wait_replicas: 1,
+        ..FailoverArgs::default()
+    };
+    steps
+        .run(
+            "safety",
+            "failover --wait-replicas 1",
+            "WAIT narrows the window: acquire refused",
+            Shows::Ok,
+            async {
+                let report = experiments::failover::run(db, &waited).await?;
+                let refused = report.extra.get("not_replicated") == Some(&true.into())
+                    && report.extra.get("holders") == Some(&1.into());
+                Ok(report.tutorial_also(refused))
+            },
+        )
+        .await?;
+    let redlock = RedlockArgs::default();
+    steps
+        .run(
+            "safety",
+            "redlock: 3 nodes, one paused mid-run",
+            "majority survives one node: balance right",
+            Shows::Ok,
+            experiments::redlock::run(db, &redlock),
+        )
+        .await?;
+    let Steps { rows, progress } = steps;
+    drop(progress);
 
     let failed = rows.iter().filter(|r| !r.matches).count();
     if json {
@@ -265,6 +328,15 @@ pub(crate) async fn run(env: &Env, json: bool) -> anyhow::Result<ExitCode> {
         );
         Ok(ExitCode::FAILURE)
     }
+}
+
+/// A backoff run that must also show that nobody gave up.
+async fn none_gave_up(
+    report: impl Future<Output = anyhow::Result<Report>>,
+) -> anyhow::Result<Report> {
+    let report = report.await?;
+    let none = report.extra.get("gave_up").and_then(|v| v.as_u64()) == Some(0);
+    Ok(report.require(none))
 }
 
 fn print_table(rows: &[Row]) {

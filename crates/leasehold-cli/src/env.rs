@@ -9,7 +9,8 @@ use leasehold_testkit::{PostgresServer, RedisServer};
 use redis::aio::ConnectionManager;
 use tokio::sync::OnceCell;
 
-use crate::cli::Global;
+use crate::cli::{DatabaseFlags, RedisFlags};
+use crate::progress::note;
 use crate::redact::redact_url;
 
 /// How long any single Redis request of the CLI may take.
@@ -21,19 +22,17 @@ const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The most connections the CLI's PostgreSQL pool opens.
 const PG_POOL_SIZE: usize = 64;
 
-/// Connections shared by every experiment of one CLI invocation.
+/// The Redis connections shared by every experiment of one CLI invocation.
 pub(crate) struct Env {
     pub(crate) redis: ConnectionManager,
     pub(crate) locker: Locker,
-    database: Database,
     /// Opens further connections (the hand-off pub/sub connection).
     pub(crate) client: redis::Client,
     /// Kept alive for the whole run; stopped on drop.
     _throwaway_redis: Option<RedisServer>,
 }
 
-/// The PostgreSQL side alone: what the experiments that start their own
-/// Redis servers (`failover`, `redlock`) need.
+/// PostgreSQL, for the experiments that need it.
 pub(crate) struct Database {
     url: Option<String>,
     /// Opened by the first experiment that needs PostgreSQL, never before.
@@ -41,9 +40,9 @@ pub(crate) struct Database {
 }
 
 impl Database {
-    pub(crate) fn new(global: &Global) -> Database {
+    pub(crate) fn new(flags: &DatabaseFlags) -> Database {
         Database {
-            url: global.database_url.clone(),
+            url: flags.database_url.clone(),
             postgres: OnceCell::new(),
         }
     }
@@ -66,15 +65,15 @@ struct Postgres {
 }
 
 impl Env {
-    pub(crate) async fn connect(global: &Global) -> anyhow::Result<Env> {
-        let (url, throwaway) = match &global.redis_url {
+    pub(crate) async fn connect(flags: &RedisFlags) -> anyhow::Result<Env> {
+        let (url, throwaway) = match &flags.redis_url {
             Some(url) => (url.clone(), None),
             None => {
                 let server = tokio::task::spawn_blocking(RedisServer::start)
                     .await
                     .context("starting a throwaway redis-server")?
                     .context("starting a throwaway redis-server")?;
-                eprintln!(
+                note!(
                     "leasehold: started a throwaway redis-server at {} (pid {}); pass --redis-url to use your own",
                     redact_url(&server.url()),
                     server.pid()
@@ -95,20 +94,9 @@ impl Env {
         Ok(Env {
             redis,
             locker,
-            database: Database::new(global),
             client,
             _throwaway_redis: throwaway,
         })
-    }
-
-    /// The PostgreSQL pool ([`Database::postgres`]).
-    pub(crate) async fn postgres(&self) -> anyhow::Result<&Pool> {
-        self.database.postgres().await
-    }
-
-    /// The PostgreSQL side, for the experiments that need nothing else.
-    pub(crate) fn database(&self) -> &Database {
-        &self.database
     }
 }
 
@@ -120,7 +108,7 @@ async fn open_postgres(url: Option<String>) -> anyhow::Result<Postgres> {
                 .await
                 .context("starting a throwaway postgres")?
                 .context("starting a throwaway postgres")?;
-            eprintln!(
+            note!(
                 "leasehold: started a throwaway postgres at {} (pid {}); pass --database-url to use your own",
                 redact_url(&server.url()),
                 server.pid()
@@ -180,9 +168,12 @@ async fn report_findings(redis: &ConnectionManager, shown: &str, throwaway: bool
                     // A throwaway server has no persistence by design.
                     continue;
                 }
-                eprintln!("leasehold: safety warning for {shown}: {finding}");
+                note!("leasehold: safety warning for {shown}: {finding}");
             }
         }
-        Err(err) => eprintln!("leasehold: could not read safety settings of {shown}: {err}"),
+        Err(leasehold::Error::NoPermission { command, .. }) => note!(
+            "leasehold: cannot check the safety settings of {shown}: this user may not run {command} (the experiments do not need it)"
+        ),
+        Err(err) => note!("leasehold: could not read safety settings of {shown}: {err}"),
     }
 }

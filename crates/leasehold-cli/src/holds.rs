@@ -46,7 +46,7 @@ impl HoldTimes {
             return;
         };
         if !WARNED.swap(true, Ordering::Relaxed) {
-            eprintln!("leasehold: safety warning: {finding}");
+            crate::progress::note!("leasehold: safety warning: {finding}");
         }
     }
 }

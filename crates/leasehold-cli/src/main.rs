@@ -1,5 +1,6 @@
 //! `leasehold`: reproduces the tutorial's experiments against real servers.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -10,7 +11,9 @@ mod demo;
 mod env;
 mod experiments;
 mod holds;
+mod interrupt;
 mod ledger;
+mod progress;
 mod redact;
 mod report;
 mod server;
@@ -19,6 +22,7 @@ mod wallet;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    progress::init(cli.json());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -31,7 +35,9 @@ fn main() -> ExitCode {
                     )
                 }),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(progress::LogWriter)
+        // No colour codes in a captured log.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -43,9 +49,26 @@ fn main() -> ExitCode {
             return ExitCode::from(cli::SERVER_ERROR);
         }
     };
-    match runtime.block_on(cli::run(cli)) {
-        Ok(code) => code,
-        Err(err) => {
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            // First, so the handlers are in place before any server starts.
+            biased;
+            signal = interrupt::signalled() => Err(signal),
+            outcome = cli::run(cli) => Ok(outcome),
+        }
+    });
+    // The run is gone, and the servers it held with it; this drops the
+    // tasks it spawned (and theirs) and waits for servers still starting.
+    runtime.shutdown_timeout(interrupt::SHUTDOWN);
+    match outcome {
+        Err(signal) => {
+            eprintln!(
+                "leasehold: interrupted by {signal}; the throwaway servers it started are stopped"
+            );
+            ExitCode::from(cli::INTERRUPTED)
+        }
+        Ok(Ok(code)) => code,
+        Ok(Err(err)) => {
             eprintln!("error: {}", redact::redact_text(&report::chain(&err)));
             if err.downcast_ref::<cli::Usage>().is_some() {
                 ExitCode::from(cli::USAGE)

@@ -6,14 +6,15 @@ use anyhow::Context;
 use redis::aio::ConnectionManager;
 
 /// CPU time the server process has used so far (`INFO cpu`:
-/// `used_cpu_sys + used_cpu_user`).
-pub(crate) async fn cpu(conn: &ConnectionManager) -> anyhow::Result<Duration> {
+/// `used_cpu_sys + used_cpu_user`); `None` when the user may not run `INFO`
+/// (a lock user's minimal ACL leaves it out).
+pub(crate) async fn cpu(conn: &ConnectionManager) -> anyhow::Result<Option<Duration>> {
     let mut conn = conn.clone();
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query_async(&mut conn)
-        .await
-        .context("reading INFO cpu")?;
+    let info: String = match redis::cmd("INFO").arg("cpu").query_async(&mut conn).await {
+        Ok(info) => info,
+        Err(err) if err.code() == Some("NOPERM") => return Ok(None),
+        Err(err) => return Err(anyhow::Error::new(err).context("reading INFO cpu")),
+    };
     let mut total = 0.0;
     for field in ["used_cpu_sys:", "used_cpu_user:"] {
         let value = info
@@ -25,7 +26,18 @@ pub(crate) async fn cpu(conn: &ConnectionManager) -> anyhow::Result<Duration> {
             .parse::<f64>()
             .with_context(|| format!("INFO cpu {field} {value}"))?;
     }
-    Ok(Duration::from_secs_f64(total.max(0.0)))
+    Ok(Some(Duration::from_secs_f64(total.max(0.0))))
+}
+
+/// CPU time the server has used since `before` (from [`cpu`]), if known.
+pub(crate) async fn cpu_since(
+    conn: &ConnectionManager,
+    before: Option<Duration>,
+) -> anyhow::Result<Option<Duration>> {
+    let after = cpu(conn).await?;
+    Ok(before
+        .zip(after)
+        .map(|(before, after)| after.saturating_sub(before)))
 }
 
 /// Milliseconds, with microsecond precision, for the JSON output.

@@ -32,14 +32,17 @@ impl Wallet {
         let () = conn
             .set(self.key, initial)
             .await
-            .context("setting the balance")?;
+            .with_context(|| format!("setting the balance {}", self.key))?;
         Ok(())
     }
 
     pub(crate) async fn balance(&self) -> anyhow::Result<i64> {
         let mut conn = self.conn.clone();
-        let balance: Option<i64> = conn.get(self.key).await.context("reading the balance")?;
-        balance.context("the balance key is missing")
+        let balance: Option<i64> = conn
+            .get(self.key)
+            .await
+            .with_context(|| format!("reading the balance {}", self.key))?;
+        balance.with_context(|| format!("the balance key {} is missing", self.key))
     }
 
     /// A read-modify-write: read the balance, check it, wait `work`, write it
@@ -54,7 +57,7 @@ impl Wallet {
         let () = conn
             .set(self.key, balance - amount)
             .await
-            .context("writing the balance")?;
+            .with_context(|| format!("writing the balance {}", self.key))?;
         Ok(true)
     }
 }

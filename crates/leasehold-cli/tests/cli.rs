@@ -281,7 +281,18 @@ fn ttl_prints_the_tutorials_lines() -> TestResult {
 
 #[test]
 fn demo_matches_the_tutorial() -> TestResult {
-    let stdout = succeeded(&["demo"])?;
+    // Output captured, not a terminal: the demo runs long enough for a
+    // bar, and none may show, in stdout or stderr.
+    let out = leasehold(&["demo"])?;
+    let (stdout, stderr) = (
+        String::from_utf8(out.stdout)?,
+        String::from_utf8(out.stderr)?,
+    );
+    assert!(out.status.success(), "{stderr}\n{stdout}");
+    for text in [&stdout, &stderr] {
+        assert!(!text.contains("demo ["), "{text}");
+        assert!(!text.contains('\r') && !text.contains('\x1b'), "{text:?}");
+    }
     assert!(stdout.contains("tutorial shows"), "{stdout}");
     assert!(
         stdout.contains("steps show what the tutorial shows"),
@@ -311,6 +322,7 @@ fn demo_json_is_one_object_per_step_and_a_summary() -> TestResult {
         assert_eq!(step["matches"], true, "{step}");
         assert!(step["report"]["experiment"].is_string(), "{step}");
     }
+    assert_eq!(steps.len(), 18, "{stdout}");
     Ok(())
 }
 

@@ -19,7 +19,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::Barrier;
 use tokio::time::Instant;
 
-use super::{ContentionArgs, median, round3};
+use super::{ContentionArgs, Measurements, median, round3};
 use crate::env::Env;
 use crate::server;
 use crate::waiting::{Handoff, Meter, Mode, Waiter, clear, exponential, utilisation};
@@ -71,7 +71,8 @@ struct Figures {
     held: Duration,
     acquisitions: u64,
     requests: u64,
-    cpu: Duration,
+    /// The server's CPU time, if the user may read `INFO cpu`.
+    cpu: Option<Duration>,
     gap_p50: Option<Duration>,
     gap_p99: Option<Duration>,
     gave_up: u64,
@@ -99,7 +100,9 @@ impl Figures {
             ),
             (
                 "redis_cpu_us_per_acq",
-                self.per_acquisition(self.cpu.as_secs_f64() * 1e6),
+                self.cpu.map_or(f64::NAN, |cpu| {
+                    self.per_acquisition(cpu.as_secs_f64() * 1e6)
+                }),
             ),
             ("gap_p50_us", us(self.gap_p50)),
             ("gap_p99_us", us(self.gap_p99)),
@@ -115,23 +118,27 @@ pub(crate) async fn run(env: &Env, args: &ContentionArgs, json: bool) -> anyhow:
     let modes = modes();
     // results[workload][mode] = one Figures per round
     let mut results: Vec<Vec<Vec<Figures>>> = vec![vec![Vec::new(); modes.len()]; WORKLOADS.len()];
+    let len = u64::from(args.rounds) * (modes.len() * WORKLOADS.len()) as u64;
+    let progress = Measurements::new("bench contention", len, json);
     for round in 1..=args.rounds {
         for (m, mode) in modes.iter().enumerate() {
-            if !json {
-                eprintln!("round {round}/{}: {}", args.rounds, mode.name());
-            }
             let name = mode.name();
+            let start =
+                |w: &str| progress.start(format!("round {round}/{}: {name}, {w}", args.rounds));
             let failed = |w: &str| format!("round {round}, {w} workload, {name} mode");
+            start("burst");
             results[0][m].push(
                 burst(env, *mode, args)
                     .await
                     .with_context(|| failed("burst"))?,
             );
+            start("tutorial");
             results[1][m].push(
                 tutorial(env, *mode, args)
                     .await
                     .with_context(|| failed("tutorial"))?,
             );
+            start("timed");
             results[2][m].push(
                 timed(env, *mode, args)
                     .await
@@ -309,7 +316,7 @@ async fn once_each(
     })
     .await;
     let elapsed = start.elapsed();
-    let cpu = server::cpu(&env.redis).await?.saturating_sub(cpu_before);
+    let cpu = server::cpu_since(&env.redis, cpu_before).await?;
     fail_on_errors(&tally)?;
     let figures = figures(
         &waiter,
@@ -377,7 +384,7 @@ async fn timed(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<F
         counts.push(joined??);
     }
     let elapsed = start.elapsed();
-    let cpu = server::cpu(&env.redis).await?.saturating_sub(cpu_before);
+    let cpu = server::cpu_since(&env.redis, cpu_before).await?;
     let (max, min) = (
         counts.iter().copied().max().unwrap_or(0),
         counts.iter().copied().min().unwrap_or(0),
@@ -401,7 +408,7 @@ fn figures(
     waiter: &Waiter,
     meter: &Meter,
     elapsed: Duration,
-    cpu: Duration,
+    cpu: Option<Duration>,
     gave_up: u64,
     fairness: Option<f64>,
 ) -> Figures {

@@ -24,8 +24,8 @@ use leasehold_pg::tokio_postgres::Client;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::{GuardArgs, median, round3};
-use crate::env::Env;
+use super::{GuardArgs, Measurements, median, round3};
+use crate::env::Database;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -46,8 +46,8 @@ impl Mode {
     }
 }
 
-pub(crate) async fn run(env: &Env, args: &GuardArgs, json: bool) -> anyhow::Result<()> {
-    let pool = env.postgres().await?;
+pub(crate) async fn run(db: &Database, args: &GuardArgs, json: bool) -> anyhow::Result<()> {
+    let pool = db.postgres().await?;
     let mut setup = pool.get().await.context("connecting to postgresql")?;
     leasehold_pg::setup(&mut **setup).await?;
     setup
@@ -62,13 +62,21 @@ pub(crate) async fn run(env: &Env, args: &GuardArgs, json: bool) -> anyhow::Resu
     }
     let mut seq: Vec<Vec<(f64, u64, u64)>> = vec![Vec::new(); MODES.len()];
     let mut many: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+    let len = u64::from(args.rounds) * MODES.len() as u64 * 2;
+    let progress = Measurements::new("bench guard", len, json);
     for round in 1..=args.rounds {
-        if !json {
-            eprintln!("round {round}/{}", args.rounds);
-        }
         for (i, mode) in MODES.into_iter().enumerate() {
             let base = 1_000_000 * (i as i64 + 1);
+            let start = |what: &str| {
+                progress.start(format!(
+                    "round {round}/{}: {}, {what}",
+                    args.rounds,
+                    mode.name()
+                ));
+            };
+            start("sequential");
             seq[i].push(sequential(&mut clients[0], mode, base, args.duration).await?);
+            start(&format!("{} tasks", args.tasks));
             let (rate, back) = concurrent(clients, mode, base, args.duration).await?;
             clients = back;
             many[i].push(rate);

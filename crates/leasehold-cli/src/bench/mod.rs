@@ -2,11 +2,14 @@
 //! `--release`; the machine is shared and noisy, so every bench runs its
 //! modes side by side for several rounds and reports medians.
 
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
-use crate::cli::parse_duration;
+use crate::cli::{DatabaseFlags, OutputFlags, RedisFlags, exit_codes, parse_duration};
+use crate::env::{Database, Env};
+use crate::progress::Progress;
 
 pub(crate) mod contention;
 pub(crate) mod guard;
@@ -19,14 +22,98 @@ pub(crate) enum Bench {
     /// exponential backoff, with full jitter, with jitter tuned for speed,
     /// and hand-off (relayed in process, over two lockers, strict FIFO,
     /// wake).
+    #[command(after_help = concat!(
+        "What it changes (on --redis-url, or a throwaway redis-server):
+  Redis: overwrites wallet:42:balance; deletes, then takes and releases
+    lock:bench:contention (hand-off modes queue in its :waitq and :waiters
+    keys and publish on leasehold:handoff:* channels). Reads INFO cpu if
+    the user may (the cpu figures are null otherwise).
+
+",
+        exit_codes!()
+    ))]
     Contention(ContentionArgs),
     /// Acquire+release pairs per second with no contention, against a raw
     /// `SET NX PX` + `EVALSHA` loop on the same connection.
+    #[command(after_help = concat!(
+        "What it changes (on --redis-url, or a throwaway redis-server):
+  Redis: takes and releases lock:bench:u:lib, lock:bench:u:raw,
+    lock:bench:u:many:* and lock:bench:u:rawmany:* (none is left behind
+    unless a run fails); loads a release script (SCRIPT LOAD).
+
+",
+        exit_codes!()
+    ))]
     Uncontended(UncontendedArgs),
     /// What the PostgreSQL fence guard costs a debit: unguarded, guarded
-    /// and `SELECT ... FOR UPDATE`, sequential and concurrent (creates and
-    /// overwrites the bench_accounts table and bench:* fence rows).
+    /// and `SELECT ... FOR UPDATE`, sequential and concurrent. No Redis.
+    #[command(after_help = concat!(
+        "What it changes (on --database-url, or a throwaway postgres):
+  PostgreSQL: creates the tables wallets, wallet_ledger, leasehold_fences
+    and bench_accounts if missing; creates or resets bench_accounts rows
+    with ids from 1000000 up (balance 1000000000, then debited), and
+    creates or updates leasehold_fences rows named bench:<id>.
+
+",
+        exit_codes!()
+    ))]
     Guard(GuardArgs),
+}
+
+impl Bench {
+    /// How the bench prints.
+    pub(crate) fn output(&self) -> OutputFlags {
+        match self {
+            Bench::Contention(args) => args.output,
+            Bench::Uncontended(args) => args.output,
+            Bench::Guard(args) => args.output,
+        }
+    }
+}
+
+/// Runs the bench; its figures are printed, not judged, so it exits 0
+/// unless a server fails.
+pub(crate) async fn run(bench: Bench) -> anyhow::Result<ExitCode> {
+    match bench {
+        Bench::Contention(args) => {
+            let env = Env::connect(&args.redis).await?;
+            contention::run(&env, &args, args.output.json).await?;
+        }
+        Bench::Uncontended(args) => {
+            let env = Env::connect(&args.redis).await?;
+            uncontended::run(&env, &args, args.output.json).await?;
+        }
+        Bench::Guard(args) => {
+            let db = Database::new(&args.database);
+            guard::run(&db, &args, args.output.json).await?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The bar of a bench of `len` measurements, or, when no bar can be drawn
+/// (stderr is not a terminal) and the output is text, one line per
+/// measurement on stderr.
+pub(crate) struct Measurements {
+    bar: Progress,
+    lines: bool,
+}
+
+impl Measurements {
+    pub(crate) fn new(what: &'static str, len: u64, json: bool) -> Measurements {
+        Measurements {
+            bar: Progress::new(what, len),
+            lines: !json && !crate::progress::enabled(),
+        }
+    }
+
+    /// A measurement begins.
+    pub(crate) fn start(&self, what: String) {
+        if self.lines {
+            eprintln!("{what}");
+        }
+        self.bar.start(what);
+    }
 }
 
 /// Flags of `bench guard`.
@@ -42,6 +129,10 @@ pub(crate) struct GuardArgs {
     /// own account.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=60))]
     pub(crate) tasks: u32,
+    #[command(flatten)]
+    pub(crate) output: OutputFlags,
+    #[command(flatten)]
+    pub(crate) database: DatabaseFlags,
 }
 
 /// Flags of `bench contention`.
@@ -65,6 +156,10 @@ pub(crate) struct ContentionArgs {
     /// How long a caller waits for the lock before giving up.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub(crate) wait: Duration,
+    #[command(flatten)]
+    pub(crate) output: OutputFlags,
+    #[command(flatten)]
+    pub(crate) redis: RedisFlags,
 }
 
 /// Flags of `bench uncontended`.
@@ -79,6 +174,10 @@ pub(crate) struct UncontendedArgs {
     /// Concurrent tasks of the many-keys run.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(crate) tasks: u32,
+    #[command(flatten)]
+    pub(crate) output: OutputFlags,
+    #[command(flatten)]
+    pub(crate) redis: RedisFlags,
 }
 
 /// The median of `values` (the mean of the middle two for an even count).

@@ -12,7 +12,7 @@ use leasehold::Locker;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::{UncontendedArgs, median, round3};
+use super::{Measurements, UncontendedArgs, median, round3};
 use crate::env::Env;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -35,13 +35,16 @@ pub(crate) async fn run(env: &Env, args: &UncontendedArgs, json: bool) -> anyhow
         .await?;
     let (mut lib, mut raw, mut many, mut raw_many) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let progress = Measurements::new("bench uncontended", u64::from(args.rounds) * 4, json);
     for round in 1..=args.rounds {
-        if !json {
-            eprintln!("round {round}/{}", args.rounds);
-        }
-        lib.push(library_loop(&locker, "bench:u:lib", args.duration).await?);
-        raw.push(raw_loop(env, &sha, "bench:u:raw", args.duration).await?);
+        let start = |what: &str| progress.start(format!("round {round}/{}: {what}", args.rounds));
+        start("library, one connection");
+        lib.push(library_loop(&locker, "lock:bench:u:lib", args.duration).await?);
+        start("raw loop, one connection");
+        raw.push(raw_loop(env, &sha, "lock:bench:u:raw", args.duration).await?);
+        start("library, many keys");
         many.push(many_tasks(&locker, args.tasks, args.duration).await?);
+        start("raw loop, many keys");
         raw_many.push(raw_many_tasks(env, &sha, args.tasks, args.duration).await?);
     }
     let (lib, raw, many, raw_many) = (median(&lib), median(&raw), median(&many), median(&raw_many));
@@ -165,7 +168,7 @@ async fn raw_many_tasks(
             raw_pairs(
                 conn,
                 &sha,
-                "bench:u:rawmany".to_owned(),
+                "lock:bench:u:rawmany".to_owned(),
                 start,
                 duration,
                 Some(task),
@@ -188,7 +191,7 @@ async fn many_tasks(locker: &Locker, tasks: u32, duration: Duration) -> anyhow::
         set.spawn(async move {
             let mut pairs: u64 = 0;
             while start.elapsed() < duration {
-                let key = format!("bench:u:many:{task}:{}", pairs % 16);
+                let key = format!("lock:bench:u:many:{task}:{}", pairs % 16);
                 let lease = locker.acquire(&key, TTL).await?;
                 lease.release().await?;
                 pairs += 1;

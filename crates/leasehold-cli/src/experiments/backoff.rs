@@ -74,7 +74,7 @@ pub(crate) async fn run(env: &Env, args: &BackoffArgs) -> anyhow::Result<Report>
     })
     .await;
     let elapsed = start.elapsed();
-    let cpu = server::cpu(&env.redis).await?.saturating_sub(cpu_before);
+    let cpu = server::cpu_since(&env.redis, cpu_before).await?;
     let balance = wallet.balance().await?;
     let stats = waiter.locker().stats();
     let gave_up = gave_up.load(Ordering::Relaxed);
@@ -101,7 +101,7 @@ pub(crate) async fn run(env: &Env, args: &BackoffArgs) -> anyhow::Result<Report>
     .extra("gave_up", gave_up)
     .extra("acquisitions", stats.acquisitions)
     .extra("round_trips", stats.requests())
-    .extra("redis_cpu_ms", server::ms(cpu))
+    .extra("redis_cpu_ms", cpu.map(server::ms))
     .extra(
         "utilisation",
         (utilisation(meter.held(), elapsed) * 1000.0).round() / 1000.0,

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::cli::FailoverArgs;
 use crate::env::Database;
 use crate::ledger::{self, RESOURCE, WALLET_ID, WriteCheck};
+use crate::progress::note;
 use crate::report::Report;
 
 /// The tutorial's figures: fence counter at 32, so the next token is 33.
@@ -77,6 +78,11 @@ pub(crate) async fn run(db: &Database, args: &FailoverArgs) -> anyhow::Result<Re
     let (mut primary, replica) = tokio::task::spawn_blocking(start_pair)
         .await
         .context("starting the throwaway servers")??;
+    note!(
+        "leasehold: started a throwaway primary (pid {}) and replica (pid {}) for the failover",
+        primary.pid(),
+        replica.pid()
+    );
     let keys = FencedKeys::for_resource(RESOURCE)?;
     let mut conn = connect(&primary, "throwaway primary").await?;
     let () = conn

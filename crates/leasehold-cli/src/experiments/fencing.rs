@@ -10,7 +10,7 @@ use redis::AsyncCommands;
 use tokio::time::Instant;
 
 use crate::cli::FencingArgs;
-use crate::env::Env;
+use crate::env::{Database, Env};
 use crate::ledger::{self, RESOURCE, WALLET_ID, WriteCheck};
 use crate::report::Report;
 
@@ -21,8 +21,8 @@ const PAUSE: Duration = Duration::from_millis(250);
 const INITIAL: i64 = 100;
 const AMOUNT: i64 = 10;
 
-pub(crate) async fn run(env: &Env, args: &FencingArgs) -> anyhow::Result<Report> {
-    let pool = env.postgres().await?;
+pub(crate) async fn run(env: &Env, db: &Database, args: &FencingArgs) -> anyhow::Result<Report> {
+    let pool = db.postgres().await?;
     let db = pool.get().await.context("connecting to postgresql")?;
     leasehold_pg::reset_wallet(&**db, WALLET_ID, INITIAL).await?;
     let keys = FencedKeys::for_resource(RESOURCE)?;

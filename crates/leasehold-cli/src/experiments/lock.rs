@@ -44,10 +44,9 @@ pub(crate) async fn run(env: &Env, args: &LockArgs) -> anyhow::Result<Report> {
     let elapsed = start.elapsed();
     holds.check(ttl);
     let balance = wallet.balance().await?;
-    let left: bool = conn
-        .exists(LOCK_KEY)
-        .await
-        .context("checking the lock key")?;
+    // GET, not EXISTS: a lock user's minimal ACL has GET.
+    let left: Option<String> = conn.get(LOCK_KEY).await.context("checking the lock key")?;
+    let left = left.is_some();
     Ok(Report::check(
         "lock",
         args.spend.initial,

@@ -12,10 +12,12 @@ use leasehold_testkit::RedisServer;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::cli::{Fault, RedlockArgs};
 use crate::env::Database;
 use crate::ledger::{self, RESOURCE, WALLET_ID, WriteCheck};
+use crate::progress::{Progress, Ticker, note};
 use crate::report::Report;
 use crate::wallet::hammer;
 
@@ -47,6 +49,13 @@ pub(crate) async fn run(db: &Database, args: &RedlockArgs) -> anyhow::Result<Rep
         .await
         .context("starting the throwaway redis-servers")?
         .context("starting the throwaway redis-servers")?;
+    let listed =
+        |f: fn(&RedisServer) -> String| servers.iter().map(f).collect::<Vec<_>>().join(", ");
+    note!(
+        "leasehold: started {nodes} throwaway redis-servers for the quorum at {} (pids {})",
+        listed(|s| format!(":{}", s.port())),
+        listed(|s| s.pid().to_string()),
+    );
     let clients = servers
         .iter()
         .map(|server| redis::Client::open(server.url()))
@@ -57,14 +66,19 @@ pub(crate) async fn run(db: &Database, args: &RedlockArgs) -> anyhow::Result<Rep
     let counters = Arc::new(Counters::default());
     let fault_now = Arc::new(Notify::new());
     let finished = CancellationToken::new();
+    let progress = Progress::new("redlock", u64::from(spend.callers));
+    progress.ticker().message("spenders done");
     let victim = servers.remove(FAULTY_NODE);
-    let fault = tokio::spawn(inject(
+    // Aborted if the run is dropped (interrupted), dropping the victim with
+    // it: a paused node must not outlive the CLI.
+    let fault = AbortOnDropHandle::new(tokio::spawn(inject(
         victim,
         args.fault,
         fault_now.clone(),
         finished.clone(),
         counters.clone(),
-    ));
+        progress.ticker(),
+    )));
 
     let latency = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
         1,
@@ -73,12 +87,15 @@ pub(crate) async fn run(db: &Database, args: &RedlockArgs) -> anyhow::Result<Rep
     )?));
     let (amount, work, ttl, fault_after) = (spend.amount, spend.work, args.ttl, args.fault_after);
     let opts = AcquireOptions::new().wait(args.wait);
-    let (shared, recorded) = (counters.clone(), latency.clone());
+    let (shared, recorded, ticker) = (counters.clone(), latency.clone(), progress.ticker());
     let start = Instant::now();
     let tally = hammer(spend.callers, move |_| {
         let (quorum, keys, opts, pool) = (quorum.clone(), keys.clone(), opts.clone(), pool.clone());
         let (counters, latency, fault_now) = (shared.clone(), recorded.clone(), fault_now.clone());
+        let ticker = ticker.clone();
         async move {
+            // Counted however the spender ends.
+            let _done = Done(ticker);
             let asked = Instant::now();
             let lease = match quorum.acquire_with(&keys, ttl, &opts).await {
                 Ok(lease) => lease,
@@ -120,6 +137,7 @@ pub(crate) async fn run(db: &Database, args: &RedlockArgs) -> anyhow::Result<Rep
     finished.cancel();
     let (_victim, injected_after) = fault.await.context("the fault task failed")??;
     drop(servers);
+    drop(progress);
 
     let db = pool_audit(db).await?;
     let audit = leasehold_pg::audit(&**db, WALLET_ID).await?;
@@ -201,6 +219,7 @@ async fn inject(
     now: Arc<Notify>,
     finished: CancellationToken,
     counters: Arc<Counters>,
+    progress: Ticker,
 ) -> anyhow::Result<(RedisServer, Option<u64>)> {
     if fault == Fault::None {
         return Ok((victim, None));
@@ -219,7 +238,25 @@ async fn inject(
     })
     .await
     .context("injecting the fault")??;
+    let what = match fault {
+        Fault::Pause => "paused",
+        Fault::Kill | Fault::None => "killed",
+    };
+    note!(
+        "leasehold: {what} node {FAULTY_NODE} (redis-server pid {}) after {after} acquisitions",
+        victim.pid()
+    );
+    progress.message(format!("spenders done; node {FAULTY_NODE} {what}"));
     Ok((victim, Some(after)))
+}
+
+/// Counts a spender as done when dropped, however it ended.
+struct Done(Ticker);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.done();
+    }
 }
 
 async fn pool_audit(db: &Database) -> anyhow::Result<deadpool_postgres::Object> {

@@ -11,16 +11,20 @@ use redis::AsyncCommands;
 use tokio::time::Instant;
 
 use crate::cli::{VerifyArgs, WriteMode};
-use crate::env::Env;
+use crate::env::{Database, Env};
 use crate::holds::HoldTimes;
 use crate::ledger::{self, RESOURCE, WALLET_ID, WriteCheck};
 use crate::report::Report;
 use crate::wallet::hammer;
 
-pub(crate) async fn run(env: &Env, args: &VerifyArgs) -> anyhow::Result<Report> {
+pub(crate) async fn run(
+    env: &Env,
+    database: &Database,
+    args: &VerifyArgs,
+) -> anyhow::Result<Report> {
     let mode = args.mode()?;
     let spend = &args.spend;
-    let pool = env.postgres().await?.clone();
+    let pool = database.postgres().await?.clone();
     {
         let db = pool.get().await.context("connecting to postgresql")?;
         leasehold_pg::reset_wallet(&**db, WALLET_ID, spend.initial).await?;
@@ -120,7 +124,7 @@ pub(crate) async fn run(env: &Env, args: &VerifyArgs) -> anyhow::Result<Report> 
     let elapsed = start.elapsed();
     holds.check(ttl);
 
-    let db = env
+    let db = database
         .postgres()
         .await?
         .get()
