@@ -101,7 +101,7 @@
 //! acquire latency, wait time and attempts (by mode and outcome), give-ups
 //! by reason, leases lost by cause, releases (stale ones included),
 //! refreshes, hand-offs and the hand-off queue depth through the `metrics`
-//! facade. The names, labels and their values are in the [`metrics`](crate::metrics)
+//! facade. The names, labels and their values are in the [`metrics`]
 //! module; no metric is labelled by lock key.
 //!
 //! # How the crate is built

@@ -4,7 +4,7 @@
 //! when the crate feature **`metrics`** is on (it is off by default; with
 //! it off nothing below is compiled into the library but these names). The
 //! library installs no recorder: install one in your binary (for example
-//! `metrics-exporter-prometheus`) and call [`describe`] once to give each
+//! `metrics-exporter-prometheus`) and call `describe()` once to give each
 //! metric its help text.
 //!
 //! Every label has a small, fixed set of values, listed below. **No metric
