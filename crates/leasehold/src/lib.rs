@@ -75,7 +75,7 @@
 //!
 //! | level | target | what | fields |
 //! |---|---|---|---|
-//! | DEBUG | `leasehold::way` | span `leasehold.acquire`, one per lock key taken (so one per key of `acquire_all`), on every way | `key`, `mode` (`poll` / `handoff` / `quorum`), `fenced`, and when it ends, on every path: `attempts`, `waited_ms`, `outcome` (`acquired` / `gave_up` / `error` / `dropped`) |
+//! | DEBUG | `leasehold::way` | span `leasehold.acquire`, one per lock key taken (so one per key of `acquire_all`), on every way | `key`, `mode` (`poll` / `handoff` / `quorum`), `fenced`, and when it ends, on every path: `attempts`, `waited_ms` (the whole acquire, waits included), `outcome` (`acquired` / `gave_up` / `error` / `dropped`) |
 //! | DEBUG | `leasehold::way` | the event that ends it: `acquired`, `gave up`, `acquire failed`, `acquire dropped by its caller` | `outcome`, `attempts`, `waited_ms`; `fence`, the give-up `reason` (`retries_exhausted` / `deadline_expired` / `cancelled`) or the `error` |
 //! | DEBUG | `leasehold::lease` | span `leasehold.release` | `key` (the first), `keys` (how many), `outcome` (`released` / `not_held` / `error`) |
 //! | DEBUG | `leasehold::lease` | `released`, `release failed`, one per key | `key`, `outcome`, `error` |
