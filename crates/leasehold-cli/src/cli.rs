@@ -11,15 +11,16 @@
 //! - [`RunFlags`]: how often to run and how to report (`--runs`, and
 //!   [`OutputFlags`]' `--json`, which `demo` and `bench` take alone).
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::env::{Database, Env};
 use crate::progress::note;
 use crate::report::Report;
-use crate::{bench, demo, experiments};
+use crate::{bench, demo, experiments, metrics};
 
 /// The exit codes, as every `--help` shows them.
 macro_rules! exit_codes {
@@ -115,6 +116,11 @@ pub(crate) struct OutputFlags {
     /// Print JSON (one object per line) instead of text; no progress bar.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Serve the library's metrics as Prometheus text on ADDR (host:port,
+    /// e.g. 127.0.0.1:9898, any path) while the run lasts. bench records
+    /// metrics only when this is given (a recorder costs time).
+    #[arg(long, value_name = "ADDR", env = "LEASEHOLD_METRICS_ADDR")]
+    pub(crate) metrics_addr: Option<SocketAddr>,
 }
 
 /// How an experiment is run and reported.
@@ -315,7 +321,12 @@ failover and redlock change (see their --help):
 impl Cli {
     /// Whether the output is JSON (and so drawn without progress bars).
     pub(crate) fn json(&self) -> bool {
-        let output = match &self.command {
+        self.output().json
+    }
+
+    /// How the subcommand prints and exposes its metrics.
+    pub(crate) fn output(&self) -> OutputFlags {
+        match &self.command {
             Command::Race(e) => e.run.output,
             Command::Lock(e) => e.run.output,
             Command::Ttl(e) => e.run.output,
@@ -326,8 +337,7 @@ impl Cli {
             Command::Redlock(e) => e.run.output,
             Command::Bench(bench) => bench.output(),
             Command::Demo(args) => args.output,
-        };
-        output.json
+        }
     }
 }
 
@@ -651,6 +661,27 @@ impl Default for LockArgs {
 
 /// Runs the command; the exit code says whether it showed what it should.
 pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let output = cli.output();
+    // A benchmark measures the library without a recorder unless asked.
+    let summary = if output.metrics_addr.is_some() || !matches!(cli.command, Command::Bench(_)) {
+        Some(metrics::install(output.metrics_addr)?)
+    } else {
+        None
+    };
+    let started = Instant::now();
+    let code = run_command(cli).await?;
+    if let Some(summary) = summary
+        && started.elapsed() >= LONG_RUN
+    {
+        summary.print();
+    }
+    Ok(code)
+}
+
+/// How long a run lasts before it ends with a metrics summary (on stderr).
+const LONG_RUN: Duration = Duration::from_secs(2);
+
+async fn run_command(cli: Cli) -> anyhow::Result<ExitCode> {
     use experiments::{backoff, failover, fencing, lock, race, redlock, ttl, verify};
     match cli.command {
         Command::Race(e) => {

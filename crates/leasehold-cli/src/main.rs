@@ -13,6 +13,7 @@ mod experiments;
 mod holds;
 mod interrupt;
 mod ledger;
+mod metrics;
 mod progress;
 mod redact;
 mod report;

@@ -128,6 +128,16 @@ pub async fn guard_token<C: GenericClient>(
     resource: &str,
     token: FencingToken,
 ) -> Result<Guard> {
+    traced(resource, token, guard_statement(tx, resource, token)).await
+}
+
+/// The guard statement (and, if refused, the read of the newer fence),
+/// untraced.
+async fn guard_statement<C: GenericClient>(
+    tx: &C,
+    resource: &str,
+    token: FencingToken,
+) -> Result<Guard> {
     if resource.is_empty() {
         return Err(Error::InvalidResource {
             reason: "resource name is empty",
@@ -196,25 +206,83 @@ pub async fn guard<C: GenericClient>(tx: &C, lease: &Lease) -> Result<Guard> {
     }
     fenced.sort();
     for (resource, key, token) in fenced {
-        match guard_token(tx, &resource, token).await? {
-            Guard::Accepted => {}
-            Guard::Refused { current, .. } => {
-                let healed = match lease.raise_fence_for(key, current).await {
-                    Ok(()) => true,
-                    Err(err) => {
-                        tracing::warn!(resource, error = %err, "could not raise the fence counter; the next lease may be refused too");
-                        false
-                    }
-                };
-                tracing::warn!(resource, %token, %current, healed, "write refused: a newer fencing token has written");
-                return Ok(Guard::Refused {
-                    resource,
-                    token,
-                    current,
-                    healed,
-                });
-            }
+        let guarded = async {
+            let found = guard_statement(tx, &resource, token).await?;
+            let Guard::Refused { current, .. } = found else {
+                return Ok(found);
+            };
+            let healed = match lease.raise_fence_for(key, current).await {
+                Ok(()) => true,
+                Err(err) => {
+                    tracing::warn!(resource, error = %err, "could not raise the fence counter; the next lease may be refused too");
+                    false
+                }
+            };
+            Ok(Guard::Refused {
+                resource: resource.clone(),
+                token,
+                current,
+                healed,
+            })
+        };
+        let found = traced(&resource, token, guarded).await?;
+        if !found.is_accepted() {
+            return Ok(found);
         }
     }
     Ok(Guard::Accepted)
+}
+
+/// `guarded` (the guard of `resource` with `token`) inside a
+/// `leasehold_pg.guard` span (resource, token; outcome, and the current
+/// fence and whether it was healed when refused), ending with one event: a
+/// WARN when refused (a stale holder: the money alarm), else DEBUG.
+/// Metrics are recorded there too.
+async fn traced(
+    resource: &str,
+    token: FencingToken,
+    guarded: impl Future<Output = Result<Guard>>,
+) -> Result<Guard> {
+    use tracing::Instrument;
+    use tracing::field::Empty;
+    let span = tracing::debug_span!(
+        "leasehold_pg.guard",
+        resource,
+        token = token.get(),
+        outcome = Empty,
+        current = Empty,
+        healed = Empty,
+    );
+    let result = guarded.instrument(span.clone()).await;
+    let token = token.get();
+    let outcome = match &result {
+        Ok(Guard::Accepted) => {
+            tracing::debug!(parent: &span, resource, token, outcome = "accepted", "guard accepted");
+            "accepted"
+        }
+        Ok(Guard::Refused {
+            current, healed, ..
+        }) => {
+            let current = current.get();
+            span.record("current", current);
+            span.record("healed", healed);
+            tracing::warn!(
+                parent: &span,
+                resource,
+                token,
+                current,
+                healed,
+                outcome = "refused",
+                "write refused: a newer fencing token has written"
+            );
+            "refused"
+        }
+        Err(err) => {
+            tracing::debug!(parent: &span, resource, token, outcome = "error", error = %err, "guard failed");
+            "error"
+        }
+    };
+    span.record("outcome", outcome);
+    crate::metrics::guarded_write(outcome);
+    result
 }

@@ -131,10 +131,33 @@
 //!
 //! All functions are generic over [`tokio_postgres::GenericClient`], so they
 //! run on a client or inside the caller's transaction.
+//!
+//! # Tracing
+//!
+//! Through the `tracing` facade (no subscriber is installed):
+//!
+//! | level | target | what | fields |
+//! |---|---|---|---|
+//! | DEBUG | `leasehold_pg::write` | span `leasehold_pg.debit`, one per [`debit_fenced`] / [`debit_check_and_set`] | `wallet`, `check` (`token` / `token_and_version`), `token`, `outcome` (`applied` / `stale_token` / `stale_read` / `insufficient_funds` / `error`), `current` (the fence that beat us, when refused) |
+//! | DEBUG | `leasehold_pg::guard` | span `leasehold_pg.guard`, one per resource guarded ([`guard()`], [`guard_token`]) | `resource`, `token`, `outcome` (`accepted` / `refused` / `error`), `current` and `healed` (when refused) |
+//! | DEBUG | both | the event ending each span: `fenced write`, `fenced write failed`, `guard accepted`, `guard failed` | as the span, and `error` |
+//! | **WARN** | both | **`write refused: ...`**: a write refused as stale. A lease failed (expired under a slow holder, lost in a failover) and the database caught it: the money alarm | `wallet` or `resource`, `token`, `current`, `outcome`; `healed` for the guard |
+//! | WARN | `leasehold_pg::guard` | `could not raise the fence counter` | `resource`, `error` |
+//!
+//! Wallet ids, resources and fencing tokens are logged; connection URLs,
+//! passwords and lease tokens never are.
+//!
+//! # Metrics
+//!
+//! With the crate feature `metrics` (off by default) fenced writes (by
+//! check and outcome), guarded writes (by outcome) and writes refused as
+//! stale are counted through the `metrics` facade; names, labels and their
+//! values are in the [`metrics`] module.
 
 mod connect;
 mod error;
 pub mod guard;
+pub mod metrics;
 mod schema;
 mod write;
 

@@ -97,6 +97,29 @@ enum Check {
     TokenAndVersion,
 }
 
+impl Check {
+    /// Its value in traces and metrics.
+    fn label(self) -> &'static str {
+        match self {
+            Check::Token => "token",
+            Check::TokenAndVersion => "token_and_version",
+        }
+    }
+}
+
+impl Outcome {
+    /// Its value in traces and metrics: `applied`, `stale_token`,
+    /// `stale_read`, `insufficient_funds`.
+    fn label(&self) -> &'static str {
+        match self {
+            Outcome::Applied { .. } => "applied",
+            Outcome::StaleToken { .. } => "stale_token",
+            Outcome::StaleRead { .. } => "stale_read",
+            Outcome::InsufficientFunds { .. } => "insufficient_funds",
+        }
+    }
+}
+
 /// Fenced debit: writes `read.balance() - amount` and `fence = token` only
 /// if no holder with this token or a newer one has written
 /// (`WHERE id = $1 AND fence < $token`), and inserts the ledger row in the
@@ -144,7 +167,59 @@ pub async fn debit_check_and_set<C: GenericClient>(
     debit_with_token(client, read, amount, token, Check::TokenAndVersion).await
 }
 
+/// The write, inside a `leasehold_pg.debit` span (wallet, check, token;
+/// outcome and the current fence once known), ending with one event: a
+/// WARN when refused as stale, else DEBUG. Metrics are recorded there too.
 async fn debit_with_token<C: GenericClient>(
+    client: &C,
+    read: &Snapshot,
+    amount: i64,
+    token: FencingToken,
+    check: Check,
+) -> Result<Outcome> {
+    use tracing::Instrument;
+    let span = tracing::debug_span!(
+        "leasehold_pg.debit",
+        wallet = read.id,
+        check = check.label(),
+        token = token.get(),
+        outcome = tracing::field::Empty,
+        current = tracing::field::Empty,
+    );
+    let written = write_with_token(client, read, amount, token, check)
+        .instrument(span.clone())
+        .await;
+    let (wallet, token, check) = (read.id, token.get(), check.label());
+    let outcome = written.as_ref().map_or("error", Outcome::label);
+    span.record("outcome", outcome);
+    let stale = match &written {
+        Ok(Outcome::StaleToken { fence: current } | Outcome::StaleRead { fence: current }) => {
+            span.record("current", current);
+            tracing::warn!(
+                parent: &span,
+                wallet,
+                token,
+                current,
+                check,
+                outcome,
+                "write refused: the lease was superseded or the read is stale"
+            );
+            true
+        }
+        Ok(_) => {
+            tracing::debug!(parent: &span, wallet, token, check, outcome, "fenced write");
+            false
+        }
+        Err(err) => {
+            tracing::debug!(parent: &span, wallet, token, check, outcome, error = %err, "fenced write failed");
+            false
+        }
+    };
+    crate::metrics::fenced_write(check, outcome, stale);
+    written
+}
+
+async fn write_with_token<C: GenericClient>(
     client: &C,
     read: &Snapshot,
     amount: i64,
@@ -201,19 +276,11 @@ async fn debit_with_token<C: GenericClient>(
     // say why. The reason is as of this re-read; the refusal itself was
     // decided by the UPDATE's own check.
     let now = read_wallet(client, read.id).await?;
-    let outcome = if now.fence >= token {
+    Ok(if now.fence >= token {
         Outcome::StaleToken { fence: now.fence }
     } else {
         Outcome::StaleRead { fence: now.fence }
-    };
-    tracing::warn!(
-        wallet = read.id,
-        token,
-        current = now.fence,
-        ?outcome,
-        "write refused: the lease was superseded or the read is stale"
-    );
-    Ok(outcome)
+    })
 }
 
 /// One conditional statement, no lock and no token:

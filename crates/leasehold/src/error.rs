@@ -23,6 +23,18 @@ pub enum GiveUpReason {
     Cancelled,
 }
 
+impl GiveUpReason {
+    /// Its value in traces and metrics: `retries_exhausted`,
+    /// `deadline_expired`, `cancelled`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            GiveUpReason::RetriesExhausted => "retries_exhausted",
+            GiveUpReason::DeadlineExpired => "deadline_expired",
+            GiveUpReason::Cancelled => "cancelled",
+        }
+    }
+}
+
 impl std::fmt::Display for GiveUpReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

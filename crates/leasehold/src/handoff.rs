@@ -526,6 +526,14 @@ enum Found {
     Waiting(Option<Duration>),
 }
 
+/// A waiter of ours was handed the lock `key` by a release (`via`: `grant`,
+/// `recheck` or `relay`): one DEBUG event, and the hand-off metric.
+fn handed(key: &str, via: &'static str, fence: Option<FencingToken>) {
+    let fence = fence.map(FencingToken::get);
+    crate::metrics::handoff(via);
+    tracing::debug!(key, via, fence, "handed the lock by a release");
+}
+
 /// A fence from a script or message: `None` for 0 (unfenced).
 fn fence_of(value: u64) -> Option<FencingToken> {
     (value > 0).then(|| FencingToken::new(value))
@@ -734,11 +742,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
             let holder_left = match rounds.unless_cancelled(request).await? {
                 Ok(Found::TookIt(fence)) => return Ok(waiting.into_lease(sent_at, fence)),
                 Ok(Found::HandedOver(fence)) => {
-                    tracing::debug!(
-                        key,
-                        fence,
-                        "handed the lock by a release (found on re-check)"
-                    );
+                    handed(key, "recheck", fence_of(fence));
                     return Ok(waiting.into_lease(last_busy, fence));
                 }
                 Ok(Found::Waiting(holder_left)) => {
@@ -770,7 +774,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
                 () = rounds.cancelled() => return Err(rounds.give_up(GiveUpReason::Cancelled)),
                 signal = rx.recv() => match signal {
                     Some(Signal::Granted(fence)) => {
-                        tracing::debug!(key, fence, "granted the lock by a release");
+                        handed(key, "grant", fence_of(fence));
                         return Ok(waiting.into_lease(last_busy, fence));
                     }
                     Some(Signal::Woken) | None => {}
@@ -797,6 +801,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
             handoff: self,
             target,
             ticket: Some(ticket),
+            _counted: crate::metrics::Waiter::enter(crate::metrics::Queue::Process),
         };
         let deadline = rounds.deadline();
         let cancelled = rounds.cancelled();
@@ -838,7 +843,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
                 validity,
                 fence,
             }) => {
-                tracing::debug!(key, "relayed the lock in process");
+                handed(key, "relay", fence);
                 Some(self.relayed(target, token, validity, fence))
             }
             // `None` from the ticket: the unit that was passing to us was
@@ -1055,6 +1060,12 @@ async fn serve<C: RedisConnection>(
             Ok(Served { code: 3, fence, .. }) => {
                 confirmed = true;
                 let fence = fence_of(u64::try_from(fence).unwrap_or(0));
+                tracing::debug!(
+                    key,
+                    fence = fence.map(FencingToken::get),
+                    checkpoint = serve_queue,
+                    "passed the lock to a waiter of this locker"
+                );
                 let validity = Validity::new(sent_at, queued.ttl());
                 let turn = Turn::Lease {
                     token: next_token.clone(),
@@ -1111,6 +1122,13 @@ async fn release_in_redis<C: RedisConnection>(
     deadline: Instant,
 ) -> Result<bool> {
     let served = release_once(backend, part, part.fence_key.as_deref(), mode, deadline).await?;
+    if served.code == 2 {
+        tracing::debug!(
+            key = part.key,
+            local = served.local.is_some(),
+            "handed the lock to the next waiter in the queue"
+        );
+    }
     tell_served(&part.key, backend, &served);
     Ok(served.code != 0)
 }
@@ -1229,6 +1247,8 @@ struct Waiting<'a, C: RedisConnection> {
     /// Our relay unit, if relay is on: ended (serving the local queue) if
     /// we stop waiting without the lease, passed to the lease if we win.
     unit: Option<Unit<'a>>,
+    /// Counts us among the waiters in Redis's queue while we wait.
+    _counted: crate::metrics::Waiter,
 }
 
 impl<'a, C: RedisConnection> Waiting<'a, C> {
@@ -1255,6 +1275,7 @@ impl<'a, C: RedisConnection> Waiting<'a, C> {
             ttl,
             won: false,
             unit,
+            _counted: crate::metrics::Waiter::enter(crate::metrics::Queue::Redis),
         }
     }
 
@@ -1316,6 +1337,8 @@ struct LocalWaiting<'a, C: RedisConnection> {
     handoff: &'a HandoffLocker<C>,
     target: &'a Target,
     ticket: Option<Ticket>,
+    /// Counts us among the waiters queued in process while we wait.
+    _counted: crate::metrics::Waiter,
 }
 
 impl<C: RedisConnection> Drop for LocalWaiting<'_, C> {

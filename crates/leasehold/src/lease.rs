@@ -14,9 +14,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::fencing::FencingToken;
+use crate::metrics;
 use crate::token::LeaseToken;
 use crate::watchdog::{self, LostCause, Margin, Shared};
 
@@ -351,16 +353,34 @@ impl Lease {
         }
         let sent_at = Instant::now();
         let deadline = sent_at + self.backend.command_timeout();
-        match refresh_all(&*self.backend, &self.parts, ttl, deadline).await? {
-            None => {
-                tracing::debug!(key = self.key(), ttl_ms = ttl.as_millis(), "refreshed");
+        let refreshed = refresh_all(&*self.backend, &self.parts, ttl, deadline).await;
+        let key = self.key();
+        let ttl_ms = ttl.as_millis();
+        match refreshed {
+            Ok(None) => {
+                metrics::refresh("caller", "ok");
+                tracing::debug!(key, ttl_ms, by = "caller", outcome = "ok", "refreshed");
                 self.shared.confirm(sent_at, ttl);
                 Ok(())
             }
-            Some(key) => {
-                tracing::warn!(key, cause = %LostCause::Expired, "refresh found the lease gone");
-                self.shared.lose(LostCause::Expired);
+            Ok(Some(key)) => {
+                metrics::refresh("caller", "not_held");
+                let cause = LostCause::Expired;
+                tracing::warn!(
+                    key,
+                    ttl_ms,
+                    by = "caller",
+                    outcome = "not_held",
+                    cause = cause.label(),
+                    "refresh found the lease gone"
+                );
+                self.shared.lose(cause);
                 Err(Error::NotHeld { key })
+            }
+            Err(err) => {
+                metrics::refresh("caller", "error");
+                tracing::debug!(key, ttl_ms, by = "caller", outcome = "error", error = %err, "refresh failed");
+                Err(err)
             }
         }
     }
@@ -484,18 +504,31 @@ impl Lease {
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         self.end();
+        let span = tracing::debug_span!(
+            "leasehold.release",
+            key = self.key(),
+            keys = self.parts.len(),
+            outcome = tracing::field::Empty,
+        );
+        let outcome = self.release_parts().instrument(span.clone()).await;
+        span.record(
+            "outcome",
+            match &outcome {
+                Ok(()) => "released",
+                Err(Error::NotHeld { .. }) => "not_held",
+                Err(_) => "error",
+            },
+        );
+        outcome
+    }
+
+    /// Gives every part back; the first failure is the outcome.
+    async fn release_parts(&self) -> Result<()> {
         let deadline = Instant::now() + self.backend.command_timeout();
         let mut outcome = Ok(());
         for part in &self.parts {
             let released = self.backend.release(part, deadline).await;
-            match &released {
-                Ok(true) => tracing::debug!(key = part.key, "released"),
-                Ok(false) => tracing::warn!(
-                    key = part.key,
-                    "release found the lease gone: it expired or changed hands while held"
-                ),
-                Err(err) => tracing::debug!(key = part.key, error = %err, "release failed"),
-            }
+            log_release(&part.key, &released, false);
             if outcome.is_ok() {
                 outcome = match released {
                     Ok(true) => Ok(()),
@@ -507,6 +540,32 @@ impl Lease {
             }
         }
         outcome
+    }
+}
+
+/// Reports how giving back the lock `key` went: one event (a WARN when the
+/// lease was found gone: it expired or changed hands while held) and the
+/// release metric. `dropped`: the lease was dropped without release.
+fn log_release(key: &str, released: &Result<bool>, dropped: bool) {
+    let outcome = match released {
+        Ok(true) => "released",
+        Ok(false) => "not_held",
+        Err(_) => "error",
+    };
+    metrics::release(outcome, dropped);
+    match (released, dropped) {
+        (Ok(true), false) => tracing::debug!(key, outcome, "released"),
+        (Ok(true), true) => tracing::debug!(key, outcome, "released dropped lease"),
+        (Ok(false), false) => tracing::warn!(
+            key,
+            outcome,
+            "release found the lease gone: it expired or changed hands while held"
+        ),
+        (Ok(false), true) => tracing::debug!(key, outcome, "dropped lease had already expired"),
+        (Err(err), false) => tracing::debug!(key, outcome, error = %err, "release failed"),
+        (Err(err), true) => {
+            tracing::warn!(key, outcome, error = %err, "could not release dropped lease; the ttl will end it")
+        }
     }
 }
 
@@ -543,11 +602,7 @@ where
     F: Future<Output = Result<bool>> + Send + 'static,
 {
     runtime.spawn(async move {
-        match release.await {
-            Ok(true) => tracing::debug!(key, "released dropped lease"),
-            Ok(false) => tracing::debug!(key, "dropped lease had already expired"),
-            Err(err) => tracing::warn!(key, error = %err, "could not release dropped lease; the ttl will end it"),
-        }
+        log_release(&key, &release.await, true);
     });
 }
 

@@ -82,19 +82,39 @@
 //! # Tracing
 //!
 //! Through the `tracing` facade (no subscriber is installed by the
-//! library):
+//! library). Targets are the module paths below; filter with them (for
+//! example `RUST_LOG=leasehold=debug`, or `leasehold::watchdog=warn`).
 //!
-//! - DEBUG: a `leasehold.acquire` span per lock taken (`key`, `mode` =
-//!   `poll` / `handoff` / `quorum`, `fenced`, `attempts`, `waited_ms`,
-//!   `outcome` = `acquired` / `gave up` / `error`) ending with one event
-//!   saying how it went (the give-up `reason`, the `fence`); hand-off grants
-//!   and in-process relays; releases and refreshes.
-//! - WARN: a lease lost (the watchdog, with its cause), a release or
-//!   refresh that found the lease gone, a refresh that failed and will be
-//!   retried; in `leasehold-pg`, a write refused as stale (the money
-//!   alarm).
+//! | level | target | what | fields |
+//! |---|---|---|---|
+//! | DEBUG | `leasehold::way` | span `leasehold.acquire`, one per lock key taken (so one per key of `acquire_all`), on every way | `key`, `mode` (`poll` / `handoff` / `quorum`), `fenced`, and when it ends, on every path: `attempts`, `waited_ms` (the whole acquire, waits included), `outcome` (`acquired` / `gave_up` / `error` / `dropped`) |
+//! | DEBUG | `leasehold::way` | the event that ends it: `acquired`, `gave up`, `acquire failed`, `acquire dropped by its caller` | `outcome`, `attempts`, `waited_ms`; `fence`, the give-up `reason` (`retries_exhausted` / `deadline_expired` / `cancelled`) or the `error` |
+//! | DEBUG | `leasehold::lease` | span `leasehold.release` | `key` (the first), `keys` (how many), `outcome` (`released` / `not_held` / `error`) |
+//! | DEBUG | `leasehold::lease` | `released`, `release failed`, one per key | `key`, `outcome`, `error` |
+//! | **WARN** | `leasehold::lease` | `release found the lease gone` (a **stale release**: it expired or changed hands while held; [`Error::NotHeld`]) | `key`, `outcome = not_held` |
+//! | DEBUG / WARN | `leasehold::lease` | a dropped lease given back in the background: `released dropped lease`, `dropped lease had already expired`; WARN `could not release dropped lease` | `key`, `outcome`, `error` |
+//! | DEBUG | `leasehold::lease`, `leasehold::watchdog` | `refreshed`, `refresh failed` (the caller gets the error) | `key`, `ttl_ms`, `by` (`caller` / `watchdog`), `outcome` (`ok` / `not_held` / `error`) |
+//! | **WARN** | `leasehold::watchdog` | `lease refresh failed; retrying until the lease's deadline` | `key`, `error`, `remaining` |
+//! | **WARN** | `leasehold::watchdog`, `leasehold::lease` | **lease lost**: `lease lost; cancelling the work` (the watchdog), `refresh found the lease gone` (a caller's refresh) | `key`, `cause` (`expired` / `unreachable`) |
+//! | DEBUG | `leasehold::handoff` | `handed the lock by a release`: a waiter of ours got the lease without its own `SET` | `key`, `via` (`grant` / `recheck` / `relay`), `fence` |
+//! | DEBUG | `leasehold::handoff` | a release passed the lock on: `passed the lock to a waiter of this locker` (relay), `handed the lock to the next waiter in the queue` | `key`, `fence`, `checkpoint`, `local` |
+//! | WARN / INFO | `leasehold::handoff` | the pub/sub connection lost / back; WARN `could not leave the wait queue`, `could not give back a lock passed to a waiter that left` | `channel`, `key`, `error` |
+//! | WARN | `leasehold::replicas` | `could not release an unreplicated lease` | `key`, `error` |
 //!
-//! Keys are logged; tokens and passwords never are.
+//! In `leasehold-pg`, a write refused as stale is a WARN (the money alarm);
+//! see that crate's docs.
+//!
+//! Keys and fencing tokens are logged; lease tokens, passwords and
+//! connection URLs never are (errors in `error` fields never contain them).
+//!
+//! # Metrics
+//!
+//! With the crate feature `metrics` (off by default) the library records
+//! acquire latency, wait time and attempts (by mode and outcome), give-ups
+//! by reason, leases lost by cause, releases (stale ones included),
+//! refreshes, hand-offs and the hand-off queue depth through the `metrics`
+//! facade. The names, labels and their values are in the [`metrics`]
+//! module; no metric is labelled by lock key.
 //!
 //! # How the crate is built
 //!
@@ -141,6 +161,8 @@ mod rounds;
 mod way;
 // Reading a server's settings.
 pub mod diagnostics;
+// Metric names (recorded with the `metrics` feature).
+pub mod metrics;
 
 #[cfg(test)]
 mod give_up_tests;

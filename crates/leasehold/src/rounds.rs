@@ -1,6 +1,8 @@
-//! The retry loop that every way of taking a lease shares.
+//! The retry loop that every way of taking a lease shares, and what it
+//! reports of one acquire's progress (attempts made, time spent waiting).
 
 use std::iter::Peekable;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -77,7 +79,7 @@ impl<'a> Rounds<'a> {
             return Err(self.give_up(GiveUpReason::DeadlineExpired));
         }
         self.attempts = self.attempts.saturating_add(1);
-        tracing::Span::current().record("attempts", self.attempts);
+        Progress::update(|p| p.attempt(self.attempts, sent_at));
         Ok((sent_at, self.deadline.min(sent_at + self.command_timeout)))
     }
 
@@ -85,7 +87,8 @@ impl<'a> Rounds<'a> {
     #[cfg(feature = "handoff")]
     pub(crate) fn attempt_in_process(&mut self) {
         self.attempts = self.attempts.saturating_add(1);
-        tracing::Span::current().record("attempts", self.attempts);
+        let now = Instant::now();
+        Progress::update(|p| p.attempt(self.attempts, now));
     }
 
     /// Whether the strategy allows another wait (without using it).
@@ -95,10 +98,16 @@ impl<'a> Rounds<'a> {
     }
 
     /// The strategy's next wait; gives up when none is left.
+    /// Once it returns a wait, the acquire counts as waiting for the lock
+    /// until its next attempt (or its end).
     pub(crate) fn next_wait(&mut self) -> Result<Duration> {
-        self.waits
+        let wait = self
+            .waits
             .next()
-            .ok_or_else(|| self.give_up(GiveUpReason::RetriesExhausted))
+            .ok_or_else(|| self.give_up(GiveUpReason::RetriesExhausted))?;
+        let now = Instant::now();
+        Progress::update(|p| p.wait_from(now));
+        Ok(wait)
     }
 
     /// Resolves when the caller's token is cancelled; never without one.
@@ -116,6 +125,69 @@ impl<'a> Rounds<'a> {
             biased;
             () = self.cancelled() => Err(self.give_up(GiveUpReason::Cancelled)),
             output = work => Ok(output),
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The progress of the acquire this task is running, if it is observed
+    /// (see [`Progress::observe`]).
+    static PROGRESS: Arc<Mutex<Progress>>;
+}
+
+/// How far one acquire of one key got: what its trace span and metrics
+/// report, whatever way took it. [`Rounds`] updates it as it goes, so every
+/// way reports the same thing without passing it around.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Progress {
+    /// Attempts made (requests for the lock, or a queued wait in process).
+    pub(crate) attempts: u32,
+    /// Time spent waiting for the lock (asleep between attempts, queued),
+    /// not counting a wait still running.
+    waited: Duration,
+    /// When the wait still running started.
+    waiting_since: Option<Instant>,
+}
+
+impl Progress {
+    /// Runs `acquire` with its progress recorded into `into` (readable even
+    /// if the future is dropped half-way).
+    pub(crate) async fn observe<F: Future>(into: Arc<Mutex<Progress>>, acquire: F) -> F::Output {
+        PROGRESS.scope(into, acquire).await
+    }
+
+    /// The progress recorded in `shared` so far, a running wait counted up
+    /// to now.
+    pub(crate) fn read(shared: &Mutex<Progress>) -> Progress {
+        let mut progress = *shared.lock().unwrap_or_else(PoisonError::into_inner);
+        progress.end_wait(Instant::now());
+        progress
+    }
+
+    /// Time spent waiting for the lock.
+    pub(crate) fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// Applies `f` to the progress of the acquire this task runs, if any.
+    fn update(f: impl FnOnce(&mut Progress)) {
+        let _ = PROGRESS
+            .try_with(|shared| f(&mut shared.lock().unwrap_or_else(PoisonError::into_inner)));
+    }
+
+    fn attempt(&mut self, attempts: u32, at: Instant) {
+        self.end_wait(at);
+        self.attempts = attempts;
+    }
+
+    fn wait_from(&mut self, at: Instant) {
+        self.end_wait(at);
+        self.waiting_since = Some(at);
+    }
+
+    fn end_wait(&mut self, at: Instant) {
+        if let Some(since) = self.waiting_since.take() {
+            self.waited += at.saturating_duration_since(since);
         }
     }
 }

@@ -72,6 +72,16 @@ pub enum LostCause {
     Unreachable,
 }
 
+impl LostCause {
+    /// Its value in traces and metrics: `expired`, `unreachable`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            LostCause::Expired => "expired",
+            LostCause::Unreachable => "unreachable",
+        }
+    }
+}
+
 impl std::fmt::Display for LostCause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -175,9 +185,12 @@ impl Shared {
         }
     }
 
-    /// Marks the lease lost (the first cause wins) and cancels the signal.
+    /// Marks the lease lost (the first cause wins, and only it is counted
+    /// in the metrics) and cancels the signal.
     pub(crate) fn lose(&self, cause: LostCause) {
-        let _ = self.lost.set(cause);
+        if self.lost.set(cause).is_ok() {
+            crate::metrics::lease_lost(cause.label());
+        }
         self.signal.cancel();
     }
 
@@ -233,8 +246,7 @@ where
             } else {
                 LostCause::Expired
             };
-            tracing::warn!(target: "leasehold::watchdog", key, %cause, "lease lost; cancelling the work");
-            shared.lose(cause);
+            lost(&shared, &key, cause);
             return;
         }
         if now < next {
@@ -255,18 +267,21 @@ where
                 after: sent_at.elapsed(),
             })
         });
+        let ttl_ms = validity.ttl.as_millis();
         match outcome {
             Ok(true) => {
+                crate::metrics::refresh("watchdog", "ok");
+                tracing::debug!(target: "leasehold::watchdog", key, ttl_ms, by = "watchdog", outcome = "ok", "refreshed");
                 shared.confirm(sent_at, validity.ttl);
                 failing = false;
             }
             Ok(false) | Err(Error::WrongType { .. }) => {
-                let cause = LostCause::Expired;
-                tracing::warn!(target: "leasehold::watchdog", key, %cause, "lease lost; cancelling the work");
-                shared.lose(cause);
+                crate::metrics::refresh("watchdog", "not_held");
+                lost(&shared, &key, LostCause::Expired);
                 return;
             }
             Err(err) => {
+                crate::metrics::refresh("watchdog", "error");
                 failing = true;
                 let left = shared
                     .validity()
@@ -275,6 +290,9 @@ where
                 tracing::warn!(
                     target: "leasehold::watchdog",
                     key,
+                    ttl_ms,
+                    by = "watchdog",
+                    outcome = "error",
                     error = %err,
                     remaining = ?left,
                     "lease refresh failed; retrying until the lease's deadline"
@@ -282,6 +300,18 @@ where
             }
         }
     }
+}
+
+/// The watchdog found the lease lost: one WARN, then the lease is marked
+/// lost (which cancels the work).
+fn lost(shared: &Shared, key: &str, cause: LostCause) {
+    tracing::warn!(
+        target: "leasehold::watchdog",
+        key,
+        cause = cause.label(),
+        "lease lost; cancelling the work: {cause}"
+    );
+    shared.lose(cause);
 }
 
 #[cfg(test)]

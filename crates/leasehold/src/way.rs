@@ -20,15 +20,17 @@
 //! [`Quorum`]: crate::Quorum
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
-use std::time::Duration;
-
-use crate::error::{Error, Result};
+use crate::error::{Error, GiveUpReason, Result};
 use crate::fencing::{LockKeys, Target};
 use crate::lease::{Lease, check_ttl, hold_while};
+use crate::metrics::{self, AcquireOutcome};
 use crate::options::{AcquireOptions, Supports};
+use crate::rounds::Progress;
 
 /// A way of taking a lease.
 pub(crate) trait Way {
@@ -61,9 +63,10 @@ pub(crate) async fn acquire_with<W: Way>(
     traced_take(way, target, ttl, opts).await
 }
 
-/// `way.take`, inside a `leasehold.acquire` span (key, mode, fenced;
-/// attempts as they are made; outcome and waited_ms at the end), which ends
-/// with one DEBUG event saying how it went.
+/// `way.take`, inside a `leasehold.acquire` span (key, mode, fenced; at
+/// the end attempts, waited_ms and outcome, on every path, a dropped future
+/// included), which ends with one DEBUG event saying how it went; the
+/// acquire's metrics are recorded at the same point.
 async fn traced_take<W: Way>(
     way: &W,
     target: Target,
@@ -81,29 +84,93 @@ async fn traced_take<W: Way>(
         waited_ms = Empty,
         outcome = Empty,
     );
-    let start = Instant::now();
-    let result = way.take(target, ttl, opts).instrument(span.clone()).await;
-    let waited_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-    span.record("waited_ms", waited_ms);
-    match &result {
-        Ok(lease) => {
-            span.record("outcome", "acquired");
-            let fence = lease.fence().map(crate::FencingToken::get);
-            tracing::debug!(parent: &span, outcome = "acquired", waited_ms, fence, "acquired");
-        }
-        Err(Error::NotAcquired {
-            attempts, reason, ..
-        }) => {
-            span.record("outcome", "gave up");
-            span.record("attempts", attempts);
-            tracing::debug!(parent: &span, outcome = "gave up", %reason, attempts, waited_ms, "gave up");
-        }
-        Err(err) => {
-            span.record("outcome", "error");
-            tracing::debug!(parent: &span, outcome = "error", error = %err, waited_ms, "acquire failed");
+    let mut pending = Pending {
+        span: span.clone(),
+        mode: W::MODE,
+        start: Instant::now(),
+        progress: Arc::default(),
+        reported: false,
+    };
+    let take = way.take(target, ttl, opts).instrument(span);
+    let result = Progress::observe(pending.progress.clone(), take).await;
+    pending.end(&result);
+    result
+}
+
+/// An acquire under way: its span, start and progress, reported once it
+/// ends, or as `dropped` if its future is dropped first.
+struct Pending {
+    span: tracing::Span,
+    mode: &'static str,
+    start: Instant,
+    progress: Arc<Mutex<Progress>>,
+    reported: bool,
+}
+
+impl Pending {
+    /// Reports the acquire's end: span fields, one DEBUG event, metrics.
+    fn end(&mut self, result: &Result<Lease>) {
+        let (outcome, reason) = match result {
+            Ok(_) => (AcquireOutcome::Acquired, None),
+            Err(Error::NotAcquired { reason, .. }) => (AcquireOutcome::GaveUp, Some(*reason)),
+            Err(_) => (AcquireOutcome::Error, None),
+        };
+        let progress = self.report(outcome, reason);
+        let span = &self.span;
+        let (attempts, waited_ms) = (progress.attempts, millis(self.start.elapsed()));
+        match result {
+            Ok(lease) => {
+                let fence = lease.fence().map(crate::FencingToken::get);
+                tracing::debug!(parent: span, outcome = outcome.as_str(), attempts, waited_ms, fence, "acquired");
+            }
+            Err(Error::NotAcquired { reason, .. }) => {
+                let reason = reason.label();
+                tracing::debug!(parent: span, outcome = outcome.as_str(), reason, attempts, waited_ms, "gave up");
+            }
+            Err(err) => {
+                tracing::debug!(parent: span, outcome = outcome.as_str(), attempts, waited_ms, error = %err, "acquire failed");
+            }
         }
     }
-    result
+
+    /// Records the span fields and metrics of an acquire that ended with
+    /// `outcome`; returns its progress.
+    fn report(&mut self, outcome: AcquireOutcome, reason: Option<GiveUpReason>) -> Progress {
+        self.reported = true;
+        let progress = Progress::read(&self.progress);
+        let elapsed = self.start.elapsed();
+        self.span.record("attempts", progress.attempts);
+        self.span.record("waited_ms", millis(elapsed));
+        self.span.record("outcome", outcome.as_str());
+        metrics::acquire(
+            self.mode,
+            outcome,
+            reason.map(GiveUpReason::label),
+            elapsed,
+            progress.waited(),
+            progress.attempts,
+        );
+        progress
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.reported {
+            let progress = self.report(AcquireOutcome::Dropped, None);
+            tracing::debug!(
+                parent: &self.span,
+                outcome = AcquireOutcome::Dropped.as_str(),
+                attempts = progress.attempts,
+                waited_ms = millis(self.start.elapsed()),
+                "acquire dropped by its caller"
+            );
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// `acquire_all` of every way: checks (no I/O), then every lock in order.
