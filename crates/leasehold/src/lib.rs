@@ -125,11 +125,14 @@ mod rounds;
 mod way;
 // Reading a server's settings.
 pub mod diagnostics;
+// TLS in transit.
+#[cfg(feature = "tls")]
+pub mod tls;
 
 #[cfg(test)]
 mod give_up_tests;
 
-pub use error::{Error, GiveUpReason, Result};
+pub use error::{CertificateProblem, Error, GiveUpReason, Result, TlsFileRole};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 pub use handoff::{DEFAULT_RELAY_LIMIT, HandoffLocker, HandoffLockerBuilder, HandoffStyle};
 pub use lease::{Lease, MAX_TTL};
