@@ -136,6 +136,7 @@ mod connect;
 mod error;
 pub mod guard;
 mod schema;
+mod tls;
 mod write;
 
 pub use connect::connect;
