@@ -17,10 +17,25 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// `url` is a libpq connection string, as a URL
 /// (`postgres://user:password@host:port/db?sslmode=verify-full&sslrootcert=/etc/ca.pem`)
-/// or `key=value` pairs. TLS follows libpq's `sslmode` (default `prefer`:
-/// TLS when the server offers it, the certificate not checked),
-/// `sslrootcert`, `sslcert` and `sslkey`; the table in the crate's README
-/// ("TLS") says what each mode checks.
+/// or `key=value` pairs. TLS follows libpq's parameters, over rustls (TLS
+/// 1.2 and 1.3, the `ring` provider, SCRAM channel binding when the
+/// server offers it):
+///
+/// | `sslmode` | TLS | the server's certificate |
+/// |---|---|---|
+/// | `disable` | never | - |
+/// | `allow`, `prefer` (the default) | if the server offers it | not checked |
+/// | `require` | always, else [`Error::TlsNotSupported`] | not checked; with `sslrootcert`, as `verify-ca` |
+/// | `verify-ca` | always | must chain to `sslrootcert`, be valid now |
+/// | `verify-full` | always | as `verify-ca`, and name the URL's host |
+///
+/// `sslrootcert` is a PEM file of CA certificates, or `system` for the
+/// system's trusted roots; for `verify-ca` and `verify-full` it defaults,
+/// as in libpq, to `~/.postgresql/root.crt`. `sslcert` and `sslkey` (PEM,
+/// both or neither) give a client certificate, for a server that asks for
+/// one (`clientcert=verify-ca` in `pg_hba.conf`). These four parameters
+/// are taken out of the string before tokio-postgres parses the rest
+/// (its parser knows none of them but `sslmode`, and not all its values).
 ///
 /// # Errors
 /// - [`Error::InvalidUrl`] (the parser's message is dropped, since it can

@@ -131,6 +131,17 @@
 //!
 //! All functions are generic over [`tokio_postgres::GenericClient`], so they
 //! run on a client or inside the caller's transaction.
+//!
+//! # TLS
+//!
+//! [`connect()`] speaks TLS as libpq does, from the URL's `sslmode`,
+//! `sslrootcert`, `sslcert` and `sslkey`:
+//! `postgres://app@db/app?sslmode=verify-full&sslrootcert=/etc/ca.pem`
+//! verifies the server against that CA and its host name. Each failure
+//! has its own error: [`Error::TlsCertificate`] (with the
+//! [`CertificateProblem`](leasehold::CertificateProblem)),
+//! [`Error::TlsNotSupported`], [`Error::ClientCertRejected`],
+//! [`Error::TlsFile`], [`Error::InvalidTls`].
 
 mod connect;
 mod error;

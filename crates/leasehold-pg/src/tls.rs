@@ -1,26 +1,8 @@
-//! TLS for [`connect`](crate::connect()): libpq's `sslmode`, `sslrootcert`,
-//! `sslcert` and `sslkey` over rustls.
-//!
-//! tokio-postgres parses `sslmode` as `disable`, `prefer` or `require`
-//! only, and no other TLS parameter; these are taken out of the connection
-//! string here (in URL or `key=value` form) before it is parsed, and
-//! honoured as libpq does:
-//!
-//! | `sslmode` | TLS | the server's certificate |
-//! |---|---|---|
-//! | `disable` | never | - |
-//! | `prefer` (the default) | if the server offers it | not checked |
-//! | `require` | always (else [`Error::TlsNotSupported`]) | not checked; with `sslrootcert`, as `verify-ca` |
-//! | `verify-ca` | always | must chain to `sslrootcert` |
-//! | `verify-full` | always | must chain to `sslrootcert` and name the host |
-//!
-//! `sslrootcert` is a PEM file of CA certificates, or `system` for the
-//! system's trusted roots; for `verify-ca` and `verify-full` it defaults,
-//! as in libpq, to `~/.postgresql/root.crt`. `sslcert` and `sslkey` (PEM)
-//! give a client certificate, for servers whose `pg_hba.conf` says
-//! `clientcert=verify-ca` or `cert`. TLS is rustls with the `ring`
-//! provider (TLS 1.2 and 1.3), through `tokio-postgres-rustls`, which also
-//! gives SCRAM channel binding.
+//! TLS for [`connect`](crate::connect()): libpq's `sslmode`,
+//! `sslrootcert`, `sslcert` and `sslkey` (their meaning is in `connect`'s
+//! docs), taken out of the connection string in URL or `key=value` form
+//! before tokio-postgres parses it, and turned into rustls settings; and
+//! the TLS failures read back out of client errors.
 
 use std::error::Error as StdError;
 use std::io;

@@ -1,8 +1,10 @@
 //! TLS in transit: `rediss://` URLs with your own CA and client certificate.
 //!
-//! [`client`] builds the [`redis::Client`] that [`Locker::connect`],
-//! [`HandoffLocker::builder`] and [`Quorum::connect`] take. Give it a
-//! `rediss://` URL and the files you have:
+//! [`client`] builds the [`redis::Client`] that
+//! [`Locker::connect`](crate::Locker::connect),
+//! [`HandoffLocker::builder`](crate::HandoffLocker::builder) and
+//! [`Quorum::connect`](crate::Quorum::connect) take. Give it a `rediss://`
+//! URL and the files you have:
 //!
 //! - a **CA file** (PEM, one or more certificates) to verify the server
 //!   against; without one, the system's trusted roots are used;
@@ -28,6 +30,16 @@
 //! | a `rediss://` URL, but the port does not speak TLS | [`Error::NotTls`] |
 //! | a `redis://` URL, but the port speaks TLS | [`Error::TlsExpected`] |
 //! | the server refused our client certificate, or wanted one we did not send | [`Error::ClientCertRejected`] |
+//!
+//! [`Error::TlsCertificate`], [`Error::ClientCertRejected`] and
+//! [`Error::NotTls`] (when the server answers the handshake with plain
+//! text) come from any connection attempt that fails that way.
+//! [`Error::TlsExpected`], and [`Error::NotTls`] when the handshake just
+//! times out, need a probe of the port, which
+//! [`Locker::connect`](crate::Locker::connect) and
+//! [`connect`](crate::connect()) make when their connect fails. A
+//! [`Quorum`](crate::Quorum) connects lazily: a node that fails on TLS is a
+//! missing vote ([`Error::QuorumNotReached`]), as any unreachable node.
 //!
 //! ```no_run
 //! use leasehold::tls::{self, TlsFiles};
