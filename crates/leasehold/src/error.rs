@@ -389,7 +389,9 @@ impl Error {
     /// `MultiplexedConnection` does not: see [`Locker`](crate::Locker)).
     ///
     /// Invalid input, authentication and permission failures (`NOPERM`),
-    /// unknown commands and wrong-type keys are not retryable. `NotHeld` is not retryable either: the lease is gone, and
+    /// TLS failures (a refused certificate, the wrong scheme for the port,
+    /// an unusable file), unknown commands and wrong-type keys are not
+    /// retryable. `NotHeld` is not retryable either: the lease is gone, and
     /// the right response is to stop the protected work, not to retry it;
     /// the same goes for `LeaseLost`.
     pub fn is_retryable(&self) -> bool {

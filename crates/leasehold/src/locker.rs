@@ -160,6 +160,8 @@ const RECONNECT_RETRIES: usize = 2;
 /// # Errors
 /// See [`Locker::connect`].
 pub async fn connect(client: &redis::Client, timeout: Duration) -> Result<ConnectionManager> {
+    #[cfg(feature = "tls")]
+    crate::tls::install_provider();
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout))
