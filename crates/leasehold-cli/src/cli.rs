@@ -12,6 +12,7 @@
 //!   [`OutputFlags`]' `--json`, which `demo` and `bench` take alone).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -97,6 +98,50 @@ pub(crate) struct RedisFlags {
     /// [default: a throwaway local redis-server]
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub(crate) redis_url: Option<String>,
+    /// CA certificates (PEM) to verify a rediss:// server against
+    /// [default: the system's trusted roots]
+    #[arg(long, value_name = "FILE", env = "LEASEHOLD_TLS_CA")]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for a rediss:// server that asks for one;
+    /// needs --tls-key
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "LEASEHOLD_TLS_CERT",
+        requires = "tls_key"
+    )]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM); needs --tls-cert
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "LEASEHOLD_TLS_KEY",
+        requires = "tls_cert"
+    )]
+    pub(crate) tls_key: Option<PathBuf>,
+}
+
+impl RedisFlags {
+    /// The redis-rs client for `url`, over TLS with the flags' files for a
+    /// `rediss://` URL. TLS files given with a `redis://` URL are a usage
+    /// error rather than silently unused.
+    pub(crate) fn client(&self, url: &str) -> anyhow::Result<redis::Client> {
+        let tls_files = self.tls_ca.is_some() || self.tls_cert.is_some();
+        if tls_files && !url.starts_with("rediss://") {
+            return Err(Usage(
+                "--tls-ca, --tls-cert and --tls-key need a rediss:// URL".to_owned(),
+            )
+            .into());
+        }
+        let mut files = leasehold::tls::TlsFiles::new();
+        if let Some(ca) = &self.tls_ca {
+            files = files.ca(ca);
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            files = files.cert(cert).key(key);
+        }
+        Ok(leasehold::tls::client(url, &files)?)
+    }
 }
 
 /// Connection flags for PostgreSQL.

@@ -16,9 +16,6 @@ use crate::redact::redact_url;
 /// How long any single Redis request of the CLI may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How long connecting to PostgreSQL may take.
-const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// The most connections the CLI's PostgreSQL pool opens.
 const PG_POOL_SIZE: usize = 64;
 
@@ -82,8 +79,9 @@ impl Env {
             }
         };
         let shown = redact_url(&url);
-        let client = redis::Client::open(url.as_str())
-            .map_err(|_| anyhow::anyhow!("invalid redis url {shown}"))?;
+        let client = flags
+            .client(&url)
+            .with_context(|| format!("redis url {shown}"))?;
         let redis = leasehold::connect(&client, COMMAND_TIMEOUT)
             .await
             .with_context(|| format!("connecting to redis at {shown}"))?;
@@ -117,15 +115,11 @@ async fn open_postgres(url: Option<String>) -> anyhow::Result<Postgres> {
         }
     };
     let shown = redact_url(&url);
-    let mut config: deadpool_postgres::tokio_postgres::Config = url
-        .parse()
-        .map_err(|_| anyhow::anyhow!("invalid postgresql url {shown}"))?;
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(PG_CONNECT_TIMEOUT);
-    }
+    let (config, connector) =
+        leasehold_pg::config(&url).with_context(|| format!("postgresql url {shown}"))?;
     let manager = Manager::from_config(
         config,
-        deadpool_postgres::tokio_postgres::NoTls,
+        connector,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },

@@ -71,11 +71,31 @@ fn main() -> ExitCode {
         Ok(Ok(code)) => code,
         Ok(Err(err)) => {
             eprintln!("error: {}", redact::redact_text(&report::chain(&err)));
-            if err.downcast_ref::<cli::Usage>().is_some() {
+            if is_usage(&err) {
                 ExitCode::from(cli::USAGE)
             } else {
                 ExitCode::from(cli::SERVER_ERROR)
             }
         }
     }
+}
+
+/// Whether `err` is the caller's to fix before anything runs (exit 2): a
+/// usage error, a URL that does not parse, a TLS file that cannot be used.
+fn is_usage(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause.downcast_ref::<cli::Usage>().is_some()
+            || matches!(
+                cause.downcast_ref::<leasehold::Error>(),
+                Some(leasehold::Error::InvalidUrl(_) | leasehold::Error::TlsFile { .. })
+            )
+            || matches!(
+                cause.downcast_ref::<leasehold_pg::Error>(),
+                Some(
+                    leasehold_pg::Error::InvalidUrl
+                        | leasehold_pg::Error::InvalidTls { .. }
+                        | leasehold_pg::Error::TlsFile { .. }
+                )
+            )
+    })
 }

@@ -29,13 +29,26 @@ struct Expect {
     changes: &'static [&'static str],
 }
 
-const REDIS_RUN: &[&str] = &["--redis-url", "--runs", "--json"];
-const BOTH_RUN: &[&str] = &["--redis-url", "--database-url", "--runs", "--json"];
+const REDIS_RUN: &[&str] = &["--redis-url", "--tls-ca", "--runs", "--json"];
+const BOTH_RUN: &[&str] = &[
+    "--redis-url",
+    "--tls-ca",
+    "--database-url",
+    "--runs",
+    "--json",
+];
 const DATABASE_RUN: &[&str] = &["--database-url", "--runs", "--json"];
 const TABLES: &[&str] = &["wallets", "wallet_ledger", "leasehold_fences", "wallet 42"];
 
 /// Every flag some subcommand takes that another may ignore.
-const SHARED_FLAGS: &[&str] = &["--redis-url", "--database-url", "--runs", "--json"];
+const SHARED_FLAGS: &[&str] = &[
+    "--redis-url",
+    "--tls-ca",
+    "--database-url",
+    "--runs",
+    "--json",
+    "--metrics-addr",
+];
 
 const EXPECTED: &[Expect] = &[
     Expect {
@@ -89,7 +102,7 @@ const EXPECTED: &[Expect] = &[
     },
     Expect {
         subcommand: &["demo"],
-        uses: &["--redis-url", "--database-url", "--json"],
+        uses: &["--redis-url", "--tls-ca", "--database-url", "--json"],
         changes: &[
             "wallet:42:balance",
             "lock:wallet:42",
@@ -99,12 +112,12 @@ const EXPECTED: &[Expect] = &[
     },
     Expect {
         subcommand: &["bench", "contention"],
-        uses: &["--redis-url", "--json"],
+        uses: &["--redis-url", "--tls-ca", "--json"],
         changes: &["wallet:42:balance", "lock:bench:contention"],
     },
     Expect {
         subcommand: &["bench", "uncontended"],
-        uses: &["--redis-url", "--json"],
+        uses: &["--redis-url", "--tls-ca", "--json"],
         changes: &[
             "lock:bench:u:lib",
             "lock:bench:u:raw,",
@@ -150,10 +163,10 @@ fn each_subcommand_lists_only_the_flags_it_uses() -> TestResult {
     for expect in EXPECTED {
         let help = help(expect.subcommand)?;
         for flag in SHARED_FLAGS {
+            let uses = expect.uses.contains(flag) || *flag == "--metrics-addr";
             let listed = help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n"));
             assert_eq!(
-                listed,
-                expect.uses.contains(flag),
+                listed, uses,
                 "{:?} --help and {flag}:\n{help}",
                 expect.subcommand
             );
@@ -164,6 +177,8 @@ fn each_subcommand_lists_only_the_flags_it_uses() -> TestResult {
         &["race", "--database-url", "postgres://h/db"][..],
         &["lock", "--database-url", "postgres://h/db"],
         &["bench", "guard", "--redis-url", "redis://h/"],
+        &["bench", "guard", "--tls-ca", "ca.pem"],
+        &["failover", "--tls-ca", "ca.pem"],
         &["bench", "uncontended", "--runs", "2"],
         &["demo", "--runs", "2"],
     ] {

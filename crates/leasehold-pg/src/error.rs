@@ -1,6 +1,8 @@
 //! The crate's one error type.
 
-use leasehold::FencingToken;
+use std::path::PathBuf;
+
+use leasehold::{CertificateProblem, FencingToken, TlsFileRole};
 use tokio_postgres::error::SqlState;
 
 /// Everything that can go wrong talking to PostgreSQL about a wallet.
@@ -37,6 +39,51 @@ pub enum Error {
     /// dropped because it can quote the URL, password included.
     #[error("invalid postgresql connection url")]
     InvalidUrl,
+
+    /// A TLS parameter of the connection URL is unusable: an unknown
+    /// `sslmode`, or `sslcert` without `sslkey` (or the other way round).
+    #[error("invalid tls setting: {0}")]
+    InvalidTls(&'static str),
+
+    /// A TLS file named by the URL (`sslrootcert`, `sslcert`, `sslkey`)
+    /// cannot be used: it cannot be read, holds no PEM certificate or key,
+    /// holds one that does not parse, or the key does not match the
+    /// certificate. Found before connecting. The message names the file,
+    /// never its contents.
+    #[error("tls {role} file {path:?} {problem}")]
+    TlsFile {
+        /// Which file.
+        role: TlsFileRole,
+        /// Its path.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: &'static str,
+        /// The read error, when it could not be read.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+
+    /// We refused the server's TLS certificate (`sslmode=verify-ca` or
+    /// `verify-full`): not signed by a CA in `sslrootcert`, expired, not
+    /// for this host... Not retryable.
+    #[error("postgresql tls certificate refused: {problem}")]
+    TlsCertificate {
+        /// Why it was refused.
+        problem: CertificateProblem,
+        /// The client's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
+    /// The URL requires TLS (`sslmode=require`, `verify-ca`,
+    /// `verify-full`) but the server does not offer it (`ssl=off`).
+    #[error("postgresql does not offer tls, which the url requires")]
+    TlsNotSupported(#[source] tokio_postgres::Error),
+
+    /// The server refused our TLS client certificate (`sslcert`) during
+    /// the handshake: not signed by a CA it trusts, or expired.
+    #[error("postgresql refused our tls client certificate")]
+    ClientCertRejected(#[source] tokio_postgres::Error),
 
     /// No wallet row with this id.
     #[error("wallet {id} does not exist")]
@@ -132,6 +179,17 @@ impl Error {
                 return Error::Auth(err);
             }
             return Error::Postgres(err);
+        }
+        if let Some(failure) = crate::tls::classify(&err) {
+            use crate::tls::Failure;
+            return match failure {
+                Failure::Certificate(problem) => Error::TlsCertificate {
+                    problem,
+                    source: err,
+                },
+                Failure::ClientCertRejected => Error::ClientCertRejected(err),
+                Failure::NotSupported => Error::TlsNotSupported(err),
+            };
         }
         if err.is_closed() || is_connection_failure(&err) {
             return Error::Unreachable(err);

@@ -153,19 +153,32 @@
 //! check and outcome), guarded writes (by outcome) and writes refused as
 //! stale are counted through the `metrics` facade; names, labels and their
 //! values are in the [`metrics`] module.
+//!
+//! # TLS
+//!
+//! [`connect()`] speaks TLS as libpq does, from the URL's `sslmode`,
+//! `sslrootcert`, `sslcert` and `sslkey`:
+//! `postgres://app@db/app?sslmode=verify-full&sslrootcert=/etc/ca.pem`
+//! verifies the server against that CA and its host name. Each failure
+//! has its own error: [`Error::TlsCertificate`] (with the
+//! [`CertificateProblem`](leasehold::CertificateProblem)),
+//! [`Error::TlsNotSupported`], [`Error::ClientCertRejected`],
+//! [`Error::TlsFile`], [`Error::InvalidTls`].
 
 mod connect;
 mod error;
 pub mod guard;
 pub mod metrics;
 mod schema;
+mod tls;
 mod write;
 
-pub use connect::connect;
+pub use connect::{config, connect};
 pub use error::{Error, Result};
 pub use guard::{FENCES, Guard, guard, guard_token};
 pub use leasehold::FencingToken;
 pub use schema::{LEDGER, WALLETS, reset_wallet, setup};
+pub use tokio_postgres_rustls::MakeRustlsConnect;
 pub use write::{
     Audit, LockedWallet, Outcome, Snapshot, audit, debit_check_and_set, debit_conditional,
     debit_fenced, debit_for_update, lock_for_update, read_wallet,

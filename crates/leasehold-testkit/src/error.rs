@@ -160,7 +160,9 @@ pub enum Error {
     #[error("failed to generate a random password")]
     Random(#[source] getrandom::Error),
 
-    /// Talking RESP to a redis server failed at the I/O or protocol level.
+    /// Sending a command to a redis server failed: connecting, the TLS
+    /// handshake, authentication, I/O or the protocol (the source is the
+    /// redis client's error, wrapped in an `io::Error`).
     #[error("redis command to {addr} failed")]
     Resp {
         /// The server's address.
@@ -169,6 +171,10 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+
+    /// Generating or signing a test certificate failed.
+    #[error("failed to generate a test certificate")]
+    Certificate(#[source] rcgen::Error),
 
     /// A redis server answered a command with an error reply.
     #[error("redis replied with an error: {message}")]

@@ -25,6 +25,7 @@
 //! When a test panics while a server handle is alive, the server's log is
 //! printed to stderr as the handle is dropped.
 
+mod certs;
 mod cluster;
 mod error;
 mod postgres;
@@ -32,6 +33,7 @@ mod process;
 mod redis;
 mod resp;
 
+pub use certs::{ClientAuth, ServerTls, TestCerts};
 pub use cluster::{CLUSTER_SLOTS, RedisCluster};
 pub use error::Error;
 pub use postgres::PostgresServer;

@@ -15,6 +15,7 @@ use nix::unistd::{Gid, Uid, User};
 use tempfile::TempDir;
 
 use crate::Error;
+use crate::certs::{ClientAuth, ServerTls};
 use crate::process::{self, ChildProcess, HOST, POLL_INTERVAL, PORT_ATTEMPTS};
 
 /// The database superuser created by `initdb`.
@@ -62,6 +63,7 @@ pub struct PostgresServer {
     password: String,
     log_path: PathBuf,
     paused: AtomicBool,
+    tls: bool,
     /// Declared last so it is removed after the process is gone.
     dir: TempDir,
 }
@@ -86,6 +88,46 @@ impl PostgresServer {
     /// user, [`Error::Initdb`], or any error from spawning the server or
     /// waiting for it to become ready.
     pub fn start() -> Result<PostgresServer, Error> {
+        Self::start_inner(None)
+    }
+
+    /// Like [`start`](Self::start), with TLS on (`ssl=on`): the server
+    /// presents `tls`'s certificate to clients that ask for TLS and still
+    /// accepts plain connections, unless `tls` requires client
+    /// certificates. By its [`ClientAuth`]:
+    ///
+    /// - [`ClientAuth::No`]: no client certificate is asked for;
+    /// - [`ClientAuth::Optional`]: a client certificate is asked for
+    ///   (`ssl_ca_file`) and, if presented, must be valid;
+    /// - [`ClientAuth::Required`]: `pg_hba.conf` admits TCP clients only
+    ///   over TLS with a valid client certificate, plus the password
+    ///   (`hostssl ... scram-sha-256 clientcert=verify-ca`).
+    ///
+    /// The certificate and key are written to the server's directory
+    /// (the key readable by the server's user only).
+    ///
+    /// ```no_run
+    /// use leasehold_testkit::{PostgresServer, TestCerts};
+    ///
+    /// let certs = TestCerts::generate()?;
+    /// let pg = PostgresServer::start_tls(&certs.server())?;
+    /// let url = format!(
+    ///     "{}?sslmode=verify-full&sslrootcert={}",
+    ///     pg.url(),
+    ///     certs.ca().display()
+    /// );
+    /// # let _ = url;
+    /// # Ok::<(), leasehold_testkit::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`start`](Self::start), and [`Error::Io`] when a file cannot
+    /// be written.
+    pub fn start_tls(tls: &ServerTls) -> Result<PostgresServer, Error> {
+        Self::start_inner(Some(tls))
+    }
+
+    fn start_inner(tls: Option<&ServerTls>) -> Result<PostgresServer, Error> {
         let binaries = find_binaries()?;
         let run_as = run_as()?;
         let dir = tempfile::Builder::new()
@@ -97,16 +139,28 @@ impl PostgresServer {
             .map_err(process::io_err(dir.path()))?;
         let password = random_password()?;
         initdb(&binaries.initdb, dir.path(), &password, run_as)?;
+        let settings = match tls {
+            Some(tls) => tls_settings(dir.path(), tls, run_as)?,
+            None => Vec::new(),
+        };
 
         let log_path = dir.path().join("postgres.log");
         let port = process::free_port()?;
-        let process = spawn_postgres(&binaries.postgres, dir.path(), &log_path, port, run_as)?;
+        let process = spawn_postgres(
+            &binaries.postgres,
+            dir.path(),
+            &log_path,
+            port,
+            run_as,
+            &settings,
+        )?;
         let mut server = PostgresServer {
             process,
             port,
             password,
             log_path,
             paused: AtomicBool::new(false),
+            tls: tls.is_some(),
             dir,
         };
         for attempt in 1..=PORT_ATTEMPTS {
@@ -122,6 +176,7 @@ impl PostgresServer {
                         &server.log_path,
                         server.port,
                         run_as,
+                        &settings,
                     )?;
                 }
                 Err(Retry::PortTaken) => {}
@@ -136,6 +191,11 @@ impl PostgresServer {
     /// The server's TCP port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Whether the server was started with [`start_tls`](Self::start_tls).
+    pub fn is_tls(&self) -> bool {
+        self.tls
     }
 
     /// The address the server listens on: always `"127.0.0.1"`.
@@ -443,13 +503,50 @@ fn initdb(
     })
 }
 
-/// Spawns `postgres` in the foreground, logging to `log_path` (truncated).
+/// Writes `tls`'s files into `dir` (owned by the server's user, the key
+/// readable by it alone), rewrites `pg_hba.conf` when client certificates
+/// are required, and returns the `-c` settings that turn TLS on.
+fn tls_settings(
+    dir: &Path,
+    tls: &ServerTls,
+    run_as: Option<(Uid, Gid)>,
+) -> Result<Vec<String>, Error> {
+    let mut settings = vec!["ssl=on".to_owned()];
+    let mut files = vec![
+        ("server.crt", &tls.cert, "ssl_cert_file"),
+        ("server.key", &tls.key, "ssl_key_file"),
+    ];
+    if tls.client_auth != ClientAuth::No {
+        files.push(("client-ca.crt", &tls.client_ca, "ssl_ca_file"));
+    }
+    for (name, pem, setting) in files {
+        let path = dir.join(name);
+        fs::write(&path, pem).map_err(process::io_err(&path))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
+            .map_err(process::io_err(&path))?;
+        give_to(&path, run_as)?;
+        settings.push(format!("{setting}={}", path.display()));
+    }
+    if tls.client_auth == ClientAuth::Required {
+        let hba = dir.join("data").join("pg_hba.conf");
+        let rules = "# leasehold-testkit: TLS with a client certificate, plus the password\n\
+                     local all all trust\n\
+                     hostssl all all 127.0.0.1/32 scram-sha-256 clientcert=verify-ca\n";
+        // Overwriting keeps the file's owner (the server's user).
+        fs::write(&hba, rules).map_err(process::io_err(&hba))?;
+    }
+    Ok(settings)
+}
+
+/// Spawns `postgres` in the foreground, logging to `log_path` (truncated),
+/// with extra `-c` `settings`.
 fn spawn_postgres(
     binary: &Path,
     dir: &Path,
     log_path: &Path,
     port: u16,
     run_as: Option<(Uid, Gid)>,
+    settings: &[String],
 ) -> Result<ChildProcess, Error> {
     let log = File::create(log_path).map_err(process::io_err(log_path))?;
     let log_copy = log.try_clone().map_err(process::io_err(log_path))?;
@@ -475,6 +572,9 @@ fn spawn_postgres(
             "-c",
             "shared_buffers=32MB",
         ]);
+    for setting in settings {
+        command.arg("-c").arg(setting);
+    }
     configure(&mut command, dir, run_as);
     let child = command
         .stdout(log_copy)

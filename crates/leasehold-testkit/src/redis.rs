@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use crate::Error;
+use crate::certs::{ClientAuth, ServerTls};
 use crate::process::{self, ChildProcess, HOST, POLL_INTERVAL, PORT_ATTEMPTS};
-use crate::resp::{self, Connection, Reply};
+use crate::resp::{self, Reply};
 
 /// The binary this module starts.
 const REDIS_SERVER: &str = "redis-server";
@@ -46,6 +47,7 @@ pub struct RedisOptions {
     replica_of: Option<(String, u16)>,
     args: Vec<String>,
     ready_timeout: Duration,
+    tls: Option<ServerTls>,
 }
 
 impl Default for RedisOptions {
@@ -55,9 +57,13 @@ impl Default for RedisOptions {
             replica_of: None,
             args: Vec::new(),
             ready_timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
+
+/// Where a TLS server's PEM files live in its directory.
+const TLS_FILES: [&str; 3] = ["tls-cert.pem", "tls-key.pem", "tls-ca.pem"];
 
 impl RedisOptions {
     /// Requires clients to authenticate with `password` (`--requirepass`).
@@ -103,17 +109,67 @@ impl RedisOptions {
         self
     }
 
+    /// Serves TLS only: the server listens on its port with TLS
+    /// (`--tls-port PORT --port 0`), presents `tls`'s certificate, and
+    /// verifies client certificates against its CA as its
+    /// [`ClientAuth`](crate::ClientAuth) says (`--tls-auth-clients`).
+    /// [`RedisServer::url`] is then `rediss://...`, and
+    /// [`RedisServer::command`] (and the readiness check) speak TLS,
+    /// trusting the CA that signed the server's certificate and presenting
+    /// the client certificate of the same [`TestCerts`](crate::TestCerts).
+    ///
+    /// Not for [`replica_of`](Self::replica_of) or cluster nodes: replication
+    /// and the cluster bus stay plain.
+    ///
+    /// Defaults to none: a plain TCP server.
+    #[must_use]
+    pub fn tls(mut self, tls: ServerTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// The password set with [`password`](Self::password), if any.
     pub fn get_password(&self) -> Option<&str> {
         self.password.as_deref()
     }
 
+    /// The TLS settings set with [`tls`](Self::tls), if any.
+    pub fn get_tls(&self) -> Option<&ServerTls> {
+        self.tls.as_ref()
+    }
+
     /// The full `redis-server` command line (without the binary) for a server
     /// on `port` whose files live in `dir`.
     fn command_line(&self, port: u16, dir: &Path, log_path: &Path) -> Vec<String> {
+        let (plain_port, tls_args) = match &self.tls {
+            None => (port.to_string(), Vec::new()),
+            Some(tls) => {
+                let [cert, key, ca] = TLS_FILES.map(|name| dir.join(name));
+                let auth = match tls.client_auth {
+                    ClientAuth::Optional => "optional",
+                    ClientAuth::Required => "yes",
+                    _ => "no",
+                };
+                let tls_args = [
+                    "--tls-port",
+                    &port.to_string(),
+                    "--tls-cert-file",
+                    &cert.to_string_lossy(),
+                    "--tls-key-file",
+                    &key.to_string_lossy(),
+                    "--tls-ca-cert-file",
+                    &ca.to_string_lossy(),
+                    "--tls-auth-clients",
+                    auth,
+                ]
+                .map(str::to_owned)
+                .to_vec();
+                ("0".to_owned(), tls_args)
+            }
+        };
         let mut args: Vec<String> = [
             "--port",
-            &port.to_string(),
+            &plain_port,
             "--bind",
             HOST,
             "--save",
@@ -132,6 +188,7 @@ impl RedisOptions {
         .into_iter()
         .map(str::to_owned)
         .collect();
+        args.extend(tls_args);
         if let Some(password) = &self.password {
             args.extend(["--requirepass".to_owned(), password.clone()]);
         }
@@ -224,9 +281,15 @@ impl RedisServer {
         spawned.into_iter().map(Self::finish_start).collect()
     }
 
-    /// The server's TCP port.
+    /// The server's TCP port (its TLS port, for a
+    /// [TLS server](RedisOptions::tls)).
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Whether the server speaks TLS only ([`RedisOptions::tls`]).
+    pub fn is_tls(&self) -> bool {
+        self.options.tls.is_some()
     }
 
     /// The address the server listens on: always `"127.0.0.1"`.
@@ -241,15 +304,17 @@ impl RedisServer {
 
     /// A connection URL: `redis://127.0.0.1:PORT/`, or
     /// `redis://:PASSWORD@127.0.0.1:PORT/` if a password is set (with the
-    /// password percent-encoded).
+    /// password percent-encoded). The scheme is `rediss` for a
+    /// [TLS server](RedisOptions::tls).
     pub fn url(&self) -> String {
+        let scheme = if self.is_tls() { "rediss" } else { "redis" };
         match &self.options.password {
             Some(password) => format!(
-                "redis://:{}@{HOST}:{}/",
+                "{scheme}://:{}@{HOST}:{}/",
                 percent_encode(password),
                 self.port
             ),
-            None => format!("redis://{HOST}:{}/", self.port),
+            None => format!("{scheme}://{HOST}:{}/", self.port),
         }
     }
 
@@ -351,8 +416,8 @@ impl RedisServer {
     /// Runs one command, authenticating first if a password is set, and
     /// returns the reply rendered as text (see [`Reply`]'s `Display`).
     ///
-    /// Uses a built-in RESP client; neither `redis-cli` nor a redis client
-    /// crate is needed.
+    /// Uses redis-rs's blocking client on a new connection (over TLS for a
+    /// [TLS server](RedisOptions::tls)); `redis-cli` is not needed.
     ///
     /// ```no_run
     /// # let server = leasehold_testkit::RedisServer::start()?;
@@ -364,7 +429,8 @@ impl RedisServer {
     /// # Errors
     ///
     /// [`Error::RedisReply`] if the server answers with an error,
-    /// [`Error::Resp`] on I/O failure or a 5 s timeout (e.g. while paused).
+    /// [`Error::Resp`] on I/O, TLS or authentication failure or a 5 s
+    /// timeout (e.g. while paused).
     pub fn redis_cli(&self, args: &[&str]) -> Result<String, Error> {
         self.command(args).map(|reply| reply.to_string())
     }
@@ -376,7 +442,25 @@ impl RedisServer {
     /// As for [`redis_cli`](Self::redis_cli).
     pub fn command(&self, args: &[&str]) -> Result<Reply, Error> {
         self.ensure_running()?;
-        resp::run_command(self.addr(), self.password(), args, COMMAND_TIMEOUT)
+        resp::run_command(
+            &self.client()?,
+            &self.addr().to_string(),
+            args,
+            COMMAND_TIMEOUT,
+        )
+    }
+
+    /// A redis-rs client for this server: its URL, and for a TLS server
+    /// the certificates of its [`ServerTls`].
+    fn client(&self) -> Result<redis::Client, Error> {
+        let built = match &self.options.tls {
+            None => redis::Client::open(self.url()),
+            Some(tls) => redis::Client::build_with_tls(self.url(), tls.client_certificates()),
+        };
+        built.map_err(|source| Error::Resp {
+            addr: self.addr().to_string(),
+            source: std::io::Error::other(source),
+        })
     }
 
     /// `redis-server 127.0.0.1:PORT`, for messages.
@@ -403,6 +487,16 @@ impl RedisServer {
             .tempdir()
             .map_err(process::io_err(&std::env::temp_dir()))?;
         let log_path = dir.path().join("redis.log");
+        if let Some(tls) = &options.tls {
+            crate::certs::install_provider();
+            for (name, pem) in TLS_FILES
+                .into_iter()
+                .zip([&tls.cert, &tls.key, &tls.client_ca])
+            {
+                let path = dir.path().join(name);
+                fs::write(&path, pem).map_err(process::io_err(&path))?;
+            }
+        }
         let port = process::free_port()?;
         let process = spawn_process(&binary, &options, port, dir.path(), &log_path)?;
         Ok(Self {
@@ -479,7 +573,7 @@ impl RedisServer {
                     log_tail: process::tail(&self.run_log(), ERROR_LOG_LINES).to_owned(),
                 }));
             }
-            if answers_ping(self.addr(), (deadline - now).min(PROBE_TIMEOUT)) {
+            if self.answers_ping((deadline - now).min(PROBE_TIMEOUT)) {
                 return match self.answering_pid() {
                     Some(pid) if pid != self.pid() => {
                         // Another server owns the port; ours will fail to bind.
@@ -504,13 +598,7 @@ impl RedisServer {
     /// The `process_id` reported by `INFO server` of whatever answers on our
     /// port, if it can be determined.
     fn answering_pid(&self) -> Option<u32> {
-        let reply = resp::run_command(
-            self.addr(),
-            self.password(),
-            &["INFO", "server"],
-            COMMAND_TIMEOUT,
-        )
-        .ok()?;
+        let reply = self.command(&["INFO", "server"]).ok()?;
         let Reply::Bulk(info) = reply else {
             return None;
         };
@@ -561,15 +649,24 @@ fn spawn_process(
     Ok(ChildProcess::new(child))
 }
 
-/// Whether something on `addr` answers `PING` with `+PONG` or `-NOAUTH`.
-fn answers_ping(addr: SocketAddr, timeout: Duration) -> bool {
-    let Ok(mut conn) = Connection::connect(addr, timeout) else {
-        return false;
-    };
-    match conn.command(&["PING"]) {
-        Ok(Reply::Simple(pong)) => pong == "PONG",
-        Ok(Reply::Error(err)) => err.starts_with("NOAUTH"),
-        _ => false,
+impl RedisServer {
+    /// Whether something on our port answers `PING` with `PONG` (or
+    /// `NOAUTH`), or, for a TLS server, completes a handshake up to a
+    /// certificate our client refuses (a server given
+    /// [`TestCerts::expired_server`](crate::TestCerts::expired_server) is
+    /// up, but no verifying client accepts it).
+    fn answers_ping(&self, timeout: Duration) -> bool {
+        let Ok(client) = self.client() else {
+            return false;
+        };
+        match resp::run_command(&client, &self.addr().to_string(), &["PING"], timeout) {
+            Ok(Reply::Simple(pong)) => pong == "PONG",
+            Err(Error::RedisReply { message }) => message.starts_with("NOAUTH"),
+            Err(Error::Resp { source, .. }) => {
+                self.is_tls() && crate::certs::is_certificate_rejection(&source)
+            }
+            _ => false,
+        }
     }
 }
 

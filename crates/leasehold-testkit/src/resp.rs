@@ -1,19 +1,11 @@
-//! A tiny blocking RESP2 client, just enough to send commands to a test
-//! server and render the replies.
+//! Sending one command to a test server with redis-rs's blocking client
+//! (plain or TLS), and rendering the reply as [`Reply`].
 
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io;
 use std::time::Duration;
 
 use crate::Error;
-
-/// Bulk strings and arrays larger than this are rejected rather than
-/// allocated.
-const MAX_LEN: usize = 512 * 1024 * 1024;
-
-/// Arrays nested deeper than this are rejected.
-const MAX_DEPTH: usize = 32;
 
 /// A redis reply.
 ///
@@ -25,7 +17,9 @@ const MAX_DEPTH: usize = 32;
 pub enum Reply {
     /// A simple string, e.g. `OK` or `PONG`.
     Simple(String),
-    /// An error reply, e.g. `NOAUTH Authentication required.`.
+    /// An error reply, e.g. `NOAUTH Authentication required.` (inside an
+    /// array; an error reply to the command itself is
+    /// [`Error::RedisReply`]).
     Error(String),
     /// An integer.
     Integer(i64),
@@ -59,189 +53,114 @@ impl fmt::Display for Reply {
     }
 }
 
-/// A blocking connection speaking RESP2.
-#[derive(Debug)]
-pub(crate) struct Connection {
-    reader: BufReader<TcpStream>,
-}
-
-impl Connection {
-    /// Connects to `addr`; every read and write times out after `timeout`.
-    pub(crate) fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<Self> {
-        let stream = TcpStream::connect_timeout(&addr, timeout)?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
-        stream.set_nodelay(true)?;
-        Ok(Self {
-            reader: BufReader::new(stream),
-        })
-    }
-
-    /// Sends one command and reads its reply (error replies are returned as
-    /// [`Reply::Error`], not as `Err`).
-    pub(crate) fn command<A: AsRef<[u8]>>(&mut self, args: &[A]) -> io::Result<Reply> {
-        self.reader.get_mut().write_all(&encode(args))?;
-        read_reply(&mut self.reader)
-    }
-}
-
-/// Encodes a command as a RESP array of bulk strings.
-pub(crate) fn encode<A: AsRef<[u8]>>(args: &[A]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        let arg = arg.as_ref();
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        out.extend_from_slice(arg);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
-
-/// Reads one reply.
-pub(crate) fn read_reply(reader: &mut impl BufRead) -> io::Result<Reply> {
-    read_reply_at(reader, 0)
-}
-
-fn read_reply_at(reader: &mut impl BufRead, depth: usize) -> io::Result<Reply> {
-    let line = read_line(reader)?;
-    let (kind, rest) = line.split_at_checked(1).unwrap_or(("", ""));
-    match kind {
-        "+" => Ok(Reply::Simple(rest.to_owned())),
-        "-" => Ok(Reply::Error(rest.to_owned())),
-        ":" => Ok(Reply::Integer(parse_int(rest)?)),
-        "_" => Ok(Reply::Nil),
-        "$" => match length(rest)? {
-            None => Ok(Reply::Nil),
-            Some(len) => {
-                let mut bytes = vec![0; len + 2];
-                reader.read_exact(&mut bytes)?;
-                if !bytes.ends_with(b"\r\n") {
-                    return Err(protocol("bulk string not terminated by CRLF"));
-                }
-                bytes.truncate(len);
-                Ok(Reply::Bulk(bytes))
+impl From<redis::Value> for Reply {
+    /// RESP2 values map one to one; RESP3-only ones to the closest RESP2
+    /// shape (a map or set to a flat array, a double to a simple string, a
+    /// boolean to 0 or 1, a verbatim string to a bulk string); anything
+    /// else (a big number) to a simple string of its debug form.
+    fn from(value: redis::Value) -> Self {
+        use redis::Value;
+        match value {
+            Value::Nil => Reply::Nil,
+            Value::Int(n) => Reply::Integer(n),
+            Value::BulkString(bytes) => Reply::Bulk(bytes),
+            Value::Array(items) | Value::Set(items) | Value::Push { data: items, .. } => {
+                Reply::Array(items.into_iter().map(Reply::from).collect())
             }
-        },
-        "*" => match length(rest)? {
-            None => Ok(Reply::Nil),
-            Some(_) if depth >= MAX_DEPTH => Err(protocol("arrays nested too deeply")),
-            Some(len) => (0..len)
-                .map(|_| read_reply_at(reader, depth + 1))
-                .collect::<io::Result<_>>()
-                .map(Reply::Array),
-        },
-        _ => Err(protocol("unknown reply type")),
+            Value::SimpleString(text) => Reply::Simple(text),
+            Value::Okay => Reply::Simple("OK".to_owned()),
+            Value::Map(pairs) => Reply::Array(
+                pairs
+                    .into_iter()
+                    .flat_map(|(key, value)| [Reply::from(key), Reply::from(value)])
+                    .collect(),
+            ),
+            Value::Attribute { data, .. } => Reply::from(*data),
+            Value::Double(number) => Reply::Simple(number.to_string()),
+            Value::Boolean(flag) => Reply::Integer(i64::from(flag)),
+            Value::VerbatimString { text, .. } => Reply::Bulk(text.into_bytes()),
+            Value::ServerError(err) => Reply::Error(match err.details() {
+                Some(details) => format!("{} {details}", err.code()),
+                None => err.code().to_owned(),
+            }),
+            other => Reply::Simple(format!("{other:?}")),
+        }
     }
 }
 
-fn read_line(reader: &mut impl BufRead) -> io::Result<String> {
-    let mut line = Vec::new();
-    let read = reader.read_until(b'\n', &mut line)?;
-    if read == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed before a reply",
-        ));
-    }
-    if !line.ends_with(b"\r\n") {
-        return Err(protocol("reply line not terminated by CRLF"));
-    }
-    line.truncate(line.len() - 2);
-    String::from_utf8(line).map_err(|_| protocol("reply line is not UTF-8"))
-}
-
-fn parse_int(text: &str) -> io::Result<i64> {
-    text.parse().map_err(|_| protocol("invalid integer"))
-}
-
-/// Parses a bulk or array length; `-1` means nil.
-fn length(text: &str) -> io::Result<Option<usize>> {
-    match parse_int(text)? {
-        -1 => Ok(None),
-        n => usize::try_from(n)
-            .ok()
-            .filter(|&len| len <= MAX_LEN)
-            .map(Some)
-            .ok_or_else(|| protocol("invalid length")),
-    }
-}
-
-fn protocol(message: &'static str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, message)
-}
-
-/// Connects to `addr`, authenticates if `password` is set, sends `args` and
-/// returns the reply; error replies become [`Error::RedisReply`].
-pub(crate) fn run_command<A: AsRef<[u8]>>(
-    addr: SocketAddr,
-    password: Option<&str>,
-    args: &[A],
+/// Connects with `client` (within `timeout`; every read and write is bounded
+/// by it too), sends `args` and returns the reply. An error reply becomes
+/// [`Error::RedisReply`]; anything else that fails (connect, TLS, I/O,
+/// authentication), [`Error::Resp`] naming `addr`.
+pub(crate) fn run_command(
+    client: &redis::Client,
+    addr: &str,
+    args: &[&str],
     timeout: Duration,
 ) -> Result<Reply, Error> {
-    let io_err = |source| Error::Resp {
-        addr: addr.to_string(),
-        source,
+    let failed = |source: redis::RedisError| Error::Resp {
+        addr: addr.to_owned(),
+        source: io::Error::other(source),
     };
-    let mut conn = Connection::connect(addr, timeout).map_err(io_err)?;
-    if let Some(password) = password {
-        check(conn.command(&["AUTH", password]).map_err(io_err)?)?;
-    }
-    check(conn.command(args).map_err(io_err)?)
-}
-
-fn check(reply: Reply) -> Result<Reply, Error> {
-    match reply {
-        Reply::Error(message) => Err(Error::RedisReply { message }),
-        other => Ok(other),
+    let mut conn = client
+        .get_connection_with_timeout(timeout)
+        .map_err(failed)?;
+    conn.set_read_timeout(Some(timeout)).map_err(failed)?;
+    conn.set_write_timeout(Some(timeout)).map_err(failed)?;
+    let Some((name, rest)) = args.split_first() else {
+        return Err(Error::RedisReply {
+            message: "ERR empty command".to_owned(),
+        });
+    };
+    let mut command = redis::cmd(name);
+    command.arg(rest);
+    match command.query::<redis::Value>(&mut conn) {
+        Ok(value) => Ok(Reply::from(value)),
+        Err(err) => match err.code() {
+            Some(code) => Err(Error::RedisReply {
+                message: match err.detail() {
+                    Some(detail) => format!("{code} {detail}"),
+                    None => code.to_owned(),
+                },
+            }),
+            None => Err(failed(err)),
+        },
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn parse(bytes: &[u8]) -> io::Result<Reply> {
-        read_reply(&mut &bytes[..])
-    }
+    use redis::Value;
 
     #[test]
-    fn encodes_bulk_array() {
-        assert_eq!(encode(&["PING"]), b"*1\r\n$4\r\nPING\r\n");
+    fn converts_values() {
+        assert_eq!(Reply::from(Value::Okay), Reply::Simple("OK".into()));
         assert_eq!(
-            encode(&["SET", "k", ""]),
-            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n"
+            Reply::from(Value::SimpleString("PONG".into())),
+            Reply::Simple("PONG".into())
         );
-    }
-
-    #[test]
-    fn parses_replies() -> io::Result<()> {
-        assert_eq!(parse(b"+PONG\r\n")?, Reply::Simple("PONG".into()));
-        assert_eq!(parse(b"-ERR bad\r\n")?, Reply::Error("ERR bad".into()));
-        assert_eq!(parse(b":-42\r\n")?, Reply::Integer(-42));
-        assert_eq!(parse(b"$-1\r\n")?, Reply::Nil);
+        assert_eq!(Reply::from(Value::Int(-42)), Reply::Integer(-42));
+        assert_eq!(Reply::from(Value::Nil), Reply::Nil);
         assert_eq!(
-            parse(b"$5\r\nhe\r\no\r\n")?,
-            Reply::Bulk(b"he\r\no".to_vec())
-        );
-        assert_eq!(
-            parse(b"*3\r\n$1\r\na\r\n:1\r\n*0\r\n")?,
+            Reply::from(Value::Array(vec![
+                Value::BulkString(b"a".to_vec()),
+                Value::Int(1),
+                Value::Array(vec![]),
+            ])),
             Reply::Array(vec![
                 Reply::Bulk(b"a".to_vec()),
                 Reply::Integer(1),
                 Reply::Array(vec![])
             ])
         );
-        Ok(())
-    }
-
-    #[test]
-    fn rejects_malformed_replies() {
-        assert!(parse(b"").is_err());
-        assert!(parse(b"+PONG\n").is_err());
-        assert!(parse(b"?x\r\n").is_err());
-        assert!(parse(b"$3\r\nabcd\r\n").is_err());
-        assert!(parse(b"$-2\r\n").is_err());
-        assert!(parse(b":x\r\n").is_err());
+        assert_eq!(
+            Reply::from(Value::Map(vec![(
+                Value::SimpleString("k".into()),
+                Value::Boolean(true)
+            )])),
+            Reply::Array(vec![Reply::Simple("k".into()), Reply::Integer(1)])
+        );
     }
 
     #[test]

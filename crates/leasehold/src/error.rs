@@ -1,5 +1,6 @@
 //! The crate's one error type.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Why an acquire gave up without the lock.
@@ -41,6 +42,61 @@ impl std::fmt::Display for GiveUpReason {
             GiveUpReason::RetriesExhausted => "retries exhausted",
             GiveUpReason::DeadlineExpired => "deadline expired",
             GiveUpReason::Cancelled => "cancelled",
+        })
+    }
+}
+
+/// Which file an [`Error::TlsFile`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TlsFileRole {
+    /// The CA certificate(s) the server is verified against.
+    Ca,
+    /// The client certificate.
+    Cert,
+    /// The client certificate's private key.
+    Key,
+}
+
+impl std::fmt::Display for TlsFileRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TlsFileRole::Ca => "ca",
+            TlsFileRole::Cert => "client certificate",
+            TlsFileRole::Key => "client key",
+        })
+    }
+}
+
+/// Why a server's TLS certificate was refused ([`Error::TlsCertificate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CertificateProblem {
+    /// It does not chain to a CA we trust: the wrong CA file, or none
+    /// given for a private CA.
+    UnknownIssuer,
+    /// Its validity period has ended.
+    Expired,
+    /// Its validity period has not begun (or our clock is wrong).
+    NotYetValid,
+    /// It is not issued for the host (name or IP address) in the URL.
+    WrongName,
+    /// Its issuer revoked it.
+    Revoked,
+    /// Anything else: a bad signature, an unsupported algorithm, a
+    /// malformed certificate.
+    Invalid,
+}
+
+impl std::fmt::Display for CertificateProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CertificateProblem::UnknownIssuer => "not signed by a trusted ca",
+            CertificateProblem::Expired => "expired",
+            CertificateProblem::NotYetValid => "not valid yet",
+            CertificateProblem::WrongName => "not issued for this host",
+            CertificateProblem::Revoked => "revoked",
+            CertificateProblem::Invalid => "invalid",
         })
     }
 }
@@ -241,6 +297,90 @@ pub enum Error {
     #[error("os random source unavailable")]
     Random(#[source] getrandom::Error),
 
+    /// The Redis URL does not parse (or names something this build cannot
+    /// do, such as `rediss://` without the `tls` feature). The message does
+    /// not quote the URL; the source is the client's error, which does not
+    /// either.
+    #[error("invalid redis url")]
+    InvalidUrl(#[source] redis::RedisError),
+
+    /// A TLS file given to [`tls::client`](crate::tls::client) cannot be
+    /// used: it cannot be read, holds no PEM certificate (CA, certificate)
+    /// or private key (key), holds one that does not parse, or the key
+    /// does not match the certificate. Found before any I/O on the
+    /// network. The message names the file, never its contents.
+    #[error("tls {role} file {path:?} {problem}")]
+    TlsFile {
+        /// Which file.
+        role: TlsFileRole,
+        /// Its path, as given.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: &'static str,
+        /// The read error, when it could not be read.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+
+    /// We refused the server's TLS certificate: it is not signed by a CA
+    /// we trust, expired, not for this host... Not retryable: the
+    /// certificate or the CA file must change.
+    #[error("redis tls certificate refused during {op}: {problem}")]
+    TlsCertificate {
+        /// The operation that connected.
+        op: &'static str,
+        /// Why it was refused.
+        problem: CertificateProblem,
+        /// The client's error.
+        #[source]
+        source: redis::RedisError,
+    },
+
+    /// A `rediss://` URL, but the port serves plain Redis: it answered the
+    /// TLS handshake with something that is not TLS, or (found by
+    /// [`Locker::connect`](crate::Locker::connect) and
+    /// [`connect`](crate::connect), which probe the port once when the
+    /// handshake times out) answered a plain `PING`. Use `redis://`, or the
+    /// server's TLS port.
+    #[error(
+        "redis does not speak tls on this port (during {op}): use a redis:// url or its tls port"
+    )]
+    NotTls {
+        /// The operation that connected.
+        op: &'static str,
+        /// The client's error, when it got one (none when the handshake
+        /// timed out).
+        #[source]
+        source: Option<redis::RedisError>,
+    },
+
+    /// A plain `redis://` URL, but the server on that port expects TLS (it
+    /// answered a TLS hello): use `rediss://`. Found by
+    /// [`Locker::connect`](crate::Locker::connect) and
+    /// [`connect`](crate::connect), which probe the port once when a plain
+    /// connection is closed on them.
+    #[error("redis expects tls on this port (during {op}): use a rediss:// url")]
+    TlsExpected {
+        /// The operation that connected.
+        op: &'static str,
+        /// The client's error from the plain attempt.
+        #[source]
+        source: redis::RedisError,
+    },
+
+    /// The server refused our TLS client certificate (not signed by a CA
+    /// it trusts, expired), or asked for one and we sent none: give
+    /// [`TlsFiles::cert`](crate::tls::TlsFiles::cert) and
+    /// [`key`](crate::tls::TlsFiles::key).
+    #[error("redis refused our tls client certificate, or needs one, during {op}")]
+    ClientCertRejected {
+        /// The operation that connected.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: redis::RedisError,
+    },
+
     /// Any other error from Redis or the client.
     #[error("redis error during {op}")]
     Redis {
@@ -261,7 +401,9 @@ impl Error {
     /// `MultiplexedConnection` does not: see [`Locker`](crate::Locker)).
     ///
     /// Invalid input, authentication and permission failures (`NOPERM`),
-    /// unknown commands and wrong-type keys are not retryable. `NotHeld` is not retryable either: the lease is gone, and
+    /// TLS failures (a refused certificate, the wrong scheme for the port,
+    /// an unusable file), unknown commands and wrong-type keys are not
+    /// retryable. `NotHeld` is not retryable either: the lease is gone, and
     /// the right response is to stop the protected work, not to retry it;
     /// the same goes for `LeaseLost`.
     pub fn is_retryable(&self) -> bool {
@@ -322,6 +464,22 @@ impl Error {
         }
         if err.kind() == ErrorKind::AuthenticationFailed {
             return Error::Auth(err);
+        }
+        #[cfg(feature = "tls")]
+        if let Some(failure) = crate::tls::classify(&err) {
+            use crate::tls::Failure;
+            return match failure {
+                Failure::Certificate(problem) => Error::TlsCertificate {
+                    op,
+                    problem,
+                    source: err,
+                },
+                Failure::NotTls => Error::NotTls {
+                    op,
+                    source: Some(err),
+                },
+                Failure::ClientCertRejected => Error::ClientCertRejected { op, source: err },
+            };
         }
         if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
             return Error::Unreachable { op, source: err };

@@ -163,11 +163,14 @@ mod way;
 pub mod diagnostics;
 // Metric names (recorded with the `metrics` feature).
 pub mod metrics;
+// TLS in transit.
+#[cfg(feature = "tls")]
+pub mod tls;
 
 #[cfg(test)]
 mod give_up_tests;
 
-pub use error::{Error, GiveUpReason, Result};
+pub use error::{CertificateProblem, Error, GiveUpReason, Result, TlsFileRole};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 #[cfg(feature = "handoff")]
 #[cfg_attr(docsrs, doc(cfg(feature = "handoff")))]

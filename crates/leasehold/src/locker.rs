@@ -126,7 +126,13 @@ impl Locker<ConnectionManager> {
     /// # Errors
     /// [`Error::Unreachable`] when nothing listens, [`Error::Timeout`] when
     /// the server accepts the connection but does not answer (a paused
-    /// process), [`Error::Auth`] for wrong credentials.
+    /// process), [`Error::Auth`] for wrong credentials. Over TLS (see
+    /// [`tls`](crate::tls)): [`Error::TlsCertificate`] when the server's
+    /// certificate is refused, [`Error::ClientCertRejected`] when the
+    /// server refuses ours, [`Error::NotTls`] for a `rediss://` URL to a
+    /// plain port and [`Error::TlsExpected`] for a `redis://` URL to a TLS
+    /// port (telling these two apart from a closed or silent server takes
+    /// one probe of the port, up to 250 ms more after the failure).
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future drops the half-open connection.
@@ -154,6 +160,8 @@ const RECONNECT_RETRIES: usize = 2;
 /// # Errors
 /// See [`Locker::connect`].
 pub async fn connect(client: &redis::Client, timeout: Duration) -> Result<ConnectionManager> {
+    #[cfg(feature = "tls")]
+    crate::tls::install_provider();
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout))
@@ -161,13 +169,19 @@ pub async fn connect(client: &redis::Client, timeout: Duration) -> Result<Connec
         .set_min_delay(Duration::from_millis(20))
         .set_max_delay(Duration::from_millis(200));
     let deadline = Instant::now() + timeout;
-    call::bounded(
+    let connected = call::bounded(
         "connect",
         "",
         deadline,
         ConnectionManager::new_with_config(client.clone(), config),
     )
-    .await
+    .await;
+    #[cfg(feature = "tls")]
+    let connected = match connected {
+        Err(err) => Err(crate::tls::explain(client, err).await),
+        ok => ok,
+    };
+    connected
 }
 
 impl<C: RedisConnection> Locker<C> {

@@ -1,0 +1,471 @@
+//! TLS in transit: `rediss://` URLs with your own CA and client certificate.
+//!
+//! [`client`] builds the [`redis::Client`] that
+//! [`Locker::connect`](crate::Locker::connect),
+//! [`HandoffLocker::builder`](crate::HandoffLocker::builder) and
+//! [`Quorum::connect`](crate::Quorum::connect) take. Give it a `rediss://`
+//! URL and the files you have:
+//!
+//! - a **CA file** (PEM, one or more certificates) to verify the server
+//!   against; without one, the system's trusted roots are used;
+//! - a **client certificate and its key** (PEM; the key in PKCS#8, PKCS#1
+//!   or SEC1 form) for a server that asks for one
+//!   (`tls-auth-clients yes|optional`).
+//!
+//! The server's certificate is always verified: it must chain to a trusted
+//! CA, be within its validity period and name the URL's host (an IP
+//! address in the URL must be in the certificate's IP SANs). There is no
+//! switch to turn verification off.
+//!
+//! Every file is read and checked when the client is built, so a missing
+//! file, a file with no PEM in it or a key that does not match its
+//! certificate is [`Error::TlsFile`] at once, naming which file and why,
+//! before any connection is tried. What goes wrong on the wire comes back
+//! from the first connection as its own variant rather than as
+//! [`Error::Unreachable`]:
+//!
+//! | what happened | error |
+//! |---|---|
+//! | the server's certificate is not signed by a CA we trust, expired, not yet valid, or for another host | [`Error::TlsCertificate`] with its [`CertificateProblem`] |
+//! | a `rediss://` URL, but the port does not speak TLS | [`Error::NotTls`] |
+//! | a `redis://` URL, but the port speaks TLS | [`Error::TlsExpected`] |
+//! | the server refused our client certificate, or wanted one we did not send | [`Error::ClientCertRejected`] |
+//!
+//! [`Error::TlsCertificate`], [`Error::ClientCertRejected`] and
+//! [`Error::NotTls`] (when the server answers the handshake with plain
+//! text) come from any connection attempt that fails that way.
+//! [`Error::TlsExpected`], and [`Error::NotTls`] when the handshake just
+//! times out, need a probe of the port, which
+//! [`Locker::connect`](crate::Locker::connect) and
+//! [`connect`](crate::connect()) make when their connect fails. A
+//! [`Quorum`](crate::Quorum) connects lazily: a node that fails on TLS is a
+//! missing vote ([`Error::QuorumNotReached`]), as any unreachable node.
+//!
+//! ```no_run
+//! use leasehold::tls::{self, TlsFiles};
+//! use leasehold::Locker;
+//!
+//! # async fn run() -> leasehold::Result<()> {
+//! let files = TlsFiles::new()
+//!     .ca("/etc/leasehold/ca.pem")
+//!     .cert("/etc/leasehold/client.pem")
+//!     .key("/etc/leasehold/client-key.pem");
+//! let client = tls::client("rediss://:secret@redis.internal:6380/", &files)?;
+//! let locker = Locker::connect(&client).await?;
+//! # let _ = locker;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! This module exists with the crate feature `tls` (on by default), which
+//! also enables redis-rs's rustls support; TLS uses rustls with the `aws-lc-rs`
+//! crypto provider, installed as the process default if none is.
+
+use std::error::Error as StdError;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{ConnectionAddr, IntoConnectionInfo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+use crate::error::{CertificateProblem, Error, Result, TlsFileRole};
+
+/// The files a TLS connection uses, built with consuming setters; every
+/// one is optional.
+///
+/// Paths are kept as given and read by [`client`]. A certificate without
+/// its key (or a key without its certificate) is refused there.
+#[must_use]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// No files: verify the server against the system's trusted roots and
+    /// present no client certificate.
+    pub fn new() -> Self {
+        TlsFiles::default()
+    }
+
+    /// The CA certificate(s) (PEM) to verify the server against, instead
+    /// of the system's trusted roots.
+    ///
+    /// Defaults to none (the system's roots).
+    pub fn ca(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca = Some(path.into());
+        self
+    }
+
+    /// The client certificate (PEM; the leaf first if it is a chain) to
+    /// present when the server asks. Needs [`key`](Self::key).
+    ///
+    /// Defaults to none.
+    pub fn cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.cert = Some(path.into());
+        self
+    }
+
+    /// The private key (PEM) of [`cert`](Self::cert).
+    ///
+    /// Defaults to none.
+    pub fn key(mut self, path: impl Into<PathBuf>) -> Self {
+        self.key = Some(path.into());
+        self
+    }
+
+    /// True when no file is set.
+    pub fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.cert.is_none() && self.key.is_none()
+    }
+
+    /// The CA file, if set.
+    pub fn ca_path(&self) -> Option<&Path> {
+        self.ca.as_deref()
+    }
+
+    /// The client certificate file, if set.
+    pub fn cert_path(&self) -> Option<&Path> {
+        self.cert.as_deref()
+    }
+
+    /// The client key file, if set.
+    pub fn key_path(&self) -> Option<&Path> {
+        self.key.as_deref()
+    }
+}
+
+/// Builds a client for `url` that uses `files`.
+///
+/// A `rediss://` URL connects over TLS, verifying the server against
+/// `files`' CA (or the system's roots) and presenting its client
+/// certificate if the server asks. A `redis://` URL with no files gives a
+/// plain client, the same as [`redis::Client::open`], so one call serves
+/// both (a CLI can pass its `--tls-*` flags through unchanged). No I/O
+/// but reading the files.
+///
+/// # Errors
+/// - [`Error::InvalidUrl`] when `url` does not parse (the message never
+///   quotes it);
+/// - [`Error::InvalidOptions`] for files with a `redis://` URL, or a
+///   client certificate without its key (or the other way round);
+/// - [`Error::TlsFile`] for a file that cannot be read, holds no PEM
+///   certificate (CA, certificate) or private key (key), or whose contents
+///   do not parse, or a key that does not match its certificate.
+pub fn client(url: &str, files: &TlsFiles) -> Result<redis::Client> {
+    let info = url.into_connection_info().map_err(Error::InvalidUrl)?;
+    if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
+        if !files.is_empty() {
+            return Err(Error::InvalidOptions(
+                "tls files given for a url without tls: use rediss://",
+            ));
+        }
+        return redis::Client::open(info).map_err(Error::InvalidUrl);
+    }
+    let (client_tls, ca) = read_files(files)?;
+    install_provider();
+    redis::Client::build_with_tls(
+        info,
+        redis::TlsCertificates {
+            client_tls,
+            root_cert: ca,
+        },
+    )
+    .map_err(Error::InvalidUrl)
+}
+
+/// Reads and checks `files`: the client certificate and key (PEM), the CA
+/// (PEM).
+fn read_files(files: &TlsFiles) -> Result<(Option<redis::ClientTlsConfig>, Option<Vec<u8>>)> {
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
+    let ca = match &files.ca {
+        Some(path) => {
+            let pem = read(TlsFileRole::Ca, path)?;
+            let certs = certificates(TlsFileRole::Ca, path, &pem)?;
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in certs {
+                roots.add(cert).map_err(|_| {
+                    file_err(
+                        TlsFileRole::Ca,
+                        path,
+                        "holds a certificate that does not parse",
+                    )
+                })?;
+            }
+            Some(pem)
+        }
+        None => None,
+    };
+    let client_tls = match (&files.cert, &files.key) {
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(Error::InvalidOptions(
+                "a client certificate needs its key file",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(Error::InvalidOptions(
+                "a client key needs its certificate file",
+            ));
+        }
+        (Some(cert_path), Some(key_path)) => {
+            let cert_pem = read(TlsFileRole::Cert, cert_path)?;
+            let chain = certificates(TlsFileRole::Cert, cert_path, &cert_pem)?;
+            let key_pem = read(TlsFileRole::Key, key_path)?;
+            let key = PrivateKeyDer::from_pem_slice(&key_pem)
+                .map_err(|_| file_err(TlsFileRole::Key, key_path, "holds no PEM private key"))?;
+            let signing_key = provider.key_provider.load_private_key(key).map_err(|_| {
+                file_err(
+                    TlsFileRole::Key,
+                    key_path,
+                    "holds a key of an unsupported kind",
+                )
+            })?;
+            match rustls::sign::CertifiedKey::new(chain, signing_key).keys_match() {
+                Ok(())
+                | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
+                Err(rustls::Error::InconsistentKeys(_)) => {
+                    return Err(file_err(
+                        TlsFileRole::Key,
+                        key_path,
+                        "does not match the client certificate",
+                    ));
+                }
+                Err(_) => {
+                    return Err(file_err(
+                        TlsFileRole::Cert,
+                        cert_path,
+                        "holds a certificate that does not parse",
+                    ));
+                }
+            }
+            Some(redis::ClientTlsConfig {
+                client_cert: cert_pem,
+                client_key: key_pem,
+            })
+        }
+    };
+    Ok((client_tls, ca))
+}
+
+fn read(role: TlsFileRole, path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| Error::TlsFile {
+        role,
+        path: path.to_owned(),
+        problem: "cannot be read",
+        source: Some(source),
+    })
+}
+
+/// The PEM certificates in `pem`: at least one, each a well-formed PEM
+/// block.
+fn certificates(
+    role: TlsFileRole,
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|_| file_err(role, path, "holds a PEM block that does not parse"))?;
+    if certs.is_empty() {
+        return Err(file_err(role, path, "holds no PEM certificate"));
+    }
+    Ok(certs)
+}
+
+fn file_err(role: TlsFileRole, path: &Path, problem: &'static str) -> Error {
+    Error::TlsFile {
+        role,
+        path: path.to_owned(),
+        problem,
+        source: None,
+    }
+}
+
+/// Makes aws-lc-rs rustls's process-wide crypto provider unless one is set.
+/// redis-rs builds its TLS settings with the process default, which rustls
+/// picks by itself only while exactly one provider is compiled in; this
+/// keeps a program that links both from failing at its first connection.
+pub(crate) fn install_provider() {
+    // An Err means a provider is already installed, which is all we need.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
+
+/// What a TLS failure inside a client error says.
+pub(crate) enum Failure {
+    /// We refused the server's certificate.
+    Certificate(CertificateProblem),
+    /// The server answered our TLS handshake with something that is not
+    /// TLS.
+    NotTls,
+    /// The server refused our client certificate, or wanted one.
+    ClientCertRejected,
+}
+
+/// Reads the TLS failure, if any, inside a client error.
+pub(crate) fn classify(err: &redis::RedisError) -> Option<Failure> {
+    use rustls::{AlertDescription as Alert, CertificateError as Cert};
+    Some(match find_rustls(err)? {
+        rustls::Error::InvalidCertificate(problem) => Failure::Certificate(match problem {
+            Cert::UnknownIssuer => CertificateProblem::UnknownIssuer,
+            Cert::Expired | Cert::ExpiredContext { .. } => CertificateProblem::Expired,
+            Cert::NotValidYet | Cert::NotValidYetContext { .. } => CertificateProblem::NotYetValid,
+            Cert::NotValidForName | Cert::NotValidForNameContext { .. } => {
+                CertificateProblem::WrongName
+            }
+            Cert::Revoked => CertificateProblem::Revoked,
+            _ => CertificateProblem::Invalid,
+        }),
+        rustls::Error::InvalidMessage(_) => Failure::NotTls,
+        rustls::Error::AlertReceived(
+            Alert::CertificateRequired
+            | Alert::BadCertificate
+            | Alert::UnsupportedCertificate
+            | Alert::CertificateRevoked
+            | Alert::CertificateExpired
+            | Alert::CertificateUnknown
+            | Alert::UnknownCA
+            | Alert::AccessDenied,
+        ) => Failure::ClientCertRejected,
+        _ => return None,
+    })
+}
+
+/// The rustls error inside `err`, looking through `source()` chains,
+/// `io::Error` payloads and the `Arc` redis-rs keeps its causes in.
+fn find_rustls<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a rustls::Error> {
+    let mut current = Some(err);
+    while let Some(err) = current {
+        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        let inner: Option<&(dyn StdError + 'static)> = match err.downcast_ref::<io::Error>() {
+            Some(io) => io.get_ref().map(|inner| inner as _),
+            None => err
+                .downcast_ref::<Arc<dyn StdError + Send + Sync>>()
+                .map(|shared| shared.as_ref() as _),
+        };
+        if let Some(found) = inner.and_then(find_rustls) {
+            return Some(found);
+        }
+        current = err.source();
+    }
+    None
+}
+
+/// How long [`explain`]'s probe may take. It runs only after a connect
+/// failed, on top of the connect's own deadline when that is what ran out.
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// Turns a failed connect into [`Error::TlsExpected`] or [`Error::NotTls`]
+/// when the scheme and the port disagree; any other error is returned as it
+/// is.
+///
+/// Neither mistake shows by itself. A TLS server given plain RESP closes
+/// the connection, which looks like a server that went away; a plain
+/// server given a TLS hello waits for the end of a line that never comes,
+/// which looks like a paused server. So when a connect fails that way, the
+/// port gets one probe in the other protocol, on a new connection: a TLS
+/// ClientHello for a `redis://` URL (a TLS handshake record back means
+/// TLS), a RESP `PING` for a `rediss://` URL (a RESP reply back means
+/// plain). The probe sends no credentials and takes at most
+/// [`PROBE_TIMEOUT`].
+pub(crate) async fn explain(client: &redis::Client, err: Error) -> Error {
+    let deadline = Instant::now() + PROBE_TIMEOUT;
+    match client.get_connection_info().addr() {
+        ConnectionAddr::Tcp(host, port) if closed(&err) => {
+            if !matches!(
+                tokio::time::timeout_at(deadline, speaks_tls(host, *port)).await,
+                Ok(Ok(true))
+            ) {
+                return err;
+            }
+            match err {
+                Error::Unreachable { op, source } | Error::Redis { op, source } => {
+                    Error::TlsExpected { op, source }
+                }
+                other => other,
+            }
+        }
+        ConnectionAddr::TcpTls { host, port, .. }
+            if matches!(err, Error::Timeout { .. }) || closed(&err) =>
+        {
+            if !matches!(
+                tokio::time::timeout_at(deadline, speaks_resp(host, *port)).await,
+                Ok(Ok(true))
+            ) {
+                return err;
+            }
+            match err {
+                Error::Unreachable { op, source } | Error::Redis { op, source } => Error::NotTls {
+                    op,
+                    source: Some(source),
+                },
+                Error::Timeout { op, .. } => Error::NotTls { op, source: None },
+                other => other,
+            }
+        }
+        _ => err,
+    }
+}
+
+/// Whether `err` is a connection that was closed or answered with bytes
+/// the client could not parse (not refused, not timed out).
+fn closed(err: &Error) -> bool {
+    match err {
+        Error::Unreachable { source, .. } => !source.is_connection_refusal(),
+        Error::Redis { source, .. } => source.kind() == redis::ErrorKind::Parse,
+        _ => false,
+    }
+}
+
+/// Whether the server at `host:port` answers a TLS ClientHello with a TLS
+/// handshake record (a ServerHello).
+async fn speaks_tls(host: &str, port: u16) -> io::Result<bool> {
+    let name = match host.parse::<IpAddr>() {
+        Ok(ip) => ServerName::IpAddress(ip.into()),
+        Err(_) => ServerName::try_from(host.to_owned())
+            .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?,
+    };
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(io::Error::other)?
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth();
+    let mut conn =
+        rustls::ClientConnection::new(Arc::new(config), name).map_err(io::Error::other)?;
+    let mut hello = Vec::new();
+    conn.write_tls(&mut hello)?;
+    let header = first_bytes(host, port, &hello).await?;
+    // A TLS record: content type 22 (handshake), version 3.x.
+    Ok(header[0] == 22 && header[1] == 3)
+}
+
+/// Whether the server at `host:port` answers a RESP `PING` with a RESP
+/// simple string or error (`+PONG`, `-NOAUTH ...`).
+async fn speaks_resp(host: &str, port: u16) -> io::Result<bool> {
+    let reply = first_bytes(host, port, b"*1\r\n$4\r\nPING\r\n").await?;
+    Ok(matches!(&reply, b"+PO" | b"-NO" | b"-ER" | b"-WR"))
+}
+
+/// Connects to `host:port`, sends `request`, and reads the first three
+/// bytes of the answer.
+async fn first_bytes(host: &str, port: u16, request: &[u8]) -> io::Result<[u8; 3]> {
+    let addr: Option<SocketAddr> = tokio::net::lookup_host((host, port)).await?.next();
+    let addr = addr.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))?;
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(request).await?;
+    let mut answer = [0u8; 3];
+    stream.read_exact(&mut answer).await?;
+    Ok(answer)
+}
