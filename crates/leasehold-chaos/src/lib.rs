@@ -14,4 +14,11 @@
 
 pub mod history;
 
+mod callers;
+mod fault;
+mod recorder;
+
+pub use callers::{Call, Callers, Lock, Stall, Written, label, lock_key};
+pub use fault::{Fault, UnknownFault, Window, schedule};
 pub use history::{Event, Kind, WriteOutcome};
+pub use recorder::{Recorder, start_from_micros, start_to_micros};

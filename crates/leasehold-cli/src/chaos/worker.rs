@@ -1,0 +1,103 @@
+//! A worker process: the callers of one process, re-invoked by the
+//! coordinator as `leasehold chaos worker`, so that a holder pause is a
+//! real process pause (SIGSTOP). It reads its spec as JSON on stdin (it
+//! holds the database URL, which must not show in `ps`) and writes its
+//! history as JSON lines on stdout.
+
+use std::io::Read;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use leasehold::CancellationToken;
+use leasehold_chaos::{Callers, Recorder, Stall, start_from_micros};
+use serde::{Deserialize, Serialize};
+
+use super::modes::Mode;
+
+/// What a worker runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Spec {
+    pub(crate) worker: u32,
+    pub(crate) tasks: u32,
+    pub(crate) mode: Mode,
+    pub(crate) redis_urls: Vec<String>,
+    pub(crate) database_url: String,
+    pub(crate) resources: Vec<String>,
+    pub(crate) ttl_ms: u64,
+    pub(crate) wait_ms: u64,
+    pub(crate) work_ms: u64,
+    pub(crate) watchdog: bool,
+    pub(crate) seed: u64,
+    /// The run's start, in microseconds since the Unix epoch.
+    pub(crate) start_us: u64,
+    /// How long after the start the callers stop.
+    pub(crate) duration_ms: u64,
+}
+
+/// Runs the worker described on stdin until its run ends.
+pub(crate) async fn run() -> anyhow::Result<()> {
+    let mut input = String::new();
+    std::io::stdin()
+        .read_to_string(&mut input)
+        .context("reading the worker spec")?;
+    let spec: Spec = serde_json::from_str(&input).context("parsing the worker spec")?;
+    let pool = pool(&spec.database_url, spec.tasks as usize)?;
+    let lock = spec.mode.lock(&spec.redis_urls).await?;
+    let start = start_from_micros(spec.start_us);
+    let recorder = Recorder::to_writer(start, std::io::stdout());
+    let callers = Callers {
+        worker: spec.worker,
+        tasks: spec.tasks,
+        resources: spec.resources.clone(),
+        ttl: Duration::from_millis(spec.ttl_ms),
+        wait: Duration::from_millis(spec.wait_ms),
+        watchdog: spec.watchdog,
+        amounts: 1..=9,
+        seed: spec.seed,
+    };
+    let stop = CancellationToken::new();
+    let end = start + Duration::from_millis(spec.duration_ms);
+    let timer = {
+        let stop = stop.clone();
+        async move {
+            // Wall-clock based, so a worker paused past the end stops as
+            // soon as it resumes.
+            loop {
+                let left = end
+                    .duration_since(SystemTime::now())
+                    .unwrap_or(Duration::ZERO);
+                if left.is_zero() {
+                    break;
+                }
+                tokio::time::sleep(left.min(Duration::from_millis(50))).await;
+            }
+            stop.cancel();
+        }
+    };
+    let (mode, work) = (spec.mode, Duration::from_millis(spec.work_ms));
+    let write = async |call| mode.write(&pool, call, work).await;
+    tokio::join!(
+        callers.run(&lock, &recorder, &stop, &Stall::default(), &write),
+        timer
+    );
+    Ok(())
+}
+
+fn pool(url: &str, size: usize) -> anyhow::Result<Pool> {
+    let mut config: deadpool_postgres::tokio_postgres::Config = url
+        .parse()
+        .map_err(|_| anyhow::anyhow!("invalid postgresql url"))?;
+    config.connect_timeout(Duration::from_secs(5));
+    let manager = Manager::from_config(
+        config,
+        deadpool_postgres::tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size.max(1))
+        .build()
+        .context("building the postgresql pool")
+}
