@@ -12,6 +12,8 @@
 //! checker reads nothing else, so a saved history can be re-checked and
 //! shared.
 
+pub mod check;
 pub mod history;
 
+pub use check::{RunCheck, Violation, check};
 pub use history::{Event, Kind, WriteOutcome};
