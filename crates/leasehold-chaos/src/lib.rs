@@ -14,6 +14,8 @@
 
 pub mod check;
 pub mod history;
+pub mod report;
 
 pub use check::{RunCheck, Violation, check};
 pub use history::{Event, Kind, WriteOutcome};
+pub use report::{Row, Verdict, check_file, rows, verdict};
