@@ -15,7 +15,9 @@
 pub mod check;
 pub mod history;
 pub mod report;
+pub mod timeline;
 
 pub use check::{RunCheck, Violation, check};
 pub use history::{Event, Kind, WriteOutcome};
 pub use report::{Row, Verdict, check_file, rows, verdict};
+pub use timeline::render_html;

@@ -60,7 +60,14 @@ impl History {
     /// An acquire at `at_us` granted 10 µs later.
     pub fn acquired(&mut self, at_us: u64, actor: &str, token: &str, fence: u64) -> &mut History {
         let op = self.op();
-        self.push(at_us, actor, Kind::Acquire { op, key: KEY.into() });
+        self.push(
+            at_us,
+            actor,
+            Kind::Acquire {
+                op,
+                key: KEY.into(),
+            },
+        );
         self.push(
             at_us + 10,
             actor,
@@ -213,6 +220,87 @@ pub fn dip(gap_us: u64) -> History {
         accepted += 1;
         t += 10_000;
     }
-    h.final_state(4_100_000, WALLET, 1_000_000 - accepted, accepted, accepted as u64);
+    h.final_state(
+        4_100_000,
+        WALLET,
+        1_000_000 - accepted,
+        accepted,
+        accepted as u64,
+    );
+    h
+}
+
+/// A plausible three-second run of four callers taking turns on one
+/// wallet, 50 ms each with two debits per turn: a process pause on `w1`
+/// from 1 s to 1.6 s freezes w1.t1 holding the lock (taken at 0.97 s); its
+/// lease expires, the others go on, and when it wakes its stale write is
+/// refused. A Redis
+/// pause from 2.2 s to 2.4 s makes acquires give up and one write's
+/// outcome unknown.
+pub fn sample() -> History {
+    let callers = ["w0.t0", "w0.t1", "w1.t0", "w1.t1"];
+    let mut h = History::new("fenced-cas", "process-pause", false, &[(WALLET, 10_000)]);
+    let mut balance = 10_000;
+    let mut rows = 0;
+    let mut fence = 0;
+    let mut turn = 0usize;
+    let mut t = 20_000;
+    h.fault(1_000_000, 1_600_000, "process-pause", "w1");
+    h.fault(2_200_000, 2_400_000, "redis-pause", "redis");
+    while t < 3_000_000 {
+        if (2_200_000..2_400_000).contains(&t) {
+            // Redis paused: acquires give up.
+            let op = 1_000 + turn as u64;
+            let actor = callers[turn % callers.len()];
+            h.push(
+                t,
+                actor,
+                Kind::Acquire {
+                    op,
+                    key: KEY.into(),
+                },
+            );
+            h.push(
+                t + 40_000,
+                actor,
+                Kind::AcquireFailed {
+                    op,
+                    key: KEY.into(),
+                    reason: "deadline".into(),
+                },
+            );
+            turn += 1;
+            t += 50_000;
+            continue;
+        }
+        let actor = callers[turn % callers.len()];
+        turn += 1;
+        if actor.starts_with("w1.") && (1_000_000..1_600_000).contains(&t) {
+            continue;
+        }
+        fence += 1;
+        let token = format!("t{fence:03x}");
+        h.acquired(t, actor, &token, fence);
+        if t == 970_000 {
+            // Paused with the rest of w1 until 1.6 s.
+            h.write(1_600_200, actor, 5, fence, WriteOutcome::RefusedStale)
+                .lost(1_600_400, actor, &token);
+            t += 120_000;
+            continue;
+        }
+        // The first turn after the Redis pause loses a COMMIT's answer.
+        let outcome_2 = if (2_400_000..2_450_000).contains(&t) {
+            WriteOutcome::Unknown
+        } else {
+            WriteOutcome::Accepted
+        };
+        h.write(t + 15_000, actor, 5, fence, WriteOutcome::Accepted);
+        h.write(t + 30_000, actor, 5, fence, outcome_2);
+        balance -= 10;
+        rows += 2;
+        h.released(t + 40_000, actor, &token);
+        t += 50_000;
+    }
+    h.final_state(3_100_000, WALLET, balance, 10_000 - balance, rows);
     h
 }
