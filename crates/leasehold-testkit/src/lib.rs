@@ -5,7 +5,10 @@
 //! when the handle is dropped. Faults can be injected while it runs:
 //! [`RedisServer::pause`] / [`PostgresServer::pause`] freeze the process with
 //! `SIGSTOP`, [`RedisServer::kill`] and [`RedisServer::restart`] simulate a
-//! crash and a recovery with an empty dataset.
+//! crash and a recovery (with the data if [`RedisOptions::appendonly`] kept
+//! it; [`RedisServer::restart_empty`] loses it), and [`RedisServer::promote`]
+//! a failover. [`pause_process`] freezes any process, such as a worker
+//! holding a lease.
 //!
 //! ```no_run
 //! use leasehold_testkit::RedisServer;
@@ -27,6 +30,7 @@
 
 mod cluster;
 mod error;
+mod faults;
 mod postgres;
 mod process;
 mod redis;
@@ -34,6 +38,7 @@ mod resp;
 
 pub use cluster::{CLUSTER_SLOTS, RedisCluster};
 pub use error::Error;
+pub use faults::{is_process_paused, pause_process, resume_process};
 pub use postgres::PostgresServer;
 pub use process::free_port;
 pub use redis::{RedisOptions, RedisServer};
