@@ -17,7 +17,8 @@
 //! | [`RedisServer::flush_scripts`] | `SCRIPT FLUSH SYNC` | the script cache is lost (a restart or failover); the next `EVALSHA` gets `NOSCRIPT` |
 //!
 //! Restarts with and without the data are [`RedisServer::restart`] and
-//! [`RedisServer::restart_empty`], and failover is [`RedisServer::promote`].
+//! [`RedisServer::restart_empty`], failover is [`RedisServer::promote`],
+//! and network faults are [`FaultProxy`](crate::FaultProxy)'s.
 
 use nix::sys::signal::Signal;
 
