@@ -23,7 +23,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let conn = leasehold::connect(&client, Duration::from_millis(500)).await?;
     let lock = Lock::Fenced(Locker::builder(conn).build()?);
 
-    let account = Mutex::new(Account { balance: 1_000_000, fence: 0, ledger: Vec::new() });
+    let account = Mutex::new(Account {
+        balance: 1_000_000,
+        fence: 0,
+        ledger: Vec::new(),
+    });
     // Your write: read, (pause point), write only if no newer holder wrote
     // and nothing changed since the read.
     let write = async |call: Call<'_>| {

@@ -186,7 +186,8 @@ impl Callers {
     ) where
         W: AsyncFn(Call<'_>) -> Written,
     {
-        let callers = (0..self.tasks).map(|task| self.caller(task, lock, recorder, stop, stall, write));
+        let callers =
+            (0..self.tasks).map(|task| self.caller(task, lock, recorder, stop, stall, write));
         futures_util::future::join_all(callers).await;
     }
 
@@ -203,7 +204,9 @@ impl Callers {
     {
         let actor = format!("w{}.t{task}", self.worker);
         let mut rng = StdRng::seed_from_u64(
-            self.seed ^ (u64::from(self.worker) << 32 | u64::from(task)).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            self.seed
+                ^ (u64::from(self.worker) << 32 | u64::from(task))
+                    .wrapping_mul(0x9e37_79b9_7f4a_7c15),
         );
         let opts = AcquireOptions::new()
             .wait(self.wait)
@@ -218,7 +221,13 @@ impl Callers {
             let mut lease = if matches!(lock, Lock::None) {
                 None
             } else {
-                recorder.record(&actor, Kind::Acquire { op, key: key.clone() });
+                recorder.record(
+                    &actor,
+                    Kind::Acquire {
+                        op,
+                        key: key.clone(),
+                    },
+                );
                 match lock.acquire(resource, self.ttl, &opts).await {
                     Ok(lease) => {
                         if let Some(lease) = &lease {
@@ -286,7 +295,11 @@ impl Callers {
                 Kind::Write {
                     op,
                     started_us,
-                    key: if lease.is_some() { key.clone() } else { String::new() },
+                    key: if lease.is_some() {
+                        key.clone()
+                    } else {
+                        String::new()
+                    },
                     resource: resource.clone(),
                     amount,
                     fence,

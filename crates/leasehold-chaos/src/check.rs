@@ -131,6 +131,13 @@ impl RunCheck {
         self.header.as_ref().is_some_and(|h| h.control)
     }
 
+    /// True when the run's mode makes no safety claim under its fault: its
+    /// violations are reported, not judged.
+    #[must_use]
+    pub fn is_reported_only(&self) -> bool {
+        self.header.as_ref().is_some_and(|h| h.reported_only)
+    }
+
     /// True when throughput recovered within `limit_us` after every fault
     /// whose recovery is measurable. Faults that are not measurable (see
     /// [`Recovery::measurable`]) are skipped, so a run with none is
@@ -158,6 +165,8 @@ pub struct RunHeader {
     pub ttl_ms: u64,
     /// True for a negative control.
     pub control: bool,
+    /// True when violations are reported, not judged.
+    pub reported_only: bool,
     /// The resources and their initial balances.
     pub initial: Vec<(String, i64)>,
 }
@@ -523,6 +532,7 @@ pub fn check(events: &[Event]) -> RunCheck {
             seed,
             ttl_ms,
             control,
+            reported_only,
             initial,
         } => Some(RunHeader {
             mode: mode.clone(),
@@ -530,6 +540,7 @@ pub fn check(events: &[Event]) -> RunCheck {
             seed: *seed,
             ttl_ms: *ttl_ms,
             control: *control,
+            reported_only: *reported_only,
             initial: initial.clone(),
         }),
         _ => None,

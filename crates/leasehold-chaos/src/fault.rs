@@ -134,7 +134,10 @@ impl Fault {
 
     /// True for a single action repeated through its window.
     pub const fn is_repeated(self) -> bool {
-        matches!(self, Fault::KeyLoss | Fault::EarlyExpiry | Fault::ScriptFlush)
+        matches!(
+            self,
+            Fault::KeyLoss | Fault::EarlyExpiry | Fault::ScriptFlush
+        )
     }
 }
 
@@ -194,7 +197,13 @@ impl Window {
 /// The schedule ends a quiet gap before the run does. A
 /// [`Fault::Failover`] happens once per run; [`Fault::Mixed`] draws each
 /// window's fault from [`Fault::MIXABLE`].
-pub fn schedule(fault: Fault, seed: u64, run: Duration, ttl: Duration, workers: u32) -> Vec<Window> {
+pub fn schedule(
+    fault: Fault,
+    seed: u64,
+    run: Duration,
+    ttl: Duration,
+    workers: u32,
+) -> Vec<Window> {
     if fault == Fault::None {
         return Vec::new();
     }
@@ -247,9 +256,15 @@ mod tests {
         assert!(a.len() >= 3, "{a:?}");
         assert!(a[0].start >= run / 4);
         for pair in a.windows(2) {
-            assert!(pair[1].start >= pair[0].end() + Duration::from_secs(1), "{pair:?}");
+            assert!(
+                pair[1].start >= pair[0].end() + Duration::from_secs(1),
+                "{pair:?}"
+            );
         }
-        assert!(a.iter().all(|w| w.end() + Duration::from_secs(1) <= run && w.worker < 3));
+        assert!(
+            a.iter()
+                .all(|w| w.end() + Duration::from_secs(1) <= run && w.worker < 3)
+        );
         assert!(a.iter().all(|w| Fault::MIXABLE.contains(&w.fault)));
     }
 

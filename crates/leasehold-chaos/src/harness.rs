@@ -153,21 +153,22 @@ impl Harness {
         let stall = Stall::default();
         let stopped = Arc::new(AtomicBool::new(false));
         let nemesis = {
-            let (lab, recorder, stall, stopped) =
-                (lab.clone(), recorder.clone(), stall.clone(), stopped.clone());
+            let (lab, recorder, stall, stopped) = (
+                lab.clone(),
+                recorder.clone(),
+                stall.clone(),
+                stopped.clone(),
+            );
             std::thread::spawn(move || {
                 run_nemesis(&lab, &windows, &keys, &recorder, &stall, t0, &stopped)
             })
         };
         let stop = CancellationToken::new();
         let callers = self.callers_of(0, self.callers);
-        tokio::join!(
-            callers.run(lock, &recorder, &stop, &stall, &write),
-            async {
-                tokio::time::sleep(self.duration).await;
-                stop.cancel();
-            }
-        );
+        tokio::join!(callers.run(lock, &recorder, &stop, &stall, &write), async {
+            tokio::time::sleep(self.duration).await;
+            stop.cancel();
+        });
         stopped.store(true, std::sync::atomic::Ordering::SeqCst);
         let nemesis = tokio::task::spawn_blocking(move || nemesis.join())
             .await
@@ -189,6 +190,7 @@ impl Harness {
             seed: self.seed,
             ttl_ms: u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX),
             control: self.control,
+            reported_only: false,
             initial: self.resources.clone(),
         }
     }
@@ -256,7 +258,10 @@ impl RunReport {
     ///
     /// # Errors
     /// When writing fails.
-    pub fn write_history(&self, out: impl std::io::Write) -> Result<(), crate::history::HistoryError> {
+    pub fn write_history(
+        &self,
+        out: impl std::io::Write,
+    ) -> Result<(), crate::history::HistoryError> {
         crate::history::write_jsonl(out, &self.events)
     }
 }

@@ -141,7 +141,8 @@ impl Lab {
             Vec::new()
         };
         let postgres = options.postgres.clone();
-        let proxy = FaultProxy::start(primary.addr()).map_err(server("starting the fault proxy"))?;
+        let proxy =
+            FaultProxy::start(primary.addr()).map_err(server("starting the fault proxy"))?;
         Ok(Lab {
             servers: Arc::new(Mutex::new(Servers {
                 primary,
@@ -324,7 +325,7 @@ impl Lab {
                     retired,
                     ..
                 } = &mut *servers;
-                let Some(mut promoted) = replica.take() else {
+                let Some(promoted) = replica.take() else {
                     return Err(LabError::Unsupported {
                         fault,
                         needs: "a replica",
@@ -336,6 +337,7 @@ impl Lab {
                     .command(&["REPLICAOF", "NO", "ONE"])
                     .map_err(server("promoting the replica"))?;
                 self.proxy.set_upstream(promoted.addr());
+                self.proxy.cut();
                 retired.push(std::mem::replace(primary, promoted));
             }
             Fault::NetLatency | Fault::NetCut | Fault::NetBlackhole => self.proxy.heal(),
@@ -344,7 +346,11 @@ impl Lab {
                     pg.resume().map_err(server("resuming postgresql"))?;
                 }
             }
-            Fault::None | Fault::Mixed | Fault::KeyLoss | Fault::EarlyExpiry | Fault::ScriptFlush => {}
+            Fault::None
+            | Fault::Mixed
+            | Fault::KeyLoss
+            | Fault::EarlyExpiry
+            | Fault::ScriptFlush => {}
         }
         Ok(())
     }
@@ -418,7 +424,8 @@ pub fn run_nemesis(
         let mut result = began.map(drop);
         let until = t0 + window.end();
         if window.fault.is_repeated() || window.fault == Fault::NetCut {
-            while result.is_ok() && sleep_until((Instant::now() + period(window.fault)).min(until), stop)
+            while result.is_ok()
+                && sleep_until((Instant::now() + period(window.fault)).min(until), stop)
                 && Instant::now() < until
             {
                 result = lab.repeat(window.fault, keys);

@@ -39,6 +39,9 @@ pub struct Row {
     pub fault: String,
     /// True for a negative-control row.
     pub control: bool,
+    /// True for a row whose mode makes no safety claim under its fault:
+    /// violations are reported, not judged.
+    pub reported_only: bool,
     /// How many runs.
     pub runs: u64,
     /// Acquires and writes, over all runs.
@@ -83,13 +86,19 @@ pub enum RowStatus {
     ControlCaught,
     /// A control row that did not: the checker or the fault is not working.
     ControlMissed,
+    /// A row whose mode makes no safety claim under its fault: what it
+    /// showed is reported, not judged.
+    Reported,
 }
 
 impl RowStatus {
     /// True for [`RowStatus::Ok`] and [`RowStatus::ControlCaught`].
     #[must_use]
     pub fn is_ok(self) -> bool {
-        matches!(self, RowStatus::Ok | RowStatus::ControlCaught)
+        matches!(
+            self,
+            RowStatus::Ok | RowStatus::ControlCaught | RowStatus::Reported
+        )
     }
 }
 
@@ -100,16 +109,18 @@ impl fmt::Display for RowStatus {
             RowStatus::Broken => "BROKEN",
             RowStatus::ControlCaught => "ok (control caught)",
             RowStatus::ControlMissed => "FAILED (control missed: checker or fault not working)",
+            RowStatus::Reported => "reported (no safety claim)",
         })
     }
 }
 
 impl Row {
-    fn new(mode: &str, fault: &str, control: bool) -> Row {
+    fn new(mode: &str, fault: &str, control: bool, reported_only: bool) -> Row {
         Row {
             mode: mode.to_owned(),
             fault: fault.to_owned(),
             control,
+            reported_only,
             runs: 0,
             operations: 0,
             accepted: 0,
@@ -145,6 +156,7 @@ impl Row {
             .get(recovered.len().saturating_sub(1) / 2)
             .copied();
         self.status = match (self.control, self.violations) {
+            _ if self.reported_only && !self.control => RowStatus::Reported,
             (false, 0) => RowStatus::Ok,
             (false, _) => RowStatus::Broken,
             (true, _)
@@ -162,7 +174,7 @@ impl Row {
     pub fn failure(&self) -> Option<String> {
         let name = format!("{} under {}", self.mode, self.fault);
         match self.status {
-            RowStatus::Ok | RowStatus::ControlCaught => None,
+            RowStatus::Ok | RowStatus::ControlCaught | RowStatus::Reported => None,
             RowStatus::Broken => Some(format!(
                 "{name}: {} violations in {} of {} runs",
                 self.violations, self.runs_with_violation, self.runs
@@ -187,14 +199,16 @@ pub fn rows(checks: &[RunCheck]) -> Vec<Row> {
             .header
             .as_ref()
             .map_or((UNKNOWN, UNKNOWN), |h| (h.mode.as_str(), h.fault.as_str()));
-        let control = run.is_control();
-        let index = match rows
-            .iter()
-            .position(|(r, _)| r.mode == mode && r.fault == fault && r.control == control)
-        {
+        let (control, reported_only) = (run.is_control(), run.is_reported_only());
+        let index = match rows.iter().position(|(r, _)| {
+            r.mode == mode
+                && r.fault == fault
+                && r.control == control
+                && r.reported_only == reported_only
+        }) {
             Some(index) => index,
             None => {
-                rows.push((Row::new(mode, fault, control), Vec::new()));
+                rows.push((Row::new(mode, fault, control, reported_only), Vec::new()));
                 rows.len() - 1
             }
         };

@@ -414,6 +414,12 @@ impl<'a> Page<'a> {
                  not work)"
                     .to_owned(),
             ),
+            (false, false) if self.check.is_reported_only() => (
+                "expected",
+                format!(
+                    "{n} violations (reported: this mode makes no safety claim under this fault)"
+                ),
+            ),
             (false, false) => ("broken", format!("BROKEN: {n} violations")),
             (false, true) => (
                 "expected",

@@ -6,7 +6,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use leasehold::{Locker, redis};
-use leasehold_chaos::{Call, Fault, Harness, Kind, Lab, LabOptions, Lock, RunReport, WriteOutcome, Written};
+use leasehold_chaos::{
+    Call, Fault, Harness, Kind, Lab, LabOptions, Lock, RunReport, WriteOutcome, Written,
+};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -20,12 +22,20 @@ async fn lock(lab: &Lab, fenced: bool) -> Result<Lock, Box<dyn std::error::Error
     let client = redis::Client::open(lab.redis_url())?;
     let conn = leasehold::connect(&client, Duration::from_millis(500)).await?;
     let locker = Locker::builder(conn).build()?;
-    Ok(if fenced { Lock::Fenced(locker) } else { Lock::Plain(locker) })
+    Ok(if fenced {
+        Lock::Fenced(locker)
+    } else {
+        Lock::Plain(locker)
+    })
 }
 
 /// Runs 6 callers on one account for 2 s under `fault`; `checked` makes
 /// the write a check-and-set on the fence, otherwise it is blind.
-async fn run(fault: Fault, checked: bool, seed: u64) -> Result<RunReport, Box<dyn std::error::Error>> {
+async fn run(
+    fault: Fault,
+    checked: bool,
+    seed: u64,
+) -> Result<RunReport, Box<dyn std::error::Error>> {
     let lab = tokio::task::spawn_blocking(|| Lab::start(&LabOptions::default())).await??;
     let lock = lock(&lab, checked).await?;
     let account = Mutex::new(Account {
@@ -73,8 +83,15 @@ async fn run(fault: Fault, checked: bool, seed: u64) -> Result<RunReport, Box<dy
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blind_write_path_is_caught_when_the_lock_key_is_deleted() -> TestResult {
     let report = run(Fault::KeyLoss, false, 3).await?;
-    assert!(!report.check.overlaps.is_empty(), "no double holder under key loss");
-    assert!(!report.holds(), "the blind write lost no update: {:?}", report.check);
+    assert!(
+        !report.check.overlaps.is_empty(),
+        "no double holder under key loss"
+    );
+    assert!(
+        !report.holds(),
+        "the blind write lost no update: {:?}",
+        report.check
+    );
     Ok(())
 }
 
@@ -83,7 +100,10 @@ async fn a_check_and_set_write_path_holds_when_the_lock_key_is_deleted() -> Test
     let report = run(Fault::KeyLoss, true, 3).await?;
     assert!(report.holds(), "{:?}", report.check.violations);
     assert!(report.check.counts.writes.accepted > 0);
-    assert!(report.check.counts.writes.refused_stale > 0, "no stale write refused");
+    assert!(
+        report.check.counts.writes.refused_stale > 0,
+        "no stale write refused"
+    );
     Ok(())
 }
 
@@ -93,6 +113,11 @@ async fn a_stalled_holder_is_refused_by_the_check_and_the_timeline_shows_it() ->
     assert!(report.holds(), "{:?}", report.check.violations);
     let html = report.timeline_html();
     assert!(html.contains("holder-pause"), "the fault is not drawn");
-    assert!(report.events.iter().any(|e| matches!(e.kind, Kind::FaultStart { .. })));
+    assert!(
+        report
+            .events
+            .iter()
+            .any(|e| matches!(e.kind, Kind::FaultStart { .. }))
+    );
     Ok(())
 }

@@ -171,9 +171,16 @@ impl FaultProxy {
         self.addr.port()
     }
 
-    /// The address connections are forwarded to.
+    /// The address new connections are forwarded to.
     pub fn upstream(&self) -> SocketAddr {
-        self.upstream
+        self.shared.lock().moved_to.unwrap_or(self.upstream)
+    }
+
+    /// Forwards connections accepted from now on to `upstream` (open ones
+    /// stay where they are: [`cut`](Self::cut) them to move every client),
+    /// as a DNS name or a Sentinel-aware client would after a failover.
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        self.shared.lock().moved_to = Some(upstream);
     }
 
     /// The faults currently applied.
@@ -269,6 +276,8 @@ struct State {
     conns: HashMap<u64, Conn>,
     next_id: u64,
     stopped: bool,
+    /// Set by [`FaultProxy::set_upstream`]; the start address otherwise.
+    moved_to: Option<SocketAddr>,
 }
 
 /// The sockets of one proxied connection, kept to cut it.
@@ -360,6 +369,7 @@ fn accept_loop(listener: &TcpListener, upstream: SocketAddr, shared: &Arc<Shared
         let Ok(client_copy) = client.try_clone() else {
             continue;
         };
+        let upstream = state.moved_to.unwrap_or(upstream);
         let id = state.next_id;
         state.next_id += 1;
         state.conns.insert(

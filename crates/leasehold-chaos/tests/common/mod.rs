@@ -25,6 +25,7 @@ impl History {
                 seed: 7,
                 ttl_ms: 100,
                 control,
+                reported_only: false,
                 initial: initial.iter().map(|(r, b)| ((*r).into(), *b)).collect(),
             },
         );

@@ -17,7 +17,7 @@ mod modes;
 mod run;
 mod worker;
 
-use modes::{Expect, Mode};
+use modes::Mode;
 use run::Plan;
 
 /// `leasehold chaos`'s flags.
@@ -95,7 +95,8 @@ struct MatrixArgs {
 }
 
 fn parse_fault(s: &str) -> Result<Fault, String> {
-    s.parse().map_err(|err: leasehold_chaos::UnknownFault| err.to_string())
+    s.parse()
+        .map_err(|err: leasehold_chaos::UnknownFault| err.to_string())
 }
 
 /// Runs `chaos` (or its `check` / `worker` action).
@@ -111,12 +112,15 @@ pub(crate) async fn run(args: &ChaosArgs, runs: u32, json: bool) -> anyhow::Resu
 }
 
 fn check(file: &Path, json: bool) -> anyhow::Result<ExitCode> {
-    let report = leasehold_chaos::report::check_file(file)
+    let report = leasehold_chaos::check_file(file)
         .with_context(|| format!("checking {}", file.display()))?;
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        println!("{}", leasehold_chaos::report::describe(&report));
+        println!("{}", one_line(&report));
+        for violation in &report.violations {
+            println!("  violation: {violation}");
+        }
     }
     Ok(if report.holds() {
         ExitCode::SUCCESS
@@ -182,22 +186,22 @@ async fn matrix(args: &MatrixArgs, runs: u32, json: bool) -> anyhow::Result<Exit
                         "chaos: {} x {} seed {seed}: {}",
                         mode.name(),
                         fault,
-                        leasehold_chaos::report::one_line(&report.check)
+                        one_line(&report.check)
                     );
                 }
-                results.push((mode.expect(fault) != Expect::MayBreak, report.check));
+                results.push(report.check);
             }
         }
     }
-    let rows = leasehold_chaos::report::rows(results.iter().map(|(judged, check)| (check, *judged)));
+    let rows = leasehold_chaos::rows(&results);
     if json {
         for row in &rows {
             println!("{}", serde_json::to_string(row)?);
         }
     } else {
-        println!("{}", leasehold_chaos::report::render_table(&rows));
+        print!("{}", leasehold_chaos::report::render_table(&rows));
     }
-    let verdict = leasehold_chaos::report::verdict(&rows);
+    let verdict = leasehold_chaos::verdict(&rows);
     if !json {
         println!("{verdict}");
     }
@@ -241,4 +245,26 @@ async fn pool(postgres: &PostgresServer) -> anyhow::Result<deadpool_postgres::Po
     leasehold_pg::setup(client).await?;
     drop(db);
     Ok(pool)
+}
+
+/// One run in a line: its writes, double holders and verdict.
+fn one_line(check: &leasehold_chaos::RunCheck) -> String {
+    let writes = &check.counts.writes;
+    let verdict = match (check.holds(), check.is_control(), check.is_reported_only()) {
+        (true, false, _) => "OK".to_owned(),
+        (true, true, _) => "control NOT caught".to_owned(),
+        (false, true, _) => format!("control caught ({} violations)", check.violations.len()),
+        (false, false, true) => format!(
+            "{} violations (reported, no safety claim)",
+            check.violations.len()
+        ),
+        (false, false, false) => format!("BROKEN ({} violations)", check.violations.len()),
+    };
+    format!(
+        "{} accepted, {} refused stale, {} unknown, {} double holders: {verdict}",
+        writes.accepted,
+        writes.refused_stale,
+        writes.unknown,
+        check.overlaps.len()
+    )
 }

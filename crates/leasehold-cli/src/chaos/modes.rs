@@ -18,7 +18,9 @@ use crate::ledger;
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// A row of the matrix: a lock and a write path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum, Serialize, Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum Mode {
     /// Negative control: a plain lease and a blind read-modify-write
@@ -122,14 +124,22 @@ impl Mode {
                 for client in &clients {
                     conns.push(leasehold::connect(client, COMMAND_TIMEOUT).await?);
                 }
-                Lock::Quorum(Quorum::builder(conns).node_timeout(COMMAND_TIMEOUT).build()?)
+                Lock::Quorum(
+                    Quorum::builder(conns)
+                        .node_timeout(COMMAND_TIMEOUT)
+                        .build()?,
+                )
             }
             _ => {
                 let conn = leasehold::connect(&client, COMMAND_TIMEOUT).await?;
-                let locker = Locker::builder(conn).command_timeout(COMMAND_TIMEOUT).build()?;
+                let locker = Locker::builder(conn)
+                    .command_timeout(COMMAND_TIMEOUT)
+                    .build()?;
                 match self {
                     Mode::Blind => Lock::Plain(locker),
-                    Mode::Handoff => Lock::Handoff(HandoffLocker::builder(locker, &client).connect().await?),
+                    Mode::Handoff => {
+                        Lock::Handoff(HandoffLocker::builder(locker, &client).connect().await?)
+                    }
                     _ => Lock::Fenced(locker),
                 }
             }
@@ -145,7 +155,9 @@ impl Mode {
         };
         let mut db = match pool.get().await {
             Ok(db) => db,
-            Err(_) => return Written::with_detail(WriteOutcome::Failed, "no postgresql connection"),
+            Err(_) => {
+                return Written::with_detail(WriteOutcome::Failed, "no postgresql connection");
+            }
         };
         let client: &mut Client = &mut db;
         match self.debit(client, id, &call, work).await {
@@ -155,12 +167,20 @@ impl Mode {
         }
     }
 
-    async fn debit(self, client: &mut Client, id: i64, call: &Call<'_>, work: Duration) -> Result<Written, Step> {
+    async fn debit(
+        self,
+        client: &mut Client,
+        id: i64,
+        call: &Call<'_>,
+        work: Duration,
+    ) -> Result<Written, Step> {
         let amount = call.amount;
         match self {
             Mode::Db => {
                 let tx = client.transaction().await.map_err(before)?;
-                let locked = leasehold_pg::lock_for_update(&tx, id).await.map_err(before)?;
+                let locked = leasehold_pg::lock_for_update(&tx, id)
+                    .await
+                    .map_err(before)?;
                 call.pause_point().await;
                 tokio::time::sleep(work).await;
                 let outcome = locked.debit(amount).await.map_err(before)?;
@@ -168,7 +188,9 @@ impl Mode {
                 Ok(written(outcome))
             }
             Mode::Guard => {
-                let lease = call.lease.ok_or_else(|| Step::Before("guard mode takes a lease".into()))?;
+                let lease = call
+                    .lease
+                    .ok_or_else(|| Step::Before("guard mode takes a lease".into()))?;
                 let tx = client.transaction().await.map_err(before)?;
                 if let leasehold_pg::Guard::Refused { .. } =
                     leasehold_pg::guard(&tx, lease).await.map_err(before)?
@@ -188,7 +210,9 @@ impl Mode {
                 Ok(WriteOutcome::Accepted.into())
             }
             Mode::Blind => {
-                let read = leasehold_pg::read_wallet(&*client, id).await.map_err(before)?;
+                let read = leasehold_pg::read_wallet(&*client, id)
+                    .await
+                    .map_err(before)?;
                 if read.balance() < amount {
                     return Ok(WriteOutcome::Insufficient.into());
                 }
@@ -200,8 +224,12 @@ impl Mode {
                 Ok(WriteOutcome::Accepted.into())
             }
             Mode::Fenced | Mode::Cas | Mode::Handoff | Mode::Quorum => {
-                let token = call.fence().ok_or_else(|| Step::Before("a fenced lease came back without a fence".into()))?;
-                let read = leasehold_pg::read_wallet(&*client, id).await.map_err(before)?;
+                let token = call.fence().ok_or_else(|| {
+                    Step::Before("a fenced lease came back without a fence".into())
+                })?;
+                let read = leasehold_pg::read_wallet(&*client, id)
+                    .await
+                    .map_err(before)?;
                 if read.balance() < amount {
                     return Ok(WriteOutcome::Insufficient.into());
                 }

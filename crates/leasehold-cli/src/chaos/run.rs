@@ -67,6 +67,7 @@ pub(crate) async fn run_one(
             seed,
             ttl_ms: u64::try_from(plan.ttl.as_millis()).unwrap_or(u64::MAX),
             control: mode.expect(fault) == Expect::Breaks,
+            reported_only: mode.expect(fault) == Expect::MayBreak,
             initial: resources.clone(),
         },
     );
@@ -103,7 +104,15 @@ pub(crate) async fn run_one(
     let nemesis = {
         let (lab, recorder, stopped) = (lab.clone(), recorder.clone(), stopped.clone());
         std::thread::spawn(move || {
-            run_nemesis(&lab, &windows, &keys, &recorder, &Stall::default(), t0, &stopped)
+            run_nemesis(
+                &lab,
+                &windows,
+                &keys,
+                &recorder,
+                &Stall::default(),
+                t0,
+                &stopped,
+            )
         })
     };
 

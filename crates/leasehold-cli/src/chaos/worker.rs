@@ -76,11 +76,9 @@ pub(crate) async fn run() -> anyhow::Result<()> {
         }
     };
     let (mode, work) = (spec.mode, Duration::from_millis(spec.work_ms));
-    let write = async |call| mode.write(&pool, call, work).await;
-    tokio::join!(
-        callers.run(&lock, &recorder, &stop, &Stall::default(), &write),
-        timer
-    );
+    let write = async |call: leasehold_chaos::Call<'_>| mode.write(&pool, call, work).await;
+    let stall = Stall::default();
+    tokio::join!(callers.run(&lock, &recorder, &stop, &stall, &write), timer);
     Ok(())
 }
 
