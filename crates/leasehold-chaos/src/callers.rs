@@ -319,12 +319,16 @@ impl Callers {
                         },
                     );
                 }
+                // Stamped when the holder lets go: it writes nothing after,
+                // and Redis may hand the lock on before the reply is back.
+                let released_at = recorder.now_us();
                 let outcome = match lease.release().await {
                     Ok(()) => "released",
                     Err(Error::NotHeld { .. } | Error::LeaseLost { .. }) => "not_held",
                     Err(_) => "error",
                 };
-                recorder.record(
+                recorder.record_at(
+                    released_at,
                     &actor,
                     Kind::Released {
                         key,

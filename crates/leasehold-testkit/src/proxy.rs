@@ -17,8 +17,14 @@
 //! listener to refuse connections (so another process may take the port)
 //! and has no "close the open connections but keep accepting". Toxiproxy's
 //! own semantics are kept where they exist: upstream means client to
-//! server, downstream server to client, latency applies per chunk, and a
-//! blackhole drops bytes like its `timeout` toxic with a timeout of 0.
+//! server, downstream server to client, latency applies per chunk. The
+//! blackhole departs from Toxiproxy's `timeout` toxic, which drops bytes
+//! from a connection that lives on: no real network does that (TCP
+//! retransmits until it gives up and resets), and a request lost from a
+//! live connection desynchronises a pipelined protocol such as RESP, whose
+//! replies are matched to requests by order (seen with `leasehold chaos`:
+//! every later request got the previous one's reply). Here a blackhole
+//! holds bytes back and delivers them, in order, when it heals.
 //!
 //! So this is a small proxy of its own, in keeping with the rest of the
 //! crate (std and threads, no async runtime): one thread accepts, and each
@@ -81,7 +87,7 @@ pub struct Faults {
 /// | fault | what clients see |
 /// | --- | --- |
 /// | [`set_latency`](Self::set_latency) | every chunk of bytes arrives that much later, per direction |
-/// | [`blackhole`](Self::blackhole) | connections stay open, nothing sent is delivered, nothing answers: a partition |
+/// | [`blackhole`](Self::blackhole) | connections stay open, nothing is delivered until it heals, nothing answers: a partition |
 /// | [`cut`](Self::cut) | every open connection is closed; new ones are accepted |
 /// | [`refuse`](Self::refuse) | new connections are closed as soon as they are accepted |
 /// | [`heal`](Self::heal) | all of the above switched off |
@@ -93,12 +99,10 @@ pub struct Faults {
 ///   keep the latency they were read with.
 /// - Latency delays each chunk from the moment the proxy read it; chunks are
 ///   delivered in order, and bytes are not lost.
-/// - While the blackhole is on, bytes read in either direction are dropped,
-///   chunks still waiting out their latency are dropped when due, and a
-///   close by either side is held back until it is switched off (or the
-///   connection is cut). Dropped bytes are not delivered when it is
-///   switched off, as with Toxiproxy; a partition that heals before TCP
-///   gives up, delivering them late, is what latency models.
+/// - While the blackhole is on, nothing is delivered in either direction:
+///   bytes and closes are held back, in order, and delivered when it is
+///   switched off (a partition that heals before TCP gives up), unless the
+///   connection is cut meanwhile (one that does not).
 /// - [`cut`](Self::cut) closes (`shutdown`) both sockets of every
 ///   connection accepted before the call, including those still connecting
 ///   to the upstream: clients see end of file, or a reset if they write.
@@ -209,9 +213,10 @@ impl FaultProxy {
     }
 
     /// Switches the blackhole on or off. While on, connections (open and
-    /// new) stay open but every byte, in either direction, is dropped, and
-    /// closes are held back: nothing answers, as in a network partition.
-    /// Bytes dropped stay dropped when it is switched off.
+    /// new) stay open but nothing is delivered in either direction: nothing
+    /// answers, as in a network partition. What was held back is delivered
+    /// when it is switched off, as TCP's retransmissions would after a short
+    /// partition; [`cut`](Self::cut) the connections to model a long one.
     pub fn blackhole(&self, on: bool) {
         self.shared.update(|faults| faults.blackhole = on);
     }
@@ -496,9 +501,6 @@ fn read_side(
             Err(_) => break Message::Failed,
         };
         let faults = shared.faults();
-        if faults.blackhole {
-            continue;
-        }
         let latency = match direction {
             Direction::Downstream => faults.latency_downstream,
             Direction::Upstream | Direction::Both => faults.latency_upstream,
@@ -528,8 +530,11 @@ fn write_side(mut to: &TcpStream, inbox: &Receiver<Message>, registration: &Regi
                 if !shared.is_open(id) {
                     return;
                 }
-                if shared.faults().blackhole {
-                    continue;
+                // Held, in order, until the link is back: a partition
+                // shorter than TCP's retransmission timeout delays bytes,
+                // it does not lose them from a connection that lives on.
+                if !shared.wait_out_blackhole(id) {
+                    return;
                 }
                 if to.write_all(&bytes).is_ok() {
                     continue;

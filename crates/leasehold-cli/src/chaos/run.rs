@@ -32,6 +32,9 @@ pub(crate) struct Plan {
     pub(crate) watchdog: bool,
 }
 
+/// How long workers have to start and connect before the run starts.
+const STARTUP: Duration = Duration::from_millis(1500);
+
 /// How long a worker may outlive its run before it is killed.
 const GRACE: Duration = Duration::from_secs(20);
 
@@ -56,8 +59,9 @@ pub(crate) async fn run_one(
         .collect();
     reset(pool, &resources).await?;
 
-    let start = SystemTime::now();
-    let t0 = Instant::now();
+    // The run starts once the workers had time to connect.
+    let start = SystemTime::now() + STARTUP;
+    let t0 = Instant::now() + STARTUP;
     let recorder = Recorder::in_memory(start);
     recorder.record(
         "coordinator",

@@ -44,7 +44,19 @@ pub(crate) async fn run() -> anyhow::Result<()> {
     let spec: Spec = serde_json::from_str(&input).context("parsing the worker spec")?;
     let pool = pool(&spec.database_url, spec.tasks as usize)?;
     let lock = spec.mode.lock(&spec.redis_urls).await?;
+    // Every connection open before the run starts: a first write that
+    // spends the TTL on a connection handshake would show as a double
+    // holder the faults did not cause.
+    let warm: Vec<_> = futures_util::future::join_all((0..spec.tasks).map(|_| pool.get()))
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .context("connecting to postgresql")?;
+    drop(warm);
     let start = start_from_micros(spec.start_us);
+    if let Ok(wait) = start.duration_since(SystemTime::now()) {
+        tokio::time::sleep(wait).await;
+    }
     let recorder = Recorder::to_writer(start, std::io::stdout());
     let callers = Callers {
         worker: spec.worker,
