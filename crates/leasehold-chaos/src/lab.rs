@@ -210,9 +210,16 @@ impl Lab {
                     stall.arm(window.length);
                     "a holder (stalled in process)".to_owned()
                 } else {
-                    let pid = servers.workers[window.worker as usize % servers.workers.len()];
-                    leasehold_testkit::pause_process(pid).map_err(server("pausing a worker"))?;
-                    format!("w{}", window.worker as usize % servers.workers.len())
+                    // Every worker but one: whoever holds a lease is then
+                    // most likely paused, and the survivor takes over.
+                    let survivor = window.worker as usize % servers.workers.len();
+                    for (index, pid) in servers.workers.iter().enumerate() {
+                        if index != survivor || servers.workers.len() == 1 {
+                            leasehold_testkit::pause_process(*pid)
+                                .map_err(server("pausing a worker"))?;
+                        }
+                    }
+                    format!("every worker but w{survivor}")
                 }
             }
             Fault::RedisPause => {
@@ -304,9 +311,8 @@ impl Lab {
         match fault {
             Fault::HolderPause => {
                 stall.disarm();
-                if !servers.workers.is_empty() {
-                    let pid = servers.workers[window.worker as usize % servers.workers.len()];
-                    leasehold_testkit::resume_process(pid).map_err(server("resuming a worker"))?;
+                for pid in &servers.workers {
+                    leasehold_testkit::resume_process(*pid).map_err(server("resuming a worker"))?;
                 }
             }
             Fault::RedisPause => servers.primary.resume().map_err(server("resuming redis"))?,

@@ -85,10 +85,8 @@ impl Mode {
     pub(crate) fn expect(self, fault: Fault) -> Expect {
         match self {
             Mode::Blind if fault.breaks_the_lock() => Expect::Breaks,
-            Mode::Blind | Mode::Fenced if fault.breaks_the_lock() || fault == Fault::NetLatency => {
-                Expect::MayBreak
-            }
             Mode::Blind => Expect::MayBreak,
+            Mode::Fenced if fault.can_break_the_lock() => Expect::MayBreak,
             _ => Expect::Holds,
         }
     }

@@ -32,8 +32,11 @@ pub(crate) struct Plan {
     pub(crate) watchdog: bool,
 }
 
-/// How long workers have to start and connect before the run starts.
-const STARTUP: Duration = Duration::from_millis(1500);
+/// How long a worker may take to start and connect.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// From telling the workers to start to the run's start.
+const START_MARGIN: Duration = Duration::from_millis(20);
 
 /// How long a worker may outlive its run before it is killed.
 const GRACE: Duration = Duration::from_secs(20);
@@ -59,22 +62,15 @@ pub(crate) async fn run_one(
         .collect();
     reset(pool, &resources).await?;
 
-    // The run starts once the workers had time to connect.
-    let start = SystemTime::now() + STARTUP;
-    let t0 = Instant::now() + STARTUP;
-    let recorder = Recorder::in_memory(start);
-    recorder.record(
-        "coordinator",
-        Kind::Run {
-            mode: mode.name().to_owned(),
-            fault: fault.name().to_owned(),
-            seed,
-            ttl_ms: u64::try_from(plan.ttl.as_millis()).unwrap_or(u64::MAX),
-            control: mode.expect(fault) == Expect::Breaks,
-            reported_only: mode.expect(fault) == Expect::MayBreak,
-            initial: resources.clone(),
-        },
-    );
+    let header = Kind::Run {
+        mode: mode.name().to_owned(),
+        fault: fault.name().to_owned(),
+        seed,
+        ttl_ms: u64::try_from(plan.ttl.as_millis()).unwrap_or(u64::MAX),
+        control: mode.expect(fault) == Expect::Breaks,
+        reported_only: mode.expect(fault) == Expect::MayBreak,
+        initial: resources.clone(),
+    };
     let urls = if mode.nodes() > 1 {
         lab.node_urls()
     } else {
@@ -95,12 +91,32 @@ pub(crate) async fn run_one(
             work_ms: millis(plan.work),
             watchdog: plan.watchdog,
             seed: seed ^ u64::from(worker).wrapping_mul(0x2545_f491_4f6c_dd1d),
-            start_us: start_to_micros(start),
             duration_ms: millis(plan.duration),
         };
-        workers.push(spawn_worker(&spec, recorder.clone()).await?);
+        workers.push(spawn_worker(&spec).await?);
     }
     lab.set_workers(workers.iter().filter_map(|w| w.child.id()).collect());
+    for (index, worker) in workers.iter_mut().enumerate() {
+        let ready = tokio::time::timeout(READY_TIMEOUT, &mut worker.ready).await;
+        if !matches!(ready, Ok(Ok(()))) {
+            let _ = worker.child.kill().await;
+            let stderr = (&mut worker.stderr).await.unwrap_or_default();
+            anyhow::bail!("worker {index} did not get ready: {stderr}");
+        }
+    }
+    // Every worker is connected: the run starts now, for all at once.
+    let start = SystemTime::now() + START_MARGIN;
+    let t0 = Instant::now() + START_MARGIN;
+    let recorder = Recorder::in_memory(start);
+    recorder.record_at(0, "coordinator", header);
+    for worker in &mut workers {
+        if let Some(mut stdin) = worker.stdin.take() {
+            stdin
+                .write_all(format!("{}\n", start_to_micros(start)).as_bytes())
+                .await
+                .context("telling a worker the run's start")?;
+        }
+    }
 
     let windows = schedule(fault, seed, plan.duration, plan.ttl, plan.workers);
     let keys: Vec<String> = resources.iter().map(|(r, _)| lock_key(r)).collect();
@@ -135,8 +151,11 @@ pub(crate) async fn run_one(
                 ))
             }
         };
-        let _ = worker.history.await;
-        let stderr = worker.stderr.await.unwrap_or_default();
+        let history = (&mut worker.history).await.unwrap_or_default();
+        for event in history {
+            recorder.record_at(event.at_us, &event.actor, event.kind);
+        }
+        let stderr = (&mut worker.stderr).await.unwrap_or_default();
         if let Some(failed) = failed {
             failures.push(format!("{failed}: {stderr}"));
         }
@@ -198,13 +217,18 @@ async fn reset(pool: &Pool, resources: &[(String, i64)]) -> anyhow::Result<()> {
 /// A worker process and the tasks reading its output.
 struct Worker {
     child: tokio::process::Child,
-    history: tokio::task::JoinHandle<()>,
+    /// Where the run's start goes, once every worker is ready.
+    stdin: Option<tokio::process::ChildStdin>,
+    /// Fires when the worker says it is connected.
+    ready: tokio::sync::oneshot::Receiver<()>,
+    /// The worker's history, once its stdout closes.
+    history: tokio::task::JoinHandle<Vec<Event>>,
+    /// The last lines of its stderr, once it closes.
     stderr: tokio::task::JoinHandle<String>,
 }
 
-/// Starts one worker process, hands it its spec on stdin, forwards its
-/// history lines to `recorder`, and keeps the last lines of its stderr.
-async fn spawn_worker(spec: &Spec, recorder: Recorder) -> anyhow::Result<Worker> {
+/// Starts one worker process and hands it its spec on stdin.
+async fn spawn_worker(spec: &Spec) -> anyhow::Result<Worker> {
     let exe = std::env::current_exe().context("finding the leasehold binary")?;
     let mut child = tokio::process::Command::new(exe)
         .args(["chaos", "worker"])
@@ -215,20 +239,29 @@ async fn spawn_worker(spec: &Spec, recorder: Recorder) -> anyhow::Result<Worker>
         .spawn()
         .context("starting a worker process")?;
     let mut stdin = child.stdin.take().context("the worker's stdin")?;
+    let mut line = serde_json::to_vec(spec)?;
+    line.push(b'\n');
     stdin
-        .write_all(&serde_json::to_vec(spec)?)
+        .write_all(&line)
         .await
         .context("sending the worker its spec")?;
-    drop(stdin);
     let stdout = child.stdout.take().context("the worker's stdout")?;
     let stderr = child.stderr.take().context("the worker's stderr")?;
+    let (said_ready, ready) = tokio::sync::oneshot::channel();
     let history = tokio::spawn(async move {
         let mut lines = BufReader::new(stdout).lines();
+        let mut said_ready = Some(said_ready);
+        let mut events = Vec::new();
         while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(event) = serde_json::from_str::<Event>(&line) {
-                recorder.record_at(event.at_us, &event.actor, event.kind);
+            if line.as_bytes() == super::worker::READY.trim_ascii_end() {
+                if let Some(said) = said_ready.take() {
+                    let _ = said.send(());
+                }
+            } else if let Ok(event) = serde_json::from_str::<Event>(&line) {
+                events.push(event);
             }
         }
+        events
     });
     let stderr = tokio::spawn(async move {
         let mut tail = std::collections::VecDeque::new();
@@ -243,6 +276,8 @@ async fn spawn_worker(spec: &Spec, recorder: Recorder) -> anyhow::Result<Worker>
     });
     Ok(Worker {
         child,
+        stdin: Some(stdin),
+        ready,
         history,
         stderr,
     })

@@ -1,10 +1,11 @@
 //! A worker process: the callers of one process, re-invoked by the
 //! coordinator as `leasehold chaos worker`, so that a holder pause is a
-//! real process pause (SIGSTOP). It reads its spec as JSON on stdin (it
-//! holds the database URL, which must not show in `ps`) and writes its
-//! history as JSON lines on stdout.
+//! real process pause (SIGSTOP). It reads its spec as one JSON line on
+//! stdin (it holds the database URL, which must not show in `ps`),
+//! connects, prints `ready`, reads the run's start (microseconds since the
+//! Unix epoch) as a second line, and writes its history as JSON lines on
+//! stdout.
 
-use std::io::Read;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
@@ -12,8 +13,12 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use leasehold::CancellationToken;
 use leasehold_chaos::{Callers, Recorder, Stall, start_from_micros};
 use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use super::modes::Mode;
+
+/// What a worker prints once connected.
+pub(crate) const READY: &[u8] = b"ready\n";
 
 /// What a worker runs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -29,18 +34,18 @@ pub(crate) struct Spec {
     pub(crate) work_ms: u64,
     pub(crate) watchdog: bool,
     pub(crate) seed: u64,
-    /// The run's start, in microseconds since the Unix epoch.
-    pub(crate) start_us: u64,
     /// How long after the start the callers stop.
     pub(crate) duration_ms: u64,
 }
 
 /// Runs the worker described on stdin until its run ends.
 pub(crate) async fn run() -> anyhow::Result<()> {
-    let mut input = String::new();
-    std::io::stdin()
-        .read_to_string(&mut input)
-        .context("reading the worker spec")?;
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    let input = stdin
+        .next_line()
+        .await
+        .context("reading the worker spec")?
+        .context("no worker spec on stdin")?;
     let spec: Spec = serde_json::from_str(&input).context("parsing the worker spec")?;
     let pool = pool(&spec.database_url, spec.tasks as usize)?;
     let lock = spec.mode.lock(&spec.redis_urls).await?;
@@ -53,7 +58,18 @@ pub(crate) async fn run() -> anyhow::Result<()> {
         .collect::<Result<_, _>>()
         .context("connecting to postgresql")?;
     drop(warm);
-    let start = start_from_micros(spec.start_us);
+    let mut stdout = tokio::io::stdout();
+    stdout.write_all(READY).await.context("saying ready")?;
+    stdout.flush().await.context("saying ready")?;
+    let start_us: u64 = stdin
+        .next_line()
+        .await
+        .context("reading the run's start")?
+        .context("no start on stdin")?
+        .trim()
+        .parse()
+        .context("parsing the run's start")?;
+    let start = start_from_micros(start_us);
     if let Ok(wait) = start.duration_since(SystemTime::now()) {
         tokio::time::sleep(wait).await;
     }
