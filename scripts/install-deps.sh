@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what leasehold's demo and tests need and a fresh Debian/Ubuntu
 # machine with only rustup lacks: a C toolchain for linking, redis-server,
-# PostgreSQL (server binaries; the scripts configure no service) and python3. Idempotent:
+# PostgreSQL (server binaries; the scripts configure no service), python3
+# and a headless Chromium (the chaos timeline's rendering test; any of
+# chromium, chromium-browser or google-chrome will do). Idempotent:
 # installs nothing when all is present.
 set -euo pipefail
 
@@ -17,6 +19,14 @@ elif compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
   have_pg=yes
 fi
 [ "$have_pg" = yes ] || need+=(postgresql)
+
+have_chromium=no
+for browser in chromium chromium-browser google-chrome google-chrome-stable; do
+  if command -v "$browser" >/dev/null 2>&1; then
+    have_chromium=yes
+  fi
+done
+[ "$have_chromium" = yes ] || need+=(chromium)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -48,6 +48,10 @@ pub enum Kind {
         /// True for a negative control: a mode expected to break under
         /// this fault.
         control: bool,
+        /// True when the mode makes no safety claim under this fault (its
+        /// violations are reported, not judged); absent means false.
+        #[serde(default)]
+        reported_only: bool,
         /// The resources (wallets) and their initial balances.
         initial: Vec<(String, i64)>,
     },

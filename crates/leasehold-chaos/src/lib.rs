@@ -12,6 +12,23 @@
 //! checker reads nothing else, so a saved history can be re-checked and
 //! shared.
 
+pub mod check;
 pub mod history;
+pub mod report;
+pub mod timeline;
 
+mod callers;
+mod fault;
+mod harness;
+mod lab;
+mod recorder;
+
+pub use callers::{Call, Callers, Lock, Stall, Written, label, lock_key};
+pub use check::{RunCheck, Violation, check};
+pub use fault::{Fault, UnknownFault, Window, schedule};
+pub use harness::{Harness, RunReport};
 pub use history::{Event, Kind, WriteOutcome};
+pub use lab::{Lab, LabError, LabOptions, run_nemesis};
+pub use recorder::{Recorder, start_from_micros, start_to_micros};
+pub use report::{Row, Verdict, check_file, rows, verdict};
+pub use timeline::render_html;

@@ -361,6 +361,25 @@ failover and redlock change (see their --help):
         exit_codes!()
     ))]
     Demo(DemoArgs),
+    /// The fault matrix: every lock mode under every fault, worker
+    /// processes debiting wallets, each run's history checked (lost or
+    /// duplicated debits, double holders, stale writes refused, recovery).
+    ///
+    /// Starts its own throwaway redis-servers (behind a fault proxy) and
+    /// PostgreSQL: it pauses, kills and fails them over. Exits 0 when every
+    /// safe mode held and every negative control was caught.
+    #[command(after_help = concat!(
+        "What it changes:
+  Servers: none of yours: its own throwaway redis-servers and postgres
+    (stopped at the end). With --report DIR, writes one .jsonl history and
+    one .html timeline per run into DIR.
+  Exit code 1: a safe mode showed a violation, or a negative control
+    showed none (the checker would not be trusted).
+
+",
+        exit_codes!()
+    ))]
+    Chaos(crate::chaos::ChaosArgs),
 }
 
 impl Cli {
@@ -382,6 +401,7 @@ impl Cli {
             Command::Redlock(e) => e.run.output,
             Command::Bench(bench) => bench.output(),
             Command::Demo(args) => args.output,
+            Command::Chaos(args) => args.output(),
         }
     }
 }
@@ -708,7 +728,14 @@ impl Default for LockArgs {
 pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let output = cli.output();
     // A benchmark measures the library without a recorder unless asked.
-    let summary = if output.metrics_addr.is_some() || !matches!(cli.command, Command::Bench(_)) {
+    // Neither are the chaos matrix's worker processes (their coordinator
+    // reads their stderr).
+    let unmeasured = match &cli.command {
+        Command::Bench(_) => true,
+        Command::Chaos(args) => args.is_worker(),
+        _ => false,
+    };
+    let summary = if output.metrics_addr.is_some() || !unmeasured {
         Some(metrics::install(output.metrics_addr)?)
     } else {
         None
@@ -772,6 +799,7 @@ async fn run_command(cli: Cli) -> anyhow::Result<ExitCode> {
             let db = Database::new(&args.servers.database);
             demo::run(&env, &db, args.output.json).await
         }
+        Command::Chaos(args) => crate::chaos::run(&args).await,
     }
 }
 

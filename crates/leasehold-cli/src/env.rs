@@ -98,6 +98,23 @@ impl Env {
     }
 }
 
+/// A pool of at most `size` connections to `url` (libpq's parameters, TLS
+/// included, as [`leasehold_pg::config`] reads them); none is opened yet.
+pub(crate) fn pg_pool(url: &str, size: usize) -> anyhow::Result<Pool> {
+    let (config, connector) = leasehold_pg::config(url)?;
+    let manager = Manager::from_config(
+        config,
+        connector,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size.max(1))
+        .build()
+        .context("building the postgresql pool")
+}
+
 async fn open_postgres(url: Option<String>) -> anyhow::Result<Postgres> {
     let (url, throwaway) = match url {
         Some(url) => (url, None),
@@ -115,19 +132,7 @@ async fn open_postgres(url: Option<String>) -> anyhow::Result<Postgres> {
         }
     };
     let shown = redact_url(&url);
-    let (config, connector) =
-        leasehold_pg::config(&url).with_context(|| format!("postgresql url {shown}"))?;
-    let manager = Manager::from_config(
-        config,
-        connector,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager)
-        .max_size(PG_POOL_SIZE)
-        .build()
-        .context("building the postgresql pool")?;
+    let pool = pg_pool(&url, PG_POOL_SIZE).with_context(|| format!("postgresql url {shown}"))?;
     let mut client = pool
         .get()
         .await

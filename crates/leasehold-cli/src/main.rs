@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 mod bench;
+mod chaos;
 mod cli;
 mod demo;
 mod env;

@@ -111,6 +111,11 @@ const EXPECTED: &[Expect] = &[
         ],
     },
     Expect {
+        subcommand: &["chaos"],
+        uses: &["--runs", "--json"],
+        changes: &["none of yours", ".jsonl", ".html"],
+    },
+    Expect {
         subcommand: &["bench", "contention"],
         uses: &["--redis-url", "--tls-ca", "--json"],
         changes: &["wallet:42:balance", "lock:bench:contention"],

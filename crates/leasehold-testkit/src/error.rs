@@ -182,4 +182,8 @@ pub enum Error {
         /// The error reply, e.g. `ERR unknown command 'FOO'`.
         message: String,
     },
+
+    /// A [`FaultProxy`](crate::FaultProxy) could not start its thread.
+    #[error("failed to start a fault proxy thread")]
+    ProxyThread(#[source] io::Error),
 }

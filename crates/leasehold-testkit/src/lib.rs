@@ -5,7 +5,11 @@
 //! when the handle is dropped. Faults can be injected while it runs:
 //! [`RedisServer::pause`] / [`PostgresServer::pause`] freeze the process with
 //! `SIGSTOP`, [`RedisServer::kill`] and [`RedisServer::restart`] simulate a
-//! crash and a recovery with an empty dataset.
+//! crash and a recovery (with the data if [`RedisOptions::appendonly`] kept
+//! it; [`RedisServer::restart_empty`] loses it), and [`RedisServer::promote`]
+//! a failover. [`FaultProxy`] puts latency, partitions and cut connections
+//! between clients and a server, and [`pause_process`] freezes any process,
+//! such as a worker holding a lease.
 //!
 //! ```no_run
 //! use leasehold_testkit::RedisServer;
@@ -28,15 +32,19 @@
 mod certs;
 mod cluster;
 mod error;
+mod faults;
 mod postgres;
 mod process;
+mod proxy;
 mod redis;
 mod resp;
 
 pub use certs::{ClientAuth, ServerTls, TestCerts};
 pub use cluster::{CLUSTER_SLOTS, RedisCluster};
 pub use error::Error;
+pub use faults::{is_process_paused, pause_process, resume_process};
 pub use postgres::PostgresServer;
 pub use process::free_port;
+pub use proxy::{Direction, FaultProxy, Faults};
 pub use redis::{RedisOptions, RedisServer};
 pub use resp::Reply;

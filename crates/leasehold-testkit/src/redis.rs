@@ -45,6 +45,7 @@ const ERROR_LOG_LINES: usize = 30;
 pub struct RedisOptions {
     password: Option<String>,
     replica_of: Option<(String, u16)>,
+    appendonly: bool,
     args: Vec<String>,
     ready_timeout: Duration,
     tls: Option<ServerTls>,
@@ -55,6 +56,7 @@ impl Default for RedisOptions {
         Self {
             password: None,
             replica_of: None,
+            appendonly: false,
             args: Vec::new(),
             ready_timeout: Duration::from_secs(10),
             tls: None,
@@ -80,6 +82,16 @@ impl RedisOptions {
     #[must_use]
     pub fn replica_of(mut self, host: &str, port: u16) -> Self {
         self.replica_of = Some((host.to_owned(), port));
+        self
+    }
+
+    /// Turns on the append-only file with an fsync after every write
+    /// (`--appendonly yes --appendfsync always`), so every write the server
+    /// acknowledged survives [`kill`](RedisServer::kill) and
+    /// [`restart`](RedisServer::restart). Defaults to off (no persistence).
+    #[must_use]
+    pub fn appendonly(mut self) -> Self {
+        self.appendonly = true;
         self
     }
 
@@ -175,7 +187,7 @@ impl RedisOptions {
             "--save",
             "",
             "--appendonly",
-            "no",
+            if self.appendonly { "yes" } else { "no" },
             "--dir",
             &dir.to_string_lossy(),
             "--logfile",
@@ -189,6 +201,9 @@ impl RedisOptions {
         .map(str::to_owned)
         .collect();
         args.extend(tls_args);
+        if self.appendonly {
+            args.extend(["--appendfsync".to_owned(), "always".to_owned()]);
+        }
         if let Some(password) = &self.password {
             args.extend(["--requirepass".to_owned(), password.clone()]);
         }
@@ -385,8 +400,10 @@ impl RedisServer {
     }
 
     /// Kills the server, then starts it again on the same port with the same
-    /// options and waits until it is ready. Without persistence, the dataset
-    /// starts out empty.
+    /// options and the same directory, and waits until it is ready: a crash
+    /// and recovery. The data survives as far as persistence kept it: all
+    /// of it with [`RedisOptions::appendonly`], none with the default
+    /// options. [`restart_empty`](Self::restart_empty) always starts empty.
     ///
     /// # Errors
     ///
@@ -606,6 +623,73 @@ impl RedisServer {
             .lines()
             .find_map(|line| line.strip_prefix("process_id:"))
             .and_then(|pid| pid.trim().parse().ok())
+    }
+}
+
+/// Files `redis-server` persists data in, under their default names.
+const PERSISTENCE_FILES: [&str; 3] = ["dump.rdb", "appendonly.aof", "appendonlydir"];
+
+/// Fault injection beyond pause and kill: crash recovery with the data lost,
+/// and failover.
+impl RedisServer {
+    /// Kills the server, deletes its persisted data, then starts it again
+    /// on the same port with the same options and waits until it is ready:
+    /// a crash that loses every key, whatever the persistence options.
+    ///
+    /// The files deleted are `dump.rdb`, `appendonly.aof` and
+    /// `appendonlydir/` in [`dir`](Self::dir) (the log and a cluster's
+    /// `nodes.conf` are kept); persistence files renamed through
+    /// [`RedisOptions::args`] are not.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] if a file cannot be deleted, otherwise as for
+    /// [`restart`](Self::restart). The server is left killed on error.
+    pub fn restart_empty(&mut self) -> Result<(), Error> {
+        self.kill()?;
+        for name in PERSISTENCE_FILES {
+            let path = self.dir().join(name);
+            let removed = if path.is_dir() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            match removed {
+                Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(process::io_err(&path)(err));
+                }
+                _ => {}
+            }
+        }
+        self.restart()
+    }
+
+    /// Promotes this replica to a primary (`REPLICAOF NO ONE`); when this
+    /// returns it accepts writes. It keeps the data it had replicated, so
+    /// writes the old primary acknowledged but had not passed on are lost,
+    /// as in a real failover. Later [`restart`](Self::restart)s start it as
+    /// a primary. On a primary this changes nothing.
+    ///
+    /// A failover is this plus the end of the old primary:
+    ///
+    /// ```no_run
+    /// # use leasehold_testkit::{RedisOptions, RedisServer};
+    /// let mut primary = RedisServer::start()?;
+    /// let mut replica = RedisServer::start_with(
+    ///     RedisOptions::default().replica_of(primary.host(), primary.port()),
+    /// )?;
+    /// primary.kill()?;
+    /// replica.promote()?;
+    /// # Ok::<(), leasehold_testkit::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As for [`command`](Self::command).
+    pub fn promote(&mut self) -> Result<(), Error> {
+        self.command(&["REPLICAOF", "NO", "ONE"])?;
+        self.options.replica_of = None;
+        Ok(())
     }
 }
 

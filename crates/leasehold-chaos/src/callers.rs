@@ -1,0 +1,365 @@
+//! The callers: tasks that take the lock, write, and release, recording
+//! each step.
+
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use leasehold::{
+    AcquireOptions, CancellationToken, Error, FencedKeys, FencingToken, HandoffLocker, Lease,
+    Locker, Quorum,
+};
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+
+use crate::history::{Kind, WriteOutcome};
+use crate::recorder::Recorder;
+
+/// How the callers take the lock before they write.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum Lock {
+    /// No Redis lock: the database alone keeps the write right.
+    None,
+    /// A plain lease (no fencing token) from a polling locker.
+    Plain(Locker),
+    /// A fenced lease from a polling locker.
+    Fenced(Locker),
+    /// A fenced lease from a hand-off locker (waiters are handed the lock).
+    Handoff(HandoffLocker),
+    /// A fenced lease from a Redlock quorum.
+    Quorum(Quorum),
+}
+
+impl Lock {
+    /// Takes the lock on `resource` (`lock:{resource}`, with
+    /// `fence:{resource}` when fenced); `None` for [`Lock::None`].
+    ///
+    /// # Errors
+    /// As the way's `acquire_with`.
+    pub async fn acquire(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> leasehold::Result<Option<Lease>> {
+        let keys = FencedKeys::for_resource(resource)?;
+        Ok(Some(match self {
+            Lock::None => return Ok(None),
+            Lock::Plain(locker) => locker.acquire_with(keys.lock(), ttl, opts).await?,
+            Lock::Fenced(locker) => locker.acquire_with(&keys, ttl, opts).await?,
+            Lock::Handoff(locker) => locker.acquire_with(&keys, ttl, opts).await?,
+            Lock::Quorum(quorum) => quorum.acquire_with(&keys, ttl, opts).await?,
+        }))
+    }
+}
+
+/// The lock key of `resource`, as [`Lock::acquire`] names it.
+pub fn lock_key(resource: &str) -> String {
+    FencedKeys::for_resource(resource).map_or_else(
+        |_| format!("lock:{{{resource}}}"),
+        |keys| keys.lock().to_owned(),
+    )
+}
+
+/// A switch the nemesis flips to stall the next holder that reaches a
+/// [`Call::pause_point`], as a long GC pause or a swapped-out process
+/// would: the in-process stand-in for pausing a worker process.
+#[derive(Clone, Default)]
+pub struct Stall {
+    armed_ms: Arc<AtomicU64>,
+}
+
+impl Stall {
+    /// The next caller to reach a pause point stalls for `length`.
+    pub fn arm(&self, length: Duration) {
+        let ms = u64::try_from(length.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.armed_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Disarms the switch if no caller took it.
+    pub fn disarm(&self) {
+        self.armed_ms.store(0, Ordering::SeqCst);
+    }
+
+    /// Takes the armed stall, if any (only one caller gets it).
+    fn take(&self) -> Option<Duration> {
+        match self.armed_ms.swap(0, Ordering::SeqCst) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+}
+
+/// One write the harness asks of the system under test.
+pub struct Call<'a> {
+    /// Who: `w{worker}.t{task}`.
+    pub actor: &'a str,
+    /// The resource to write (a wallet).
+    pub resource: &'a str,
+    /// The amount to debit.
+    pub amount: i64,
+    /// The lease held while writing (`None` for [`Lock::None`]).
+    pub lease: Option<&'a Lease>,
+    stall: &'a Stall,
+}
+
+impl Call<'_> {
+    /// The lease's fencing token, if the lock is fenced.
+    pub fn fence(&self) -> Option<FencingToken> {
+        self.lease.and_then(Lease::fence)
+    }
+
+    /// Put this between the read and the write of a read-modify-write: the
+    /// harness may stall the caller here past its lease (the holder-pause
+    /// fault, in process), which is where a stale write comes from.
+    pub async fn pause_point(&self) {
+        if let Some(length) = self.stall.take() {
+            tokio::time::sleep(length).await;
+        }
+    }
+}
+
+/// What a write did, as the system under test reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// The outcome.
+    pub outcome: WriteOutcome,
+    /// A short reason for a failure (never a secret).
+    pub detail: Option<String>,
+}
+
+impl Written {
+    /// A failed or unknown write with a reason.
+    pub fn with_detail(outcome: WriteOutcome, detail: impl Into<String>) -> Written {
+        Written {
+            outcome,
+            detail: Some(detail.into()),
+        }
+    }
+}
+
+impl From<WriteOutcome> for Written {
+    fn from(outcome: WriteOutcome) -> Written {
+        Written {
+            outcome,
+            detail: None,
+        }
+    }
+}
+
+/// The callers of one process: `tasks` concurrent loops, each taking the
+/// lock on a random resource, writing once, and releasing, until stopped.
+#[derive(Debug, Clone)]
+pub struct Callers {
+    /// This process's worker index (the `w` of `w{worker}.t{task}`).
+    pub worker: u32,
+    /// How many concurrent callers.
+    pub tasks: u32,
+    /// The resources (wallets) to write.
+    pub resources: Vec<String>,
+    /// The lease TTL.
+    pub ttl: Duration,
+    /// How long an acquire waits for the lock before giving up.
+    pub wait: Duration,
+    /// Whether the lease's watchdog refreshes it and stops a write whose
+    /// lease was lost (a write stopped mid-flight is recorded `unknown`).
+    pub watchdog: bool,
+    /// The amounts to debit, drawn at random.
+    pub amounts: RangeInclusive<i64>,
+    /// The workload's seed (each caller draws from its own stream).
+    pub seed: u64,
+}
+
+impl Callers {
+    /// Runs the callers until `stop` is cancelled, then lets each finish
+    /// the write it is in (a write is never cut short by the stop) and
+    /// release. Concurrent on the current task, so `write` need not be
+    /// `Send`.
+    pub async fn run<W>(
+        &self,
+        lock: &Lock,
+        recorder: &Recorder,
+        stop: &CancellationToken,
+        stall: &Stall,
+        write: &W,
+    ) where
+        W: AsyncFn(Call<'_>) -> Written,
+    {
+        let callers =
+            (0..self.tasks).map(|task| self.caller(task, lock, recorder, stop, stall, write));
+        futures_util::future::join_all(callers).await;
+    }
+
+    async fn caller<W>(
+        &self,
+        task: u32,
+        lock: &Lock,
+        recorder: &Recorder,
+        stop: &CancellationToken,
+        stall: &Stall,
+        write: &W,
+    ) where
+        W: AsyncFn(Call<'_>) -> Written,
+    {
+        let actor = format!("w{}.t{task}", self.worker);
+        let mut rng = StdRng::seed_from_u64(
+            self.seed
+                ^ (u64::from(self.worker) << 32 | u64::from(task))
+                    .wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        );
+        let opts = AcquireOptions::new()
+            .wait(self.wait)
+            .watchdog(self.watchdog)
+            .cancel(stop.clone());
+        let mut op = 0u64;
+        while !stop.is_cancelled() && !self.resources.is_empty() {
+            let resource = &self.resources[rng.random_range(0..self.resources.len())];
+            let amount = rng.random_range(self.amounts.clone());
+            let key = lock_key(resource);
+            op += 1;
+            let mut lease = if matches!(lock, Lock::None) {
+                None
+            } else {
+                recorder.record(
+                    &actor,
+                    Kind::Acquire {
+                        op,
+                        key: key.clone(),
+                    },
+                );
+                match lock.acquire(resource, self.ttl, &opts).await {
+                    Ok(lease) => {
+                        if let Some(lease) = &lease {
+                            recorder.record(
+                                &actor,
+                                Kind::Acquired {
+                                    op,
+                                    key: key.clone(),
+                                    token: label(lease),
+                                    fence: lease.fence().map(FencingToken::get),
+                                },
+                            );
+                        }
+                        lease
+                    }
+                    Err(err) => {
+                        recorder.record(
+                            &actor,
+                            Kind::AcquireFailed {
+                                op,
+                                key: key.clone(),
+                                reason: reason(&err),
+                            },
+                        );
+                        if !matches!(err, Error::NotAcquired { .. }) {
+                            // A server fault: do not spin on it.
+                            tokio::select! {
+                                () = stop.cancelled() => {}
+                                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                            }
+                        }
+                        continue;
+                    }
+                }
+            };
+            op += 1;
+            let lost = match (&mut lease, self.watchdog) {
+                (Some(lease), true) => lease.watch().ok(),
+                _ => None,
+            };
+            let started_us = recorder.now_us();
+            let call = Call {
+                actor: &actor,
+                resource,
+                amount,
+                lease: lease.as_ref(),
+                stall,
+            };
+            let fence = call.fence().map(FencingToken::get);
+            let written = match lost {
+                Some(lost) => {
+                    tokio::select! {
+                        biased;
+                        () = lost.cancelled() => Written::with_detail(
+                            WriteOutcome::Unknown,
+                            "the watchdog stopped the write: lease lost",
+                        ),
+                        written = write(call) => written,
+                    }
+                }
+                None => write(call).await,
+            };
+            recorder.record(
+                &actor,
+                Kind::Write {
+                    op,
+                    started_us,
+                    key: if lease.is_some() {
+                        key.clone()
+                    } else {
+                        String::new()
+                    },
+                    resource: resource.clone(),
+                    amount,
+                    fence,
+                    outcome: written.outcome,
+                    detail: written.detail,
+                },
+            );
+            if let Some(lease) = lease {
+                let token = label(&lease);
+                if let Some(cause) = lease.lost() {
+                    recorder.record(
+                        &actor,
+                        Kind::Lost {
+                            key: key.clone(),
+                            token: token.clone(),
+                            cause: cause_name(cause).to_owned(),
+                        },
+                    );
+                }
+                // Stamped when the holder lets go: it writes nothing after,
+                // and Redis may hand the lock on before the reply is back.
+                let released_at = recorder.now_us();
+                let outcome = match lease.release().await {
+                    Ok(()) => "released",
+                    Err(Error::NotHeld { .. } | Error::LeaseLost { .. }) => "not_held",
+                    Err(_) => "error",
+                };
+                recorder.record_at(
+                    released_at,
+                    &actor,
+                    Kind::Released {
+                        key,
+                        token,
+                        outcome: outcome.to_owned(),
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// A short label of a lease's token: its first 8 hex digits, enough to
+/// tell holders apart in one run, too short to release anyone's lock.
+pub fn label(lease: &Lease) -> String {
+    lease.token().as_str().chars().take(8).collect()
+}
+
+/// The give-up reason of an acquire error, as the history names it.
+fn reason(err: &Error) -> String {
+    match err {
+        Error::NotAcquired { reason, .. } => reason.to_string().replace(' ', "_"),
+        err if err.is_retryable() => "unreachable".to_owned(),
+        _ => "error".to_owned(),
+    }
+}
+
+fn cause_name(cause: leasehold::LostCause) -> &'static str {
+    match cause {
+        leasehold::LostCause::Expired => "expired",
+        leasehold::LostCause::Unreachable => "unreachable",
+        _ => "other",
+    }
+}

@@ -1,0 +1,294 @@
+//! The faults the nemesis injects, and the seeded schedule of when.
+//!
+//! Each fault is applied over a *window*: it starts, lasts a few TTLs (so a
+//! lease can expire inside it), and ends (resumed, healed, restarted). Faults
+//! that are a single action (`DEL` of the lock keys, an early expiry,
+//! `SCRIPT FLUSH`) are repeated every few milliseconds through their window,
+//! so that they hit leases that are actually held. Windows are separated by
+//! quiet gaps, which the liveness check needs to measure recovery.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+
+/// A fault the nemesis can inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Fault {
+    /// No fault: the baseline.
+    None,
+    /// A lock holder paused past its TTL: a worker process stopped with
+    /// SIGSTOP (in-process: a caller stalled between acquire and write, as
+    /// a long GC pause would).
+    HolderPause,
+    /// Redis paused (SIGSTOP): every request hangs until it resumes.
+    RedisPause,
+    /// Redis killed and restarted empty (no persistence): every lock and
+    /// fence counter is gone.
+    RedisRestart,
+    /// Redis killed and restarted from its append-only file.
+    RedisRestartAof,
+    /// The replica, partitioned from the primary, is promoted and the
+    /// primary killed: locks taken during the partition are lost.
+    Failover,
+    /// Network latency between the callers and Redis (through the fault
+    /// proxy).
+    NetLatency,
+    /// Every connection between the callers and Redis cut (new ones work).
+    NetCut,
+    /// The network between the callers and Redis swallows every byte.
+    NetBlackhole,
+    /// PostgreSQL paused (SIGSTOP).
+    PostgresPause,
+    /// The lock keys deleted under their holders (`DEL`).
+    KeyLoss,
+    /// The lock keys expired early (`PEXPIRE key 1`), as a clock jump on the
+    /// Redis host would.
+    EarlyExpiry,
+    /// `SCRIPT FLUSH`: the server forgets every cached Lua script.
+    ScriptFlush,
+    /// A seeded mix of the faults above.
+    Mixed,
+}
+
+impl Fault {
+    /// Every fault, in the order the matrix shows them.
+    pub const ALL: [Fault; 14] = [
+        Fault::None,
+        Fault::HolderPause,
+        Fault::RedisPause,
+        Fault::RedisRestart,
+        Fault::RedisRestartAof,
+        Fault::Failover,
+        Fault::NetLatency,
+        Fault::NetCut,
+        Fault::NetBlackhole,
+        Fault::PostgresPause,
+        Fault::KeyLoss,
+        Fault::EarlyExpiry,
+        Fault::ScriptFlush,
+        Fault::Mixed,
+    ];
+
+    /// The faults a [`Fault::Mixed`] schedule draws from (a failover changes
+    /// the topology for good, so it is not mixed in).
+    pub const MIXABLE: [Fault; 11] = [
+        Fault::HolderPause,
+        Fault::RedisPause,
+        Fault::RedisRestart,
+        Fault::RedisRestartAof,
+        Fault::NetLatency,
+        Fault::NetCut,
+        Fault::NetBlackhole,
+        Fault::PostgresPause,
+        Fault::KeyLoss,
+        Fault::EarlyExpiry,
+        Fault::ScriptFlush,
+    ];
+
+    /// The fault's name on the command line and in histories.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Fault::None => "none",
+            Fault::HolderPause => "holder-pause",
+            Fault::RedisPause => "redis-pause",
+            Fault::RedisRestart => "redis-restart",
+            Fault::RedisRestartAof => "redis-restart-aof",
+            Fault::Failover => "failover",
+            Fault::NetLatency => "net-latency",
+            Fault::NetCut => "net-cut",
+            Fault::NetBlackhole => "net-blackhole",
+            Fault::PostgresPause => "postgres-pause",
+            Fault::KeyLoss => "key-loss",
+            Fault::EarlyExpiry => "early-expiry",
+            Fault::ScriptFlush => "script-flush",
+            Fault::Mixed => "mixed",
+        }
+    }
+
+    /// True when the fault, in every window, makes two callers believe they
+    /// hold the same lock at once, so that a lock *without* a database
+    /// check (the negative control) must lose a debit under it.
+    ///
+    /// A restart or a failover loses the lock too, but only a holder whose
+    /// critical section spans the server's absence can then meet a second
+    /// holder: with critical sections shorter than a restart, that rarely
+    /// happens, so they are not counted here (their runs are reported). A
+    /// mixed schedule may draw none of the faults that do.
+    pub const fn breaks_the_lock(self) -> bool {
+        matches!(
+            self,
+            Fault::HolderPause | Fault::KeyLoss | Fault::EarlyExpiry
+        )
+    }
+
+    /// True when the fault can make two holders at once at all (see
+    /// [`breaks_the_lock`](Self::breaks_the_lock) for the ones that always
+    /// do).
+    pub const fn can_break_the_lock(self) -> bool {
+        self.breaks_the_lock()
+            || matches!(
+                self,
+                Fault::RedisRestart
+                    | Fault::Failover
+                    | Fault::Mixed
+                    | Fault::NetLatency
+                    | Fault::PostgresPause
+            )
+    }
+
+    /// True when the fault needs control of the Redis process (pause, kill,
+    /// restart, promote), so it cannot run against a user's own server.
+    pub const fn needs_redis_process(self) -> bool {
+        matches!(
+            self,
+            Fault::RedisPause | Fault::RedisRestart | Fault::RedisRestartAof | Fault::Failover
+        )
+    }
+
+    /// True for a single action repeated through its window.
+    pub const fn is_repeated(self) -> bool {
+        matches!(
+            self,
+            Fault::KeyLoss | Fault::EarlyExpiry | Fault::ScriptFlush
+        )
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A fault name that is not one of [`Fault::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown fault {0:?} (known: {known})", known = known_faults())]
+pub struct UnknownFault(pub String);
+
+fn known_faults() -> String {
+    Fault::ALL.map(Fault::name).join(", ")
+}
+
+impl FromStr for Fault {
+    type Err = UnknownFault;
+
+    fn from_str(s: &str) -> Result<Fault, UnknownFault> {
+        Fault::ALL
+            .into_iter()
+            .find(|fault| fault.name() == s)
+            .ok_or_else(|| UnknownFault(s.to_owned()))
+    }
+}
+
+/// One fault window of a schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// The fault (never [`Fault::Mixed`] or [`Fault::None`]).
+    pub fault: Fault,
+    /// When it starts, from the run's start.
+    pub start: Duration,
+    /// How long it lasts.
+    pub length: Duration,
+    /// Which worker it hits, for [`Fault::HolderPause`] (an index below the
+    /// worker count).
+    pub worker: u32,
+}
+
+impl Window {
+    /// When it ends, from the run's start.
+    pub fn end(&self) -> Duration {
+        self.start + self.length
+    }
+}
+
+/// The seeded fault schedule of one run.
+///
+/// The first window starts after a warm-up of a quarter of the run (so the
+/// throughput before a fault can be measured); each lasts `3 x ttl`
+/// (at least 300 ms, so a lease expires inside it) and is followed by a
+/// quiet gap of at least `4 x ttl` (at least 1 s, so recovery can be seen).
+/// The schedule ends a quiet gap before the run does. A
+/// [`Fault::Failover`] happens once per run; [`Fault::Mixed`] draws each
+/// window's fault from [`Fault::MIXABLE`].
+pub fn schedule(
+    fault: Fault,
+    seed: u64,
+    run: Duration,
+    ttl: Duration,
+    workers: u32,
+) -> Vec<Window> {
+    if fault == Fault::None {
+        return Vec::new();
+    }
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x006e_656d_6573_6973);
+    let length = (ttl * 3).max(Duration::from_millis(300));
+    let gap = (ttl * 4).max(Duration::from_secs(1));
+    let mut windows = Vec::new();
+    let mut at = run / 4;
+    while at + length + gap <= run {
+        let this = if fault == Fault::Mixed {
+            Fault::MIXABLE[rng.random_range(0..Fault::MIXABLE.len())]
+        } else {
+            fault
+        };
+        let jitter = Duration::from_millis(rng.random_range(0..200));
+        windows.push(Window {
+            fault: this,
+            start: at + jitter,
+            length,
+            worker: rng.random_range(0..workers.max(1)),
+        });
+        if fault == Fault::Failover {
+            break;
+        }
+        at += jitter + length + gap;
+    }
+    windows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fault_parses_from_its_name() {
+        for fault in Fault::ALL {
+            assert_eq!(fault.name().parse::<Fault>(), Ok(fault));
+        }
+        let err = "reboot".parse::<Fault>().expect_err("an unknown fault name");
+        assert!(err.to_string().contains("key-loss"), "{err}");
+    }
+
+    #[test]
+    fn a_schedule_is_reproducible_from_its_seed_and_leaves_quiet_gaps() {
+        let run = Duration::from_secs(20);
+        let ttl = Duration::from_millis(200);
+        let a = schedule(Fault::Mixed, 7, run, ttl, 3);
+        assert_eq!(a, schedule(Fault::Mixed, 7, run, ttl, 3));
+        assert_ne!(a, schedule(Fault::Mixed, 8, run, ttl, 3));
+        assert!(a.len() >= 3, "{a:?}");
+        assert!(a[0].start >= run / 4);
+        for pair in a.windows(2) {
+            assert!(
+                pair[1].start >= pair[0].end() + Duration::from_secs(1),
+                "{pair:?}"
+            );
+        }
+        assert!(
+            a.iter()
+                .all(|w| w.end() + Duration::from_secs(1) <= run && w.worker < 3)
+        );
+        assert!(a.iter().all(|w| Fault::MIXABLE.contains(&w.fault)));
+    }
+
+    #[test]
+    fn a_failover_happens_once_and_no_fault_means_no_window() {
+        let run = Duration::from_secs(20);
+        let ttl = Duration::from_millis(200);
+        assert_eq!(schedule(Fault::Failover, 1, run, ttl, 2).len(), 1);
+        assert!(schedule(Fault::None, 1, run, ttl, 2).is_empty());
+    }
+}

@@ -1,0 +1,461 @@
+//! The servers a run uses, and the nemesis that injects faults into them.
+//!
+//! A [`Lab`] starts throwaway servers through `leasehold-testkit`: a Redis
+//! primary behind a TCP fault proxy (the callers connect through the
+//! proxy, so the network can lag, be cut or be swallowed), optionally a
+//! replica (for failover), extra independent Redis nodes (for Redlock), and
+//! a PostgreSQL. The nemesis runs on its own thread, so the blocking
+//! server control never stalls the callers.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use leasehold_testkit::{Direction, FaultProxy, PostgresServer, RedisOptions, RedisServer};
+
+use crate::callers::Stall;
+use crate::fault::{Fault, Window};
+use crate::history::Kind;
+use crate::recorder::Recorder;
+
+/// Why a lab could not start or a fault could not be injected.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LabError {
+    /// A throwaway server failed (its log is in the source).
+    #[error("{what} failed")]
+    Server {
+        /// What was being done.
+        what: String,
+        /// The testkit's error.
+        #[source]
+        source: leasehold_testkit::Error,
+    },
+    /// The fault needs a server this lab does not have.
+    #[error("fault {fault} needs {needs}, which this lab does not have")]
+    Unsupported {
+        /// The fault.
+        fault: Fault,
+        /// What it needs.
+        needs: &'static str,
+    },
+}
+
+fn server(what: impl Into<String>) -> impl FnOnce(leasehold_testkit::Error) -> LabError {
+    let what = what.into();
+    move |source| LabError::Server { what, source }
+}
+
+/// Which servers a [`Lab`] starts.
+#[derive(Clone, Default)]
+#[must_use]
+pub struct LabOptions {
+    replica: bool,
+    aof: bool,
+    nodes: usize,
+    postgres: Option<Arc<PostgresServer>>,
+}
+
+impl LabOptions {
+    /// A replica of the primary, for [`Fault::Failover`]. Defaults to none.
+    pub fn replica(mut self, on: bool) -> Self {
+        self.replica = on;
+        self
+    }
+
+    /// The primary persists every write to its append-only file, for
+    /// [`Fault::RedisRestartAof`]. Defaults to off.
+    pub fn aof(mut self, on: bool) -> Self {
+        self.aof = on;
+        self
+    }
+
+    /// `n - 1` more independent Redis servers beside the primary, for a
+    /// Redlock quorum of `n` (0 or 1: none). Defaults to 0.
+    pub fn nodes(mut self, n: usize) -> Self {
+        self.nodes = n;
+        self
+    }
+
+    /// A throwaway PostgreSQL the lab may pause ([`Fault::PostgresPause`]);
+    /// shared, since starting one takes seconds. Defaults to none.
+    pub fn postgres(mut self, server: Arc<PostgresServer>) -> Self {
+        self.postgres = Some(server);
+        self
+    }
+
+    /// The options a fault needs on top of these.
+    pub fn for_fault(self, fault: Fault) -> Self {
+        match fault {
+            Fault::Failover => self.replica(true),
+            Fault::RedisRestartAof | Fault::Mixed => self.aof(true),
+            _ => self,
+        }
+    }
+}
+
+struct Servers {
+    primary: RedisServer,
+    replica: Option<RedisServer>,
+    /// Servers killed by a failover, kept for their logs until the lab goes.
+    retired: Vec<RedisServer>,
+    nodes: Vec<RedisServer>,
+    postgres: Option<Arc<PostgresServer>>,
+    workers: Vec<u32>,
+}
+
+/// Throwaway servers and the fault proxy in front of the primary. Cheap to
+/// clone (clones share the servers); everything stops when the last clone
+/// is dropped.
+#[derive(Clone)]
+pub struct Lab {
+    servers: Arc<Mutex<Servers>>,
+    proxy: Arc<FaultProxy>,
+    aof: bool,
+}
+
+impl Lab {
+    /// Starts the servers `options` asks for. Blocking (it waits for each
+    /// server to answer): call it from `spawn_blocking` in async code.
+    ///
+    /// # Errors
+    /// [`LabError::Server`] when a server does not start.
+    pub fn start(options: &LabOptions) -> Result<Lab, LabError> {
+        let mut redis = RedisOptions::default().args(["--repl-diskless-sync-delay", "0"]);
+        if options.aof {
+            redis = redis.appendonly();
+        }
+        let primary = RedisServer::start_with(redis).map_err(server("starting redis"))?;
+        let replica = if options.replica {
+            let replica = RedisServer::start_with(
+                RedisOptions::default().replica_of(primary.host(), primary.port()),
+            )
+            .map_err(server("starting the replica"))?;
+            Some(replica)
+        } else {
+            None
+        };
+        let nodes = if options.nodes > 1 {
+            RedisServer::start_many(options.nodes - 1).map_err(server("starting redlock nodes"))?
+        } else {
+            Vec::new()
+        };
+        let postgres = options.postgres.clone();
+        let proxy =
+            FaultProxy::start(primary.addr()).map_err(server("starting the fault proxy"))?;
+        Ok(Lab {
+            servers: Arc::new(Mutex::new(Servers {
+                primary,
+                replica,
+                retired: Vec::new(),
+                nodes,
+                postgres,
+                workers: Vec::new(),
+            })),
+            proxy: Arc::new(proxy),
+            aof: options.aof,
+        })
+    }
+
+    fn servers(&self) -> std::sync::MutexGuard<'_, Servers> {
+        self.servers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The URL callers use: the primary, through the fault proxy.
+    pub fn redis_url(&self) -> String {
+        format!("redis://{}/", self.proxy.addr())
+    }
+
+    /// The URLs of a Redlock quorum: [`redis_url`](Self::redis_url) first
+    /// (the node faults hit), then the extra nodes.
+    pub fn node_urls(&self) -> Vec<String> {
+        let mut urls = vec![self.redis_url()];
+        urls.extend(self.servers().nodes.iter().map(RedisServer::url));
+        urls
+    }
+
+    /// The throwaway PostgreSQL's URL (it holds a generated password: do
+    /// not log it).
+    pub fn postgres_url(&self) -> Option<String> {
+        self.servers().postgres.as_ref().map(|pg| pg.url())
+    }
+
+    /// The worker processes a [`Fault::HolderPause`] may stop (in process,
+    /// with none, it stalls a caller instead).
+    pub fn set_workers(&self, pids: Vec<u32>) {
+        self.servers().workers = pids;
+    }
+
+    /// The server logs, for a failure message.
+    pub fn logs(&self) -> String {
+        let servers = self.servers();
+        let mut out = format!("--- redis (primary) ---\n{}", servers.primary.log());
+        for (i, old) in servers.retired.iter().enumerate() {
+            out.push_str(&format!("\n--- redis (retired {i}) ---\n{}", old.log()));
+        }
+        if let Some(pg) = &servers.postgres {
+            out.push_str(&format!("\n--- postgresql ---\n{}", pg.log()));
+        }
+        out
+    }
+
+    /// Starts `window`'s fault (a repeated fault also fires once).
+    fn begin(&self, window: &Window, keys: &[String], stall: &Stall) -> Result<String, LabError> {
+        let fault = window.fault;
+        let mut servers = self.servers();
+        let target = match fault {
+            Fault::None | Fault::Mixed => "nothing".to_owned(),
+            Fault::HolderPause => {
+                if servers.workers.is_empty() {
+                    stall.arm(window.length);
+                    "a holder (stalled in process)".to_owned()
+                } else {
+                    // Every worker but one: whoever holds a lease is then
+                    // most likely paused, and the survivor takes over.
+                    let survivor = window.worker as usize % servers.workers.len();
+                    for (index, pid) in servers.workers.iter().enumerate() {
+                        if index != survivor || servers.workers.len() == 1 {
+                            leasehold_testkit::pause_process(*pid)
+                                .map_err(server("pausing a worker"))?;
+                        }
+                    }
+                    format!("every worker but w{survivor}")
+                }
+            }
+            Fault::RedisPause => {
+                servers.primary.pause().map_err(server("pausing redis"))?;
+                "redis".to_owned()
+            }
+            Fault::RedisRestart | Fault::RedisRestartAof => {
+                if fault == Fault::RedisRestartAof && !self.aof {
+                    return Err(LabError::Unsupported {
+                        fault,
+                        needs: "redis with an append-only file",
+                    });
+                }
+                servers.primary.kill().map_err(server("killing redis"))?;
+                "redis".to_owned()
+            }
+            Fault::Failover => {
+                let Servers {
+                    primary, replica, ..
+                } = &mut *servers;
+                let replica = replica.as_ref().ok_or(LabError::Unsupported {
+                    fault,
+                    needs: "a replica",
+                })?;
+                // A partition between primary and replica: nothing written
+                // from now on reaches the replica.
+                replica.pause().map_err(server("pausing the replica"))?;
+                primary
+                    .command(&["CLIENT", "KILL", "TYPE", "replica"])
+                    .map_err(server("cutting the replication link"))?;
+                "replica (partitioned)".to_owned()
+            }
+            Fault::NetLatency => {
+                self.proxy.set_latency(Direction::Both, window.length / 6);
+                "network".to_owned()
+            }
+            Fault::NetCut => {
+                self.proxy.cut();
+                "network".to_owned()
+            }
+            Fault::NetBlackhole => {
+                self.proxy.blackhole(true);
+                "network".to_owned()
+            }
+            Fault::PostgresPause => {
+                let pg = servers.postgres.as_ref().ok_or(LabError::Unsupported {
+                    fault,
+                    needs: "a throwaway postgresql",
+                })?;
+                pg.pause().map_err(server("pausing postgresql"))?;
+                "postgresql".to_owned()
+            }
+            Fault::KeyLoss | Fault::EarlyExpiry | Fault::ScriptFlush => {
+                drop(servers);
+                self.repeat(fault, keys)?;
+                "lock keys".to_owned()
+            }
+        };
+        Ok(target)
+    }
+
+    /// Fires a repeated fault once more.
+    fn repeat(&self, fault: Fault, keys: &[String]) -> Result<(), LabError> {
+        let servers = self.servers();
+        let redis = &servers.primary;
+        let result = match fault {
+            Fault::KeyLoss => {
+                let mut args = vec!["DEL"];
+                args.extend(keys.iter().map(String::as_str));
+                redis.command(&args).map(drop)
+            }
+            Fault::EarlyExpiry => keys
+                .iter()
+                .try_for_each(|key| redis.command(&["PEXPIRE", key, "1"]).map(drop)),
+            Fault::ScriptFlush => redis.command(&["SCRIPT", "FLUSH"]).map(drop),
+            Fault::NetCut => {
+                self.proxy.cut();
+                Ok(())
+            }
+            _ => Ok(()),
+        };
+        result.map_err(server(format!("injecting {fault}")))
+    }
+
+    /// Ends `window`'s fault: resumes, heals, restarts, promotes.
+    fn end(&self, window: &Window, stall: &Stall) -> Result<(), LabError> {
+        let fault = window.fault;
+        let mut servers = self.servers();
+        match fault {
+            Fault::HolderPause => {
+                stall.disarm();
+                for pid in &servers.workers {
+                    leasehold_testkit::resume_process(*pid).map_err(server("resuming a worker"))?;
+                }
+            }
+            Fault::RedisPause => servers.primary.resume().map_err(server("resuming redis"))?,
+            Fault::RedisRestart => servers
+                .primary
+                .restart_empty()
+                .map_err(server("restarting redis empty"))?,
+            Fault::RedisRestartAof => servers
+                .primary
+                .restart()
+                .map_err(server("restarting redis from its append-only file"))?,
+            Fault::Failover => {
+                let Servers {
+                    primary,
+                    replica,
+                    retired,
+                    ..
+                } = &mut *servers;
+                let Some(promoted) = replica.take() else {
+                    return Err(LabError::Unsupported {
+                        fault,
+                        needs: "a replica",
+                    });
+                };
+                primary.kill().map_err(server("killing the old primary"))?;
+                promoted.resume().map_err(server("resuming the replica"))?;
+                promoted
+                    .command(&["REPLICAOF", "NO", "ONE"])
+                    .map_err(server("promoting the replica"))?;
+                self.proxy.set_upstream(promoted.addr());
+                self.proxy.cut();
+                retired.push(std::mem::replace(primary, promoted));
+            }
+            Fault::NetLatency | Fault::NetCut | Fault::NetBlackhole => self.proxy.heal(),
+            Fault::PostgresPause => {
+                if let Some(pg) = &servers.postgres {
+                    pg.resume().map_err(server("resuming postgresql"))?;
+                }
+            }
+            Fault::None
+            | Fault::Mixed
+            | Fault::KeyLoss
+            | Fault::EarlyExpiry
+            | Fault::ScriptFlush => {}
+        }
+        Ok(())
+    }
+
+    /// Leaves every server running and reachable: resumes what is paused,
+    /// heals the proxy. Called when a run ends, whatever happened.
+    pub fn heal(&self) {
+        self.proxy.heal();
+        let servers = self.servers();
+        for pid in &servers.workers {
+            let _ = leasehold_testkit::resume_process(*pid);
+        }
+        if servers.primary.is_paused() {
+            let _ = servers.primary.resume();
+        }
+        if let Some(replica) = &servers.replica
+            && replica.is_paused()
+        {
+            let _ = replica.resume();
+        }
+        if let Some(pg) = &servers.postgres
+            && pg.is_paused()
+        {
+            let _ = pg.resume();
+        }
+    }
+}
+
+/// How often a repeated fault fires within its window.
+fn period(fault: Fault) -> Duration {
+    match fault {
+        Fault::KeyLoss | Fault::EarlyExpiry => Duration::from_millis(5),
+        Fault::NetCut => Duration::from_millis(100),
+        _ => Duration::from_millis(50),
+    }
+}
+
+/// Runs `windows` against `lab` from `t0` (the run's start), recording each
+/// fault's start and end, until the schedule ends or `stop` is set. Every
+/// fault is ended (and the lab healed) before it returns, even on error.
+/// Blocking: run it on its own thread.
+///
+/// # Errors
+/// The first [`LabError`]: the run's results would not mean what they say.
+pub fn run_nemesis(
+    lab: &Lab,
+    windows: &[Window],
+    keys: &[String],
+    recorder: &Recorder,
+    stall: &Stall,
+    t0: Instant,
+    stop: &AtomicBool,
+) -> Result<(), LabError> {
+    let result = windows.iter().try_for_each(|window| {
+        if !sleep_until(t0 + window.start, stop) {
+            return Ok(());
+        }
+        let fault = window.fault.name().to_owned();
+        let began = lab.begin(window, keys, stall);
+        let target = match &began {
+            Ok(target) => target.clone(),
+            Err(_) => "error".to_owned(),
+        };
+        recorder.record(
+            "nemesis",
+            Kind::FaultStart {
+                fault: fault.clone(),
+                target: target.clone(),
+            },
+        );
+        let mut result = began.map(drop);
+        let until = t0 + window.end();
+        if window.fault.is_repeated() || window.fault == Fault::NetCut {
+            while result.is_ok()
+                && sleep_until((Instant::now() + period(window.fault)).min(until), stop)
+                && Instant::now() < until
+            {
+                result = lab.repeat(window.fault, keys);
+            }
+        }
+        sleep_until(until, stop);
+        let ended = lab.end(window, stall);
+        recorder.record("nemesis", Kind::FaultEnd { fault, target });
+        result.and(ended)
+    });
+    lab.heal();
+    result
+}
+
+/// Sleeps until `at` in small steps; false if `stop` was set first.
+fn sleep_until(at: Instant, stop: &AtomicBool) -> bool {
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= at {
+            return true;
+        }
+        std::thread::sleep((at - now).min(Duration::from_millis(5)));
+    }
+}

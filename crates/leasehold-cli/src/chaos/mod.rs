@@ -1,0 +1,284 @@
+//! `leasehold chaos`: the fault matrix. Every lock mode under every fault,
+//! several worker processes doing read-modify-write debits on a few
+//! wallets, each run's history checked and, with `--report`, saved with its
+//! timeline.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use leasehold_chaos::{Fault, RunReport};
+use leasehold_testkit::PostgresServer;
+
+mod modes;
+mod run;
+mod worker;
+
+use modes::Mode;
+use run::Plan;
+
+use crate::cli::{OutputFlags, RunFlags};
+use crate::progress::{Progress, note};
+
+/// `leasehold chaos`'s flags.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub(crate) struct ChaosArgs {
+    #[command(subcommand)]
+    action: Option<ChaosAction>,
+    #[command(flatten)]
+    matrix: MatrixArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum ChaosAction {
+    /// Re-checks a saved history (a `.jsonl` file of `--report DIR`) and
+    /// prints what it shows; exits 1 if it shows a violation.
+    Check {
+        /// The history file.
+        file: PathBuf,
+        /// Print the check as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A worker process (started by `chaos` itself; reads its spec on
+    /// stdin).
+    #[command(hide = true)]
+    Worker,
+}
+
+impl ChaosArgs {
+    /// How the matrix (or `check`) prints.
+    pub(crate) fn output(&self) -> OutputFlags {
+        match &self.action {
+            Some(ChaosAction::Check { json, .. }) => OutputFlags {
+                json: *json,
+                metrics_addr: None,
+            },
+            Some(ChaosAction::Worker) => OutputFlags::default(),
+            None => self.matrix.run.output,
+        }
+    }
+
+    /// Whether this process is one of the matrix's workers.
+    pub(crate) fn is_worker(&self) -> bool {
+        matches!(self.action, Some(ChaosAction::Worker))
+    }
+}
+
+/// The matrix's flags.
+#[derive(Debug, Args)]
+struct MatrixArgs {
+    #[command(flatten)]
+    run: RunFlags,
+    /// How long each run lasts.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// The first run's seed (run i uses seed + i): the fault schedule and
+    /// the workload follow from it.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The lock modes (rows), comma-separated [default: all]
+    #[arg(long, value_enum, value_delimiter = ',')]
+    modes: Vec<Mode>,
+    /// The faults (columns), comma-separated [default: all]: none,
+    /// holder-pause, redis-pause, redis-restart, redis-restart-aof,
+    /// failover, net-latency, net-cut, net-blackhole, postgres-pause,
+    /// key-loss, early-expiry, script-flush, mixed
+    #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
+    faults: Vec<Fault>,
+    /// Worker processes per run.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=32))]
+    workers: u32,
+    /// Callers (tasks) per worker.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    tasks: u32,
+    /// Wallets the callers debit (rows 1..=N of `wallets`).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
+    wallets: u32,
+    /// The lease TTL.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// How long an acquire waits for the lock.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    wait: Duration,
+    /// Work between each read and its write (widens the window a stale
+    /// write comes from).
+    #[arg(long, default_value = "5ms", value_parser = humantime::parse_duration)]
+    work: Duration,
+    /// Refresh leases with the watchdog and stop writes whose lease was
+    /// lost.
+    #[arg(long)]
+    watchdog: bool,
+    /// Write each run's history (`.jsonl`) and timeline (`.html`) here.
+    #[arg(long)]
+    report: Option<PathBuf>,
+}
+
+fn parse_fault(s: &str) -> Result<Fault, String> {
+    s.parse()
+        .map_err(|err: leasehold_chaos::UnknownFault| err.to_string())
+}
+
+/// Runs `chaos` (or its `check` / `worker` action).
+pub(crate) async fn run(args: &ChaosArgs) -> anyhow::Result<ExitCode> {
+    match &args.action {
+        Some(ChaosAction::Worker) => {
+            worker::run().await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(ChaosAction::Check { file, json }) => check(file, *json),
+        None => matrix(&args.matrix).await,
+    }
+}
+
+fn check(file: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let report = leasehold_chaos::check_file(file)
+        .with_context(|| format!("checking {}", file.display()))?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("{}", one_line(&report));
+        for violation in &report.violations {
+            println!("  violation: {violation}");
+        }
+    }
+    Ok(if report.holds() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(crate::cli::BROKEN)
+    })
+}
+
+async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
+    let (runs, json) = (args.run.runs, args.run.output.json);
+    anyhow::ensure!(
+        !args.ttl.is_zero(),
+        crate::cli::Usage("--ttl must be above zero".to_owned())
+    );
+    let modes = if args.modes.is_empty() {
+        Mode::ALL.to_vec()
+    } else {
+        args.modes.clone()
+    };
+    let faults = if args.faults.is_empty() {
+        Fault::ALL.to_vec()
+    } else {
+        args.faults.clone()
+    };
+    let plan = Plan {
+        duration: args.duration,
+        workers: args.workers,
+        tasks: args.tasks,
+        wallets: args.wallets,
+        initial: 1_000_000_000,
+        ttl: args.ttl,
+        wait: args.wait,
+        work: args.work,
+        watchdog: args.watchdog,
+    };
+    if let Some(dir) = &args.report {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating the report directory {}", dir.display()))?;
+    }
+    let postgres = Arc::new(
+        tokio::task::spawn_blocking(PostgresServer::start)
+            .await
+            .context("starting a throwaway postgres")?
+            .context("starting a throwaway postgres")?,
+    );
+    let pool = pool(&postgres).await?;
+
+    let cells: Vec<(Mode, Fault)> = modes
+        .iter()
+        .flat_map(|&mode| faults.iter().map(move |&fault| (mode, fault)))
+        .filter(|(mode, fault)| mode.supports(*fault))
+        .collect();
+    let progress = Progress::new("chaos", cells.len() as u64 * u64::from(runs));
+    let mut results = Vec::new();
+    for &(mode, fault) in &cells {
+        for i in 0..runs {
+            let seed = args.seed.wrapping_add(u64::from(i));
+            progress.start(format!("{} x {fault} seed {seed}", mode.name()));
+            let report = run::run_one(&plan, mode, fault, seed, &postgres, &pool)
+                .await
+                .with_context(|| format!("run {mode:?} under {fault} (seed {seed})"))?;
+            if let Some(dir) = &args.report {
+                save(dir, mode, fault, seed, &report)?;
+            }
+            if !json {
+                note!(
+                    "chaos: {} x {} seed {seed}: {}",
+                    mode.name(),
+                    fault,
+                    one_line(&report.check)
+                );
+            }
+            results.push(report.check);
+        }
+    }
+    drop(progress);
+    let rows = leasehold_chaos::rows(&results);
+    if json {
+        for row in &rows {
+            println!("{}", serde_json::to_string(row)?);
+        }
+    } else {
+        print!("{}", leasehold_chaos::report::render_table(&rows));
+    }
+    let verdict = leasehold_chaos::verdict(&rows);
+    if !json {
+        println!("{verdict}");
+    }
+    Ok(if verdict.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(crate::cli::BROKEN)
+    })
+}
+
+fn save(dir: &Path, mode: Mode, fault: Fault, seed: u64, report: &RunReport) -> anyhow::Result<()> {
+    let stem = dir.join(format!("{}-{}-{seed}", mode.name(), fault.name()));
+    let history = stem.with_extension("jsonl");
+    let file = std::fs::File::create(&history)
+        .with_context(|| format!("writing {}", history.display()))?;
+    report.write_history(std::io::BufWriter::new(file))?;
+    let html = stem.with_extension("html");
+    std::fs::write(&html, report.timeline_html())
+        .with_context(|| format!("writing {}", html.display()))?;
+    Ok(())
+}
+
+async fn pool(postgres: &PostgresServer) -> anyhow::Result<deadpool_postgres::Pool> {
+    let pool = crate::env::pg_pool(&postgres.url(), 4)?;
+    let mut db = pool.get().await.context("connecting to postgresql")?;
+    let client: &mut deadpool_postgres::tokio_postgres::Client = &mut db;
+    leasehold_pg::setup(client).await?;
+    drop(db);
+    Ok(pool)
+}
+
+/// One run in a line: its writes, double holders and verdict.
+fn one_line(check: &leasehold_chaos::RunCheck) -> String {
+    let writes = &check.counts.writes;
+    let verdict = match (check.holds(), check.is_control(), check.is_reported_only()) {
+        (true, false, _) => "OK".to_owned(),
+        (true, true, _) => "control NOT caught".to_owned(),
+        (false, true, _) => format!("control caught ({} violations)", check.violations.len()),
+        (false, false, true) => format!(
+            "{} violations (reported, no safety claim)",
+            check.violations.len()
+        ),
+        (false, false, false) => format!("BROKEN ({} violations)", check.violations.len()),
+    };
+    format!(
+        "{} accepted, {} refused stale, {} unknown, {} double holders: {verdict}",
+        writes.accepted,
+        writes.refused_stale,
+        writes.unknown,
+        check.overlaps.len()
+    )
+}

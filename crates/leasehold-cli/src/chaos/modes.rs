@@ -1,0 +1,302 @@
+//! The lock modes of the matrix: how a caller takes the lock, and how it
+//! writes the wallet.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::ValueEnum;
+use deadpool_postgres::Pool;
+use leasehold::{HandoffLocker, Locker, Quorum};
+use leasehold_chaos::{Call, Fault, Lock, WriteOutcome, Written};
+use leasehold_pg::Outcome;
+use leasehold_pg::tokio_postgres::Client;
+use serde::{Deserialize, Serialize};
+
+use crate::ledger;
+
+/// How long any Redis request of a worker may take.
+const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A row of the matrix: a lock and a write path.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum, Serialize, Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Mode {
+    /// Negative control: a plain lease and a blind read-modify-write
+    /// (`UPDATE ... SET balance = <read - amount>`), no database check.
+    Blind,
+    /// A fenced lease and the tutorial's fenced write (`WHERE fence <
+    /// token`): refuses older holders, not a newer holder's stale read.
+    Fenced,
+    /// A fenced lease and a check-and-set write (`WHERE fence < token AND
+    /// fence = <read fence>`).
+    Cas,
+    /// A fenced lease and the fence guard (`leasehold_pg::guard`) first in a
+    /// transaction, then a plain read-modify-write.
+    Guard,
+    /// A fenced hand-off lease and a check-and-set write.
+    Handoff,
+    /// A fenced Redlock lease on 3 independent servers (faults hit one) and
+    /// a check-and-set write.
+    Quorum,
+    /// No Redis lock: `SELECT ... FOR UPDATE` and the debit in one
+    /// transaction.
+    Db,
+}
+
+/// What a mode is expected to do under a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expect {
+    /// No violation in any run.
+    Holds,
+    /// A negative control: a violation in at least 90% of runs.
+    Breaks,
+    /// Not a safety claim: violations are reported, not judged.
+    MayBreak,
+}
+
+impl Mode {
+    pub(crate) const ALL: [Mode; 7] = [
+        Mode::Blind,
+        Mode::Fenced,
+        Mode::Cas,
+        Mode::Guard,
+        Mode::Handoff,
+        Mode::Quorum,
+        Mode::Db,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Mode::Blind => "blind",
+            Mode::Fenced => "fenced",
+            Mode::Cas => "cas",
+            Mode::Guard => "guard",
+            Mode::Handoff => "handoff",
+            Mode::Quorum => "quorum",
+            Mode::Db => "db",
+        }
+    }
+
+    /// The blind write is the control where the fault makes two holders;
+    /// the fenced-only write is documented not to refuse a newer holder's
+    /// stale read, so under the same faults it is reported, not judged.
+    pub(crate) fn expect(self, fault: Fault) -> Expect {
+        match self {
+            Mode::Blind if fault.breaks_the_lock() => Expect::Breaks,
+            Mode::Blind => Expect::MayBreak,
+            Mode::Fenced if fault.can_break_the_lock() => Expect::MayBreak,
+            _ => Expect::Holds,
+        }
+    }
+
+    /// Whether the mode can run under `fault` at all.
+    pub(crate) fn supports(self, fault: Fault) -> bool {
+        match fault {
+            // A quorum has no replica to fail over to; a lone replica
+            // promoted is one node of three, not a failover.
+            Fault::Failover => self != Mode::Quorum,
+            _ => true,
+        }
+    }
+
+    /// How many independent Redis servers the mode needs.
+    pub(crate) fn nodes(self) -> usize {
+        if self == Mode::Quorum { 3 } else { 1 }
+    }
+
+    /// Connects the mode's lock to `urls` (one, or a quorum's).
+    pub(crate) async fn lock(self, urls: &[String]) -> anyhow::Result<Lock> {
+        let first = urls.first().context("no redis url")?;
+        let client = redis::Client::open(first.as_str()).context("opening redis")?;
+        Ok(match self {
+            Mode::Db => Lock::None,
+            Mode::Quorum => {
+                let clients = urls
+                    .iter()
+                    .map(|url| redis::Client::open(url.as_str()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .context("opening redis")?;
+                let mut conns = Vec::new();
+                for client in &clients {
+                    conns.push(leasehold::connect(client, COMMAND_TIMEOUT).await?);
+                }
+                Lock::Quorum(
+                    Quorum::builder(conns)
+                        .node_timeout(COMMAND_TIMEOUT)
+                        .build()?,
+                )
+            }
+            _ => {
+                let conn = leasehold::connect(&client, COMMAND_TIMEOUT).await?;
+                let locker = Locker::builder(conn)
+                    .command_timeout(COMMAND_TIMEOUT)
+                    .build()?;
+                match self {
+                    Mode::Blind => Lock::Plain(locker),
+                    Mode::Handoff => {
+                        Lock::Handoff(HandoffLocker::builder(locker, &client).connect().await?)
+                    }
+                    _ => Lock::Fenced(locker),
+                }
+            }
+        })
+    }
+
+    /// One debit of `call.amount` on `call.resource`'s wallet, with `work`
+    /// between the read and the write.
+    pub(crate) async fn write(self, pool: &Pool, call: Call<'_>, work: Duration) -> Written {
+        let id = match wallet_id(call.resource) {
+            Some(id) => id,
+            None => return Written::with_detail(WriteOutcome::Failed, "not a wallet resource"),
+        };
+        let mut db = match pool.get().await {
+            Ok(db) => db,
+            Err(_) => {
+                return Written::with_detail(WriteOutcome::Failed, "no postgresql connection");
+            }
+        };
+        let client: &mut Client = &mut db;
+        match self.debit(client, id, &call, work).await {
+            Ok(outcome) => outcome,
+            Err(Step::Before(detail)) => Written::with_detail(WriteOutcome::Failed, detail),
+            Err(Step::During(detail)) => Written::with_detail(WriteOutcome::Unknown, detail),
+        }
+    }
+
+    async fn debit(
+        self,
+        client: &mut Client,
+        id: i64,
+        call: &Call<'_>,
+        work: Duration,
+    ) -> Result<Written, Step> {
+        let amount = call.amount;
+        match self {
+            Mode::Db => {
+                let tx = client.transaction().await.map_err(before)?;
+                let locked = leasehold_pg::lock_for_update(&tx, id)
+                    .await
+                    .map_err(before)?;
+                call.pause_point().await;
+                tokio::time::sleep(work).await;
+                let outcome = locked.debit(amount).await.map_err(before)?;
+                tx.commit().await.map_err(during)?;
+                Ok(written(outcome))
+            }
+            Mode::Guard => {
+                let lease = call
+                    .lease
+                    .ok_or_else(|| Step::Before("guard mode takes a lease".into()))?;
+                let tx = client.transaction().await.map_err(before)?;
+                if let leasehold_pg::Guard::Refused { .. } =
+                    leasehold_pg::guard(&tx, lease).await.map_err(before)?
+                {
+                    return Ok(WriteOutcome::RefusedStale.into());
+                }
+                let read = leasehold_pg::read_wallet(&tx, id).await.map_err(before)?;
+                if read.balance() < amount {
+                    return Ok(WriteOutcome::Insufficient.into());
+                }
+                call.pause_point().await;
+                tokio::time::sleep(work).await;
+                ledger::debit_unchecked(&tx, &read, amount, None)
+                    .await
+                    .map_err(|err| Step::Before(format!("{err:#}")))?;
+                tx.commit().await.map_err(during)?;
+                Ok(WriteOutcome::Accepted.into())
+            }
+            Mode::Blind => {
+                let read = leasehold_pg::read_wallet(&*client, id)
+                    .await
+                    .map_err(before)?;
+                if read.balance() < amount {
+                    return Ok(WriteOutcome::Insufficient.into());
+                }
+                call.pause_point().await;
+                tokio::time::sleep(work).await;
+                ledger::debit_unchecked(&*client, &read, amount, None)
+                    .await
+                    .map_err(|err| Step::During(format!("{err:#}")))?;
+                Ok(WriteOutcome::Accepted.into())
+            }
+            Mode::Fenced | Mode::Cas | Mode::Handoff | Mode::Quorum => {
+                let token = call.fence().ok_or_else(|| {
+                    Step::Before("a fenced lease came back without a fence".into())
+                })?;
+                let read = leasehold_pg::read_wallet(&*client, id)
+                    .await
+                    .map_err(before)?;
+                if read.balance() < amount {
+                    return Ok(WriteOutcome::Insufficient.into());
+                }
+                call.pause_point().await;
+                tokio::time::sleep(work).await;
+                let outcome = if self == Mode::Fenced {
+                    leasehold_pg::debit_fenced(&*client, &read, amount, token).await
+                } else {
+                    leasehold_pg::debit_check_and_set(&*client, &read, amount, token).await
+                }
+                .map_err(during)?;
+                if let (Outcome::StaleToken { fence } | Outcome::StaleRead { fence }, Some(lease)) =
+                    (outcome, call.lease)
+                {
+                    // The documented healing step: if Redis lost fence
+                    // increments, raise the counter past what the row has
+                    // seen, or every later token is refused too.
+                    if let Ok(seen) = leasehold::FencingToken::try_from(fence) {
+                        let _ = lease.raise_fence(seen).await;
+                    }
+                }
+                Ok(written(outcome))
+            }
+        }
+    }
+}
+
+/// Where a write failed: before anything could be written, or during the
+/// statement or commit that writes (the outcome is then unknown).
+enum Step {
+    Before(String),
+    During(String),
+}
+
+fn before(err: impl Into<leasehold_pg::Error>) -> Step {
+    Step::Before(describe(err.into()))
+}
+
+fn during(err: impl Into<leasehold_pg::Error>) -> Step {
+    let err = err.into();
+    // Unless the server answered with an error (then nothing committed),
+    // the connection failed mid-statement: it may have committed.
+    let unanswered = match &err {
+        leasehold_pg::Error::Unreachable(_) => true,
+        leasehold_pg::Error::Postgres(err) => err.as_db_error().is_none(),
+        _ => false,
+    };
+    if unanswered {
+        Step::During(describe(err))
+    } else {
+        Step::Before(describe(err))
+    }
+}
+
+fn describe(err: leasehold_pg::Error) -> String {
+    crate::report::chain(&anyhow::Error::new(err))
+}
+
+fn written(outcome: Outcome) -> Written {
+    match outcome {
+        Outcome::Applied { .. } => WriteOutcome::Accepted,
+        Outcome::StaleToken { .. } | Outcome::StaleRead { .. } => WriteOutcome::RefusedStale,
+        Outcome::InsufficientFunds { .. } => WriteOutcome::Insufficient,
+        _ => WriteOutcome::Failed,
+    }
+    .into()
+}
+
+/// The wallet id of resource `wallet:N`.
+pub(crate) fn wallet_id(resource: &str) -> Option<i64> {
+    resource.strip_prefix("wallet:")?.parse().ok()
+}

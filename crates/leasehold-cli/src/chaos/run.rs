@@ -1,0 +1,284 @@
+//! One run of the matrix: a lab, the worker processes, the nemesis, and
+//! the final state of every wallet.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use deadpool_postgres::Pool;
+use leasehold_chaos::{
+    Event, Fault, Kind, Lab, LabOptions, Recorder, RunReport, Stall, lock_key, run_nemesis,
+    schedule, start_to_micros,
+};
+use leasehold_testkit::PostgresServer;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use super::modes::{Expect, Mode};
+use super::worker::Spec;
+
+/// The settings every run of one invocation shares.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) duration: Duration,
+    pub(crate) workers: u32,
+    pub(crate) tasks: u32,
+    pub(crate) wallets: u32,
+    pub(crate) initial: i64,
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) work: Duration,
+    pub(crate) watchdog: bool,
+}
+
+/// How long a worker may take to start and connect.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// From telling the workers to start to the run's start.
+const START_MARGIN: Duration = Duration::from_millis(20);
+
+/// How long a worker may outlive its run before it is killed.
+const GRACE: Duration = Duration::from_secs(20);
+
+/// Runs `mode` under `fault` once with `seed`.
+pub(crate) async fn run_one(
+    plan: &Plan,
+    mode: Mode,
+    fault: Fault,
+    seed: u64,
+    postgres: &Arc<PostgresServer>,
+    pool: &Pool,
+) -> anyhow::Result<RunReport> {
+    let options = LabOptions::default()
+        .for_fault(fault)
+        .nodes(mode.nodes())
+        .postgres(postgres.clone());
+    let lab = tokio::task::spawn_blocking(move || Lab::start(&options))
+        .await
+        .context("starting the lab")??;
+    let resources: Vec<(String, i64)> = (1..=plan.wallets)
+        .map(|id| (format!("wallet:{id}"), plan.initial))
+        .collect();
+    reset(pool, &resources).await?;
+
+    let header = Kind::Run {
+        mode: mode.name().to_owned(),
+        fault: fault.name().to_owned(),
+        seed,
+        ttl_ms: u64::try_from(plan.ttl.as_millis()).unwrap_or(u64::MAX),
+        control: mode.expect(fault) == Expect::Breaks,
+        reported_only: mode.expect(fault) == Expect::MayBreak,
+        initial: resources.clone(),
+    };
+    let urls = if mode.nodes() > 1 {
+        lab.node_urls()
+    } else {
+        vec![lab.redis_url()]
+    };
+    let database_url = lab.postgres_url().context("the lab has no postgresql")?;
+    let mut workers = Vec::new();
+    for worker in 0..plan.workers {
+        let spec = Spec {
+            worker,
+            tasks: plan.tasks,
+            mode,
+            redis_urls: urls.clone(),
+            database_url: database_url.clone(),
+            resources: resources.iter().map(|(r, _)| r.clone()).collect(),
+            ttl_ms: millis(plan.ttl),
+            wait_ms: millis(plan.wait),
+            work_ms: millis(plan.work),
+            watchdog: plan.watchdog,
+            seed: seed ^ u64::from(worker).wrapping_mul(0x2545_f491_4f6c_dd1d),
+            duration_ms: millis(plan.duration),
+        };
+        workers.push(spawn_worker(&spec).await?);
+    }
+    lab.set_workers(workers.iter().filter_map(|w| w.child.id()).collect());
+    for (index, worker) in workers.iter_mut().enumerate() {
+        let ready = tokio::time::timeout(READY_TIMEOUT, &mut worker.ready).await;
+        if !matches!(ready, Ok(Ok(()))) {
+            let _ = worker.child.kill().await;
+            let stderr = (&mut worker.stderr).await.unwrap_or_default();
+            anyhow::bail!("worker {index} did not get ready: {stderr}");
+        }
+    }
+    // Every worker is connected: the run starts now, for all at once.
+    let start = SystemTime::now() + START_MARGIN;
+    let t0 = Instant::now() + START_MARGIN;
+    let recorder = Recorder::in_memory(start);
+    recorder.record_at(0, "coordinator", header);
+    for worker in &mut workers {
+        if let Some(mut stdin) = worker.stdin.take() {
+            stdin
+                .write_all(format!("{}\n", start_to_micros(start)).as_bytes())
+                .await
+                .context("telling a worker the run's start")?;
+        }
+    }
+
+    let windows = schedule(fault, seed, plan.duration, plan.ttl, plan.workers);
+    let keys: Vec<String> = resources.iter().map(|(r, _)| lock_key(r)).collect();
+    let stopped = Arc::new(AtomicBool::new(false));
+    let nemesis = {
+        let (lab, recorder, stopped) = (lab.clone(), recorder.clone(), stopped.clone());
+        std::thread::spawn(move || {
+            run_nemesis(
+                &lab,
+                &windows,
+                &keys,
+                &recorder,
+                &Stall::default(),
+                t0,
+                &stopped,
+            )
+        })
+    };
+
+    let deadline = tokio::time::Instant::from_std(t0 + plan.duration + GRACE);
+    let mut failures = Vec::new();
+    for (index, mut worker) in workers.into_iter().enumerate() {
+        let failed = match tokio::time::timeout_at(deadline, worker.child.wait()).await {
+            Ok(Ok(status)) if status.success() => None,
+            Ok(Ok(status)) => Some(format!("worker {index} exited with {status}")),
+            Ok(Err(err)) => Some(format!("worker {index}: {err}")),
+            Err(_) => {
+                lab.heal();
+                let _ = worker.child.kill().await;
+                Some(format!(
+                    "worker {index} did not stop within {GRACE:?} of the run's end"
+                ))
+            }
+        };
+        let history = (&mut worker.history).await.unwrap_or_default();
+        for event in history {
+            recorder.record_at(event.at_us, &event.actor, event.kind);
+        }
+        let stderr = (&mut worker.stderr).await.unwrap_or_default();
+        if let Some(failed) = failed {
+            failures.push(format!("{failed}: {stderr}"));
+        }
+    }
+    stopped.store(true, Ordering::SeqCst);
+    let nemesis = tokio::task::spawn_blocking(move || nemesis.join())
+        .await
+        .ok()
+        .and_then(Result::ok);
+    match nemesis {
+        Some(Ok(())) => {}
+        Some(Err(err)) => anyhow::bail!(
+            "the nemesis failed ({}): {}",
+            crate::report::chain(&anyhow::Error::new(err)),
+            lab.logs()
+        ),
+        None => anyhow::bail!("the nemesis panicked"),
+    }
+    anyhow::ensure!(failures.is_empty(), "{}", failures.join("; "));
+
+    let db = pool.get().await.context("connecting to postgresql")?;
+    for (resource, _) in &resources {
+        let id = super::modes::wallet_id(resource).context("a wallet resource")?;
+        let audit = leasehold_pg::audit(&**db, id).await?;
+        recorder.record(
+            "checker",
+            Kind::Final {
+                resource: resource.clone(),
+                balance: audit.balance,
+                ledger_sum: audit.ledger_sum,
+                ledger_rows: audit.ledger_count,
+            },
+        );
+    }
+    Ok(RunReport::new(recorder.take()))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Resets every wallet and its fence guard row.
+async fn reset(pool: &Pool, resources: &[(String, i64)]) -> anyhow::Result<()> {
+    let db = pool.get().await.context("connecting to postgresql")?;
+    for (resource, initial) in resources {
+        let id = super::modes::wallet_id(resource).context("a wallet resource")?;
+        leasehold_pg::reset_wallet(&**db, id, *initial).await?;
+        db.execute(
+            "DELETE FROM leasehold_fences WHERE resource = $1",
+            &[&format!("fence:{{{resource}}}")],
+        )
+        .await
+        .map_err(leasehold_pg::Error::from)
+        .context("resetting the fence guard")?;
+    }
+    Ok(())
+}
+
+/// A worker process and the tasks reading its output.
+struct Worker {
+    child: tokio::process::Child,
+    /// Where the run's start goes, once every worker is ready.
+    stdin: Option<tokio::process::ChildStdin>,
+    /// Fires when the worker says it is connected.
+    ready: tokio::sync::oneshot::Receiver<()>,
+    /// The worker's history, once its stdout closes.
+    history: tokio::task::JoinHandle<Vec<Event>>,
+    /// The last lines of its stderr, once it closes.
+    stderr: tokio::task::JoinHandle<String>,
+}
+
+/// Starts one worker process and hands it its spec on stdin.
+async fn spawn_worker(spec: &Spec) -> anyhow::Result<Worker> {
+    let exe = std::env::current_exe().context("finding the leasehold binary")?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(["chaos", "worker"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting a worker process")?;
+    let mut stdin = child.stdin.take().context("the worker's stdin")?;
+    let mut line = serde_json::to_vec(spec)?;
+    line.push(b'\n');
+    stdin
+        .write_all(&line)
+        .await
+        .context("sending the worker its spec")?;
+    let stdout = child.stdout.take().context("the worker's stdout")?;
+    let stderr = child.stderr.take().context("the worker's stderr")?;
+    let (said_ready, ready) = tokio::sync::oneshot::channel();
+    let history = tokio::spawn(async move {
+        let mut lines = BufReader::new(stdout).lines();
+        let mut said_ready = Some(said_ready);
+        let mut events = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.as_bytes() == super::worker::READY.trim_ascii_end() {
+                if let Some(said) = said_ready.take() {
+                    let _ = said.send(());
+                }
+            } else if let Ok(event) = serde_json::from_str::<Event>(&line) {
+                events.push(event);
+            }
+        }
+        events
+    });
+    let stderr = tokio::spawn(async move {
+        let mut tail = std::collections::VecDeque::new();
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if tail.len() == 10 {
+                tail.pop_front();
+            }
+            tail.push_back(line);
+        }
+        tail.into_iter().collect::<Vec<_>>().join("\n")
+    });
+    Ok(Worker {
+        child,
+        stdin: Some(stdin),
+        ready,
+        history,
+        stderr,
+    })
+}

@@ -1,0 +1,110 @@
+//! A worker process: the callers of one process, re-invoked by the
+//! coordinator as `leasehold chaos worker`, so that a holder pause is a
+//! real process pause (SIGSTOP). It reads its spec as one JSON line on
+//! stdin (it holds the database URL, which must not show in `ps`),
+//! connects, prints `ready`, reads the run's start (microseconds since the
+//! Unix epoch) as a second line, and writes its history as JSON lines on
+//! stdout.
+
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use leasehold::CancellationToken;
+use leasehold_chaos::{Callers, Recorder, Stall, start_from_micros};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use super::modes::Mode;
+
+/// What a worker prints once connected.
+pub(crate) const READY: &[u8] = b"ready\n";
+
+/// What a worker runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Spec {
+    pub(crate) worker: u32,
+    pub(crate) tasks: u32,
+    pub(crate) mode: Mode,
+    pub(crate) redis_urls: Vec<String>,
+    pub(crate) database_url: String,
+    pub(crate) resources: Vec<String>,
+    pub(crate) ttl_ms: u64,
+    pub(crate) wait_ms: u64,
+    pub(crate) work_ms: u64,
+    pub(crate) watchdog: bool,
+    pub(crate) seed: u64,
+    /// How long after the start the callers stop.
+    pub(crate) duration_ms: u64,
+}
+
+/// Runs the worker described on stdin until its run ends.
+pub(crate) async fn run() -> anyhow::Result<()> {
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    let input = stdin
+        .next_line()
+        .await
+        .context("reading the worker spec")?
+        .context("no worker spec on stdin")?;
+    let spec: Spec = serde_json::from_str(&input).context("parsing the worker spec")?;
+    let pool = crate::env::pg_pool(&spec.database_url, spec.tasks as usize)?;
+    let lock = spec.mode.lock(&spec.redis_urls).await?;
+    // Every connection open before the run starts: a first write that
+    // spends the TTL on a connection handshake would show as a double
+    // holder the faults did not cause.
+    let warm: Vec<_> = futures_util::future::join_all((0..spec.tasks).map(|_| pool.get()))
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .context("connecting to postgresql")?;
+    drop(warm);
+    let mut stdout = tokio::io::stdout();
+    stdout.write_all(READY).await.context("saying ready")?;
+    stdout.flush().await.context("saying ready")?;
+    let start_us: u64 = stdin
+        .next_line()
+        .await
+        .context("reading the run's start")?
+        .context("no start on stdin")?
+        .trim()
+        .parse()
+        .context("parsing the run's start")?;
+    let start = start_from_micros(start_us);
+    if let Ok(wait) = start.duration_since(SystemTime::now()) {
+        tokio::time::sleep(wait).await;
+    }
+    let recorder = Recorder::to_writer(start, std::io::stdout());
+    let callers = Callers {
+        worker: spec.worker,
+        tasks: spec.tasks,
+        resources: spec.resources.clone(),
+        ttl: Duration::from_millis(spec.ttl_ms),
+        wait: Duration::from_millis(spec.wait_ms),
+        watchdog: spec.watchdog,
+        amounts: 1..=9,
+        seed: spec.seed,
+    };
+    let stop = CancellationToken::new();
+    let end = start + Duration::from_millis(spec.duration_ms);
+    let timer = {
+        let stop = stop.clone();
+        async move {
+            // Wall-clock based, so a worker paused past the end stops as
+            // soon as it resumes.
+            loop {
+                let left = end
+                    .duration_since(SystemTime::now())
+                    .unwrap_or(Duration::ZERO);
+                if left.is_zero() {
+                    break;
+                }
+                tokio::time::sleep(left.min(Duration::from_millis(50))).await;
+            }
+            stop.cancel();
+        }
+    };
+    let (mode, work) = (spec.mode, Duration::from_millis(spec.work_ms));
+    let write = async |call: leasehold_chaos::Call<'_>| mode.write(&pool, call, work).await;
+    let stall = Stall::default();
+    tokio::join!(callers.run(&lock, &recorder, &stop, &stall, &write), timer);
+    Ok(())
+}
