@@ -258,7 +258,9 @@ mod tests {
         for fault in Fault::ALL {
             assert_eq!(fault.name().parse::<Fault>(), Ok(fault));
         }
-        let err = "reboot".parse::<Fault>().expect_err("an unknown fault name");
+        let err = "reboot"
+            .parse::<Fault>()
+            .expect_err("an unknown fault name");
         assert!(err.to_string().contains("key-loss"), "{err}");
     }
 

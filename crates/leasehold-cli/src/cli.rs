@@ -728,13 +728,9 @@ impl Default for LockArgs {
 pub(crate) async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let output = cli.output();
     // A benchmark measures the library without a recorder unless asked.
-    // Neither are the chaos matrix's worker processes (their coordinator
-    // reads their stderr).
-    let unmeasured = match &cli.command {
-        Command::Bench(_) => true,
-        Command::Chaos(args) => args.is_worker(),
-        _ => false,
-    };
+    // chaos takes its leases in worker processes, whose metrics it does not
+    // gather.
+    let unmeasured = matches!(cli.command, Command::Bench(_) | Command::Chaos(_));
     let summary = if output.metrics_addr.is_some() || !unmeasured {
         Some(metrics::install(output.metrics_addr)?)
     } else {

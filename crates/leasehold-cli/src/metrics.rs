@@ -245,9 +245,22 @@ impl Summary {
     }
 
     /// Prints [`render`](Self::render) to stderr (stdout stays the run's
-    /// own output, JSON included).
+    /// own output, JSON included), unless no lease was asked for (`race`).
     pub(crate) fn print(&self) {
-        eprintln!("{}", self.render());
+        if self.acquires() > 0 {
+            eprintln!("{}", self.render());
+        }
+    }
+
+    /// How many acquires ended, whatever their outcome.
+    fn acquires(&self) -> u64 {
+        self.inner
+            .acquires
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .map(|latency| latency.count.load(Ordering::Relaxed))
+            .sum()
     }
 }
 

@@ -20,7 +20,7 @@ mod worker;
 use modes::Mode;
 use run::Plan;
 
-use crate::cli::{OutputFlags, RunFlags};
+use crate::cli::OutputFlags;
 use crate::progress::{Progress, note};
 
 /// `leasehold chaos`'s flags.
@@ -59,21 +59,24 @@ impl ChaosArgs {
                 metrics_addr: None,
             },
             Some(ChaosAction::Worker) => OutputFlags::default(),
-            None => self.matrix.run.output,
+            None => OutputFlags {
+                json: self.matrix.json,
+                metrics_addr: None,
+            },
         }
-    }
-
-    /// Whether this process is one of the matrix's workers.
-    pub(crate) fn is_worker(&self) -> bool {
-        matches!(self.action, Some(ChaosAction::Worker))
     }
 }
 
 /// The matrix's flags.
 #[derive(Debug, Args)]
 struct MatrixArgs {
-    #[command(flatten)]
-    run: RunFlags,
+    /// Runs of each mode x fault (run i uses seed + i).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: u32,
+    /// Print one JSON object per mode x fault instead of the table; no
+    /// progress bar.
+    #[arg(long)]
+    json: bool,
     /// How long each run lasts.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     duration: Duration,
@@ -154,7 +157,7 @@ fn check(file: &Path, json: bool) -> anyhow::Result<ExitCode> {
 }
 
 async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
-    let (runs, json) = (args.run.runs, args.run.output.json);
+    let (runs, json) = (args.runs, args.json);
     anyhow::ensure!(
         !args.ttl.is_zero(),
         crate::cli::Usage("--ttl must be above zero".to_owned())
@@ -169,6 +172,19 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     } else {
         args.faults.clone()
     };
+    // A fault that would never happen must not pass for one that held.
+    if let Some(fault) = faults.iter().find(|&&fault| {
+        fault != Fault::None
+            && leasehold_chaos::schedule(fault, args.seed, args.duration, args.ttl, args.workers)
+                .is_empty()
+    }) {
+        return Err(crate::cli::Usage(format!(
+            "--duration {} leaves no room for a {fault} window at --ttl {} (a quarter of the run to warm up, the window, then a quiet gap of max(4 x ttl, 1s)); make it longer",
+            humantime::format_duration(args.duration),
+            humantime::format_duration(args.ttl),
+        ))
+        .into());
+    }
     let plan = Plan {
         duration: args.duration,
         workers: args.workers,
