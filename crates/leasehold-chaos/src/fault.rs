@@ -140,11 +140,16 @@ impl Fault {
     }
 
     /// True when the fault needs control of the Redis process (pause, kill,
-    /// restart, promote), so it cannot run against a user's own server.
+    /// restart, promote), so it cannot run against a user's own server. A
+    /// mixed schedule does (it draws such faults too).
     pub const fn needs_redis_process(self) -> bool {
         matches!(
             self,
-            Fault::RedisPause | Fault::RedisRestart | Fault::RedisRestartAof | Fault::Failover
+            Fault::RedisPause
+                | Fault::RedisRestart
+                | Fault::RedisRestartAof
+                | Fault::Failover
+                | Fault::Mixed
         )
     }
 

@@ -31,6 +31,19 @@ pub enum LabError {
         #[source]
         source: leasehold_testkit::Error,
     },
+    /// The Redis URL given to [`LabOptions::redis_url`] cannot be used
+    /// (the URL itself is not shown: it may hold a password).
+    #[error("the redis url cannot be used: {0}")]
+    RedisUrl(&'static str),
+    /// A command to the Redis server given by URL failed.
+    #[error("{what} failed on the redis at the given url")]
+    External {
+        /// What was being done.
+        what: String,
+        /// redis-rs's error.
+        #[source]
+        source: redis::RedisError,
+    },
     /// The fault needs a server this lab does not have.
     #[error("fault {fault} needs {needs}, which this lab does not have")]
     Unsupported {
@@ -54,6 +67,7 @@ pub struct LabOptions {
     aof: bool,
     nodes: usize,
     postgres: Option<Arc<PostgresServer>>,
+    redis_url: Option<String>,
 }
 
 impl LabOptions {
@@ -84,6 +98,21 @@ impl LabOptions {
         self
     }
 
+    /// Your own Redis (a plain `redis://` URL, with its password and
+    /// database if any) instead of a throwaway one: the fault proxy goes in
+    /// front of it. Only the faults that need no control of the Redis
+    /// process can run then ([`Fault::needs_redis_process`] is false), and
+    /// no replica, AOF or extra nodes can be asked for. Defaults to none.
+    ///
+    /// The lab changes that server: it deletes or expires the lock keys
+    /// its callers use ([`Fault::KeyLoss`], [`Fault::EarlyExpiry`]) and
+    /// runs `SCRIPT FLUSH` ([`Fault::ScriptFlush`]), which drops every
+    /// client's cached scripts. Point it at a test server.
+    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+        self.redis_url = Some(url.into());
+        self
+    }
+
     /// The options a fault needs on top of these.
     pub fn for_fault(self, fault: Fault) -> Self {
         match fault {
@@ -94,8 +123,16 @@ impl LabOptions {
     }
 }
 
+/// The Redis the callers use, behind the fault proxy.
+enum Primary {
+    /// A throwaway redis-server the lab started and controls.
+    Own(RedisServer),
+    /// The user's server, reached by URL: commands only.
+    External(redis::Client),
+}
+
 struct Servers {
-    primary: RedisServer,
+    primary: Primary,
     replica: Option<RedisServer>,
     /// Servers killed by a failover, kept for their logs until the lab goes.
     retired: Vec<RedisServer>,
@@ -112,6 +149,9 @@ pub struct Lab {
     servers: Arc<Mutex<Servers>>,
     proxy: Arc<FaultProxy>,
     aof: bool,
+    /// The callers' URL to an external primary (its credentials, the
+    /// proxy's address); `None` for a throwaway one.
+    caller_url: Option<String>,
 }
 
 impl Lab {
@@ -121,6 +161,9 @@ impl Lab {
     /// # Errors
     /// [`LabError::Server`] when a server does not start.
     pub fn start(options: &LabOptions) -> Result<Lab, LabError> {
+        if let Some(url) = &options.redis_url {
+            return Self::start_external(options, url);
+        }
         let mut redis = RedisOptions::default().args(["--repl-diskless-sync-delay", "0"]);
         if options.aof {
             redis = redis.appendonly();
@@ -145,7 +188,7 @@ impl Lab {
             FaultProxy::start(primary.addr()).map_err(server("starting the fault proxy"))?;
         Ok(Lab {
             servers: Arc::new(Mutex::new(Servers {
-                primary,
+                primary: Primary::Own(primary),
                 replica,
                 retired: Vec::new(),
                 nodes,
@@ -154,6 +197,62 @@ impl Lab {
             })),
             proxy: Arc::new(proxy),
             aof: options.aof,
+            caller_url: None,
+        })
+    }
+
+    /// A lab in front of the user's Redis at `url`.
+    fn start_external(options: &LabOptions, url: &str) -> Result<Lab, LabError> {
+        if options.replica || options.aof || options.nodes > 1 {
+            return Err(LabError::RedisUrl(
+                "a replica, an append-only file or extra nodes need throwaway servers",
+            ));
+        }
+        let client =
+            redis::Client::open(url).map_err(|_| LabError::RedisUrl("it does not parse"))?;
+        let info = client.get_connection_info();
+        let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
+            return Err(LabError::RedisUrl(
+                "only plain redis:// over TCP can go through the fault proxy (a TLS certificate would not name it)",
+            ));
+        };
+        let upstream = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), *port))
+            .ok()
+            .and_then(|mut addrs| addrs.next())
+            .ok_or(LabError::RedisUrl("its host does not resolve"))?;
+        // Reachable, and the credentials work, before any run starts.
+        let mut conn = client
+            .get_connection_with_timeout(EXTERNAL_TIMEOUT)
+            .map_err(external("connecting"))?;
+        redis::cmd("PING")
+            .query::<()>(&mut conn)
+            .map_err(external("PING"))?;
+        let proxy = FaultProxy::start(upstream).map_err(server("starting the fault proxy"))?;
+        let redis = info.redis_settings();
+        let mut caller_url = "redis://".to_owned();
+        if let Some(user) = redis.username() {
+            caller_url.push_str(&encode(user));
+        }
+        if let Some(password) = redis.password() {
+            caller_url.push(':');
+            caller_url.push_str(&encode(password));
+        }
+        if redis.username().is_some() || redis.password().is_some() {
+            caller_url.push('@');
+        }
+        caller_url.push_str(&format!("{}/{}", proxy.addr(), redis.db()));
+        Ok(Lab {
+            servers: Arc::new(Mutex::new(Servers {
+                primary: Primary::External(client),
+                replica: None,
+                retired: Vec::new(),
+                nodes: Vec::new(),
+                postgres: options.postgres.clone(),
+                workers: Vec::new(),
+            })),
+            proxy: Arc::new(proxy),
+            aof: false,
+            caller_url: Some(caller_url),
         })
     }
 
@@ -163,7 +262,10 @@ impl Lab {
 
     /// The URL callers use: the primary, through the fault proxy.
     pub fn redis_url(&self) -> String {
-        format!("redis://{}/", self.proxy.addr())
+        match &self.caller_url {
+            Some(url) => url.clone(),
+            None => format!("redis://{}/", self.proxy.addr()),
+        }
     }
 
     /// The URLs of a Redlock quorum: [`redis_url`](Self::redis_url) first
@@ -189,7 +291,10 @@ impl Lab {
     /// The server logs, for a failure message.
     pub fn logs(&self) -> String {
         let servers = self.servers();
-        let mut out = format!("--- redis (primary) ---\n{}", servers.primary.log());
+        let mut out = match &servers.primary {
+            Primary::Own(primary) => format!("--- redis (primary) ---\n{}", primary.log()),
+            Primary::External(_) => "--- redis: yours, no log here ---".to_owned(),
+        };
         for (i, old) in servers.retired.iter().enumerate() {
             out.push_str(&format!("\n--- redis (retired {i}) ---\n{}", old.log()));
         }
@@ -223,7 +328,9 @@ impl Lab {
                 }
             }
             Fault::RedisPause => {
-                servers.primary.pause().map_err(server("pausing redis"))?;
+                own(&mut servers.primary, fault)?
+                    .pause()
+                    .map_err(server("pausing redis"))?;
                 "redis".to_owned()
             }
             Fault::RedisRestart | Fault::RedisRestartAof => {
@@ -233,13 +340,16 @@ impl Lab {
                         needs: "redis with an append-only file",
                     });
                 }
-                servers.primary.kill().map_err(server("killing redis"))?;
+                own(&mut servers.primary, fault)?
+                    .kill()
+                    .map_err(server("killing redis"))?;
                 "redis".to_owned()
             }
             Fault::Failover => {
                 let Servers {
                     primary, replica, ..
                 } = &mut *servers;
+                let primary = own(primary, fault)?;
                 let replica = replica.as_ref().ok_or(LabError::Unsupported {
                     fault,
                     needs: "a replica",
@@ -285,23 +395,23 @@ impl Lab {
     fn repeat(&self, fault: Fault, keys: &[String]) -> Result<(), LabError> {
         let servers = self.servers();
         let redis = &servers.primary;
-        let result = match fault {
+        let what = format!("injecting {fault}");
+        match fault {
             Fault::KeyLoss => {
                 let mut args = vec!["DEL"];
                 args.extend(keys.iter().map(String::as_str));
-                redis.command(&args).map(drop)
+                redis.command(&args, &what)
             }
             Fault::EarlyExpiry => keys
                 .iter()
-                .try_for_each(|key| redis.command(&["PEXPIRE", key, "1"]).map(drop)),
-            Fault::ScriptFlush => redis.command(&["SCRIPT", "FLUSH"]).map(drop),
+                .try_for_each(|key| redis.command(&["PEXPIRE", key, "1"], &what)),
+            Fault::ScriptFlush => redis.command(&["SCRIPT", "FLUSH"], &what),
             Fault::NetCut => {
                 self.proxy.cut();
                 Ok(())
             }
             _ => Ok(()),
-        };
-        result.map_err(server(format!("injecting {fault}")))
+        }
     }
 
     /// Ends `window`'s fault: resumes, heals, restarts, promotes.
@@ -315,13 +425,13 @@ impl Lab {
                     leasehold_testkit::resume_process(*pid).map_err(server("resuming a worker"))?;
                 }
             }
-            Fault::RedisPause => servers.primary.resume().map_err(server("resuming redis"))?,
-            Fault::RedisRestart => servers
-                .primary
+            Fault::RedisPause => own(&mut servers.primary, fault)?
+                .resume()
+                .map_err(server("resuming redis"))?,
+            Fault::RedisRestart => own(&mut servers.primary, fault)?
                 .restart_empty()
                 .map_err(server("restarting redis empty"))?,
-            Fault::RedisRestartAof => servers
-                .primary
+            Fault::RedisRestartAof => own(&mut servers.primary, fault)?
                 .restart()
                 .map_err(server("restarting redis from its append-only file"))?,
             Fault::Failover => {
@@ -331,6 +441,7 @@ impl Lab {
                     retired,
                     ..
                 } = &mut *servers;
+                let primary = own(primary, fault)?;
                 let Some(promoted) = replica.take() else {
                     return Err(LabError::Unsupported {
                         fault,
@@ -369,8 +480,10 @@ impl Lab {
         for pid in &servers.workers {
             let _ = leasehold_testkit::resume_process(*pid);
         }
-        if servers.primary.is_paused() {
-            let _ = servers.primary.resume();
+        if let Primary::Own(primary) = &servers.primary
+            && primary.is_paused()
+        {
+            let _ = primary.resume();
         }
         if let Some(replica) = &servers.replica
             && replica.is_paused()
@@ -383,6 +496,65 @@ impl Lab {
             let _ = pg.resume();
         }
     }
+}
+
+/// How long a command to an external Redis may take.
+const EXTERNAL_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn external(what: impl Into<String>) -> impl FnOnce(redis::RedisError) -> LabError {
+    let what = what.into();
+    move |source| LabError::External { what, source }
+}
+
+/// The throwaway primary `fault` needs to control.
+fn own(primary: &mut Primary, fault: Fault) -> Result<&mut RedisServer, LabError> {
+    match primary {
+        Primary::Own(server) => Ok(server),
+        Primary::External(_) => Err(LabError::Unsupported {
+            fault,
+            needs: "a redis-server the lab started (it controls the process)",
+        }),
+    }
+}
+
+impl Primary {
+    /// Runs one command, its reply dropped.
+    fn command(&self, args: &[&str], what: &str) -> Result<(), LabError> {
+        match self {
+            Primary::Own(server) => server.command(args).map(drop).map_err(server_err(what)),
+            Primary::External(client) => {
+                let mut conn = client
+                    .get_connection_with_timeout(EXTERNAL_TIMEOUT)
+                    .map_err(external(what))?;
+                conn.set_read_timeout(Some(EXTERNAL_TIMEOUT))
+                    .map_err(external(what))?;
+                let mut cmd = redis::cmd(args.first().copied().unwrap_or("PING"));
+                for arg in args.iter().skip(1) {
+                    cmd.arg(*arg);
+                }
+                cmd.query::<redis::Value>(&mut conn)
+                    .map(drop)
+                    .map_err(external(what))
+            }
+        }
+    }
+}
+
+fn server_err(what: &str) -> impl FnOnce(leasehold_testkit::Error) -> LabError {
+    server(what.to_owned())
+}
+
+/// `text` percent-encoded for a URL's user or password.
+fn encode(text: &str) -> String {
+    let mut out = String::new();
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
 }
 
 /// How often a repeated fault fires within its window.

@@ -119,3 +119,61 @@ fn chaos_check_names_a_missing_file_and_an_unknown_fault_is_a_usage_error() -> T
     assert!(String::from_utf8_lossy(&out.stderr).contains("key-loss"));
     Ok(())
 }
+
+/// `--redis-url`: the matrix runs against a Redis it did not start (here a
+/// password-protected one the test starts), through the fault proxy; the
+/// faults that need the Redis process are skipped with a note, not run
+/// against a server they cannot control.
+#[test]
+fn the_matrix_runs_against_your_own_redis_for_the_faults_that_need_no_process() -> TestResult {
+    let redis = leasehold_testkit::RedisServer::start_with(
+        leasehold_testkit::RedisOptions::default().password("own-s3cret"),
+    )?;
+    let url = format!("redis://:own-s3cret@127.0.0.1:{}/", redis.port());
+    let out = leasehold(&[
+        "chaos",
+        "--json",
+        "--redis-url",
+        &url,
+        "--modes",
+        "blind,cas,quorum",
+        "--faults",
+        "key-loss,redis-restart",
+        "--duration",
+        "3s",
+    ])?;
+    let stdout = String::from_utf8(out.stdout)?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("own-s3cret"), "{stderr}");
+    assert!(
+        stderr.contains("skipped with --redis-url")
+            && stderr.contains("cas x redis-restart")
+            && stderr.contains("quorum x key-loss"),
+        "{stderr}"
+    );
+    let rows: Vec<Value> = stdout
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let cells: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| (r["mode"].to_string(), r["fault"].to_string()))
+        .collect();
+    assert_eq!(
+        cells,
+        [
+            (r#""blind""#.to_owned(), r#""key-loss""#.to_owned()),
+            (r#""cas""#.to_owned(), r#""key-loss""#.to_owned())
+        ],
+        "{stdout}"
+    );
+    // The locks were taken on this server: cas raised its fence counters.
+    let counter = redis.command(&["EXISTS", "fence:{wallet:1}"])?;
+    assert_eq!(counter.to_string(), "1", "{counter:?}");
+
+    // A TLS URL cannot go through the proxy: usage, before anything starts.
+    let out = leasehold(&["chaos", "--redis-url", "rediss://127.0.0.1:1/"])?;
+    assert_eq!(out.status.code(), Some(2));
+    Ok(())
+}

@@ -228,6 +228,7 @@ pub(crate) fn refresh(by: &'static str, outcome: &'static str) {
 
 /// A waiter of this process was handed a lease (`via`: `grant`,
 /// `recheck`, `relay`).
+#[cfg(feature = "handoff")]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn handoff(via: &'static str) {
     #[cfg(feature = "metrics")]
@@ -235,6 +236,7 @@ pub(crate) fn handoff(via: &'static str) {
 }
 
 /// Where a hand-off waiter waits.
+#[cfg(feature = "handoff")]
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Queue {
     Redis,
@@ -242,12 +244,14 @@ pub(crate) enum Queue {
 }
 
 /// Counts one waiter in [`HANDOFF_WAITERS`] while it lives.
+#[cfg(feature = "handoff")]
 #[derive(Debug)]
 pub(crate) struct Waiter {
     #[cfg(feature = "metrics")]
     queue: &'static str,
 }
 
+#[cfg(feature = "handoff")]
 impl Waiter {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn enter(queue: Queue) -> Waiter {
@@ -265,7 +269,7 @@ impl Waiter {
     }
 }
 
-#[cfg(feature = "metrics")]
+#[cfg(all(feature = "metrics", feature = "handoff"))]
 impl Drop for Waiter {
     fn drop(&mut self) {
         ::metrics::gauge!(HANDOFF_WAITERS, LABEL_QUEUE => self.queue).decrement(1.0);

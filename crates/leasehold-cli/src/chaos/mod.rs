@@ -116,6 +116,16 @@ struct MatrixArgs {
     /// lost.
     #[arg(long)]
     watchdog: bool,
+    /// Run against your own Redis (a plain redis:// URL, credentials
+    /// included; no environment variable, on purpose) instead of a
+    /// throwaway one, through the fault proxy. Only the faults that need
+    /// no control of the Redis process run (not redis-pause,
+    /// redis-restart, redis-restart-aof, failover, mixed), and not the
+    /// quorum mode; the rest are skipped with a note. It deletes and
+    /// expires lock:{wallet:N} keys, raises fence:{wallet:N} counters, and
+    /// script-flush runs SCRIPT FLUSH: use a test server.
+    #[arg(long, value_name = "URL")]
+    redis_url: Option<String>,
     /// Write each run's history (`.jsonl`) and timeline (`.html`) here.
     #[arg(long)]
     report: Option<PathBuf>,
@@ -172,6 +182,20 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     } else {
         args.faults.clone()
     };
+    if let Some(url) = &args.redis_url {
+        let client = redis::Client::open(url.as_str()).map_err(|_| {
+            crate::cli::Usage("--redis-url does not parse as a redis:// URL".to_owned())
+        })?;
+        anyhow::ensure!(
+            matches!(
+                client.get_connection_info().addr(),
+                redis::ConnectionAddr::Tcp(..)
+            ),
+            crate::cli::Usage(
+                "--redis-url must be plain redis:// over TCP: the fault proxy sits in front of it, and a TLS certificate would not name the proxy".to_owned()
+            )
+        );
+    }
     // A fault that would never happen must not pass for one that held.
     if let Some(fault) = faults.iter().find(|&&fault| {
         fault != Fault::None
@@ -195,6 +219,7 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         wait: args.wait,
         work: args.work,
         watchdog: args.watchdog,
+        redis_url: args.redis_url.clone(),
     };
     if let Some(dir) = &args.report {
         std::fs::create_dir_all(dir)
@@ -208,11 +233,33 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     );
     let pool = pool(&postgres).await?;
 
-    let cells: Vec<(Mode, Fault)> = modes
+    let mut cells: Vec<(Mode, Fault)> = modes
         .iter()
         .flat_map(|&mode| faults.iter().map(move |&fault| (mode, fault)))
         .filter(|(mode, fault)| mode.supports(*fault))
         .collect();
+    if args.redis_url.is_some() {
+        let (run, skipped): (Vec<_>, Vec<_>) = cells
+            .into_iter()
+            .partition(|(mode, fault)| mode.nodes() == 1 && !fault.needs_redis_process());
+        if !skipped.is_empty() {
+            let names: Vec<String> = skipped
+                .iter()
+                .map(|(mode, fault)| format!("{} x {fault}", mode.name()))
+                .collect();
+            note!(
+                "chaos: skipped with --redis-url (they need throwaway redis-servers): {}",
+                names.join(", ")
+            );
+        }
+        anyhow::ensure!(
+            !run.is_empty(),
+            crate::cli::Usage(
+                "with --redis-url, none of the chosen modes and faults can run".to_owned()
+            )
+        );
+        cells = run;
+    }
     let progress = Progress::new("chaos", cells.len() as u64 * u64::from(runs));
     let mut results = Vec::new();
     for &(mode, fault) in &cells {

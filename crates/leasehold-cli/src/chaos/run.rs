@@ -30,6 +30,8 @@ pub(crate) struct Plan {
     pub(crate) wait: Duration,
     pub(crate) work: Duration,
     pub(crate) watchdog: bool,
+    /// The user's Redis, instead of a throwaway one.
+    pub(crate) redis_url: Option<String>,
 }
 
 /// How long a worker may take to start and connect.
@@ -50,10 +52,13 @@ pub(crate) async fn run_one(
     postgres: &Arc<PostgresServer>,
     pool: &Pool,
 ) -> anyhow::Result<RunReport> {
-    let options = LabOptions::default()
+    let mut options = LabOptions::default()
         .for_fault(fault)
         .nodes(mode.nodes())
         .postgres(postgres.clone());
+    if let Some(url) = &plan.redis_url {
+        options = options.redis_url(url.clone());
+    }
     let lab = tokio::task::spawn_blocking(move || Lab::start(&options))
         .await
         .context("starting the lab")??;
