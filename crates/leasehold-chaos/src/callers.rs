@@ -11,6 +11,7 @@ use leasehold::{
     Locker, Quorum,
 };
 use rand::{RngExt, SeedableRng, rngs::StdRng};
+use redis::cluster_async::ClusterConnection;
 
 use crate::history::{Kind, WriteOutcome};
 use crate::recorder::Recorder;
@@ -29,6 +30,11 @@ pub enum Lock {
     Handoff(HandoffLocker),
     /// A fenced lease from a Redlock quorum.
     Quorum(Quorum),
+    /// A plain lease from a polling locker on a Redis Cluster.
+    ClusterPlain(Locker<ClusterConnection>),
+    /// A fenced lease from a polling locker on a Redis Cluster (the lock
+    /// key and its fence counter share a hash tag, so one slot).
+    ClusterFenced(Locker<ClusterConnection>),
 }
 
 impl Lock {
@@ -50,6 +56,8 @@ impl Lock {
             Lock::Fenced(locker) => locker.acquire_with(&keys, ttl, opts).await?,
             Lock::Handoff(locker) => locker.acquire_with(&keys, ttl, opts).await?,
             Lock::Quorum(quorum) => quorum.acquire_with(&keys, ttl, opts).await?,
+            Lock::ClusterPlain(locker) => locker.acquire_with(keys.lock(), ttl, opts).await?,
+            Lock::ClusterFenced(locker) => locker.acquire_with(&keys, ttl, opts).await?,
         }))
     }
 }

@@ -33,6 +33,15 @@ pub enum Fault {
     /// The replica, partitioned from the primary, is promoted and the
     /// primary killed: locks taken during the partition are lost.
     Failover,
+    /// Redis Cluster: the slot of every lock key moved to another master
+    /// (`CLUSTER SETSLOT ... MIGRATING/IMPORTING` through the window, so
+    /// requests meet `ASK` redirects and `TRYAGAIN`, then `MIGRATE` and the
+    /// slot reassigned at its end).
+    SlotMigration,
+    /// Redis Cluster: the replica of the master serving the lock keys
+    /// promoted with `CLUSTER FAILOVER` (coordinated: nothing written is
+    /// lost); once per run.
+    ClusterFailover,
     /// Network latency between the callers and Redis (through the fault
     /// proxy).
     NetLatency,
@@ -55,13 +64,15 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 14] = [
+    pub const ALL: [Fault; 16] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
         Fault::RedisRestart,
         Fault::RedisRestartAof,
         Fault::Failover,
+        Fault::SlotMigration,
+        Fault::ClusterFailover,
         Fault::NetLatency,
         Fault::NetCut,
         Fault::NetBlackhole,
@@ -73,7 +84,8 @@ impl Fault {
     ];
 
     /// The faults a [`Fault::Mixed`] schedule draws from (a failover changes
-    /// the topology for good, so it is not mixed in).
+    /// the topology for good, so it is not mixed in; the cluster faults
+    /// need a cluster).
     pub const MIXABLE: [Fault; 11] = [
         Fault::HolderPause,
         Fault::RedisPause,
@@ -97,6 +109,8 @@ impl Fault {
             Fault::RedisRestart => "redis-restart",
             Fault::RedisRestartAof => "redis-restart-aof",
             Fault::Failover => "failover",
+            Fault::SlotMigration => "slot-migration",
+            Fault::ClusterFailover => "cluster-failover",
             Fault::NetLatency => "net-latency",
             Fault::NetCut => "net-cut",
             Fault::NetBlackhole => "net-blackhole",
@@ -149,8 +163,16 @@ impl Fault {
                 | Fault::RedisRestart
                 | Fault::RedisRestartAof
                 | Fault::Failover
+                | Fault::SlotMigration
+                | Fault::ClusterFailover
                 | Fault::Mixed
         )
+    }
+
+    /// True for the faults of a Redis Cluster, which run on a throwaway
+    /// cluster of three masters with a replica each.
+    pub const fn needs_cluster(self) -> bool {
+        matches!(self, Fault::SlotMigration | Fault::ClusterFailover)
     }
 
     /// True for a single action repeated through its window.
@@ -216,7 +238,8 @@ impl Window {
 /// (at least 300 ms, so a lease expires inside it) and is followed by a
 /// quiet gap of at least `4 x ttl` (at least 1 s, so recovery can be seen).
 /// The schedule ends a quiet gap before the run does. A
-/// [`Fault::Failover`] happens once per run; [`Fault::Mixed`] draws each
+/// [`Fault::Failover`] or [`Fault::ClusterFailover`] happens once per run;
+/// [`Fault::Mixed`] draws each
 /// window's fault from [`Fault::MIXABLE`].
 pub fn schedule(
     fault: Fault,
@@ -246,7 +269,7 @@ pub fn schedule(
             length,
             worker: rng.random_range(0..workers.max(1)),
         });
-        if fault == Fault::Failover {
+        if matches!(fault, Fault::Failover | Fault::ClusterFailover) {
             break;
         }
         at += jitter + length + gap;

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use leasehold_testkit::{Direction, FaultProxy, PostgresServer, RedisOptions, RedisServer};
+use leasehold_testkit::{
+    Direction, Failover, FaultProxy, PostgresServer, RedisCluster, RedisOptions, RedisServer,
+};
 
 use crate::callers::Stall;
 use crate::fault::{Fault, Window};
@@ -68,6 +70,7 @@ pub struct LabOptions {
     nodes: usize,
     postgres: Option<Arc<PostgresServer>>,
     redis_url: Option<String>,
+    cluster: bool,
 }
 
 impl LabOptions {
@@ -113,10 +116,22 @@ impl LabOptions {
         self
     }
 
+    /// A Redis Cluster of three masters with a replica each instead of a
+    /// single primary, for [`Fault::SlotMigration`] and
+    /// [`Fault::ClusterFailover`]. The callers connect to it directly (a
+    /// cluster client follows the nodes' own addresses, so there is no
+    /// fault proxy): the network faults and the single-server faults do not
+    /// run on it. Defaults to off.
+    pub fn cluster(mut self, on: bool) -> Self {
+        self.cluster = on;
+        self
+    }
+
     /// The options a fault needs on top of these.
     pub fn for_fault(self, fault: Fault) -> Self {
         match fault {
             Fault::Failover => self.replica(true),
+            Fault::SlotMigration | Fault::ClusterFailover => self.cluster(true),
             Fault::RedisRestartAof | Fault::Mixed => self.aof(true),
             _ => self,
         }
@@ -129,6 +144,12 @@ enum Primary {
     Own(RedisServer),
     /// The user's server, reached by URL: commands only.
     External(redis::Client),
+    /// A throwaway Redis Cluster; `owners[i]` is the master index serving
+    /// the slot of the `i`-th lock key the nemesis was given.
+    Cluster {
+        cluster: RedisCluster,
+        owner: Option<usize>,
+    },
 }
 
 struct Servers {
@@ -147,7 +168,8 @@ struct Servers {
 #[derive(Clone)]
 pub struct Lab {
     servers: Arc<Mutex<Servers>>,
-    proxy: Arc<FaultProxy>,
+    /// In front of the primary; none on a cluster.
+    proxy: Option<Arc<FaultProxy>>,
     aof: bool,
     /// The callers' URL to an external primary (its credentials, the
     /// proxy's address); `None` for a throwaway one.
@@ -163,6 +185,9 @@ impl Lab {
     pub fn start(options: &LabOptions) -> Result<Lab, LabError> {
         if let Some(url) = &options.redis_url {
             return Self::start_external(options, url);
+        }
+        if options.cluster {
+            return Self::start_cluster(options);
         }
         let mut redis = RedisOptions::default().args(["--repl-diskless-sync-delay", "0"]);
         if options.aof {
@@ -195,10 +220,43 @@ impl Lab {
                 postgres,
                 workers: Vec::new(),
             })),
-            proxy: Arc::new(proxy),
+            proxy: Some(Arc::new(proxy)),
             aof: options.aof,
             caller_url: None,
         })
+    }
+
+    /// A lab on a throwaway cluster.
+    fn start_cluster(options: &LabOptions) -> Result<Lab, LabError> {
+        if options.replica || options.aof || options.nodes > 1 {
+            return Err(LabError::RedisUrl(
+                "a cluster lab has no single-server replica, AOF or extra nodes",
+            ));
+        }
+        let cluster =
+            RedisCluster::start_with_replicas(3).map_err(server("starting a redis cluster"))?;
+        Ok(Lab {
+            servers: Arc::new(Mutex::new(Servers {
+                primary: Primary::Cluster {
+                    cluster,
+                    owner: None,
+                },
+                replica: None,
+                retired: Vec::new(),
+                nodes: Vec::new(),
+                postgres: options.postgres.clone(),
+                workers: Vec::new(),
+            })),
+            proxy: None,
+            aof: false,
+            caller_url: None,
+        })
+    }
+
+    /// Whether the callers use a Redis Cluster ([`node_urls`](Self::node_urls)
+    /// are then its seed nodes).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.servers().primary, Primary::Cluster { .. })
     }
 
     /// A lab in front of the user's Redis at `url`.
@@ -250,7 +308,7 @@ impl Lab {
                 postgres: options.postgres.clone(),
                 workers: Vec::new(),
             })),
-            proxy: Arc::new(proxy),
+            proxy: Some(Arc::new(proxy)),
             aof: false,
             caller_url: Some(caller_url),
         })
@@ -261,16 +319,22 @@ impl Lab {
     }
 
     /// The URL callers use: the primary, through the fault proxy.
+    /// On a cluster, the first seed node's URL.
     pub fn redis_url(&self) -> String {
-        match &self.caller_url {
-            Some(url) => url.clone(),
-            None => format!("redis://{}/", self.proxy.addr()),
+        match (&self.caller_url, &self.proxy) {
+            (Some(url), _) => url.clone(),
+            (None, Some(proxy)) => format!("redis://{}/", proxy.addr()),
+            (None, None) => self.node_urls().swap_remove(0),
         }
     }
 
     /// The URLs of a Redlock quorum: [`redis_url`](Self::redis_url) first
-    /// (the node faults hit), then the extra nodes.
+    /// (the node faults hit), then the extra nodes. On a cluster, its
+    /// masters' URLs, the seed list of a cluster client.
     pub fn node_urls(&self) -> Vec<String> {
+        if let Primary::Cluster { cluster, .. } = &self.servers().primary {
+            return cluster.urls();
+        }
         let mut urls = vec![self.redis_url()];
         urls.extend(self.servers().nodes.iter().map(RedisServer::url));
         urls
@@ -294,6 +358,13 @@ impl Lab {
         let mut out = match &servers.primary {
             Primary::Own(primary) => format!("--- redis (primary) ---\n{}", primary.log()),
             Primary::External(_) => "--- redis: yours, no log here ---".to_owned(),
+            Primary::Cluster { cluster, .. } => {
+                let mut out = String::new();
+                for (i, node) in cluster.nodes().iter().chain(cluster.replicas()).enumerate() {
+                    out.push_str(&format!("--- redis cluster node {i} ---\n{}\n", node.log()));
+                }
+                out
+            }
         };
         for (i, old) in servers.retired.iter().enumerate() {
             out.push_str(&format!("\n--- redis (retired {i}) ---\n{}", old.log()));
@@ -363,16 +434,44 @@ impl Lab {
                 "replica (partitioned)".to_owned()
             }
             Fault::NetLatency => {
-                self.proxy.set_latency(Direction::Both, window.length / 6);
+                self.proxy(fault)?
+                    .set_latency(Direction::Both, window.length / 6);
                 "network".to_owned()
             }
             Fault::NetCut => {
-                self.proxy.cut();
+                self.proxy(fault)?.cut();
                 "network".to_owned()
             }
             Fault::NetBlackhole => {
-                self.proxy.blackhole(true);
+                self.proxy(fault)?.blackhole(true);
                 "network".to_owned()
+            }
+            Fault::SlotMigration => {
+                let Primary::Cluster { cluster, owner } = &mut servers.primary else {
+                    return Err(no_cluster(fault));
+                };
+                let slot = lock_slot(cluster, keys)?;
+                let from = match *owner {
+                    Some(from) => from,
+                    None => owner_of(cluster, slot)?,
+                };
+                let to = (from + 1) % cluster.nodes().len();
+                cluster
+                    .begin_slot_migration(slot, from, to)
+                    .map_err(server("starting a slot migration"))?;
+                *owner = Some(from);
+                format!("slot {slot}, node {from} to {to}")
+            }
+            Fault::ClusterFailover => {
+                let Primary::Cluster { cluster, .. } = &servers.primary else {
+                    return Err(no_cluster(fault));
+                };
+                let slot = lock_slot(cluster, keys)?;
+                let index = owner_of(cluster, slot)?;
+                cluster
+                    .failover(index, Failover::Coordinated)
+                    .map_err(server("a cluster failover"))?;
+                format!("master {index} (slot {slot})")
             }
             Fault::PostgresPause => {
                 let pg = servers.postgres.as_ref().ok_or(LabError::Unsupported {
@@ -407,15 +506,23 @@ impl Lab {
                 .try_for_each(|key| redis.command(&["PEXPIRE", key, "1"], &what)),
             Fault::ScriptFlush => redis.command(&["SCRIPT", "FLUSH"], &what),
             Fault::NetCut => {
-                self.proxy.cut();
+                self.proxy(fault)?.cut();
                 Ok(())
             }
             _ => Ok(()),
         }
     }
 
+    /// The fault proxy, which a cluster lab does not have.
+    fn proxy(&self, fault: Fault) -> Result<&FaultProxy, LabError> {
+        self.proxy.as_deref().ok_or(LabError::Unsupported {
+            fault,
+            needs: "a fault proxy (a cluster lab has none)",
+        })
+    }
+
     /// Ends `window`'s fault: resumes, heals, restarts, promotes.
-    fn end(&self, window: &Window, stall: &Stall) -> Result<(), LabError> {
+    fn end(&self, window: &Window, keys: &[String], stall: &Stall) -> Result<(), LabError> {
         let fault = window.fault;
         let mut servers = self.servers();
         match fault {
@@ -453,11 +560,24 @@ impl Lab {
                 promoted
                     .command(&["REPLICAOF", "NO", "ONE"])
                     .map_err(server("promoting the replica"))?;
-                self.proxy.set_upstream(promoted.addr());
-                self.proxy.cut();
+                let proxy = self.proxy(fault)?;
+                proxy.set_upstream(promoted.addr());
+                proxy.cut();
                 retired.push(std::mem::replace(primary, promoted));
             }
-            Fault::NetLatency | Fault::NetCut | Fault::NetBlackhole => self.proxy.heal(),
+            Fault::NetLatency | Fault::NetCut | Fault::NetBlackhole => self.proxy(fault)?.heal(),
+            Fault::SlotMigration => {
+                let Primary::Cluster { cluster, owner } = &mut servers.primary else {
+                    return Err(no_cluster(fault));
+                };
+                let slot = lock_slot(cluster, keys)?;
+                let from = owner.ok_or(no_cluster(fault))?;
+                let to = (from + 1) % cluster.nodes().len();
+                cluster
+                    .finish_slot_migration(slot, from, to)
+                    .map_err(server("finishing a slot migration"))?;
+                *owner = Some(to);
+            }
             Fault::PostgresPause => {
                 if let Some(pg) = &servers.postgres {
                     pg.resume().map_err(server("resuming postgresql"))?;
@@ -465,6 +585,7 @@ impl Lab {
             }
             Fault::None
             | Fault::Mixed
+            | Fault::ClusterFailover
             | Fault::KeyLoss
             | Fault::EarlyExpiry
             | Fault::ScriptFlush => {}
@@ -475,7 +596,9 @@ impl Lab {
     /// Leaves every server running and reachable: resumes what is paused,
     /// heals the proxy. Called when a run ends, whatever happened.
     pub fn heal(&self) {
-        self.proxy.heal();
+        if let Some(proxy) = &self.proxy {
+            proxy.heal();
+        }
         let servers = self.servers();
         for pid in &servers.workers {
             let _ = leasehold_testkit::resume_process(*pid);
@@ -510,11 +633,36 @@ fn external(what: impl Into<String>) -> impl FnOnce(redis::RedisError) -> LabErr
 fn own(primary: &mut Primary, fault: Fault) -> Result<&mut RedisServer, LabError> {
     match primary {
         Primary::Own(server) => Ok(server),
-        Primary::External(_) => Err(LabError::Unsupported {
+        Primary::External(_) | Primary::Cluster { .. } => Err(LabError::Unsupported {
             fault,
-            needs: "a redis-server the lab started (it controls the process)",
+            needs: "a single redis-server the lab started (it controls the process)",
         }),
     }
+}
+
+fn no_cluster(fault: Fault) -> LabError {
+    LabError::Unsupported {
+        fault,
+        needs: "a redis cluster",
+    }
+}
+
+/// The slot of the lock keys (they share one: each names its resource in
+/// a hash tag, and the nemesis moves the first one's).
+fn lock_slot(cluster: &RedisCluster, keys: &[String]) -> Result<u16, LabError> {
+    let key = keys
+        .first()
+        .ok_or(LabError::RedisUrl("no lock key to move"))?;
+    cluster
+        .slot_of(key)
+        .map_err(server("finding the lock key's slot"))
+}
+
+/// The index of the master serving `slot` now (after failovers too).
+fn owner_of(cluster: &RedisCluster, slot: u16) -> Result<usize, LabError> {
+    cluster
+        .owner_of(slot)
+        .map_err(server("finding the master of the lock key's slot"))
 }
 
 impl Primary {
@@ -522,6 +670,9 @@ impl Primary {
     fn command(&self, args: &[&str], what: &str) -> Result<(), LabError> {
         match self {
             Primary::Own(server) => server.command(args).map(drop).map_err(server_err(what)),
+            Primary::Cluster { .. } => Err(LabError::RedisUrl(
+                "key and script faults are not sent to a cluster lab",
+            )),
             Primary::External(client) => {
                 let mut conn = client
                     .get_connection_with_timeout(EXTERNAL_TIMEOUT)
@@ -610,7 +761,7 @@ pub fn run_nemesis(
             }
         }
         sleep_until(until, stop);
-        let ended = lab.end(window, stall);
+        let ended = lab.end(window, keys, stall);
         recorder.record("nemesis", Kind::FaultEnd { fault, target });
         result.and(ended)
     });

@@ -112,7 +112,7 @@ const EXPECTED: &[Expect] = &[
     },
     Expect {
         subcommand: &["chaos"],
-        uses: &["--runs", "--json"],
+        uses: &["--redis-url", "--runs", "--json"],
         changes: &["none of yours", ".jsonl", ".html"],
     },
     Expect {

@@ -10,12 +10,19 @@ use crate::redis::{RedisOptions, RedisServer};
 /// The number of hash slots in a Redis Cluster.
 pub const CLUSTER_SLOTS: u16 = 16384;
 
+/// After this long without a promotion, a failover is asked for again
+/// (Redis gives up a manual failover after 5 s).
+const MANUAL_FAILOVER_RETRY: Duration = Duration::from_secs(6);
+
 /// How long the nodes get to agree that the cluster is up.
 const CLUSTER_READY_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A local Redis Cluster of masters only (no replicas), every slot assigned.
+/// A local Redis Cluster, every slot assigned: masters only
+/// ([`start`](Self::start)), or with a replica per master
+/// ([`start_with_replicas`](Self::start_with_replicas)), which
+/// [`failover`](Self::failover) promotes.
 ///
-/// Node `i` of `n` serves the slots `i * 16384 / n` up to (excluding)
+/// Master `i` of `n` serves the slots `i * 16384 / n` up to (excluding)
 /// `(i + 1) * 16384 / n`. Dropping the cluster kills every node.
 ///
 /// ```no_run
@@ -25,7 +32,46 @@ const CLUSTER_READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// ```
 #[derive(Debug)]
 pub struct RedisCluster {
+    /// The nodes that were started as masters, in slot order (after a
+    /// failover, one of them may serve as a replica).
     nodes: Vec<RedisServer>,
+    /// `replicas[i]` was started as the replica of `nodes[i]`.
+    replicas: Vec<RedisServer>,
+}
+
+/// How [`RedisCluster::failover`] promotes a replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failover {
+    /// `CLUSTER FAILOVER`: the master stops taking writes, the replica
+    /// catches up with it, wins the masters' vote, then takes the slots.
+    /// Nothing written before is lost.
+    Coordinated,
+    /// `CLUSTER FAILOVER TAKEOVER`: the replica takes the slots at once,
+    /// with no catch-up and no vote, as after a master that died with
+    /// writes its replica never got: those writes are lost.
+    Takeover,
+}
+
+/// A cluster node's options: cluster mode, its bus on a free port.
+fn cluster_node() -> Result<(RedisServer, u16), Error> {
+    let bus_port = process::free_port()?;
+    let options = RedisOptions::default().args([
+        "--cluster-enabled".to_owned(),
+        "yes".to_owned(),
+        "--cluster-config-file".to_owned(),
+        "nodes.conf".to_owned(),
+        "--cluster-node-timeout".to_owned(),
+        "2000".to_owned(),
+        "--cluster-port".to_owned(),
+        bus_port.to_string(),
+        "--repl-diskless-sync-delay".to_owned(),
+        "0".to_owned(),
+        // A replica may be promoted however stale its copy is: the chaos
+        // tests want a failover, not a cluster that refuses one.
+        "--cluster-replica-validity-factor".to_owned(),
+        "0".to_owned(),
+    ]);
+    Ok((RedisServer::start_with(options)?, bus_port))
 }
 
 impl RedisCluster {
@@ -38,21 +84,30 @@ impl RedisCluster {
     /// do not agree within 20 s, and [`Error::RedisReply`] if a cluster
     /// command is refused.
     pub fn start(masters: usize) -> Result<RedisCluster, Error> {
+        Self::start_inner(masters, false)
+    }
+
+    /// As [`start`](Self::start), with one replica per master, each
+    /// attached (`CLUSTER REPLICATE`) and in sync before this returns.
+    ///
+    /// # Errors
+    /// As for [`start`](Self::start); [`Error::NotReady`] also when a
+    /// replica does not sync within 20 s.
+    pub fn start_with_replicas(masters: usize) -> Result<RedisCluster, Error> {
+        Self::start_inner(masters, true)
+    }
+
+    fn start_inner(masters: usize, with_replicas: bool) -> Result<RedisCluster, Error> {
         let masters = masters.max(1);
         let mut nodes = Vec::with_capacity(masters);
         for _ in 0..masters {
-            let bus_port = process::free_port()?;
-            let options = RedisOptions::default().args([
-                "--cluster-enabled".to_owned(),
-                "yes".to_owned(),
-                "--cluster-config-file".to_owned(),
-                "nodes.conf".to_owned(),
-                "--cluster-node-timeout".to_owned(),
-                "2000".to_owned(),
-                "--cluster-port".to_owned(),
-                bus_port.to_string(),
-            ]);
-            nodes.push((RedisServer::start_with(options)?, bus_port));
+            nodes.push(cluster_node()?);
+        }
+        let mut replicas = Vec::new();
+        if with_replicas {
+            for _ in 0..masters {
+                replicas.push(cluster_node()?);
+            }
         }
         let total = usize::from(CLUSTER_SLOTS);
         for (i, (node, _)) in nodes.iter().enumerate() {
@@ -66,7 +121,7 @@ impl RedisCluster {
             ])?;
         }
         if let Some(((first, _), rest)) = nodes.split_first() {
-            for (node, bus_port) in rest {
+            for (node, bus_port) in rest.iter().chain(&replicas) {
                 first.redis_cli(&[
                     "CLUSTER",
                     "MEET",
@@ -78,15 +133,152 @@ impl RedisCluster {
         }
         let cluster = RedisCluster {
             nodes: nodes.into_iter().map(|(node, _)| node).collect(),
+            replicas: replicas.into_iter().map(|(node, _)| node).collect(),
         };
+        cluster.wait_known()?;
+        for (master, replica) in cluster.nodes.iter().zip(&cluster.replicas) {
+            let id = master.redis_cli(&["CLUSTER", "MYID"])?;
+            replica.redis_cli(&["CLUSTER", "REPLICATE", id.trim()])?;
+        }
         cluster.wait_ok()?;
+        for replica in &cluster.replicas {
+            wait_until(replica, "the replica to sync", |node| {
+                let info = node.redis_cli(&["INFO", "replication"])?;
+                Ok(info.contains("master_link_status:up").then_some(()))
+            })?;
+        }
+        // A master ignores a manual failover request from a node it does
+        // not yet know as its replica (the news travels by gossip).
+        for master in cluster.nodes.iter().take(cluster.replicas.len()) {
+            let id = master.redis_cli(&["CLUSTER", "MYID"])?;
+            wait_until(master, "the master to know its replica", |node| {
+                let replicas = node.redis_cli(&["CLUSTER", "REPLICAS", id.trim()])?;
+                Ok((replicas.contains("slave") || replicas.contains("replica")).then_some(()))
+            })?;
+        }
         Ok(cluster)
+    }
+
+    /// Waits until every node knows every other one (a replica can only be
+    /// attached to a master it knows).
+    fn wait_known(&self) -> Result<(), Error> {
+        let want = format!(
+            "cluster_known_nodes:{}",
+            self.nodes.len() + self.replicas.len()
+        );
+        for node in self.nodes.iter().chain(&self.replicas) {
+            wait_until(node, "the nodes to meet", |node| {
+                let info = node.redis_cli(&["CLUSTER", "INFO"])?;
+                Ok(info.contains(&want).then_some(()))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Promotes the replica of master `index` (or, after an earlier
+    /// failover, whichever of the two is the replica now) and waits until
+    /// it reports itself a master. Afterwards the old master is the new
+    /// one's replica. Returns the promoted node's port.
+    ///
+    /// # Errors
+    /// [`Error::RedisReply`] without a replica at `index` or when it
+    /// refuses; [`Error::NotReady`] if it is not master within 20 s (the
+    /// masters vote once per failover of the same slots within twice the
+    /// node timeout, 4 s here: a [`Coordinated`](Failover::Coordinated)
+    /// failover right after another one waits for that).
+    pub fn failover(&self, index: usize, kind: Failover) -> Result<u16, Error> {
+        let (master, replica) = (self.node(index)?, self.replica(index)?);
+        let role = |node: &RedisServer| -> Result<bool, Error> {
+            Ok(node.redis_cli(&["ROLE"])?.starts_with("master"))
+        };
+        let candidate = if role(replica)? { master } else { replica };
+        let mut args = vec!["CLUSTER", "FAILOVER"];
+        if kind == Failover::Takeover {
+            args.push("TAKEOVER");
+        }
+        candidate.redis_cli(&args)?;
+        // A coordinated failover the master did not answer in time (5 s, a
+        // loaded machine) is abandoned by the replica: ask again.
+        let mut asked = Instant::now();
+        wait_until(candidate, "the promoted replica to be master", |node| {
+            if role(node)? {
+                return Ok(Some(()));
+            }
+            if asked.elapsed() > MANUAL_FAILOVER_RETRY {
+                node.redis_cli(&args)?;
+                asked = Instant::now();
+            }
+            Ok(None)
+        })?;
+        Ok(candidate.port())
+    }
+
+    /// The index `i` of the pair (`nodes()[i]` and, if any, `replicas()[i]`)
+    /// whose current master serves `slot`, as `CLUSTER NODES` on the first
+    /// node says (after slot migrations and failovers too).
+    ///
+    /// # Errors
+    /// [`Error::RedisReply`] when no master of this cluster serves it.
+    pub fn owner_of(&self, slot: u16) -> Result<usize, Error> {
+        let nodes = self.first()?.redis_cli(&["CLUSTER", "NODES"])?;
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(addr), Some(flags)) = (fields.get(1), fields.get(2)) else {
+                continue;
+            };
+            if !flags.contains("master") || flags.contains("fail") {
+                continue;
+            }
+            let serves = fields.iter().skip(8).any(|range| {
+                if range.starts_with('[') {
+                    return false; // a migration in progress, not ownership
+                }
+                let mut ends = range.splitn(2, '-').map(str::parse::<u16>);
+                match (ends.next(), ends.next()) {
+                    (Some(Ok(first)), Some(Ok(last))) => (first..=last).contains(&slot),
+                    (Some(Ok(only)), None) => only == slot,
+                    _ => false,
+                }
+            });
+            if !serves {
+                continue;
+            }
+            let port = addr
+                .split('@')
+                .next()
+                .and_then(|hostport| hostport.rsplit(':').next())
+                .and_then(|port| port.parse::<u16>().ok());
+            let pair = (0..self.nodes.len()).find(|&i| {
+                Some(self.nodes[i].port()) == port
+                    || self.replicas.get(i).map(RedisServer::port) == port
+            });
+            if let Some(pair) = pair {
+                return Ok(pair);
+            }
+        }
+        Err(Error::RedisReply {
+            message: format!("no master of this cluster serves slot {slot}"),
+        })
+    }
+
+    /// The replicas, `replicas()[i]` started as master `i`'s.
+    pub fn replicas(&self) -> &[RedisServer] {
+        &self.replicas
+    }
+
+    fn replica(&self, index: usize) -> Result<&RedisServer, Error> {
+        self.replicas.get(index).ok_or_else(|| Error::RedisReply {
+            message: format!("no replica of cluster node {index}"),
+        })
     }
 
     fn wait_ok(&self) -> Result<(), Error> {
         let deadline = Instant::now() + CLUSTER_READY_TIMEOUT;
-        let want_known = format!("cluster_known_nodes:{}", self.nodes.len());
-        for node in &self.nodes {
+        let want_known = format!(
+            "cluster_known_nodes:{}",
+            self.nodes.len() + self.replicas.len()
+        );
+        for node in self.nodes.iter().chain(&self.replicas) {
             loop {
                 let info = node.redis_cli(&["CLUSTER", "INFO"])?;
                 if info.contains("cluster_state:ok") && info.contains(&want_known) {
@@ -105,7 +297,7 @@ impl RedisCluster {
         Ok(())
     }
 
-    /// The nodes, in slot order.
+    /// The nodes started as masters, in slot order.
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
     }
@@ -190,5 +382,28 @@ impl RedisCluster {
         let n = self.nodes.len();
         let index = usize::from(slot % CLUSTER_SLOTS) * n / usize::from(CLUSTER_SLOTS);
         self.nodes.get(index)
+    }
+}
+
+/// Polls `check` on `node` every 20 ms until it gives `Some`, for at most
+/// [`CLUSTER_READY_TIMEOUT`].
+fn wait_until<T>(
+    node: &RedisServer,
+    what: &str,
+    mut check: impl FnMut(&RedisServer) -> Result<Option<T>, Error>,
+) -> Result<T, Error> {
+    let deadline = Instant::now() + CLUSTER_READY_TIMEOUT;
+    loop {
+        if let Some(done) = check(node)? {
+            return Ok(done);
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::NotReady {
+                server: format!("redis cluster node 127.0.0.1:{} ({what})", node.port()),
+                timeout: CLUSTER_READY_TIMEOUT,
+                log_tail: node.log(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

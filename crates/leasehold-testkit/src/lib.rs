@@ -40,7 +40,7 @@ mod redis;
 mod resp;
 
 pub use certs::{ClientAuth, ServerTls, TestCerts};
-pub use cluster::{CLUSTER_SLOTS, RedisCluster};
+pub use cluster::{CLUSTER_SLOTS, Failover, RedisCluster};
 pub use error::Error;
 pub use faults::{is_process_paused, pause_process, resume_process};
 pub use postgres::PostgresServer;

@@ -89,8 +89,13 @@ struct MatrixArgs {
     modes: Vec<Mode>,
     /// The faults (columns), comma-separated [default: all]: none,
     /// holder-pause, redis-pause, redis-restart, redis-restart-aof,
-    /// failover, net-latency, net-cut, net-blackhole, postgres-pause,
-    /// key-loss, early-expiry, script-flush, mixed
+    /// failover, slot-migration, cluster-failover, net-latency, net-cut,
+    /// net-blackhole, postgres-pause, key-loss, early-expiry,
+    /// script-flush, mixed. Each runs on the topology it needs: a single
+    /// redis-server behind a fault proxy; with a replica for failover; a
+    /// cluster of 3 masters with a replica each for slot-migration and
+    /// cluster-failover (modes blind, fenced, cas, guard, db); 3
+    /// independent servers for the quorum mode
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     faults: Vec<Fault>,
     /// Worker processes per run.

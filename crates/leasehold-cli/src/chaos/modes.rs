@@ -97,6 +97,9 @@ impl Mode {
             // A quorum has no replica to fail over to; a lone replica
             // promoted is one node of three, not a failover.
             Fault::Failover => self != Mode::Quorum,
+            // A cluster runs polling locks (hand-off's pub/sub and a
+            // quorum of independent servers are other topologies).
+            fault if fault.needs_cluster() => !matches!(self, Mode::Handoff | Mode::Quorum),
             _ => true,
         }
     }
@@ -107,7 +110,29 @@ impl Mode {
     }
 
     /// Connects the mode's lock to `urls` (one, or a quorum's).
-    pub(crate) async fn lock(self, urls: &[String]) -> anyhow::Result<Lock> {
+    pub(crate) async fn lock(self, urls: &[String], cluster: bool) -> anyhow::Result<Lock> {
+        if cluster {
+            let client = redis::cluster::ClusterClient::builder(urls.to_vec())
+                .connection_timeout(COMMAND_TIMEOUT)
+                .response_timeout(COMMAND_TIMEOUT)
+                .build()
+                .context("opening the redis cluster")?;
+            let conn = client
+                .get_async_connection()
+                .await
+                .context("connecting to the redis cluster")?;
+            let locker = Locker::builder(conn)
+                .command_timeout(COMMAND_TIMEOUT)
+                .build()?;
+            return Ok(match self {
+                Mode::Db => Lock::None,
+                Mode::Blind => Lock::ClusterPlain(locker),
+                Mode::Handoff | Mode::Quorum => {
+                    anyhow::bail!("{} does not run on a redis cluster", self.name())
+                }
+                _ => Lock::ClusterFenced(locker),
+            });
+        }
         let first = urls.first().context("no redis url")?;
         let client = redis::Client::open(first.as_str()).context("opening redis")?;
         Ok(match self {

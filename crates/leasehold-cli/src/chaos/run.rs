@@ -76,7 +76,8 @@ pub(crate) async fn run_one(
         reported_only: mode.expect(fault) == Expect::MayBreak,
         initial: resources.clone(),
     };
-    let urls = if mode.nodes() > 1 {
+    let cluster = lab.is_cluster();
+    let urls = if mode.nodes() > 1 || cluster {
         lab.node_urls()
     } else {
         vec![lab.redis_url()]
@@ -89,6 +90,7 @@ pub(crate) async fn run_one(
             tasks: plan.tasks,
             mode,
             redis_urls: urls.clone(),
+            cluster,
             database_url: database_url.clone(),
             resources: resources.iter().map(|(r, _)| r.clone()).collect(),
             ttl_ms: millis(plan.ttl),

@@ -26,6 +26,9 @@ pub(crate) struct Spec {
     pub(crate) tasks: u32,
     pub(crate) mode: Mode,
     pub(crate) redis_urls: Vec<String>,
+    /// The URLs are a Redis Cluster's seed nodes.
+    #[serde(default)]
+    pub(crate) cluster: bool,
     pub(crate) database_url: String,
     pub(crate) resources: Vec<String>,
     pub(crate) ttl_ms: u64,
@@ -47,7 +50,7 @@ pub(crate) async fn run() -> anyhow::Result<()> {
         .context("no worker spec on stdin")?;
     let spec: Spec = serde_json::from_str(&input).context("parsing the worker spec")?;
     let pool = crate::env::pg_pool(&spec.database_url, spec.tasks as usize)?;
-    let lock = spec.mode.lock(&spec.redis_urls).await?;
+    let lock = spec.mode.lock(&spec.redis_urls, spec.cluster).await?;
     // Every connection open before the run starts: a first write that
     // spends the TTL on a connection handshake would show as a double
     // holder the faults did not cause.
