@@ -71,6 +71,7 @@ pub struct LabOptions {
     postgres: Option<Arc<PostgresServer>>,
     redis_url: Option<String>,
     cluster: bool,
+    cluster_urls: Vec<String>,
 }
 
 impl LabOptions {
@@ -127,6 +128,18 @@ impl LabOptions {
         self
     }
 
+    /// Your own Redis Cluster (plain `redis://` seed URLs) instead of a
+    /// throwaway one: the callers connect to it directly, and only the
+    /// faults that need neither the Redis processes nor a proxy can run
+    /// ([`Fault::KeyLoss`], [`Fault::EarlyExpiry`], [`Fault::ScriptFlush`]
+    /// on every master, and the holder and PostgreSQL pauses). It changes
+    /// that cluster as [`redis_url`](Self::redis_url) says. Defaults to
+    /// none.
+    pub fn cluster_urls(mut self, urls: Vec<String>) -> Self {
+        self.cluster_urls = urls;
+        self
+    }
+
     /// The options a fault needs on top of these.
     pub fn for_fault(self, fault: Fault) -> Self {
         match fault {
@@ -144,8 +157,14 @@ enum Primary {
     Own(RedisServer),
     /// The user's server, reached by URL: commands only.
     External(redis::Client),
-    /// A throwaway Redis Cluster; `owners[i]` is the master index serving
-    /// the slot of the `i`-th lock key the nemesis was given.
+    /// The user's Redis Cluster, reached by its seed URLs: commands only.
+    ExternalCluster {
+        client: redis::cluster::ClusterClient,
+        /// The seed URLs, as given (for the workers).
+        urls: Vec<String>,
+    },
+    /// A throwaway Redis Cluster; `owner` is the index of the master
+    /// pair serving the lock keys' slot while a slot migration moves it.
     Cluster {
         cluster: RedisCluster,
         owner: Option<usize>,
@@ -185,6 +204,9 @@ impl Lab {
     pub fn start(options: &LabOptions) -> Result<Lab, LabError> {
         if let Some(url) = &options.redis_url {
             return Self::start_external(options, url);
+        }
+        if !options.cluster_urls.is_empty() {
+            return Self::start_external_cluster(options);
         }
         if options.cluster {
             return Self::start_cluster(options);
@@ -253,10 +275,47 @@ impl Lab {
         })
     }
 
+    /// A lab in front of the user's Redis Cluster.
+    fn start_external_cluster(options: &LabOptions) -> Result<Lab, LabError> {
+        if options.replica || options.aof || options.nodes > 1 || options.cluster {
+            return Err(LabError::RedisUrl(
+                "a replica, an append-only file, extra nodes or a throwaway cluster need throwaway servers",
+            ));
+        }
+        let client = redis::cluster::ClusterClient::builder(options.cluster_urls.clone())
+            .connection_timeout(EXTERNAL_TIMEOUT)
+            .response_timeout(EXTERNAL_TIMEOUT)
+            .build()
+            .map_err(|_| LabError::RedisUrl("a cluster seed url does not parse"))?;
+        let mut conn = client.get_connection().map_err(external("connecting"))?;
+        redis::cmd("PING")
+            .query::<()>(&mut conn)
+            .map_err(external("PING"))?;
+        Ok(Lab {
+            servers: Arc::new(Mutex::new(Servers {
+                primary: Primary::ExternalCluster {
+                    client,
+                    urls: options.cluster_urls.clone(),
+                },
+                replica: None,
+                retired: Vec::new(),
+                nodes: Vec::new(),
+                postgres: options.postgres.clone(),
+                workers: Vec::new(),
+            })),
+            proxy: None,
+            aof: false,
+            caller_url: None,
+        })
+    }
+
     /// Whether the callers use a Redis Cluster ([`node_urls`](Self::node_urls)
     /// are then its seed nodes).
     pub fn is_cluster(&self) -> bool {
-        matches!(self.servers().primary, Primary::Cluster { .. })
+        matches!(
+            self.servers().primary,
+            Primary::Cluster { .. } | Primary::ExternalCluster { .. }
+        )
     }
 
     /// A lab in front of the user's Redis at `url`.
@@ -332,8 +391,10 @@ impl Lab {
     /// (the node faults hit), then the extra nodes. On a cluster, its
     /// masters' URLs, the seed list of a cluster client.
     pub fn node_urls(&self) -> Vec<String> {
-        if let Primary::Cluster { cluster, .. } = &self.servers().primary {
-            return cluster.urls();
+        match &self.servers().primary {
+            Primary::Cluster { cluster, .. } => return cluster.urls(),
+            Primary::ExternalCluster { urls, .. } => return urls.clone(),
+            _ => {}
         }
         let mut urls = vec![self.redis_url()];
         urls.extend(self.servers().nodes.iter().map(RedisServer::url));
@@ -357,7 +418,9 @@ impl Lab {
         let servers = self.servers();
         let mut out = match &servers.primary {
             Primary::Own(primary) => format!("--- redis (primary) ---\n{}", primary.log()),
-            Primary::External(_) => "--- redis: yours, no log here ---".to_owned(),
+            Primary::External(_) | Primary::ExternalCluster { .. } => {
+                "--- redis: yours, no log here ---".to_owned()
+            }
             Primary::Cluster { cluster, .. } => {
                 let mut out = String::new();
                 for (i, node) in cluster.nodes().iter().chain(cluster.replicas()).enumerate() {
@@ -633,10 +696,12 @@ fn external(what: impl Into<String>) -> impl FnOnce(redis::RedisError) -> LabErr
 fn own(primary: &mut Primary, fault: Fault) -> Result<&mut RedisServer, LabError> {
     match primary {
         Primary::Own(server) => Ok(server),
-        Primary::External(_) | Primary::Cluster { .. } => Err(LabError::Unsupported {
-            fault,
-            needs: "a single redis-server the lab started (it controls the process)",
-        }),
+        Primary::External(_) | Primary::ExternalCluster { .. } | Primary::Cluster { .. } => {
+            Err(LabError::Unsupported {
+                fault,
+                needs: "a single redis-server the lab started (it controls the process)",
+            })
+        }
     }
 }
 
@@ -671,8 +736,43 @@ impl Primary {
         match self {
             Primary::Own(server) => server.command(args).map(drop).map_err(server_err(what)),
             Primary::Cluster { .. } => Err(LabError::RedisUrl(
-                "key and script faults are not sent to a cluster lab",
+                "key and script faults are not sent to a throwaway cluster lab",
             )),
+            Primary::ExternalCluster { client, .. } => {
+                let mut conn = client.get_connection().map_err(external(what))?;
+                match args {
+                    // The cluster client sends each key to its master.
+                    ["DEL", keys @ ..] => keys.iter().try_for_each(|key| {
+                        redis::cmd("DEL")
+                            .arg(*key)
+                            .query::<redis::Value>(&mut conn)
+                            .map(drop)
+                            .map_err(external(what))
+                    }),
+                    ["SCRIPT", "FLUSH"] => {
+                        // Every master caches scripts: flush each one.
+                        let pipe = redis::cmd("SCRIPT").arg("FLUSH").to_owned();
+                        conn.route_command(
+                            &pipe,
+                            redis::cluster_routing::RoutingInfo::MultiNode((
+                                redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+                                Some(redis::cluster_routing::ResponsePolicy::AllSucceeded),
+                            )),
+                        )
+                        .map(drop)
+                        .map_err(external(what))
+                    }
+                    _ => {
+                        let mut cmd = redis::cmd(args.first().copied().unwrap_or("PING"));
+                        for arg in args.iter().skip(1) {
+                            cmd.arg(*arg);
+                        }
+                        cmd.query::<redis::Value>(&mut conn)
+                            .map(drop)
+                            .map_err(external(what))
+                    }
+                }
+            }
             Primary::External(client) => {
                 let mut conn = client
                     .get_connection_with_timeout(EXTERNAL_TIMEOUT)

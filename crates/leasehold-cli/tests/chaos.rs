@@ -201,3 +201,46 @@ fn a_fenced_write_path_holds_on_a_cluster_under_slot_migration_and_failover() ->
     }
     Ok(())
 }
+
+/// `--redis-url ... --cluster`: the matrix runs against a Redis Cluster it
+/// did not start; the key faults reach the lock keys' masters through a
+/// cluster client (double holders show it), `SCRIPT FLUSH` every master,
+/// and the network faults (no proxy in front of a cluster) are skipped.
+#[test]
+fn the_matrix_runs_against_your_own_redis_cluster() -> TestResult {
+    let cluster = leasehold_testkit::RedisCluster::start(3)?;
+    let seeds = cluster.urls().join(",");
+    let out = leasehold(&[
+        "chaos",
+        "--json",
+        "--redis-url",
+        &seeds,
+        "--cluster",
+        "--modes",
+        "cas",
+        "--faults",
+        "key-loss,script-flush,net-cut",
+        "--duration",
+        "3s",
+    ])?;
+    let stdout = String::from_utf8(out.stdout)?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stderr.contains("cas x net-cut"), "{stderr}");
+    let rows: Vec<Value> = stdout
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for row in &rows {
+        assert_eq!(row["status"], "ok", "{row}");
+        assert_eq!(row["violations"], 0, "{row}");
+        assert!(row["accepted"].as_u64() > Some(0), "{row}");
+    }
+    assert_eq!(rows[0]["fault"], "key-loss", "{stdout}");
+    assert!(rows[0]["overlaps"].as_u64() > Some(0), "{stdout}");
+
+    let out = leasehold(&["chaos", "--cluster"])?;
+    assert_eq!(out.status.code(), Some(2), "--cluster needs --redis-url");
+    Ok(())
+}

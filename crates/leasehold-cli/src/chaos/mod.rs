@@ -131,6 +131,12 @@ struct MatrixArgs {
     /// script-flush runs SCRIPT FLUSH: use a test server.
     #[arg(long, value_name = "URL")]
     redis_url: Option<String>,
+    /// --redis-url is a Redis Cluster: its seed nodes, comma-separated.
+    /// The workers connect to the cluster directly (no fault proxy), so
+    /// the network faults are skipped too; modes handoff and quorum do not
+    /// run on a cluster. script-flush flushes every master.
+    #[arg(long, requires = "redis_url")]
+    cluster: bool,
     /// Write each run's history (`.jsonl`) and timeline (`.html`) here.
     #[arg(long)]
     report: Option<PathBuf>,
@@ -187,7 +193,12 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     } else {
         args.faults.clone()
     };
-    if let Some(url) = &args.redis_url {
+    let seeds: Vec<String> = match &args.redis_url {
+        Some(urls) if args.cluster => urls.split(',').map(str::to_owned).collect(),
+        Some(url) => vec![url.clone()],
+        None => Vec::new(),
+    };
+    for url in &seeds {
         let client = redis::Client::open(url.as_str()).map_err(|_| {
             crate::cli::Usage("--redis-url does not parse as a redis:// URL".to_owned())
         })?;
@@ -224,7 +235,8 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         wait: args.wait,
         work: args.work,
         watchdog: args.watchdog,
-        redis_url: args.redis_url.clone(),
+        redis_url: args.redis_url.clone().filter(|_| !args.cluster),
+        cluster_urls: if args.cluster { seeds } else { Vec::new() },
     };
     if let Some(dir) = &args.report {
         std::fs::create_dir_all(dir)
@@ -244,16 +256,22 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         .filter(|(mode, fault)| mode.supports(*fault))
         .collect();
     if args.redis_url.is_some() {
-        let (run, skipped): (Vec<_>, Vec<_>) = cells
-            .into_iter()
-            .partition(|(mode, fault)| mode.nodes() == 1 && !fault.needs_redis_process());
+        let (run, skipped): (Vec<_>, Vec<_>) = cells.into_iter().partition(|(mode, fault)| {
+            let proxied = !matches!(
+                fault,
+                Fault::NetLatency | Fault::NetCut | Fault::NetBlackhole
+            );
+            mode.nodes() == 1
+                && !fault.needs_redis_process()
+                && (!args.cluster || (proxied && !matches!(mode, Mode::Handoff)))
+        });
         if !skipped.is_empty() {
             let names: Vec<String> = skipped
                 .iter()
                 .map(|(mode, fault)| format!("{} x {fault}", mode.name()))
                 .collect();
             note!(
-                "chaos: skipped with --redis-url (they need throwaway redis-servers): {}",
+                "chaos: skipped with --redis-url (they need throwaway servers, the fault proxy, or a topology yours is not): {}",
                 names.join(", ")
             );
         }

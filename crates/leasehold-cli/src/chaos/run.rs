@@ -32,6 +32,8 @@ pub(crate) struct Plan {
     pub(crate) watchdog: bool,
     /// The user's Redis, instead of a throwaway one.
     pub(crate) redis_url: Option<String>,
+    /// The user's Redis Cluster's seed URLs, instead of a throwaway Redis.
+    pub(crate) cluster_urls: Vec<String>,
 }
 
 /// How long a worker may take to start and connect.
@@ -58,6 +60,9 @@ pub(crate) async fn run_one(
         .postgres(postgres.clone());
     if let Some(url) = &plan.redis_url {
         options = options.redis_url(url.clone());
+    }
+    if !plan.cluster_urls.is_empty() {
+        options = options.cluster_urls(plan.cluster_urls.clone());
     }
     let lab = tokio::task::spawn_blocking(move || Lab::start(&options))
         .await
