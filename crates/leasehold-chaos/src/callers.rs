@@ -78,11 +78,25 @@ pub struct Stall {
     armed_ms: Arc<AtomicU64>,
 }
 
+/// What [`Stall::armed_ms`] holds to stop the whole process instead of
+/// sleeping.
+const STOP_PROCESS: u64 = u64::MAX;
+
 impl Stall {
     /// The next caller to reach a pause point stalls for `length`.
     pub fn arm(&self, length: Duration) {
-        let ms = u64::try_from(length.as_millis()).unwrap_or(u64::MAX).max(1);
+        let ms = u64::try_from(length.as_millis())
+            .unwrap_or(STOP_PROCESS - 1)
+            .clamp(1, STOP_PROCESS - 1);
         self.armed_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// The next caller to reach a pause point stops this whole process
+    /// (SIGSTOP to itself) until someone sends it SIGCONT: a real process
+    /// pause, placed where it hurts, between a holder's read and its
+    /// write. For worker processes; the nemesis resumes them.
+    pub fn arm_process_stop(&self) {
+        self.armed_ms.store(STOP_PROCESS, Ordering::SeqCst);
     }
 
     /// Disarms the switch if no caller took it.
@@ -90,11 +104,12 @@ impl Stall {
         self.armed_ms.store(0, Ordering::SeqCst);
     }
 
-    /// Takes the armed stall, if any (only one caller gets it).
-    fn take(&self) -> Option<Duration> {
+    /// Takes the armed stall in ms (or [`STOP_PROCESS`]), if any (only one
+    /// caller gets it).
+    fn take(&self) -> Option<u64> {
         match self.armed_ms.swap(0, Ordering::SeqCst) {
             0 => None,
-            ms => Some(Duration::from_millis(ms)),
+            ms => Some(ms),
         }
     }
 }
@@ -122,8 +137,16 @@ impl Call<'_> {
     /// harness may stall the caller here past its lease (the holder-pause
     /// fault, in process), which is where a stale write comes from.
     pub async fn pause_point(&self) {
-        if let Some(length) = self.stall.take() {
-            tokio::time::sleep(length).await;
+        match self.stall.take() {
+            Some(STOP_PROCESS) => {
+                // Stops every thread of the process until SIGCONT; if the
+                // signal cannot be sent, the caller goes on unpaused.
+                if let Err(err) = leasehold_testkit::stop_this_process() {
+                    tracing::warn!(error = %err, "could not stop this process");
+                }
+            }
+            Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            None => {}
         }
     }
 }

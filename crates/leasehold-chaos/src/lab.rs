@@ -179,7 +179,12 @@ struct Servers {
     nodes: Vec<RedisServer>,
     postgres: Option<Arc<PostgresServer>>,
     workers: Vec<u32>,
+    pauser: Option<Pauser>,
 }
+
+/// Tells worker `n` to stop itself at its next pause point (`true`), or
+/// not to any more (`false`). See [`Lab::set_pauser`].
+pub type Pauser = Arc<dyn Fn(u32, bool) + Send + Sync>;
 
 /// Throwaway servers and the fault proxy in front of the primary. Cheap to
 /// clone (clones share the servers); everything stops when the last clone
@@ -241,6 +246,7 @@ impl Lab {
                 nodes,
                 postgres,
                 workers: Vec::new(),
+                pauser: None,
             })),
             proxy: Some(Arc::new(proxy)),
             aof: options.aof,
@@ -268,6 +274,7 @@ impl Lab {
                 nodes: Vec::new(),
                 postgres: options.postgres.clone(),
                 workers: Vec::new(),
+                pauser: None,
             })),
             proxy: None,
             aof: false,
@@ -302,6 +309,7 @@ impl Lab {
                 nodes: Vec::new(),
                 postgres: options.postgres.clone(),
                 workers: Vec::new(),
+                pauser: None,
             })),
             proxy: None,
             aof: false,
@@ -366,6 +374,7 @@ impl Lab {
                 nodes: Vec::new(),
                 postgres: options.postgres.clone(),
                 workers: Vec::new(),
+                pauser: None,
             })),
             proxy: Some(Arc::new(proxy)),
             aof: false,
@@ -413,6 +422,16 @@ impl Lab {
         self.servers().workers = pids;
     }
 
+    /// How [`Fault::HolderPause`] reaches into worker processes: instead of
+    /// stopping every worker but one at a random moment (which often finds
+    /// no holder between its read and its write), the window's worker is
+    /// told to stop itself (SIGSTOP) at its next pause point, and every
+    /// worker is continued (SIGCONT) when the window ends. Needs
+    /// [`set_workers`](Self::set_workers) too.
+    pub fn set_pauser(&self, pauser: Pauser) {
+        self.servers().pauser = Some(pauser);
+    }
+
     /// The server logs, for a failure message.
     pub fn logs(&self) -> String {
         let servers = self.servers();
@@ -448,6 +467,10 @@ impl Lab {
                 if servers.workers.is_empty() {
                     stall.arm(window.length);
                     "a holder (stalled in process)".to_owned()
+                } else if let Some(pauser) = &servers.pauser {
+                    let worker = window.worker % u32::try_from(servers.workers.len()).unwrap_or(1);
+                    pauser(worker, true);
+                    format!("w{worker} (stops itself between a read and its write)")
                 } else {
                     // Every worker but one: whoever holds a lease is then
                     // most likely paused, and the survivor takes over.
@@ -591,6 +614,12 @@ impl Lab {
         match fault {
             Fault::HolderPause => {
                 stall.disarm();
+                if let Some(pauser) = &servers.pauser
+                    && !servers.workers.is_empty()
+                {
+                    let worker = window.worker % u32::try_from(servers.workers.len()).unwrap_or(1);
+                    pauser(worker, false);
+                }
                 for pid in &servers.workers {
                     leasehold_testkit::resume_process(*pid).map_err(server("resuming a worker"))?;
                 }

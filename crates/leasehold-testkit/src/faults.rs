@@ -44,6 +44,22 @@ pub fn pause_process(pid: u32) -> Result<(), Error> {
     process::stop(pid)
 }
 
+/// Stops the calling process with `SIGSTOP` (every thread of it) and
+/// returns once another process continues it with `SIGCONT` (e.g.
+/// [`resume_process`]): for a worker that pauses itself at a chosen point,
+/// such as between a read and its write.
+///
+/// # Errors
+///
+/// [`Error::Signal`] if the signal cannot be raised.
+pub fn stop_this_process() -> Result<(), Error> {
+    nix::sys::signal::raise(Signal::SIGSTOP).map_err(|source| Error::Signal {
+        signal: Signal::SIGSTOP,
+        pid: std::process::id(),
+        source,
+    })
+}
+
 /// Continues process `pid` with `SIGCONT` and returns once it is no longer
 /// stopped. Continuing a process that is not stopped changes nothing.
 ///

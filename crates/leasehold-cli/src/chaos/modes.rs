@@ -79,14 +79,18 @@ impl Mode {
         }
     }
 
-    /// The blind write is the control where the fault makes two holders;
-    /// the fenced-only write is documented not to refuse a newer holder's
-    /// stale read, so under the same faults it is reported, not judged.
+    /// The blind write is the control where the fault makes two holders.
+    /// The fenced-only write (`WHERE fence < token`) refuses an older
+    /// holder's late write, but not a newer holder's write from a read
+    /// taken before the older one wrote: whenever two leases overlap, it
+    /// can lose an update (documented in leasehold-pg). Leases overlap
+    /// without any injected fault too, when a 100 ms lease expires on a
+    /// loaded machine, so it makes no safety claim under any fault: its
+    /// rows are reported, not judged.
     pub(crate) fn expect(self, fault: Fault) -> Expect {
         match self {
             Mode::Blind if fault.breaks_the_lock() => Expect::Breaks,
-            Mode::Blind => Expect::MayBreak,
-            Mode::Fenced if fault.can_break_the_lock() => Expect::MayBreak,
+            Mode::Blind | Mode::Fenced => Expect::MayBreak,
             _ => Expect::Holds,
         }
     }

@@ -14,6 +14,7 @@ use leasehold_chaos::{
 };
 use leasehold_testkit::PostgresServer;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio_util::task::AbortOnDropHandle;
 
 use super::modes::{Expect, Mode};
 use super::worker::Spec;
@@ -121,14 +122,34 @@ pub(crate) async fn run_one(
     let t0 = Instant::now() + START_MARGIN;
     let recorder = Recorder::in_memory(start);
     recorder.record_at(0, "coordinator", header);
+    let mut stdins = Vec::new();
     for worker in &mut workers {
         if let Some(mut stdin) = worker.stdin.take() {
             stdin
                 .write_all(format!("{}\n", start_to_micros(start)).as_bytes())
                 .await
                 .context("telling a worker the run's start")?;
+            stdins.push(stdin);
         }
     }
+    // The nemesis's holder pauses, passed on to the workers' stdin.
+    let (pauses, mut pause_rx) = tokio::sync::mpsc::unbounded_channel::<(u32, bool)>();
+    // Until the run ends: then the workers' stdin closes, which their
+    // command readers need to finish.
+    let run_end = tokio::time::Instant::from_std(t0 + plan.duration);
+    let _relay = AbortOnDropHandle::new(tokio::spawn(async move {
+        while let Ok(Some((worker, arm))) = tokio::time::timeout_at(run_end, pause_rx.recv()).await
+        {
+            if let Some(stdin) = usize::try_from(worker).ok().and_then(|w| stdins.get_mut(w)) {
+                let line: &[u8] = if arm { b"pause\n" } else { b"unpause\n" };
+                // A worker that is gone has nothing left to pause.
+                let _ = stdin.write_all(line).await;
+            }
+        }
+    }));
+    lab.set_pauser(Arc::new(move |worker, arm| {
+        let _ = pauses.send((worker, arm));
+    }));
 
     let windows = schedule(fault, seed, plan.duration, plan.ttl, plan.workers);
     let keys: Vec<String> = resources.iter().map(|(r, _)| lock_key(r)).collect();

@@ -13,6 +13,7 @@ use leasehold::CancellationToken;
 use leasehold_chaos::{Callers, Recorder, Stall, start_from_micros};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio_util::task::AbortOnDropHandle;
 
 use super::modes::Mode;
 
@@ -71,6 +72,23 @@ pub(crate) async fn run() -> anyhow::Result<()> {
         .trim()
         .parse()
         .context("parsing the run's start")?;
+    // From now on the coordinator may say `pause` (stop this process at the
+    // next pause point: a holder between its read and its write) or
+    // `unpause` (never mind).
+    let stall = Stall::default();
+    let commands = {
+        let stall = stall.clone();
+        async move {
+            while let Ok(Some(line)) = stdin.next_line().await {
+                match line.trim() {
+                    "pause" => stall.arm_process_stop(),
+                    "unpause" => stall.disarm(),
+                    _ => {}
+                }
+            }
+        }
+    };
+    let commands = AbortOnDropHandle::new(tokio::spawn(commands));
     let start = start_from_micros(start_us);
     if let Ok(wait) = start.duration_since(SystemTime::now()) {
         tokio::time::sleep(wait).await;
@@ -107,7 +125,7 @@ pub(crate) async fn run() -> anyhow::Result<()> {
     };
     let (mode, work) = (spec.mode, Duration::from_millis(spec.work_ms));
     let write = async |call: leasehold_chaos::Call<'_>| mode.write(&pool, call, work).await;
-    let stall = Stall::default();
     tokio::join!(callers.run(&lock, &recorder, &stop, &stall, &write), timer);
+    drop(commands);
     Ok(())
 }
