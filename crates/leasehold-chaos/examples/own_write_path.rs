@@ -59,7 +59,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let report = Harness::new("my-account")
         .callers(8)
-        .ttl(Duration::from_millis(50))
+        // The tutorial's last advice: a 1 ms TTL, so leases fail all the time.
+        .ttl(Duration::from_millis(1))
         .duration(Duration::from_secs(3))
         .fault(Fault::KeyLoss)
         .run(&lab, &lock, write, check)
