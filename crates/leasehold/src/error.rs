@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::tls_failure::CertificateProblem;
+
 /// Why an acquire gave up without the lock.
 ///
 /// Every way of not getting the lock comes back as [`Error::NotAcquired`] with
@@ -64,39 +66,6 @@ impl std::fmt::Display for TlsFileRole {
             TlsFileRole::Ca => "ca",
             TlsFileRole::Cert => "client certificate",
             TlsFileRole::Key => "client key",
-        })
-    }
-}
-
-/// Why a server's TLS certificate was refused ([`Error::TlsCertificate`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum CertificateProblem {
-    /// It does not chain to a CA we trust: the wrong CA file, or none
-    /// given for a private CA.
-    UnknownIssuer,
-    /// Its validity period has ended.
-    Expired,
-    /// Its validity period has not begun (or our clock is wrong).
-    NotYetValid,
-    /// It is not issued for the host (name or IP address) in the URL.
-    WrongName,
-    /// Its issuer revoked it.
-    Revoked,
-    /// Anything else: a bad signature, an unsupported algorithm, a
-    /// malformed certificate.
-    Invalid,
-}
-
-impl std::fmt::Display for CertificateProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            CertificateProblem::UnknownIssuer => "not signed by a trusted ca",
-            CertificateProblem::Expired => "expired",
-            CertificateProblem::NotYetValid => "not valid yet",
-            CertificateProblem::WrongName => "not issued for this host",
-            CertificateProblem::Revoked => "revoked",
-            CertificateProblem::Invalid => "invalid",
         })
     }
 }
@@ -466,8 +435,8 @@ impl Error {
             return Error::Auth(err);
         }
         #[cfg(feature = "tls")]
-        if let Some(failure) = crate::tls::classify(&err) {
-            use crate::tls::Failure;
+        if let Some(failure) = crate::tls_failure::classify(&err) {
+            use crate::tls_failure::Failure;
             return match failure {
                 Failure::Certificate(problem) => Error::TlsCertificate {
                     op,

@@ -143,6 +143,7 @@ mod options;
 mod retry;
 mod scripts;
 mod stats;
+mod tls_failure;
 mod token;
 // Lease core: one lease type, its validity and watchdog.
 mod lease;
@@ -170,7 +171,7 @@ pub mod tls;
 #[cfg(test)]
 mod give_up_tests;
 
-pub use error::{CertificateProblem, Error, GiveUpReason, Result, TlsFileRole};
+pub use error::{Error, GiveUpReason, Result, TlsFileRole};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 #[cfg(feature = "handoff")]
 #[cfg_attr(docsrs, doc(cfg(feature = "handoff")))]
@@ -183,6 +184,7 @@ pub use options::{AcquireOptions, DEFAULT_WAIT};
 pub use quorum::{DEFAULT_NODE_TIMEOUT, Quorum, QuorumBuilder};
 pub use retry::{RetryStrategy, Waits};
 pub use stats::LockerStats;
+pub use tls_failure::CertificateProblem;
 pub use token::LeaseToken;
 pub use watchdog::LostCause;
 

@@ -26,7 +26,7 @@
 //!
 //! | what happened | error |
 //! |---|---|
-//! | the server's certificate is not signed by a CA we trust, expired, not yet valid, or for another host | [`Error::TlsCertificate`] with its [`CertificateProblem`] |
+//! | the server's certificate is not signed by a CA we trust, expired, not yet valid, or for another host | [`Error::TlsCertificate`] with its [`CertificateProblem`](crate::CertificateProblem) |
 //! | a `rediss://` URL, but the port does not speak TLS | [`Error::NotTls`] |
 //! | a `redis://` URL, but the port speaks TLS | [`Error::TlsExpected`] |
 //! | the server refused our client certificate, or wanted one we did not send | [`Error::ClientCertRejected`] |
@@ -61,7 +61,6 @@
 //! also enables redis-rs's rustls support; TLS uses rustls with the `aws-lc-rs`
 //! crypto provider, installed as the process default if none is.
 
-use std::error::Error as StdError;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -74,7 +73,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-use crate::error::{CertificateProblem, Error, Result, TlsFileRole};
+use crate::error::{Error, Result, TlsFileRole};
 
 /// The files a TLS connection uses, built with consuming setters; every
 /// one is optional.
@@ -297,68 +296,6 @@ fn file_err(role: TlsFileRole, path: &Path, problem: &'static str) -> Error {
 pub(crate) fn install_provider() {
     // An Err means a provider is already installed, which is all we need.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-}
-
-/// What a TLS failure inside a client error says.
-pub(crate) enum Failure {
-    /// We refused the server's certificate.
-    Certificate(CertificateProblem),
-    /// The server answered our TLS handshake with something that is not
-    /// TLS.
-    NotTls,
-    /// The server refused our client certificate, or wanted one.
-    ClientCertRejected,
-}
-
-/// Reads the TLS failure, if any, inside a client error.
-pub(crate) fn classify(err: &redis::RedisError) -> Option<Failure> {
-    use rustls::{AlertDescription as Alert, CertificateError as Cert};
-    Some(match find_rustls(err)? {
-        rustls::Error::InvalidCertificate(problem) => Failure::Certificate(match problem {
-            Cert::UnknownIssuer => CertificateProblem::UnknownIssuer,
-            Cert::Expired | Cert::ExpiredContext { .. } => CertificateProblem::Expired,
-            Cert::NotValidYet | Cert::NotValidYetContext { .. } => CertificateProblem::NotYetValid,
-            Cert::NotValidForName | Cert::NotValidForNameContext { .. } => {
-                CertificateProblem::WrongName
-            }
-            Cert::Revoked => CertificateProblem::Revoked,
-            _ => CertificateProblem::Invalid,
-        }),
-        rustls::Error::InvalidMessage(_) => Failure::NotTls,
-        rustls::Error::AlertReceived(
-            Alert::CertificateRequired
-            | Alert::BadCertificate
-            | Alert::UnsupportedCertificate
-            | Alert::CertificateRevoked
-            | Alert::CertificateExpired
-            | Alert::CertificateUnknown
-            | Alert::UnknownCA
-            | Alert::AccessDenied,
-        ) => Failure::ClientCertRejected,
-        _ => return None,
-    })
-}
-
-/// The rustls error inside `err`, looking through `source()` chains,
-/// `io::Error` payloads and the `Arc` redis-rs keeps its causes in.
-fn find_rustls<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a rustls::Error> {
-    let mut current = Some(err);
-    while let Some(err) = current {
-        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
-            return Some(tls);
-        }
-        let inner: Option<&(dyn StdError + 'static)> = match err.downcast_ref::<io::Error>() {
-            Some(io) => io.get_ref().map(|inner| inner as _),
-            None => err
-                .downcast_ref::<Arc<dyn StdError + Send + Sync>>()
-                .map(|shared| shared.as_ref() as _),
-        };
-        if let Some(found) = inner.and_then(find_rustls) {
-            return Some(found);
-        }
-        current = err.source();
-    }
-    None
 }
 
 /// How long [`explain`]'s probe may take. It runs only after a connect
