@@ -121,6 +121,9 @@ struct MatrixArgs {
     /// lost.
     #[arg(long)]
     watchdog: bool,
+    /// Redis servers in the quorum mode's Redlock quorum.
+    #[arg(long, default_value_t = 3, value_parser = parse_nodes)]
+    nodes: usize,
     /// Run against your own Redis (a plain redis:// URL, credentials
     /// included; no environment variable, on purpose) instead of a
     /// throwaway one, through the fault proxy. Only the faults that need
@@ -140,6 +143,14 @@ struct MatrixArgs {
     /// Write each run's history (`.jsonl`) and timeline (`.html`) here.
     #[arg(long)]
     report: Option<PathBuf>,
+}
+
+fn parse_nodes(s: &str) -> Result<usize, String> {
+    match s {
+        "3" => Ok(3),
+        "5" => Ok(5),
+        _ => Err("a Redlock quorum here has 3 or 5 nodes".to_owned()),
+    }
 }
 
 fn parse_fault(s: &str) -> Result<Fault, String> {
@@ -235,6 +246,7 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         wait: args.wait,
         work: args.work,
         watchdog: args.watchdog,
+        quorum_nodes: args.nodes,
         redis_url: args.redis_url.clone().filter(|_| !args.cluster),
         cluster_urls: if args.cluster { seeds } else { Vec::new() },
     };
@@ -261,7 +273,7 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
                 fault,
                 Fault::NetLatency | Fault::NetCut | Fault::NetBlackhole
             );
-            mode.nodes() == 1
+            *mode != Mode::Quorum
                 && !fault.needs_redis_process()
                 && (!args.cluster || (proxied && !matches!(mode, Mode::Handoff)))
         });

@@ -108,9 +108,10 @@ impl Mode {
         }
     }
 
-    /// How many independent Redis servers the mode needs.
-    pub(crate) fn nodes(self) -> usize {
-        if self == Mode::Quorum { 3 } else { 1 }
+    /// How many independent Redis servers the mode needs, given the
+    /// quorum's size.
+    pub(crate) fn nodes(self, quorum: usize) -> usize {
+        if self == Mode::Quorum { quorum } else { 1 }
     }
 
     /// Connects the mode's lock to `urls` (one, or a quorum's).

@@ -31,6 +31,8 @@ pub(crate) struct Plan {
     pub(crate) wait: Duration,
     pub(crate) work: Duration,
     pub(crate) watchdog: bool,
+    /// The quorum mode's number of Redis servers (3 or 5).
+    pub(crate) quorum_nodes: usize,
     /// The user's Redis, instead of a throwaway one.
     pub(crate) redis_url: Option<String>,
     /// The user's Redis Cluster's seed URLs, instead of a throwaway Redis.
@@ -57,7 +59,7 @@ pub(crate) async fn run_one(
 ) -> anyhow::Result<RunReport> {
     let mut options = LabOptions::default()
         .for_fault(fault)
-        .nodes(mode.nodes())
+        .nodes(mode.nodes(plan.quorum_nodes))
         .postgres(postgres.clone());
     if let Some(url) = &plan.redis_url {
         options = options.redis_url(url.clone());
@@ -83,7 +85,7 @@ pub(crate) async fn run_one(
         initial: resources.clone(),
     };
     let cluster = lab.is_cluster();
-    let urls = if mode.nodes() > 1 || cluster {
+    let urls = if mode.nodes(plan.quorum_nodes) > 1 || cluster {
         lab.node_urls()
     } else {
         vec![lab.redis_url()]
