@@ -33,6 +33,10 @@ pub enum LabError {
         #[source]
         source: leasehold_testkit::Error,
     },
+    /// Options that do not go together, or a fault the lab cannot inject
+    /// the way it was asked.
+    #[error("{0}")]
+    Options(&'static str),
     /// The Redis URL given to [`LabOptions::redis_url`] cannot be used
     /// (the URL itself is not shown: it may hold a password).
     #[error("the redis url cannot be used: {0}")]
@@ -257,7 +261,7 @@ impl Lab {
     /// A lab on a throwaway cluster.
     fn start_cluster(options: &LabOptions) -> Result<Lab, LabError> {
         if options.replica || options.aof || options.nodes > 1 {
-            return Err(LabError::RedisUrl(
+            return Err(LabError::Options(
                 "a cluster lab has no single-server replica, AOF or extra nodes",
             ));
         }
@@ -285,7 +289,7 @@ impl Lab {
     /// A lab in front of the user's Redis Cluster.
     fn start_external_cluster(options: &LabOptions) -> Result<Lab, LabError> {
         if options.replica || options.aof || options.nodes > 1 || options.cluster {
-            return Err(LabError::RedisUrl(
+            return Err(LabError::Options(
                 "a replica, an append-only file, extra nodes or a throwaway cluster need throwaway servers",
             ));
         }
@@ -329,7 +333,7 @@ impl Lab {
     /// A lab in front of the user's Redis at `url`.
     fn start_external(options: &LabOptions, url: &str) -> Result<Lab, LabError> {
         if options.replica || options.aof || options.nodes > 1 {
-            return Err(LabError::RedisUrl(
+            return Err(LabError::Options(
                 "a replica, an append-only file or extra nodes need throwaway servers",
             ));
         }
@@ -746,7 +750,7 @@ fn no_cluster(fault: Fault) -> LabError {
 fn lock_slot(cluster: &RedisCluster, keys: &[String]) -> Result<u16, LabError> {
     let key = keys
         .first()
-        .ok_or(LabError::RedisUrl("no lock key to move"))?;
+        .ok_or(LabError::Options("no lock key to move"))?;
     cluster
         .slot_of(key)
         .map_err(server("finding the lock key's slot"))
@@ -764,7 +768,7 @@ impl Primary {
     fn command(&self, args: &[&str], what: &str) -> Result<(), LabError> {
         match self {
             Primary::Own(server) => server.command(args).map(drop).map_err(server_err(what)),
-            Primary::Cluster { .. } => Err(LabError::RedisUrl(
+            Primary::Cluster { .. } => Err(LabError::Options(
                 "key and script faults are not sent to a throwaway cluster lab",
             )),
             Primary::ExternalCluster { client, .. } => {
