@@ -4,8 +4,12 @@
 //! primary behind a TCP fault proxy (the callers connect through the
 //! proxy, so the network can lag, be cut or be swallowed), optionally a
 //! replica (for failover), extra independent Redis nodes (for Redlock), and
-//! a PostgreSQL. The nemesis runs on its own thread, so the blocking
-//! server control never stalls the callers.
+//! a PostgreSQL; or a Redis Cluster of three masters with a replica each
+//! (for slot migration and cluster failover). It can also stand in front
+//! of your own Redis or Redis Cluster ([`LabOptions::redis_url`],
+//! [`LabOptions::cluster_urls`]) for the faults that need no control of
+//! the Redis processes. The nemesis runs on its own thread, so the
+//! blocking server control never stalls the callers.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

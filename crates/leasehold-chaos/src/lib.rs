@@ -11,6 +11,13 @@
 //! worker processes, or a user's own write path) appends [`Event`]s, the
 //! checker reads nothing else, so a saved history can be re-checked and
 //! shared.
+//!
+//! To test your own write path, start a [`Lab`], pick a [`Lock`], and give
+//! [`Harness::run`] your write (an async closure of a [`Call`], with
+//! [`Call::pause_point`] between its read and its write) and your
+//! invariant (the final state as [`Kind::Final`] events); see
+//! `examples/own_write_path.rs`. The `leasehold chaos` command is this
+//! crate driven from worker processes, one run per mode and fault.
 
 pub mod check;
 pub mod history;
