@@ -194,6 +194,22 @@ struct Servers {
 /// not to any more (`false`). See [`Lab::set_pauser`].
 pub type Pauser = Arc<dyn Fn(u32, bool) + Send + Sync>;
 
+impl Servers {
+    /// `primary` and the options' PostgreSQL; no replica, nodes or
+    /// workers yet.
+    fn new(primary: Primary, options: &LabOptions) -> Servers {
+        Servers {
+            primary,
+            replica: None,
+            retired: Vec::new(),
+            nodes: Vec::new(),
+            postgres: options.postgres.clone(),
+            workers: Vec::new(),
+            pauser: None,
+        }
+    }
+}
+
 /// Throwaway servers and the fault proxy in front of the primary. Cheap to
 /// clone (clones share the servers); everything stops when the last clone
 /// is dropped.
@@ -243,23 +259,14 @@ impl Lab {
         } else {
             Vec::new()
         };
-        let postgres = options.postgres.clone();
         let proxy =
             FaultProxy::start(primary.addr()).map_err(server("starting the fault proxy"))?;
-        Ok(Lab {
-            servers: Arc::new(Mutex::new(Servers {
-                primary: Primary::Own(primary),
-                replica,
-                retired: Vec::new(),
-                nodes,
-                postgres,
-                workers: Vec::new(),
-                pauser: None,
-            })),
-            proxy: Some(Arc::new(proxy)),
-            aof: options.aof,
-            caller_url: None,
-        })
+        let servers = Servers {
+            replica,
+            nodes,
+            ..Servers::new(Primary::Own(primary), options)
+        };
+        Ok(Lab::assemble(servers, Some(proxy), options.aof, None))
     }
 
     /// A lab on a throwaway cluster.
@@ -271,23 +278,16 @@ impl Lab {
         }
         let cluster =
             RedisCluster::start_with_replicas(3).map_err(server("starting a redis cluster"))?;
-        Ok(Lab {
-            servers: Arc::new(Mutex::new(Servers {
-                primary: Primary::Cluster {
-                    cluster,
-                    owner: None,
-                },
-                replica: None,
-                retired: Vec::new(),
-                nodes: Vec::new(),
-                postgres: options.postgres.clone(),
-                workers: Vec::new(),
-                pauser: None,
-            })),
-            proxy: None,
-            aof: false,
-            caller_url: None,
-        })
+        let primary = Primary::Cluster {
+            cluster,
+            owner: None,
+        };
+        Ok(Lab::assemble(
+            Servers::new(primary, options),
+            None,
+            false,
+            None,
+        ))
     }
 
     /// A lab in front of the user's Redis Cluster.
@@ -306,23 +306,16 @@ impl Lab {
         redis::cmd("PING")
             .query::<()>(&mut conn)
             .map_err(external("PING"))?;
-        Ok(Lab {
-            servers: Arc::new(Mutex::new(Servers {
-                primary: Primary::ExternalCluster {
-                    client,
-                    urls: options.cluster_urls.clone(),
-                },
-                replica: None,
-                retired: Vec::new(),
-                nodes: Vec::new(),
-                postgres: options.postgres.clone(),
-                workers: Vec::new(),
-                pauser: None,
-            })),
-            proxy: None,
-            aof: false,
-            caller_url: None,
-        })
+        let primary = Primary::ExternalCluster {
+            client,
+            urls: options.cluster_urls.clone(),
+        };
+        Ok(Lab::assemble(
+            Servers::new(primary, options),
+            None,
+            false,
+            None,
+        ))
     }
 
     /// Whether the callers use a Redis Cluster ([`node_urls`](Self::node_urls)
@@ -374,20 +367,22 @@ impl Lab {
             caller_url.push('@');
         }
         caller_url.push_str(&format!("{}/{}", proxy.addr(), redis.db()));
-        Ok(Lab {
-            servers: Arc::new(Mutex::new(Servers {
-                primary: Primary::External(client),
-                replica: None,
-                retired: Vec::new(),
-                nodes: Vec::new(),
-                postgres: options.postgres.clone(),
-                workers: Vec::new(),
-                pauser: None,
-            })),
-            proxy: Some(Arc::new(proxy)),
-            aof: false,
-            caller_url: Some(caller_url),
-        })
+        let servers = Servers::new(Primary::External(client), options);
+        Ok(Lab::assemble(servers, Some(proxy), false, Some(caller_url)))
+    }
+
+    fn assemble(
+        servers: Servers,
+        proxy: Option<FaultProxy>,
+        aof: bool,
+        caller_url: Option<String>,
+    ) -> Lab {
+        Lab {
+            servers: Arc::new(Mutex::new(servers)),
+            proxy: proxy.map(Arc::new),
+            aof,
+            caller_url,
+        }
     }
 
     fn servers(&self) -> std::sync::MutexGuard<'_, Servers> {
@@ -400,7 +395,7 @@ impl Lab {
         match (&self.caller_url, &self.proxy) {
             (Some(url), _) => url.clone(),
             (None, Some(proxy)) => format!("redis://{}/", proxy.addr()),
-            (None, None) => self.node_urls().swap_remove(0),
+            (None, None) => self.node_urls().into_iter().next().unwrap_or_default(),
         }
     }
 
@@ -779,13 +774,9 @@ impl Primary {
                 let mut conn = client.get_connection().map_err(external(what))?;
                 match args {
                     // The cluster client sends each key to its master.
-                    ["DEL", keys @ ..] => keys.iter().try_for_each(|key| {
-                        redis::cmd("DEL")
-                            .arg(*key)
-                            .query::<redis::Value>(&mut conn)
-                            .map(drop)
-                            .map_err(external(what))
-                    }),
+                    ["DEL", keys @ ..] => keys
+                        .iter()
+                        .try_for_each(|key| query(&mut conn, &["DEL", key], what)),
                     ["SCRIPT", "FLUSH"] => {
                         // Every master caches scripts: flush each one.
                         let pipe = redis::cmd("SCRIPT").arg("FLUSH").to_owned();
@@ -799,15 +790,7 @@ impl Primary {
                         .map(drop)
                         .map_err(external(what))
                     }
-                    _ => {
-                        let mut cmd = redis::cmd(args.first().copied().unwrap_or("PING"));
-                        for arg in args.iter().skip(1) {
-                            cmd.arg(*arg);
-                        }
-                        cmd.query::<redis::Value>(&mut conn)
-                            .map(drop)
-                            .map_err(external(what))
-                    }
+                    _ => query(&mut conn, args, what),
                 }
             }
             Primary::External(client) => {
@@ -816,16 +799,21 @@ impl Primary {
                     .map_err(external(what))?;
                 conn.set_read_timeout(Some(EXTERNAL_TIMEOUT))
                     .map_err(external(what))?;
-                let mut cmd = redis::cmd(args.first().copied().unwrap_or("PING"));
-                for arg in args.iter().skip(1) {
-                    cmd.arg(*arg);
-                }
-                cmd.query::<redis::Value>(&mut conn)
-                    .map(drop)
-                    .map_err(external(what))
+                query(&mut conn, args, what)
             }
         }
     }
+}
+
+/// Sends `args` (a command and its arguments; `PING` when empty), its
+/// reply dropped.
+fn query(conn: &mut impl redis::ConnectionLike, args: &[&str], what: &str) -> Result<(), LabError> {
+    let (name, rest) = args.split_first().unwrap_or((&"PING", &[]));
+    redis::cmd(name)
+        .arg(rest)
+        .query::<redis::Value>(conn)
+        .map(drop)
+        .map_err(external(what))
 }
 
 fn server_err(what: &str) -> impl FnOnce(leasehold_testkit::Error) -> LabError {
