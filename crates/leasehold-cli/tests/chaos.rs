@@ -18,16 +18,22 @@ fn leasehold(args: &[&str]) -> Result<Output, std::io::Error> {
 /// Runs `leasehold chaos args --json` and returns its rows; requires exit 0
 /// (every safe row held, every control caught).
 fn matrix(args: &[&str]) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
+    Ok(matrix_and_stderr(args)?.0)
+}
+
+/// As [`matrix`], with the run's stderr (its notes).
+fn matrix_and_stderr(args: &[&str]) -> Result<(Vec<Value>, String), Box<dyn std::error::Error>> {
     let mut all = vec!["chaos", "--json"];
     all.extend_from_slice(args);
     let out = leasehold(&all)?;
     let stdout = String::from_utf8(out.stdout)?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    Ok(stdout
+    let rows = stdout
         .lines()
         .map(serde_json::from_str)
-        .collect::<Result<_, _>>()?)
+        .collect::<Result<_, _>>()?;
+    Ok((rows, stderr))
 }
 
 /// The safe write paths of every way of locking, under a holder paused past
@@ -144,9 +150,7 @@ fn the_matrix_runs_against_your_own_redis_for_the_faults_that_need_no_process() 
         leasehold_testkit::RedisOptions::default().password("own-s3cret"),
     )?;
     let url = format!("redis://:own-s3cret@127.0.0.1:{}/", redis.port());
-    let out = leasehold(&[
-        "chaos",
-        "--json",
+    let (rows, stderr) = matrix_and_stderr(&[
         "--redis-url",
         &url,
         "--modes",
@@ -156,9 +160,6 @@ fn the_matrix_runs_against_your_own_redis_for_the_faults_that_need_no_process() 
         "--duration",
         "3s",
     ])?;
-    let stdout = String::from_utf8(out.stdout)?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     assert!(!stderr.contains("own-s3cret"), "{stderr}");
     assert!(
         stderr.contains("skipped with --redis-url")
@@ -166,10 +167,6 @@ fn the_matrix_runs_against_your_own_redis_for_the_faults_that_need_no_process() 
             && stderr.contains("quorum x key-loss"),
         "{stderr}"
     );
-    let rows: Vec<Value> = stdout
-        .lines()
-        .map(serde_json::from_str)
-        .collect::<Result<_, _>>()?;
     let cells: Vec<(String, String)> = rows
         .iter()
         .map(|r| (r["mode"].to_string(), r["fault"].to_string()))
@@ -180,7 +177,7 @@ fn the_matrix_runs_against_your_own_redis_for_the_faults_that_need_no_process() 
             (r#""blind""#.to_owned(), r#""key-loss""#.to_owned()),
             (r#""cas""#.to_owned(), r#""key-loss""#.to_owned())
         ],
-        "{stdout}"
+        "{rows:?}"
     );
     // The locks were taken on this server: cas raised its fence counters.
     let counter = redis.command(&["EXISTS", "fence:{wallet:1}"])?;
@@ -224,9 +221,7 @@ fn a_fenced_write_path_holds_on_a_cluster_under_slot_migration_and_failover() ->
 fn the_matrix_runs_against_your_own_redis_cluster() -> TestResult {
     let cluster = leasehold_testkit::RedisCluster::start(3)?;
     let seeds = cluster.urls().join(",");
-    let out = leasehold(&[
-        "chaos",
-        "--json",
+    let (rows, stderr) = matrix_and_stderr(&[
         "--redis-url",
         &seeds,
         "--cluster",
@@ -237,22 +232,15 @@ fn the_matrix_runs_against_your_own_redis_cluster() -> TestResult {
         "--duration",
         "3s",
     ])?;
-    let stdout = String::from_utf8(out.stdout)?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     assert!(stderr.contains("cas x net-cut"), "{stderr}");
-    let rows: Vec<Value> = stdout
-        .lines()
-        .map(serde_json::from_str)
-        .collect::<Result<_, _>>()?;
-    assert_eq!(rows.len(), 2, "{stdout}");
+    assert_eq!(rows.len(), 2, "{rows:?}");
     for row in &rows {
         assert_eq!(row["status"], "ok", "{row}");
         assert_eq!(row["violations"], 0, "{row}");
         assert!(row["accepted"].as_u64() > Some(0), "{row}");
     }
-    assert_eq!(rows[0]["fault"], "key-loss", "{stdout}");
-    assert!(rows[0]["overlaps"].as_u64() > Some(0), "{stdout}");
+    assert_eq!(rows[0]["fault"], "key-loss", "{rows:?}");
+    assert!(rows[0]["overlaps"].as_u64() > Some(0), "{rows:?}");
 
     let out = leasehold(&["chaos", "--cluster"])?;
     assert_eq!(out.status.code(), Some(2), "--cluster needs --redis-url");
