@@ -76,6 +76,21 @@ dirty=()
 if [ -z "${CI:-}" ] && [ -n "$(git status --porcelain)" ]; then
   dirty=(--allow-dirty)
 fi
+# Cargo verifies leasehold-pg against the packaged leasehold through a local
+# overlay registry, and unpacks that package into $CARGO_HOME/registry/src/
+# under a directory named after the overlay's path (`-<hash>`). It unpacks a
+# package only once per name and version: a checkout at a path packaged before
+# would build leasehold-pg against the leasehold of that earlier run (seen in
+# CI: "no `CertificateProblem` in the root"). So the unpacked copies of our own
+# packages from earlier overlays go first; nothing else in the cargo home is
+# touched.
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+for stale in "$cargo_home"/registry/src/-*/leasehold-[0-9]* "$cargo_home"/registry/src/-*/leasehold-pg-[0-9]*; do
+  if [ -d "$stale" ]; then
+    rm -rf "$stale"
+  fi
+done
+
 # The integration tests stay out of the packages (cargo says "ignoring test
 # ..."): they need the unpublished testkit.
 publish=(cargo publish --dry-run --locked -p leasehold -p leasehold-pg "${dirty[@]}")
