@@ -241,6 +241,13 @@ impl<C: RedisConnection> Backend for HandoffBackend<C> {
 ///   processes take turns in batches instead of caller by caller: with
 ///   relay on, FIFO holds within a process and between the batches of
 ///   processes; with it off, across all callers.
+/// - A local waiter that stops waiting in process because no lease of ours
+///   on the key is alive any more (its holder hung, or an outage outlasted
+///   it) queues in Redis as a unit of its own. While such a unit waits
+///   there, every pass is a checkpoint: it came before the callers queued
+///   in process since, so it is served before them, and the local queue
+///   then waits behind it (one unit per process again) instead of
+///   overtaking it turn after turn.
 /// - A local waiter that gives up (deadline, cancel, dropped future) leaves
 ///   the local queue without a request; if a turn reached it meanwhile it
 ///   passes it on. [`RetryStrategy::none`](crate::RetryStrategy::none) on a
@@ -322,8 +329,9 @@ impl<C: RedisConnection> Backend for HandoffBackend<C> {
 ///   task, `mem::forget`) still counts as its locker's holder for the key,
 ///   forever. Once it runs out (by its own clock), that locker's callers
 ///   stop waiting for it at once and go to Redis, where the key is free;
-///   they just no longer get relays from it. Release or drop every
-///   lease; a watchdog does not help a task that never returns.
+///   they just no longer get relays from it (every pass is then a
+///   checkpoint: still one request, but Redis's queue first). Release or
+///   drop every lease; a watchdog does not help a task that never returns.
 /// - If a locker's pub/sub connection drops, its waiters look dead to other
 ///   lockers' releases until it is back, and are dropped from the queue (its
 ///   own releases still serve them in process). The locker reconnects and
@@ -1087,7 +1095,13 @@ async fn serve<C: RedisConnection>(
                 next = relay.next(key);
             }
             Ok(served) => {
-                relay.pass_place(key, Some(queued));
+                if served.code == 2 && served.local.is_some() {
+                    // The checkpoint served a unit of ours that waited in
+                    // Redis: our local head waits on, behind it.
+                    relay.keep_first(key, queued);
+                } else {
+                    relay.pass_place(key, Some(queued));
+                }
                 tell_served(key, backend, &served);
                 return Ok(confirmed || served.code != 0);
             }

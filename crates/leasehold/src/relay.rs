@@ -40,7 +40,11 @@
 //!   or one of ours), the lock goes to it as in a plain hand-off and the
 //!   local head goes to Redis to queue behind it; if nobody waits there, the
 //!   lock moves to the local head as in a relay. That bounds how long other
-//!   processes wait (at most `limit` local turns).
+//!   processes wait (at most `limit` local turns). Every pass is a
+//!   checkpoint while another unit of ours waits in Redis (a waiter that
+//!   fell back there, below): it came before everyone queued here. When the
+//!   checkpoint serves that unit, the local head stays first in line behind
+//!   it instead of going to Redis, so the process is back to one unit.
 //! - **Fallback.** A local waiter stops waiting locally and goes to Redis as
 //!   a unit of its own once every live lease of ours on the key has run out
 //!   by its holder's clock (or, with none alive, after its own TTL). That
@@ -114,6 +118,8 @@ pub(crate) enum Next {
 
 /// A waiter in the local queue.
 pub(crate) struct Queued {
+    /// Its ticket's id.
+    id: u64,
     ttl: Duration,
     fence_key: Option<String>,
     tx: oneshot::Sender<Turn>,
@@ -146,7 +152,7 @@ struct Slot {
     /// longer upgrades is a lease released or dropped): for when they run
     /// out, and to tell a hung holder from a live one.
     holders: Vec<Weak<Shared>>,
-    queue: VecDeque<(u64, Queued)>,
+    queue: VecDeque<Queued>,
 }
 
 /// The local queues of one locker.
@@ -196,7 +202,12 @@ impl Relay {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let fence_key = fence_key.map(str::to_owned);
-        slot.queue.push_back((id, Queued { ttl, fence_key, tx }));
+        slot.queue.push_back(Queued {
+            id,
+            ttl,
+            fence_key,
+            tx,
+        });
         Entry::Queued(Ticket { id, turn: rx })
     }
 
@@ -207,7 +218,7 @@ impl Relay {
     pub(crate) fn leave(&self, key: &str, mut ticket: Ticket, as_unit: bool) -> Option<Turn> {
         let mut slots = self.slots();
         let slot = slots.entry(key.to_owned()).or_default();
-        if let Some(at) = slot.queue.iter().position(|(id, _)| *id == ticket.id) {
+        if let Some(at) = slot.queue.iter().position(|q| q.id == ticket.id) {
             slot.queue.remove(at);
         } else {
             // Popped already: the turn was sent, or is about to be. Closing
@@ -259,11 +270,14 @@ impl Relay {
         let Some(slot) = slots.get_mut(key) else {
             return Next::Nobody;
         };
-        while let Some((_, queued)) = slot.queue.pop_front() {
+        while let Some(queued) = slot.queue.pop_front() {
             if queued.tx.is_closed() {
                 continue;
             }
-            if slot.streak < self.limit {
+            // Another unit of ours waits in Redis (a waiter that fell back
+            // there during an outage): it came before everyone queued here,
+            // so the pass serves Redis's queue first.
+            if slot.streak < self.limit && slot.units <= 1 {
                 slot.streak = slot.streak.saturating_add(1);
                 return Next::Relay(queued);
             }
@@ -287,7 +301,7 @@ impl Relay {
         }
         let mut slots = self.slots();
         if let Some(slot) = slots.get_mut(key) {
-            while let Some((_, queued)) = slot.queue.pop_front() {
+            while let Some(queued) = slot.queue.pop_front() {
                 match queued.hand(turn) {
                     Ok(()) => return,
                     Err(back) => turn = back,
@@ -295,6 +309,24 @@ impl Relay {
             }
         }
         end_unit(&mut slots, key);
+    }
+
+    /// A checkpoint handed the lock to another unit of ours that waited in
+    /// Redis: the releasing unit ends, and `first` (the local head the pass
+    /// was for) stays first in line, now behind that unit, instead of going
+    /// to Redis as a unit of its own. If that unit is gone already (it gave
+    /// up meanwhile), the releasing unit's place goes to `first`.
+    pub(crate) fn keep_first(&self, key: &str, first: Queued) {
+        {
+            let mut slots = self.slots();
+            let slot = slots.entry(key.to_owned()).or_default();
+            if slot.units > 1 {
+                slot.units -= 1;
+                slot.queue.push_front(first);
+                return;
+            }
+        }
+        self.pass_place(key, Some(first));
     }
 }
 
@@ -402,6 +434,45 @@ mod tests {
         };
         assert!(relay.leave("k", ticket, false).is_none());
         assert!(matches!(q.hand(Turn::Represent), Err(Turn::Represent)));
+    }
+
+    #[tokio::test]
+    async fn with_another_unit_of_ours_in_redis_every_pass_is_a_checkpoint() {
+        let relay = Relay::new(4);
+        let _holder = relay.enter("k", TTL, None, true);
+        let fell_back = queued(&relay, "k");
+        assert!(relay.leave("k", fell_back, true).is_none());
+        let _waiters: Vec<Ticket> = (0..3).map(|_| queued(&relay, "k")).collect();
+        assert!(matches!(relay.next("k"), Next::Checkpoint(_)));
+        assert!(matches!(relay.next("k"), Next::Checkpoint(_)));
+    }
+
+    #[tokio::test]
+    async fn a_head_kept_first_behind_our_served_unit_is_its_next_pass() {
+        let relay = Relay::new(4);
+        let _holder = relay.enter("k", TTL, None, true);
+        let fell_back = queued(&relay, "k");
+        assert!(relay.leave("k", fell_back, true).is_none());
+        let mut head = queued(&relay, "k");
+        let mut second = queued(&relay, "k");
+        let Next::Checkpoint(q) = relay.next("k") else {
+            panic!("expected a checkpoint");
+        };
+        // The checkpoint served the unit that fell back: the releasing unit
+        // ends, the head waits on behind the served one, which relays to it.
+        relay.keep_first("k", q);
+        assert_eq!(relay.queued("k"), 2);
+        let Next::Relay(q) = relay.next("k") else {
+            panic!("one unit left: a relay");
+        };
+        assert!(q.hand(Turn::Represent).is_ok());
+        assert!(matches!(head.turn().await, Some(Turn::Represent)));
+        // Had the served unit gone meanwhile, the head takes the place.
+        let Next::Relay(q) = relay.next("k") else {
+            panic!("expected a relay");
+        };
+        relay.keep_first("k", q);
+        assert!(matches!(second.turn().await, Some(Turn::Represent)));
     }
 
     #[tokio::test]

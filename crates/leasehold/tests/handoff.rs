@@ -675,10 +675,22 @@ fn spawn_recorder(
     order: &Arc<std::sync::Mutex<Vec<&'static str>>>,
     holders: &Arc<AtomicU32>,
 ) -> tokio::task::JoinHandle<Result<(), Error>> {
+    spawn_recorder_with_ttl(locker, key, name, order, holders, 10 * SECOND)
+}
+
+/// [`spawn_recorder`] asking for a lease of `ttl`.
+fn spawn_recorder_with_ttl(
+    locker: &HandoffLocker,
+    key: &'static str,
+    name: &'static str,
+    order: &Arc<std::sync::Mutex<Vec<&'static str>>>,
+    holders: &Arc<AtomicU32>,
+    ttl: Duration,
+) -> tokio::task::JoinHandle<Result<(), Error>> {
     let (locker, order, holders) = (locker.clone(), order.clone(), holders.clone());
     tokio::spawn(async move {
         let opts = AcquireOptions::new().wait(HUNG);
-        let lease = locker.acquire_with(key, 10 * SECOND, &opts).await?;
+        let lease = locker.acquire_with(key, ttl, &opts).await?;
         if holders.fetch_add(1, Ordering::SeqCst) != 0 {
             return Err(Error::InvalidOptions("two holders at once"));
         }
@@ -770,6 +782,51 @@ async fn relay_lets_another_process_in_after_limit_passes() -> TestResult {
     );
     let left: bool = conn.exists(key).await?;
     assert!(!left);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_waiter_that_fell_back_to_redis_is_served_before_later_local_waiters() -> TestResult {
+    let s = setup().await?;
+    let key = "t:relay:fellback";
+    let a = relaying(&s, HandoffStyle::Grant, 16).await?;
+    let b = relaying(&s, HandoffStyle::Grant, 16).await?;
+    let mut conn = s.conn.clone();
+    // Another process holds the lock; a1 waits in Redis for A's process
+    // and a2 queues behind it in process.
+    let held = b
+        .acquire_with(key, 10 * SECOND, &AcquireOptions::new())
+        .await?;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let holders = Arc::new(AtomicU32::new(0));
+    let mut tasks = vec![spawn_recorder(&a, key, "a1", &order, &holders)];
+    until_queued(&mut conn, key, 1).await?;
+    // a2 asks for a short lease: with no holder of ours alive, it stops
+    // waiting in process after that TTL and queues in Redis itself (as after
+    // an outage), a second unit of A's there.
+    let short = Duration::from_millis(200);
+    tasks.push(spawn_recorder_with_ttl(
+        &a, key, "a2", &order, &holders, short,
+    ));
+    until_queued(&mut conn, key, 2).await?;
+    assert_eq!(a.queued_in_process(key), 0, "a2 fell back to Redis");
+    // Later callers of A queue in process.
+    for (i, name) in ["a3", "a4"].into_iter().enumerate() {
+        tasks.push(spawn_recorder(&a, key, name, &order, &holders));
+        until_queued_in_process(&a, key, i + 1).await?;
+    }
+    held.release().await?;
+    join_all(tasks).await?;
+    // a1's release serves Redis's queue first (a2 came before a3 and a4),
+    // and relays to a3 and a4 only then.
+    assert_eq!(
+        *order.lock().map_err(|_| "poisoned")?,
+        vec!["a1", "a2", "a3", "a4"]
+    );
+    let left: bool = conn.exists(key).await?;
+    assert!(!left, "the last release left the lock behind");
+    let queued: usize = conn.zcard(format!("{key}:waitq")).await?;
+    assert_eq!(queued, 0);
     Ok(())
 }
 
