@@ -3,8 +3,8 @@
 //! The protocol, its crash safety and the measured design choice are
 //! documented on [`HandoffLocker`].
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -73,6 +73,10 @@ type Waiters = Mutex<HashMap<String, mpsc::UnboundedSender<Signal>>>;
 struct Local {
     channel: String,
     waiters: Waiters,
+    /// The tokens of this locker's leases not yet given back (released or
+    /// dropped). With `waiters`, it tells an *orphan* hand-off: one to a
+    /// token that neither waits nor holds here any more.
+    held: Mutex<HashSet<LeaseToken>>,
     /// The in-process queues, unless relay is off.
     relay: Option<Relay>,
 }
@@ -99,6 +103,24 @@ impl Local {
             .get(token)
             .is_some_and(|sender| sender.send(signal).is_ok())
     }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashSet<LeaseToken>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Nobody here waits with `token` or holds a lease with it. A waiter
+    /// that wins becomes a lease before it stops being a waiter, so a
+    /// token in neither was given up, given back, or never ours in this
+    /// life of the queue (an entry a failover or a restart from disk
+    /// brought back).
+    fn orphan(&self, token: &LeaseToken) -> bool {
+        !self
+            .waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(token.as_str())
+            && !self.held().contains(token)
+    }
 }
 
 /// What a hand-off lease gives its lock back through: the node, the style,
@@ -107,6 +129,8 @@ pub(crate) struct HandoffBackend<C> {
     node: Arc<Node<C>>,
     style: HandoffStyle,
     local: Arc<Local>,
+    /// Itself, to spawn the requests that pass on an orphan hand-off.
+    this: Weak<HandoffBackend<C>>,
 }
 
 impl<C> HandoffBackend<C> {
@@ -117,6 +141,41 @@ impl<C> HandoffBackend<C> {
             .relay
             .as_ref()
             .map_or(Next::Nobody, |r| r.next(key))
+    }
+}
+
+impl<C: RedisConnection> HandoffBackend<C> {
+    /// A hand-off reached `token` (on `key`), which neither waits nor holds
+    /// a lease here: nobody will take that lock or give it back, so we leave
+    /// the queue on the token's behalf. The leave script is token-checked:
+    /// it passes the lock on if the lock still holds `token` (or serves the
+    /// queue if the lock is free), and changes nothing else. Without it the
+    /// lock sat with nobody until its TTL ran out, once per stale queue entry
+    /// a failover or a restart from disk brought back.
+    fn pass_orphan(&self, key: &str, token: &str) {
+        let Some(token) = LeaseToken::parse(token) else {
+            return;
+        };
+        if !self.local.orphan(&token) {
+            tracing::debug!(
+                key,
+                "served waiter no longer waits: it won the lock another way"
+            );
+            return;
+        }
+        let Some(this) = self.this.upgrade() else {
+            return;
+        };
+        tracing::debug!(key, "hand-off to a waiter gone from here; passing it on");
+        spawn_leave(
+            this,
+            Part {
+                key: key.to_owned(),
+                token,
+                fence_key: None,
+                fence: None,
+            },
+        );
     }
 }
 
@@ -131,6 +190,7 @@ impl<C: RedisConnection> Backend for HandoffBackend<C> {
     }
 
     fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool> {
+        self.local.held().remove(&part.token);
         Box::pin(release(self, part, deadline))
     }
 
@@ -150,6 +210,7 @@ impl<C: RedisConnection> Backend for HandoffBackend<C> {
     }
 
     fn release_dropped(self: Arc<Self>, part: Part) {
+        self.local.held().remove(&part.token);
         release_dropped(self, part);
     }
 }
@@ -265,16 +326,23 @@ impl<C: RedisConnection> Backend for HandoffBackend<C> {
 /// - A waiter whose process dies has no subscriber on its channel any more;
 ///   `PUBLISH` reports zero receivers, and the release drops it and serves
 ///   the next one in the same step.
-/// - A waiter of the releasing locker itself is alive with the process; if
-///   the release finds it no longer waiting, it leaves it alone: the waiter
-///   either won the lock another way meanwhile (its own re-check, or another
-///   client's script, can serve it between the release script and the
-///   in-process message), or it gave up and its leave script passes the
-///   lock on. (An earlier version handed the lock on for it and, under
-///   load, took it from a waiter that had just won it.)
+/// - A hand-off that reaches a token that neither waits nor holds a lease in
+///   its locker any more (in process or over pub/sub) is an *orphan*: the
+///   waiter gave up, or its queue entry came back after it had left (a
+///   failover to a replica that had not seen it leave, a restart from an
+///   old append-only file). The locker runs the leave script for that
+///   token, which passes the lock on if it still holds the token. A waiter
+///   that *won* the lock another way meanwhile (its own re-check, or
+///   another client's script, can serve it between a release script and
+///   the message) holds a lease with that token, so it is left alone: an
+///   earlier version handed the lock on whenever the waiter was gone and,
+///   under load, took it from a waiter that had just won it. Every step is
+///   token-checked, so an orphan that a leave script passed on already
+///   changes nothing.
 /// - A waiter that gives up while a hand-off to it is in flight: its leave
 ///   script runs after the hand-off (which then finds the lock holding its
-///   token and passes it on) or before it (and then no release can pick it).
+///   token and passes it on) or before it (and then no release can pick it,
+///   unless its entry comes back, above).
 /// - With relay, a holder task that panics drops its lease, which passes it
 ///   on in the background. A holder that never releases nor drops its
 ///   lease (a leaked guard, a hung task) blocks our local waiters until its
@@ -428,14 +496,16 @@ impl<C: RedisConnection> HandoffLockerBuilder<C> {
         let local = Arc::new(Local {
             channel,
             waiters: Waiters::default(),
+            held: Mutex::default(),
             relay: (self.relay_limit > 0).then(|| Relay::new(self.relay_limit)),
         });
-        let listener = tokio::spawn(route(self.client, messages, local.clone(), timeout));
-        let backend = Arc::new(HandoffBackend {
+        let backend = Arc::new_cyclic(|this| HandoffBackend {
             node: self.locker.node.clone(),
             style: self.style,
             local,
+            this: this.clone(),
         });
+        let listener = tokio::spawn(route(self.client, messages, backend.clone(), timeout));
         Ok(HandoffLocker {
             inner: Arc::new(HandoffInner {
                 locker: self.locker,
@@ -460,10 +530,10 @@ async fn subscribe(
 }
 
 /// Delivers each `g <token> <key> <fence>` / `w <token> <key>` message to
-/// the local waiter. A message for a waiter that is no longer registered is
-/// dropped: either it won the lock another way (a re-check found it handed
-/// over), or it gave up, and its leave script passes on anything granted to
-/// it.
+/// the local waiter. A message for a waiter that is no longer registered
+/// is dropped when the token holds a lease here (it won the lock another
+/// way: a re-check found it handed over); otherwise the hand-off is an
+/// orphan and is passed on ([`HandoffBackend::pass_orphan`]).
 ///
 /// When the connection drops (Redis restarted, the connection was killed),
 /// it reconnects and resubscribes, retrying with a growing pause (up to 1 s)
@@ -472,30 +542,34 @@ async fn subscribe(
 /// listening dropped our waiter from Redis's queue, so each one re-checks
 /// the lock (and re-joins the queue) at once instead of at its fallback
 /// timer.
-async fn route(
+async fn route<C: RedisConnection>(
     client: redis::Client,
     mut messages: redis::aio::PubSubStream,
-    local: Arc<Local>,
+    backend: Arc<HandoffBackend<C>>,
     timeout: Duration,
 ) {
+    let local = &backend.local;
     loop {
         while let Some(msg) = messages.next().await {
             let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) else {
                 continue;
             };
             let mut parts = payload.split(' ');
-            let (Some(kind), Some(token)) = (parts.next(), parts.next()) else {
+            let (Some(kind), Some(token), Some(key)) = (parts.next(), parts.next(), parts.next())
+            else {
                 continue;
             };
             let signal = match kind {
                 "g" => {
-                    let fence = parts.nth(1).and_then(|f| f.parse().ok()).unwrap_or(0);
+                    let fence = parts.next().and_then(|f| f.parse().ok()).unwrap_or(0);
                     Signal::Granted(fence)
                 }
                 "w" => Signal::Woken,
                 _ => continue,
             };
-            local.tell(token, signal);
+            if !local.tell(token, signal) {
+                backend.pass_orphan(key, token);
+            }
         }
         tracing::warn!(
             channel = local.channel,
@@ -883,6 +957,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
     ) -> Lease {
         let backend = &self.inner.backend;
         backend.node.counters.acquisition();
+        backend.local.held().insert(token.clone());
         let part = Part {
             key: target.lock.clone(),
             token,
@@ -1148,12 +1223,14 @@ async fn release_in_redis<C: RedisConnection>(
 }
 
 /// When a release served one of this locker's own Redis waiters, the script
-/// did not tell it: we do. If it no longer waits we do nothing more: either
-/// it won the lock another way meanwhile (a re-check found it handed over,
-/// or another client's script granted it), and the lock is rightly its, or
-/// it gave up, and the leave script it spawned then passes the lock on.
-/// (Handing the lock on for it here would take it from a waiter that won.)
-fn tell_served<C>(key: &str, backend: &HandoffBackend<C>, served: &Served) {
+/// did not tell it: we do. If it no longer waits and holds no lease, the
+/// hand-off is an orphan and is passed on
+/// ([`HandoffBackend::pass_orphan`]); if it won the lock another way
+/// meanwhile (a re-check found it handed over, or another client's script
+/// granted it), the lock is rightly its and is left alone. (Handing the lock
+/// on whenever the waiter was gone took it, under load, from a waiter that
+/// had just won it.)
+fn tell_served<C: RedisConnection>(key: &str, backend: &HandoffBackend<C>, served: &Served) {
     let signal = match (backend.style, u64::try_from(served.fence)) {
         (HandoffStyle::Grant, Ok(fence)) => Signal::Granted(fence),
         // Woken instead of granted (a fenced waiter we could not issue a
@@ -1163,10 +1240,7 @@ fn tell_served<C>(key: &str, backend: &HandoffBackend<C>, served: &Served) {
     if let Some(next) = &served.local
         && !backend.local.tell(next, signal)
     {
-        tracing::debug!(
-            key,
-            "served waiter no longer waits; it won the lock or its leave passes it on"
-        );
+        backend.pass_orphan(key, next);
     }
 }
 

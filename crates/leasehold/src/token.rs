@@ -34,6 +34,17 @@ impl LeaseToken {
         LeaseToken(out)
     }
 
+    /// A token as Redis or a hand-off message carries it: exactly 32
+    /// lowercase hex characters, else `None`.
+    #[cfg(feature = "handoff")]
+    pub(crate) fn parse(text: &str) -> Option<LeaseToken> {
+        let bytes: [u8; 32] = text.as_bytes().try_into().ok()?;
+        bytes
+            .iter()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            .then_some(LeaseToken(bytes))
+    }
+
     /// The token as stored in Redis.
     pub fn as_str(&self) -> &str {
         // Only ASCII hex digits are ever written into the array.
@@ -74,6 +85,19 @@ mod tests {
         assert_eq!(a.as_str().len(), 32);
         assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
+    }
+
+    #[cfg(feature = "handoff")]
+    #[test]
+    fn parse_takes_back_exactly_what_as_str_gives() -> Result<(), getrandom::Error> {
+        let token = LeaseToken::generate()?;
+        assert_eq!(LeaseToken::parse(token.as_str()), Some(token.clone()));
+        assert_eq!(LeaseToken::parse(&token.as_str()[1..]), None);
+        assert!(LeaseToken::parse("0123456789abcdef0123456789abcdef").is_some());
+        assert_eq!(LeaseToken::parse("0123456789ABCDEF0123456789abcdef"), None);
+        assert_eq!(LeaseToken::parse(&format!("{}0", token.as_str())), None);
+        assert_eq!(LeaseToken::parse("g0000000000000000000000000000000"), None);
+        Ok(())
     }
 
     #[test]

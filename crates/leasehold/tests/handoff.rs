@@ -1265,3 +1265,108 @@ async fn a_queued_waiter_is_served_after_redis_restarts_under_it() -> TestResult
     lease.release().await?;
     Ok(())
 }
+
+/// Where the release that serves a stale queue entry comes from.
+#[derive(Clone, Copy)]
+enum Releaser {
+    /// Another locker: the hand-off reaches the entry's locker over pub/sub.
+    Other,
+    /// The entry's own locker: it is served in process.
+    Same,
+}
+
+/// A queue entry of a waiter that already gave up comes back (as after a
+/// failover to a replica that had not seen it leave, or a restart from an
+/// old AOF); a release then hands the lock to a token nobody will take.
+/// Its locker notices that nobody waits or holds with that token there and
+/// passes the lock on; before, the next waiter waited out the stale
+/// entry's TTL (60 s here, longer than the test's hang detector).
+async fn a_hand_off_to_a_stale_entry(style: HandoffStyle, releaser: Releaser) -> TestResult {
+    let s = setup().await?;
+    let key = "t:handoff:stale";
+    let a = handoff(&s, style).await?;
+    let b = handoff(&s, style).await?;
+    let mut conn = s.conn.clone();
+    let holding = match releaser {
+        Releaser::Other => &b,
+        Releaser::Same => &a,
+    };
+    let holder = holding
+        .acquire_with(key, 60 * SECOND, &AcquireOptions::new())
+        .await?;
+
+    let cancel = CancellationToken::new();
+    let gone = {
+        let a = a.clone();
+        let opts = AcquireOptions::new()
+            .wait(120 * SECOND)
+            .cancel(cancel.clone());
+        tokio::spawn(async move { a.acquire_with(key, 60 * SECOND, &opts).await })
+    };
+    until_queued(&mut conn, key, 1).await?;
+    let queue = format!("{key}:waitq");
+    let waiters = format!("{key}:waiters");
+    let tokens: Vec<(String, f64)> = conn.zrange_withscores(&queue, 0, 0).await?;
+    let [(token, score)] = tokens.as_slice() else {
+        return Err(format!("one entry expected, found {tokens:?}").into());
+    };
+    let entry: String = conn.hget(&waiters, token).await?;
+    cancel.cancel();
+    let err = tokio::time::timeout(HUNG, gone).await??.err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::NotAcquired {
+                reason: GiveUpReason::Cancelled,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    // Its leave (in the background) empties the queue; then the entry comes
+    // back as it was.
+    tokio::time::timeout(HUNG, async {
+        loop {
+            let len: usize = conn.zcard(&queue).await?;
+            if len == 0 {
+                return Ok::<_, redis::RedisError>(());
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await??;
+    let _: () = conn.zadd(&queue, token, *score).await?;
+    let _: () = conn.hset(&waiters, token, &entry).await?;
+
+    let next = {
+        let b = b.clone();
+        let opts = AcquireOptions::new().wait(HUNG);
+        tokio::spawn(async move { b.acquire_with(key, 60 * SECOND, &opts).await })
+    };
+    until_queued(&mut conn, key, 2).await?;
+    holder.release().await?;
+    let lease = tokio::time::timeout(HUNG, next).await???;
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, lease.token().as_str());
+    lease.release().await?;
+    let left: bool = conn.exists(key).await?;
+    assert!(!left, "the last release left the lock behind");
+    let queued: usize = conn.zcard(&queue).await?;
+    assert_eq!(queued, 0, "the stale entry was left in the queue");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_grant_to_a_stale_entry_over_pubsub_is_passed_on() -> TestResult {
+    a_hand_off_to_a_stale_entry(HandoffStyle::Grant, Releaser::Other).await
+}
+
+#[tokio::test]
+async fn a_grant_to_a_stale_entry_in_process_is_passed_on() -> TestResult {
+    a_hand_off_to_a_stale_entry(HandoffStyle::Grant, Releaser::Same).await
+}
+
+#[tokio::test]
+async fn a_wake_for_a_stale_entry_is_passed_on() -> TestResult {
+    a_hand_off_to_a_stale_entry(HandoffStyle::Wake, Releaser::Other).await
+}
