@@ -197,7 +197,7 @@ pub use tokio_util::sync::CancellationToken;
 /// connection, such as a
 /// [`ConnectionManager`](redis::aio::ConnectionManager) (the default, which
 /// reconnects), a cluster connection, or a
-/// [`ConnectionManager`](redis::aio::ConnectionManager) (which does
+/// [`MultiplexedConnection`](redis::aio::MultiplexedConnection) (which does
 /// not: see [`Locker`]).
 pub trait RedisConnection: redis::aio::ConnectionLike + Clone + Send + Sync + 'static {}
 

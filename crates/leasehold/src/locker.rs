@@ -45,10 +45,30 @@ pub(crate) fn check_fence_ttl(ttl: Option<Duration>) -> Result<()> {
 /// restarts or the connection drops, the request that finds it broken fails
 /// ([`Error::Unreachable`], which [`is_retryable`](Error::is_retryable))
 /// and starts a reconnect, and the next request goes out on the new
-/// connection. A cluster connection works too. A bare
+/// connection. A bare
 /// [`MultiplexedConnection`](redis::aio::MultiplexedConnection) never
 /// reconnects: once it breaks, every request fails until you build a new
 /// locker, so use it only where something else replaces it.
+///
+/// A Redis Cluster connection works too (feature `cluster`; the keys of one
+/// lock must share a hash tag, such as `lock:{wallet:42}`). Give its client
+/// short retry waits: redis-rs's cluster client waits at least 1.28 s
+/// before it retries a request that met `TRYAGAIN`, `CLUSTERDOWN`,
+/// `MASTERDOWN` or `LOADING` (a slot migration, a failover), many times a
+/// lease's TTL. The locker's command timeout cuts that wait short (a
+/// retryable [`Error::Timeout`]), but the caller has waited it out.
+///
+/// ```no_run
+/// # async fn cluster() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = redis::cluster::ClusterClient::builder(vec!["redis://127.0.0.1:7000"])
+///     .min_retry_wait(1) // ms
+///     .max_retry_wait(50) // ms
+///     .build()?;
+/// let locker = leasehold::Locker::new(client.get_async_connection().await?);
+/// # let _ = locker;
+/// # Ok(())
+/// # }
+/// ```
 ///
 /// The same four calls take a lease every way (see also
 /// [`HandoffLocker`](crate::HandoffLocker) and [`Quorum`](crate::Quorum)):

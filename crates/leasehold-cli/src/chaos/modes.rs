@@ -16,6 +16,10 @@ use crate::ledger;
 
 /// How long any Redis request of a worker may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
+/// The cluster client's retry waits, in milliseconds (redis-rs's defaults
+/// are 1,280 to 655,360).
+const CLUSTER_RETRY_WAIT_MIN_MS: u64 = 1;
+const CLUSTER_RETRY_WAIT_MAX_MS: u64 = 50;
 
 /// A row of the matrix: a lock and a write path.
 #[derive(
@@ -117,9 +121,14 @@ impl Mode {
     /// Connects the mode's lock to `urls` (one, or a quorum's).
     pub(crate) async fn lock(self, urls: &[String], cluster: bool) -> anyhow::Result<Lock> {
         if cluster {
+            // Short retry waits, as the Locker docs advise: redis-rs waits
+            // at least 1.28 s before retrying a TRYAGAIN by default, which
+            // held callers a whole command timeout after a slot migration.
             let client = redis::cluster::ClusterClient::builder(urls.to_vec())
                 .connection_timeout(COMMAND_TIMEOUT)
                 .response_timeout(COMMAND_TIMEOUT)
+                .min_retry_wait(CLUSTER_RETRY_WAIT_MIN_MS)
+                .max_retry_wait(CLUSTER_RETRY_WAIT_MAX_MS)
                 .build()
                 .context("opening the redis cluster")?;
             let conn = client
