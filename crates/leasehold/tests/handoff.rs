@@ -55,11 +55,20 @@ async fn relaying(s: &Setup, style: HandoffStyle, limit: u32) -> Result<HandoffL
 
 /// Waits until the wait queue of `key` holds at least `n` entries.
 async fn until_queued(conn: &mut ConnectionManager, key: &str, n: usize) -> TestResult {
+    until_queue(conn, key, |len| len >= n).await
+}
+
+/// Waits until the length of `key`'s wait queue satisfies `done`.
+async fn until_queue(
+    conn: &mut ConnectionManager,
+    key: &str,
+    done: impl Fn(usize) -> bool,
+) -> TestResult {
     let queue = format!("{key}:waitq");
     tokio::time::timeout(HUNG, async {
         loop {
             let len: usize = conn.zcard(&queue).await?;
-            if len >= n {
+            if done(len) {
                 return Ok::<_, redis::RedisError>(());
             }
             tokio::task::yield_now().await;
@@ -1325,16 +1334,7 @@ async fn a_hand_off_to_a_stale_entry(style: HandoffStyle, releaser: Releaser) ->
     );
     // Its leave (in the background) empties the queue; then the entry comes
     // back as it was.
-    tokio::time::timeout(HUNG, async {
-        loop {
-            let len: usize = conn.zcard(&queue).await?;
-            if len == 0 {
-                return Ok::<_, redis::RedisError>(());
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await??;
+    until_queue(&mut conn, key, |len| len == 0).await?;
     let _: () = conn.zadd(&queue, token, *score).await?;
     let _: () = conn.hset(&waiters, token, &entry).await?;
 
