@@ -1,24 +1,19 @@
 //! Tests against a real PostgreSQL server.
 
 use std::error::Error;
-use std::io::{ErrorKind, Read, Write};
+use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
+mod common;
 use leasehold_testkit::PostgresServer;
 
 type TestResult = Result<(), Box<dyn Error>>;
 
-/// Sends an `SSLRequest` and returns the one-byte answer (`N` or `S`); a
-/// backend must be forked to answer it.
+/// [`common::ssl_request`] on a new connection to `addr`.
 fn ssl_request(addr: SocketAddr, timeout: Duration) -> std::io::Result<u8> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])?;
-    let mut answer = [0u8; 1];
-    stream.read_exact(&mut answer)?;
-    Ok(answer[0])
+    common::ssl_request(&mut TcpStream::connect(addr)?, timeout)
 }
 
 #[test]

@@ -5,6 +5,8 @@ use std::io::{self, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+mod common;
+use common::ssl_request;
 use leasehold_testkit::{Direction, FaultProxy, Faults, PostgresServer, RedisServer};
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -189,15 +191,6 @@ fn drop_closes_connections_and_the_port() -> TestResult {
     let err = connect(addr).expect_err("nothing should listen any more");
     assert_eq!(err.kind(), ErrorKind::ConnectionRefused);
     Ok(())
-}
-
-/// Sends a PostgreSQL `SSLRequest` and returns the one-byte answer.
-fn ssl_request(stream: &mut TcpStream, timeout: Duration) -> io::Result<u8> {
-    stream.set_read_timeout(Some(timeout))?;
-    stream.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])?;
-    let mut answer = [0u8; 1];
-    stream.read_exact(&mut answer)?;
-    Ok(answer[0])
 }
 
 #[test]

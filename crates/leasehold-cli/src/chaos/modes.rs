@@ -9,7 +9,8 @@ use deadpool_postgres::Pool;
 use leasehold::{HandoffLocker, Locker, Quorum};
 use leasehold_chaos::{Call, Fault, Lock, WriteOutcome, Written};
 use leasehold_pg::Outcome;
-use leasehold_pg::tokio_postgres::Client;
+use leasehold_pg::Snapshot;
+use leasehold_pg::tokio_postgres::{Client, GenericClient};
 use serde::{Deserialize, Serialize};
 
 use crate::ledger;
@@ -234,12 +235,9 @@ impl Mode {
                 {
                     return Ok(WriteOutcome::RefusedStale.into());
                 }
-                let read = leasehold_pg::read_wallet(&tx, id).await.map_err(before)?;
-                if read.balance() < amount {
+                let Some(read) = read_then_work(&tx, id, call, work).await? else {
                     return Ok(WriteOutcome::Insufficient.into());
-                }
-                call.pause_point().await;
-                tokio::time::sleep(work).await;
+                };
                 ledger::debit_unchecked(&tx, &read, amount, None)
                     .await
                     .map_err(|err| Step::Before(format!("{err:#}")))?;
@@ -247,14 +245,9 @@ impl Mode {
                 Ok(WriteOutcome::Accepted.into())
             }
             Mode::Blind => {
-                let read = leasehold_pg::read_wallet(&*client, id)
-                    .await
-                    .map_err(before)?;
-                if read.balance() < amount {
+                let Some(read) = read_then_work(&*client, id, call, work).await? else {
                     return Ok(WriteOutcome::Insufficient.into());
-                }
-                call.pause_point().await;
-                tokio::time::sleep(work).await;
+                };
                 ledger::debit_unchecked(&*client, &read, amount, None)
                     .await
                     .map_err(|err| Step::During(format!("{err:#}")))?;
@@ -264,14 +257,9 @@ impl Mode {
                 let token = call.fence().ok_or_else(|| {
                     Step::Before("a fenced lease came back without a fence".into())
                 })?;
-                let read = leasehold_pg::read_wallet(&*client, id)
-                    .await
-                    .map_err(before)?;
-                if read.balance() < amount {
+                let Some(read) = read_then_work(&*client, id, call, work).await? else {
                     return Ok(WriteOutcome::Insufficient.into());
-                }
-                call.pause_point().await;
-                tokio::time::sleep(work).await;
+                };
                 let outcome = if self == Mode::Fenced {
                     leasehold_pg::debit_fenced(&*client, &read, amount, token).await
                 } else {
@@ -292,6 +280,24 @@ impl Mode {
             }
         }
     }
+}
+
+/// The read half of a read-modify-write: reads wallet `id` and, if it can
+/// pay the call's amount, does what separates the read from the write (the
+/// call's pause point, then `work`). `None` when the balance is short.
+async fn read_then_work<C: GenericClient>(
+    db: &C,
+    id: i64,
+    call: &Call<'_>,
+    work: Duration,
+) -> Result<Option<Snapshot>, Step> {
+    let read = leasehold_pg::read_wallet(db, id).await.map_err(before)?;
+    if read.balance() < call.amount {
+        return Ok(None);
+    }
+    call.pause_point().await;
+    tokio::time::sleep(work).await;
+    Ok(Some(read))
 }
 
 /// Where a write failed: before anything could be written, or during the
