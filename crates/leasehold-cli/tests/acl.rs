@@ -2,11 +2,13 @@
 //! them, and the keys they change against what their `--help` names.
 
 use std::collections::BTreeSet;
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use leasehold_testkit::{PostgresServer, RedisServer};
 use serde_json::Value;
+
+mod common;
+use common::leasehold;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -24,14 +26,6 @@ const EXPERIMENTS: &[&[&str]] = &[
     &["verify", "--mode", "cas"],
     &["verify", "--mode", "guard"],
 ];
-
-fn leasehold(args: &[&str]) -> Result<Output, std::io::Error> {
-    Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .args(args)
-        .env_remove("REDIS_URL")
-        .env_remove("DATABASE_URL")
-        .output()
-}
 
 /// Runs `experiment` with `--json` on the given servers; returns its one
 /// report, its stderr and its exit code.

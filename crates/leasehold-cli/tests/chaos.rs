@@ -1,19 +1,12 @@
 //! `leasehold chaos` through the binary: the short fault matrix CI runs,
 //! its saved histories and timelines, and `chaos check`.
 
-use std::process::{Command, Output};
-
 use serde_json::Value;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+mod common;
+use common::leasehold;
 
-fn leasehold(args: &[&str]) -> Result<Output, std::io::Error> {
-    Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .args(args)
-        .env_remove("REDIS_URL")
-        .env_remove("DATABASE_URL")
-        .output()
-}
+type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Runs `leasehold chaos args --json` and returns its rows; requires exit 0
 /// (every safe row held, every control caught).

@@ -1,19 +1,14 @@
 //! The `leasehold` binary, run the way a user runs it.
 
-use std::process::{Command, Output};
+use std::process::Command;
 
 use leasehold_testkit::{RedisOptions, RedisServer};
 use serde_json::Value;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+mod common;
+use common::leasehold;
 
-fn leasehold(args: &[&str]) -> Result<Output, std::io::Error> {
-    Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .args(args)
-        .env_remove("REDIS_URL")
-        .env_remove("DATABASE_URL")
-        .output()
-}
+type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Runs `leasehold args`, requires it to succeed, and returns its stdout.
 fn succeeded(args: &[&str]) -> Result<String, Box<dyn std::error::Error>> {

@@ -1,17 +1,12 @@
 //! Each subcommand's `--help` lists the flags it uses and only those, says
 //! what it changes on the servers, and gives the exit codes.
 
-use std::process::{Command, Output};
+use std::process::Command;
+
+mod common;
+use common::leasehold;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-fn leasehold(args: &[&str]) -> Result<Output, std::io::Error> {
-    Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .args(args)
-        .env_remove("REDIS_URL")
-        .env_remove("DATABASE_URL")
-        .output()
-}
 
 fn help(subcommand: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
     let mut args = subcommand.to_vec();
