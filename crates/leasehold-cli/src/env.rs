@@ -146,6 +146,9 @@ async fn open_postgres(url: Option<String>) -> anyhow::Result<Postgres> {
     let client: &mut deadpool_postgres::tokio_postgres::Client = &mut client;
     leasehold_pg::setup(client)
         .await
+        .with_context(|| format!("setting up the fence table at {shown}"))?;
+    leasehold_pg::setup_wallets(client)
+        .await
         .with_context(|| format!("setting up the wallet tables at {shown}"))?;
     Ok(Postgres {
         pool,

@@ -16,10 +16,12 @@ use tokio_postgres::error::SqlState;
 #[non_exhaustive]
 pub enum Error {
     /// A table this crate needs does not exist (SQLSTATE 42P01).
-    #[error("table {table} does not exist: create it with leasehold_pg::setup")]
+    #[error("table {table} does not exist: create it with {}", setup_for(table))]
     TableMissing {
-        /// The missing table: [`WALLETS`](crate::WALLETS) or
-        /// [`LEDGER`](crate::LEDGER).
+        /// The missing table: [`FENCES`](crate::FENCES) (created by
+        /// [`setup`](crate::setup)), [`WALLETS`](crate::WALLETS) or
+        /// [`LEDGER`](crate::LEDGER) (created by
+        /// [`setup_wallets`](crate::setup_wallets)).
         table: &'static str,
         /// The server's error.
         #[source]
@@ -161,12 +163,13 @@ impl Error {
         if let Some(db) = err.as_db_error() {
             let code = db.code();
             if *code == SqlState::UNDEFINED_TABLE {
-                let table = if db.message().contains(crate::FENCES) {
-                    crate::FENCES
-                } else if db.message().contains(crate::LEDGER) {
-                    crate::LEDGER
+                use crate::tables::{FENCES, LEDGER, WALLETS};
+                let table = if db.message().contains(FENCES) {
+                    FENCES
+                } else if db.message().contains(LEDGER) {
+                    LEDGER
                 } else {
-                    crate::WALLETS
+                    WALLETS
                 };
                 return Error::TableMissing { table, source: err };
             }
@@ -180,8 +183,8 @@ impl Error {
             }
             return Error::Postgres(err);
         }
-        if let Some(failure) = crate::tls::classify(&err) {
-            use crate::tls::Failure;
+        if let Some(failure) = crate::tls_failure::classify(&err) {
+            use crate::tls_failure::Failure;
             return match failure {
                 Failure::Certificate(problem) => Error::TlsCertificate {
                     problem,
@@ -220,3 +223,12 @@ fn is_connection_failure(err: &tokio_postgres::Error) -> bool {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The call that creates `table`, for the [`Error::TableMissing`] message.
+fn setup_for(table: &str) -> &'static str {
+    if table == crate::tables::FENCES {
+        "leasehold_pg::setup"
+    } else {
+        "leasehold_pg::setup_wallets"
+    }
+}

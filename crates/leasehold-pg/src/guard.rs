@@ -74,9 +74,36 @@ use tokio_postgres::GenericClient;
 
 use crate::error::{Error, Result};
 
-/// The table of fences, one row per resource: `leasehold_fences (resource
-/// text PRIMARY KEY, fence bigint)`. Created by [`setup`](crate::setup).
-pub const FENCES: &str = "leasehold_fences";
+pub use crate::tables::FENCES;
+
+/// The fence table's DDL; `IF NOT EXISTS` makes [`setup`] idempotent.
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS leasehold_fences (
+    resource text PRIMARY KEY CHECK (resource <> ''),
+    fence    bigint NOT NULL CHECK (fence > 0)
+);
+";
+
+/// Creates [`FENCES`], the one table the guard needs, if it does not exist;
+/// nothing else (the tutorial's wallet tables are
+/// [`setup_wallets`](crate::setup_wallets)'). One transaction serialized by
+/// an advisory lock, so concurrent callers (every replica of a service at
+/// start-up) are safe. Users who manage their schema with migrations can
+/// run the `CREATE TABLE` in the [module docs](self) instead.
+///
+/// Works on a client (its own transaction) or inside the caller's
+/// transaction (a savepoint).
+///
+/// # Errors
+/// [`Error::Unreachable`], [`Error::Auth`] or [`Error::Postgres`] (for
+/// example, no permission to create tables).
+///
+/// # Cancel safety
+/// Cancel safe: if dropped before the commit, the transaction is rolled
+/// back and nothing is created.
+pub async fn setup<C: GenericClient>(client: &mut C) -> Result<()> {
+    crate::ddl::create(client, SCHEMA).await
+}
 
 /// What the guard found.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -112,7 +112,7 @@
 //!
 //! # async fn run(locker: Locker) -> Result<(), Box<dyn std::error::Error>> {
 //! let mut db = leasehold_pg::connect("postgres://app@127.0.0.1/app").await?;
-//! leasehold_pg::setup(&mut db).await?;
+//! leasehold_pg::setup_wallets(&mut db).await?;
 //!
 //! let keys = FencedKeys::for_resource("wallet:42")?;
 //! let lease = locker.acquire(&keys, Duration::from_secs(2)).await?;
@@ -166,18 +166,22 @@
 //! [`Error::TlsFile`], [`Error::InvalidTls`].
 
 mod connect;
+mod ddl;
 mod error;
 pub mod guard;
 pub mod metrics;
 mod schema;
+mod tables;
 mod tls;
+mod tls_failure;
 mod write;
 
 pub use connect::{config, connect};
 pub use error::{Error, Result};
-pub use guard::{FENCES, Guard, guard, guard_token};
+pub use guard::{Guard, guard, guard_token, setup};
 pub use leasehold::FencingToken;
-pub use schema::{LEDGER, WALLETS, reset_wallet, setup};
+pub use schema::{reset_wallet, setup_wallets};
+pub use tables::{FENCES, LEDGER, WALLETS};
 pub use tokio_postgres_rustls::MakeRustlsConnect;
 pub use write::{
     Audit, LockedWallet, Outcome, Snapshot, audit, debit_check_and_set, debit_conditional,

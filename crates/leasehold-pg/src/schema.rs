@@ -1,20 +1,12 @@
-//! The wallet and ledger tables: creating them and resetting one wallet.
+//! The tutorial's wallet and ledger tables: creating them and resetting one
+//! wallet. Only the wallet helpers use them; the fence guard needs none of
+//! this ([`setup`](crate::setup) creates its one table).
 
 use tokio_postgres::GenericClient;
 
 use crate::error::{Error, Result};
 
-/// The wallet table: `id bigint PRIMARY KEY`, `balance bigint NOT NULL
-/// CHECK (balance >= 0)`, `fence bigint NOT NULL DEFAULT 0` (the highest
-/// fencing token that has written, which doubles as the row's version).
-pub const WALLETS: &str = "wallets";
-
-/// The ledger table: one row per accepted debit (`wallet_id`, `amount`,
-/// `fence`: the token it was written with, NULL for database-only writes),
-/// inserted in the same statement or transaction as the debit.
-pub const LEDGER: &str = "wallet_ledger";
-
-/// The tables' DDL. `IF NOT EXISTS` makes [`setup`] idempotent.
+/// The tables' DDL. `IF NOT EXISTS` makes [`setup_wallets`] idempotent.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS wallets (
     id      bigint PRIMARY KEY,
@@ -29,20 +21,14 @@ CREATE TABLE IF NOT EXISTS wallet_ledger (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS wallet_ledger_wallet_id ON wallet_ledger (wallet_id);
-CREATE TABLE IF NOT EXISTS leasehold_fences (
-    resource text PRIMARY KEY CHECK (resource <> ''),
-    fence    bigint NOT NULL CHECK (fence > 0)
-);
 ";
 
-/// An arbitrary constant naming this crate's advisory lock: concurrent
-/// `CREATE TABLE IF NOT EXISTS` of the same table can otherwise fail with a
-/// unique violation in the catalog.
-const SETUP_LOCK: i64 = 0x6c65_6173_6568_6f6c; // "leasehol"
-
-/// Creates the [`WALLETS`] and [`LEDGER`] tables (and the ledger's index) if
-/// they do not exist, in one transaction serialized by an advisory lock, so
-/// concurrent callers are safe.
+/// Creates the tutorial's [`WALLETS`](crate::WALLETS) and [`LEDGER`](crate::LEDGER) tables (and the
+/// ledger's index) if they do not exist, for the wallet helpers
+/// ([`debit_fenced`](crate::debit_fenced) and friends, [`audit`](crate::audit)).
+/// The fence guard does not need them: for it, [`setup`](crate::setup)
+/// alone. One transaction serialized by an advisory lock, so concurrent
+/// callers are safe.
 ///
 /// Works on a client (its own transaction) or inside the caller's
 /// transaction (a savepoint).
@@ -54,13 +40,8 @@ const SETUP_LOCK: i64 = 0x6c65_6173_6568_6f6c; // "leasehol"
 /// # Cancel safety
 /// Cancel safe: if dropped before the commit, the transaction is rolled
 /// back and nothing is created.
-pub async fn setup<C: GenericClient>(client: &mut C) -> Result<()> {
-    let tx = client.transaction().await.map_err(Error::from_pg)?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SETUP_LOCK])
-        .await
-        .map_err(Error::from_pg)?;
-    tx.batch_execute(SCHEMA).await.map_err(Error::from_pg)?;
-    tx.commit().await.map_err(Error::from_pg)
+pub async fn setup_wallets<C: GenericClient>(client: &mut C) -> Result<()> {
+    crate::ddl::create(client, SCHEMA).await
 }
 
 /// Creates wallet `id` with `balance` and fence 0, or resets it to that,
@@ -68,7 +49,7 @@ pub async fn setup<C: GenericClient>(client: &mut C) -> Result<()> {
 ///
 /// # Errors
 /// [`Error::InvalidBalance`] for a negative balance, before any I/O;
-/// [`Error::TableMissing`] when [`setup`] has not run; connection errors.
+/// [`Error::TableMissing`] when [`setup_wallets`] has not run; connection errors.
 ///
 /// # Cancel safety
 /// Cancel safe: the statement either committed or did not.

@@ -67,6 +67,7 @@ fn writes_are_counted_by_outcome_and_stale_ones_refused_once() -> TestResult {
             let pg = server()?;
             let mut db = leasehold_pg::connect(&pg.url()).await?;
             leasehold_pg::setup(&mut db).await?;
+            leasehold_pg::setup_wallets(&mut db).await?;
             let id = 8_001;
             leasehold_pg::reset_wallet(&db, id, 15).await?;
             let token = FencingToken::new;

@@ -24,7 +24,7 @@ fn wallet_id() -> i64 {
 
 async fn db(server: &PostgresServer) -> Result<Client, Error> {
     let mut client = leasehold_pg::connect(&server.url()).await?;
-    leasehold_pg::setup(&mut client).await?;
+    leasehold_pg::setup_wallets(&mut client).await?;
     Ok(client)
 }
 
@@ -184,6 +184,18 @@ async fn lock_for_update_works_inside_the_callers_transaction() -> TestResult {
     Ok(())
 }
 
+/// The tables of the connected database's `public` schema, sorted.
+async fn tables(db: &Client) -> Result<Vec<String>, Error> {
+    let rows = db
+        .query(
+            "SELECT table_name::text FROM information_schema.tables
+             WHERE table_schema = 'public' ORDER BY table_name",
+            &[],
+        )
+        .await?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
+}
+
 #[tokio::test]
 async fn missing_table_is_a_clear_error() -> TestResult {
     let server = server()?;
@@ -208,9 +220,35 @@ async fn missing_table_is_a_clear_error() -> TestResult {
     );
     let message = err.map(|e| e.to_string()).unwrap_or_default();
     assert!(message.contains("wallets"), "{message}");
-    assert!(message.contains("leasehold_pg::setup"), "{message}");
+    assert!(message.contains("leasehold_pg::setup_wallets"), "{message}");
 
+    // The guard's setup creates its one table and nothing of the demo's.
     leasehold_pg::setup(&mut bare).await?;
+    assert_eq!(tables(&bare).await?, ["leasehold_fences"]);
+    let err = leasehold_pg::read_wallet(&bare, 42).await.err();
+    assert!(matches!(err, Some(Error::TableMissing { .. })), "{err:?}");
+
+    bare.batch_execute("DROP TABLE leasehold_fences").await?;
+    let tx = bare.transaction().await?;
+    let err = leasehold_pg::guard_token(&tx, "wallet:42", token(1))
+        .await
+        .err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::TableMissing {
+                table: "leasehold_fences",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    let message = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(message.ends_with("leasehold_pg::setup"), "{message}");
+    tx.rollback().await?;
+
+    leasehold_pg::setup_wallets(&mut bare).await?;
+    assert_eq!(tables(&bare).await?, ["wallet_ledger", "wallets"]);
     bare.batch_execute("DROP TABLE wallet_ledger").await?;
     let err = leasehold_pg::reset_wallet(&bare, 42, 100).await.err();
     assert!(

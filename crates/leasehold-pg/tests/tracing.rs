@@ -122,6 +122,7 @@ fn has(fields: &Fields, wanted: &[(String, String)]) -> bool {
 async fn db(url: &str) -> Result<Client, Box<dyn std::error::Error>> {
     let mut client = leasehold_pg::connect(url).await?;
     leasehold_pg::setup(&mut client).await?;
+    leasehold_pg::setup_wallets(&mut client).await?;
     Ok(client)
 }
 

@@ -355,6 +355,7 @@ async fn pool(postgres: &PostgresServer) -> anyhow::Result<deadpool_postgres::Po
     let mut db = pool.get().await.context("connecting to postgresql")?;
     let client: &mut deadpool_postgres::tokio_postgres::Client = &mut db;
     leasehold_pg::setup(client).await?;
+    leasehold_pg::setup_wallets(client).await?;
     drop(db);
     Ok(pool)
 }
