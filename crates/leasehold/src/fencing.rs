@@ -247,7 +247,7 @@ fn crc16_xmodem(data: &[u8]) -> u16 {
 ///
 /// Sealed: implemented for `str`, `String`, [`FencedKeys`] and references
 /// to them.
-pub trait LockKeys: sealed::Sealed {
+pub trait LockKeys: sealed::Sealed + Send + Sync {
     /// The lock key.
     fn lock_key(&self) -> &str;
     /// The fence counter's key, for a fenced lock.

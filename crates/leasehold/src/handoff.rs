@@ -744,8 +744,8 @@ impl<C: RedisConnection> HandoffLocker<C> {
         ttl: Duration,
         opts: &AcquireOptions,
         work: impl AsyncFnOnce(&Lease) -> T,
-    ) -> Result<T> {
-        way::with_lock(self, keys, ttl, opts, work).await
+    ) -> Result<crate::Finished<T>> {
+        crate::Lessor::with_lock(self, keys, ttl, opts, work).await
     }
 
     /// One checked target: queued, then the replica wait and the watchdog.
@@ -758,7 +758,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
         let start = Instant::now();
         let lease = self.take(&target, ttl, opts, start).await?;
         let deadline = opts.deadline_from(start);
-        let mut lease =
+        let lease =
             crate::replicas::confirm(&self.inner.locker.node, lease, opts, deadline).await?;
         if opts.watchdog {
             lease.watch()?;

@@ -151,6 +151,7 @@ pub mod watchdog;
 // The ways of taking a lease.
 #[cfg(feature = "handoff")]
 mod handoff;
+mod lessor;
 mod locker;
 #[cfg(feature = "quorum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "quorum")))]
@@ -176,7 +177,8 @@ pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 #[cfg(feature = "handoff")]
 #[cfg_attr(docsrs, doc(cfg(feature = "handoff")))]
 pub use handoff::{DEFAULT_RELAY_LIMIT, HandoffLocker, HandoffLockerBuilder, HandoffStyle};
-pub use lease::{Lease, MAX_TTL};
+pub use lease::{Finished, Lease, MAX_TTL};
+pub use lessor::Lessor;
 pub use locker::{DEFAULT_COMMAND_TIMEOUT, DEFAULT_FENCE_TTL, Locker, LockerBuilder, connect};
 pub use options::{AcquireOptions, DEFAULT_WAIT};
 #[cfg(feature = "quorum")]

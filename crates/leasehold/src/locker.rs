@@ -316,7 +316,9 @@ impl<C: RedisConnection> Locker<C> {
     /// Takes the lease on `keys`, runs `work` while it is held (with the
     /// watchdog, as [`Lease::run`]), and releases it: the lease's whole life
     /// in one call. `work` gets the lease, for its
-    /// [`fence`](Lease::fence).
+    /// [`fence`](Lease::fence) and the `leasehold-pg` guard. The same call
+    /// as [`Lessor::with_lock`](crate::Lessor::with_lock), which says what
+    /// the [`Finished`](crate::Finished) outcome means for your data.
     ///
     /// ```no_run
     /// # async fn demo(locker: leasehold::Locker) -> leasehold::Result<()> {
@@ -325,23 +327,29 @@ impl<C: RedisConnection> Locker<C> {
     ///
     /// let keys = FencedKeys::for_resource("wallet:42")?;
     /// let opts = AcquireOptions::new().wait(Duration::from_secs(5));
-    /// let written = locker
+    /// let done = locker
     ///     .with_lock(&keys, Duration::from_secs(2), &opts, async |lease| {
-    ///         // read, decide, write with lease.fence() ...
+    ///         // guard, read, decide, write with lease.fence() ...
     ///         lease.fence()
     ///     })
     ///     .await?;
-    /// # let _ = written;
+    /// if let Err(release) = &done.release {
+    ///     // The work ran to its end; the lease was no longer (or not
+    ///     // provably) ours when it was given back.
+    ///     eprintln!("release: {release}");
+    /// }
+    /// let _fence = done.output;
     /// # Ok(())
     /// # }
     /// ```
     ///
     /// # Errors
-    /// As [`acquire_with`](Self::acquire_with); [`Error::LeaseLost`] when
-    /// the lease was lost while `work` ran (`work` was stopped at its
-    /// current `.await`); [`Error::NotHeld`] (and friends) when the release
-    /// found the lease gone after `work` finished: its output is then not
-    /// returned, since it may have been produced without the lock.
+    /// As [`acquire_with`](Self::acquire_with) (no work ran); and
+    /// [`Error::LeaseLost`] when the watchdog found the lease lost before
+    /// `work` finished (`work` was stopped at its current `.await`, so it
+    /// has no output). Once `work` has finished, the call returns `Ok`: a
+    /// release that failed or found the lease gone is in
+    /// [`Finished::release`](crate::Finished::release), beside the output.
     ///
     /// # Cancel safety
     /// Dropping the future drops `work` and the lease (released in the
@@ -352,8 +360,8 @@ impl<C: RedisConnection> Locker<C> {
         ttl: Duration,
         opts: &AcquireOptions,
         work: impl AsyncFnOnce(&Lease) -> T,
-    ) -> Result<T> {
-        way::with_lock(self, keys, ttl, opts, work).await
+    ) -> Result<crate::Finished<T>> {
+        crate::Lessor::with_lock(self, keys, ttl, opts, work).await
     }
 }
 
@@ -403,7 +411,7 @@ impl<C: RedisConnection> Way for Locker<C> {
             fence,
         };
         let lease = Lease::new(self.node.clone(), part, ttl, sent_at);
-        let mut lease = crate::replicas::confirm(node, lease, opts, deadline).await?;
+        let lease = crate::replicas::confirm(node, lease, opts, deadline).await?;
         if opts.watchdog {
             lease.watch()?;
         }

@@ -304,8 +304,8 @@ impl<C: RedisConnection> Quorum<C> {
         ttl: Duration,
         opts: &AcquireOptions,
         work: impl AsyncFnOnce(&Lease) -> T,
-    ) -> Result<T> {
-        way::with_lock(self, keys, ttl, opts, work).await
+    ) -> Result<crate::Finished<T>> {
+        crate::Lessor::with_lock(self, keys, ttl, opts, work).await
     }
 
     async fn take_one(
@@ -334,7 +334,7 @@ impl<C: RedisConnection> Quorum<C> {
                     fence_key: target.fence,
                     fence,
                 };
-                let mut lease = Lease::new(self.inner.clone(), part, ttl, sent_at);
+                let lease = Lease::new(self.inner.clone(), part, ttl, sent_at);
                 if opts.watchdog {
                     lease.watch()?;
                 }

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, GiveUpReason, Result};
 use crate::fencing::{LockKeys, Target};
-use crate::lease::{Lease, check_ttl, hold_while};
+use crate::lease::{Lease, check_ttl};
 use crate::metrics::{self, AcquireOutcome};
 use crate::options::{AcquireOptions, Supports};
 use crate::rounds::Progress;
@@ -189,18 +189,6 @@ pub(crate) async fn acquire_all_of<W: Way, K: LockKeys>(
     .await
 }
 
-/// `with_lock` of every way: acquire, run `work` while held, release.
-pub(crate) async fn with_lock<W: Way, T>(
-    way: &W,
-    keys: impl LockKeys,
-    ttl: Duration,
-    opts: &AcquireOptions,
-    work: impl AsyncFnOnce(&Lease) -> T,
-) -> Result<T> {
-    let lease = acquire_with(way, keys, ttl, &opts.clone().watchdog(false)).await?;
-    hold_while(lease, work).await
-}
-
 /// The targets of `keys`, sorted by lock key, duplicates dropped. No I/O.
 ///
 /// # Errors
@@ -261,7 +249,7 @@ where
             Some(lease) => lease.absorb(part),
         }
     }
-    let mut lease = held.ok_or(Error::InvalidKey {
+    let lease = held.ok_or(Error::InvalidKey {
         key: String::new(),
         reason: "no keys to lock",
     })?;

@@ -275,7 +275,7 @@ fn stale_releases_and_lost_leases_are_counted_once() -> TestResult {
         .await?;
 
         // The watchdog refreshes, then finds the lease gone.
-        let mut watched = locker
+        let watched = locker
             .acquire("m:watched", Duration::from_millis(300))
             .await?;
         let signal = watched.watch()?;

@@ -104,11 +104,13 @@ impl Way {
     async fn with_lock(&self, keys: &FencedKeys) -> Result<Option<FencingToken>, Error> {
         let opts = AcquireOptions::new().wait(HUNG);
         let work = async |lease: &Lease| lease.fence();
-        match self {
+        let done = match self {
             Way::Polling(l) => l.with_lock(keys, 10 * SECOND, &opts, work).await,
             Way::Handoff(h) => h.with_lock(keys, 10 * SECOND, &opts, work).await,
             Way::Quorum(q) => q.with_lock(keys, 10 * SECOND, &opts, work).await,
-        }
+        }?;
+        done.release?;
+        Ok(done.output)
     }
 }
 

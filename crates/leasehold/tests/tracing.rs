@@ -435,7 +435,7 @@ async fn refreshes_and_lost_leases_are_traced_with_their_cause() -> TestResult {
     drop(lease);
 
     // The watchdog: refreshes, then finds the lease gone.
-    let mut watched = locker
+    let watched = locker
         .acquire("t:watched", Duration::from_millis(300))
         .await?;
     let lost = watched.watch()?;

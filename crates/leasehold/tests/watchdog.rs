@@ -123,7 +123,7 @@ async fn refresh_against_a_paused_redis_fails_fast_with_timeout() -> TestResult 
 #[tokio::test]
 async fn the_watchdog_keeps_a_lease_past_its_ttl() -> TestResult {
     let (_server, mut conn, locker) = setup().await?;
-    let mut lease = locker.acquire("t:wd:keep", 150 * MS).await?;
+    let lease = locker.acquire("t:wd:keep", 150 * MS).await?;
     // The work sleeps for several TTLs: without refreshes the key would go.
     let out = tokio::time::timeout(
         HUNG,
@@ -144,7 +144,7 @@ async fn the_watchdog_keeps_a_lease_past_its_ttl() -> TestResult {
 #[tokio::test]
 async fn a_key_deleted_behind_the_holders_back_cancels_the_work() -> TestResult {
     let (_server, conn, locker) = setup().await?;
-    let mut lease = locker.acquire("t:wd:deleted", 300 * MS).await?;
+    let lease = locker.acquire("t:wd:deleted", 300 * MS).await?;
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let deleter = {
         let mut conn = conn.clone();
@@ -191,7 +191,7 @@ async fn a_key_deleted_behind_the_holders_back_cancels_the_work() -> TestResult 
 #[tokio::test]
 async fn a_paused_redis_cancels_the_work_as_unreachable() -> TestResult {
     let (server, _conn, locker) = setup().await?;
-    let mut lease = locker.acquire("t:wd:paused", 300 * MS).await?;
+    let lease = locker.acquire("t:wd:paused", 300 * MS).await?;
     server.pause()?;
     let outcome = tokio::time::timeout(HUNG, lease.run(std::future::pending::<()>())).await;
     server.resume()?;
@@ -216,7 +216,7 @@ async fn a_paused_redis_cancels_the_work_as_unreachable() -> TestResult {
 async fn acquire_option_starts_the_watchdog() -> TestResult {
     let (_server, mut conn, locker) = setup().await?;
     let opts = AcquireOptions::new().watchdog(true);
-    let mut lease = locker.acquire_with("t:wd:option", 300 * MS, &opts).await?;
+    let lease = locker.acquire_with("t:wd:option", 300 * MS, &opts).await?;
     assert!(lease.is_watched());
     let lost = lease.watch()?;
     let _: i64 = conn.del("t:wd:option").await?;
@@ -233,14 +233,14 @@ async fn acquire_option_starts_the_watchdog() -> TestResult {
 #[tokio::test]
 async fn release_and_drop_stop_the_watchdog_and_cancel_its_token() -> TestResult {
     let (_server, mut conn, locker) = setup().await?;
-    let mut lease = locker.acquire("t:wd:release", 300 * MS).await?;
+    let lease = locker.acquire("t:wd:release", 300 * MS).await?;
     let token = lease.watch()?;
     lease.release().await?;
     assert!(token.is_cancelled());
     let exists: bool = conn.exists("t:wd:release").await?;
     assert!(!exists);
 
-    let mut lease = locker.acquire("t:wd:drop", 60 * SECOND).await?;
+    let lease = locker.acquire("t:wd:drop", 60 * SECOND).await?;
     let token = lease.watch()?;
     drop(lease);
     assert!(token.is_cancelled());

@@ -43,7 +43,7 @@ pub(crate) async fn run(env: &Env, args: &TtlArgs) -> anyhow::Result<Report> {
         let (stale, lost) = (stale_count.clone(), lost_count.clone());
         let holds = recorder.clone();
         async move {
-            let mut lease = locker.acquire_with(LOCK_KEY, ttl, &opts).await?;
+            let lease = locker.acquire_with(LOCK_KEY, ttl, &opts).await?;
             let spent = if watchdog {
                 match lease.run(wallet.spend(amount, work)).await {
                     Ok(spent) => spent,

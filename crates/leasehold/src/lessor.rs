@@ -1,0 +1,241 @@
+//! The one shape every way of taking a lease shares: [`Lessor`].
+//!
+//! A *lessor* is whoever grants a lease. leasehold has three:
+//! [`Locker`] (polling), [`HandoffLocker`] (queued hand-off) and [`Quorum`]
+//! (Redlock). They differ in how a caller waits and how many servers must
+//! agree; they take the same keys, options and TTLs and return the same
+//! [`Lease`], with the same guarantees (the crate docs list them). Code that
+//! works with any of them is generic over this trait:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use leasehold::{AcquireOptions, FencedKeys, Lessor};
+//!
+//! /// Runs one job under whatever lock the service was configured with.
+//! async fn run_job(lock: &impl Lessor, job: &str) -> leasehold::Result<bool> {
+//!     let keys = FencedKeys::for_resource(job)?;
+//!     let opts = AcquireOptions::new().wait(Duration::from_secs(2));
+//!     let done = lock
+//!         .with_lock(&keys, Duration::from_secs(1), &opts, async |lease| {
+//!             // ... the job's work, fenced with lease.fence() ...
+//!             lease.fence().is_some()
+//!         })
+//!         .await?;
+//!     Ok(done.output)
+//! }
+//! ```
+//!
+//! The trait is sealed: the guarantees are argued and tested for these three
+//! only. Each also has the same calls as inherent methods, so calling them
+//! on a concrete type needs no import.
+//!
+//! [`Locker`]: crate::Locker
+//! [`HandoffLocker`]: crate::HandoffLocker
+//! [`Quorum`]: crate::Quorum
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::RedisConnection;
+use crate::error::Result;
+use crate::fencing::LockKeys;
+use crate::lease::{Finished, Lease, hold_while};
+use crate::locker::Locker;
+use crate::options::AcquireOptions;
+
+/// A way of taking a lease: [`Locker`], [`HandoffLocker`](crate::HandoffLocker)
+/// or [`Quorum`](crate::Quorum). Sealed; see the [module docs](self).
+///
+/// Every future returned here is bounded by the options' deadline (and the
+/// command timeout per request), and is `Send` except
+/// [`with_lock`](Self::with_lock)'s, which is `Send` when the work's future
+/// is.
+pub trait Lessor: sealed::Sealed + Clone + Send + Sync + 'static {
+    /// Takes the lease on `keys` for `ttl` with the default
+    /// [`AcquireOptions`] (up to 10 s, random 5 to 15 ms between attempts).
+    ///
+    /// # Errors
+    /// As [`acquire_with`](Self::acquire_with).
+    ///
+    /// # Cancel safety
+    /// As [`acquire_with`](Self::acquire_with).
+    fn acquire(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Lease>> + Send;
+
+    /// Takes the lease on `keys` for `ttl` as `opts` says. Give
+    /// [`FencedKeys`](crate::FencedKeys) for a fencing token issued with the
+    /// lock. [`Locker::acquire_with`] documents the errors and what each
+    /// option does; every option is honoured or refused
+    /// ([`Error::InvalidOptions`](crate::Error::InvalidOptions)) before any
+    /// I/O.
+    ///
+    /// # Errors
+    /// As [`Locker::acquire_with`]; a quorum adds
+    /// [`Error::QuorumNotReached`](crate::Error::QuorumNotReached).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a lock taken by a request still in flight is released
+    /// in the background, and the TTL is the fallback.
+    fn acquire_with(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>> + Send;
+
+    /// Takes every one of `keys` for `ttl`, in one global order (sorted by
+    /// lock key), as one [`Lease`] with one watchdog and a fencing token
+    /// per fenced key. Two callers locking the same keys in opposite orders
+    /// never deadlock.
+    ///
+    /// # Errors
+    /// As [`acquire_with`](Self::acquire_with), for the first key that
+    /// fails (the keys already taken are given back first);
+    /// [`Error::InvalidKey`](crate::Error::InvalidKey) for no keys.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the keys already taken are released in the background.
+    fn acquire_all<K: LockKeys>(
+        &self,
+        keys: impl IntoIterator<Item = K> + Send,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>> + Send;
+
+    /// The lease's whole life in one call: takes it as
+    /// [`acquire_with`](Self::acquire_with) does, runs `work` with it under
+    /// the watchdog ([`Lease::run`]), gives it back, and returns the work's
+    /// output **with** the release's outcome ([`Finished`]).
+    ///
+    /// `work` gets the lease: its [`fence`](Lease::fence), and everything
+    /// the `leasehold-pg` guard needs, so the guard runs inside `work`, in
+    /// the same transaction as the writes. If the watchdog finds the lease
+    /// lost before `work` finishes, `work` is stopped at its current
+    /// `.await` (a transaction not yet committed is rolled back when it is
+    /// dropped) and the call fails with
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost). Once `work` has
+    /// finished, its output is always returned: a release that then fails
+    /// or finds the lease gone is reported in [`Finished::release`], never
+    /// in place of the output. [`Finished`] says what each outcome means
+    /// for the data.
+    ///
+    /// # Errors
+    /// As [`acquire_with`](Self::acquire_with) (the work did not run);
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost) when the work was
+    /// stopped before it finished.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops `work` at its current `.await` and the
+    /// lease (released in the background).
+    fn with_lock<T>(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+        work: impl AsyncFnOnce(&Lease) -> T,
+    ) -> impl Future<Output = Result<Finished<T>>> {
+        let lease = self.acquire_with(keys, ttl, opts);
+        async move { hold_while(lease.await?, work).await }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+impl<C: RedisConnection> sealed::Sealed for Locker<C> {}
+
+impl<C: RedisConnection> Lessor for Locker<C> {
+    fn acquire(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        Locker::acquire(self, keys, ttl)
+    }
+
+    fn acquire_with(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        Locker::acquire_with(self, keys, ttl, opts)
+    }
+
+    fn acquire_all<K: LockKeys>(
+        &self,
+        keys: impl IntoIterator<Item = K> + Send,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        Locker::acquire_all(self, keys, ttl, opts)
+    }
+}
+
+#[cfg(feature = "handoff")]
+impl<C: RedisConnection> sealed::Sealed for crate::HandoffLocker<C> {}
+
+#[cfg(feature = "handoff")]
+impl<C: RedisConnection> Lessor for crate::HandoffLocker<C> {
+    fn acquire(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        crate::HandoffLocker::acquire(self, keys, ttl)
+    }
+
+    fn acquire_with(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        crate::HandoffLocker::acquire_with(self, keys, ttl, opts)
+    }
+
+    fn acquire_all<K: LockKeys>(
+        &self,
+        keys: impl IntoIterator<Item = K> + Send,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        crate::HandoffLocker::acquire_all(self, keys, ttl, opts)
+    }
+}
+
+#[cfg(feature = "quorum")]
+impl<C: RedisConnection> sealed::Sealed for crate::Quorum<C> {}
+
+#[cfg(feature = "quorum")]
+impl<C: RedisConnection> Lessor for crate::Quorum<C> {
+    fn acquire(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        crate::Quorum::acquire(self, keys, ttl)
+    }
+
+    fn acquire_with(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        crate::Quorum::acquire_with(self, keys, ttl, opts)
+    }
+
+    fn acquire_all<K: LockKeys>(
+        &self,
+        keys: impl IntoIterator<Item = K> + Send,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        crate::Quorum::acquire_all(self, keys, ttl, opts)
+    }
+}
