@@ -178,6 +178,7 @@ pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 pub use handoff::{DEFAULT_RELAY_LIMIT, HandoffLocker, HandoffLockerBuilder, HandoffStyle};
 pub use lease::{Lease, MAX_TTL};
 pub use locker::{DEFAULT_COMMAND_TIMEOUT, DEFAULT_FENCE_TTL, Locker, LockerBuilder, connect};
+pub use node::RedisConnection;
 pub use options::{AcquireOptions, DEFAULT_WAIT};
 #[cfg(feature = "quorum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "quorum")))]
@@ -192,13 +193,3 @@ pub use watchdog::LostCause;
 /// without adding matching versions of these crates themselves.
 pub use redis;
 pub use tokio_util::sync::CancellationToken;
-
-/// A Redis connection a [`Locker`] can use: any clonable async redis-rs
-/// connection, such as a
-/// [`ConnectionManager`](redis::aio::ConnectionManager) (the default, which
-/// reconnects), a cluster connection, or a
-/// [`MultiplexedConnection`](redis::aio::MultiplexedConnection) (which does
-/// not: see [`Locker`]).
-pub trait RedisConnection: redis::aio::ConnectionLike + Clone + Send + Sync + 'static {}
-
-impl<T> RedisConnection for T where T: redis::aio::ConnectionLike + Clone + Send + Sync + 'static {}

@@ -11,12 +11,12 @@ use crate::compare::Step;
 use crate::error::{Error, Result};
 use crate::fencing::{FencingToken, LockKeys, Target};
 use crate::lease::{Backend, Lease, Part, Reply, release_runtime, spawn_dropped_release};
-use crate::node::{Attempt, Node, ttl_millis};
+use crate::node::{Attempt, Node, RedisConnection, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
 use crate::stats::LockerStats;
 use crate::token::LeaseToken;
 use crate::way::{self, Way};
-use crate::{RedisConnection, call, rounds};
+use crate::{call, rounds};
 
 /// How long a single Redis request may take when the caller gave no tighter
 /// deadline: 1 s.

@@ -70,13 +70,13 @@ use crate::compare::Step;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::fencing::{FencedKeys, FencingToken, LockKeys, Target};
 use crate::lease::{Backend, Lease, Part, Reply};
-use crate::node::{Attempt, Node, ttl_millis};
+use crate::node::{Attempt, Node, RedisConnection, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
 use crate::rounds;
 use crate::token::LeaseToken;
 use crate::watchdog::Margin;
 use crate::way::{self, Way};
-use crate::{RedisConnection, call, scripts};
+use crate::{call, scripts};
 
 /// How long one node may take to answer one request when the caller's
 /// deadline is further away: 50 ms. Keep it well below the TTL, so that a

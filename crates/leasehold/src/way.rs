@@ -314,7 +314,8 @@ mod tests {
 mod send_tests {
     use std::time::Duration;
 
-    use crate::{AcquireOptions, Locker, RedisConnection};
+    use crate::node::RedisConnection;
+    use crate::{AcquireOptions, Locker};
 
     fn assert_send<T: Send>(_: &T) {}
 

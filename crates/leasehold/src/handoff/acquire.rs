@@ -7,12 +7,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::RedisConnection;
 use crate::call;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::fencing::{FencingToken, Target};
 use crate::lease::Lease;
-use crate::node::{not_a_fence, ttl_millis};
+use crate::node::{RedisConnection, not_a_fence, ttl_millis};
 use crate::options::AcquireOptions;
 use crate::relay::{Entry, Relay, Ticket, Turn};
 use crate::rounds::Rounds;

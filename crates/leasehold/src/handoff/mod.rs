@@ -24,11 +24,11 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use tokio::task::JoinHandle;
 
-use crate::RedisConnection;
 use crate::error::Result;
 use crate::fencing::{LockKeys, Target};
 use crate::lease::Lease;
 use crate::locker::Locker;
+use crate::node::RedisConnection;
 use crate::options::{AcquireOptions, Supports};
 use crate::relay::Relay;
 use crate::token::LeaseToken;

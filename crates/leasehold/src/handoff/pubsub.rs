@@ -8,9 +8,9 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::time::Instant;
 
-use crate::RedisConnection;
 use crate::call;
 use crate::error::Result;
+use crate::node::RedisConnection;
 
 use super::TARGET;
 use super::local::Signal;

@@ -7,12 +7,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::RedisConnection;
 use crate::call;
 use crate::error::Result;
 use crate::fencing::FencingToken;
 use crate::lease::{Backend, Part, Reply, release_runtime, spawn_dropped_release};
-use crate::node::{Node, not_a_fence, ttl_millis};
+use crate::node::{Node, RedisConnection, not_a_fence, ttl_millis};
 use crate::relay::{Next, Turn};
 use crate::token::LeaseToken;
 use crate::watchdog::{Shared, Validity};

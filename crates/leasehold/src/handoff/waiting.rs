@@ -9,9 +9,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::RedisConnection;
 use crate::fencing::{FencingToken, Target};
 use crate::lease::{Lease, Part};
+use crate::node::RedisConnection;
 use crate::relay::{Relay, Ticket, Turn};
 use crate::token::LeaseToken;
 use crate::watchdog::Validity;
