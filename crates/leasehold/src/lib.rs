@@ -138,6 +138,7 @@ mod call;
 mod compare;
 mod error;
 mod fencing;
+mod lost;
 mod node;
 mod options;
 mod retry;
@@ -178,6 +179,7 @@ pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 pub use handoff::{DEFAULT_RELAY_LIMIT, HandoffLocker, HandoffLockerBuilder, HandoffStyle};
 pub use lease::{Lease, MAX_TTL};
 pub use locker::{DEFAULT_COMMAND_TIMEOUT, DEFAULT_FENCE_TTL, Locker, LockerBuilder, connect};
+pub use lost::LostCause;
 pub use node::RedisConnection;
 pub use options::{AcquireOptions, DEFAULT_WAIT};
 #[cfg(feature = "quorum")]
@@ -187,7 +189,6 @@ pub use retry::{RetryStrategy, Waits};
 pub use stats::LockerStats;
 pub use tls_failure::CertificateProblem;
 pub use token::LeaseToken;
-pub use watchdog::LostCause;
 
 /// Re-exported so callers can name the connection and cancellation types
 /// without adding matching versions of these crates themselves.
