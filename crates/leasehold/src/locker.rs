@@ -369,7 +369,6 @@ impl<C: RedisConnection> Way for Locker<C> {
     async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
         let token = LeaseToken::generate()?;
         let px = ttl_millis(ttl);
-        let deadline = opts.deadline_from(Instant::now());
         let fenced = target.fenced();
         let node = &self.node;
         let (fence, sent_at) = rounds::acquire_rounds(
@@ -402,12 +401,16 @@ impl<C: RedisConnection> Way for Locker<C> {
             fence_key: target.fence,
             fence,
         };
-        let lease = Lease::new(self.node.clone(), part, ttl, sent_at);
-        let mut lease = crate::replicas::confirm(node, lease, opts, deadline).await?;
-        if opts.watchdog {
-            lease.watch()?;
-        }
-        Ok(lease)
+        Ok(Lease::new(self.node.clone(), part, ttl, sent_at))
+    }
+
+    async fn confirm_replicas(
+        &self,
+        lease: Lease,
+        opts: &AcquireOptions,
+        deadline: Instant,
+    ) -> Result<Lease> {
+        crate::replicas::confirm(&self.node, lease, opts, deadline).await
     }
 }
 

@@ -334,11 +334,7 @@ impl<C: RedisConnection> Quorum<C> {
                     fence_key: target.fence,
                     fence,
                 };
-                let mut lease = Lease::new(self.inner.clone(), part, ttl, sent_at);
-                if opts.watchdog {
-                    lease.watch()?;
-                }
-                Ok(lease)
+                Ok(Lease::new(self.inner.clone(), part, ttl, sent_at))
             }
             Err(Error::NotAcquired {
                 key,

@@ -45,22 +45,15 @@ fn handed(key: &str, via: &'static str, fence: Option<FencingToken>) {
 }
 
 impl<C: RedisConnection> HandoffLocker<C> {
-    /// One checked target: queued, then the replica wait and the watchdog.
+    /// One checked target, queued from now (what follows the win is
+    /// [`Way`](crate::way::Way)'s, for every way).
     pub(super) async fn take_checked(
         &self,
         target: Target,
         ttl: Duration,
         opts: &AcquireOptions,
     ) -> Result<Lease> {
-        let start = Instant::now();
-        let lease = self.take(&target, ttl, opts, start).await?;
-        let deadline = opts.deadline_from(start);
-        let mut lease =
-            crate::replicas::confirm(&self.inner.locker.node, lease, opts, deadline).await?;
-        if opts.watchdog {
-            lease.watch()?;
-        }
-        Ok(lease)
+        self.take(&target, ttl, opts, Instant::now()).await
     }
 
     /// The waiting part of [`acquire_with`](Self::acquire_with), from

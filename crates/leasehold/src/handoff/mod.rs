@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::error::Result;
 use crate::fencing::{LockKeys, Target};
@@ -385,6 +386,15 @@ impl<C: RedisConnection> Way for HandoffLocker<C> {
 
     async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
         self.take_checked(target, ttl, opts).await
+    }
+
+    async fn confirm_replicas(
+        &self,
+        lease: Lease,
+        opts: &AcquireOptions,
+        deadline: Instant,
+    ) -> Result<Lease> {
+        crate::replicas::confirm(&self.inner.locker.node, lease, opts, deadline).await
     }
 }
 
