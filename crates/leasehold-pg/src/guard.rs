@@ -143,7 +143,7 @@ impl Guard {
 /// [`Error::InvalidResource`] for an empty name, [`Error::InvalidToken`]
 /// for token 0, [`Error::TokenOutOfRange`] beyond `i64`, all before any
 /// statement; [`Error::TableMissing`] when [`FENCES`] does not exist
-/// ([`setup`](crate::setup) creates it); [`Error::PermissionDenied`];
+/// ([`setup`] creates it); [`Error::PermissionDenied`];
 /// [`Error::Postgres`] (a serialization failure under `REPEATABLE READ`
 /// is retryable).
 ///

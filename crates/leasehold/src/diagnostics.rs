@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::RedisConnection;
 use crate::call;
 use crate::error::Result;
+use crate::node::RedisConnection;
 
 /// One setting that weakens a lease's guarantees.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::lost::LostCause;
 use crate::tls_failure::CertificateProblem;
 
 /// Why an acquire gave up without the lock.
@@ -144,7 +145,7 @@ pub enum Error {
         /// The lock key.
         key: String,
         /// Why the watchdog gave up on the lease.
-        cause: crate::LostCause,
+        cause: LostCause,
     },
 
     /// The TTL is outside the accepted range (at least 1 ms, at most

@@ -1,50 +1,47 @@
 //! The one shape every way of taking a lease shares: [`Lessor`].
-//!
-//! A *lessor* is whoever grants a lease. leasehold has three:
-//! [`Locker`] (polling), [`HandoffLocker`] (queued hand-off) and [`Quorum`]
-//! (Redlock). They differ in how a caller waits and how many servers must
-//! agree; they take the same keys, options and TTLs and return the same
-//! [`Lease`], with the same guarantees (the crate docs list them). Code that
-//! works with any of them is generic over this trait:
-//!
-//! ```no_run
-//! use std::time::Duration;
-//! use leasehold::{AcquireOptions, FencedKeys, Lessor};
-//!
-//! /// Runs one job under whatever lock the service was configured with.
-//! async fn run_job(lock: &impl Lessor, job: &str) -> leasehold::Result<bool> {
-//!     let keys = FencedKeys::for_resource(job)?;
-//!     let opts = AcquireOptions::new().wait(Duration::from_secs(2));
-//!     let done = lock
-//!         .with_lock(&keys, Duration::from_secs(1), &opts, async |lease| {
-//!             // ... the job's work, fenced with lease.fence() ...
-//!             lease.fence().is_some()
-//!         })
-//!         .await?;
-//!     Ok(done.output)
-//! }
-//! ```
-//!
-//! The trait is sealed: the guarantees are argued and tested for these three
-//! only. Each also has the same calls as inherent methods, so calling them
-//! on a concrete type needs no import.
-//!
-//! [`Locker`]: crate::Locker
-//! [`HandoffLocker`]: crate::HandoffLocker
-//! [`Quorum`]: crate::Quorum
 
 use std::future::Future;
 use std::time::Duration;
 
-use crate::RedisConnection;
 use crate::error::Result;
 use crate::fencing::LockKeys;
 use crate::lease::{Finished, Lease, hold_while};
-use crate::locker::Locker;
 use crate::options::AcquireOptions;
 
-/// A way of taking a lease: [`Locker`], [`HandoffLocker`](crate::HandoffLocker)
-/// or [`Quorum`](crate::Quorum). Sealed; see the [module docs](self).
+/// A way of taking a lease.
+///
+/// A *lessor* is whoever grants a lease. leasehold has three:
+/// [`Locker`] (polling), [`HandoffLocker`] (queued hand-off) and [`Quorum`]
+/// (Redlock). They differ in how a caller waits and how many servers must
+/// agree; they take the same keys, options and TTLs and return the same
+/// [`Lease`], with the same guarantees (the crate docs list them). Code that
+/// works with any of them is generic over this trait:
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use leasehold::{AcquireOptions, FencedKeys, Lessor};
+///
+/// /// Runs one job under whatever lock the service was configured with.
+/// async fn run_job(lock: &impl Lessor, job: &str) -> leasehold::Result<bool> {
+///     let keys = FencedKeys::for_resource(job)?;
+///     let opts = AcquireOptions::new().wait(Duration::from_secs(2));
+///     let done = lock
+///         .with_lock(&keys, Duration::from_secs(1), &opts, async |lease| {
+///             // ... the job's work, fenced with lease.fence() ...
+///             lease.fence().is_some()
+///         })
+///         .await?;
+///     Ok(done.output)
+/// }
+/// ```
+///
+/// The trait is sealed: the guarantees are argued and tested for these three
+/// only. Each also has the same calls as inherent methods, so calling them
+/// on a concrete type needs no import.
+///
+/// [`Locker`]: crate::Locker
+/// [`HandoffLocker`]: crate::HandoffLocker
+/// [`Quorum`]: crate::Quorum
 ///
 /// Every future returned here is bounded by the options' deadline (and the
 /// command timeout per request), and is `Send` except
@@ -67,13 +64,13 @@ pub trait Lessor: sealed::Sealed + Clone + Send + Sync + 'static {
 
     /// Takes the lease on `keys` for `ttl` as `opts` says. Give
     /// [`FencedKeys`](crate::FencedKeys) for a fencing token issued with the
-    /// lock. [`Locker::acquire_with`] documents the errors and what each
+    /// lock. [`Locker::acquire_with`](crate::Locker::acquire_with) documents the errors and what each
     /// option does; every option is honoured or refused
     /// ([`Error::InvalidOptions`](crate::Error::InvalidOptions)) before any
     /// I/O.
     ///
     /// # Errors
-    /// As [`Locker::acquire_with`]; a quorum adds
+    /// As [`Locker::acquire_with`](crate::Locker::acquire_with); a quorum adds
     /// [`Error::QuorumNotReached`](crate::Error::QuorumNotReached).
     ///
     /// # Cancel safety
@@ -142,100 +139,7 @@ pub trait Lessor: sealed::Sealed + Clone + Send + Sync + 'static {
     }
 }
 
-mod sealed {
+/// The seal: implemented by the three ways, in their own modules.
+pub(crate) mod sealed {
     pub trait Sealed {}
-}
-
-impl<C: RedisConnection> sealed::Sealed for Locker<C> {}
-
-impl<C: RedisConnection> Lessor for Locker<C> {
-    fn acquire(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        Locker::acquire(self, keys, ttl)
-    }
-
-    fn acquire_with(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        Locker::acquire_with(self, keys, ttl, opts)
-    }
-
-    fn acquire_all<K: LockKeys>(
-        &self,
-        keys: impl IntoIterator<Item = K> + Send,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        Locker::acquire_all(self, keys, ttl, opts)
-    }
-}
-
-#[cfg(feature = "handoff")]
-impl<C: RedisConnection> sealed::Sealed for crate::HandoffLocker<C> {}
-
-#[cfg(feature = "handoff")]
-impl<C: RedisConnection> Lessor for crate::HandoffLocker<C> {
-    fn acquire(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        crate::HandoffLocker::acquire(self, keys, ttl)
-    }
-
-    fn acquire_with(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        crate::HandoffLocker::acquire_with(self, keys, ttl, opts)
-    }
-
-    fn acquire_all<K: LockKeys>(
-        &self,
-        keys: impl IntoIterator<Item = K> + Send,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        crate::HandoffLocker::acquire_all(self, keys, ttl, opts)
-    }
-}
-
-#[cfg(feature = "quorum")]
-impl<C: RedisConnection> sealed::Sealed for crate::Quorum<C> {}
-
-#[cfg(feature = "quorum")]
-impl<C: RedisConnection> Lessor for crate::Quorum<C> {
-    fn acquire(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        crate::Quorum::acquire(self, keys, ttl)
-    }
-
-    fn acquire_with(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        crate::Quorum::acquire_with(self, keys, ttl, opts)
-    }
-
-    fn acquire_all<K: LockKeys>(
-        &self,
-        keys: impl IntoIterator<Item = K> + Send,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        crate::Quorum::acquire_all(self, keys, ttl, opts)
-    }
 }

@@ -138,6 +138,7 @@ mod call;
 mod compare;
 mod error;
 mod fencing;
+mod lost;
 mod node;
 mod options;
 mod retry;
@@ -180,6 +181,8 @@ pub use handoff::{DEFAULT_RELAY_LIMIT, HandoffLocker, HandoffLockerBuilder, Hand
 pub use lease::{Finished, Lease, MAX_TTL};
 pub use lessor::Lessor;
 pub use locker::{DEFAULT_COMMAND_TIMEOUT, DEFAULT_FENCE_TTL, Locker, LockerBuilder, connect};
+pub use lost::LostCause;
+pub use node::RedisConnection;
 pub use options::{AcquireOptions, DEFAULT_WAIT};
 #[cfg(feature = "quorum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "quorum")))]
@@ -188,19 +191,8 @@ pub use retry::{RetryStrategy, Waits};
 pub use stats::LockerStats;
 pub use tls_failure::CertificateProblem;
 pub use token::LeaseToken;
-pub use watchdog::LostCause;
 
 /// Re-exported so callers can name the connection and cancellation types
 /// without adding matching versions of these crates themselves.
 pub use redis;
 pub use tokio_util::sync::CancellationToken;
-
-/// A Redis connection a [`Locker`] can use: any clonable async redis-rs
-/// connection, such as a
-/// [`ConnectionManager`](redis::aio::ConnectionManager) (the default, which
-/// reconnects), a cluster connection, or a
-/// [`MultiplexedConnection`](redis::aio::MultiplexedConnection) (which does
-/// not: see [`Locker`]).
-pub trait RedisConnection: redis::aio::ConnectionLike + Clone + Send + Sync + 'static {}
-
-impl<T> RedisConnection for T where T: redis::aio::ConnectionLike + Clone + Send + Sync + 'static {}

@@ -7,16 +7,19 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
+use std::future::Future;
+
 use crate::compare::Step;
 use crate::error::{Error, Result};
 use crate::fencing::{FencingToken, LockKeys, Target};
 use crate::lease::{Backend, Lease, Part, Reply, release_runtime, spawn_dropped_release};
-use crate::node::{Attempt, Node, ttl_millis};
+use crate::lessor::Lessor;
+use crate::node::{Attempt, Node, RedisConnection, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
 use crate::stats::LockerStats;
 use crate::token::LeaseToken;
 use crate::way::{self, Way};
-use crate::{RedisConnection, call, rounds};
+use crate::{call, rounds};
 
 /// How long a single Redis request may take when the caller gave no tighter
 /// deadline: 1 s.
@@ -361,7 +364,7 @@ impl<C: RedisConnection> Locker<C> {
         opts: &AcquireOptions,
         work: impl AsyncFnOnce(&Lease) -> T,
     ) -> Result<crate::Finished<T>> {
-        crate::Lessor::with_lock(self, keys, ttl, opts, work).await
+        Lessor::with_lock(self, keys, ttl, opts, work).await
     }
 }
 
@@ -377,7 +380,6 @@ impl<C: RedisConnection> Way for Locker<C> {
     async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
         let token = LeaseToken::generate()?;
         let px = ttl_millis(ttl);
-        let deadline = opts.deadline_from(Instant::now());
         let fenced = target.fenced();
         let node = &self.node;
         let (fence, sent_at) = rounds::acquire_rounds(
@@ -410,12 +412,16 @@ impl<C: RedisConnection> Way for Locker<C> {
             fence_key: target.fence,
             fence,
         };
-        let lease = Lease::new(self.node.clone(), part, ttl, sent_at);
-        let lease = crate::replicas::confirm(node, lease, opts, deadline).await?;
-        if opts.watchdog {
-            lease.watch()?;
-        }
-        Ok(lease)
+        Ok(Lease::new(self.node.clone(), part, ttl, sent_at))
+    }
+
+    async fn confirm_replicas(
+        &self,
+        lease: Lease,
+        opts: &AcquireOptions,
+        deadline: Instant,
+    ) -> Result<Lease> {
+        crate::replicas::confirm(&self.node, lease, opts, deadline).await
     }
 }
 
@@ -465,4 +471,35 @@ pub(crate) fn spawn_release<C: RedisConnection>(
         node.token_checked(Step::Release, &key, &token, deadline)
             .await
     });
+}
+
+impl<C: RedisConnection> crate::lessor::sealed::Sealed for Locker<C> {}
+
+/// The same calls as the inherent methods.
+impl<C: RedisConnection> Lessor for Locker<C> {
+    fn acquire(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        Locker::acquire(self, keys, ttl)
+    }
+
+    fn acquire_with(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        Locker::acquire_with(self, keys, ttl, opts)
+    }
+
+    fn acquire_all<K: LockKeys>(
+        &self,
+        keys: impl IntoIterator<Item = K> + Send,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        Locker::acquire_all(self, keys, ttl, opts)
+    }
 }

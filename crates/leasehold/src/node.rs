@@ -12,12 +12,22 @@ use std::time::Duration;
 use redis::{ErrorKind, ServerErrorKind, Value};
 use tokio::time::Instant;
 
+use crate::call;
 use crate::compare::{Detected, Path, Step, supports_commands};
 use crate::error::{Error, Result};
 use crate::fencing::{FencedKeys, FencingToken};
 use crate::stats::Counters;
 use crate::token::LeaseToken;
-use crate::{RedisConnection, call};
+
+/// A Redis connection a [`Locker`](crate::Locker) can use: any clonable async redis-rs
+/// connection, such as a
+/// [`ConnectionManager`](redis::aio::ConnectionManager) (the default, which
+/// reconnects), a cluster connection, or a
+/// [`MultiplexedConnection`](redis::aio::MultiplexedConnection) (which does
+/// not: see [`Locker`](crate::Locker)).
+pub trait RedisConnection: redis::aio::ConnectionLike + Clone + Send + Sync + 'static {}
+
+impl<T> RedisConnection for T where T: redis::aio::ConnectionLike + Clone + Send + Sync + 'static {}
 
 /// What one attempt to take a lock found.
 pub(crate) enum Attempt<T> {

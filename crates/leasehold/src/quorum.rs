@@ -66,17 +66,20 @@ use redis::aio::ConnectionManager;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use std::future::Future;
+
 use crate::compare::Step;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::fencing::{FencedKeys, FencingToken, LockKeys, Target};
 use crate::lease::{Backend, Lease, Part, Reply};
-use crate::node::{Attempt, Node, ttl_millis};
+use crate::lessor::Lessor;
+use crate::node::{Attempt, Node, RedisConnection, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
 use crate::rounds;
 use crate::token::LeaseToken;
 use crate::watchdog::Margin;
 use crate::way::{self, Way};
-use crate::{RedisConnection, call, scripts};
+use crate::{call, scripts};
 
 /// How long one node may take to answer one request when the caller's
 /// deadline is further away: 50 ms. Keep it well below the TTL, so that a
@@ -305,7 +308,7 @@ impl<C: RedisConnection> Quorum<C> {
         opts: &AcquireOptions,
         work: impl AsyncFnOnce(&Lease) -> T,
     ) -> Result<crate::Finished<T>> {
-        crate::Lessor::with_lock(self, keys, ttl, opts, work).await
+        Lessor::with_lock(self, keys, ttl, opts, work).await
     }
 
     async fn take_one(
@@ -334,11 +337,7 @@ impl<C: RedisConnection> Quorum<C> {
                     fence_key: target.fence,
                     fence,
                 };
-                let lease = Lease::new(self.inner.clone(), part, ttl, sent_at);
-                if opts.watchdog {
-                    lease.watch()?;
-                }
-                Ok(lease)
+                Ok(Lease::new(self.inner.clone(), part, ttl, sent_at))
             }
             Err(Error::NotAcquired {
                 key,
@@ -711,6 +710,37 @@ impl NodeStep {
 struct Round {
     votes: usize,
     failed: usize,
+}
+
+impl<C: RedisConnection> crate::lessor::sealed::Sealed for Quorum<C> {}
+
+/// The same calls as the inherent methods.
+impl<C: RedisConnection> Lessor for Quorum<C> {
+    fn acquire(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        Quorum::acquire(self, keys, ttl)
+    }
+
+    fn acquire_with(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        Quorum::acquire_with(self, keys, ttl, opts)
+    }
+
+    fn acquire_all<K: LockKeys>(
+        &self,
+        keys: impl IntoIterator<Item = K> + Send,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        Quorum::acquire_all(self, keys, ttl, opts)
+    }
 }
 
 #[cfg(test)]

@@ -31,10 +31,9 @@
 
 use tokio::time::Instant;
 
-use crate::RedisConnection;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::node::Node;
+use crate::node::{Node, RedisConnection};
 use crate::options::AcquireOptions;
 
 /// After an acquire won: the lease, once `opts`' replicas acknowledged it;

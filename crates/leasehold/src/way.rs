@@ -1,9 +1,10 @@
-//! What every way of taking a lease shares: the checks before any I/O, the
-//! acquire of several keys, and the scoped form. Each way ([`Locker`],
+//! What every way of taking a lease shares: the checks before any I/O, what
+//! follows a win (the replicas' confirmation, the watchdog), the acquire of
+//! several keys, and the scoped form. Each way ([`Locker`],
 //! [`HandoffLocker`], [`Quorum`]) implements [`Way`] (how it takes one
-//! checked lock, and which options it supports); its public calls are thin
-//! wrappers over the functions here, so the checks and the rules below are
-//! written once.
+//! checked lock up to the win, which options it supports, and where its
+//! replicas confirm a win); its public calls are thin wrappers over the
+//! functions here, so the checks and the rules below are written once.
 //!
 //! # Several locks in one lease
 //!
@@ -41,13 +42,28 @@ pub(crate) trait Way {
     const MODE: &'static str;
 
     /// Takes the lease on one checked target, as `opts` says (the options
-    /// were checked against [`SUPPORTS`](Self::SUPPORTS)).
+    /// were checked against [`SUPPORTS`](Self::SUPPORTS)), up to the win:
+    /// what follows a win is [`won`]'s, the same for every way.
     fn take(
         &self,
         target: Target,
         ttl: Duration,
         opts: &AcquireOptions,
     ) -> impl Future<Output = Result<Lease>>;
+
+    /// The lease just won, once `opts`' replicas acknowledged it on the
+    /// server that granted it ([`replicas::confirm`](crate::replicas::confirm)),
+    /// waiting until `deadline` at most. Called only when
+    /// [`SUPPORTS`](Self::SUPPORTS) allows `wait_replicas`; by default (a way
+    /// without replicas to wait for) the lease as it is.
+    fn confirm_replicas(
+        &self,
+        lease: Lease,
+        _opts: &AcquireOptions,
+        _deadline: Instant,
+    ) -> impl Future<Output = Result<Lease>> {
+        std::future::ready(Ok(lease))
+    }
 }
 
 /// `acquire_with` of every way: checks (no I/O), then one lock.
@@ -84,17 +100,48 @@ async fn traced_take<W: Way>(
         waited_ms = Empty,
         outcome = Empty,
     );
+    let start = Instant::now();
     let mut pending = Pending {
         span: span.clone(),
         mode: W::MODE,
-        start: Instant::now(),
+        start,
         progress: Arc::default(),
         reported: false,
     };
-    let take = way.take(target, ttl, opts).instrument(span);
-    let result = Progress::observe(pending.progress.clone(), take).await;
+    let take = async {
+        let lease = way.take(target, ttl, opts).await?;
+        won(way, lease, opts, start).await
+    };
+    let result = Progress::observe(pending.progress.clone(), take.instrument(span)).await;
     pending.end(&result);
     result
+}
+
+/// What follows a win, written once for every way and every path (each key
+/// of [`acquire_all`] included): the replicas confirm the lease, for a way
+/// that supports `wait_replicas`, by the deadline `opts` gives from `start`;
+/// then its watchdog starts if `opts` asks for one.
+async fn won<W: Way>(
+    way: &W,
+    lease: Lease,
+    opts: &AcquireOptions,
+    start: Instant,
+) -> Result<Lease> {
+    let lease = if W::SUPPORTS.wait_replicas {
+        let deadline = opts.deadline_from(start);
+        way.confirm_replicas(lease, opts, deadline).await?
+    } else {
+        lease
+    };
+    watched(lease, opts)
+}
+
+/// `lease`, its watchdog started if `opts` asks for one.
+fn watched(lease: Lease, opts: &AcquireOptions) -> Result<Lease> {
+    if opts.watchdog {
+        lease.watch()?;
+    }
+    Ok(lease)
 }
 
 /// An acquire under way: its span, start and progress, reported once it
@@ -253,10 +300,7 @@ where
         key: String::new(),
         reason: "no keys to lock",
     })?;
-    if opts.watchdog {
-        lease.watch()?;
-    }
-    Ok(lease)
+    watched(lease, opts)
 }
 
 #[cfg(test)]
@@ -302,7 +346,8 @@ mod tests {
 mod send_tests {
     use std::time::Duration;
 
-    use crate::{AcquireOptions, Locker, RedisConnection};
+    use crate::node::RedisConnection;
+    use crate::{AcquireOptions, Locker};
 
     fn assert_send<T: Send>(_: &T) {}
 

@@ -1,0 +1,269 @@
+//! The acquire side of hand-off: a caller queues in process behind a unit
+//! of its locker (relay on), then in Redis's queue, until a release hands
+//! it the lock, its re-check takes it, or it gives up.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::call;
+use crate::error::{Error, GiveUpReason, Result};
+use crate::fencing::{FencingToken, Target};
+use crate::lease::Lease;
+use crate::node::{RedisConnection, not_a_fence, ttl_millis};
+use crate::options::AcquireOptions;
+use crate::relay::{Entry, Relay, Ticket, Turn};
+use crate::rounds::Rounds;
+use crate::token::LeaseToken;
+
+use super::local::Signal;
+use super::release::{fence_of, queue_keys};
+use super::waiting::{LocalWaiting, Unit, Waiting};
+use super::{HandoffLocker, TARGET};
+
+/// How soon a queued waiter whose re-check failed (connection dropped, Redis
+/// restarting) tries again.
+const RECHECK_AFTER_FAILURE: Duration = Duration::from_millis(50);
+
+/// What one run of the acquire script found.
+enum Found {
+    /// We set the lock just now, with this fence (0: unfenced).
+    TookIt(u64),
+    /// A release had already handed it to us, with this fence.
+    HandedOver(u64),
+    /// We wait; the holder's remaining TTL if known.
+    Waiting(Option<Duration>),
+}
+
+/// A waiter of ours was handed the lock `key` by a release (`via`: `grant`,
+/// `recheck` or `relay`): one DEBUG event, and the hand-off metric.
+fn handed(key: &str, via: &'static str, fence: Option<FencingToken>) {
+    let fence = fence.map(FencingToken::get);
+    crate::metrics::handoff(via);
+    tracing::debug!(target: TARGET, key, via, fence, "handed the lock by a release");
+}
+
+impl<C: RedisConnection> HandoffLocker<C> {
+    /// One checked target, queued from now (what follows the win is
+    /// [`Way`](crate::way::Way)'s, for every way).
+    pub(super) async fn take_checked(
+        &self,
+        target: Target,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> Result<Lease> {
+        self.take(&target, ttl, opts, Instant::now()).await
+    }
+
+    /// The waiting part of [`acquire_with`](Self::acquire_with), from
+    /// `start`: in process, then in Redis.
+    async fn take(
+        &self,
+        target: &Target,
+        ttl: Duration,
+        opts: &AcquireOptions,
+        start: Instant,
+    ) -> Result<Lease> {
+        let key = target.lock.as_str();
+        let fence_key = target.fence.as_deref();
+        let backend = &self.inner.backend;
+        let mut rounds = Rounds::new(key, opts, backend.node.command_timeout(), start);
+        rounds.check_cancelled()?;
+        let unit = match &backend.local.relay {
+            None => None,
+            Some(relay) => {
+                let may_wait = rounds.may_wait();
+                match relay.enter(key, ttl, fence_key, may_wait) {
+                    Entry::Represent => {}
+                    // Queuing in process is an attempt (answered locally)
+                    // and uses up one wait of the strategy, as a busy join
+                    // would.
+                    Entry::Busy => {
+                        rounds.attempt_in_process();
+                        return Err(rounds.give_up(GiveUpReason::RetriesExhausted));
+                    }
+                    Entry::Queued(ticket) => {
+                        rounds.attempt_in_process();
+                        rounds.next_wait()?;
+                        let waited = self.wait_in_process(relay, target, ttl, ticket, &rounds);
+                        if let Some(lease) = waited.await? {
+                            return Ok(lease);
+                        }
+                    }
+                }
+                Some(Unit {
+                    relay,
+                    key,
+                    armed: true,
+                })
+            }
+        };
+        let token = LeaseToken::generate()?;
+        let px = ttl_millis(ttl);
+        let counters = &backend.node.counters;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let waiting = Waiting::enter(self, target, &token, ttl, tx, unit);
+
+        let mut last_busy = start;
+        loop {
+            let (sent_at, call_deadline) = rounds.attempt()?;
+            counters.acquire_request();
+            let lifetime = ttl_millis(rounds.deadline().saturating_duration_since(sent_at));
+            let request = self.try_or_enqueue(target, &token, px, lifetime, call_deadline);
+            let holder_left = match rounds.unless_cancelled(request).await? {
+                Ok(Found::TookIt(fence)) => return Ok(waiting.into_lease(sent_at, fence)),
+                Ok(Found::HandedOver(fence)) => {
+                    handed(key, "recheck", fence_of(fence));
+                    return Ok(waiting.into_lease(last_busy, fence));
+                }
+                Ok(Found::Waiting(holder_left)) => {
+                    // Only a reply that saw the lock busy bounds when a
+                    // later hand-over can have happened.
+                    last_busy = sent_at;
+                    holder_left
+                }
+                // Once queued, a waiter rides out a dropped connection or a
+                // Redis restart: the connection reconnects for the next
+                // request, which re-joins the queue (a restarted Redis has
+                // lost it). Its first request still fails fast.
+                Err(err @ (Error::Unreachable { .. } | Error::Timeout { .. }))
+                    if last_busy > start =>
+                {
+                    tracing::debug!(target: TARGET, key, error = %err, "re-check failed; the waiter retries");
+                    Some(RECHECK_AFTER_FAILURE)
+                }
+                Err(err) => return Err(err),
+            };
+            rounds.next_wait()?;
+            // Due no later than the holder's expiry (as last seen), so a dead
+            // holder is noticed at once; at least once per TTL of our own.
+            let recheck =
+                holder_left.map_or(ttl, |left| (left + Duration::from_millis(1)).min(ttl));
+            let wake = rounds.deadline().min(Instant::now() + recheck);
+            tokio::select! {
+                biased;
+                () = rounds.cancelled() => return Err(rounds.give_up(GiveUpReason::Cancelled)),
+                signal = rx.recv() => match signal {
+                    Some(Signal::Granted(fence)) => {
+                        handed(key, "grant", fence_of(fence));
+                        return Ok(waiting.into_lease(last_busy, fence));
+                    }
+                    Some(Signal::Woken) | None => {}
+                },
+                () = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    /// Waits in this locker's queue for `target` until a unit of ours passes
+    /// us the lease (`Some`) or its place in Redis's queue (`None`: go to
+    /// Redis), or our fallback timer (one TTL) sends us to Redis as a unit
+    /// of our own. Gives up as `rounds` says.
+    async fn wait_in_process(
+        &self,
+        relay: &Relay,
+        target: &Target,
+        ttl: Duration,
+        ticket: Ticket,
+        rounds: &Rounds<'_>,
+    ) -> Result<Option<Lease>> {
+        let key = target.lock.as_str();
+        let mut waiting = LocalWaiting {
+            handoff: self,
+            target,
+            ticket: Some(ticket),
+            _counted: crate::metrics::Waiter::enter(crate::metrics::Queue::Process),
+        };
+        let deadline = rounds.deadline();
+        let cancelled = rounds.cancelled();
+        tokio::pin!(cancelled);
+        let turn = loop {
+            // Due when our holders' leases run out (as they know it), so a
+            // holder that never gives its lease back blocks us at most until
+            // then; with no holder of ours alive, after our own TTL.
+            let fallback = relay
+                .held_until(key)
+                .map_or(Instant::now() + ttl, |until| {
+                    until + Duration::from_millis(1)
+                })
+                .min(deadline);
+            let Some(ticket) = waiting.ticket.as_mut() else {
+                break None;
+            };
+            tokio::select! {
+                biased;
+                () = &mut cancelled => return Err(rounds.give_up(GiveUpReason::Cancelled)),
+                turn = ticket.turn() => {
+                    waiting.ticket = None;
+                    break turn;
+                }
+                () = tokio::time::sleep_until(fallback) => {
+                    if fallback >= deadline {
+                        return Err(rounds.give_up(GiveUpReason::DeadlineExpired));
+                    }
+                    if relay.held_until(key).is_some_and(|until| until > Instant::now()) {
+                        continue;
+                    }
+                    break waiting.ticket.take().and_then(|t| relay.leave(key, t, true));
+                }
+            }
+        };
+        Ok(match turn {
+            Some(Turn::Lease {
+                token,
+                validity,
+                fence,
+            }) => {
+                handed(key, "relay", fence);
+                Some(self.relayed(target, token, validity, fence))
+            }
+            // `None` from the ticket: the unit that was passing to us was
+            // dropped mid-way; its place is ours.
+            Some(Turn::Represent) | None => None,
+        })
+    }
+
+    /// One run of the acquire script.
+    async fn try_or_enqueue(
+        &self,
+        target: &Target,
+        token: &LeaseToken,
+        px: u64,
+        lifetime: u64,
+        deadline: Instant,
+    ) -> Result<Found> {
+        let key = target.lock.as_str();
+        let backend = &self.inner.backend;
+        let [queue, waiters] = queue_keys(key);
+        let mut conn = backend.node.conn();
+        let mut invocation = crate::scripts::HANDOFF_ACQUIRE.key(key);
+        invocation.key(&queue).key(&waiters);
+        if let Some(fence_key) = &target.fence {
+            invocation.key(fence_key);
+        }
+        invocation
+            .arg(token)
+            .arg(px)
+            .arg(&backend.local.channel)
+            .arg(lifetime.max(1))
+            .arg(backend.node.fence_ttl_ms());
+        let reply =
+            call::bounded("acquire", key, deadline, invocation.invoke_async(&mut conn)).await;
+        let (code, pttl, fence): (i64, i64, u64) = match reply {
+            Ok(reply) => reply,
+            Err(err) => return Err(not_a_fence(err, target.fence.as_deref().unwrap_or(""))),
+        };
+        match code {
+            1 => Ok(Found::TookIt(fence)),
+            2 => Ok(Found::HandedOver(fence)),
+            0 => Ok(Found::Waiting(
+                u64::try_from(pttl)
+                    .ok()
+                    .filter(|ms| *ms > 0)
+                    .map(Duration::from_millis),
+            )),
+            _ => Err(Error::UnexpectedReply { op: "acquire" }),
+        }
+    }
+}

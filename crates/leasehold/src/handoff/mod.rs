@@ -1,0 +1,561 @@
+//! Hand-off mode: waiters sleep until a release hands them the lock.
+//!
+//! The protocol, its crash safety and the measured design choice are
+//! documented on [`HandoffLocker`].
+//!
+//! This file holds the public locker, its builder and its calls; the rest
+//! is in files with one job each, each using only the types declared here
+//! and the files listed before it: `local` (this locker's own waiters and
+//! the leases it holds), `release` (the release side: serving the next
+//! waiter, in process or in Redis's queue), `waiting` (a waiter's guards,
+//! until it wins or leaves), `acquire` (the acquire side: queuing in
+//! process, then in Redis) and `pubsub` (the subscription that routes
+//! messages to waiters).
+
+mod acquire;
+mod local;
+mod pubsub;
+mod release;
+mod waiting;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use std::future::Future;
+
+use crate::error::Result;
+use crate::fencing::{LockKeys, Target};
+use crate::lease::Lease;
+use crate::lessor::Lessor;
+use crate::locker::Locker;
+use crate::node::RedisConnection;
+use crate::options::{AcquireOptions, Supports};
+use crate::relay::Relay;
+use crate::token::LeaseToken;
+use crate::way::{self, Way};
+
+use self::local::{Local, Waiters};
+use self::pubsub::{route, subscribe};
+use self::release::HandoffBackend;
+
+#[cfg(doc)]
+use crate::{error::Error, fencing::FencingToken};
+
+/// The target of the module's tracing events, whichever of its files sends
+/// them (the crate docs list them under it).
+const TARGET: &str = "leasehold::handoff";
+
+/// How many passes in a row a release may make to other waiters of the
+/// same [`HandoffLocker`] before one lets other processes' waiters in
+/// first, by default ([`HandoffLockerBuilder::relay_limit`]).
+pub const DEFAULT_RELAY_LIMIT: u32 = 16;
+
+/// How a release passes the lock to the next waiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HandoffStyle {
+    /// The release sets the lock to the next waiter's token (issuing its
+    /// fencing token too) and tells it: the waiter owns the lease without
+    /// sending a request. FIFO.
+    #[default]
+    Grant,
+    /// The release deletes the lock and wakes the next waiter, which takes
+    /// it with its own request. FIFO as well, one more request per
+    /// acquisition; kept as the measured alternative.
+    Wake,
+}
+
+impl HandoffStyle {
+    fn as_arg(self) -> &'static str {
+        match self {
+            HandoffStyle::Grant => "grant",
+            HandoffStyle::Wake => "wake",
+        }
+    }
+}
+
+/// A [`Locker`] whose waiters are handed the lock by the release instead of
+/// polling for it: the queued way of taking a [`Lease`], with the same four
+/// calls as [`Locker`] ([`acquire`](Self::acquire),
+/// [`acquire_with`](Self::acquire_with), [`acquire_all`](Self::acquire_all),
+/// [`with_lock`](Self::with_lock)), fenced or not.
+///
+/// # Why
+///
+/// A polling lock ([`Locker::acquire_with`]) asks Redis again after every
+/// wait. With `n` callers queued on one key that is `n` requests per wait
+/// interval for one winner, the winner is whoever happens to ask first after
+/// a release (so a lucky caller can win again and again), and the key sits
+/// idle between the release and the next lucky poll. Shorter waits cut the
+/// idle time and multiply the requests; longer waits do the opposite.
+///
+/// A [`HandoffLocker`] removes the trade-off: a caller that finds the lock
+/// busy joins a FIFO queue and sleeps; the holder's release passes the lock
+/// straight to the first live waiter and tells it so over pub/sub. One
+/// request to join, one to release, whatever the number of waiters, and
+/// waiters are served in arrival order.
+///
+/// By default it goes one step further for the callers of one process (all
+/// the tasks sharing one `HandoffLocker`): they queue in process behind the
+/// one of them that holds or waits in Redis, and a release passes the lock
+/// to the next of them with one token-checked request
+/// ([in-process relay](#in-process-relay)). Redis then sees one request per
+/// lease instead of two.
+///
+/// # Protocol
+///
+/// Three keys per lock key `K`: the lock `K` itself (the same string as in
+/// polling mode), a ZSET `K:waitq` of waiter tokens scored by arrival, and a
+/// HASH `K:waiters` mapping each waiter's token to its entry's expiry, its
+/// TTL and the pub/sub channel that reaches it.
+///
+/// - **Acquire** (`handoff_acquire.lua`) takes the lock if it is free and
+///   nobody live is ahead of us, and otherwise enqueues us, in one atomic
+///   step. A release can therefore never fall between "it was busy" and "we
+///   are in the queue". Each locker subscribes to its own channel once, when
+///   it connects, and registers a waiter locally before sending the script,
+///   so a hand-off that lands before the script's reply is not missed either.
+/// - **Release** (`handoff_release.lua`) checks our token, pops the first
+///   live waiter, publishes `g <token> <key>` on its channel and sets the
+///   lock to that waiter's token with that waiter's TTL (`SET K token PX
+///   ttl`). The waiter holds the lease from that moment: no request of its
+///   own.
+/// - **In-process hand-off**: when that waiter is one of the releasing
+///   locker's own (its entry names our channel), the script still moves the
+///   lock to its token in the same atomic step, but skips the `PUBLISH` and
+///   returns the token; the release then wakes the waiter through an
+///   in-process channel. One server-side socket write fewer per hand-off, so
+///   share one `HandoffLocker` among all the tasks of a process.
+/// - **Giving up** (deadline, cancel, retries exhausted, or the future
+///   dropped) runs the release script in "leave" mode: it removes our entry
+///   and, if the lock was handed to us meanwhile, passes it on.
+/// - **Fallback timer**: a waiter re-runs the acquire script when the
+///   holder's TTL (as last seen) runs out, and at least once per TTL of its
+///   own. That picks up a hand-off whose message was lost, and serves the
+///   queue when a holder died without releasing. There is no per-waiter
+///   heartbeat: a waiter's liveness is checked when it is served (below).
+///
+/// # In-process relay
+///
+/// On by default ([`DEFAULT_RELAY_LIMIT`]); `relay_limit(0)` turns it off.
+///
+/// - A caller that finds another task of this locker holding `key`, or
+///   waiting for it in Redis, does not send a request: it joins a local FIFO
+///   and sleeps. Only one task per locker and key is ever in Redis's queue.
+/// - A release with local waiters passes the lock to the first of them with
+///   **one token-checked request** (a *relay*): in one atomic step Redis
+///   checks that the key still holds the releasing lease's token and sets
+///   it to a fresh token of the next holder, with the TTL that holder asked
+///   for. The new lease is counted from when that request was sent. If the
+///   key no longer held our token (it expired, was evicted, lost in a
+///   restart or failover, or taken by another process), nothing moves: the
+///   release returns [`Error::NotHeld`] and the next local waiter goes to
+///   Redis like any other caller. So every holder, relayed or not, was
+///   confirmed by Redis when it was handed the lock, and no two holders
+///   share a token.
+/// - Every `relay_limit + 1`-th pass is a **checkpoint**: the same request
+///   serves Redis's queue first (another process's waiter gets the lock;
+///   our next waiter then queues in Redis behind it) and, with nobody
+///   waiting there, moves the lock to our next waiter as a relay does.
+///   So another process waits at most `relay_limit` local turns, and
+///   processes take turns in batches instead of caller by caller: with
+///   relay on, FIFO holds within a process and between the batches of
+///   processes; with it off, across all callers.
+/// - A local waiter that stops waiting in process because no lease of ours
+///   on the key is alive any more (its holder hung, or an outage outlasted
+///   it) queues in Redis as a unit of its own. While such a unit waits
+///   there, every pass is a checkpoint: it came before the callers queued
+///   in process since, so it is served before them, and the local queue
+///   then waits behind it (one unit per process again) instead of
+///   overtaking it turn after turn.
+/// - A local waiter that gives up (deadline, cancel, dropped future) leaves
+///   the local queue without a request; if a turn reached it meanwhile it
+///   passes it on. [`RetryStrategy::none`](crate::RetryStrategy::none) on a
+///   key busy in process gives up at once (one attempt, answered locally).
+/// - Safety does not depend on the local queue: every transfer of the lock
+///   is decided by Redis with a token check; the local queue only decides
+///   who asks next. As with any lease, a write that must not happen twice
+///   is fenced by the database.
+///
+/// # Crash safety
+///
+/// - A holder that dies blocks the key for at most its TTL: the lock
+///   expires, and the next waiter's re-check (due by then, see above) takes
+///   it or hands it on.
+/// - A waiter whose process dies has no subscriber on its channel any more;
+///   `PUBLISH` reports zero receivers, and the release drops it and serves
+///   the next one in the same step.
+/// - A hand-off that reaches a token that neither waits nor holds a lease in
+///   its locker any more (in process or over pub/sub) is an *orphan*: the
+///   waiter gave up, or its queue entry came back after it had left (a
+///   failover to a replica that had not seen it leave, a restart from an
+///   old append-only file). The locker runs the leave script for that
+///   token, which passes the lock on if it still holds the token. A waiter
+///   that *won* the lock another way meanwhile (its own re-check, or
+///   another client's script, can serve it between a release script and
+///   the message) holds a lease with that token, so it is left alone: an
+///   earlier version handed the lock on whenever the waiter was gone and,
+///   under load, took it from a waiter that had just won it. Every step is
+///   token-checked, so an orphan that a leave script passed on already
+///   changes nothing.
+/// - A waiter that gives up while a hand-off to it is in flight: its leave
+///   script runs after the hand-off (which then finds the lock holding its
+///   token and passes it on) or before it (and then no release can pick it,
+///   unless its entry comes back, above).
+/// - With relay, a holder task that panics drops its lease, which passes it
+///   on in the background. A holder that never releases nor drops its
+///   lease (a leaked guard, a hung task) blocks our local waiters until its
+///   lease runs out by its own clock: they then fall back to Redis, which
+///   has freed the key by then. The whole process dying is the dead holder
+///   case above.
+/// - Anything that still slips through (a process that is partitioned but
+///   not yet disconnected, a waiter future leaked with `mem::forget`) is
+///   handed a lease that ends with its TTL; queue entries expire at their
+///   owner's deadline.
+///
+/// # Which design, and why
+///
+/// Three designs are implemented and measured side by side by `leasehold
+/// bench contention` (see `BENCHMARKS.md`, 50 and 500 callers working 2 ms
+/// each on one key, medians):
+///
+/// - [`HandoffStyle::Wake`], relay off: the release deletes the lock and
+///   only *wakes* the first waiter, which takes it with its own request.
+///   3.0 requests per acquisition, the longest release-to-next-holder gap
+///   (p50 230 to 430 us).
+/// - [`HandoffStyle::Grant`], relay off: the FIFO hand-off described above,
+///   the lock moves inside the release script. 2.0 requests per
+///   acquisition, gap p50 170 to 250 us, server CPU per acquisition 0.42
+///   to 0.76 of tuned polling at 50 callers.
+/// - Grant with [in-process relay](#in-process-relay) (the default): one
+///   token-checked request per acquisition (see `BENCHMARKS.md` for the
+///   current figures). An earlier relay passed the lease on *without* a
+///   request (0.06 requests per acquisition) and was withdrawn: it let
+///   local holders work after the key had vanished and another process had
+///   taken the lock.
+///
+/// Why relay wins: without it every acquisition costs two requests that
+/// each reach Redis alone (the holder's work separates them), and on a
+/// small machine a lone request costs the server tens of microseconds of
+/// CPU in socket system calls, whatever the script does. Relay halves that
+/// and keeps the waiters off Redis. What it costs: FIFO across processes
+/// becomes turns of up to `relay_limit` leases (documented above);
+/// `relay_limit(0)` restores strict per-caller FIFO.
+///
+/// # Limits
+///
+/// - All callers of one key must use hand-off mode: a polling acquire on the
+///   same key takes the lock when it is free and ignores the queue (safe, but
+///   not fair).
+/// - On Redis Cluster the three keys must share a slot: give the lock key a
+///   hash tag, such as `lock:{wallet:42}`. There, `PUBLISH` counts only the
+///   subscribers on the node that runs the script, so a waiter connected to
+///   another node looks dead: use hand-off mode on a single node (or with
+///   every locker's pub/sub connection on the key's node).
+/// - With relay on, a lease that is neither released nor dropped (a hung
+///   task, `mem::forget`) still counts as its locker's holder for the key,
+///   forever. Once it runs out (by its own clock), that locker's callers
+///   stop waiting for it at once and go to Redis, where the key is free;
+///   they just no longer get relays from it (every pass is then a
+///   checkpoint: still one request, but Redis's queue first). Release or
+///   drop every lease; a watchdog does not help a task that never returns.
+/// - If a locker's pub/sub connection drops, its waiters look dead to other
+///   lockers' releases until it is back, and are dropped from the queue (its
+///   own releases still serve them in process). The locker reconnects and
+///   resubscribes on its own (retrying while Redis is down) and then wakes
+///   all its waiters, which re-check the lock and re-join the queue at
+///   once: they may lose their place in line, never their turn.
+///
+/// # Lease validity
+///
+/// A lease handed over by a release is counted from when the waiter's last
+/// request that found the lock busy was *sent*: the hand-off happened after
+/// that, so the holder's estimate of its remaining time is never longer than
+/// Redis's (it is shorter by up to the time it waited).
+///
+/// Cheap to clone: clones share the locker and the one pub/sub connection.
+#[derive(Clone)]
+pub struct HandoffLocker<C: RedisConnection = ConnectionManager> {
+    inner: Arc<HandoffInner<C>>,
+}
+
+struct HandoffInner<C: RedisConnection> {
+    locker: Locker<C>,
+    backend: Arc<HandoffBackend<C>>,
+    listener: JoinHandle<()>,
+}
+
+impl<C: RedisConnection> Drop for HandoffInner<C> {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+impl<C: RedisConnection> std::fmt::Debug for HandoffLocker<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let backend = &self.inner.backend;
+        f.debug_struct("HandoffLocker")
+            .field("style", &backend.style)
+            .field("channel", &backend.local.channel)
+            .field(
+                "relay_limit",
+                &backend.local.relay.as_ref().map_or(0, Relay::limit),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`HandoffLocker`].
+#[must_use]
+#[derive(Debug)]
+pub struct HandoffLockerBuilder<C: RedisConnection> {
+    locker: Locker<C>,
+    client: redis::Client,
+    style: HandoffStyle,
+    relay_limit: u32,
+}
+
+impl<C: RedisConnection> HandoffLockerBuilder<C> {
+    /// How many passes in a row a release may make to other waiters of
+    /// this locker (see [relay](HandoffLocker#in-process-relay)) before the
+    /// next one serves Redis's queue (other processes' waiters) first. `0`
+    /// turns relay off: every waiter queues in Redis, and all callers,
+    /// whatever their process, are served in arrival order.
+    ///
+    /// Defaults to [`DEFAULT_RELAY_LIMIT`] (16).
+    pub fn relay_limit(mut self, limit: u32) -> Self {
+        self.relay_limit = limit;
+        self
+    }
+
+    /// How a release passes the lock on.
+    ///
+    /// Defaults to [`HandoffStyle::Grant`].
+    pub fn style(mut self, style: HandoffStyle) -> Self {
+        self.style = style;
+        self
+    }
+
+    /// Opens the pub/sub connection, subscribes to this locker's channel
+    /// and starts the task that routes hand-offs to waiters (and reconnects
+    /// the pub/sub connection when it drops). Both requests are bounded by
+    /// the locker's command timeout.
+    ///
+    /// # Errors
+    /// [`Error::Unreachable`], [`Error::Timeout`] or [`Error::Auth`] when the
+    /// pub/sub connection cannot be opened; [`Error::Random`] when no channel
+    /// name could be drawn.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future drops the half-open connection.
+    pub async fn connect(self) -> Result<HandoffLocker<C>> {
+        let channel = format!("leasehold:handoff:{}", LeaseToken::generate()?);
+        let timeout = self.locker.command_timeout();
+        let messages = subscribe(&self.client, &channel, timeout).await?;
+        let local = Arc::new(Local {
+            channel,
+            waiters: Waiters::default(),
+            held: Mutex::default(),
+            relay: (self.relay_limit > 0).then(|| Relay::new(self.relay_limit)),
+        });
+        let backend = Arc::new_cyclic(|this| HandoffBackend {
+            node: self.locker.node.clone(),
+            style: self.style,
+            local,
+            this: this.clone(),
+        });
+        let listener = tokio::spawn(route(self.client, messages, backend.clone(), timeout));
+        Ok(HandoffLocker {
+            inner: Arc::new(HandoffInner {
+                locker: self.locker,
+                backend,
+                listener,
+            }),
+        })
+    }
+}
+
+impl<C: RedisConnection> Way for HandoffLocker<C> {
+    /// A hand-off locker honours every option.
+    const SUPPORTS: Supports = Supports {
+        wait_replicas: true,
+    };
+
+    const MODE: &'static str = "handoff";
+
+    async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
+        self.take_checked(target, ttl, opts).await
+    }
+
+    async fn confirm_replicas(
+        &self,
+        lease: Lease,
+        opts: &AcquireOptions,
+        deadline: Instant,
+    ) -> Result<Lease> {
+        crate::replicas::confirm(&self.inner.locker.node, lease, opts, deadline).await
+    }
+}
+
+impl<C: RedisConnection> HandoffLocker<C> {
+    /// A builder over `locker` (whose connection sends the scripts) and
+    /// `client` (which opens the one pub/sub connection this locker needs).
+    pub fn builder(locker: Locker<C>, client: &redis::Client) -> HandoffLockerBuilder<C> {
+        HandoffLockerBuilder {
+            locker,
+            client: client.clone(),
+            style: HandoffStyle::default(),
+            relay_limit: DEFAULT_RELAY_LIMIT,
+        }
+    }
+
+    /// The underlying locker (its [`stats`](Locker::stats) count hand-off
+    /// requests too).
+    pub fn locker(&self) -> &Locker<C> {
+        &self.inner.locker
+    }
+
+    /// Takes the lease on `keys` for `ttl`, queued, with the default
+    /// [`AcquireOptions`].
+    ///
+    /// See [`acquire_with`](Self::acquire_with) for errors and cancel safety.
+    pub async fn acquire(&self, keys: impl LockKeys, ttl: Duration) -> Result<Lease> {
+        self.acquire_with(keys, ttl, &AcquireOptions::default())
+            .await
+    }
+
+    /// Takes the lease on `keys` for `ttl`, waiting in the key's FIFO queue
+    /// until a release hands it over, as `opts` says. Given
+    /// [`FencedKeys`](crate::FencedKeys), every holder gets its own
+    /// [`FencingToken`], issued in the same atomic step that gives it the
+    /// lock (its own acquire, a release's grant, or a relay's pass), so
+    /// tokens grow strictly from holder to holder. Use the same fence key
+    /// for every caller of one lock key.
+    ///
+    /// `opts`'s deadline and cancellation token apply exactly as in
+    /// [`Locker::acquire_with`]. Its retry strategy's *waits* are not used
+    /// (a waiter sleeps until it is handed the lock or its fallback timer
+    /// fires), but its length is: each fallback re-check consumes one wait,
+    /// so [`RetryStrategy::none`](crate::RetryStrategy::none) makes one
+    /// attempt and [`max_attempts`](crate::RetryStrategy::max_attempts)
+    /// bounds the number of requests. Queuing in process behind another
+    /// task of this locker ([relay](#in-process-relay)) counts as one
+    /// attempt and uses one wait.
+    ///
+    /// [`AcquireOptions::watchdog`] and
+    /// [`AcquireOptions::wait_replicas`] apply as in
+    /// [`Locker::acquire_with`], to a lease passed on in process too.
+    ///
+    /// The lease's release hands the lock to the next waiter.
+    ///
+    /// # Errors
+    /// As [`Locker::acquire_with`]: [`Error::NotAcquired`] with the reason
+    /// (retries exhausted, deadline expired, cancelled), whatever the
+    /// options; [`Error::InvalidTtl`] / [`Error::InvalidKey`] (and a zero
+    /// replica wait timeout, [`Error::InvalidOptions`]) before any I/O;
+    /// [`Error::NotReplicated`] when too few replicas acknowledged (the lock
+    /// was passed on); [`Error::InvalidFence`] when the fence key holds no
+    /// counter; a failure of the first request returned at once. Once
+    /// queued, a waiter rides out a dropped connection or a Redis restart: a
+    /// re-check that fails with [`Error::Unreachable`] or
+    /// [`Error::Timeout`] is retried 50 ms later (the connection reconnects
+    /// meanwhile) until the deadline.
+    ///
+    /// # Cancel safety
+    /// Cancel safe. If the future is dropped while waiting (or a request is
+    /// in flight), a best-effort "leave" script is spawned that removes our
+    /// queue entry and passes on a lock that was handed to us; the entry's
+    /// expiry and the lease's TTL are the fallback. Dropped while waiting
+    /// for replicas, the lease exists and its drop passes it on.
+    pub async fn acquire_with(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> Result<Lease> {
+        way::acquire_with(self, keys, ttl, opts).await
+    }
+
+    /// Takes the leases on every one of `keys`, queued, in one global order,
+    /// as one [`Lease`]; see [`Locker::acquire_all`].
+    ///
+    /// # Errors
+    /// As [`Locker::acquire_all`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`acquire_with`](Self::acquire_with).
+    pub async fn acquire_all<K: LockKeys>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> Result<Lease> {
+        way::acquire_all_of(self, keys, ttl, opts).await
+    }
+
+    /// Takes the lease on `keys`, queued, runs `work` while it is held and
+    /// releases it; see [`Locker::with_lock`].
+    ///
+    /// # Errors
+    /// As [`Locker::with_lock`].
+    ///
+    /// # Cancel safety
+    /// As [`Locker::with_lock`].
+    pub async fn with_lock<T>(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+        work: impl AsyncFnOnce(&Lease) -> T,
+    ) -> Result<crate::Finished<T>> {
+        Lessor::with_lock(self, keys, ttl, opts, work).await
+    }
+
+    /// How many callers of this locker wait *in process* for `key` (see
+    /// [relay](HandoffLocker#in-process-relay)): queued behind a holder or
+    /// waiter of this same locker, without a request of their own. Zero
+    /// when relay is off.
+    pub fn queued_in_process(&self, key: &str) -> usize {
+        self.inner
+            .backend
+            .local
+            .relay
+            .as_ref()
+            .map_or(0, |relay| relay.queued(key))
+    }
+}
+
+impl<C: RedisConnection> crate::lessor::sealed::Sealed for HandoffLocker<C> {}
+
+/// The same calls as the inherent methods.
+impl<C: RedisConnection> Lessor for HandoffLocker<C> {
+    fn acquire(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        HandoffLocker::acquire(self, keys, ttl)
+    }
+
+    fn acquire_with(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        HandoffLocker::acquire_with(self, keys, ttl, opts)
+    }
+
+    fn acquire_all<K: LockKeys>(
+        &self,
+        keys: impl IntoIterator<Item = K> + Send,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<Lease>> + Send {
+        HandoffLocker::acquire_all(self, keys, ttl, opts)
+    }
+}
