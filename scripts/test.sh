@@ -19,6 +19,14 @@ for features in "" quorum handoff cluster tls metrics; do
   cargo clippy -p leasehold --no-default-features ${features:+--features "$features"} \
     --all-targets --locked -- -D warnings
 done
+# Dependencies point one way: no import cycle among a crate's top-level
+# modules, and no module importing a name the crate root defines. The check
+# prints what it finds; any output fails.
+if ! cycles=$(python3 scripts/modcycles.py crates/*/src 2>&1) || [ -n "$cycles" ]; then
+  printf '%s\n' "$cycles" >&2
+  echo "module import cycles, or modules importing from the crate root (above)" >&2
+  exit 1
+fi
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 # One version each of rand and getrandom in what the published crates pull in.
 if cargo tree --locked -d -e normal -p leasehold -p leasehold-pg --depth 0 --prefix none |

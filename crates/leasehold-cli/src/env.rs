@@ -1,15 +1,17 @@
 //! The servers an experiment runs against: given by URL, or throwaway.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::Args;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use leasehold::Locker;
 use leasehold_testkit::{PostgresServer, RedisServer};
 use redis::aio::ConnectionManager;
 use tokio::sync::OnceCell;
 
-use crate::cli::{DatabaseFlags, RedisFlags};
+use crate::exit::Usage;
 use crate::progress::note;
 use crate::redact::redact_url;
 
@@ -18,6 +20,72 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The most connections the CLI's PostgreSQL pool opens.
 const PG_POOL_SIZE: usize = 64;
+
+/// Connection flags for the Redis an experiment runs against. (TLS flags
+/// for that connection belong here too.)
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Redis connection")]
+pub(crate) struct RedisFlags {
+    /// Redis to run against, e.g. redis://user:password@127.0.0.1:6379/
+    /// [default: a throwaway local redis-server]
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub(crate) redis_url: Option<String>,
+    /// CA certificates (PEM) to verify a rediss:// server against
+    /// [default: the system's trusted roots]
+    #[arg(long, value_name = "FILE", env = "LEASEHOLD_TLS_CA")]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for a rediss:// server that asks for one;
+    /// needs --tls-key
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "LEASEHOLD_TLS_CERT",
+        requires = "tls_key"
+    )]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM); needs --tls-cert
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "LEASEHOLD_TLS_KEY",
+        requires = "tls_cert"
+    )]
+    pub(crate) tls_key: Option<PathBuf>,
+}
+
+impl RedisFlags {
+    /// The redis-rs client for `url`, over TLS with the flags' files for a
+    /// `rediss://` URL. TLS files given with a `redis://` URL are a usage
+    /// error rather than silently unused.
+    pub(crate) fn client(&self, url: &str) -> anyhow::Result<redis::Client> {
+        let tls_files = self.tls_ca.is_some() || self.tls_cert.is_some();
+        if tls_files && !url.starts_with("rediss://") {
+            return Err(Usage(
+                "--tls-ca, --tls-cert and --tls-key need a rediss:// URL".to_owned(),
+            )
+            .into());
+        }
+        let mut files = leasehold::tls::TlsFiles::new();
+        if let Some(ca) = &self.tls_ca {
+            files = files.ca(ca);
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            files = files.cert(cert).key(key);
+        }
+        Ok(leasehold::tls::client(url, &files)?)
+    }
+}
+
+/// Connection flags for PostgreSQL.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "PostgreSQL connection")]
+pub(crate) struct DatabaseFlags {
+    /// PostgreSQL to run against, e.g.
+    /// postgres://user:password@127.0.0.1:5432/db [default: a throwaway
+    /// local postgres]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
+}
 
 /// The Redis connections shared by every experiment of one CLI invocation.
 pub(crate) struct Env {

@@ -19,7 +19,8 @@ use serde_json::{Map, Value, json};
 use tokio::sync::Barrier;
 use tokio::time::Instant;
 
-use super::{ContentionArgs, Measurements, median, round3};
+use super::{Measurements, median, round3};
+use crate::cli::ContentionArgs;
 use crate::env::Env;
 use crate::server;
 use crate::waiting::{Handoff, Meter, Mode, Waiter, clear, exponential, utilisation};

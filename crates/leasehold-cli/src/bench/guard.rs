@@ -24,7 +24,8 @@ use leasehold_pg::tokio_postgres::Client;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::{GuardArgs, Measurements, median, round3};
+use super::{Measurements, median, round3};
+use crate::cli::GuardArgs;
 use crate::env::Database;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,8 @@ use leasehold::Locker;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::{Measurements, UncontendedArgs, median, round3};
+use super::{Measurements, median, round3};
+use crate::cli::UncontendedArgs;
 use crate::env::Env;
 
 const TTL: Duration = Duration::from_secs(10);

@@ -3,13 +3,11 @@
 //! wallets, each run's history checked and, with `--report`, saved with its
 //! timeline.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, Subcommand};
 use leasehold_chaos::{Fault, RunReport};
 use leasehold_testkit::PostgresServer;
 
@@ -17,146 +15,10 @@ mod modes;
 mod run;
 mod worker;
 
-use modes::Mode;
 use run::Plan;
 
-use crate::cli::OutputFlags;
+use crate::cli::{ChaosAction, ChaosArgs, ChaosMode, MatrixArgs};
 use crate::progress::{Progress, note};
-
-/// `leasehold chaos`'s flags.
-#[derive(Debug, Args)]
-#[command(args_conflicts_with_subcommands = true)]
-pub(crate) struct ChaosArgs {
-    #[command(subcommand)]
-    action: Option<ChaosAction>,
-    #[command(flatten)]
-    matrix: MatrixArgs,
-}
-
-#[derive(Debug, Subcommand)]
-enum ChaosAction {
-    /// Re-checks a saved history (a `.jsonl` file of `--report DIR`) and
-    /// prints what it shows; exits 1 if it shows a violation.
-    Check {
-        /// The history file.
-        file: PathBuf,
-        /// Print the check as one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
-    /// A worker process (started by `chaos` itself; reads its spec on
-    /// stdin).
-    #[command(hide = true)]
-    Worker,
-}
-
-impl ChaosArgs {
-    /// How the matrix (or `check`) prints.
-    pub(crate) fn output(&self) -> OutputFlags {
-        match &self.action {
-            Some(ChaosAction::Check { json, .. }) => OutputFlags {
-                json: *json,
-                metrics_addr: None,
-            },
-            Some(ChaosAction::Worker) => OutputFlags::default(),
-            None => OutputFlags {
-                json: self.matrix.json,
-                metrics_addr: None,
-            },
-        }
-    }
-}
-
-/// The matrix's flags.
-#[derive(Debug, Args)]
-struct MatrixArgs {
-    /// Runs of each mode x fault (run i uses seed + i).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-    runs: u32,
-    /// Print one JSON object per mode x fault instead of the table; no
-    /// progress bar.
-    #[arg(long)]
-    json: bool,
-    /// How long each run lasts.
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
-    duration: Duration,
-    /// The first run's seed (run i uses seed + i): the fault schedule and
-    /// the workload follow from it.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// The lock modes (rows), comma-separated [default: all]
-    #[arg(long, value_enum, value_delimiter = ',')]
-    modes: Vec<Mode>,
-    /// The faults (columns), comma-separated [default: all]: none,
-    /// holder-pause, redis-pause, redis-restart, redis-restart-aof,
-    /// failover, slot-migration, cluster-failover, net-latency, net-cut,
-    /// net-blackhole, postgres-pause, key-loss, early-expiry,
-    /// script-flush, mixed. Each runs on the topology it needs: a single
-    /// redis-server behind a fault proxy; with a replica for failover; a
-    /// cluster of 3 masters with a replica each for slot-migration and
-    /// cluster-failover (modes blind, fenced, cas, guard, db); 3
-    /// independent servers for the quorum mode
-    #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
-    faults: Vec<Fault>,
-    /// Worker processes per run.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=32))]
-    workers: u32,
-    /// Callers (tasks) per worker.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
-    tasks: u32,
-    /// Wallets the callers debit (rows 1..=N of `wallets`).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
-    wallets: u32,
-    /// The lease TTL.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
-    ttl: Duration,
-    /// How long an acquire waits for the lock.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-    wait: Duration,
-    /// Work between each read and its write (widens the window a stale
-    /// write comes from).
-    #[arg(long, default_value = "5ms", value_parser = humantime::parse_duration)]
-    work: Duration,
-    /// Refresh leases with the watchdog and stop writes whose lease was
-    /// lost.
-    #[arg(long)]
-    watchdog: bool,
-    /// Redis servers in the quorum mode's Redlock quorum.
-    #[arg(long, default_value_t = 3, value_parser = parse_nodes)]
-    nodes: usize,
-    /// Run against your own Redis (a plain redis:// URL, credentials
-    /// included; no environment variable, on purpose) instead of a
-    /// throwaway one, through the fault proxy. Only the faults that need
-    /// no control of the Redis process run (not redis-pause,
-    /// redis-restart, redis-restart-aof, failover, mixed), and not the
-    /// quorum mode; the rest are skipped with a note. It deletes and
-    /// expires lock:{wallet:N} keys, raises fence:{wallet:N} counters, and
-    /// script-flush runs SCRIPT FLUSH: use a test server.
-    #[arg(long, value_name = "URL")]
-    redis_url: Option<String>,
-    /// --redis-url is a Redis Cluster: its seed nodes, comma-separated.
-    /// The workers connect to the cluster directly (no fault proxy), so
-    /// the network faults are skipped too; modes handoff and quorum do not
-    /// run on a cluster. script-flush flushes every master.
-    #[arg(long, requires = "redis_url")]
-    cluster: bool,
-    /// Write each run's history (`.jsonl`) and timeline (`.html`) here.
-    #[arg(long)]
-    report: Option<PathBuf>,
-}
-
-fn parse_nodes(s: &str) -> Result<usize, String> {
-    match s {
-        "3" => Ok(3),
-        "5" => Ok(5),
-        _ => Err("a Redlock quorum here has 3 or 5 nodes".to_owned()),
-    }
-}
-
-fn parse_fault(s: &str) -> Result<Fault, String> {
-    s.parse()
-        .map_err(|err: leasehold_chaos::UnknownFault| err.to_string())
-}
 
 /// Runs `chaos` (or its `check` / `worker` action).
 pub(crate) async fn run(args: &ChaosArgs) -> anyhow::Result<ExitCode> {
@@ -184,7 +46,7 @@ fn check(file: &Path, json: bool) -> anyhow::Result<ExitCode> {
     Ok(if report.holds() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(crate::cli::BROKEN)
+        ExitCode::from(crate::exit::BROKEN)
     })
 }
 
@@ -192,10 +54,10 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     let (runs, json) = (args.runs, args.json);
     anyhow::ensure!(
         !args.ttl.is_zero(),
-        crate::cli::Usage("--ttl must be above zero".to_owned())
+        crate::exit::Usage("--ttl must be above zero".to_owned())
     );
     let modes = if args.modes.is_empty() {
-        Mode::ALL.to_vec()
+        ChaosMode::ALL.to_vec()
     } else {
         args.modes.clone()
     };
@@ -211,14 +73,14 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     };
     for url in &seeds {
         let client = redis::Client::open(url.as_str()).map_err(|_| {
-            crate::cli::Usage("--redis-url does not parse as a redis:// URL".to_owned())
+            crate::exit::Usage("--redis-url does not parse as a redis:// URL".to_owned())
         })?;
         anyhow::ensure!(
             matches!(
                 client.get_connection_info().addr(),
                 redis::ConnectionAddr::Tcp(..)
             ),
-            crate::cli::Usage(
+            crate::exit::Usage(
                 "--redis-url must be plain redis:// over TCP: the fault proxy sits in front of it, and a TLS certificate would not name the proxy".to_owned()
             )
         );
@@ -229,7 +91,7 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
             && leasehold_chaos::schedule(fault, args.seed, args.duration, args.ttl, args.workers)
                 .is_empty()
     }) {
-        return Err(crate::cli::Usage(format!(
+        return Err(crate::exit::Usage(format!(
             "--duration {} leaves no room for a {fault} window at --ttl {} (a quarter of the run to warm up, the window, then a quiet gap of max(4 x ttl, 1s)); make it longer",
             humantime::format_duration(args.duration),
             humantime::format_duration(args.ttl),
@@ -262,7 +124,7 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     );
     let pool = pool(&postgres).await?;
 
-    let mut cells: Vec<(Mode, Fault)> = modes
+    let mut cells: Vec<(ChaosMode, Fault)> = modes
         .iter()
         .flat_map(|&mode| faults.iter().map(move |&fault| (mode, fault)))
         .filter(|(mode, fault)| mode.supports(*fault))
@@ -273,9 +135,9 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
                 fault,
                 Fault::NetLatency | Fault::NetCut | Fault::NetBlackhole
             );
-            *mode != Mode::Quorum
+            *mode != ChaosMode::Quorum
                 && !fault.needs_redis_process()
-                && (!args.cluster || (proxied && !matches!(mode, Mode::Handoff)))
+                && (!args.cluster || (proxied && !matches!(mode, ChaosMode::Handoff)))
         });
         if !skipped.is_empty() {
             let names: Vec<String> = skipped
@@ -289,7 +151,7 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         }
         anyhow::ensure!(
             !run.is_empty(),
-            crate::cli::Usage(
+            crate::exit::Usage(
                 "with --redis-url, none of the chosen modes and faults can run".to_owned()
             )
         );
@@ -334,11 +196,17 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     Ok(if verdict.is_ok() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(crate::cli::BROKEN)
+        ExitCode::from(crate::exit::BROKEN)
     })
 }
 
-fn save(dir: &Path, mode: Mode, fault: Fault, seed: u64, report: &RunReport) -> anyhow::Result<()> {
+fn save(
+    dir: &Path,
+    mode: ChaosMode,
+    fault: Fault,
+    seed: u64,
+    report: &RunReport,
+) -> anyhow::Result<()> {
     let stem = dir.join(format!("{}-{}-{seed}", mode.name(), fault.name()));
     let history = stem.with_extension("jsonl");
     let file = std::fs::File::create(&history)

@@ -1,18 +1,18 @@
 //! The lock modes of the matrix: how a caller takes the lock, and how it
-//! writes the wallet.
+//! writes the wallet. The modes are the values of `--modes`, so
+//! [`ChaosMode`] itself is declared with the other flags, in `cli`.
 
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::ValueEnum;
 use deadpool_postgres::Pool;
 use leasehold::{HandoffLocker, Locker, Quorum};
 use leasehold_chaos::{Call, Fault, Lock, WriteOutcome, Written};
 use leasehold_pg::Outcome;
 use leasehold_pg::Snapshot;
 use leasehold_pg::tokio_postgres::{Client, GenericClient};
-use serde::{Deserialize, Serialize};
 
+use crate::cli::ChaosMode;
 use crate::ledger;
 
 /// How long any Redis request of a worker may take.
@@ -21,34 +21,6 @@ const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
 /// are 1,280 to 655,360).
 const CLUSTER_RETRY_WAIT_MIN_MS: u64 = 1;
 const CLUSTER_RETRY_WAIT_MAX_MS: u64 = 50;
-
-/// A row of the matrix: a lock and a write path.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum, Serialize, Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
-pub(crate) enum Mode {
-    /// Negative control: a plain lease and a blind read-modify-write
-    /// (`UPDATE ... SET balance = <read - amount>`), no database check.
-    Blind,
-    /// A fenced lease and the tutorial's fenced write (`WHERE fence <
-    /// token`): refuses older holders, not a newer holder's stale read.
-    Fenced,
-    /// A fenced lease and a check-and-set write (`WHERE fence < token AND
-    /// fence = <read fence>`).
-    Cas,
-    /// A fenced lease and the fence guard (`leasehold_pg::guard`) first in a
-    /// transaction, then a plain read-modify-write.
-    Guard,
-    /// A fenced hand-off lease and a check-and-set write.
-    Handoff,
-    /// A fenced Redlock lease on 3 independent servers (faults hit one) and
-    /// a check-and-set write.
-    Quorum,
-    /// No Redis lock: `SELECT ... FOR UPDATE` and the debit in one
-    /// transaction.
-    Db,
-}
 
 /// What a mode is expected to do under a fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,29 +33,7 @@ pub(crate) enum Expect {
     MayBreak,
 }
 
-impl Mode {
-    pub(crate) const ALL: [Mode; 7] = [
-        Mode::Blind,
-        Mode::Fenced,
-        Mode::Cas,
-        Mode::Guard,
-        Mode::Handoff,
-        Mode::Quorum,
-        Mode::Db,
-    ];
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Mode::Blind => "blind",
-            Mode::Fenced => "fenced",
-            Mode::Cas => "cas",
-            Mode::Guard => "guard",
-            Mode::Handoff => "handoff",
-            Mode::Quorum => "quorum",
-            Mode::Db => "db",
-        }
-    }
-
+impl ChaosMode {
     /// The blind write is the control where the fault makes two holders.
     /// The fenced-only write (`WHERE fence < token`) refuses an older
     /// holder's late write, but not a newer holder's write from a read
@@ -94,8 +44,8 @@ impl Mode {
     /// rows are reported, not judged.
     pub(crate) fn expect(self, fault: Fault) -> Expect {
         match self {
-            Mode::Blind if fault.breaks_the_lock() => Expect::Breaks,
-            Mode::Blind | Mode::Fenced => Expect::MayBreak,
+            ChaosMode::Blind if fault.breaks_the_lock() => Expect::Breaks,
+            ChaosMode::Blind | ChaosMode::Fenced => Expect::MayBreak,
             _ => Expect::Holds,
         }
     }
@@ -105,10 +55,12 @@ impl Mode {
         match fault {
             // A quorum has no replica to fail over to; a lone replica
             // promoted is one node of three, not a failover.
-            Fault::Failover => self != Mode::Quorum,
+            Fault::Failover => self != ChaosMode::Quorum,
             // A cluster runs polling locks (hand-off's pub/sub and a
             // quorum of independent servers are other topologies).
-            fault if fault.needs_cluster() => !matches!(self, Mode::Handoff | Mode::Quorum),
+            fault if fault.needs_cluster() => {
+                !matches!(self, ChaosMode::Handoff | ChaosMode::Quorum)
+            }
             _ => true,
         }
     }
@@ -116,7 +68,7 @@ impl Mode {
     /// How many independent Redis servers the mode needs, given the
     /// quorum's size.
     pub(crate) fn nodes(self, quorum: usize) -> usize {
-        if self == Mode::Quorum { quorum } else { 1 }
+        if self == ChaosMode::Quorum { quorum } else { 1 }
     }
 
     /// Connects the mode's lock to `urls` (one, or a quorum's).
@@ -140,9 +92,9 @@ impl Mode {
                 .command_timeout(COMMAND_TIMEOUT)
                 .build()?;
             return Ok(match self {
-                Mode::Db => Lock::None,
-                Mode::Blind => Lock::ClusterPlain(locker),
-                Mode::Handoff | Mode::Quorum => {
+                ChaosMode::Db => Lock::None,
+                ChaosMode::Blind => Lock::ClusterPlain(locker),
+                ChaosMode::Handoff | ChaosMode::Quorum => {
                     anyhow::bail!("{} does not run on a redis cluster", self.name())
                 }
                 _ => Lock::ClusterFenced(locker),
@@ -151,8 +103,8 @@ impl Mode {
         let first = urls.first().context("no redis url")?;
         let client = redis::Client::open(first.as_str()).context("opening redis")?;
         Ok(match self {
-            Mode::Db => Lock::None,
-            Mode::Quorum => {
+            ChaosMode::Db => Lock::None,
+            ChaosMode::Quorum => {
                 let clients = urls
                     .iter()
                     .map(|url| redis::Client::open(url.as_str()))
@@ -174,8 +126,8 @@ impl Mode {
                     .command_timeout(COMMAND_TIMEOUT)
                     .build()?;
                 match self {
-                    Mode::Blind => Lock::Plain(locker),
-                    Mode::Handoff => {
+                    ChaosMode::Blind => Lock::Plain(locker),
+                    ChaosMode::Handoff => {
                         Lock::Handoff(HandoffLocker::builder(locker, &client).connect().await?)
                     }
                     _ => Lock::Fenced(locker),
@@ -214,7 +166,7 @@ impl Mode {
     ) -> Result<Written, Step> {
         let amount = call.amount;
         match self {
-            Mode::Db => {
+            ChaosMode::Db => {
                 let tx = client.transaction().await.map_err(before)?;
                 let locked = leasehold_pg::lock_for_update(&tx, id)
                     .await
@@ -225,7 +177,7 @@ impl Mode {
                 tx.commit().await.map_err(during)?;
                 Ok(written(outcome))
             }
-            Mode::Guard => {
+            ChaosMode::Guard => {
                 let lease = call
                     .lease
                     .ok_or_else(|| Step::Before("guard mode takes a lease".into()))?;
@@ -244,7 +196,7 @@ impl Mode {
                 tx.commit().await.map_err(during)?;
                 Ok(WriteOutcome::Accepted.into())
             }
-            Mode::Blind => {
+            ChaosMode::Blind => {
                 let Some(read) = read_then_work(&*client, id, call, work).await? else {
                     return Ok(WriteOutcome::Insufficient.into());
                 };
@@ -253,14 +205,14 @@ impl Mode {
                     .map_err(|err| Step::During(format!("{err:#}")))?;
                 Ok(WriteOutcome::Accepted.into())
             }
-            Mode::Fenced | Mode::Cas | Mode::Handoff | Mode::Quorum => {
+            ChaosMode::Fenced | ChaosMode::Cas | ChaosMode::Handoff | ChaosMode::Quorum => {
                 let token = call.fence().ok_or_else(|| {
                     Step::Before("a fenced lease came back without a fence".into())
                 })?;
                 let Some(read) = read_then_work(&*client, id, call, work).await? else {
                     return Ok(WriteOutcome::Insufficient.into());
                 };
-                let outcome = if self == Mode::Fenced {
+                let outcome = if self == ChaosMode::Fenced {
                     leasehold_pg::debit_fenced(&*client, &read, amount, token).await
                 } else {
                     leasehold_pg::debit_check_and_set(&*client, &read, amount, token).await

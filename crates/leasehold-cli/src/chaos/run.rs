@@ -16,8 +16,9 @@ use leasehold_testkit::PostgresServer;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_util::task::AbortOnDropHandle;
 
-use super::modes::{Expect, Mode};
+use super::modes::Expect;
 use super::worker::Spec;
+use crate::cli::ChaosMode;
 
 /// The settings every run of one invocation shares.
 #[derive(Debug, Clone)]
@@ -51,7 +52,7 @@ const GRACE: Duration = Duration::from_secs(20);
 /// Runs `mode` under `fault` once with `seed`.
 pub(crate) async fn run_one(
     plan: &Plan,
-    mode: Mode,
+    mode: ChaosMode,
     fault: Fault,
     seed: u64,
     postgres: &Arc<PostgresServer>,

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_util::task::AbortOnDropHandle;
 
-use super::modes::Mode;
+use crate::cli::ChaosMode;
 
 /// What a worker prints once connected.
 pub(crate) const READY: &[u8] = b"ready\n";
@@ -25,7 +25,7 @@ pub(crate) const READY: &[u8] = b"ready\n";
 pub(crate) struct Spec {
     pub(crate) worker: u32,
     pub(crate) tasks: u32,
-    pub(crate) mode: Mode,
+    pub(crate) mode: ChaosMode,
     pub(crate) redis_urls: Vec<String>,
     /// The URLs are a Redis Cluster's seed nodes.
     #[serde(default)]
