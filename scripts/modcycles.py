@@ -8,7 +8,7 @@ counts as an edge to the module it comes from, so a cycle through the root shows
 A name the root itself defines (a trait in lib.rs) is reported separately: every layer
 importing the root is an arrow that runs back up. Rough by design: text, not a compiler.
 
-Copied from the team's shared tools (/work/shared/tools/modcycles.py); scripts/test.sh runs it.
+Copied from the team's shared tools (shared/tools/modcycles.py, beside the project); scripts/test.sh runs it.
 """
 import os
 import re
