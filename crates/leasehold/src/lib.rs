@@ -1,5 +1,7 @@
-// The README's examples use every way of taking a lease; without them the
-// crate docs are a pointer to it (so its doctests build in every feature set).
+// The README (the repository's, linked here) is the crate's front page; its
+// example is a doctest that runs against throwaway servers. It uses every
+// way of taking a lease, so without them the crate docs are a pointer to it
+// (and its doctests build in every feature set).
 #![cfg_attr(
     all(feature = "quorum", feature = "handoff"),
     doc = include_str!("../README.md")
@@ -7,8 +9,8 @@
 #![cfg_attr(
     not(all(feature = "quorum", feature = "handoff")),
     doc = "Redis lease locks that keep money right. This build leaves out the \
-           `quorum` or `handoff` feature; the guide, which uses both, is the \
-           crate's README (and its docs on docs.rs)."
+           `quorum` or `handoff` feature; the front page, which uses both, is \
+           the crate's README (and its docs on docs.rs)."
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 //!
@@ -164,6 +166,11 @@ mod rounds;
 mod way;
 // Reading a server's settings.
 pub mod diagnostics;
+// The guide: how to take, keep and give back a lease (docs only).
+#[cfg(all(feature = "quorum", feature = "handoff"))]
+pub mod guide {
+    #![doc = include_str!("guide.md")]
+}
 // Metric names (recorded with the `metrics` feature).
 pub mod metrics;
 // TLS in transit.
