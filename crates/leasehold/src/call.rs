@@ -39,3 +39,82 @@ where
 pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
+
+/// Runs `request` (given each try's deadline) until it answers, or fails
+/// for a reason that cannot pass, or `until` comes: a fault that may pass
+/// quickly (a lost or refused connection while Redis restarts, `LOADING`,
+/// `TRYAGAIN`, `MASTERDOWN`, ...) is retried after a short backoff (10 ms,
+/// doubling to 200 ms). A timeout is not retried: a server that does not
+/// answer has had the whole `per_try` (the command timeout), which is what
+/// the caller was promised. Every try is bounded by `per_try`, and there is
+/// always at least one, even if `until` has passed.
+///
+/// Only for requests that are safe to repeat: token-checked steps, which act
+/// only while the key holds our token.
+pub(crate) async fn retrying<T, F, Fut>(
+    until: Instant,
+    per_try: Duration,
+    mut request: F,
+) -> Result<T>
+where
+    F: FnMut(Instant) -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let start = Instant::now();
+    let end = until.max(start + per_try);
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let now = Instant::now();
+        match request(end.min(now + per_try)).await {
+            Err(err)
+                if fault_may_pass(&err)
+                    && !matches!(err, Error::Timeout { .. })
+                    && Instant::now() + backoff < end =>
+            {
+                tracing::debug!(error = %err, "request failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// Whether `err` is a fault of Redis or the network that may pass (not
+/// contention, not bad input, not a refusal).
+pub(crate) fn fault_may_pass(err: &Error) -> bool {
+    err.is_retryable() && !matches!(err, Error::NotAcquired { .. })
+}
+
+/// Whether a request that failed with `err` may still have acted on Redis:
+/// its outcome is unknown. A timeout, or a connection that broke while the
+/// request was out, may have; a refused connection or a failed write (the
+/// request never left), or an error reply (Redis refused it), did not.
+pub(crate) fn may_have_acted(err: &Error) -> bool {
+    match err {
+        Error::Timeout { .. } => true,
+        Error::Unreachable { source, .. } => !never_sent(source),
+        _ => false,
+    }
+}
+
+/// Whether the client error says the request never reached the server.
+fn never_sent(err: &redis::RedisError) -> bool {
+    use std::io::ErrorKind;
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let io = std::error::Error::source(err).and_then(|source| {
+        // redis-rs keeps an I/O error behind an `Arc<dyn Error>`.
+        source.downcast_ref::<std::io::Error>().or_else(|| {
+            source
+                .downcast_ref::<Shared>()
+                .and_then(|shared| shared.downcast_ref::<std::io::Error>())
+        })
+    });
+    err.is_connection_refusal()
+        || io.is_some_and(|io| {
+            matches!(
+                io.kind(),
+                ErrorKind::BrokenPipe | ErrorKind::NotConnected | ErrorKind::ConnectionRefused
+            )
+        })
+}

@@ -82,10 +82,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn held(&self, _key: &str, _shared: &Arc<Shared>) {}
 
     /// Gives back the lock of a lease dropped without
-    /// [`release`](Lease::release). Synchronous, never blocks: bookkeeping
-    /// happens here, Redis requests are spawned when a runtime is at hand,
-    /// and the TTL is the fallback.
-    fn release_dropped(self: Arc<Self>, part: Part);
+    /// [`release`](Lease::release), valid until `until` (the lease's
+    /// confirmed deadline: faults that may pass are retried until then, so
+    /// the next holder need not wait out the TTL). Synchronous, never
+    /// blocks: bookkeeping happens here, Redis requests are spawned when a
+    /// runtime is at hand, and the TTL is the fallback.
+    fn release_dropped(self: Arc<Self>, part: Part, until: Instant);
 }
 
 /// A held lease on one or more lock keys.
@@ -379,8 +381,15 @@ impl Lease {
             return Err(self.lost_error(cause));
         }
         let sent_at = Instant::now();
-        let deadline = sent_at + self.backend.command_timeout();
-        let refreshed = refresh_all(&*self.backend, &self.parts, ttl, deadline).await;
+        // A fault that may pass is retried while the lease can still be
+        // saved (until its confirmed deadline). The new validity counts from
+        // the first try's send time: never later than the one that landed.
+        let refreshed = crate::call::retrying(
+            self.valid_until(),
+            self.backend.command_timeout(),
+            |deadline| refresh_all(&*self.backend, &self.parts, ttl, deadline),
+        )
+        .await;
         let key = self.key();
         let ttl_ms = ttl.as_millis();
         match refreshed {
@@ -623,10 +632,10 @@ impl Lease {
 
     /// Gives every part back; the first failure is the outcome.
     async fn release_parts(&self) -> Result<()> {
-        let deadline = Instant::now() + self.backend.command_timeout();
+        let (until, per_try) = (self.valid_until(), self.backend.command_timeout());
         let mut outcome = Ok(());
         for part in &self.parts {
-            let released = self.backend.release(part, deadline).await;
+            let released = release_retrying(&*self.backend, part, until, per_try).await;
             log_release(&part.key, &released, false);
             if outcome.is_ok() {
                 outcome = match released {
@@ -639,6 +648,41 @@ impl Lease {
             }
         }
         outcome
+    }
+}
+
+/// Gives `part`'s lock back, retrying a fault that may pass until `until`
+/// (the lease's confirmed deadline: after it the TTL frees the key anyway),
+/// at least one `per_try`. A try that faulted may have landed, so if a later
+/// try then finds the key no longer ours, we cannot tell "released by that
+/// try" from "lost before": the fault is the outcome, never a `NotHeld` we
+/// do not know.
+pub(crate) async fn release_retrying(
+    backend: &dyn Backend,
+    part: &Part,
+    until: Instant,
+    per_try: Duration,
+) -> Result<bool> {
+    let start = Instant::now();
+    let faulted = std::sync::atomic::AtomicBool::new(false);
+    let released = crate::call::retrying(until, per_try, |deadline| {
+        let faulted = &faulted;
+        async move {
+            let tried = backend.release(part, deadline).await;
+            if matches!(&tried, Err(err) if crate::call::may_have_acted(err)) {
+                faulted.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            tried
+        }
+    })
+    .await;
+    match released {
+        // No definite answer came in time for the try that may have acted.
+        Ok(false) if faulted.into_inner() => Err(Error::Timeout {
+            op: "release",
+            after: start.elapsed(),
+        }),
+        released => released,
     }
 }
 
@@ -778,8 +822,9 @@ impl Drop for Lease {
     fn drop(&mut self) {
         self.end();
         if !self.released {
+            let until = self.valid_until();
             for part in std::mem::take(&mut self.parts) {
-                self.backend.clone().release_dropped(part);
+                self.backend.clone().release_dropped(part, until);
             }
         }
     }

@@ -12,7 +12,9 @@ use std::future::Future;
 use crate::compare::Step;
 use crate::error::{Error, Result};
 use crate::fencing::{FencingToken, LockKeys, Target};
-use crate::lease::{Backend, Lease, Part, Reply, release_runtime, spawn_dropped_release};
+use crate::lease::{
+    Backend, Lease, Part, Reply, release_retrying, release_runtime, spawn_dropped_release,
+};
 use crate::lessor::Lessor;
 use crate::node::{Attempt, Node, RedisConnection, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
@@ -402,7 +404,18 @@ impl<C: RedisConnection> Way for Locker<C> {
                     })
                 }
             },
-            || spawn_release(node.clone(), target.lock.clone(), token.clone()),
+            |deadline| {
+                let (key, token) = (&target.lock, &token);
+                async move {
+                    node.token_checked(Step::Release, key, token, deadline)
+                        .await
+                        .map(drop)
+                }
+            },
+            || {
+                let until = Instant::now() + ttl;
+                spawn_release(node.clone(), target.lock.clone(), token.clone(), until);
+            },
         )
         .await?;
         node.counters.acquisition();
@@ -451,25 +464,33 @@ impl<C: RedisConnection> Backend for Node<C> {
         })
     }
 
-    fn release_dropped(self: Arc<Self>, part: Part) {
-        spawn_release(self, part.key, part.token);
+    fn release_dropped(self: Arc<Self>, part: Part, until: Instant) {
+        spawn_release(self, part.key, part.token, until);
     }
 }
 
-/// Best-effort background release; never blocks, never panics. With no
-/// runtime, the TTL ends the lease.
+/// Best-effort background release of the lock `key` held with `token`,
+/// retrying faults that may pass until `until` (when the TTL frees it
+/// anyway); never blocks, never panics. With no runtime, the TTL ends the
+/// lease.
 pub(crate) fn spawn_release<C: RedisConnection>(
     node: Arc<Node<C>>,
     key: String,
     token: LeaseToken,
+    until: Instant,
 ) {
     let Some(runtime) = release_runtime(&key) else {
         return;
     };
     spawn_dropped_release(&runtime, key.clone(), async move {
-        let deadline = Instant::now() + node.command_timeout();
-        node.token_checked(Step::Release, &key, &token, deadline)
-            .await
+        let part = Part {
+            key,
+            token,
+            fence_key: None,
+            fence: None,
+        };
+        let per_try = node.command_timeout();
+        release_retrying(&*node, &part, until, per_try).await
     });
 }
 

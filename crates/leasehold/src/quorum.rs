@@ -326,6 +326,14 @@ impl<C: RedisConnection> Quorum<C> {
             // Two rounds of votes plus a cleanup round per attempt.
             inner.node_timeout * 3,
             |deadline| inner.attempt(&target, &token, ttl, deadline, &last_round),
+            // An attempt undoes its own votes before it returns; this is for
+            // one that failed half-way, if ever.
+            |_deadline| async {
+                inner
+                    .release_all(&target.lock, &token, |deleted| *deleted)
+                    .await;
+                Ok(())
+            },
             || inner.spawn_release_all(&target.lock, &token),
         )
         .await;
@@ -676,7 +684,7 @@ impl<C: RedisConnection> Backend for QuorumInner<C> {
         })
     }
 
-    fn release_dropped(self: Arc<Self>, part: Part) {
+    fn release_dropped(self: Arc<Self>, part: Part, _until: Instant) {
         self.spawn_release_all(&part.key, &part.token);
     }
 }

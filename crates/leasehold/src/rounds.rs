@@ -2,11 +2,13 @@
 //! reports of one acquire's progress (attempts made, time spent waiting).
 
 use std::iter::Peekable;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::call::fault_may_pass;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::node::Attempt;
 use crate::options::AcquireOptions;
@@ -197,69 +199,129 @@ impl Progress {
 /// waits from the retry strategy in between. Returns what the winning attempt
 /// returned and when it was sent.
 ///
-/// If an attempt is abandoned mid-flight (timeout, lost connection, cancel,
-/// or the whole future dropped) its requests may still land, so `abandon`
-/// runs to undo them; it must not block.
-pub(crate) async fn acquire_rounds<T, F, Fut, A>(
+/// # Riding out transient faults
+///
+/// An attempt that fails for a reason that can pass (a timeout, a lost
+/// connection, `LOADING`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`, ...:
+/// [`Error::is_retryable`]) does not end the acquire: it is retried like a
+/// busy lock, until the caller's deadline. Such an attempt may still have
+/// landed (the reply was lost, not the request), so before the next attempt
+/// `undo` gives back whatever it may have taken (a token-checked delete of
+/// our own token: it can never touch another holder's lock), and only once
+/// that is confirmed does the next attempt go out, with the same token. So a
+/// retried acquire never holds a lock it does not know of, and the undo
+/// never races an attempt of ours. If the deadline comes first, the last
+/// transient error is returned (not `NotAcquired`: the caller learns that
+/// Redis, not contention, was the problem).
+///
+/// If an attempt is abandoned mid-flight (cancel, or the whole future
+/// dropped) or the acquire ends with an undo still owed, its requests may
+/// still land, so `abandon` runs to undo them; it must not block.
+pub(crate) async fn acquire_rounds<T, F, Fut, U, UFut, A>(
     key: &str,
     opts: &AcquireOptions,
     command_timeout: Duration,
     mut attempt: F,
+    mut undo: U,
     abandon: A,
 ) -> Result<(T, Instant)>
 where
     F: FnMut(Instant) -> Fut,
     Fut: Future<Output = Result<Attempt<T>>>,
+    U: FnMut(Instant) -> UFut,
+    UFut: Future<Output = Result<()>>,
     A: Fn(),
 {
     let mut rounds = Rounds::new(key, opts, command_timeout, Instant::now());
+    // Whether an attempt of ours may have landed without our knowing: then
+    // `abandon` runs if the acquire ends (or is dropped) before an undo.
+    let owed = AtomicBool::new(false);
+    let _owed = OnAbandon {
+        abandon: &abandon,
+        owed: &owed,
+    };
+    // The last transient failure, while the lock is not ours yet.
+    let mut transient: Option<Error> = None;
     loop {
-        let (sent_at, call_deadline) = rounds.attempt()?;
-        let in_flight = OnAbandon::new(&abandon);
-        match rounds.unless_cancelled(attempt(call_deadline)).await? {
-            Ok(Attempt::Won(won)) => {
-                in_flight.disarm();
-                return Ok((won, sent_at));
+        match round(&mut rounds, &mut attempt, &mut undo, &owed).await {
+            Ok(Some(won)) => return Ok(won),
+            Ok(None) => transient = None,
+            Err(err) if fault_may_pass(&err) => {
+                tracing::debug!(key, error = %err, "acquire attempt failed; retrying within the deadline");
+                transient = Some(err);
             }
-            Ok(Attempt::Busy) => in_flight.disarm(),
-            // A request that timed out or lost its connection may still have
-            // landed: `in_flight` undoes it on drop.
-            Err(err @ (Error::Timeout { .. } | Error::Unreachable { .. })) => return Err(err),
-            Err(err) => {
-                in_flight.disarm();
-                return Err(err);
-            }
+            Err(err) => return Err(prefer_fault(err, transient)),
         }
-        let wait = rounds.next_wait()?;
-        let wake = rounds.deadline().min(Instant::now() + wait);
+        let wake = match rounds.next_wait() {
+            Ok(wait) => rounds.deadline().min(Instant::now() + wait),
+            Err(give_up) => return Err(prefer_fault(give_up, transient)),
+        };
         rounds
             .unless_cancelled(tokio::time::sleep_until(wake))
             .await?;
     }
 }
 
-/// Runs its callback on drop unless disarmed.
-struct OnAbandon<'a, A: Fn()> {
-    abandon: &'a A,
-    armed: bool,
+/// The error an acquire that gives up returns: the transient fault it was
+/// riding out, if any (Redis, not contention, kept it from the lock),
+/// unless the caller cancelled.
+fn prefer_fault(err: Error, transient: Option<Error>) -> Error {
+    match (&err, transient) {
+        (Error::NotAcquired { reason, .. }, Some(fault)) if *reason != GiveUpReason::Cancelled => {
+            fault
+        }
+        _ => err,
+    }
 }
 
-impl<'a, A: Fn()> OnAbandon<'a, A> {
-    fn new(abandon: &'a A) -> Self {
-        OnAbandon {
-            abandon,
-            armed: true,
+/// One round: the undo an earlier attempt still owes (if any), then one
+/// attempt. `Ok(None)` when the lock is busy.
+async fn round<T, F, Fut, U, UFut>(
+    rounds: &mut Rounds<'_>,
+    attempt: &mut F,
+    undo: &mut U,
+    owed: &AtomicBool,
+) -> Result<Option<(T, Instant)>>
+where
+    F: FnMut(Instant) -> Fut,
+    Fut: Future<Output = Result<Attempt<T>>>,
+    U: FnMut(Instant) -> UFut,
+    UFut: Future<Output = Result<()>>,
+{
+    if owed.load(Ordering::SeqCst) {
+        rounds.check_cancelled()?;
+        let now = Instant::now();
+        if now >= rounds.deadline() {
+            return Err(rounds.give_up(GiveUpReason::DeadlineExpired));
         }
+        let deadline = rounds.deadline().min(now + rounds.command_timeout);
+        rounds.unless_cancelled(undo(deadline)).await??;
+        owed.store(false, Ordering::SeqCst);
     }
+    let (sent_at, call_deadline) = rounds.attempt()?;
+    // From here until its answer, the attempt may land.
+    owed.store(true, Ordering::SeqCst);
+    let answer = rounds.unless_cancelled(attempt(call_deadline)).await?;
+    // Won or busy: we know. A refusal (bad input, no permission, wrong
+    // type, `LOADING`) or a request that never left did not act. Only a
+    // timeout or a connection lost with the request out leaves it unknown.
+    let unknown = matches!(&answer, Err(err) if crate::call::may_have_acted(err));
+    owed.store(unknown, Ordering::SeqCst);
+    Ok(match answer? {
+        Attempt::Won(won) => Some((won, sent_at)),
+        Attempt::Busy => None,
+    })
+}
 
-    fn disarm(mut self) {
-        self.armed = false;
-    }
+/// Runs `abandon` on drop if an undo is still owed.
+struct OnAbandon<'a, A: Fn()> {
+    abandon: &'a A,
+    owed: &'a AtomicBool,
 }
 
 impl<A: Fn()> Drop for OnAbandon<'_, A> {
     fn drop(&mut self) {
-        if self.armed {
+        if self.owed.load(Ordering::SeqCst) {
             (self.abandon)();
         }
     }

@@ -106,7 +106,7 @@ impl<C: RedisConnection> Backend for HandoffBackend<C> {
         }
     }
 
-    fn release_dropped(self: Arc<Self>, part: Part) {
+    fn release_dropped(self: Arc<Self>, part: Part, _until: Instant) {
         self.local.held().remove(&part.token);
         release_dropped(self, part);
     }

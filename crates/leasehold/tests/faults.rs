@@ -1,0 +1,138 @@
+//! Everyday faults a caller should not see: within its deadline, an
+//! acquire rides out a Redis restart, and a release rides out a short
+//! outage. Each test stops Redis for real (the process is killed and
+//! started again on the same port).
+
+use std::time::Duration;
+
+use leasehold::{AcquireOptions, Error, FencedKeys, Locker};
+use leasehold_testkit::{RedisOptions, RedisServer};
+use redis::AsyncCommands;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const MS: Duration = Duration::from_millis(1);
+/// A hang detector, not a timing assertion.
+const HUNG: Duration = Duration::from_secs(30);
+
+/// Kills `server` and, after `outage`, starts it again on its port (with
+/// whatever its persistence kept). Returns once it is down; the handle
+/// resolves once it is back.
+async fn outage(
+    mut server: RedisServer,
+    outage: Duration,
+) -> Result<
+    tokio::task::JoinHandle<Result<RedisServer, leasehold_testkit::Error>>,
+    Box<dyn std::error::Error>,
+> {
+    let mut server = tokio::task::spawn_blocking(move || {
+        server.kill()?;
+        Ok::<_, leasehold_testkit::Error>(server)
+    })
+    .await??;
+    Ok(tokio::spawn(async move {
+        tokio::time::sleep(outage).await;
+        tokio::task::spawn_blocking(move || {
+            server.restart()?;
+            Ok(server)
+        })
+        .await
+        .map_err(|e| leasehold_testkit::Error::Io {
+            path: std::path::PathBuf::new(),
+            source: std::io::Error::other(e),
+        })?
+    }))
+}
+
+/// A caller waiting for a held lock (wait 5 s) while Redis is down for
+/// about 1 s gets the lock once Redis is back, not `Unreachable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_rides_out_a_restart() -> TestResult {
+    let server = RedisServer::start()?;
+    let client = redis::Client::open(server.url())?;
+    let locker = Locker::connect(&client).await?;
+    // Someone else holds the lock; the restart (no persistence) frees it.
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let () = conn.set_ex("lock:faults:wait", "someone-else", 60).await?;
+
+    let opts = AcquireOptions::new().wait(5000 * MS);
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            locker
+                .acquire_with("lock:faults:wait", 2000 * MS, &opts)
+                .await
+        })
+    };
+    let back = outage(server, 1000 * MS).await?;
+    let server = back.await??;
+    let lease = tokio::time::timeout(HUNG, waiter).await???;
+    assert_eq!(lease.key(), "lock:faults:wait");
+    lease.release().await?;
+    drop(server);
+    Ok(())
+}
+
+/// A long-lived locker's first calls after a restart return no error (the
+/// broken connection is the library's to ride out, not the caller's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_lived_lockers_calls_across_a_restart_return_no_error() -> TestResult {
+    let mut server = RedisServer::start()?;
+    let locker = Locker::connect(&redis::Client::open(server.url())?).await?;
+    let keys = FencedKeys::for_resource("faults:restart")?;
+    locker.acquire(&keys, 2000 * MS).await?.release().await?;
+
+    for _ in 0..3 {
+        server = tokio::task::spawn_blocking(move || {
+            server.restart_empty()?;
+            Ok::<_, leasehold_testkit::Error>(server)
+        })
+        .await??;
+        let lease = tokio::time::timeout(HUNG, locker.acquire(&keys, 2000 * MS)).await??;
+        assert!(lease.fence().is_some());
+        lease.release().await?;
+    }
+    Ok(())
+}
+
+/// A release during a short outage is retried while the lease can still be
+/// given back (its TTL has time left), and succeeds once Redis is back with
+/// the lock (persisted): the next holder does not wait out the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_rides_out_a_short_outage() -> TestResult {
+    let server = RedisServer::start_with(RedisOptions::default().appendonly())?;
+    let client = redis::Client::open(server.url())?;
+    let locker = Locker::connect(&client).await?;
+    let lease = locker.acquire("lock:faults:release", 10_000 * MS).await?;
+
+    let back = outage(server, 300 * MS).await?;
+    // The release starts while Redis is down.
+    let released = tokio::time::timeout(HUNG, lease.release()).await?;
+    let server = back.await??;
+    assert!(released.is_ok(), "{released:?}");
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let left: bool = conn.exists("lock:faults:release").await?;
+    assert!(!left, "the release did not remove the lock");
+    drop(server);
+    Ok(())
+}
+
+/// Bad input is still refused at once, whatever the deadline: the retry
+/// rides out faults, not refusals.
+#[tokio::test]
+async fn refusals_are_not_retried() -> TestResult {
+    let server = RedisServer::start()?;
+    let client = redis::Client::open(server.url())?;
+    let locker = Locker::connect(&client).await?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let () = conn.hset("lock:faults:hash", "field", "value").await?;
+    let opts = AcquireOptions::new().wait(HUNG);
+    let err = tokio::time::timeout(
+        HUNG / 2,
+        locker.acquire_with("lock:faults:hash", 1000 * MS, &opts),
+    )
+    .await?
+    .err();
+    assert!(matches!(err, Some(Error::WrongType { .. })), "{err:?}");
+    Ok(())
+}
