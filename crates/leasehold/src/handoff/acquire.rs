@@ -123,13 +123,14 @@ impl<C: RedisConnection> HandoffLocker<C> {
                     last_busy = sent_at;
                     holder_left
                 }
-                // Once queued, a waiter rides out a dropped connection or a
-                // Redis restart: the connection reconnects for the next
-                // request, which re-joins the queue (a restarted Redis has
-                // lost it). Its first request still fails fast.
-                Err(err @ (Error::Unreachable { .. } | Error::Timeout { .. }))
-                    if last_busy > start =>
-                {
+                // A waiter rides out a fault that may pass (a dropped
+                // connection, a Redis restart, `LOADING`, ...) until its
+                // deadline: the connection reconnects for the next request,
+                // which re-joins the queue (a restarted Redis has lost it)
+                // with the same token. If a request whose reply was lost had
+                // taken the lock, the next finds our token on it and we own
+                // it (`HandedOver`, counted from before that request).
+                Err(err) if call::fault_may_pass(&err) => {
                     tracing::debug!(target: TARGET, key, error = %err, "re-check failed; the waiter retries");
                     Some(RECHECK_AFTER_FAILURE)
                 }

@@ -16,7 +16,8 @@
 --          forever)
 --
 -- Returns {1, 0, fence} when we took the lock now, {2, 0, fence} when it
--- had already been handed to us, {0, pttl, 0} when we wait (pttl: the
+-- had already been handed to us (or taken by an earlier request of ours
+-- whose reply was lost: then a fenced lock gets a fresh fence), {0, pttl, 0} when we wait (pttl: the
 -- holder's remaining TTL in ms, or -1 when the lock is free but handed to a
 -- waiter ahead of us). fence is our fencing token (INCR of KEYS[4], issued
 -- in the step that gave us the lock), 0 when unfenced.
@@ -85,6 +86,12 @@ if holder == ARGV[1] then
   local entry = redis.call("HGET", KEYS[3], ARGV[1]) or ""
   local fence = tonumber(string.match(entry, "^granted (%d+)$") or "0")
   forget(ARGV[1])
+  -- Our own earlier request took it (its reply was lost): the fence it
+  -- issued is unknown, so a fenced lock gets a fresh one (greater than
+  -- every fence issued before; the lost one is never used).
+  if fence == 0 and fence_key then
+    fence = issue()
+  end
   return {2, 0, fence}
 end
 if not holder then
