@@ -20,8 +20,10 @@ struct Account {
 
 async fn lock(lab: &Lab, fenced: bool) -> Result<Lock, Box<dyn std::error::Error>> {
     let client = redis::Client::open(lab.redis_url())?;
-    let conn = leasehold::connect(&client, Duration::from_millis(500)).await?;
-    let locker = Locker::builder(conn).build()?;
+    let locker = Locker::builder()
+        .command_timeout(Duration::from_millis(500))
+        .connect(&client)
+        .await?;
     Ok(if fenced {
         Lock::Fenced(locker)
     } else {

@@ -62,9 +62,9 @@ impl Waiter {
     /// Connects `mode` with a fresh locker on `env`'s connection, so its
     /// stats count this run only.
     pub(crate) async fn connect(env: &Env, mode: Mode) -> anyhow::Result<Waiter> {
-        let locker = Locker::builder(env.redis.clone())
+        let locker = Locker::builder()
             .command_timeout(env.locker.command_timeout())
-            .build()?;
+            .build(env.redis.clone())?;
         let how = match mode {
             Mode::Poll(_, strategy) => return Ok(Waiter::Poll(locker, strategy)),
             Mode::Handoff(_, how) => how,
@@ -73,10 +73,10 @@ impl Waiter {
         let mut lockers = Vec::with_capacity(n);
         for _ in 0..n {
             lockers.push(
-                HandoffLocker::builder(locker.clone(), &env.client)
+                HandoffLocker::builder()
                     .style(how.style)
                     .relay_limit(how.relay_limit)
-                    .connect()
+                    .build(locker.clone(), &env.client)
                     .await?,
             );
         }

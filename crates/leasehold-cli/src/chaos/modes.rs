@@ -88,9 +88,9 @@ impl ChaosMode {
                 .get_async_connection()
                 .await
                 .context("connecting to the redis cluster")?;
-            let locker = Locker::builder(conn)
+            let locker = Locker::builder()
                 .command_timeout(COMMAND_TIMEOUT)
-                .build()?;
+                .build(conn)?;
             return Ok(match self {
                 ChaosMode::Db => Lock::None,
                 ChaosMode::Blind => Lock::ClusterPlain(locker),
@@ -110,25 +110,32 @@ impl ChaosMode {
                     .map(|url| redis::Client::open(url.as_str()))
                     .collect::<Result<Vec<_>, _>>()
                     .context("opening redis")?;
+                // Each node's connection opened now and reconnecting as a
+                // locker's does (Quorum::connect's connect lazily, with
+                // other reconnect waits).
                 let mut conns = Vec::new();
                 for client in &clients {
-                    conns.push(leasehold::connect(client, COMMAND_TIMEOUT).await?);
+                    let node = Locker::builder()
+                        .command_timeout(COMMAND_TIMEOUT)
+                        .connect(client)
+                        .await?;
+                    conns.push(node.connection().clone());
                 }
                 Lock::Quorum(
-                    Quorum::builder(conns)
+                    Quorum::builder()
                         .node_timeout(COMMAND_TIMEOUT)
-                        .build()?,
+                        .build(conns)?,
                 )
             }
             _ => {
-                let conn = leasehold::connect(&client, COMMAND_TIMEOUT).await?;
-                let locker = Locker::builder(conn)
+                let locker = Locker::builder()
                     .command_timeout(COMMAND_TIMEOUT)
-                    .build()?;
+                    .connect(&client)
+                    .await?;
                 match self {
                     ChaosMode::Blind => Lock::Plain(locker),
                     ChaosMode::Handoff => {
-                        Lock::Handoff(HandoffLocker::builder(locker, &client).connect().await?)
+                        Lock::Handoff(HandoffLocker::builder().build(locker, &client).await?)
                     }
                     _ => Lock::Fenced(locker),
                 }
