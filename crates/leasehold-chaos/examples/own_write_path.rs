@@ -24,7 +24,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .command_timeout(Duration::from_millis(500))
         .connect(&client)
         .await?;
-    let lock = Lock::Fenced(locker);
+    let lock = Lock::new(locker, true);
 
     let account = Mutex::new(Account {
         balance: 1_000_000,

@@ -24,11 +24,7 @@ async fn lock(lab: &Lab, fenced: bool) -> Result<Lock, Box<dyn std::error::Error
         .command_timeout(Duration::from_millis(500))
         .connect(&client)
         .await?;
-    Ok(if fenced {
-        Lock::Fenced(locker)
-    } else {
-        Lock::Plain(locker)
-    })
+    Ok(Lock::new(locker, fenced))
 }
 
 /// Runs 6 callers on one account for 2 s under `fault`; `checked` makes

@@ -73,6 +73,8 @@ impl ChaosMode {
 
     /// Connects the mode's lock to `urls` (one, or a quorum's).
     pub(crate) async fn lock(self, urls: &[String], cluster: bool) -> anyhow::Result<Lock> {
+        // Every mode but the blind control writes with a fencing token.
+        let fenced = self != ChaosMode::Blind;
         if cluster {
             // Short retry waits, as the Locker docs advise: redis-rs waits
             // at least 1.28 s before retrying a TRYAGAIN by default, which
@@ -92,18 +94,17 @@ impl ChaosMode {
                 .command_timeout(COMMAND_TIMEOUT)
                 .build(conn)?;
             return Ok(match self {
-                ChaosMode::Db => Lock::None,
-                ChaosMode::Blind => Lock::ClusterPlain(locker),
+                ChaosMode::Db => Lock::none(),
                 ChaosMode::Handoff | ChaosMode::Quorum => {
                     anyhow::bail!("{} does not run on a redis cluster", self.name())
                 }
-                _ => Lock::ClusterFenced(locker),
+                _ => Lock::new(locker, fenced),
             });
         }
         let first = urls.first().context("no redis url")?;
         let client = redis::Client::open(first.as_str()).context("opening redis")?;
         Ok(match self {
-            ChaosMode::Db => Lock::None,
+            ChaosMode::Db => Lock::none(),
             ChaosMode::Quorum => {
                 let clients = urls
                     .iter()
@@ -121,24 +122,24 @@ impl ChaosMode {
                         .await?;
                     conns.push(node.connection().clone());
                 }
-                Lock::Quorum(
-                    Quorum::builder()
-                        .node_timeout(COMMAND_TIMEOUT)
-                        .build(conns)?,
-                )
+                let quorum = Quorum::builder()
+                    .node_timeout(COMMAND_TIMEOUT)
+                    .build(conns)?;
+                Lock::new(quorum, fenced)
+            }
+            ChaosMode::Handoff => {
+                let handoff = HandoffLocker::builder()
+                    .command_timeout(COMMAND_TIMEOUT)
+                    .connect(&client)
+                    .await?;
+                Lock::new(handoff, fenced)
             }
             _ => {
                 let locker = Locker::builder()
                     .command_timeout(COMMAND_TIMEOUT)
                     .connect(&client)
                     .await?;
-                match self {
-                    ChaosMode::Blind => Lock::Plain(locker),
-                    ChaosMode::Handoff => {
-                        Lock::Handoff(HandoffLocker::builder().build(locker, &client).await?)
-                    }
-                    _ => Lock::Fenced(locker),
-                }
+                Lock::new(locker, fenced)
             }
         })
     }
