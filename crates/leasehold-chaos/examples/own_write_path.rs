@@ -20,8 +20,11 @@ struct Account {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let lab = tokio::task::spawn_blocking(|| Lab::start(&LabOptions::default())).await??;
     let client = redis::Client::open(lab.redis_url())?;
-    let conn = leasehold::connect(&client, Duration::from_millis(500)).await?;
-    let lock = Lock::Fenced(Locker::builder(conn).build()?);
+    let locker = Locker::builder()
+        .command_timeout(Duration::from_millis(500))
+        .connect(&client)
+        .await?;
+    let lock = Lock::new(locker, true);
 
     let account = Mutex::new(Account {
         balance: 1_000_000,

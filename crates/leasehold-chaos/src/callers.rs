@@ -1,45 +1,104 @@
 //! The callers: tasks that take the lock, write, and release, recording
 //! each step.
 
+use std::future::Future;
 use std::ops::RangeInclusive;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use leasehold::{
-    AcquireOptions, CancellationToken, Error, FencedKeys, FencingToken, HandoffLocker, Lease,
-    Locker, Quorum,
+    AcquireOptions, CancellationToken, Error, FencedKeys, FencingToken, Lease, Lessor,
 };
 use rand::{RngExt, SeedableRng, rngs::StdRng};
-use redis::cluster_async::ClusterConnection;
 
 use crate::history::{Kind, WriteOutcome};
 use crate::recorder::Recorder;
 
-/// How the callers take the lock before they write.
+/// The future of one type-erased acquire.
+type LeaseFuture<'a> = Pin<Box<dyn Future<Output = leasehold::Result<Lease>> + Send + 'a>>;
+
+/// Takes the lease on a resource's keys from one lessor, fenced or not:
+/// its `acquire_with` with the lessor's type erased, so that the callers
+/// are the same code whatever the way.
+type Acquire =
+    dyn for<'a> Fn(&'a FencedKeys, Duration, &'a AcquireOptions) -> LeaseFuture<'a> + Send + Sync;
+
+/// How the callers take the lock before they write: from any way of taking
+/// a lease (a [`Lessor`]: polling, hand-off or a quorum, on one server or a
+/// cluster), fenced or plain; or not at all ([`Lock::none`]).
+///
+/// ```no_run
+/// # async fn demo(lab: &leasehold_chaos::Lab) -> Result<(), Box<dyn std::error::Error>> {
+/// use leasehold::{HandoffLocker, Locker};
+/// use leasehold_chaos::Lock;
+///
+/// let client = leasehold::redis::Client::open(lab.redis_url())?;
+/// let fenced = Lock::new(Locker::connect(&client).await?, true);
+/// let queued = Lock::new(HandoffLocker::connect(&client).await?, true);
+/// let blind = Lock::new(Locker::connect(&client).await?, false);
+/// # let _ = (fenced, queued, blind, Lock::none());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
-#[non_exhaustive]
-pub enum Lock {
-    /// No Redis lock: the database alone keeps the write right.
-    None,
-    /// A plain lease (no fencing token) from a polling locker.
-    Plain(Locker),
-    /// A fenced lease from a polling locker.
-    Fenced(Locker),
-    /// A fenced lease from a hand-off locker (waiters are handed the lock).
-    Handoff(HandoffLocker),
-    /// A fenced lease from a Redlock quorum.
-    Quorum(Quorum),
-    /// A plain lease from a polling locker on a Redis Cluster.
-    ClusterPlain(Locker<ClusterConnection>),
-    /// A fenced lease from a polling locker on a Redis Cluster (the lock
-    /// key and its fence counter share a hash tag, so one slot).
-    ClusterFenced(Locker<ClusterConnection>),
+pub struct Lock {
+    /// `None`: no Redis lock.
+    acquire: Option<Arc<Acquire>>,
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("none", &self.is_none())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Lock {
+    /// Leases from `lessor`. With `fenced`, on a resource's lock key and
+    /// fence counter (`lock:{resource}`, `fence:{resource}`), so each lease
+    /// carries a fencing token; otherwise on the lock key alone (a plain
+    /// lease). The fence is a choice of keys, not of way: any way gives
+    /// either.
+    pub fn new(lessor: impl Lessor, fenced: bool) -> Lock {
+        fn typed<F>(acquire: F) -> Arc<Acquire>
+        where
+            F: for<'a> Fn(&'a FencedKeys, Duration, &'a AcquireOptions) -> LeaseFuture<'a>
+                + Send
+                + Sync
+                + 'static,
+        {
+            Arc::new(acquire)
+        }
+        let acquire = typed(move |keys, ttl, opts| {
+            let lessor = lessor.clone();
+            Box::pin(async move {
+                if fenced {
+                    lessor.acquire_with(keys, ttl, opts).await
+                } else {
+                    lessor.acquire_with(keys.lock(), ttl, opts).await
+                }
+            })
+        });
+        Lock {
+            acquire: Some(acquire),
+        }
+    }
+
+    /// No Redis lock: the database alone keeps the write right.
+    pub fn none() -> Lock {
+        Lock { acquire: None }
+    }
+
+    /// Whether this is [`Lock::none`]: the callers take no lease.
+    pub fn is_none(&self) -> bool {
+        self.acquire.is_none()
+    }
+
     /// Takes the lock on `resource` (`lock:{resource}`, with
-    /// `fence:{resource}` when fenced); `None` for [`Lock::None`].
+    /// `fence:{resource}` when fenced); `None` for [`Lock::none`].
     ///
     /// # Errors
     /// As the way's `acquire_with`.
@@ -50,15 +109,10 @@ impl Lock {
         opts: &AcquireOptions,
     ) -> leasehold::Result<Option<Lease>> {
         let keys = FencedKeys::for_resource(resource)?;
-        Ok(Some(match self {
-            Lock::None => return Ok(None),
-            Lock::Plain(locker) => locker.acquire_with(keys.lock(), ttl, opts).await?,
-            Lock::Fenced(locker) => locker.acquire_with(&keys, ttl, opts).await?,
-            Lock::Handoff(locker) => locker.acquire_with(&keys, ttl, opts).await?,
-            Lock::Quorum(quorum) => quorum.acquire_with(&keys, ttl, opts).await?,
-            Lock::ClusterPlain(locker) => locker.acquire_with(keys.lock(), ttl, opts).await?,
-            Lock::ClusterFenced(locker) => locker.acquire_with(&keys, ttl, opts).await?,
-        }))
+        match &self.acquire {
+            None => Ok(None),
+            Some(acquire) => acquire(&keys, ttl, opts).await.map(Some),
+        }
     }
 }
 
@@ -122,7 +176,7 @@ pub struct Call<'a> {
     pub resource: &'a str,
     /// The amount to debit.
     pub amount: i64,
-    /// The lease held while writing (`None` for [`Lock::None`]).
+    /// The lease held while writing (`None` for [`Lock::none`]).
     pub lease: Option<&'a Lease>,
     stall: &'a Stall,
 }
@@ -249,7 +303,7 @@ impl Callers {
             let amount = rng.random_range(self.amounts.clone());
             let key = lock_key(resource);
             op += 1;
-            let mut lease = if matches!(lock, Lock::None) {
+            let mut lease = if lock.is_none() {
                 None
             } else {
                 recorder.record(

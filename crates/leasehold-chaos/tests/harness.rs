@@ -20,13 +20,11 @@ struct Account {
 
 async fn lock(lab: &Lab, fenced: bool) -> Result<Lock, Box<dyn std::error::Error>> {
     let client = redis::Client::open(lab.redis_url())?;
-    let conn = leasehold::connect(&client, Duration::from_millis(500)).await?;
-    let locker = Locker::builder(conn).build()?;
-    Ok(if fenced {
-        Lock::Fenced(locker)
-    } else {
-        Lock::Plain(locker)
-    })
+    let locker = Locker::builder()
+        .command_timeout(Duration::from_millis(500))
+        .connect(&client)
+        .await?;
+    Ok(Lock::new(locker, fenced))
 }
 
 /// Runs 6 callers on one account for 2 s under `fault`; `checked` makes

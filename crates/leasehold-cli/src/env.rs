@@ -89,6 +89,7 @@ pub(crate) struct DatabaseFlags {
 
 /// The Redis connections shared by every experiment of one CLI invocation.
 pub(crate) struct Env {
+    /// The locker's connection, for the experiments' own commands.
     pub(crate) redis: ConnectionManager,
     pub(crate) locker: Locker,
     /// Opens further connections (the hand-off pub/sub connection).
@@ -150,13 +151,13 @@ impl Env {
         let client = flags
             .client(&url)
             .with_context(|| format!("redis url {shown}"))?;
-        let redis = leasehold::connect(&client, COMMAND_TIMEOUT)
+        let locker = Locker::builder()
+            .command_timeout(COMMAND_TIMEOUT)
+            .connect(&client)
             .await
             .with_context(|| format!("connecting to redis at {shown}"))?;
+        let redis = locker.connection().clone();
         report_findings(&redis, &shown, throwaway.is_some()).await;
-        let locker = Locker::builder(redis.clone())
-            .command_timeout(COMMAND_TIMEOUT)
-            .build()?;
         Ok(Env {
             redis,
             locker,

@@ -1,12 +1,16 @@
 //! How a caller waits for a busy lock, and what the lock was used for: the
 //! pieces `backoff` and `bench contention` share.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use leasehold::{AcquireOptions, HandoffLocker, HandoffStyle, Lease, Locker, RetryStrategy};
+use leasehold::{
+    AcquireOptions, HandoffLocker, HandoffStyle, Lease, Lessor, Locker, RetryStrategy,
+};
 use tokio::time::Instant;
 
 use crate::env::Env;
@@ -48,46 +52,85 @@ impl Mode {
     }
 }
 
-/// A connected way of waiting.
+/// The future of one type-erased acquire.
+type LeaseFuture<'a> = Pin<Box<dyn Future<Output = leasehold::Result<Lease>> + Send + 'a>>;
+
+/// Takes the lease on a key from one lessor: its `acquire_with`, with the
+/// lessor's type erased, so that a run is the same code whatever the way.
+type Acquire =
+    dyn for<'a> Fn(&'a str, Duration, &'a AcquireOptions) -> LeaseFuture<'a> + Send + Sync;
+
+fn erase(lessor: impl Lessor) -> Box<Acquire> {
+    fn typed<F>(acquire: F) -> Box<Acquire>
+    where
+        F: for<'a> Fn(&'a str, Duration, &'a AcquireOptions) -> LeaseFuture<'a>
+            + Send
+            + Sync
+            + 'static,
+    {
+        Box::new(acquire)
+    }
+    typed(move |key, ttl, opts| {
+        let lessor = lessor.clone();
+        Box::pin(async move { lessor.acquire_with(key, ttl, opts).await })
+    })
+}
+
+/// A connected way of waiting: the lessors of one way (one for polling;
+/// one or more hand-off lockers, each caller always using the same one, as
+/// a task of one process would), over one [`Locker`] whose stats count
+/// them all.
 #[derive(Clone)]
-pub(crate) enum Waiter {
-    Poll(Locker, RetryStrategy),
-    /// One or more hand-off lockers over one [`Locker`] (so its stats
-    /// count them all); each caller always uses the same one, as a task of
-    /// one process would.
-    Handoff(Arc<[HandoffLocker]>),
+pub(crate) struct Waiter {
+    locker: Locker,
+    lessors: Arc<[Box<Acquire>]>,
+    /// Polling's strategy, set on the options of every acquire; `None`
+    /// keeps the options' own (a hand-off waiter sleeps until it is handed
+    /// the lock).
+    retry: Option<RetryStrategy>,
 }
 
 impl Waiter {
     /// Connects `mode` with a fresh locker on `env`'s connection, so its
     /// stats count this run only.
     pub(crate) async fn connect(env: &Env, mode: Mode) -> anyhow::Result<Waiter> {
-        let locker = Locker::builder(env.redis.clone())
+        let locker = Locker::builder()
             .command_timeout(env.locker.command_timeout())
-            .build()?;
+            .build(env.redis.clone())?;
         let how = match mode {
-            Mode::Poll(_, strategy) => return Ok(Waiter::Poll(locker, strategy)),
+            Mode::Poll(_, strategy) => {
+                return Ok(Waiter::new(locker.clone(), [locker], Some(strategy)));
+            }
             Mode::Handoff(_, how) => how,
         };
         let n = how.lockers.max(1);
         let mut lockers = Vec::with_capacity(n);
         for _ in 0..n {
             lockers.push(
-                HandoffLocker::builder(locker.clone(), &env.client)
+                HandoffLocker::builder()
                     .style(how.style)
                     .relay_limit(how.relay_limit)
-                    .connect()
+                    .build(locker.clone(), &env.client)
                     .await?,
             );
         }
-        Ok(Waiter::Handoff(lockers.into()))
+        Ok(Waiter::new(locker, lockers, None))
+    }
+
+    fn new<L: Lessor>(
+        locker: Locker,
+        lessors: impl IntoIterator<Item = L>,
+        retry: Option<RetryStrategy>,
+    ) -> Waiter {
+        Waiter {
+            locker,
+            lessors: lessors.into_iter().map(erase).collect(),
+            retry,
+        }
     }
 
     pub(crate) fn locker(&self) -> &Locker {
-        match self {
-            Waiter::Poll(locker, _) => locker,
-            Waiter::Handoff(lockers) => lockers[0].locker(),
-        }
+        &self.locker
     }
 
     /// Takes the lease for caller number `caller`; `opts` gives the
@@ -99,16 +142,12 @@ impl Waiter {
         ttl: Duration,
         opts: AcquireOptions,
     ) -> leasehold::Result<Lease> {
-        match self {
-            Waiter::Poll(locker, strategy) => {
-                locker.acquire_with(key, ttl, &opts.retry(*strategy)).await
-            }
-            Waiter::Handoff(lockers) => {
-                lockers[caller % lockers.len()]
-                    .acquire_with(key, ttl, &opts)
-                    .await
-            }
-        }
+        let opts = match self.retry {
+            Some(strategy) => opts.retry(strategy),
+            None => opts,
+        };
+        let acquire = &self.lessors[caller % self.lessors.len()];
+        acquire(key, ttl, &opts).await
     }
 }
 

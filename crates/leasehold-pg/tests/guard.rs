@@ -393,7 +393,7 @@ async fn a_lease_without_a_fence_cannot_be_guarded() -> TestResult {
     let err = leasehold_pg::guard(&tx, &lease).await.err();
     assert!(matches!(err, Some(Error::NotFenced)), "{err:?}");
     tx.rollback().await?;
-    let mut conn = leasehold::connect(&client, SECOND).await?;
+    let mut conn = leasehold_testkit::connection(&client, SECOND).await?;
     let _: () = conn.del("plain:lock").await?;
     Ok(())
 }
@@ -430,7 +430,8 @@ async fn a_failover_to_a_replica_that_missed_increments_costs_at_most_one_refuse
     assert_eq!(debit(&on_primary, 10).await?, 0);
     // The replica catches up, then its link breaks: it misses what follows.
     let mut conn =
-        leasehold::connect(&leasehold::redis::Client::open(primary.url())?, SECOND).await?;
+        leasehold_testkit::connection(&leasehold::redis::Client::open(primary.url())?, SECOND)
+            .await?;
     let acked: u64 = leasehold::redis::cmd("WAIT")
         .arg(1)
         .arg(8000)

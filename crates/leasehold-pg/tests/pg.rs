@@ -309,8 +309,8 @@ async fn counter_reset_never_lets_an_old_token_write() -> TestResult {
     let db = db(&server).await?;
     let redis = RedisServer::start()?;
     let client = leasehold::redis::Client::open(redis.url())?;
-    let mut conn = leasehold::connect(&client, Duration::from_secs(1)).await?;
-    let locker = Locker::new(conn.clone());
+    let mut conn = leasehold_testkit::connection(&client, Duration::from_secs(1)).await?;
+    let locker = Locker::builder().build(conn.clone())?;
     let id = wallet_id();
     leasehold_pg::reset_wallet(&db, id, 1000).await?;
     let keys = FencedKeys::for_resource(&format!("wallet:{id}"))?;

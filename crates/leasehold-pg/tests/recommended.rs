@@ -193,7 +193,7 @@ async fn the_job_runner_loses_nothing_when_redis_restarts_empty() -> TestResult 
                 &[&resource.fence()],
             )
             .await?;
-            let mut conn = leasehold::connect(&client, HUNG).await?;
+            let mut conn = leasehold_testkit::connection(&client, HUNG).await?;
             let () = leasehold::redis::cmd("SET")
                 .arg(resource.fence())
                 .arg(1000)

@@ -9,7 +9,8 @@
 //! it; [`RedisServer::restart_empty`] loses it), and [`RedisServer::promote`]
 //! a failover. [`FaultProxy`] puts latency, partitions and cut connections
 //! between clients and a server, and [`pause_process`] freezes any process,
-//! such as a worker holding a lease.
+//! such as a worker holding a lease. [`connection`] opens an async
+//! connection for a test's own commands.
 //!
 //! ```no_run
 //! use leasehold_testkit::RedisServer;
@@ -31,6 +32,7 @@
 
 mod certs;
 mod cluster;
+mod connection;
 mod error;
 mod faults;
 mod postgres;
@@ -41,6 +43,7 @@ mod resp;
 
 pub use certs::{ClientAuth, ServerTls, TestCerts};
 pub use cluster::{CLUSTER_SLOTS, Failover, RedisCluster};
+pub use connection::connection;
 pub use error::Error;
 pub use faults::{is_process_paused, pause_process, resume_process, stop_this_process};
 pub use postgres::PostgresServer;

@@ -308,9 +308,9 @@ pub enum Error {
 
     /// A `rediss://` URL, but the port serves plain Redis: it answered the
     /// TLS handshake with something that is not TLS, or (found by
-    /// [`Locker::connect`](crate::Locker::connect) and
-    /// [`connect`](crate::connect), which probe the port once when the
-    /// handshake times out) answered a plain `PING`. Use `redis://`, or the
+    /// [`LockerBuilder::connect`](crate::LockerBuilder::connect), which
+    /// every `connect` that opens a locker's connection uses, and which
+    /// probes the port once when the handshake times out) answered a plain `PING`. Use `redis://`, or the
     /// server's TLS port.
     #[error(
         "redis does not speak tls on this port (during {op}): use a redis:// url or its tls port"
@@ -326,9 +326,9 @@ pub enum Error {
 
     /// A plain `redis://` URL, but the server on that port expects TLS (it
     /// answered a TLS hello): use `rediss://`. Found by
-    /// [`Locker::connect`](crate::Locker::connect) and
-    /// [`connect`](crate::connect), which probe the port once when a plain
-    /// connection is closed on them.
+    /// [`LockerBuilder::connect`](crate::LockerBuilder::connect) (which
+    /// every `connect` that opens a locker's connection uses), probing the
+    /// port once when a plain connection is closed on it.
     #[error("redis expects tls on this port (during {op}): use a rediss:// url")]
     TlsExpected {
         /// The operation that connected.

@@ -79,7 +79,7 @@ async fn give_up(opts: AcquireOptions, cancel_at: Option<(u32, CancellationToken
         sets: Arc::default(),
         cancel: cancel_at,
     };
-    let locker = Locker::new(fake);
+    let locker = Locker::builder().build(fake).expect("default settings");
     match locker
         .acquire_with("k", Duration::from_secs(1), &opts)
         .await
@@ -174,10 +174,12 @@ async fn every_strategy_and_option_gives_up_with_not_acquired() {
 
 #[tokio::test(start_paused = true)]
 async fn stats_count_every_request() {
-    let locker = Locker::new(BusyRedis {
-        sets: Arc::default(),
-        cancel: None,
-    });
+    let locker = Locker::builder()
+        .build(BusyRedis {
+            sets: Arc::default(),
+            cancel: None,
+        })
+        .expect("default settings");
     let opts = AcquireOptions::new().retry(RetryStrategy::constant(MS).max_attempts(3));
     let err = locker
         .acquire_with("k", Duration::from_secs(1), &opts)

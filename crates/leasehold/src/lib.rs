@@ -81,6 +81,22 @@
 //!   ([`Error::NotReplicated`]); it narrows the failover window, it does
 //!   not close it.
 //!
+//! # One shape for every way
+//!
+//! [`Locker`], [`HandoffLocker`] and [`Quorum`] are built alike:
+//!
+//! - `connect(..)` with the defaults, opening their own reconnecting
+//!   connections ([`Locker::connect`], [`HandoffLocker::connect`],
+//!   [`Quorum::connect`]);
+//! - `builder()`, its setters (each documents its default), then
+//!   `connect(..)` for their own connections, or `build(..)` over
+//!   connections you have (a cluster connection, one per quorum node) or,
+//!   for a hand-off locker, over a [`Locker`] you have.
+//!
+//! A builder refuses settings it cannot use with [`Error::InvalidOptions`]
+//! before any I/O. And they take leases with the same four calls, the
+//! [`Lessor`] trait: code that works with any way is generic over it.
+//!
 //! # Tracing
 //!
 //! Through the `tracing` facade (no subscriber is installed by the
@@ -187,7 +203,7 @@ pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 pub use handoff::{DEFAULT_RELAY_LIMIT, HandoffLocker, HandoffLockerBuilder, HandoffStyle};
 pub use lease::{Finished, Lease, MAX_TTL};
 pub use lessor::Lessor;
-pub use locker::{DEFAULT_COMMAND_TIMEOUT, DEFAULT_FENCE_TTL, Locker, LockerBuilder, connect};
+pub use locker::{DEFAULT_COMMAND_TIMEOUT, DEFAULT_FENCE_TTL, Locker, LockerBuilder};
 pub use lost::LostCause;
 pub use node::RedisConnection;
 pub use options::{AcquireOptions, DEFAULT_WAIT};

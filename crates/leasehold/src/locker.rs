@@ -45,15 +45,17 @@ pub(crate) fn check_fence_ttl(ttl: Option<Duration>) -> Result<()> {
 /// the lock is busy.
 ///
 /// Cheap to clone: clones share the connection, which redis-rs multiplexes.
-/// Generic over the connection type; the default, from [`Locker::connect`]
-/// or [`connect`], is a reconnecting [`ConnectionManager`]: after Redis
+/// Generic over the connection type; the default, opened by
+/// [`Locker::connect`] (or [`LockerBuilder::connect`]), is a reconnecting
+/// [`ConnectionManager`]: after Redis
 /// restarts or the connection drops, the request that finds it broken fails
 /// ([`Error::Unreachable`], which [`is_retryable`](Error::is_retryable))
 /// and starts a reconnect, and the next request goes out on the new
 /// connection. A bare
 /// [`MultiplexedConnection`](redis::aio::MultiplexedConnection) never
 /// reconnects: once it breaks, every request fails until you build a new
-/// locker, so use it only where something else replaces it.
+/// locker, so use it only where something else replaces it. A connection
+/// of yours goes in through [`LockerBuilder::build`].
 ///
 /// A Redis Cluster connection works too (feature `cluster`; the keys of one
 /// lock must share a hash tag, such as `lock:{wallet:42}`). Give its client
@@ -69,7 +71,7 @@ pub(crate) fn check_fence_ttl(ttl: Option<Duration>) -> Result<()> {
 ///     .min_retry_wait(1) // ms
 ///     .max_retry_wait(50) // ms
 ///     .build()?;
-/// let locker = leasehold::Locker::new(client.get_async_connection().await?);
+/// let locker = leasehold::Locker::builder().build(client.get_async_connection().await?)?;
 /// # let _ = locker;
 /// # Ok(())
 /// # }
@@ -92,19 +94,36 @@ impl<C> std::fmt::Debug for Locker<C> {
     }
 }
 
-/// Builds a [`Locker`] with non-default settings.
+/// Builds a [`Locker`] with non-default settings: [`connect`](Self::connect)
+/// opens the locker's own reconnecting connection, [`build`](Self::build)
+/// wraps a connection of yours (a cluster or multiplexed connection).
+///
+/// ```no_run
+/// # async fn demo(client: redis::Client) -> leasehold::Result<()> {
+/// use std::time::Duration;
+/// use leasehold::Locker;
+///
+/// let locker = Locker::builder()
+///     .command_timeout(Duration::from_millis(500))
+///     .fence_ttl(Some(Duration::from_secs(7 * 24 * 60 * 60)))
+///     .connect(&client)
+///     .await?;
+/// # let _ = locker;
+/// # Ok(())
+/// # }
+/// ```
 #[must_use]
-#[derive(Debug)]
-pub struct LockerBuilder<C> {
-    conn: C,
+#[derive(Debug, Clone)]
+pub struct LockerBuilder {
     command_timeout: Duration,
     fence_ttl: Option<Duration>,
 }
 
-impl<C: RedisConnection> LockerBuilder<C> {
+impl LockerBuilder {
     /// Bounds every Redis request that has no tighter deadline of its own
     /// (release, and each attempt of an acquire whose deadline is further
-    /// away).
+    /// away). A locker from [`connect`](Self::connect) also opens its
+    /// connection, and bounds each response on it, within this timeout.
     ///
     /// Defaults to [`DEFAULT_COMMAND_TIMEOUT`] (1 s).
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
@@ -127,43 +146,89 @@ impl<C: RedisConnection> LockerBuilder<C> {
         self
     }
 
-    /// Checks the settings and builds the locker. No I/O.
-    ///
-    /// # Errors
-    /// [`Error::InvalidOptions`] for a zero command timeout or fence TTL.
-    pub fn build(self) -> Result<Locker<C>> {
+    /// Rejects settings no locker can use. No I/O.
+    pub(crate) fn check(&self) -> Result<()> {
         if self.command_timeout.is_zero() {
             return Err(Error::InvalidOptions("command timeout must be positive"));
         }
-        check_fence_ttl(self.fence_ttl)?;
+        check_fence_ttl(self.fence_ttl)
+    }
+
+    /// Checks the settings, then opens a reconnecting connection
+    /// ([`ConnectionManager`]) to `client`'s server and builds the locker
+    /// over it. This is the way in for a long-lived service: the locker
+    /// outlives Redis restarts and dropped connections.
+    ///
+    /// When a request finds the connection broken (Redis restarted, the
+    /// connection was killed or timed out at the TCP level), that request
+    /// fails and a reconnect starts at once, retried twice within a few
+    /// hundred milliseconds; requests sent meanwhile wait for it (bounded
+    /// by their own deadlines). If Redis is still down, those requests fail
+    /// and the next one starts a new reconnect, so a caller that retries
+    /// recovers as soon as Redis is back. Opening the connection, and each
+    /// response on it, is bounded by the
+    /// [command timeout](Self::command_timeout).
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for a zero command timeout or fence TTL,
+    /// before any I/O; [`Error::Unreachable`] when nothing listens,
+    /// [`Error::Timeout`] when the server accepts the connection but does
+    /// not answer (a paused process), [`Error::Auth`] for wrong
+    /// credentials. Over TLS (see [`tls`](crate::tls)):
+    /// [`Error::TlsCertificate`] when the server's certificate is refused,
+    /// [`Error::ClientCertRejected`] when the server refuses ours,
+    /// [`Error::NotTls`] for a `rediss://` URL to a plain port and
+    /// [`Error::TlsExpected`] for a `redis://` URL to a TLS port (telling
+    /// these two apart from a closed or silent server takes one probe of
+    /// the port, up to 250 ms more after the failure).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future drops the half-open connection.
+    pub async fn connect(self, client: &redis::Client) -> Result<Locker> {
+        self.check()?;
+        let conn = connect(client, self.command_timeout).await?;
+        self.build(conn)
+    }
+
+    /// Checks the settings and builds the locker over `conn`, a connection
+    /// of yours (see [`Locker`] on which kinds recover). No I/O.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for a zero command timeout or fence TTL.
+    pub fn build<C: RedisConnection>(self, conn: C) -> Result<Locker<C>> {
+        self.check()?;
         Ok(Locker {
-            node: Arc::new(Node::new(self.conn, self.command_timeout, self.fence_ttl)),
+            node: Arc::new(Node::new(conn, self.command_timeout, self.fence_ttl)),
         })
     }
 }
 
 impl Locker<ConnectionManager> {
-    /// Opens a reconnecting connection to `client`'s server (see
-    /// [`connect`]) and wraps it in a locker with default settings. This is
-    /// the way in for a long-lived service: the locker outlives Redis
-    /// restarts and dropped connections.
+    /// Opens a reconnecting connection to `client`'s server and wraps it in
+    /// a locker with default settings: `Locker::builder().connect(client)`
+    /// (see [`LockerBuilder::connect`] for how the connection recovers).
+    /// This is the way in for a long-lived service.
     ///
     /// # Errors
-    /// [`Error::Unreachable`] when nothing listens, [`Error::Timeout`] when
-    /// the server accepts the connection but does not answer (a paused
-    /// process), [`Error::Auth`] for wrong credentials. Over TLS (see
-    /// [`tls`](crate::tls)): [`Error::TlsCertificate`] when the server's
-    /// certificate is refused, [`Error::ClientCertRejected`] when the
-    /// server refuses ours, [`Error::NotTls`] for a `rediss://` URL to a
-    /// plain port and [`Error::TlsExpected`] for a `redis://` URL to a TLS
-    /// port (telling these two apart from a closed or silent server takes
-    /// one probe of the port, up to 250 ms more after the failure).
+    /// As [`LockerBuilder::connect`]: [`Error::Unreachable`],
+    /// [`Error::Timeout`], [`Error::Auth`], and over TLS
+    /// [`Error::TlsCertificate`], [`Error::ClientCertRejected`],
+    /// [`Error::NotTls`] or [`Error::TlsExpected`].
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future drops the half-open connection.
     pub async fn connect(client: &redis::Client) -> Result<Self> {
-        let conn = connect(client, DEFAULT_COMMAND_TIMEOUT).await?;
-        Locker::builder(conn).build()
+        Locker::builder().connect(client).await
+    }
+
+    /// A builder for non-default settings, which then opens the locker's
+    /// own connection ([`LockerBuilder::connect`]) or wraps yours
+    /// ([`LockerBuilder::build`]).
+    pub fn builder() -> LockerBuilder {
+        LockerBuilder {
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            fence_ttl: Some(DEFAULT_FENCE_TTL),
+        }
     }
 }
 
@@ -172,19 +237,12 @@ impl Locker<ConnectionManager> {
 const RECONNECT_RETRIES: usize = 2;
 
 /// Opens a reconnecting connection ([`ConnectionManager`]) whose connect and
-/// response timeouts are both `timeout`, mapping failures to [`Error`].
-///
-/// When a request finds the connection broken (Redis restarted, the
-/// connection was killed or timed out at the TCP level), that request fails
-/// and a reconnect starts at once, retried twice within a few hundred
-/// milliseconds; requests sent meanwhile wait for it (bounded by their own
-/// deadlines). If Redis is still down, those requests fail and the next one
-/// starts a new reconnect, so a caller that retries recovers as soon as
-/// Redis is back.
-///
-/// # Errors
-/// See [`Locker::connect`].
-pub async fn connect(client: &redis::Client, timeout: Duration) -> Result<ConnectionManager> {
+/// response timeouts are both `timeout`, mapping failures to [`Error`]
+/// ([`LockerBuilder::connect`] says how it recovers and fails).
+pub(crate) async fn connect(
+    client: &redis::Client,
+    timeout: Duration,
+) -> Result<ConnectionManager> {
     #[cfg(feature = "tls")]
     crate::tls::install_provider();
     let config = ConnectionManagerConfig::new()
@@ -210,30 +268,17 @@ pub async fn connect(client: &redis::Client, timeout: Duration) -> Result<Connec
 }
 
 impl<C: RedisConnection> Locker<C> {
-    /// A locker over `conn` with default settings.
-    pub fn new(conn: C) -> Self {
-        Locker {
-            node: Arc::new(Node::new(
-                conn,
-                DEFAULT_COMMAND_TIMEOUT,
-                Some(DEFAULT_FENCE_TTL),
-            )),
-        }
-    }
-
-    /// A builder over `conn`, for non-default settings.
-    pub fn builder(conn: C) -> LockerBuilder<C> {
-        LockerBuilder {
-            conn,
-            command_timeout: DEFAULT_COMMAND_TIMEOUT,
-            fence_ttl: Some(DEFAULT_FENCE_TTL),
-        }
-    }
-
     /// The bound on a single Redis request; see
     /// [`LockerBuilder::command_timeout`].
     pub fn command_timeout(&self) -> Duration {
         self.node.command_timeout()
+    }
+
+    /// The connection this locker sends its requests on, for commands of
+    /// your own: a clone shares it (and, for a [`ConnectionManager`], its
+    /// reconnects).
+    pub fn connection(&self) -> &C {
+        self.node.connection()
     }
 
     /// What this locker and its clones have asked of Redis so far.

@@ -71,6 +71,11 @@ impl<C: RedisConnection> Node<C> {
         self.fence_ttl_ms
     }
 
+    /// The connection itself.
+    pub(crate) fn connection(&self) -> &C {
+        &self.conn
+    }
+
     /// A clone of the connection, for one request.
     #[cfg(any(test, feature = "quorum", feature = "handoff"))]
     pub(crate) fn conn(&self) -> C {
@@ -328,7 +333,7 @@ mod tests {
         server: &leasehold_testkit::RedisServer,
     ) -> std::result::Result<Node<redis::aio::ConnectionManager>, Box<dyn std::error::Error>> {
         let client = redis::Client::open(server.url())?;
-        let conn = crate::connect(&client, Duration::from_secs(1)).await?;
+        let conn = redis::aio::ConnectionManager::new(client).await?;
         Ok(Node::new(conn, Duration::from_secs(1), None))
     }
 

@@ -128,16 +128,31 @@ impl<C> std::fmt::Debug for Quorum<C> {
     }
 }
 
-/// Builds a [`Quorum`] with non-default settings.
+/// Builds a [`Quorum`] with non-default settings:
+/// [`connect`](Self::connect) opens its own connections,
+/// [`build`](Self::build) takes one of yours per server.
+///
+/// ```no_run
+/// # async fn demo(clients: Vec<redis::Client>) -> leasehold::Result<()> {
+/// use std::time::Duration;
+/// use leasehold::Quorum;
+///
+/// let quorum = Quorum::builder()
+///     .node_timeout(Duration::from_millis(20))
+///     .connect(clients)
+///     .await?;
+/// # let _ = quorum;
+/// # Ok(())
+/// # }
+/// ```
 #[must_use]
-#[derive(Debug)]
-pub struct QuorumBuilder<C> {
-    nodes: Vec<C>,
+#[derive(Debug, Clone)]
+pub struct QuorumBuilder {
     node_timeout: Duration,
     fence_ttl: Option<Duration>,
 }
 
-impl<C: RedisConnection> QuorumBuilder<C> {
+impl QuorumBuilder {
     /// How long a fence counter lives on each node after its last use; see
     /// [`LockerBuilder::fence_ttl`](crate::LockerBuilder::fence_ttl).
     ///
@@ -148,7 +163,9 @@ impl<C: RedisConnection> QuorumBuilder<C> {
         self
     }
 
-    /// Bounds each request to each node.
+    /// Bounds each request to each node; the connections
+    /// [`connect`](Self::connect) opens also connect, and bound each
+    /// response, within it.
     ///
     /// Defaults to [`DEFAULT_NODE_TIMEOUT`] (50 ms).
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
@@ -156,20 +173,58 @@ impl<C: RedisConnection> QuorumBuilder<C> {
         self
     }
 
-    /// Checks the settings and builds the quorum. No I/O.
-    ///
-    /// # Errors
-    /// [`Error::InvalidOptions`] for no nodes or a zero node timeout.
-    pub fn build(self) -> Result<Quorum<C>> {
-        if self.nodes.is_empty() {
+    /// Rejects settings no quorum can use, and an empty list. No I/O.
+    fn check(&self, nodes: usize) -> Result<()> {
+        if nodes == 0 {
             return Err(Error::InvalidOptions("a quorum needs at least one node"));
         }
         crate::locker::check_fence_ttl(self.fence_ttl)?;
         if self.node_timeout.is_zero() {
             return Err(Error::InvalidOptions("node timeout must be positive"));
         }
-        let nodes = self
-            .nodes
+        Ok(())
+    }
+
+    /// Checks the settings and builds the quorum over `clients`, one per
+    /// independent server, with lazily established, self-reconnecting
+    /// connections: a server that is down now is a missing vote, not an
+    /// error, and counts again once it is back. No I/O happens here.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for no clients, a zero node timeout or
+    /// fence TTL; [`Error::Redis`] if a client's settings are unusable.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is sent.
+    pub async fn connect(self, clients: Vec<redis::Client>) -> Result<Quorum> {
+        self.check(clients.len())?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.node_timeout))
+            .set_response_timeout(Some(self.node_timeout))
+            .set_number_of_retries(1);
+        let nodes = clients
+            .into_iter()
+            .map(|client| {
+                ConnectionManager::new_lazy_with_config(client, config.clone()).map_err(|source| {
+                    Error::Redis {
+                        op: "connect",
+                        source,
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.build(nodes)
+    }
+
+    /// Checks the settings and builds the quorum over `nodes`, one
+    /// connection of yours per independent server. No I/O.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for no nodes, a zero node timeout or fence
+    /// TTL.
+    pub fn build<C: RedisConnection>(self, nodes: Vec<C>) -> Result<Quorum<C>> {
+        self.check(nodes.len())?;
+        let nodes = nodes
             .into_iter()
             .map(|conn| Arc::new(Node::new(conn, self.node_timeout, self.fence_ttl)))
             .collect();
@@ -183,30 +238,28 @@ impl<C: RedisConnection> QuorumBuilder<C> {
 }
 
 impl Quorum<ConnectionManager> {
-    /// A quorum over `clients`, one per independent server, with lazily
-    /// established, self-reconnecting connections: a server that is down now
-    /// is a missing vote, not an error, and counts again once it is back.
+    /// A quorum with default settings over `clients`, one per independent
+    /// server, with lazily established, self-reconnecting connections:
+    /// `Quorum::builder().connect(clients)`. A server that is down now is
+    /// a missing vote, not an error, and counts again once it is back.
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`] for an empty list; [`Error::Redis`] if a
-    /// client's settings are unusable. No I/O happens here.
+    /// As [`QuorumBuilder::connect`]. No I/O happens here.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is sent.
     pub async fn connect(clients: Vec<redis::Client>) -> Result<Self> {
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(DEFAULT_NODE_TIMEOUT))
-            .set_response_timeout(Some(DEFAULT_NODE_TIMEOUT))
-            .set_number_of_retries(1);
-        let nodes = clients
-            .into_iter()
-            .map(|client| {
-                ConnectionManager::new_lazy_with_config(client, config.clone()).map_err(|source| {
-                    Error::Redis {
-                        op: "connect",
-                        source,
-                    }
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Quorum::builder(nodes).build()
+        Quorum::builder().connect(clients).await
+    }
+
+    /// A builder for non-default settings, which then opens its own
+    /// connections ([`QuorumBuilder::connect`]) or takes yours
+    /// ([`QuorumBuilder::build`]).
+    pub fn builder() -> QuorumBuilder {
+        QuorumBuilder {
+            node_timeout: DEFAULT_NODE_TIMEOUT,
+            fence_ttl: Some(crate::DEFAULT_FENCE_TTL),
+        }
     }
 }
 
@@ -225,15 +278,6 @@ impl<C: RedisConnection> Way for Quorum<C> {
 }
 
 impl<C: RedisConnection> Quorum<C> {
-    /// A builder over one connection per server.
-    pub fn builder(nodes: Vec<C>) -> QuorumBuilder<C> {
-        QuorumBuilder {
-            nodes,
-            node_timeout: DEFAULT_NODE_TIMEOUT,
-            fence_ttl: Some(crate::DEFAULT_FENCE_TTL),
-        }
-    }
-
     /// How many servers must agree: a strict majority.
     pub fn needed(&self) -> usize {
         self.inner.needed()

@@ -2,8 +2,9 @@
 //!
 //! [`client`] builds the [`redis::Client`] that
 //! [`Locker::connect`](crate::Locker::connect),
-//! [`HandoffLocker::builder`](crate::HandoffLocker::builder) and
-//! [`Quorum::connect`](crate::Quorum::connect) take. Give it a `rediss://`
+//! [`HandoffLocker::connect`](crate::HandoffLocker::connect),
+//! [`Quorum::connect`](crate::Quorum::connect) and their builders'
+//! `connect` take. Give it a `rediss://`
 //! URL and the files you have:
 //!
 //! - a **CA file** (PEM, one or more certificates) to verify the server
@@ -36,8 +37,9 @@
 //! text) come from any connection attempt that fails that way.
 //! [`Error::TlsExpected`], and [`Error::NotTls`] when the handshake just
 //! times out, need a probe of the port, which
-//! [`Locker::connect`](crate::Locker::connect) and
-//! [`connect`](crate::connect()) make when their connect fails. A
+//! [`LockerBuilder::connect`](crate::LockerBuilder::connect) (which
+//! [`Locker::connect`](crate::Locker::connect) and a hand-off locker's
+//! `connect` use) makes when its connect fails. A
 //! [`Quorum`](crate::Quorum) connects lazily: a node that fails on TLS is a
 //! missing vote ([`Error::QuorumNotReached`]), as any unreachable node.
 //!

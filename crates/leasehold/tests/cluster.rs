@@ -21,7 +21,7 @@ async fn leases_work_across_slots_and_redirects() -> TestResult {
     let cluster = RedisCluster::start(3)?;
     let client = redis::cluster::ClusterClient::new(cluster.urls())?;
     let mut conn = client.get_async_connection().await?;
-    let locker = Locker::new(conn.clone());
+    let locker = Locker::builder().build(conn.clone())?;
 
     // Keys spread over all three nodes; the client follows MOVED itself.
     let keys: Vec<String> = (0..30).map(|i| format!("lock:cluster:{i}")).collect();
@@ -62,7 +62,7 @@ async fn ask_and_moved_redirects_are_followed_during_a_slot_migration() -> TestR
     let cluster = RedisCluster::start(3)?;
     let client = redis::cluster::ClusterClient::new(cluster.urls())?;
     let conn = client.get_async_connection().await?;
-    let locker = Locker::new(conn);
+    let locker = Locker::builder().build(conn)?;
     let (held, fresh) = ("lock:{migrating}:held", "lock:{migrating}:fresh");
     let slot = cluster.slot_of(held)?;
     let from = cluster
@@ -97,7 +97,7 @@ async fn ask_and_moved_redirects_are_followed_during_a_slot_migration() -> TestR
 async fn fenced_acquire_works_because_both_keys_share_a_slot() -> TestResult {
     let cluster = RedisCluster::start(3)?;
     let client = redis::cluster::ClusterClient::new(cluster.urls())?;
-    let locker = Locker::new(client.get_async_connection().await?);
+    let locker = Locker::builder().build(client.get_async_connection().await?)?;
     let mut last = 0;
     for resource in ["wallet:1", "wallet:2", "wallet:42"] {
         let keys = leasehold::FencedKeys::for_resource(resource)?;

@@ -9,7 +9,7 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 async fn findings(server: &RedisServer) -> Result<Vec<Finding>, Box<dyn std::error::Error>> {
     let client = redis::Client::open(server.url())?;
-    let conn = leasehold::connect(&client, Duration::from_secs(1)).await?;
+    let conn = leasehold_testkit::connection(&client, Duration::from_secs(1)).await?;
     Ok(diagnose(&conn, Duration::from_secs(1)).await?)
 }
 

@@ -29,7 +29,7 @@ struct Setup {
 async fn setup() -> Result<Setup, Box<dyn std::error::Error>> {
     let server = RedisServer::start()?;
     let client = redis::Client::open(server.url())?;
-    let conn = leasehold::connect(&client, SECOND).await?;
+    let conn = leasehold_testkit::connection(&client, SECOND).await?;
     Ok(Setup {
         server,
         client,
@@ -45,11 +45,10 @@ async fn handoff(s: &Setup, style: HandoffStyle) -> Result<HandoffLocker, Error>
 
 /// A hand-off locker that relays up to `limit` leases in process.
 async fn relaying(s: &Setup, style: HandoffStyle, limit: u32) -> Result<HandoffLocker, Error> {
-    let conn = leasehold::connect(&s.client, SECOND).await?;
-    HandoffLocker::builder(Locker::new(conn), &s.client)
+    HandoffLocker::builder()
         .style(style)
         .relay_limit(limit)
-        .connect()
+        .connect(&s.client)
         .await
 }
 
@@ -1064,7 +1063,7 @@ async fn relay_hands_over_only_leases_redis_confirms_when_the_key_vanishes() -> 
     let s = setup().await?;
     let key = "t:relay:vanished";
     let ours = relaying(&s, HandoffStyle::Grant, 16).await?;
-    let other = Locker::new(leasehold::connect(&s.client, SECOND).await?);
+    let other = Locker::connect(&s.client).await?;
     let mut conn = s.conn.clone();
     let holder = ours
         .acquire_with(key, 10 * SECOND, &AcquireOptions::new())

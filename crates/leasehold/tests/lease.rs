@@ -106,12 +106,12 @@ async fn bad_ttl_and_key_are_rejected_without_io() -> TestResult {
     }
     let err = locker.acquire_with("", SECOND, &once()).await.err();
     assert!(matches!(err, Some(Error::InvalidKey { .. })), "{err:?}");
-    assert!(
-        Locker::builder(_conn.clone())
+    assert!(matches!(
+        Locker::builder()
             .command_timeout(Duration::ZERO)
-            .build()
-            .is_err()
-    );
+            .build(_conn.clone()),
+        Err(Error::InvalidOptions(_))
+    ));
     server.resume()?;
     Ok(())
 }
@@ -139,7 +139,9 @@ async fn connecting_to_a_paused_redis_times_out() -> TestResult {
     let client = redis::Client::open(server.url())?;
     let outcome = tokio::time::timeout(
         HUNG,
-        leasehold::connect(&client, Duration::from_millis(200)),
+        Locker::builder()
+            .command_timeout(Duration::from_millis(200))
+            .connect(&client),
     )
     .await;
     server.resume()?;
@@ -152,7 +154,7 @@ async fn connecting_to_a_paused_redis_times_out() -> TestResult {
 async fn unreachable_redis_is_reported_as_such() -> TestResult {
     let port = leasehold_testkit::free_port()?;
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
-    let err = leasehold::connect(&client, SECOND).await.err();
+    let err = Locker::connect(&client).await.err();
     assert!(matches!(err, Some(Error::Unreachable { .. })), "{err:?}");
 
     let (mut server, _conn, locker) = setup().await?;
@@ -169,7 +171,7 @@ async fn unreachable_redis_is_reported_as_such() -> TestResult {
 async fn wrong_password_and_missing_password_are_auth_errors() -> TestResult {
     let server = RedisServer::start_with(RedisOptions::default().password("right-horse"))?;
     let wrong = redis::Client::open(format!("redis://:wrong-horse@127.0.0.1:{}/", server.port()))?;
-    let err = leasehold::connect(&wrong, SECOND).await.err();
+    let err = Locker::connect(&wrong).await.err();
     assert!(matches!(err, Some(Error::Auth(_))), "{err:?}");
     assert!(
         !format!(
@@ -181,8 +183,8 @@ async fn wrong_password_and_missing_password_are_auth_errors() -> TestResult {
     );
 
     let anonymous = redis::Client::open(format!("redis://127.0.0.1:{}/", server.port()))?;
-    let outcome = match leasehold::connect(&anonymous, SECOND).await {
-        Ok(conn) => Locker::new(conn)
+    let outcome = match Locker::connect(&anonymous).await {
+        Ok(locker) => locker
             .acquire_with("t:auth", SECOND, &once())
             .await
             .map(|_| ()),
@@ -468,8 +470,8 @@ async fn every_mode_works_under_the_minimal_acl() -> TestResult {
 
     #[cfg(feature = "handoff")]
     {
-        let handoff = leasehold::HandoffLocker::builder(locker.clone(), &client)
-            .connect()
+        let handoff = leasehold::HandoffLocker::builder()
+            .build(locker.clone(), &client)
             .await?;
         let first = handoff.acquire(&keys, ttl).await?;
         let waiter = {
@@ -488,13 +490,13 @@ async fn every_mode_works_under_the_minimal_acl() -> TestResult {
         second.release().await?;
 
         // Waiters queued in Redis (relay off, another "process").
-        let fifo = leasehold::HandoffLocker::builder(locker.clone(), &client)
+        let fifo = leasehold::HandoffLocker::builder()
             .relay_limit(0)
-            .connect()
+            .build(locker.clone(), &client)
             .await?;
-        let other = leasehold::HandoffLocker::builder(Locker::connect(&client).await?, &client)
+        let other = leasehold::HandoffLocker::builder()
             .relay_limit(0)
-            .connect()
+            .connect(&client)
             .await?;
         let first = fifo.acquire(&keys, ttl).await?;
         let waiter = {

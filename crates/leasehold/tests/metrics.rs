@@ -175,8 +175,8 @@ fn acquires_are_measured_by_mode_and_outcome_and_give_ups_by_reason() -> TestRes
 
         let quorum = Quorum::connect(vec![client.clone()]).await?;
         quorum.acquire("m:quorum", TTL).await?.release().await?;
-        let handoff = HandoffLocker::builder(locker.clone(), &client)
-            .connect()
+        let handoff = HandoffLocker::builder()
+            .build(locker.clone(), &client)
             .await?;
         handoff.acquire("m:handoff", TTL).await?.release().await?;
 
@@ -300,12 +300,10 @@ fn handoff_waiters_are_gauged_and_handoffs_counted() -> TestResult {
     with_recorder(async |mut m| {
         let server = RedisServer::start()?;
         let client = redis::Client::open(server.url())?;
-        let relaying = HandoffLocker::builder(Locker::connect(&client).await?, &client)
-            .connect()
-            .await?;
-        let other = HandoffLocker::builder(Locker::connect(&client).await?, &client)
+        let relaying = HandoffLocker::builder().connect(&client).await?;
+        let other = HandoffLocker::builder()
             .relay_limit(0)
-            .connect()
+            .connect(&client)
             .await?;
 
         let first = relaying.acquire("m:q", TTL).await?;

@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use leasehold::{
     AcquireOptions, CancellationToken, Error, FencedKeys, GiveUpReason, HandoffLocker, Lease,
-    Locker,
 };
 use leasehold_testkit::RedisServer;
 use proptest::prelude::*;
@@ -260,16 +259,15 @@ async fn run(server: &RedisServer, case: u32, ops: &[Op]) -> Result<(), String> 
     let client = redis::Client::open(server.url()).map_err(|e| e.to_string())?;
     let mut lockers = Vec::new();
     for _ in 0..2 {
-        let locker = Locker::connect(&client).await.map_err(|e| e.to_string())?;
-        let handoff = HandoffLocker::builder(locker, &client)
+        let handoff = HandoffLocker::builder()
             .relay_limit(2)
-            .connect()
+            .connect(&client)
             .await
             .map_err(|e| e.to_string())?;
         lockers.push(handoff);
     }
     let lockers: [HandoffLocker; 2] = lockers.try_into().map_err(|_| "two lockers".to_owned())?;
-    let conn = leasehold::connect(&client, Duration::from_secs(1))
+    let conn = leasehold_testkit::connection(&client, Duration::from_secs(1))
         .await
         .map_err(|e| e.to_string())?;
     let keys = FencedKeys::for_resource(&format!("model:{case}")).map_err(|e| e.to_string())?;

@@ -48,9 +48,9 @@ async fn acquire(
         Path::Fenced => locker.acquire_with(&keys, ttl, opts).await,
         Path::Handoff | Path::Relay => {
             let limit = if matches!(path, Path::Relay) { 16 } else { 0 };
-            let handoff = HandoffLocker::builder(locker.clone(), &client)
+            let handoff = HandoffLocker::builder()
                 .relay_limit(limit)
-                .connect()
+                .build(locker.clone(), &client)
                 .await?;
             handoff.acquire_with(keys.lock(), ttl, opts).await
         }
@@ -58,9 +58,10 @@ async fn acquire(
             // A node timeout far above a loaded machine's loopback round
             // trip: a slow answer would be a missing vote (QuorumNotReached),
             // not the option under test.
-            let quorum = Quorum::builder(vec![leasehold::connect(&client, SECOND).await?])
+            let quorum = Quorum::builder()
                 .node_timeout(SECOND)
-                .build()?;
+                .connect(vec![client.clone()])
+                .await?;
             quorum.acquire_with(&keys, ttl, opts).await
         }
     };
@@ -114,7 +115,7 @@ async fn a_zero_replica_wait_is_refused_before_any_io_on_every_path() -> TestRes
 async fn deadline_retry_and_cancel_give_up_the_same_way_on_every_path() -> TestResult {
     let server = RedisServer::start()?;
     let client = redis::Client::open(server.url())?;
-    let mut conn = leasehold::connect(&client, SECOND).await?;
+    let mut conn = leasehold_testkit::connection(&client, SECOND).await?;
     let cancelled = CancellationToken::new();
     cancelled.cancel();
     let cases = [
@@ -152,5 +153,60 @@ async fn deadline_retry_and_cancel_give_up_the_same_way_on_every_path() -> TestR
             }
         }
     }
+    Ok(())
+}
+
+/// Every builder refuses a setting it cannot use before any I/O: the
+/// client points at a port where nothing listens, so any I/O would be
+/// `Unreachable` instead.
+#[tokio::test]
+async fn every_builder_refuses_bad_settings_before_any_io() -> TestResult {
+    let port = leasehold_testkit::free_port()?;
+    let nowhere = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    let refused = |outcome: Result<(), Error>, what: &str| {
+        assert!(
+            matches!(outcome, Err(Error::InvalidOptions(_))),
+            "{what}: {outcome:?}"
+        );
+    };
+    let zero = Duration::ZERO;
+    let locker = Locker::builder().command_timeout(zero);
+    refused(locker.connect(&nowhere).await.map(drop), "locker");
+    let locker = Locker::builder().fence_ttl(Some(zero));
+    refused(locker.connect(&nowhere).await.map(drop), "locker fence");
+
+    let handoff = HandoffLocker::builder().command_timeout(zero);
+    refused(handoff.connect(&nowhere).await.map(drop), "handoff");
+    // Over a locker of yours, the locker's settings are its own.
+    let server = RedisServer::start()?;
+    let client = redis::Client::open(server.url())?;
+    let yours = Locker::connect(&client).await?;
+    let handoff = HandoffLocker::builder().command_timeout(SECOND);
+    refused(
+        handoff.build(yours.clone(), &client).await.map(drop),
+        "handoff over a locker",
+    );
+    let handoff = HandoffLocker::builder().fence_ttl(None);
+    refused(
+        handoff.build(yours.clone(), &client).await.map(drop),
+        "handoff fence over a locker",
+    );
+
+    let quorum = Quorum::builder().node_timeout(zero);
+    refused(
+        quorum.connect(vec![nowhere.clone()]).await.map(drop),
+        "quorum",
+    );
+    refused(
+        Quorum::builder().connect(Vec::new()).await.map(drop),
+        "quorum of none",
+    );
+    refused(
+        Quorum::builder()
+            .fence_ttl(Some(zero))
+            .build(vec![yours.connection().clone()])
+            .map(drop),
+        "quorum fence",
+    );
     Ok(())
 }

@@ -51,16 +51,15 @@ impl Way {
         Ok(match kind {
             Kind::Polling => Way::Polling(Locker::connect(&client).await?),
             Kind::Handoff | Kind::Wake | Kind::Relay => {
-                let locker = Locker::connect(&client).await?;
                 let (style, limit) = match kind {
                     Kind::Wake => (HandoffStyle::Wake, 0),
                     Kind::Relay => (HandoffStyle::Grant, 16),
                     _ => (HandoffStyle::Grant, 0),
                 };
-                let handoff = HandoffLocker::builder(locker, &client)
+                let handoff = HandoffLocker::builder()
                     .style(style)
                     .relay_limit(limit)
-                    .connect()
+                    .connect(&client)
                     .await?;
                 Way::Handoff(handoff)
             }
@@ -222,7 +221,7 @@ async fn with_lock_runs_the_work_while_held_and_releases_every_way() -> TestResu
         let fence = way.with_lock(&keys).await?;
         assert!(fence.is_some(), "{kind:?}");
         let client = redis::Client::open(servers[0].url())?;
-        let mut conn = leasehold::connect(&client, SECOND).await?;
+        let mut conn = leasehold_testkit::connection(&client, SECOND).await?;
         let left: bool = conn.exists(keys.lock()).await?;
         assert!(!left, "{kind:?}: with_lock left the lock behind");
         let again = way.with_lock(&keys).await?;
@@ -285,15 +284,14 @@ async fn fence_counters_expire_after_their_last_use_every_way() -> TestResult {
     // Kept forever when asked.
     let server = RedisServer::start()?;
     let client = redis::Client::open(server.url())?;
-    let locker = Locker::builder(leasehold::connect(&client, SECOND).await?)
-        .fence_ttl(None)
-        .build()?;
+    let locker = Locker::builder().fence_ttl(None).connect(&client).await?;
     let keys = FencedKeys::for_resource("wallet:forever")?;
     locker.acquire(&keys, SECOND).await?.release().await?;
     assert_eq!(server.redis_cli(&["PTTL", keys.fence()])?, "-1");
-    let zero = Locker::builder(leasehold::connect(&client, SECOND).await?)
+    let zero = Locker::builder()
         .fence_ttl(Some(Duration::ZERO))
-        .build()
+        .connect(&client)
+        .await
         .err();
     assert!(matches!(zero, Some(Error::InvalidOptions(_))), "{zero:?}");
     Ok(())

@@ -54,13 +54,13 @@ async fn measure_recovery_after_a_redis_restart() -> TestResult {
         );
     }
     for round in 0..5 {
-        let a = HandoffLocker::builder(Locker::connect(&client).await?, &client)
+        let a = HandoffLocker::builder()
             .relay_limit(0)
-            .connect()
+            .connect(&client)
             .await?;
-        let b = HandoffLocker::builder(Locker::connect(&client).await?, &client)
+        let b = HandoffLocker::builder()
             .relay_limit(0)
-            .connect()
+            .connect(&client)
             .await?;
         let ttl = Duration::from_secs(10);
         let held = a.acquire("m:h", ttl).await?;

@@ -28,7 +28,7 @@ async fn pair() -> Result<Pair, Box<dyn std::error::Error>> {
         RedisOptions::default().replica_of(primary.host(), primary.port()),
     )?;
     let client = redis::Client::open(primary.url())?;
-    let mut conn = leasehold::connect(&client, 10 * SECOND).await?;
+    let mut conn = leasehold_testkit::connection(&client, 10 * SECOND).await?;
     let () = conn.set("t:synced", 1).await?;
     let acked: u64 = redis::cmd("WAIT")
         .arg(1)
@@ -36,7 +36,8 @@ async fn pair() -> Result<Pair, Box<dyn std::error::Error>> {
         .query_async(&mut conn)
         .await?;
     assert_eq!(acked, 1, "the replica never synced:\n{}", replica.log());
-    let locker = Locker::new(conn.clone());
+    // The locker's WAIT then waits for the writes of this connection.
+    let locker = Locker::builder().build(conn.clone())?;
     Ok(Pair {
         _primary: primary,
         replica,
@@ -142,7 +143,7 @@ async fn zero_wait_timeout_is_refused_before_any_io() -> TestResult {
 #[cfg(feature = "quorum")]
 async fn a_quorum_refuses_to_wait_for_replicas() -> TestResult {
     let p = pair().await?;
-    let quorum = leasehold::Quorum::builder(vec![p.conn.clone()]).build()?;
+    let quorum = leasehold::Quorum::builder().build(vec![p.conn.clone()])?;
     let keys = FencedKeys::for_resource("t:wait:quorum")?;
     let err = quorum
         .acquire_with(&keys, SECOND, &wait_for_one(SECOND))

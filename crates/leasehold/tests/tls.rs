@@ -70,7 +70,7 @@ async fn lease_over_tls_with_ca_only() -> TestResult {
     assert_eq!(server.redis_cli(&["EXISTS", "lock:{tls:wallet}"])?, "0");
 
     // The hand-off locker's pub/sub connection speaks TLS too.
-    let handoff = HandoffLocker::builder(locker, &client).connect().await?;
+    let handoff = HandoffLocker::builder().build(locker, &client).await?;
     let lease = handoff.acquire("tls:handoff", 10 * SECOND).await?;
     lease.release().await?;
     Ok(())
@@ -85,8 +85,8 @@ async fn lease_over_tls_with_a_client_certificate() -> TestResult {
         .cert(certs.client_cert())
         .key(certs.client_key());
     let client = tls::client(&server.url(), &files)?;
-    let conn = leasehold::connect(&client, SECOND).await?;
-    let locker = Locker::new(conn.clone());
+    let locker = Locker::connect(&client).await?;
+    let conn = locker.connection().clone();
     let lease = locker.acquire("tls:mtls", 10 * SECOND).await?;
     let stored: String = conn.clone().get("tls:mtls").await?;
     assert_eq!(stored, lease.token().as_str());

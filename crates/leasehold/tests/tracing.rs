@@ -224,13 +224,13 @@ async fn every_acquire_span_records_every_field_on_every_path() -> TestResult {
 
     // Hand-off: granted across lockers (relay off), relayed in process,
     // gave up.
-    let first = HandoffLocker::builder(locker.clone(), &client)
+    let first = HandoffLocker::builder()
         .relay_limit(0)
-        .connect()
+        .build(locker.clone(), &client)
         .await?;
-    let second = HandoffLocker::builder(Locker::connect(&client).await?, &client)
+    let second = HandoffLocker::builder()
         .relay_limit(0)
-        .connect()
+        .connect(&client)
         .await?;
     let holder = first.acquire("t:grant", TTL).await?;
     tokens.push(holder.token().as_str().to_owned());
@@ -255,8 +255,8 @@ async fn every_acquire_span_records_every_field_on_every_path() -> TestResult {
     assert!(first.acquire_with("t:grant", TTL, &once()).await.is_err());
     granted.release().await?;
 
-    let relaying = HandoffLocker::builder(locker.clone(), &client)
-        .connect()
+    let relaying = HandoffLocker::builder()
+        .build(locker.clone(), &client)
         .await?;
     let holder = relaying.acquire("t:relay", TTL).await?;
     let queued = {

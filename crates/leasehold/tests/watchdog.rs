@@ -104,7 +104,7 @@ async fn refresh_rejects_a_bad_ttl_without_io() -> TestResult {
 #[tokio::test]
 async fn refresh_against_a_paused_redis_fails_fast_with_timeout() -> TestResult {
     let (server, conn, _) = setup().await?;
-    let locker = Locker::builder(conn).command_timeout(200 * MS).build()?;
+    let locker = Locker::builder().command_timeout(200 * MS).build(conn)?;
     let lease = locker.acquire("t:refresh:paused", 30 * SECOND).await?;
     server.pause()?;
     let outcome = tokio::time::timeout(HUNG, lease.refresh(30 * SECOND)).await;

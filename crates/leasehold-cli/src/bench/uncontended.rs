@@ -25,9 +25,9 @@ end
 return 0"#;
 
 pub(crate) async fn run(env: &Env, args: &UncontendedArgs, json: bool) -> anyhow::Result<()> {
-    let locker = Locker::builder(env.redis.clone())
+    let locker = Locker::builder()
         .command_timeout(env.locker.command_timeout())
-        .build()?;
+        .build(env.redis.clone())?;
     let mut conn = env.redis.clone();
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")

@@ -73,6 +73,8 @@ impl ChaosMode {
 
     /// Connects the mode's lock to `urls` (one, or a quorum's).
     pub(crate) async fn lock(self, urls: &[String], cluster: bool) -> anyhow::Result<Lock> {
+        // Every mode but the blind control writes with a fencing token.
+        let fenced = self != ChaosMode::Blind;
         if cluster {
             // Short retry waits, as the Locker docs advise: redis-rs waits
             // at least 1.28 s before retrying a TRYAGAIN by default, which
@@ -88,50 +90,56 @@ impl ChaosMode {
                 .get_async_connection()
                 .await
                 .context("connecting to the redis cluster")?;
-            let locker = Locker::builder(conn)
+            let locker = Locker::builder()
                 .command_timeout(COMMAND_TIMEOUT)
-                .build()?;
+                .build(conn)?;
             return Ok(match self {
-                ChaosMode::Db => Lock::None,
-                ChaosMode::Blind => Lock::ClusterPlain(locker),
+                ChaosMode::Db => Lock::none(),
                 ChaosMode::Handoff | ChaosMode::Quorum => {
                     anyhow::bail!("{} does not run on a redis cluster", self.name())
                 }
-                _ => Lock::ClusterFenced(locker),
+                _ => Lock::new(locker, fenced),
             });
         }
         let first = urls.first().context("no redis url")?;
         let client = redis::Client::open(first.as_str()).context("opening redis")?;
         Ok(match self {
-            ChaosMode::Db => Lock::None,
+            ChaosMode::Db => Lock::none(),
             ChaosMode::Quorum => {
                 let clients = urls
                     .iter()
                     .map(|url| redis::Client::open(url.as_str()))
                     .collect::<Result<Vec<_>, _>>()
                     .context("opening redis")?;
+                // Each node's connection opened now and reconnecting as a
+                // locker's does (Quorum::connect's connect lazily, with
+                // other reconnect waits).
                 let mut conns = Vec::new();
                 for client in &clients {
-                    conns.push(leasehold::connect(client, COMMAND_TIMEOUT).await?);
+                    let node = Locker::builder()
+                        .command_timeout(COMMAND_TIMEOUT)
+                        .connect(client)
+                        .await?;
+                    conns.push(node.connection().clone());
                 }
-                Lock::Quorum(
-                    Quorum::builder(conns)
-                        .node_timeout(COMMAND_TIMEOUT)
-                        .build()?,
-                )
+                let quorum = Quorum::builder()
+                    .node_timeout(COMMAND_TIMEOUT)
+                    .build(conns)?;
+                Lock::new(quorum, fenced)
+            }
+            ChaosMode::Handoff => {
+                let handoff = HandoffLocker::builder()
+                    .command_timeout(COMMAND_TIMEOUT)
+                    .connect(&client)
+                    .await?;
+                Lock::new(handoff, fenced)
             }
             _ => {
-                let conn = leasehold::connect(&client, COMMAND_TIMEOUT).await?;
-                let locker = Locker::builder(conn)
+                let locker = Locker::builder()
                     .command_timeout(COMMAND_TIMEOUT)
-                    .build()?;
-                match self {
-                    ChaosMode::Blind => Lock::Plain(locker),
-                    ChaosMode::Handoff => {
-                        Lock::Handoff(HandoffLocker::builder(locker, &client).connect().await?)
-                    }
-                    _ => Lock::Fenced(locker),
-                }
+                    .connect(&client)
+                    .await?;
+                Lock::new(locker, fenced)
             }
         })
     }

@@ -12,7 +12,6 @@ use leasehold::{AcquireOptions, Error, FencedKeys, FencingToken, Lease, Locker};
 use leasehold_pg::Snapshot;
 use leasehold_testkit::{RedisOptions, RedisServer};
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -46,17 +45,15 @@ fn start_pair() -> anyhow::Result<(RedisServer, RedisServer)> {
     Ok((primary, replica))
 }
 
-async fn connect(server: &RedisServer, what: &str) -> anyhow::Result<ConnectionManager> {
+/// A locker on `server`. Its connection sends the experiment's own
+/// commands too, so the locker's `WAIT` covers them.
+async fn locker(server: &RedisServer, what: &str) -> anyhow::Result<Locker> {
     let client = redis::Client::open(server.url())?;
-    leasehold::connect(&client, COMMAND_TIMEOUT)
+    Locker::builder()
+        .command_timeout(COMMAND_TIMEOUT)
+        .connect(&client)
         .await
         .with_context(|| format!("connecting to the {what}"))
-}
-
-async fn locker(conn: ConnectionManager) -> anyhow::Result<Locker> {
-    Ok(Locker::builder(conn)
-        .command_timeout(COMMAND_TIMEOUT)
-        .build()?)
 }
 
 /// A holder that got the lock and read the wallet.
@@ -84,7 +81,8 @@ pub(crate) async fn run(db: &Database, args: &FailoverArgs) -> anyhow::Result<Re
         replica.pid()
     );
     let keys = FencedKeys::for_resource(RESOURCE)?;
-    let mut conn = connect(&primary, "throwaway primary").await?;
+    let a_locker = locker(&primary, "throwaway primary").await?;
+    let mut conn = a_locker.connection().clone();
     let () = conn
         .set(keys.fence(), SEEDED_FENCE)
         .await
@@ -126,7 +124,6 @@ pub(crate) async fn run(db: &Database, args: &FailoverArgs) -> anyhow::Result<Re
     if args.wait_replicas > 0 {
         opts = opts.wait_replicas(args.wait_replicas, REPLICA_WAIT);
     }
-    let a_locker = locker(conn).await?;
     let mut not_replicated = false;
     let a = match a_locker.acquire_with(&keys, TTL, &opts).await {
         Ok(lease) => {
@@ -155,7 +152,8 @@ pub(crate) async fn run(db: &Database, args: &FailoverArgs) -> anyhow::Result<Re
         .context("killing the primary")??;
     notes.push("primary killed".to_owned());
     replica.resume()?;
-    let mut promoted = connect(&replica, "promoted replica").await?;
+    let b_locker = locker(&replica, "promoted replica").await?;
+    let mut promoted = b_locker.connection().clone();
     let () = redis::cmd("REPLICAOF")
         .arg("NO")
         .arg("ONE")
@@ -164,7 +162,6 @@ pub(crate) async fn run(db: &Database, args: &FailoverArgs) -> anyhow::Result<Re
         .context("promoting the replica")?;
     notes.push("replica promoted (REPLICAOF NO ONE)".to_owned());
 
-    let b_locker = locker(promoted).await?;
     let b_lease = b_locker
         .acquire_with(&keys, TTL, &AcquireOptions::new().wait(COMMAND_TIMEOUT))
         .await

@@ -27,11 +27,11 @@ use tokio::time::Instant;
 
 use std::future::Future;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fencing::{LockKeys, Target};
 use crate::lease::Lease;
 use crate::lessor::Lessor;
-use crate::locker::Locker;
+use crate::locker::{Locker, LockerBuilder};
 use crate::node::RedisConnection;
 use crate::options::{AcquireOptions, Supports};
 use crate::relay::Relay;
@@ -43,7 +43,7 @@ use self::pubsub::{route, subscribe};
 use self::release::HandoffBackend;
 
 #[cfg(doc)]
-use crate::{error::Error, fencing::FencingToken};
+use crate::fencing::FencingToken;
 
 /// The target of the module's tracing events, whichever of its files sends
 /// them (the crate docs list them under it).
@@ -309,17 +309,69 @@ impl<C: RedisConnection> std::fmt::Debug for HandoffLocker<C> {
     }
 }
 
-/// Builds a [`HandoffLocker`].
+/// Builds a [`HandoffLocker`]: [`connect`](Self::connect) opens its own
+/// [`Locker`] and pub/sub connection, [`build`](Self::build) goes over a
+/// locker you have (sharing its connection and stats).
+///
+/// ```no_run
+/// # async fn demo(client: redis::Client) -> leasehold::Result<()> {
+/// use std::time::Duration;
+/// use leasehold::{HandoffLocker, HandoffStyle, Locker};
+///
+/// let handoff = HandoffLocker::builder()
+///     .command_timeout(Duration::from_millis(500))
+///     .relay_limit(0)
+///     .connect(&client)
+///     .await?;
+///
+/// // Over a locker of yours: hand-off and polling share its connection.
+/// let locker = Locker::connect(&client).await?;
+/// let waking = HandoffLocker::builder()
+///     .style(HandoffStyle::Wake)
+///     .build(locker.clone(), &client)
+///     .await?;
+/// # let _ = (handoff, waking);
+/// # Ok(())
+/// # }
+/// ```
 #[must_use]
-#[derive(Debug)]
-pub struct HandoffLockerBuilder<C: RedisConnection> {
-    locker: Locker<C>,
-    client: redis::Client,
+#[derive(Debug, Clone)]
+pub struct HandoffLockerBuilder {
+    locker: LockerBuilder,
+    /// Whether a setting of the locker was given: [`build`](Self::build)
+    /// refuses it, since the locker it is given has its own.
+    locker_set: bool,
     style: HandoffStyle,
     relay_limit: u32,
 }
 
-impl<C: RedisConnection> HandoffLockerBuilder<C> {
+impl HandoffLockerBuilder {
+    /// The command timeout of the locker [`connect`](Self::connect) opens;
+    /// see [`LockerBuilder::command_timeout`]. It also bounds opening the
+    /// pub/sub connection and subscribing. [`build`](Self::build) refuses
+    /// it: the locker it is given has its own.
+    ///
+    /// Defaults to [`DEFAULT_COMMAND_TIMEOUT`](crate::DEFAULT_COMMAND_TIMEOUT)
+    /// (1 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.locker = self.locker.command_timeout(timeout);
+        self.locker_set = true;
+        self
+    }
+
+    /// The fence counters' lifetime for the locker
+    /// [`connect`](Self::connect) opens; see [`LockerBuilder::fence_ttl`].
+    /// [`build`](Self::build) refuses it: the locker it is given has its
+    /// own.
+    ///
+    /// Defaults to [`DEFAULT_FENCE_TTL`](crate::DEFAULT_FENCE_TTL) (30
+    /// days).
+    pub fn fence_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.locker = self.locker.fence_ttl(ttl);
+        self.locker_set = true;
+        self
+    }
+
     /// How many passes in a row a release may make to other waiters of
     /// this locker (see [relay](HandoffLocker#in-process-relay)) before the
     /// next one serves Redis's queue (other processes' waiters) first. `0`
@@ -340,22 +392,67 @@ impl<C: RedisConnection> HandoffLockerBuilder<C> {
         self
     }
 
-    /// Opens the pub/sub connection, subscribes to this locker's channel
-    /// and starts the task that routes hand-offs to waiters (and reconnects
-    /// the pub/sub connection when it drops). Both requests are bounded by
-    /// the locker's command timeout.
+    /// Checks the settings, opens a locker on `client` (a reconnecting
+    /// connection, as [`LockerBuilder::connect`]), then the pub/sub
+    /// connection, subscribes to this locker's channel and starts the task
+    /// that routes hand-offs to waiters (and reconnects the pub/sub
+    /// connection when it drops). Every step is bounded by the command
+    /// timeout.
     ///
     /// # Errors
-    /// [`Error::Unreachable`], [`Error::Timeout`] or [`Error::Auth`] when the
-    /// pub/sub connection cannot be opened; [`Error::Random`] when no channel
-    /// name could be drawn.
+    /// As [`LockerBuilder::connect`] ([`Error::InvalidOptions`] before any
+    /// I/O, [`Error::Unreachable`], [`Error::Timeout`], [`Error::Auth`], the
+    /// TLS errors), for either connection; [`Error::Random`] when no
+    /// channel name could be drawn.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future drops the half-open connections.
+    pub async fn connect(self, client: &redis::Client) -> Result<HandoffLocker> {
+        let locker = self.locker.clone().connect(client).await?;
+        self.subscribe(locker, client).await
+    }
+
+    /// Builds the hand-off locker over `locker` (whose connection sends
+    /// the scripts, and whose [`stats`](Locker::stats) then count hand-off
+    /// requests too) and `client` (which opens the one pub/sub connection
+    /// this locker needs): opens that connection, subscribes to this
+    /// locker's channel and starts the task that routes hand-offs to
+    /// waiters (and reconnects the pub/sub connection when it drops). Both
+    /// requests are bounded by the locker's command timeout.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`], before any I/O, when
+    /// [`command_timeout`](Self::command_timeout) or
+    /// [`fence_ttl`](Self::fence_ttl) was set (they are the locker's own:
+    /// set them on its [`LockerBuilder`]); [`Error::Unreachable`],
+    /// [`Error::Timeout`] or [`Error::Auth`] when the pub/sub connection
+    /// cannot be opened; [`Error::Random`] when no channel name could be
+    /// drawn.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future drops the half-open connection.
-    pub async fn connect(self) -> Result<HandoffLocker<C>> {
+    pub async fn build<C: RedisConnection>(
+        self,
+        locker: Locker<C>,
+        client: &redis::Client,
+    ) -> Result<HandoffLocker<C>> {
+        if self.locker_set {
+            return Err(Error::InvalidOptions(
+                "command_timeout and fence_ttl belong to the locker given to build: set them on its builder",
+            ));
+        }
+        self.subscribe(locker, client).await
+    }
+
+    /// Opens the pub/sub connection for `locker` and starts its listener.
+    async fn subscribe<C: RedisConnection>(
+        self,
+        locker: Locker<C>,
+        client: &redis::Client,
+    ) -> Result<HandoffLocker<C>> {
         let channel = format!("leasehold:handoff:{}", LeaseToken::generate()?);
-        let timeout = self.locker.command_timeout();
-        let messages = subscribe(&self.client, &channel, timeout).await?;
+        let timeout = locker.command_timeout();
+        let messages = subscribe(client, &channel, timeout).await?;
         let local = Arc::new(Local {
             channel,
             waiters: Waiters::default(),
@@ -363,19 +460,46 @@ impl<C: RedisConnection> HandoffLockerBuilder<C> {
             relay: (self.relay_limit > 0).then(|| Relay::new(self.relay_limit)),
         });
         let backend = Arc::new_cyclic(|this| HandoffBackend {
-            node: self.locker.node.clone(),
+            node: locker.node.clone(),
             style: self.style,
             local,
             this: this.clone(),
         });
-        let listener = tokio::spawn(route(self.client, messages, backend.clone(), timeout));
+        let listener = tokio::spawn(route(client.clone(), messages, backend.clone(), timeout));
         Ok(HandoffLocker {
             inner: Arc::new(HandoffInner {
-                locker: self.locker,
+                locker,
                 backend,
                 listener,
             }),
         })
+    }
+}
+
+impl HandoffLocker {
+    /// A hand-off locker with default settings over its own [`Locker`] on
+    /// `client` (a reconnecting connection) and the pub/sub connection it
+    /// needs: `HandoffLocker::builder().connect(client)`.
+    ///
+    /// # Errors
+    /// As [`HandoffLockerBuilder::connect`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future drops the half-open connections.
+    pub async fn connect(client: &redis::Client) -> Result<Self> {
+        HandoffLocker::builder().connect(client).await
+    }
+
+    /// A builder for non-default settings, which then opens its own locker
+    /// ([`HandoffLockerBuilder::connect`]) or goes over yours
+    /// ([`HandoffLockerBuilder::build`]).
+    pub fn builder() -> HandoffLockerBuilder {
+        HandoffLockerBuilder {
+            locker: Locker::builder(),
+            locker_set: false,
+            style: HandoffStyle::default(),
+            relay_limit: DEFAULT_RELAY_LIMIT,
+        }
     }
 }
 
@@ -402,17 +526,6 @@ impl<C: RedisConnection> Way for HandoffLocker<C> {
 }
 
 impl<C: RedisConnection> HandoffLocker<C> {
-    /// A builder over `locker` (whose connection sends the scripts) and
-    /// `client` (which opens the one pub/sub connection this locker needs).
-    pub fn builder(locker: Locker<C>, client: &redis::Client) -> HandoffLockerBuilder<C> {
-        HandoffLockerBuilder {
-            locker,
-            client: client.clone(),
-            style: HandoffStyle::default(),
-            relay_limit: DEFAULT_RELAY_LIMIT,
-        }
-    }
-
     /// The underlying locker (its [`stats`](Locker::stats) count hand-off
     /// requests too).
     pub fn locker(&self) -> &Locker<C> {

@@ -23,8 +23,8 @@ pub async fn setup() -> Result<(RedisServer, ConnectionManager, Locker), Box<dyn
 {
     let server = RedisServer::start()?;
     let client = redis::Client::open(server.url())?;
-    let conn = leasehold::connect(&client, SECOND).await?;
-    let locker = Locker::new(conn.clone());
+    let conn = leasehold_testkit::connection(&client, SECOND).await?;
+    let locker = Locker::builder().build(conn.clone())?;
     Ok((server, conn, locker))
 }
 
