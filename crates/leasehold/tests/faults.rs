@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use leasehold::{AcquireOptions, Error, FencedKeys, Locker};
+use leasehold::{AcquireOptions, Error, FencedKeys, HandoffLocker, Lessor, Locker};
 use leasehold_testkit::{RedisOptions, RedisServer};
 use redis::AsyncCommands;
 
@@ -45,32 +45,37 @@ async fn outage(
 }
 
 /// A caller waiting for a held lock (wait 5 s) while Redis is down for
-/// about 1 s gets the lock once Redis is back, not `Unreachable`.
+/// about 1 s gets the lock once Redis is back, not `Unreachable`: polling
+/// and hand-off alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiting_acquire_rides_out_a_restart() -> TestResult {
+async fn a_waiting_acquire_rides_out_a_restart_every_way() -> TestResult {
     let server = RedisServer::start()?;
     let client = redis::Client::open(server.url())?;
-    let locker = Locker::connect(&client).await?;
+    let server = waits_through_a_restart(Locker::connect(&client).await?, &client, server).await?;
+    let handoff = HandoffLocker::connect(&client).await?;
+    drop(waits_through_a_restart(handoff, &client, server).await?);
+    Ok(())
+}
+
+async fn waits_through_a_restart<L: Lessor>(
+    lock: L,
+    client: &redis::Client,
+    server: RedisServer,
+) -> Result<RedisServer, Box<dyn std::error::Error>> {
     // Someone else holds the lock; the restart (no persistence) frees it.
     let mut conn = client.get_multiplexed_async_connection().await?;
     let () = conn.set_ex("lock:faults:wait", "someone-else", 60).await?;
-
-    let opts = AcquireOptions::new().wait(5000 * MS);
-    let waiter = {
-        let locker = locker.clone();
-        tokio::spawn(async move {
-            locker
-                .acquire_with("lock:faults:wait", 2000 * MS, &opts)
-                .await
-        })
-    };
+    let waiter = tokio::spawn(async move {
+        let opts = AcquireOptions::new().wait(5000 * MS);
+        lock.acquire_with("lock:faults:wait", 2000 * MS, &opts)
+            .await
+    });
     let back = outage(server, 1000 * MS).await?;
     let server = back.await??;
     let lease = tokio::time::timeout(HUNG, waiter).await???;
     assert_eq!(lease.key(), "lock:faults:wait");
     lease.release().await?;
-    drop(server);
-    Ok(())
+    Ok(server)
 }
 
 /// A long-lived locker's first calls after a restart return no error (the
