@@ -68,6 +68,13 @@
 //! raises the Redis counter to the fence it found
 //! ([`Lease::raise_fence`]), so the next lease's token is newer and wins.
 //! At most one refused write per resource, then writes succeed again.
+//!
+//! Run the guard **first**, before the expensive part of the work (a slow
+//! query, a call to another service): then a caller holding a token below
+//! what the table has seen learns it at once, for the price of one
+//! statement, and the counter is healed at that point, before any work is
+//! done and thrown away. The README's recommended example does this inside
+//! `with_lock`.
 
 use leasehold::{FencingToken, Lease};
 use tokio_postgres::GenericClient;
