@@ -356,8 +356,9 @@ impl Lease {
     /// send time of the first request plus `ttl`, and `ttl` is what a
     /// running watchdog uses from then on.
     ///
-    /// A refresh never creates or deletes a key. Bounded by the command (or
-    /// node) timeout.
+    /// A refresh never creates or deletes a key. Each try is bounded by the
+    /// command (or node) timeout; a fault that passes quickly (a restart, a
+    /// killed connection) is retried while the lease is still valid.
     ///
     /// # Errors
     /// - [`Error::InvalidTtl`] before any I/O, as for acquire;
@@ -595,7 +596,11 @@ impl Lease {
     /// lock passes to the next waiter in the same atomic step; on every
     /// node of a quorum).
     ///
-    /// Bounded by the command (or node) timeout. A lease the watchdog found
+    /// A fault that passes quickly (Redis restarting, a killed connection,
+    /// `LOADING`) is retried, token-checked, while the lease is still valid
+    /// (and for at least the command timeout), so the next holder need not
+    /// wait out the TTL; each try is bounded by the command (or node)
+    /// timeout, and a timeout is not retried. A lease the watchdog found
     /// [`Unreachable`](LostCause::Unreachable) may still be in Redis, so
     /// release still asks.
     ///
@@ -604,7 +609,11 @@ impl Lease {
     /// was deleted there, and another holder's lock is untouched (the other
     /// keys were still given back). [`Error::Timeout`],
     /// [`Error::Unreachable`], [`Error::QuorumNotReached`] and friends when
-    /// Redis could not be asked; the TTL then ends the lease.
+    /// Redis could not be asked in time; the TTL then ends the lease. If a
+    /// try that may have acted got no answer and a later try finds the key
+    /// gone, the outcome is [`Error::Timeout`]: the release cannot tell
+    /// whether it deleted the key or found it expired, and never claims
+    /// either.
     ///
     /// # Cancel safety
     /// If the future is dropped before Redis answers, the release may or may

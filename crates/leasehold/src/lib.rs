@@ -61,11 +61,17 @@
 //!   [`Error::InvalidOptions`] naming it before any I/O. Bad input
 //!   ([`Error::InvalidTtl`], [`Error::InvalidKey`],
 //!   [`Error::KeysInDifferentSlots`]) is rejected before any I/O too.
-//! - **Connections recover.** [`Locker::connect`] opens a reconnecting
-//!   connection and a [`HandoffLocker`]'s pub/sub connection resubscribes:
-//!   after Redis restarts or a connection drops, the next request
-//!   reconnects. Every request is bounded by the caller's deadline (or the
-//!   command timeout): a paused Redis fails fast with [`Error::Timeout`].
+//! - **Connections recover, faults are ridden out.** [`Locker::connect`]
+//!   opens a reconnecting connection and a [`HandoffLocker`]'s pub/sub
+//!   connection resubscribes: after Redis restarts or a connection drops,
+//!   the next request reconnects. An acquire retries a fault that may pass
+//!   (a timeout, a lost connection, `LOADING`, `TRYAGAIN`, `MASTERDOWN`,
+//!   `CLUSTERDOWN`) until its deadline, as it retries a busy lock; a retry
+//!   never holds a lock it does not know of (a possibly-landed attempt is
+//!   undone, token-checked, or found by its own token). Release and refresh
+//!   retry quick faults while the lease is valid. Every request is bounded
+//!   by the caller's deadline (or the command timeout): a paused Redis
+//!   costs a release or refresh one command timeout, [`Error::Timeout`].
 //! - **Drop never leaks.** Dropping a lease (or an acquire future) never
 //!   blocks: its bookkeeping is synchronous and only Redis requests are
 //!   spawned; with no runtime the TTL ends the lease and the locker stays
