@@ -49,3 +49,35 @@ pub fn once() -> leasehold::AcquireOptions {
         .retry(leasehold::RetryStrategy::none())
         .wait(SECOND)
 }
+
+/// The minimal ACL the README documents for a lock user, as `ACL SETUSER`
+/// arguments (every mode: polling, fenced, hand-off, wait for replicas).
+pub const LOCK_USER_ACL: &[&str] = &[
+    "resetkeys",
+    "~lock:*",
+    "~fence:*",
+    "resetchannels",
+    "&leasehold:handoff:*",
+    "-@all",
+    "+set",
+    "+get",
+    "+del",
+    "+pexpire",
+    "+pttl",
+    "+incr",
+    "+type",
+    "+time",
+    "+zadd",
+    "+zrange",
+    "+zrem",
+    "+zpopmin",
+    "+hget",
+    "+hset",
+    "+hdel",
+    "+publish",
+    "+subscribe",
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+wait",
+];
