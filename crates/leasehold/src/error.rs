@@ -224,8 +224,16 @@ pub enum Error {
         source: redis::RedisError,
     },
 
-    /// Redis refused our credentials (wrong password, unknown user, or a
-    /// password is required).
+    /// Redis refused our credentials (wrong password, unknown or disabled
+    /// user, or a password is required).
+    ///
+    /// Retryable: the credentials may be refused for a while and then
+    /// accepted again (an ACL user lost on an empty restart and recreated, a
+    /// password being rotated), and the [`Connection`](crate::Connection)
+    /// tries the handshake again with backoff, so a later call works as
+    /// soon as the server accepts it. Credentials that are simply wrong fail
+    /// the same way every time: [`Locker::connect`](crate::Locker::connect)
+    /// reports them at startup, and a caller's deadline ends its retries.
     #[error("redis authentication failed")]
     Auth(#[source] redis::RedisError),
 
@@ -366,12 +374,13 @@ impl Error {
     /// True when trying the same operation again later may succeed: the lock
     /// was busy, Redis was slow or unreachable, was loading, failing over or
     /// busy with a script, or its replicas did not acknowledge the lock in
-    /// time. `Unreachable` counts as retryable because the connection
-    /// [`Locker::connect`](crate::Locker::connect) opens reconnects (a bare
-    /// `MultiplexedConnection` does not: see [`Locker`](crate::Locker)).
+    /// time, or it refused our credentials. `Unreachable` and `Auth` count as
+    /// retryable because the connection
+    /// [`Locker::connect`](crate::Locker::connect) opens reconnects, and
+    /// authenticates again with backoff until the server accepts it (other
+    /// connections may not: see [`Locker`](crate::Locker)).
     ///
-    /// Invalid input, authentication and permission failures (`NOPERM`,
-    /// whether we sent the
+    /// Invalid input, permission failures (`NOPERM`, whether we sent the
     /// refused command or one of our scripts did), TLS failures (a refused
     /// certificate, the wrong scheme for the port, an unusable file),
     /// unknown commands and wrong-type keys are not retryable. `NotHeld` is
@@ -383,6 +392,7 @@ impl Error {
             Error::NotAcquired { reason, .. } => *reason != GiveUpReason::Cancelled,
             Error::Timeout { .. }
             | Error::Unreachable { .. }
+            | Error::Auth(_)
             | Error::QuorumNotReached { .. }
             | Error::NotReplicated { .. } => true,
             Error::Redis { source, .. } => {

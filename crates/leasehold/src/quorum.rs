@@ -62,13 +62,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use std::future::Future;
 
 use crate::compare::Step;
+use crate::connection::Connection;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::fencing::{FencedKeys, FencingToken, LockKeys, Target};
 use crate::lease::{Backend, Lease, Part, Reply};
@@ -110,7 +110,7 @@ pub(crate) fn validity(ttl: Duration, elapsed: Duration) -> Option<Duration> {
 /// Cheap to clone. Use an odd number of nodes (3 or 5): an even number
 /// tolerates no more failures than the odd number below it.
 #[derive(Clone)]
-pub struct Quorum<C = ConnectionManager> {
+pub struct Quorum<C = Connection> {
     inner: Arc<QuorumInner<C>>,
 }
 
@@ -182,30 +182,19 @@ impl<C: RedisConnection> QuorumBuilder<C> {
     }
 }
 
-impl Quorum<ConnectionManager> {
+impl Quorum<Connection> {
     /// A quorum over `clients`, one per independent server, with lazily
-    /// established, self-reconnecting connections: a server that is down now
-    /// is a missing vote, not an error, and counts again once it is back.
+    /// established, self-reconnecting [`Connection`]s: a server that is down
+    /// now (or refuses our credentials) is a missing vote, not an error, and
+    /// counts again once it is back (or accepts them).
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`] for an empty list; [`Error::Redis`] if a
-    /// client's settings are unusable. No I/O happens here.
+    /// [`Error::InvalidOptions`] for an empty list. No I/O happens here.
     pub async fn connect(clients: Vec<redis::Client>) -> Result<Self> {
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(DEFAULT_NODE_TIMEOUT))
-            .set_response_timeout(Some(DEFAULT_NODE_TIMEOUT))
-            .set_number_of_retries(1);
         let nodes = clients
             .into_iter()
-            .map(|client| {
-                ConnectionManager::new_lazy_with_config(client, config.clone()).map_err(|source| {
-                    Error::Redis {
-                        op: "connect",
-                        source,
-                    }
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+            .map(|client| Connection::lazy(client, DEFAULT_NODE_TIMEOUT, 1))
+            .collect();
         Quorum::builder(nodes).build()
     }
 }

@@ -1,7 +1,8 @@
 //! Redis ACLs: every command the README's minimal ACL lists is needed by the
 //! operation that uses it, and refused it comes back as
 //! `Error::NoPermission` naming it, whether we send it or one of our Lua
-//! scripts does.
+//! scripts does; and a locker whose user vanished (an empty restart)
+//! works again as soon as the user is back.
 
 use std::time::Duration;
 
@@ -10,6 +11,13 @@ use leasehold_testkit::RedisServer;
 
 mod common;
 use common::*;
+
+/// `ACL SETUSER <user> on ><password>` plus the README's minimal ACL.
+fn setuser<'a>(user: &'a str, password: &'a str) -> Vec<&'a str> {
+    let mut args = vec!["ACL", "SETUSER", user, "on", password];
+    args.extend_from_slice(LOCK_USER_ACL);
+    args
+}
 
 /// An operation of the library, run by a user whose ACL lacks one command.
 #[derive(Debug, Clone, Copy)]
@@ -196,5 +204,113 @@ async fn each_command_of_the_minimal_acl_is_needed_and_named_when_refused() -> T
             );
         }
     }
+    Ok(())
+}
+
+/// Everything an error says, its sources included, `Display` and `Debug`.
+fn all_text(err: &Error) -> String {
+    let mut text = format!("{err} {err:?}");
+    let mut source = std::error::Error::source(err);
+    while let Some(inner) = source {
+        text.push_str(&format!(" {inner} {inner:?}"));
+        source = inner.source();
+    }
+    text
+}
+
+/// How many failed authentications the server has logged (`ACL LOG`).
+fn auth_failures(server: &RedisServer) -> Result<i64, Box<dyn std::error::Error>> {
+    let leasehold_testkit::Reply::Array(entries) = server.command(&["ACL", "LOG"])? else {
+        return Err("ACL LOG is not an array".into());
+    };
+    let mut total = 0;
+    for entry in entries {
+        let leasehold_testkit::Reply::Array(fields) = entry else {
+            continue;
+        };
+        let field = |name: &str| {
+            fields
+                .chunks(2)
+                .find(|pair| pair[0].to_string() == name)
+                .map(|pair| pair[1].clone())
+        };
+        if field("reason").map(|r| r.to_string()) == Some("auth".to_owned())
+            && let Some(leasehold_testkit::Reply::Integer(count)) = field("count")
+        {
+            total += count;
+        }
+    }
+    Ok(total)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locker_authenticates_again_once_its_user_is_back() -> TestResult {
+    const PASSWORD: &str = "correct-horse-battery";
+    let mut server = RedisServer::start()?;
+    let password = format!(">{PASSWORD}");
+    server.command(&setuser("locker", &password))?;
+    let client = redis::Client::open(format!(
+        "redis://locker:{PASSWORD}@{}:{}",
+        server.host(),
+        server.port()
+    ))?;
+    let locker = Locker::connect(&client).await?;
+    let conn = leasehold::connect(&client, SECOND).await?;
+    assert!(
+        !format!("{conn:?} {locker:?}").contains(PASSWORD),
+        "{conn:?}"
+    );
+    let key = "lock:reauth";
+    locker.acquire(key, SECOND).await?.release().await?;
+
+    // An empty restart: the user is gone. The request that finds the old
+    // connection broken fails as unreachable; the reconnect is refused.
+    server.restart_empty()?;
+    let refused = tokio::time::timeout(HUNG, async {
+        loop {
+            match locker.acquire_with(key, SECOND, &once()).await {
+                Err(Error::Unreachable { .. }) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await?;
+    let err = refused.err().ok_or("acquired without a user")?;
+    assert!(matches!(err, Error::Auth(_)), "{err:?}");
+    assert!(err.is_retryable(), "{err:?}: the user may come back");
+    assert!(!all_text(&err).contains(PASSWORD), "{}", all_text(&err));
+
+    // A caller that retries in a tight loop gets the same typed error at
+    // once, and the server sees the handshake again only with backoff.
+    let before = auth_failures(&server)?;
+    let hammering = tokio::time::Instant::now();
+    let mut calls = 0;
+    while hammering.elapsed() < Duration::from_secs(1) {
+        let err = locker.acquire_with(key, SECOND, &once()).await.err();
+        assert!(matches!(err, Some(Error::Auth(_))), "{err:?}");
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let handshakes = auth_failures(&server)? - before;
+    assert!(
+        (1..=12).contains(&handshakes),
+        "{handshakes} refused handshakes for {calls} calls in 1 s"
+    );
+
+    // The user is back: the same locker works again.
+    server.command(&setuser("locker", &password))?;
+    let lease = tokio::time::timeout(HUNG, async {
+        loop {
+            match locker.acquire_with(key, SECOND, &once()).await {
+                Ok(lease) => return Ok(lease),
+                Err(err) if err.is_retryable() => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    })
+    .await??;
+    lease.release().await?;
     Ok(())
 }

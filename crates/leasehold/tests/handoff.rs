@@ -6,12 +6,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use leasehold::{
-    AcquireOptions, CancellationToken, Error, GiveUpReason, HandoffLocker, HandoffStyle, Locker,
-    RetryStrategy,
+    AcquireOptions, CancellationToken, Connection, Error, GiveUpReason, HandoffLocker,
+    HandoffStyle, Locker, RetryStrategy,
 };
 use leasehold_testkit::RedisServer;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -23,7 +22,7 @@ const HUNG: Duration = Duration::from_secs(20);
 struct Setup {
     server: RedisServer,
     client: redis::Client,
-    conn: ConnectionManager,
+    conn: Connection,
 }
 
 async fn setup() -> Result<Setup, Box<dyn std::error::Error>> {
@@ -54,16 +53,12 @@ async fn relaying(s: &Setup, style: HandoffStyle, limit: u32) -> Result<HandoffL
 }
 
 /// Waits until the wait queue of `key` holds at least `n` entries.
-async fn until_queued(conn: &mut ConnectionManager, key: &str, n: usize) -> TestResult {
+async fn until_queued(conn: &mut Connection, key: &str, n: usize) -> TestResult {
     until_queue(conn, key, |len| len >= n).await
 }
 
 /// Waits until the length of `key`'s wait queue satisfies `done`.
-async fn until_queue(
-    conn: &mut ConnectionManager,
-    key: &str,
-    done: impl Fn(usize) -> bool,
-) -> TestResult {
+async fn until_queue(conn: &mut Connection, key: &str, done: impl Fn(usize) -> bool) -> TestResult {
     let queue = format!("{key}:waitq");
     tokio::time::timeout(HUNG, async {
         loop {
@@ -464,7 +459,7 @@ async fn a_dropped_handoff_lease_is_handed_on_in_the_background() -> TestResult 
 }
 
 /// Calls of `cmd` the server has run so far (`INFO commandstats`).
-async fn calls(conn: &mut ConnectionManager, cmd: &str) -> Result<u64, redis::RedisError> {
+async fn calls(conn: &mut Connection, cmd: &str) -> Result<u64, redis::RedisError> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
@@ -1036,7 +1031,7 @@ fn spawn_confirmed(
     locker: &HandoffLocker,
     key: &'static str,
     tokens: &Arc<std::sync::Mutex<Vec<String>>>,
-    conn: &ConnectionManager,
+    conn: &Connection,
 ) -> tokio::task::JoinHandle<Result<(), Error>> {
     let (locker, tokens, mut conn) = (locker.clone(), tokens.clone(), conn.clone());
     tokio::spawn(async move {

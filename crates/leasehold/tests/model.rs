@@ -72,7 +72,7 @@ struct Holder {
 
 struct World {
     lockers: [HandoffLocker; 2],
-    conn: redis::aio::ConnectionManager,
+    conn: leasehold::Connection,
     keys: FencedKeys,
     waiters: Vec<Waiter>,
     holders: Vec<Holder>,

@@ -2,10 +2,9 @@
 
 use std::time::Duration;
 
-use leasehold::{AcquireOptions, Error, FencedKeys, FencingToken, Locker};
+use leasehold::{AcquireOptions, Connection, Error, FencedKeys, FencingToken, Locker};
 use leasehold_testkit::{RedisOptions, RedisServer};
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -15,7 +14,7 @@ struct Pair {
     /// Kept alive for the test; stopped on drop.
     _primary: RedisServer,
     replica: RedisServer,
-    conn: ConnectionManager,
+    conn: Connection,
     locker: Locker,
 }
 

@@ -8,11 +8,10 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use leasehold::{AcquireOptions, Error, FencedKeys, FencingToken, Lease, Locker};
+use leasehold::{AcquireOptions, Connection, Error, FencedKeys, FencingToken, Lease, Locker};
 use leasehold_pg::Snapshot;
 use leasehold_testkit::{RedisOptions, RedisServer};
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -46,14 +45,14 @@ fn start_pair() -> anyhow::Result<(RedisServer, RedisServer)> {
     Ok((primary, replica))
 }
 
-async fn connect(server: &RedisServer, what: &str) -> anyhow::Result<ConnectionManager> {
+async fn connect(server: &RedisServer, what: &str) -> anyhow::Result<Connection> {
     let client = redis::Client::open(server.url())?;
     leasehold::connect(&client, COMMAND_TIMEOUT)
         .await
         .with_context(|| format!("connecting to the {what}"))
 }
 
-async fn locker(conn: ConnectionManager) -> anyhow::Result<Locker> {
+async fn locker(conn: Connection) -> anyhow::Result<Locker> {
     Ok(Locker::builder(conn)
         .command_timeout(COMMAND_TIMEOUT)
         .build()?)

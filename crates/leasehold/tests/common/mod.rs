@@ -4,10 +4,9 @@
 
 use std::time::Duration;
 
-use leasehold::Locker;
+use leasehold::{Connection, Locker};
 use leasehold_testkit::RedisServer;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 
 pub type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -19,8 +18,7 @@ pub const SECOND: Duration = Duration::from_secs(1);
 pub const HUNG: Duration = Duration::from_secs(5);
 
 /// A fresh server, a connection to it, and a locker over that connection.
-pub async fn setup() -> Result<(RedisServer, ConnectionManager, Locker), Box<dyn std::error::Error>>
-{
+pub async fn setup() -> Result<(RedisServer, Connection, Locker), Box<dyn std::error::Error>> {
     let server = RedisServer::start()?;
     let client = redis::Client::open(server.url())?;
     let conn = leasehold::connect(&client, SECOND).await?;
@@ -29,7 +27,7 @@ pub async fn setup() -> Result<(RedisServer, ConnectionManager, Locker), Box<dyn
 }
 
 /// Waits for Redis to expire `key` (checks the condition; no blind sleep).
-pub async fn until_gone(conn: &mut ConnectionManager, key: &str) -> TestResult {
+pub async fn until_gone(conn: &mut Connection, key: &str) -> TestResult {
     tokio::time::timeout(HUNG, async {
         loop {
             let exists: bool = conn.exists(key).await?;
