@@ -6,9 +6,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use leasehold::Locker;
+use leasehold::{Connection, Locker};
 use leasehold_testkit::{PostgresServer, RedisServer};
-use redis::aio::ConnectionManager;
 use tokio::sync::OnceCell;
 
 use crate::exit::Usage;
@@ -90,7 +89,7 @@ pub(crate) struct DatabaseFlags {
 /// The Redis connections shared by every experiment of one CLI invocation.
 pub(crate) struct Env {
     /// The locker's connection, for the experiments' own commands.
-    pub(crate) redis: ConnectionManager,
+    pub(crate) redis: Connection,
     pub(crate) locker: Locker,
     /// Opens further connections (the hand-off pub/sub connection).
     pub(crate) client: redis::Client,
@@ -226,7 +225,7 @@ async fn open_postgres(url: Option<String>) -> anyhow::Result<Postgres> {
 }
 
 /// Prints, once, the server settings that weaken what a lease promises.
-async fn report_findings(redis: &ConnectionManager, shown: &str, throwaway: bool) {
+async fn report_findings(redis: &Connection, shown: &str, throwaway: bool) {
     match leasehold::diagnostics::diagnose(redis, COMMAND_TIMEOUT).await {
         Ok(findings) => {
             for finding in findings {

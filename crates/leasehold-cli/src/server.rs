@@ -3,12 +3,12 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use redis::aio::ConnectionManager;
+use leasehold::Connection;
 
 /// CPU time the server process has used so far (`INFO cpu`:
 /// `used_cpu_sys + used_cpu_user`); `None` when the user may not run `INFO`
 /// (a lock user's minimal ACL leaves it out).
-pub(crate) async fn cpu(conn: &ConnectionManager) -> anyhow::Result<Option<Duration>> {
+pub(crate) async fn cpu(conn: &Connection) -> anyhow::Result<Option<Duration>> {
     let mut conn = conn.clone();
     let info: String = match redis::cmd("INFO").arg("cpu").query_async(&mut conn).await {
         Ok(info) => info,
@@ -31,7 +31,7 @@ pub(crate) async fn cpu(conn: &ConnectionManager) -> anyhow::Result<Option<Durat
 
 /// CPU time the server has used since `before` (from [`cpu`]), if known.
 pub(crate) async fn cpu_since(
-    conn: &ConnectionManager,
+    conn: &Connection,
     before: Option<Duration>,
 ) -> anyhow::Result<Option<Duration>> {
     let after = cpu(conn).await?;

@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
+use leasehold::Connection;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 use tokio::sync::Barrier;
 
 /// The tutorial's balance key.
@@ -15,12 +15,12 @@ pub(crate) const BALANCE_KEY: &str = "wallet:42:balance";
 /// A balance kept in Redis, spent the naive way.
 #[derive(Clone)]
 pub(crate) struct Wallet {
-    conn: ConnectionManager,
+    conn: Connection,
     key: &'static str,
 }
 
 impl Wallet {
-    pub(crate) fn new(conn: ConnectionManager) -> Wallet {
+    pub(crate) fn new(conn: Connection) -> Wallet {
         Wallet {
             conn,
             key: BALANCE_KEY,

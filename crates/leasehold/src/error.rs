@@ -224,8 +224,16 @@ pub enum Error {
         source: redis::RedisError,
     },
 
-    /// Redis refused our credentials (wrong password, unknown user, or a
-    /// password is required).
+    /// Redis refused our credentials (wrong password, unknown or disabled
+    /// user, or a password is required).
+    ///
+    /// Retryable: the credentials may be refused for a while and then
+    /// accepted again (an ACL user lost on an empty restart and recreated, a
+    /// password being rotated), and the [`Connection`](crate::Connection)
+    /// tries the handshake again with backoff, so a later call works as
+    /// soon as the server accepts it. Credentials that are simply wrong fail
+    /// the same way every time: [`Locker::connect`](crate::Locker::connect)
+    /// reports them at startup, and a caller's deadline ends its retries.
     #[error("redis authentication failed")]
     Auth(#[source] redis::RedisError),
 
@@ -366,21 +374,25 @@ impl Error {
     /// True when trying the same operation again later may succeed: the lock
     /// was busy, Redis was slow or unreachable, was loading, failing over or
     /// busy with a script, or its replicas did not acknowledge the lock in
-    /// time. `Unreachable` counts as retryable because the connection
-    /// [`Locker::connect`](crate::Locker::connect) opens reconnects (a bare
-    /// `MultiplexedConnection` does not: see [`Locker`](crate::Locker)).
+    /// time, or it refused our credentials. `Unreachable` and `Auth` count as
+    /// retryable because the connection
+    /// [`Locker::connect`](crate::Locker::connect) opens reconnects, and
+    /// authenticates again with backoff until the server accepts it (other
+    /// connections may not: see [`Locker`](crate::Locker)).
     ///
-    /// Invalid input, authentication and permission failures (`NOPERM`),
-    /// TLS failures (a refused certificate, the wrong scheme for the port,
-    /// an unusable file), unknown commands and wrong-type keys are not
-    /// retryable. `NotHeld` is not retryable either: the lease is gone, and
-    /// the right response is to stop the protected work, not to retry it;
-    /// the same goes for `LeaseLost`.
+    /// Invalid input, permission failures (`NOPERM`, whether we sent the
+    /// refused command or one of our scripts did), TLS failures (a refused
+    /// certificate, the wrong scheme for the port, an unusable file),
+    /// unknown commands and wrong-type keys are not retryable. `NotHeld` is
+    /// not retryable either: the lease is gone, and the right response is to
+    /// stop the protected work, not to retry it; the same goes for
+    /// `LeaseLost`.
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::NotAcquired { reason, .. } => *reason != GiveUpReason::Cancelled,
             Error::Timeout { .. }
             | Error::Unreachable { .. }
+            | Error::Auth(_)
             | Error::QuorumNotReached { .. }
             | Error::NotReplicated { .. } => true,
             Error::Redis { source, .. } => {
@@ -432,6 +444,13 @@ impl Error {
             }
             _ => {}
         }
+        if is_refused_in_script(&err) {
+            return Error::NoPermission {
+                op,
+                command: refused_command(err.detail().unwrap_or_default()),
+                source: err,
+            };
+        }
         if err.kind() == ErrorKind::AuthenticationFailed {
             return Error::Auth(err);
         }
@@ -458,22 +477,43 @@ impl Error {
     }
 }
 
-/// What a `NOPERM` reply names: `... run the 'set' command` gives `SET`,
-/// `... access one of the keys ...` / `... one of the channels ...` say so.
+/// Whether `err` is an ACL refusal that does not say `NOPERM` up front:
+/// how Redis reports a command refused inside a script (7.0: "ERR The user
+/// executing the script can't run this command or subcommand", 7.2 and
+/// Valkey: "ERR ACL failure in script: ..."). Our scripts turn these into
+/// `NOPERM` replies themselves (`scripts/prelude.lua`); this catches any
+/// that get through.
+fn is_refused_in_script(err: &redis::RedisError) -> bool {
+    err.detail().is_some_and(|detail| {
+        detail.contains("NOPERM")
+            || detail.contains("ACL failure in script")
+            || detail.contains("user executing the script can't")
+    })
+}
+
+/// What a `NOPERM` reply names: `... run the 'set' command` gives `SET`;
+/// `... one of the keys used as arguments of 'get'` (a refusal in one of
+/// our scripts) gives `GET on one of its keys`, and without the command's
+/// name `a command on one of its keys` (or channels).
 fn refused_command(detail: &str) -> String {
-    if let Some(start) = detail.find("run the '") {
-        let rest = &detail[start + "run the '".len()..];
-        if let Some(end) = rest.find('\'') {
-            return rest[..end].to_ascii_uppercase();
-        }
+    let quoted = |before: &str| {
+        let rest = &detail[detail.find(before)? + before.len()..];
+        Some(rest[..rest.find('\'')?].to_ascii_uppercase())
+    };
+    if let Some(command) = quoted("run the '") {
+        return command;
     }
-    if detail.contains("keys") {
-        return "a command on one of its keys".to_owned();
+    let what = if detail.contains("channel") {
+        "channels"
+    } else if detail.contains("key") {
+        "keys"
+    } else {
+        return "a command".to_owned();
+    };
+    match quoted("arguments of '") {
+        Some(command) => format!("{command} on one of its {what}"),
+        None => format!("a command on one of its {what}"),
     }
-    if detail.contains("channels") {
-        return "a command on one of its channels".to_owned();
-    }
-    "a command".to_owned()
 }
 
 impl From<getrandom::Error> for Error {
@@ -484,3 +524,69 @@ impl From<getrandom::Error> for Error {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error redis-rs makes of the error reply `text`.
+    fn server_error(text: &str) -> redis::RedisError {
+        let reply = redis::parse_redis_value(format!("-{text}\r\n").as_bytes())
+            .and_then(redis::Value::extract_error);
+        match reply {
+            Err(err) => err,
+            Ok(value) => panic!("{text} parsed as {value:?}"),
+        }
+    }
+
+    #[test]
+    fn a_refused_command_is_named_however_redis_words_it() {
+        let cases = [
+            // Sent directly (Redis 7.0, 7.2).
+            (
+                "NOPERM this user has no permissions to run the 'set' command",
+                "SET",
+            ),
+            (
+                "NOPERM User locker has no permissions to run the 'script|load' command",
+                "SCRIPT|LOAD",
+            ),
+            (
+                "NOPERM this user has no permissions to access one of the keys used as arguments",
+                "a command on one of its keys",
+            ),
+            (
+                "NOPERM No permissions to access a key",
+                "a command on one of its keys",
+            ),
+            // From our scripts (scripts/prelude.lua).
+            (
+                "NOPERM this user has no permissions to run the 'incr' command script: 1de7, on @user_script:40.",
+                "INCR",
+            ),
+            (
+                "NOPERM this user has no permissions to access one of the channels used as arguments of 'publish'",
+                "PUBLISH on one of its channels",
+            ),
+            // Inside a script, not reworded (Redis 7.0, then 7.2).
+            (
+                "ERR The user executing the script can't run this command or subcommand script: 6163, on @user_script:1.",
+                "a command",
+            ),
+            (
+                "ERR ACL failure in script: User locker has no permissions to run the 'get' command script: 8a2f, on @user_script:4.",
+                "GET",
+            ),
+        ];
+        for (reply, named) in cases {
+            let err = Error::from_redis("acquire", "k", server_error(reply));
+            match &err {
+                Error::NoPermission { op, command, .. } => {
+                    assert_eq!((*op, command.as_str()), ("acquire", named), "{reply}");
+                }
+                other => panic!("{reply}: {other:?}"),
+            }
+            assert!(!err.is_retryable(), "{reply}");
+        }
+    }
+}

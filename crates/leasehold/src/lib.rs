@@ -160,6 +160,7 @@
 // Protocol: the connection, the scripts and the token-checked steps.
 mod call;
 mod compare;
+mod connection;
 mod error;
 mod fencing;
 mod lost;
@@ -202,6 +203,7 @@ pub mod tls;
 #[cfg(test)]
 mod give_up_tests;
 
+pub use connection::Connection;
 pub use error::{Error, GiveUpReason, Result, TlsFileRole};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 #[cfg(feature = "handoff")]

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
 use std::future::Future;
 
 use crate::compare::Step;
+use crate::connection::{Connection, RECONNECT_RETRIES};
 use crate::error::{Error, Result};
 use crate::fencing::{FencingToken, LockKeys, Target};
 use crate::lease::{
@@ -47,14 +47,20 @@ pub(crate) fn check_fence_ttl(ttl: Option<Duration>) -> Result<()> {
 /// Cheap to clone: clones share the connection, which redis-rs multiplexes.
 /// Generic over the connection type; the default, opened by
 /// [`Locker::connect`] (or [`LockerBuilder::connect`]), is a reconnecting
-/// [`ConnectionManager`]: after Redis
+/// [`Connection`]: after Redis
 /// restarts or the connection drops, the request that finds it broken fails
 /// ([`Error::Unreachable`], which [`is_retryable`](Error::is_retryable))
 /// and starts a reconnect, and the next request goes out on the new
-/// connection. A bare
+/// connection; when the server refuses the reconnect's credentials (an ACL
+/// user lost on an empty restart), requests fail with [`Error::Auth`] (also
+/// retryable) and the handshake is tried again with backoff, so the locker
+/// works again as soon as the server accepts it. A bare
 /// [`MultiplexedConnection`](redis::aio::MultiplexedConnection) never
 /// reconnects: once it breaks, every request fails until you build a new
-/// locker, so use it only where something else replaces it. A connection
+/// locker, so use it only where something else replaces it. A redis-rs
+/// [`ConnectionManager`](redis::aio::ConnectionManager) reconnects, but
+/// once the server refused a reconnect's credentials it answers every
+/// later request with that refusal, until you build a new one. A connection
 /// of yours goes in through [`LockerBuilder::build`].
 ///
 /// A Redis Cluster connection works too (feature `cluster`; the keys of one
@@ -84,7 +90,7 @@ pub(crate) fn check_fence_ttl(ttl: Option<Duration>) -> Result<()> {
 /// Pass a key (`&str`) for a plain lock, [`FencedKeys`](crate::FencedKeys)
 /// for a fenced one.
 #[derive(Clone)]
-pub struct Locker<C = ConnectionManager> {
+pub struct Locker<C = Connection> {
     pub(crate) node: Arc<Node<C>>,
 }
 
@@ -154,8 +160,8 @@ impl LockerBuilder {
         check_fence_ttl(self.fence_ttl)
     }
 
-    /// Checks the settings, then opens a reconnecting connection
-    /// ([`ConnectionManager`]) to `client`'s server and builds the locker
+    /// Checks the settings, then opens a reconnecting [`Connection`] to
+    /// `client`'s server and builds the locker
     /// over it. This is the way in for a long-lived service: the locker
     /// outlives Redis restarts and dropped connections.
     ///
@@ -164,8 +170,11 @@ impl LockerBuilder {
     /// fails and a reconnect starts at once, retried twice within a few
     /// hundred milliseconds; requests sent meanwhile wait for it (bounded
     /// by their own deadlines). If Redis is still down, those requests fail
-    /// and the next one starts a new reconnect, so a caller that retries
-    /// recovers as soon as Redis is back. Opening the connection, and each
+    /// and the next one starts a new reconnect; an acquire retries within
+    /// its deadline, so it gets the lock as soon as Redis is back. A
+    /// refused handshake (an ACL user lost on an empty restart) is tried
+    /// again with backoff, and the locker works again within about half a
+    /// second of the server accepting it. Opening the connection, and each
     /// response on it, is bounded by the
     /// [command timeout](Self::command_timeout).
     ///
@@ -203,7 +212,7 @@ impl LockerBuilder {
     }
 }
 
-impl Locker<ConnectionManager> {
+impl Locker<Connection> {
     /// Opens a reconnecting connection to `client`'s server and wraps it in
     /// a locker with default settings: `Locker::builder().connect(client)`
     /// (see [`LockerBuilder::connect`] for how the connection recovers).
@@ -232,33 +241,25 @@ impl Locker<ConnectionManager> {
     }
 }
 
-/// How often a broken connection is retried before the request waiting for
-/// it fails (the next request starts a new round).
-const RECONNECT_RETRIES: usize = 2;
-
-/// Opens a reconnecting connection ([`ConnectionManager`]) whose connect and
-/// response timeouts are both `timeout`, mapping failures to [`Error`]
-/// ([`LockerBuilder::connect`] says how it recovers and fails).
-pub(crate) async fn connect(
-    client: &redis::Client,
-    timeout: Duration,
-) -> Result<ConnectionManager> {
-    #[cfg(feature = "tls")]
-    crate::tls::install_provider();
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout))
-        .set_number_of_retries(RECONNECT_RETRIES)
-        .set_min_delay(Duration::from_millis(20))
-        .set_max_delay(Duration::from_millis(200));
+/// Opens a reconnecting [`Connection`] whose connect and response timeouts
+/// are both `timeout`, mapping failures to [`Error`].
+///
+/// When a request finds the connection broken (Redis restarted, the
+/// connection was killed or timed out at the TCP level), that request fails
+/// and a reconnect starts at once, retried twice within a few tens of
+/// milliseconds; requests sent meanwhile wait for it (bounded by their own
+/// deadlines). If Redis is still down, those requests fail and the next one
+/// starts a new reconnect. If Redis refuses the reconnect's handshake (the
+/// ACL user is gone, its password changed), requests fail at once with
+/// [`Error::Auth`] and the handshake is tried again after a backoff of 50
+/// to 500 ms: the connection works again within about half a second of the
+/// server accepting it. See [`Connection`].
+pub(crate) async fn connect(client: &redis::Client, timeout: Duration) -> Result<Connection> {
+    let conn = Connection::lazy(client.clone(), timeout, RECONNECT_RETRIES);
     let deadline = Instant::now() + timeout;
-    let connected = call::bounded(
-        "connect",
-        "",
-        deadline,
-        ConnectionManager::new_with_config(client.clone(), config),
-    )
-    .await;
+    let connected = call::bounded("connect", "", deadline, conn.established())
+        .await
+        .map(|()| conn);
     #[cfg(feature = "tls")]
     let connected = match connected {
         Err(err) => Err(crate::tls::explain(client, err).await),
@@ -275,7 +276,7 @@ impl<C: RedisConnection> Locker<C> {
     }
 
     /// The connection this locker sends its requests on, for commands of
-    /// your own: a clone shares it (and, for a [`ConnectionManager`], its
+    /// your own: a clone shares it (and, for a [`Connection`], its
     /// reconnects).
     pub fn connection(&self) -> &C {
         self.node.connection()

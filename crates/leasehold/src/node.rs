@@ -20,9 +20,11 @@ use crate::stats::Counters;
 use crate::token::LeaseToken;
 
 /// A Redis connection a [`Locker`](crate::Locker) can use: any clonable async redis-rs
-/// connection, such as a
-/// [`ConnectionManager`](redis::aio::ConnectionManager) (the default, which
-/// reconnects), a cluster connection, or a
+/// connection, such as a [`Connection`](crate::Connection) (the default,
+/// which reconnects and authenticates again), a
+/// [`ConnectionManager`](redis::aio::ConnectionManager) (which reconnects,
+/// but not after the server refused its credentials once), a cluster
+/// connection, or a
 /// [`MultiplexedConnection`](redis::aio::MultiplexedConnection) (which does
 /// not: see [`Locker`](crate::Locker)).
 pub trait RedisConnection: redis::aio::ConnectionLike + Clone + Send + Sync + 'static {}

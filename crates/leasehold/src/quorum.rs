@@ -62,13 +62,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use std::future::Future;
 
 use crate::compare::Step;
+use crate::connection::Connection;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::fencing::{FencedKeys, FencingToken, LockKeys, Target};
 use crate::lease::{Backend, Lease, Part, Reply};
@@ -110,7 +110,7 @@ pub(crate) fn validity(ttl: Duration, elapsed: Duration) -> Option<Duration> {
 /// Cheap to clone. Use an odd number of nodes (3 or 5): an even number
 /// tolerates no more failures than the odd number below it.
 #[derive(Clone)]
-pub struct Quorum<C = ConnectionManager> {
+pub struct Quorum<C = Connection> {
     inner: Arc<QuorumInner<C>>,
 }
 
@@ -187,32 +187,22 @@ impl QuorumBuilder {
 
     /// Checks the settings and builds the quorum over `clients`, one per
     /// independent server, with lazily established, self-reconnecting
-    /// connections: a server that is down now is a missing vote, not an
-    /// error, and counts again once it is back. No I/O happens here.
+    /// [`Connection`]s: a server that is down now (or refuses our
+    /// credentials) is a missing vote, not an error, and counts again once
+    /// it is back (or accepts them). No I/O happens here.
     ///
     /// # Errors
     /// [`Error::InvalidOptions`] for no clients, a zero node timeout or
-    /// fence TTL; [`Error::Redis`] if a client's settings are unusable.
+    /// fence TTL.
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is sent.
-    pub async fn connect(self, clients: Vec<redis::Client>) -> Result<Quorum> {
+    pub async fn connect(self, clients: Vec<redis::Client>) -> Result<Quorum<Connection>> {
         self.check(clients.len())?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.node_timeout))
-            .set_response_timeout(Some(self.node_timeout))
-            .set_number_of_retries(1);
         let nodes = clients
             .into_iter()
-            .map(|client| {
-                ConnectionManager::new_lazy_with_config(client, config.clone()).map_err(|source| {
-                    Error::Redis {
-                        op: "connect",
-                        source,
-                    }
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+            .map(|client| Connection::lazy(client, self.node_timeout, 1))
+            .collect();
         self.build(nodes)
     }
 
@@ -237,7 +227,7 @@ impl QuorumBuilder {
     }
 }
 
-impl Quorum<ConnectionManager> {
+impl Quorum<Connection> {
     /// A quorum with default settings over `clients`, one per independent
     /// server, with lazily established, self-reconnecting connections:
     /// `Quorum::builder().connect(clients)`. A server that is down now is

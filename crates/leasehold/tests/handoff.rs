@@ -11,7 +11,6 @@ use leasehold::{
 };
 use leasehold_testkit::RedisServer;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -23,7 +22,7 @@ const HUNG: Duration = Duration::from_secs(20);
 struct Setup {
     server: RedisServer,
     client: redis::Client,
-    conn: ConnectionManager,
+    conn: redis::aio::ConnectionManager,
 }
 
 async fn setup() -> Result<Setup, Box<dyn std::error::Error>> {
@@ -53,13 +52,13 @@ async fn relaying(s: &Setup, style: HandoffStyle, limit: u32) -> Result<HandoffL
 }
 
 /// Waits until the wait queue of `key` holds at least `n` entries.
-async fn until_queued(conn: &mut ConnectionManager, key: &str, n: usize) -> TestResult {
+async fn until_queued(conn: &mut redis::aio::ConnectionManager, key: &str, n: usize) -> TestResult {
     until_queue(conn, key, |len| len >= n).await
 }
 
 /// Waits until the length of `key`'s wait queue satisfies `done`.
 async fn until_queue(
-    conn: &mut ConnectionManager,
+    conn: &mut redis::aio::ConnectionManager,
     key: &str,
     done: impl Fn(usize) -> bool,
 ) -> TestResult {
@@ -463,7 +462,10 @@ async fn a_dropped_handoff_lease_is_handed_on_in_the_background() -> TestResult 
 }
 
 /// Calls of `cmd` the server has run so far (`INFO commandstats`).
-async fn calls(conn: &mut ConnectionManager, cmd: &str) -> Result<u64, redis::RedisError> {
+async fn calls(
+    conn: &mut redis::aio::ConnectionManager,
+    cmd: &str,
+) -> Result<u64, redis::RedisError> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
@@ -1035,7 +1037,7 @@ fn spawn_confirmed(
     locker: &HandoffLocker,
     key: &'static str,
     tokens: &Arc<std::sync::Mutex<Vec<String>>>,
-    conn: &ConnectionManager,
+    conn: &redis::aio::ConnectionManager,
 ) -> tokio::task::JoinHandle<Result<(), Error>> {
     let (locker, tokens, mut conn) = (locker.clone(), tokens.clone(), conn.clone());
     tokio::spawn(async move {

@@ -411,38 +411,6 @@ async fn a_permission_error_is_not_retryable() -> TestResult {
     Ok(())
 }
 
-/// The minimal ACL the README documents for a lock user, as `ACL SETUSER`
-/// arguments (every mode: polling, fenced, hand-off, wait for replicas).
-const LOCK_USER_ACL: &[&str] = &[
-    "resetkeys",
-    "~lock:*",
-    "~fence:*",
-    "resetchannels",
-    "&leasehold:handoff:*",
-    "-@all",
-    "+set",
-    "+get",
-    "+del",
-    "+pexpire",
-    "+pttl",
-    "+incr",
-    "+type",
-    "+time",
-    "+zadd",
-    "+zrange",
-    "+zrem",
-    "+zpopmin",
-    "+hget",
-    "+hset",
-    "+hdel",
-    "+publish",
-    "+subscribe",
-    "+evalsha",
-    "+eval",
-    "+script|load",
-    "+wait",
-];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mode_works_under_the_minimal_acl() -> TestResult {
     let (server, _conn, _) = setup().await?;

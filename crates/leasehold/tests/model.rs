@@ -71,7 +71,7 @@ struct Holder {
 
 struct World {
     lockers: [HandoffLocker; 2],
-    conn: redis::aio::ConnectionManager,
+    conn: leasehold::Connection,
     keys: FencedKeys,
     waiters: Vec<Waiter>,
     holders: Vec<Holder>,
@@ -267,9 +267,13 @@ async fn run(server: &RedisServer, case: u32, ops: &[Op]) -> Result<(), String> 
         lockers.push(handoff);
     }
     let lockers: [HandoffLocker; 2] = lockers.try_into().map_err(|_| "two lockers".to_owned())?;
-    let conn = leasehold_testkit::connection(&client, Duration::from_secs(1))
+    let conn = leasehold::Locker::builder()
+        .command_timeout(Duration::from_secs(1))
+        .connect(&client)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .connection()
+        .clone();
     let keys = FencedKeys::for_resource(&format!("model:{case}")).map_err(|e| e.to_string())?;
     let mut world = World {
         lockers,

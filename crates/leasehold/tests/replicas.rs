@@ -2,10 +2,9 @@
 
 use std::time::Duration;
 
-use leasehold::{AcquireOptions, Error, FencedKeys, FencingToken, Locker};
+use leasehold::{AcquireOptions, Connection, Error, FencedKeys, FencingToken, Locker};
 use leasehold_testkit::{RedisOptions, RedisServer};
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -15,7 +14,7 @@ struct Pair {
     /// Kept alive for the test; stopped on drop.
     _primary: RedisServer,
     replica: RedisServer,
-    conn: ConnectionManager,
+    conn: Connection,
     locker: Locker,
 }
 
@@ -28,7 +27,12 @@ async fn pair() -> Result<Pair, Box<dyn std::error::Error>> {
         RedisOptions::default().replica_of(primary.host(), primary.port()),
     )?;
     let client = redis::Client::open(primary.url())?;
-    let mut conn = leasehold_testkit::connection(&client, 10 * SECOND).await?;
+    // The locker's WAIT waits for the writes of its connection: ours too.
+    let locker = Locker::builder()
+        .command_timeout(10 * SECOND)
+        .connect(&client)
+        .await?;
+    let mut conn = locker.connection().clone();
     let () = conn.set("t:synced", 1).await?;
     let acked: u64 = redis::cmd("WAIT")
         .arg(1)
@@ -36,8 +40,6 @@ async fn pair() -> Result<Pair, Box<dyn std::error::Error>> {
         .query_async(&mut conn)
         .await?;
     assert_eq!(acked, 1, "the replica never synced:\n{}", replica.log());
-    // The locker's WAIT then waits for the writes of this connection.
-    let locker = Locker::builder().build(conn.clone())?;
     Ok(Pair {
         _primary: primary,
         replica,

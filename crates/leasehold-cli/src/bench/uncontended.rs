@@ -116,7 +116,7 @@ async fn raw_loop(env: &Env, sha: &str, key: &str, duration: Duration) -> anyhow
 /// The raw two-request loop until `duration` after `start`; with `task`,
 /// on that task's 16 keys in turn.
 async fn raw_pairs(
-    mut conn: redis::aio::ConnectionManager,
+    mut conn: leasehold::Connection,
     sha: &str,
     key: String,
     start: Instant,

@@ -21,12 +21,12 @@ mod waiting;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use std::future::Future;
 
+use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::fencing::{LockKeys, Target};
 use crate::lease::Lease;
@@ -279,7 +279,7 @@ impl HandoffStyle {
 ///
 /// Cheap to clone: clones share the locker and the one pub/sub connection.
 #[derive(Clone)]
-pub struct HandoffLocker<C: RedisConnection = ConnectionManager> {
+pub struct HandoffLocker<C: RedisConnection = Connection> {
     inner: Arc<HandoffInner<C>>,
 }
 

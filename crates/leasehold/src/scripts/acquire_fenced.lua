@@ -15,26 +15,36 @@
 --   WRONGTYPE  KEYS[1] exists but is not a string, so it is not a lock and
 --              would look busy forever;
 --   NOTFENCE   KEYS[2] does not hold an integer counter (wrong type, not a
---              number, out of range, or not positive after INCR). The lock
---              just taken is deleted again, so no lease exists without a
---              token.
-if not redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
-  local kind = redis.call("TYPE", KEYS[1])["ok"]
+--              number, out of range, or not positive after INCR);
+--   NOPERM     the ACL refuses a command (see prelude.lua).
+-- Once the lock is taken, a failure deletes it again, so no lease exists
+-- without a token.
+if not call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
+  local kind = call("TYPE", KEYS[1])["ok"]
   if kind ~= "string" and kind ~= "none" then
     return redis.error_reply("WRONGTYPE lock key holds a " .. kind)
   end
   return false
 end
+
+-- Gives the lock back and returns the error `err`.
+local function undo(err)
+  call("DEL", KEYS[1])
+  return err
+end
+
 local fence = redis.pcall("INCR", KEYS[2])
 if type(fence) == "table" and fence["err"] then
-  redis.call("DEL", KEYS[1])
-  return redis.error_reply("NOTFENCE fence key does not hold an integer counter")
+  return undo(refusal("INCR", fence)
+    or redis.error_reply("NOTFENCE fence key does not hold an integer counter"))
 end
 if fence < 1 then
-  redis.call("DEL", KEYS[1])
-  return redis.error_reply("NOTFENCE fence counter is not positive")
+  return undo(redis.error_reply("NOTFENCE fence counter is not positive"))
 end
 if tonumber(ARGV[3]) > 0 then
-  redis.call("PEXPIRE", KEYS[2], ARGV[3])
+  local expiry = redis.pcall("PEXPIRE", KEYS[2], ARGV[3])
+  if type(expiry) == "table" and expiry["err"] then
+    return undo(refusal("PEXPIRE", expiry) or expiry)
+  end
 end
 return fence

@@ -32,18 +32,19 @@
 -- woken instead ("w <token> <lock key>") and takes the lock itself.
 --
 -- Errors: NOTFENCE when KEYS[4] holds no positive integer counter;
--- WRONGTYPE when the lock key is not a string. Nothing is changed.
-local time = redis.call("TIME")
+-- WRONGTYPE when the lock key is not a string. Nothing is changed. NOPERM
+-- when the ACL refuses a command (see prelude.lua).
+local time = call("TIME")
 local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local now_ms = math.floor(now_us / 1000)
 local fence_key = KEYS[4]
 
-local kind = redis.call("TYPE", KEYS[1])["ok"]
+local kind = call("TYPE", KEYS[1])["ok"]
 if kind ~= "string" and kind ~= "none" then
   return redis.error_reply("WRONGTYPE lock key holds a " .. kind)
 end
 if fence_key then
-  local current = redis.call("GET", fence_key)
+  local current = call("GET", fence_key)
   if current and not (tonumber(current) and tonumber(current) >= 0) then
     return redis.error_reply("NOTFENCE fence key does not hold an integer counter")
   end
@@ -51,26 +52,26 @@ end
 
 -- Issues the next fencing token.
 local function issue()
-  local fence = redis.call("INCR", fence_key)
+  local fence = call("INCR", fence_key)
   if tonumber(ARGV[5]) > 0 then
-    redis.call("PEXPIRE", fence_key, ARGV[5])
+    call("PEXPIRE", fence_key, ARGV[5])
   end
   return fence
 end
 
 local function forget(token)
-  redis.call("ZREM", KEYS[2], token)
-  redis.call("HDEL", KEYS[3], token)
+  call("ZREM", KEYS[2], token)
+  call("HDEL", KEYS[3], token)
 end
 
 local function next_live()
   while true do
-    local first = redis.call("ZRANGE", KEYS[2], 0, 0)
+    local first = call("ZRANGE", KEYS[2], 0, 0)
     if #first == 0 then
       return nil
     end
     local token = first[1]
-    local entry = redis.call("HGET", KEYS[3], token)
+    local entry = call("HGET", KEYS[3], token)
     if entry then
       local expiry, ttl, fenced, channel = string.match(entry, "^(%d+) (%d+) ([f-]) (.+)$")
       if expiry and tonumber(expiry) > now_ms then
@@ -81,9 +82,9 @@ local function next_live()
   end
 end
 
-local holder = redis.call("GET", KEYS[1])
+local holder = call("GET", KEYS[1])
 if holder == ARGV[1] then
-  local entry = redis.call("HGET", KEYS[3], ARGV[1]) or ""
+  local entry = call("HGET", KEYS[3], ARGV[1]) or ""
   local fence = tonumber(string.match(entry, "^granted (%d+)$") or "0")
   forget(ARGV[1])
   -- Our own earlier request took it (its reply was lost): the fence it
@@ -98,7 +99,7 @@ if not holder then
   local head, ttl, fenced, channel = next_live()
   while head ~= nil and head ~= ARGV[1] do
     if fenced and not fence_key then
-      if redis.call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
+      if call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
         break
       end
       forget(head)
@@ -108,10 +109,10 @@ if not holder then
       if fenced then
         fence = issue()
       end
-      if redis.call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
-        redis.call("SET", KEYS[1], head, "PX", ttl)
+      if call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
+        call("SET", KEYS[1], head, "PX", ttl)
         if fenced then
-          redis.call("HSET", KEYS[3], head, "granted " .. fence)
+          call("HSET", KEYS[3], head, "granted " .. fence)
         end
         break
       end
@@ -119,12 +120,13 @@ if not holder then
     head, ttl, fenced, channel = next_live()
   end
   if head == nil or head == ARGV[1] then
-    forget(ARGV[1])
-    redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
+    -- The token first: if the ACL refuses INCR, the lock is not taken.
     local fence = 0
     if fence_key then
       fence = issue()
     end
+    forget(ARGV[1])
+    call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
     return {1, 0, fence}
   end
 end
@@ -134,11 +136,11 @@ local fenced = "-"
 if fence_key then
   fenced = "f"
 end
-redis.call("ZADD", KEYS[2], "NX", now_us, ARGV[1])
-redis.call("HSET", KEYS[3], ARGV[1], (now_ms + lifetime) .. " " .. ARGV[2] .. " " .. fenced .. " " .. ARGV[3])
+call("ZADD", KEYS[2], "NX", now_us, ARGV[1])
+call("HSET", KEYS[3], ARGV[1], (now_ms + lifetime) .. " " .. ARGV[2] .. " " .. fenced .. " " .. ARGV[3])
 for i = 2, 3 do
-  if redis.call("PTTL", KEYS[i]) < lifetime then
-    redis.call("PEXPIRE", KEYS[i], lifetime)
+  if call("PTTL", KEYS[i]) < lifetime then
+    call("PEXPIRE", KEYS[i], lifetime)
   end
 end
-return {0, redis.call("PTTL", KEYS[1]), 0}
+return {0, call("PTTL", KEYS[1]), 0}

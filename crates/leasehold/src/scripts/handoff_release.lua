@@ -56,23 +56,23 @@
 -- -1: the waiter was woken, not granted, and must take the lock itself).
 --
 -- Errors: NOTFENCE when KEYS[4] holds no positive integer counter (nothing
--- was changed).
-local time = redis.call("TIME")
+-- was changed); NOPERM when the ACL refuses a command (see prelude.lua).
+local time = call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local grant = ARGV[2] == "grant"
 local fence_key = KEYS[4]
 
 if fence_key then
-  local current = redis.call("GET", fence_key)
+  local current = call("GET", fence_key)
   if current and not (tonumber(current) and tonumber(current) >= 0) then
     return redis.error_reply("NOTFENCE fence key does not hold an integer counter")
   end
 end
 
 local function issue()
-  local fence = redis.call("INCR", fence_key)
+  local fence = call("INCR", fence_key)
   if tonumber(ARGV[8]) > 0 then
-    redis.call("PEXPIRE", fence_key, ARGV[8])
+    call("PEXPIRE", fence_key, ARGV[8])
   end
   return fence
 end
@@ -83,15 +83,15 @@ local function next_live()
   while true do
     local token
     if grant then
-      local popped = redis.call("ZPOPMIN", KEYS[2])
+      local popped = call("ZPOPMIN", KEYS[2])
       token = popped[1]
     else
-      token = redis.call("ZRANGE", KEYS[2], 0, 0)[1]
+      token = call("ZRANGE", KEYS[2], 0, 0)[1]
     end
     if token == nil then
       return nil
     end
-    local entry = redis.call("HGET", KEYS[3], token)
+    local entry = call("HGET", KEYS[3], token)
     if entry then
       local expiry, ttl, fenced, channel = string.match(entry, "^(%d+) (%d+) ([f-]) (.+)$")
       if expiry and tonumber(expiry) > now_ms then
@@ -99,9 +99,9 @@ local function next_live()
       end
     end
     if not grant then
-      redis.call("ZREM", KEYS[2], token)
+      call("ZREM", KEYS[2], token)
     end
-    redis.call("HDEL", KEYS[3], token)
+    call("HDEL", KEYS[3], token)
   end
 end
 
@@ -116,34 +116,34 @@ local function serve()
     local mine = channel == ARGV[4]
     if grant and fenced and not fence_key then
       -- We cannot issue its token: wake it instead (it keeps its place).
-      redis.call("ZADD", KEYS[2], 0, head)
-      if mine or redis.call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
-        redis.call("DEL", KEYS[1])
+      call("ZADD", KEYS[2], 0, head)
+      if mine or call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
+        call("DEL", KEYS[1])
         return mine and head or "", -1
       end
-      redis.call("ZREM", KEYS[2], head)
-      redis.call("HDEL", KEYS[3], head)
+      call("ZREM", KEYS[2], head)
+      call("HDEL", KEYS[3], head)
     elseif grant then
       local fence = 0
       if fenced then
         fence = issue()
       end
-      if mine or redis.call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
-        redis.call("SET", KEYS[1], head, "PX", ttl)
+      if mine or call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
+        call("SET", KEYS[1], head, "PX", ttl)
         if fenced then
-          redis.call("HSET", KEYS[3], head, "granted " .. fence)
+          call("HSET", KEYS[3], head, "granted " .. fence)
         else
-          redis.call("HDEL", KEYS[3], head)
+          call("HDEL", KEYS[3], head)
         end
         return mine and head or "", fence
       end
-      redis.call("HDEL", KEYS[3], head)
+      call("HDEL", KEYS[3], head)
     else
-      if mine or redis.call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
+      if mine or call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
         return mine and head or "", 0
       end
-      redis.call("ZREM", KEYS[2], head)
-      redis.call("HDEL", KEYS[3], head)
+      call("ZREM", KEYS[2], head)
+      call("HDEL", KEYS[3], head)
     end
   end
 end
@@ -157,15 +157,15 @@ local function move()
     end
     fence = issue()
   end
-  redis.call("SET", KEYS[1], ARGV[6], "PX", ARGV[5])
+  call("SET", KEYS[1], ARGV[6], "PX", ARGV[5])
   return {3, "", fence}
 end
 
 if ARGV[3] == "leave" then
-  redis.call("ZREM", KEYS[2], ARGV[1])
-  redis.call("HDEL", KEYS[3], ARGV[1])
+  call("ZREM", KEYS[2], ARGV[1])
+  call("HDEL", KEYS[3], ARGV[1])
 end
-local holder = redis.call("GET", KEYS[1])
+local holder = call("GET", KEYS[1])
 if holder ~= ARGV[1] then
   if ARGV[3] == "leave" and not holder then
     local served, fence = serve()
@@ -176,12 +176,12 @@ end
 local served, fence = serve()
 if served then
   if not grant then
-    redis.call("DEL", KEYS[1])
+    call("DEL", KEYS[1])
   end
   return {2, served, fence}
 end
 if ARGV[3] == "pass" then
   return move()
 end
-redis.call("DEL", KEYS[1])
+call("DEL", KEYS[1])
 return {1, "", 0}

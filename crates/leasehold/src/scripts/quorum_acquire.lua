@@ -8,10 +8,10 @@
 -- Takes the lock with SET NX PX and, only if that worked, returns this node's
 -- current fence counter (0 when absent), which the client combines with the
 -- other votes. Returns false when the lock is held by someone else.
-if not redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
+if not call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
   return false
 end
-local fence = redis.call("GET", KEYS[2])
+local fence = call("GET", KEYS[2])
 if not fence then
   return 0
 end

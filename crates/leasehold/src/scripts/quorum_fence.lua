@@ -11,17 +11,17 @@
 -- whether or not we hold the lock here: a higher counter on more nodes only
 -- helps the next acquirer. Returns 1 if this node's lock still holds our
 -- token (the write counts towards the quorum), else 0.
-local current = tonumber(redis.call("GET", KEYS[2]) or "0")
+local current = tonumber(call("GET", KEYS[2]) or "0")
 if not current then
   return redis.error_reply("ERR fence counter is not an integer")
 end
 if current < tonumber(ARGV[2]) then
-  redis.call("SET", KEYS[2], ARGV[2])
+  call("SET", KEYS[2], ARGV[2])
 end
 if tonumber(ARGV[3]) > 0 then
-  redis.call("PEXPIRE", KEYS[2], ARGV[3])
+  call("PEXPIRE", KEYS[2], ARGV[3])
 end
-if redis.call("GET", KEYS[1]) == ARGV[1] then
+if call("GET", KEYS[1]) == ARGV[1] then
   return 1
 end
 return 0

@@ -12,8 +12,9 @@
 -- Returns the counter's value afterwards (at least ARGV[1]).
 --
 -- Errors: NOTFENCE when KEYS[1] holds anything but a non-negative integer
--- (nothing changed).
-local current = redis.call("GET", KEYS[1])
+-- (nothing changed); NOPERM when the ACL refuses a command (see
+-- prelude.lua).
+local current = call("GET", KEYS[1])
 local n = 0
 if current then
   n = tonumber(current)
@@ -23,10 +24,10 @@ if current then
 end
 local want = tonumber(ARGV[1])
 if n < want then
-  redis.call("SET", KEYS[1], ARGV[1])
+  call("SET", KEYS[1], ARGV[1])
   n = want
 end
 if tonumber(ARGV[2]) > 0 then
-  redis.call("PEXPIRE", KEYS[1], ARGV[2])
+  call("PEXPIRE", KEYS[1], ARGV[2])
 end
 return n

@@ -8,7 +8,7 @@
 -- is gone (the lease expired) or holds another token (it changed hands). It
 -- never creates or deletes the key. A key of another type makes GET fail
 -- with WRONGTYPE, which the caller reports.
-if redis.call("GET", KEYS[1]) == ARGV[1] then
-  return redis.call("PEXPIRE", KEYS[1], ARGV[2])
+if call("GET", KEYS[1]) == ARGV[1] then
+  return call("PEXPIRE", KEYS[1], ARGV[2])
 end
 return 0

@@ -20,20 +20,20 @@
 -- when it did not hold ARGV[1] (nothing changed).
 --
 -- Errors: NOTFENCE when KEYS[2] holds no positive integer counter (nothing
--- changed).
-if redis.call("GET", KEYS[1]) ~= ARGV[1] then
+-- changed); NOPERM when the ACL refuses a command (see prelude.lua).
+if call("GET", KEYS[1]) ~= ARGV[1] then
   return {0, 0}
 end
 local fence = 0
 if KEYS[2] then
-  local current = redis.call("GET", KEYS[2])
+  local current = call("GET", KEYS[2])
   if current and not (tonumber(current) and tonumber(current) >= 0) then
     return redis.error_reply("NOTFENCE fence key does not hold an integer counter")
   end
-  fence = redis.call("INCR", KEYS[2])
+  fence = call("INCR", KEYS[2])
   if tonumber(ARGV[4]) > 0 then
-    redis.call("PEXPIRE", KEYS[2], ARGV[4])
+    call("PEXPIRE", KEYS[2], ARGV[4])
   end
 end
-redis.call("SET", KEYS[1], ARGV[2], "PX", ARGV[3])
+call("SET", KEYS[1], ARGV[2], "PX", ARGV[3])
 return {1, fence}

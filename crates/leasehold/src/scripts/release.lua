@@ -6,7 +6,7 @@
 -- Returns 1 when the key held our token and was deleted, 0 when the key is
 -- gone (the lease expired) or holds another token (it changed hands). A key
 -- of another type makes GET fail with WRONGTYPE, which the caller reports.
-if redis.call("GET", KEYS[1]) == ARGV[1] then
-  return redis.call("DEL", KEYS[1])
+if call("GET", KEYS[1]) == ARGV[1] then
+  return call("DEL", KEYS[1])
 end
 return 0

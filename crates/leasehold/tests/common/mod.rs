@@ -4,10 +4,9 @@
 
 use std::time::Duration;
 
-use leasehold::Locker;
+use leasehold::{Connection, Locker};
 use leasehold_testkit::RedisServer;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 
 pub type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -19,17 +18,19 @@ pub const SECOND: Duration = Duration::from_secs(1);
 pub const HUNG: Duration = Duration::from_secs(5);
 
 /// A fresh server, a connection to it, and a locker over that connection.
-pub async fn setup() -> Result<(RedisServer, ConnectionManager, Locker), Box<dyn std::error::Error>>
-{
+pub async fn setup() -> Result<(RedisServer, Connection, Locker), Box<dyn std::error::Error>> {
     let server = RedisServer::start()?;
     let client = redis::Client::open(server.url())?;
-    let conn = leasehold_testkit::connection(&client, SECOND).await?;
-    let locker = Locker::builder().build(conn.clone())?;
+    let locker = Locker::builder()
+        .command_timeout(SECOND)
+        .connect(&client)
+        .await?;
+    let conn = locker.connection().clone();
     Ok((server, conn, locker))
 }
 
 /// Waits for Redis to expire `key` (checks the condition; no blind sleep).
-pub async fn until_gone(conn: &mut ConnectionManager, key: &str) -> TestResult {
+pub async fn until_gone(conn: &mut Connection, key: &str) -> TestResult {
     tokio::time::timeout(HUNG, async {
         loop {
             let exists: bool = conn.exists(key).await?;
@@ -49,3 +50,35 @@ pub fn once() -> leasehold::AcquireOptions {
         .retry(leasehold::RetryStrategy::none())
         .wait(SECOND)
 }
+
+/// The minimal ACL the README documents for a lock user, as `ACL SETUSER`
+/// arguments (every mode: polling, fenced, hand-off, wait for replicas).
+pub const LOCK_USER_ACL: &[&str] = &[
+    "resetkeys",
+    "~lock:*",
+    "~fence:*",
+    "resetchannels",
+    "&leasehold:handoff:*",
+    "-@all",
+    "+set",
+    "+get",
+    "+del",
+    "+pexpire",
+    "+pttl",
+    "+incr",
+    "+type",
+    "+time",
+    "+zadd",
+    "+zrange",
+    "+zrem",
+    "+zpopmin",
+    "+hget",
+    "+hset",
+    "+hdel",
+    "+publish",
+    "+subscribe",
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+wait",
+];

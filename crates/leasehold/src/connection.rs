@@ -1,0 +1,307 @@
+//! The reconnecting connection: [`Connection`], and why it is not
+//! redis-rs's `ConnectionManager`.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use tokio::time::Instant;
+
+/// How often an attempt that could not reach Redis is retried before the
+/// requests waiting for it fail (the next request starts a new attempt).
+pub(crate) const RECONNECT_RETRIES: usize = 2;
+
+/// The first pause between tries within an attempt; it doubles.
+const RETRY_DELAY: Duration = Duration::from_millis(20);
+
+/// The first pause before a refused handshake is tried again; it doubles
+/// up to [`REFUSED_MAX_DELAY`].
+const REFUSED_DELAY: Duration = Duration::from_millis(50);
+
+/// The longest pause before a refused handshake is tried again.
+const REFUSED_MAX_DELAY: Duration = Duration::from_millis(500);
+
+/// A Redis connection that reconnects when it drops, and authenticates
+/// again when the server refused it.
+///
+/// The default connection of [`Locker`](crate::Locker),
+/// [`HandoffLocker`](crate::HandoffLocker) and [`Quorum`](crate::Quorum):
+/// [`Locker::connect`](crate::Locker::connect),
+/// [`HandoffLocker::connect`](crate::HandoffLocker::connect) and
+/// [`Quorum::connect`](crate::Quorum::connect) (and their builders'
+/// `connect`) open it. It is a
+/// [`ConnectionLike`], so it also runs your own commands
+/// (`redis::AsyncCommands`). Cheap to clone: clones share the connection
+/// and its reconnects.
+///
+/// # Why not redis-rs's `ConnectionManager`
+///
+/// [`ConnectionManager`](redis::aio::ConnectionManager) reconnects after an
+/// I/O error, but when the new connection's handshake is refused (the
+/// server no longer accepts our credentials: an ACL user lost on an empty
+/// restart, a user switched off, a password being rotated) it keeps that
+/// failed attempt and answers every later request with the same error at
+/// once, forever: redis-rs 1.x starts a new attempt only after an I/O
+/// error. A long-lived locker then never recovers, although a fresh process
+/// connects at once.
+///
+/// # How it reconnects
+///
+/// - A request that finds the connection dropped (Redis restarted, the
+///   connection was killed) fails, and a new connection is started at once;
+///   requests sent meanwhile wait for it, each bounded by its own deadline.
+/// - An attempt that cannot reach Redis is retried within the attempt
+///   (twice, a few tens of milliseconds apart, for a locker's connection);
+///   if Redis is still down, the requests waiting for it fail
+///   ([`Error::Unreachable`](crate::Error::Unreachable)) and the next
+///   request starts a new attempt.
+/// - A handshake the server refuses (credentials, or a command the
+///   handshake needs, such as `SELECT`) is tried again by the first request
+///   after a backoff: 50 ms, doubling up to 500 ms, starting over once a
+///   handshake succeeds. Requests in between fail at once with the same
+///   error ([`Error::Auth`](crate::Error::Auth), retryable). So a server
+///   that refuses us sees at most two or three handshakes a second from
+///   each connection, and the connection works again within about half a
+///   second of the server accepting it.
+///
+/// A request that waited for a connection that could not be opened never
+/// reached Redis, so it was not applied. No error or `Debug` output shows
+/// the URL or its password.
+#[derive(Clone)]
+pub struct Connection {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Connection {
+    /// Never shows the client: its URL may hold a password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("db", &self.get_db())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    /// How often one attempt retries when Redis cannot be reached.
+    retries: usize,
+    state: Mutex<State>,
+}
+
+/// The connection requests go out on: one attempt to open it, resolved or
+/// not, shared by every request.
+type Attempt = Shared<BoxFuture<'static, Result<MultiplexedConnection, Failure>>>;
+
+/// Why an attempt failed, and when.
+#[derive(Clone)]
+struct Failure {
+    error: RedisError,
+    at: Instant,
+}
+
+impl Failure {
+    /// The server answered and refused us, as opposed to not being
+    /// reachable: worth trying again only after a pause.
+    fn refused(&self) -> bool {
+        !self.error.is_io_error()
+    }
+}
+
+struct State {
+    /// Counts attempts, so that a request reporting a dropped connection
+    /// never replaces an attempt newer than the one it used.
+    generation: u64,
+    attempt: Attempt,
+    /// Handshakes refused in a row: the backoff's exponent.
+    refused: u32,
+}
+
+impl Connection {
+    /// A connection to `client`'s server that connects on its first
+    /// request. `timeout` bounds each connect and each response; an attempt
+    /// that cannot reach Redis is tried `retries` more times. No I/O.
+    pub(crate) fn lazy(client: redis::Client, timeout: Duration, retries: usize) -> Connection {
+        #[cfg(feature = "tls")]
+        crate::tls::install_provider();
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        let attempt = open(client.clone(), config.clone(), retries);
+        Connection {
+            inner: Arc::new(Inner {
+                client,
+                config,
+                retries,
+                state: Mutex::new(State {
+                    generation: 0,
+                    attempt,
+                    refused: 0,
+                }),
+            }),
+        }
+    }
+
+    /// Waits until the connection is open (or the attempt failed).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the attempt goes on for the next request.
+    pub(crate) async fn established(&self) -> RedisResult<()> {
+        self.connection().await.map(drop)
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The connection for one request, and its generation. Starts a new
+    /// attempt first when the last one failed and its retry is due.
+    async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        let (generation, attempt) = {
+            let mut state = self.state();
+            match state.attempt.peek() {
+                Some(Err(failure)) => {
+                    let refused = failure.refused();
+                    let due = if refused {
+                        failure.at + refused_delay(state.refused)
+                    } else {
+                        failure.at
+                    };
+                    if Instant::now() >= due {
+                        state.refused = if refused {
+                            state.refused.saturating_add(1)
+                        } else {
+                            0
+                        };
+                        self.replace(&mut state);
+                    }
+                }
+                Some(Ok(_)) if state.refused != 0 => state.refused = 0,
+                _ => {}
+            }
+            (state.generation, state.attempt.clone())
+        };
+        match attempt.await {
+            Ok(conn) => Ok((generation, conn)),
+            Err(failure) => Err(failure.error),
+        }
+    }
+
+    fn replace(&self, state: &mut State) {
+        state.generation = state.generation.wrapping_add(1);
+        state.attempt = open(
+            self.inner.client.clone(),
+            self.inner.config.clone(),
+            self.inner.retries,
+        );
+    }
+
+    /// After a request on generation `generation`: if its error says the
+    /// connection is gone, starts a new one at once (unless a newer one is
+    /// already there), so that the next request finds it ready.
+    fn after<T>(&self, generation: u64, result: &RedisResult<T>) {
+        let Err(err) = result else {
+            return;
+        };
+        if !err.is_unrecoverable_error() {
+            return;
+        }
+        let mut state = self.state();
+        if state.generation != generation {
+            return;
+        }
+        state.refused = 0;
+        self.replace(&mut state);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(state.attempt.clone().map(drop));
+        }
+    }
+}
+
+/// One attempt to open a connection, retried `retries` times while Redis
+/// cannot be reached; a refused handshake ends it at once.
+fn open(client: redis::Client, config: AsyncConnectionConfig, retries: usize) -> Attempt {
+    async move {
+        let mut delay = RETRY_DELAY;
+        let mut left = retries;
+        loop {
+            match client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+            {
+                Ok(conn) => return Ok(conn),
+                Err(error) if error.is_io_error() && left > 0 => {
+                    left -= 1;
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Err(error) => {
+                    return Err(Failure {
+                        error,
+                        at: Instant::now(),
+                    });
+                }
+            }
+        }
+    }
+    .boxed()
+    .shared()
+}
+
+/// The pause before trying a handshake again after `refused` refusals in a
+/// row (before this one).
+fn refused_delay(refused: u32) -> Duration {
+    REFUSED_DELAY
+        .saturating_mul(1 << refused.min(16))
+        .min(REFUSED_MAX_DELAY)
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let (generation, mut conn) = self.connection().await?;
+            let result = conn.send_packed_command(cmd).await;
+            self.after(generation, &result);
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let (generation, mut conn) = self.connection().await?;
+            let result = conn.send_packed_commands(pipeline, offset, count).await;
+            self.after(generation, &result);
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner
+            .client
+            .get_connection_info()
+            .redis_settings()
+            .db()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_handshakes_back_off_up_to_half_a_second() {
+        let delays: Vec<u128> = (0..6).map(|n| refused_delay(n).as_millis()).collect();
+        assert_eq!(delays, [50, 100, 200, 400, 500, 500]);
+        assert_eq!(refused_delay(u32::MAX), REFUSED_MAX_DELAY);
+    }
+}
