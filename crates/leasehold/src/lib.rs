@@ -161,6 +161,7 @@
 mod call;
 mod compare;
 mod connection;
+mod endpoint;
 mod error;
 mod fencing;
 mod lost;
@@ -199,11 +200,17 @@ pub mod metrics;
 // TLS in transit.
 #[cfg(feature = "tls")]
 pub mod tls;
+// The primary found through Redis Sentinel (protocol layer: it opens
+// connections).
+#[cfg(feature = "sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+pub mod sentinel;
 
 #[cfg(test)]
 mod give_up_tests;
 
 pub use connection::Connection;
+pub use endpoint::Endpoint;
 pub use error::{Error, GiveUpReason, Result, TlsFileRole};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 #[cfg(feature = "handoff")]
@@ -219,6 +226,9 @@ pub use options::{AcquireOptions, DEFAULT_WAIT};
 #[cfg_attr(docsrs, doc(cfg(feature = "quorum")))]
 pub use quorum::{DEFAULT_NODE_TIMEOUT, Quorum, QuorumBuilder};
 pub use retry::{RetryStrategy, Waits};
+#[cfg(feature = "sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+pub use sentinel::Sentinel;
 pub use stats::LockerStats;
 pub use tls_failure::CertificateProblem;
 pub use token::LeaseToken;
