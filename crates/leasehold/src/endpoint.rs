@@ -94,7 +94,9 @@ impl Endpoint {
                 .await
                 .map(|conn| (conn, None)),
             #[cfg(feature = "sentinel")]
-            Kind::Sentinel(sentinel) => sentinel.primary(config).await,
+            // Boxed: redis-rs's resolution is a deep future, and callers'
+            // futures nest it.
+            Kind::Sentinel(sentinel) => Box::pin(sentinel.primary(config)).await,
         }
     }
 
@@ -110,7 +112,7 @@ impl Endpoint {
                 Ok(redis::Client::clone(client))
             }
             #[cfg(feature = "sentinel")]
-            Kind::Sentinel(sentinel) => sentinel.client(config).await,
+            Kind::Sentinel(sentinel) => Box::pin(sentinel.client(config)).await,
         }
     }
 
@@ -123,7 +125,7 @@ impl Endpoint {
                 false
             }
             #[cfg(feature = "sentinel")]
-            Kind::Sentinel(sentinel) => sentinel.moved(addr, config).await,
+            Kind::Sentinel(sentinel) => Box::pin(sentinel.moved(addr, config)).await,
         }
     }
 

@@ -12,7 +12,7 @@
 //! checks `ROLE` again on the connection it will use, so a node demoted in
 //! between is never used as a primary.
 //!
-//! A failover reaches the locker in one of three ways, all of which end in
+//! A failover reaches the locker in one of four ways, all of which end in
 //! a new resolution:
 //!
 //! - Sentinel closes the clients of the old primary when it demotes it
@@ -23,27 +23,49 @@
 //! - A request reaches a node that is no longer primary: it answers
 //!   `READONLY` (the write was refused, nothing changed). The connection
 //!   treats that reply as a sign to reconnect and resolve again.
+//! - The sentinels name another primary while the old one still answers
+//!   as one. Sentinel promotes the replica first and demotes the old
+//!   primary only later (seconds later on Redis 7.0, even for a
+//!   `SENTINEL FAILOVER`, which does not pause the old primary's
+//!   writes). So while requests flow, the connection asks the sentinels
+//!   in the background, at most every 500 ms, whether the primary moved,
+//!   and reconnects when it did. A request never waits for that check.
 //!
 //! Each of these is a fault that may pass ([`Error::is_retryable`]): an
 //! acquire retries it until its deadline like a busy lock, and release and
 //! refresh retry it while the lease is valid. While the failover runs,
 //! the sentinels may name no primary that answers as one
 //! ([`Error::NoPrimary`], retryable too). So a caller whose wait outlasts
-//! the failover gets its lease from the new primary and no error.
+//! the failover gets its lease from the new primary and no error
+//! (`tests/sentinel.rs` checks this through a `SENTINEL FAILOVER` and a
+//! killed primary).
 //!
 //! # What a failover does to safety
 //!
-//! Redis replicates asynchronously. A lock the old primary acknowledged
-//! may not have reached the replica that Sentinel promotes; the new
-//! primary then grants the same lock to a second holder while the first
-//! still believes it holds it, and a fence counter can go back to a value
-//! it had before. A coordinated failover (`SENTINEL FAILOVER`) waits for
-//! the replica to catch up, so it loses nothing; a killed or partitioned
-//! primary can. [`AcquireOptions::wait_replicas`](crate::AcquireOptions::wait_replicas)
-//! narrows the window, it does not close it. So under Sentinel a lease is
-//! still an efficiency lock: what keeps the data right is the database
-//! check (the `leasehold-pg` fence guard), which refuses the stale
-//! holder's write and heals the fence counter.
+//! Redis replicates asynchronously, and for a moment a failover has two
+//! primaries. A lock the old primary acknowledged may not have reached
+//! the replica that Sentinel promotes, and between the promotion and the
+//! old primary's demotion (or our noticing the switch: up to 500 ms plus
+//! the sentinels' own lag) the old primary keeps granting locks and fence
+//! tokens that the new one never sees. The new primary then grants the
+//! same lock to a second holder while the first still believes it holds
+//! it, and issues fencing tokens the old one already issued. This happens
+//! with a coordinated `SENTINEL FAILOVER` too, not only with a killed
+//! primary: `tests/sentinel.rs` measured one fence not above its
+//! predecessor among about 200 back-to-back acquires through one
+//! `SENTINEL FAILOVER` on Redis 7.0.
+//!
+//! [`AcquireOptions::wait_replicas`](crate::AcquireOptions::wait_replicas)
+//! narrows the window: a lease is used only once a replica has it, and
+//! the old primary, whose replica was promoted, has none left, so it
+//! grants nothing usable after the promotion (in the same test, no fence
+//! went back with `wait_replicas(1)`). It does not close the window (a
+//! replica that acknowledged can still be the one that is not promoted,
+//! or lose the write on restart), and it makes acquires fail with
+//! [`Error::NotReplicated`] until the new primary has a replica again.
+//! So under Sentinel a lease is still an efficiency lock: what keeps the
+//! data right is the database check (the `leasehold-pg` fence guard),
+//! which refuses the stale holder's write and heals the fence counter.
 //!
 //! # Errors
 //!
