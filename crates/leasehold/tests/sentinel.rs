@@ -182,9 +182,9 @@ async fn lockers_follow_a_coordinated_failover_and_fences_keep_increasing() -> T
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_locker_follows_a_killed_primary_and_a_wrong_name_is_typed() -> TestResult {
+async fn a_locker_follows_a_killed_primary_under_the_minimal_acl_and_a_wrong_name_is_typed()
+-> TestResult {
     let mut setup = RedisSentinel::start("lh-killed")?;
-    let sentinel = sentinel(&setup)?;
 
     // The wrong master name: typed, not retryable, at connect.
     let wrong = Sentinel::new(
@@ -200,7 +200,26 @@ async fn a_locker_follows_a_killed_primary_and_a_wrong_name_is_typed() -> TestRe
         other => panic!("expected UnknownMaster, got {other:?}"),
     }
 
-    let locker = Locker::connect(&sentinel).await?;
+    // Under the README's minimal ACL, plus `+role` (the primary's role is
+    // checked on every connect): without it, connecting names ROLE.
+    for server in setup.servers() {
+        let mut args = vec!["ACL", "SETUSER", "locker", "on", ">locker-pw"];
+        args.extend_from_slice(LOCK_USER_ACL);
+        server.redis_cli(&args)?;
+    }
+    let limited = Sentinel::from_url(
+        &setup
+            .url()
+            .replace("redis+sentinel://", "redis+sentinel://locker:locker-pw@"),
+    )?;
+    match Locker::connect(&limited).await {
+        Err(Error::NoPermission { command, .. }) => assert_eq!(command, "ROLE"),
+        other => panic!("expected NoPermission naming ROLE, got {other:?}"),
+    }
+    for server in setup.servers() {
+        server.redis_cli(&["ACL", "SETUSER", "locker", "+role"])?;
+    }
+    let locker = Locker::connect(&limited).await?;
     let keys = FencedKeys::for_resource("sentinel:killed")?;
     let lease = locker.acquire(&keys, 30 * SECOND).await?;
     lease.release().await?;
