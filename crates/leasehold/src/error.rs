@@ -462,9 +462,18 @@ impl Error {
     /// Maps a client error to the variant that names its outcome.
     pub(crate) fn from_redis(op: &'static str, key: &str, err: redis::RedisError) -> Error {
         use redis::ErrorKind;
-        #[cfg(feature = "sentinel")]
-        if let Some(typed) = crate::sentinel::classify(op, &err) {
-            return typed;
+        if let Some(name) = crate::sentinel_fault::unknown_master_name(&err) {
+            return Error::UnknownMaster {
+                name: name.to_owned(),
+            };
+        }
+        if let Some(fault) = crate::sentinel_fault::SentinelFault::of(&err) {
+            use crate::sentinel_fault::Fault;
+            let master = fault.master.clone();
+            return match fault.kind {
+                Fault::NoSentinel => Error::SentinelUnreachable { op, master },
+                Fault::NoPrimary => Error::NoPrimary { op, master },
+            };
         }
         match err.code() {
             Some("WRONGTYPE") => {

@@ -93,7 +93,10 @@
 //!
 //! - `connect(..)` with the defaults, opening their own reconnecting
 //!   connections ([`Locker::connect`], [`HandoffLocker::connect`],
-//!   [`Quorum::connect`]);
+//!   [`Quorum::connect`]); a locker's and a hand-off locker's take an
+//!   [`Endpoint`]: a `&redis::Client`, or with the `sentinel` feature a
+//!   `&Sentinel` whose primary they follow across failovers (see the
+//!   `sentinel` module);
 //! - `builder()`, its setters (each documents its default), then
 //!   `connect(..)` for their own connections, or `build(..)` over
 //!   connections you have (a cluster connection, one per quorum node) or,
@@ -169,6 +172,7 @@ mod node;
 mod options;
 mod retry;
 mod scripts;
+mod sentinel_fault;
 mod stats;
 mod tls_failure;
 mod token;

@@ -92,6 +92,7 @@ use redis::{
 };
 
 use crate::error::{Error, Result};
+use crate::sentinel_fault::{Fault, SentinelFault};
 
 /// The port of a sentinel whose address in a `redis+sentinel://` URL names
 /// none.
@@ -106,7 +107,7 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The primary of one master name, found through Redis Sentinel, for
 /// [`Locker::connect`](crate::Locker::connect),
 /// [`HandoffLocker::connect`](crate::HandoffLocker::connect) and their
-/// builders' `connect` (anything that takes an [`Endpoint`]). See the
+/// builders' `connect` (anything that takes an [`Endpoint`](crate::Endpoint)). See the
 /// [module docs](self) for how the primary is followed across failovers,
 /// and what a failover does to safety.
 ///
@@ -338,11 +339,7 @@ impl Sentinel {
         if answered == 0 {
             self.fault(Fault::NoSentinel)
         } else if known == 0 {
-            RedisError::from((
-                ErrorKind::MasterNameNotFoundBySentinel,
-                "no sentinel knows the master name",
-                self.inner.master.clone(),
-            ))
+            crate::sentinel_fault::unknown_master(&self.inner.master)
         } else if err.kind() == ErrorKind::MasterNameNotFoundBySentinel {
             self.fault(Fault::NoPrimary)
         } else {
@@ -351,13 +348,7 @@ impl Sentinel {
     }
 
     fn fault(&self, kind: Fault) -> RedisError {
-        RedisError::from(io::Error::new(
-            io::ErrorKind::NotConnected,
-            SentinelFault {
-                kind,
-                master: self.inner.master.clone(),
-            },
-        ))
+        SentinelFault::error(kind, &self.inner.master)
     }
 }
 
@@ -400,66 +391,6 @@ async fn ask_master(info: &ConnectionInfo, master: &str, config: &AsyncConnectio
         // Not a sentinel (a data node answers "unknown command"), or gone.
         Err(_) => Asked::Unreachable,
     }
-}
-
-/// A resolution that failed for a reason that may pass, carried inside an
-/// I/O error so that the connection retries it like an unreachable server.
-#[derive(Debug)]
-struct SentinelFault {
-    kind: Fault,
-    master: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
-    NoSentinel,
-    NoPrimary,
-}
-
-impl fmt::Display for SentinelFault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.kind {
-            Fault::NoSentinel => write!(f, "no sentinel answered about {:?}", self.master),
-            Fault::NoPrimary => write!(
-                f,
-                "the sentinels name no primary of {:?} that answers as one",
-                self.master
-            ),
-        }
-    }
-}
-
-impl std::error::Error for SentinelFault {}
-
-/// The typed error for a failed resolution, if `err` is one.
-pub(crate) fn classify(op: &'static str, err: &RedisError) -> Option<Error> {
-    if err.kind() == ErrorKind::MasterNameNotFoundBySentinel {
-        return Some(Error::UnknownMaster {
-            name: err.detail().unwrap_or_default().to_owned(),
-        });
-    }
-    let fault = fault_of(err)?;
-    Some(match fault.kind {
-        Fault::NoSentinel => Error::SentinelUnreachable {
-            op,
-            master: fault.master.clone(),
-        },
-        Fault::NoPrimary => Error::NoPrimary {
-            op,
-            master: fault.master.clone(),
-        },
-    })
-}
-
-fn fault_of(err: &RedisError) -> Option<&SentinelFault> {
-    type Shared = Arc<dyn std::error::Error + Send + Sync>;
-    let source = std::error::Error::source(err)?;
-    let io = source.downcast_ref::<io::Error>().or_else(|| {
-        source
-            .downcast_ref::<Shared>()
-            .and_then(|shared| shared.downcast_ref::<io::Error>())
-    })?;
-    io.get_ref()?.downcast_ref::<SentinelFault>()
 }
 
 const SCHEME: &str = "redis+sentinel://";
@@ -657,19 +588,16 @@ mod tests {
     #[test]
     fn faults_are_typed() {
         let sentinel = Sentinel::from_url("redis+sentinel://127.0.0.1:1/m").expect("url");
-        let none = sentinel.fault(Fault::NoSentinel);
+        let none = Error::from_redis("acquire", "k", sentinel.fault(Fault::NoSentinel));
         assert!(matches!(
-            classify("acquire", &none),
-            Some(Error::SentinelUnreachable { op: "acquire", .. })
+            none,
+            Error::SentinelUnreachable { op: "acquire", .. }
         ));
-        let err = classify("acquire", &sentinel.fault(Fault::NoPrimary)).expect("typed");
+        assert!(none.is_retryable());
+        let err = Error::from_redis("acquire", "k", sentinel.fault(Fault::NoPrimary));
         assert!(matches!(err, Error::NoPrimary { .. }) && err.is_retryable());
-        let unknown = RedisError::from((
-            ErrorKind::MasterNameNotFoundBySentinel,
-            "no sentinel knows the master name",
-            "m".to_owned(),
-        ));
-        let err = classify("connect", &unknown).expect("typed");
+        let unknown = crate::sentinel_fault::unknown_master("m");
+        let err = Error::from_redis("connect", "", unknown);
         assert!(matches!(&err, Error::UnknownMaster { name } if name == "m"));
         assert!(!err.is_retryable());
     }
