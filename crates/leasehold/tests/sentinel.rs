@@ -44,11 +44,15 @@ async fn acquire_until<L: Lessor>(
     done: &tokio::sync::watch::Receiver<bool>,
     setup: &RedisSentinel,
     retry_unreplicated: bool,
-) -> Result<Vec<FencingToken>, Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<(Vec<FencingToken>, Duration), Box<dyn std::error::Error + Send + Sync>> {
     let mut fences = Vec::new();
+    let mut longest = Duration::ZERO;
     loop {
         let finished = *done.borrow();
-        let lease = match lessor.acquire_with(keys, 2 * SECOND, opts).await {
+        let started = std::time::Instant::now();
+        let acquired = lessor.acquire_with(keys, 2 * SECOND, opts).await;
+        longest = longest.max(started.elapsed());
+        let lease = match acquired {
             Err(Error::NotReplicated { .. }) if retry_unreplicated => {
                 tokio::task::yield_now().await;
                 continue;
@@ -66,7 +70,7 @@ async fn acquire_until<L: Lessor>(
         // frees the key).
         let _ = lease.release().await;
         if landed {
-            return Ok(fences);
+            return Ok((fences, longest));
         }
         tokio::task::yield_now().await;
     }
@@ -138,8 +142,8 @@ async fn lockers_follow_a_coordinated_failover_and_fences_keep_increasing() -> T
     );
     let new_primary = new_primary??;
     assert_eq!(new_primary, setup.servers()[1].port());
-    let plain_fences = plain_fences?.map_err(|err| err.to_string())?;
-    let replicated_fences = replicated_fences?.map_err(|err| err.to_string())?;
+    let (plain_fences, plain_longest) = plain_fences?.map_err(|err| err.to_string())?;
+    let (replicated_fences, _) = replicated_fences?.map_err(|err| err.to_string())?;
     assert_eq!(
         regressions(wfirst, &replicated_fences),
         0,
@@ -148,7 +152,7 @@ async fn lockers_follow_a_coordinated_failover_and_fences_keep_increasing() -> T
     // Measured, not asserted: without WAIT the old primary, not demoted
     // yet, grants leases (and fences) that the failover then loses.
     eprintln!(
-        "plain: {} acquires, {} fences not above the one before; wait_replicas: {} acquires",
+        "plain: {} acquires (the longest took {plain_longest:?}), {} fences not above the one before; wait_replicas: {} acquires",
         plain_fences.len(),
         regressions(first, &plain_fences),
         replicated_fences.len()
