@@ -53,8 +53,8 @@
 //! with a coordinated `SENTINEL FAILOVER` too, not only with a killed
 //! primary: in each of three runs of `tests/sentinel.rs` on Redis 7.0,
 //! one fence was not above its predecessor among the back-to-back
-//! acquires (26 to 203 of them) through one `SENTINEL FAILOVER`; the
-//! longest of those acquires took 0.34 s.
+//! acquires (26 to 203 of them) through one `SENTINEL FAILOVER` (in the
+//! run that timed them, the longest acquire took 0.34 s).
 //!
 //! [`AcquireOptions::wait_replicas`](crate::AcquireOptions::wait_replicas)
 //! narrows the window: a lease is used only once a replica has it, and

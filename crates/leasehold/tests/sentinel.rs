@@ -232,7 +232,10 @@ async fn a_locker_follows_a_killed_primary_under_the_minimal_acl_and_a_wrong_nam
     // An acquire that waits long enough gets its lease from the new
     // primary, and no error.
     let opts = AcquireOptions::new().wait(OUTLASTS_FAILOVER);
+    let started = std::time::Instant::now();
     let lease = locker.acquire_with(&keys, 30 * SECOND, &opts).await?;
+    // Measured, not asserted.
+    eprintln!("killed primary: the acquire took {:?}", started.elapsed());
     let new_primary = setup.wait_for_new_primary(killed, OUTLASTS_FAILOVER)?;
     assert_ne!(new_primary, killed);
     assert_eq!(on_primary(&setup, keys.lock())?, lease.token().as_str());
