@@ -64,7 +64,10 @@
 //! - **Connections recover, faults are ridden out.** [`Locker::connect`]
 //!   opens a reconnecting connection and a [`HandoffLocker`]'s pub/sub
 //!   connection resubscribes: after Redis restarts or a connection drops,
-//!   the next request reconnects. An acquire retries a fault that may pass
+//!   the next request reconnects; through a [`Sentinel`] (feature
+//!   `sentinel`) every reconnect resolves the primary again, and a
+//!   `READONLY` reply or the sentinels naming another primary reconnect
+//!   too. An acquire retries a fault that may pass
 //!   (a timeout, a lost connection, `LOADING`, `TRYAGAIN`, `MASTERDOWN`,
 //!   `CLUSTERDOWN`) until its deadline, as it retries a busy lock; a retry
 //!   never holds a lock it does not know of (a possibly-landed attempt is
