@@ -37,8 +37,9 @@
 //! the sentinels may name no primary that answers as one
 //! ([`Error::NoPrimary`], retryable too). So a caller whose wait outlasts
 //! the failover gets its lease from the new primary and no error
-//! (`tests/sentinel.rs` checks this through a `SENTINEL FAILOVER` and a
-//! killed primary).
+//! (`tests/sentinel.rs` checks this through a `SENTINEL FAILOVER`, a
+//! killed primary and a paused one, which only the background check of
+//! the sentinels gets the locker away from).
 //!
 //! # What a failover does to safety
 //!

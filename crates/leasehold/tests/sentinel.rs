@@ -266,3 +266,34 @@ async fn no_reachable_sentinel_is_typed() -> TestResult {
     assert!(!shown.contains("pw-not-shown"), "{shown}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locker_follows_a_paused_primary_without_hanging() -> TestResult {
+    // A paused primary drops no connection and answers no READONLY: its
+    // requests time out, and only the sentinels' switch moves the locker.
+    let setup = RedisSentinel::start("lh-paused")?;
+    let locker = Locker::builder()
+        .command_timeout(SECOND)
+        .connect(&sentinel(&setup)?)
+        .await?;
+    let keys = FencedKeys::for_resource("sentinel:paused")?;
+    locker.acquire(&keys, 30 * SECOND).await?.release().await?;
+
+    let old = setup.primary_port()?;
+    setup.servers()[0].pause()?;
+    let opts = AcquireOptions::new().wait(OUTLASTS_FAILOVER);
+    let started = std::time::Instant::now();
+    let acquired = tokio::time::timeout(
+        OUTLASTS_FAILOVER + HUNG,
+        locker.acquire_with(&keys, 30 * SECOND, &opts),
+    )
+    .await;
+    eprintln!("paused primary: the acquire took {:?}", started.elapsed());
+    let lease = acquired??;
+    let new_primary = setup.wait_for_new_primary(old, OUTLASTS_FAILOVER)?;
+    assert_ne!(new_primary, old);
+    assert_eq!(on_primary(&setup, keys.lock())?, lease.token().as_str());
+    lease.release().await?;
+    setup.servers()[0].resume()?;
+    Ok(())
+}
