@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use leasehold::{Connection, Locker};
+use leasehold::{Connection, Endpoint, Locker, Sentinel};
 use leasehold_testkit::{PostgresServer, RedisServer};
 use tokio::sync::OnceCell;
 
@@ -25,8 +25,12 @@ const PG_POOL_SIZE: usize = 64;
 #[derive(Debug, Clone, Default, Args)]
 #[command(next_help_heading = "Redis connection")]
 pub(crate) struct RedisFlags {
-    /// Redis to run against, e.g. redis://user:password@127.0.0.1:6379/
-    /// [default: a throwaway local redis-server]
+    /// Redis to run against, e.g. redis://user:password@127.0.0.1:6379/, or
+    /// a primary found through Redis Sentinel and followed across
+    /// failovers:
+    /// redis+sentinel://[user:password@]host:port[,host:port...]/MASTER[/DB]
+    /// (the sentinels, port 26379 if left out; the credentials are the
+    /// primary's) [default: a throwaway local redis-server]
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub(crate) redis_url: Option<String>,
     /// CA certificates (PEM) to verify a rediss:// server against
@@ -53,6 +57,21 @@ pub(crate) struct RedisFlags {
 }
 
 impl RedisFlags {
+    /// Where `url` leads: a `redis+sentinel://` URL's sentinels, or the
+    /// redis-rs client for one server (see [`client`](Self::client)).
+    pub(crate) fn endpoint(&self, url: &str) -> anyhow::Result<Endpoint> {
+        if Sentinel::is_sentinel_url(url) {
+            if self.tls_ca.is_some() || self.tls_cert.is_some() {
+                return Err(Usage(
+                    "--tls-ca, --tls-cert and --tls-key need a rediss:// URL (not redis+sentinel://: the sentinel form is plain TCP)".to_owned(),
+                )
+                .into());
+            }
+            return Ok(Sentinel::from_url(url)?.into());
+        }
+        Ok(self.client(url)?.into())
+    }
+
     /// The redis-rs client for `url`, over TLS with the flags' files for a
     /// `rediss://` URL. TLS files given with a `redis://` URL are a usage
     /// error rather than silently unused.
@@ -91,8 +110,9 @@ pub(crate) struct Env {
     /// The locker's connection, for the experiments' own commands.
     pub(crate) redis: Connection,
     pub(crate) locker: Locker,
-    /// Opens further connections (the hand-off pub/sub connection).
-    pub(crate) client: redis::Client,
+    /// Opens further connections (the hand-off pub/sub connection): one
+    /// server, or the primary the sentinels name.
+    pub(crate) client: Endpoint,
     /// Kept alive for the whole run; stopped on drop.
     _throwaway_redis: Option<RedisServer>,
 }
@@ -148,11 +168,11 @@ impl Env {
         };
         let shown = redact_url(&url);
         let client = flags
-            .client(&url)
+            .endpoint(&url)
             .with_context(|| format!("redis url {shown}"))?;
         let locker = Locker::builder()
             .command_timeout(COMMAND_TIMEOUT)
-            .connect(&client)
+            .connect(client.clone())
             .await
             .with_context(|| format!("connecting to redis at {shown}"))?;
         let redis = locker.connection().clone();

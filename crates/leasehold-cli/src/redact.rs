@@ -132,6 +132,10 @@ mod tests {
             "redis://127.0.0.1:6379/"
         );
         assert_eq!(
+            redact_url("redis+sentinel://u:s3cret@10.0.0.1:26379,10.0.0.2/mymaster/1"),
+            "redis+sentinel://u:***@10.0.0.1:26379,10.0.0.2/mymaster/1"
+        );
+        assert_eq!(
             redact_text("failed to reach redis://u:x@h:1 and postgres://p:y@q/db"),
             "failed to reach redis://u:***@h:1 and postgres://p:***@q/db"
         );

@@ -110,7 +110,7 @@ impl Waiter {
                 HandoffLocker::builder()
                     .style(how.style)
                     .relay_limit(how.relay_limit)
-                    .build(locker.clone(), &env.client)
+                    .build(locker.clone(), env.client.clone())
                     .await?,
             );
         }

@@ -7,7 +7,8 @@
 //! `SIGSTOP`, [`RedisServer::kill`] and [`RedisServer::restart`] simulate a
 //! crash and a recovery (with the data if [`RedisOptions::appendonly`] kept
 //! it; [`RedisServer::restart_empty`] loses it), and [`RedisServer::promote`]
-//! a failover. [`FaultProxy`] puts latency, partitions and cut connections
+//! a failover; [`RedisSentinel`] is a primary, a replica and three
+//! sentinels, with `SENTINEL FAILOVER` and a killed primary. [`FaultProxy`] puts latency, partitions and cut connections
 //! between clients and a server, and [`pause_process`] freezes any process,
 //! such as a worker holding a lease. [`connection`] opens an async
 //! connection for a test's own commands.
@@ -40,6 +41,7 @@ mod process;
 mod proxy;
 mod redis;
 mod resp;
+mod sentinel;
 
 pub use certs::{ClientAuth, ServerTls, TestCerts};
 pub use cluster::{CLUSTER_SLOTS, Failover, RedisCluster};
@@ -51,3 +53,4 @@ pub use process::free_port;
 pub use proxy::{Direction, FaultProxy, Faults};
 pub use redis::{RedisOptions, RedisServer};
 pub use resp::Reply;
+pub use sentinel::{RedisSentinel, SENTINEL_DOWN_AFTER, SENTINEL_FAILOVER_TIMEOUT};

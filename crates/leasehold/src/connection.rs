@@ -9,6 +9,8 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::time::Instant;
 
+use crate::endpoint::Endpoint;
+
 /// How often an attempt that could not reach Redis is retried before the
 /// requests waiting for it fail (the next request starts a new attempt).
 pub(crate) const RECONNECT_RETRIES: usize = 2;
@@ -22,6 +24,10 @@ const REFUSED_DELAY: Duration = Duration::from_millis(50);
 
 /// The longest pause before a refused handshake is tried again.
 const REFUSED_MAX_DELAY: Duration = Duration::from_millis(500);
+
+/// Through Sentinel, how often a request asks the sentinels whether the
+/// primary moved: 500 ms.
+const SWITCH_CHECK: Duration = Duration::from_millis(500);
 
 /// A Redis connection that reconnects when it drops, and authenticates
 /// again when the server refused it.
@@ -66,6 +72,11 @@ const REFUSED_MAX_DELAY: Duration = Duration::from_millis(500);
 ///   each connection, and the connection works again within about half a
 ///   second of the server accepting it.
 ///
+/// Through a [`Sentinel`](crate::Sentinel) (feature `sentinel`), every
+/// attempt asks the sentinels for the primary first and checks its role,
+/// and a `READONLY` reply (the node was demoted) starts a new attempt like
+/// a dropped connection: see [`sentinel`](crate::sentinel).
+///
 /// A request that waited for a connection that could not be opened never
 /// reached Redis, so it was not applied. No error or `Debug` output shows
 /// the URL or its password.
@@ -84,7 +95,7 @@ impl std::fmt::Debug for Connection {
 }
 
 struct Inner {
-    client: redis::Client,
+    endpoint: Endpoint,
     config: AsyncConnectionConfig,
     /// How often one attempt retries when Redis cannot be reached.
     retries: usize,
@@ -93,7 +104,11 @@ struct Inner {
 
 /// The connection requests go out on: one attempt to open it, resolved or
 /// not, shared by every request.
-type Attempt = Shared<BoxFuture<'static, Result<MultiplexedConnection, Failure>>>;
+type Attempt = Shared<BoxFuture<'static, Result<Opened, Failure>>>;
+
+/// An open connection, and through Sentinel the primary's address it went
+/// to.
+type Opened = (MultiplexedConnection, Option<(String, u16)>);
 
 /// Why an attempt failed, and when.
 #[derive(Clone)]
@@ -117,28 +132,33 @@ struct State {
     attempt: Attempt,
     /// Handshakes refused in a row: the backoff's exponent.
     refused: u32,
+    /// Through Sentinel: when a request last asked the sentinels whether
+    /// the primary moved.
+    checked: Instant,
 }
 
 impl Connection {
-    /// A connection to `client`'s server that connects on its first
-    /// request. `timeout` bounds each connect and each response; an attempt
-    /// that cannot reach Redis is tried `retries` more times. No I/O.
-    pub(crate) fn lazy(client: redis::Client, timeout: Duration, retries: usize) -> Connection {
+    /// A connection to `endpoint` (a server, or the primary the sentinels
+    /// name) that connects on its first request. `timeout` bounds each
+    /// connect and each response; an attempt that cannot reach Redis is
+    /// tried `retries` more times. No I/O.
+    pub(crate) fn lazy(endpoint: Endpoint, timeout: Duration, retries: usize) -> Connection {
         #[cfg(feature = "tls")]
         crate::tls::install_provider();
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout));
-        let attempt = open(client.clone(), config.clone(), retries);
+        let attempt = open(endpoint.clone(), config.clone(), retries);
         Connection {
             inner: Arc::new(Inner {
-                client,
+                endpoint,
                 config,
                 retries,
                 state: Mutex::new(State {
                     generation: 0,
                     attempt,
                     refused: 0,
+                    checked: Instant::now(),
                 }),
             }),
         }
@@ -161,7 +181,50 @@ impl Connection {
 
     /// The connection for one request, and its generation. Starts a new
     /// attempt first when the last one failed and its retry is due.
+    ///
+    /// Through Sentinel, at most every [`SWITCH_CHECK`], a request also
+    /// starts a background check that asks the sentinels whether the
+    /// primary moved (a failover promotes a replica while the old primary,
+    /// not yet demoted, still takes writes: Sentinel demotes it seconds
+    /// later). If it did, the check starts a new attempt, which resolves
+    /// the primary again, and later requests go out on that one. The
+    /// request itself does not wait for the check: sentinels that are slow
+    /// or down never delay a request.
     async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        let (generation, conn, addr) = self.current().await?;
+        if let Some(addr) = addr {
+            self.check_primary(generation, addr);
+        }
+        Ok((generation, conn))
+    }
+
+    /// Starts the check of [`connection`](Self::connection) if it is due.
+    fn check_primary(&self, generation: u64, addr: (String, u16)) {
+        {
+            let mut state = self.state();
+            if state.generation != generation || state.checked.elapsed() < SWITCH_CHECK {
+                return;
+            }
+            state.checked = Instant::now();
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let this = self.clone();
+        runtime.spawn(async move {
+            if this.inner.endpoint.moved(&addr, &this.inner.config).await {
+                let mut state = this.state();
+                if state.generation == generation {
+                    tracing::info!("the sentinels name another primary; reconnecting to it");
+                    this.replace(&mut state);
+                    runtime_spawn(state.attempt.clone().map(drop));
+                }
+            }
+        });
+    }
+
+    /// The current attempt's connection (see [`connection`](Self::connection)).
+    async fn current(&self) -> RedisResult<(u64, MultiplexedConnection, Option<(String, u16)>)> {
         let (generation, attempt) = {
             let mut state = self.state();
             match state.attempt.peek() {
@@ -187,7 +250,7 @@ impl Connection {
             (state.generation, state.attempt.clone())
         };
         match attempt.await {
-            Ok(conn) => Ok((generation, conn)),
+            Ok((conn, addr)) => Ok((generation, conn, addr)),
             Err(failure) => Err(failure.error),
         }
     }
@@ -195,7 +258,7 @@ impl Connection {
     fn replace(&self, state: &mut State) {
         state.generation = state.generation.wrapping_add(1);
         state.attempt = open(
-            self.inner.client.clone(),
+            self.inner.endpoint.clone(),
             self.inner.config.clone(),
             self.inner.retries,
         );
@@ -203,12 +266,15 @@ impl Connection {
 
     /// After a request on generation `generation`: if its error says the
     /// connection is gone, starts a new one at once (unless a newer one is
-    /// already there), so that the next request finds it ready.
+    /// already there), so that the next request finds it ready. Through
+    /// Sentinel, a `READONLY` reply (the node is no longer the primary)
+    /// does too: the new connection resolves the primary again.
     fn after<T>(&self, generation: u64, result: &RedisResult<T>) {
         let Err(err) = result else {
             return;
         };
-        if !err.is_unrecoverable_error() {
+        let moved = self.inner.endpoint.follows_primary() && err.code() == Some("READONLY");
+        if !err.is_unrecoverable_error() && !moved {
             return;
         }
         let mut state = self.state();
@@ -223,18 +289,22 @@ impl Connection {
     }
 }
 
+/// Drives `attempt` on the current runtime, if there is one.
+fn runtime_spawn(attempt: impl Future<Output = ()> + Send + 'static) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(attempt);
+    }
+}
+
 /// One attempt to open a connection, retried `retries` times while Redis
 /// cannot be reached; a refused handshake ends it at once.
-fn open(client: redis::Client, config: AsyncConnectionConfig, retries: usize) -> Attempt {
+fn open(endpoint: Endpoint, config: AsyncConnectionConfig, retries: usize) -> Attempt {
     async move {
         let mut delay = RETRY_DELAY;
         let mut left = retries;
         loop {
-            match client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-            {
-                Ok(conn) => return Ok(conn),
+            match endpoint.open(&config).await {
+                Ok(opened) => return Ok(opened),
                 Err(error) if error.is_io_error() && left > 0 => {
                     left -= 1;
                     tokio::time::sleep(delay).await;
@@ -286,11 +356,7 @@ impl ConnectionLike for Connection {
     }
 
     fn get_db(&self) -> i64 {
-        self.inner
-            .client
-            .get_connection_info()
-            .redis_settings()
-            .db()
+        self.inner.endpoint.db()
     }
 }
 

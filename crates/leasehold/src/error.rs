@@ -359,6 +359,39 @@ pub enum Error {
         source: redis::RedisError,
     },
 
+    /// Through Redis Sentinel: every sentinel that answered knows no
+    /// master by this name (a typo, or sentinels monitoring something
+    /// else). Not retryable.
+    #[error("the sentinels know no master named {name:?}")]
+    UnknownMaster {
+        /// The master name asked for.
+        name: String,
+    },
+
+    /// Through Redis Sentinel: no sentinel answered (all down, unreachable,
+    /// or the addresses are not sentinels). Retryable: the connection asks
+    /// again on the next request.
+    #[error("no sentinel reachable for master {master:?} during {op}")]
+    SentinelUnreachable {
+        /// The operation that connected.
+        op: &'static str,
+        /// The master name asked for.
+        master: String,
+    },
+
+    /// Through Redis Sentinel: the sentinels know the master name but
+    /// named no node that answers as primary, or the node they named was
+    /// demoted before we used it: a failover in progress. Nothing was sent
+    /// to a data node. Retryable: an acquire waits it out within its
+    /// deadline.
+    #[error("no primary for master {master:?} during {op}: a failover in progress")]
+    NoPrimary {
+        /// The operation that connected.
+        op: &'static str,
+        /// The master name asked for.
+        master: String,
+    },
+
     /// Any other error from Redis or the client.
     #[error("redis error during {op}")]
     Redis {
@@ -394,7 +427,9 @@ impl Error {
             | Error::Unreachable { .. }
             | Error::Auth(_)
             | Error::QuorumNotReached { .. }
-            | Error::NotReplicated { .. } => true,
+            | Error::NotReplicated { .. }
+            | Error::SentinelUnreachable { .. }
+            | Error::NoPrimary { .. } => true,
             Error::Redis { source, .. } => {
                 source.is_io_error()
                     || source.is_timeout()
@@ -427,6 +462,19 @@ impl Error {
     /// Maps a client error to the variant that names its outcome.
     pub(crate) fn from_redis(op: &'static str, key: &str, err: redis::RedisError) -> Error {
         use redis::ErrorKind;
+        if let Some(name) = crate::sentinel_fault::unknown_master_name(&err) {
+            return Error::UnknownMaster {
+                name: name.to_owned(),
+            };
+        }
+        if let Some(fault) = crate::sentinel_fault::SentinelFault::of(&err) {
+            use crate::sentinel_fault::Fault;
+            let master = fault.master.clone();
+            return match fault.kind {
+                Fault::NoSentinel => Error::SentinelUnreachable { op, master },
+                Fault::NoPrimary => Error::NoPrimary { op, master },
+            };
+        }
         match err.code() {
             Some("WRONGTYPE") => {
                 return Error::WrongType {

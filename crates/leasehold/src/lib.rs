@@ -64,7 +64,10 @@
 //! - **Connections recover, faults are ridden out.** [`Locker::connect`]
 //!   opens a reconnecting connection and a [`HandoffLocker`]'s pub/sub
 //!   connection resubscribes: after Redis restarts or a connection drops,
-//!   the next request reconnects. An acquire retries a fault that may pass
+//!   the next request reconnects; through a [`Sentinel`] (feature
+//!   `sentinel`) every reconnect resolves the primary again, and a
+//!   `READONLY` reply or the sentinels naming another primary reconnect
+//!   too. An acquire retries a fault that may pass
 //!   (a timeout, a lost connection, `LOADING`, `TRYAGAIN`, `MASTERDOWN`,
 //!   `CLUSTERDOWN`) until its deadline, as it retries a busy lock; a retry
 //!   never holds a lock it does not know of (a possibly-landed attempt is
@@ -93,7 +96,10 @@
 //!
 //! - `connect(..)` with the defaults, opening their own reconnecting
 //!   connections ([`Locker::connect`], [`HandoffLocker::connect`],
-//!   [`Quorum::connect`]);
+//!   [`Quorum::connect`]); a locker's and a hand-off locker's take an
+//!   [`Endpoint`]: a `&redis::Client`, or with the `sentinel` feature a
+//!   `&Sentinel` whose primary they follow across failovers (see the
+//!   `sentinel` module);
 //! - `builder()`, its setters (each documents its default), then
 //!   `connect(..)` for their own connections, or `build(..)` over
 //!   connections you have (a cluster connection, one per quorum node) or,
@@ -161,6 +167,7 @@
 mod call;
 mod compare;
 mod connection;
+mod endpoint;
 mod error;
 mod fencing;
 mod lost;
@@ -168,6 +175,7 @@ mod node;
 mod options;
 mod retry;
 mod scripts;
+mod sentinel_fault;
 mod stats;
 mod tls_failure;
 mod token;
@@ -199,11 +207,17 @@ pub mod metrics;
 // TLS in transit.
 #[cfg(feature = "tls")]
 pub mod tls;
+// The primary found through Redis Sentinel (protocol layer: it opens
+// connections).
+#[cfg(feature = "sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+pub mod sentinel;
 
 #[cfg(test)]
 mod give_up_tests;
 
 pub use connection::Connection;
+pub use endpoint::Endpoint;
 pub use error::{Error, GiveUpReason, Result, TlsFileRole};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 #[cfg(feature = "handoff")]
@@ -219,6 +233,9 @@ pub use options::{AcquireOptions, DEFAULT_WAIT};
 #[cfg_attr(docsrs, doc(cfg(feature = "quorum")))]
 pub use quorum::{DEFAULT_NODE_TIMEOUT, Quorum, QuorumBuilder};
 pub use retry::{RetryStrategy, Waits};
+#[cfg(feature = "sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+pub use sentinel::Sentinel;
 pub use stats::LockerStats;
 pub use tls_failure::CertificateProblem;
 pub use token::LeaseToken;

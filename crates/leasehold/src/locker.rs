@@ -10,6 +10,7 @@ use std::future::Future;
 
 use crate::compare::Step;
 use crate::connection::{Connection, RECONNECT_RETRIES};
+use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::fencing::{FencingToken, LockKeys, Target};
 use crate::lease::{
@@ -161,7 +162,9 @@ impl LockerBuilder {
     }
 
     /// Checks the settings, then opens a reconnecting [`Connection`] to
-    /// `client`'s server and builds the locker
+    /// `redis` (a `&redis::Client`'s server, or with the `sentinel` feature
+    /// the primary a [`Sentinel`](crate::Sentinel) finds, followed across
+    /// failovers: see [`sentinel`](crate::sentinel)) and builds the locker
     /// over it. This is the way in for a long-lived service: the locker
     /// outlives Redis restarts and dropped connections.
     ///
@@ -189,13 +192,15 @@ impl LockerBuilder {
     /// [`Error::NotTls`] for a `rediss://` URL to a plain port and
     /// [`Error::TlsExpected`] for a `redis://` URL to a TLS port (telling
     /// these two apart from a closed or silent server takes one probe of
-    /// the port, up to 250 ms more after the failure).
+    /// the port, up to 250 ms more after the failure). Through Sentinel:
+    /// [`Error::UnknownMaster`], [`Error::SentinelUnreachable`],
+    /// [`Error::NoPrimary`].
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future drops the half-open connection.
-    pub async fn connect(self, client: &redis::Client) -> Result<Locker> {
+    pub async fn connect(self, redis: impl Into<Endpoint>) -> Result<Locker> {
         self.check()?;
-        let conn = connect(client, self.command_timeout).await?;
+        let conn = connect(&redis.into(), self.command_timeout).await?;
         self.build(conn)
     }
 
@@ -213,8 +218,9 @@ impl LockerBuilder {
 }
 
 impl Locker<Connection> {
-    /// Opens a reconnecting connection to `client`'s server and wraps it in
-    /// a locker with default settings: `Locker::builder().connect(client)`
+    /// Opens a reconnecting connection to `redis` (a `&redis::Client`, or a
+    /// [`&Sentinel`](crate::Sentinel)) and wraps it in
+    /// a locker with default settings: `Locker::builder().connect(redis)`
     /// (see [`LockerBuilder::connect`] for how the connection recovers).
     /// This is the way in for a long-lived service.
     ///
@@ -222,12 +228,14 @@ impl Locker<Connection> {
     /// As [`LockerBuilder::connect`]: [`Error::Unreachable`],
     /// [`Error::Timeout`], [`Error::Auth`], and over TLS
     /// [`Error::TlsCertificate`], [`Error::ClientCertRejected`],
-    /// [`Error::NotTls`] or [`Error::TlsExpected`].
+    /// [`Error::NotTls`] or [`Error::TlsExpected`]; through Sentinel
+    /// [`Error::UnknownMaster`], [`Error::SentinelUnreachable`] or
+    /// [`Error::NoPrimary`].
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future drops the half-open connection.
-    pub async fn connect(client: &redis::Client) -> Result<Self> {
-        Locker::builder().connect(client).await
+    pub async fn connect(redis: impl Into<Endpoint>) -> Result<Self> {
+        Locker::builder().connect(redis).await
     }
 
     /// A builder for non-default settings, which then opens the locker's
@@ -254,16 +262,16 @@ impl Locker<Connection> {
 /// [`Error::Auth`] and the handshake is tried again after a backoff of 50
 /// to 500 ms: the connection works again within about half a second of the
 /// server accepting it. See [`Connection`].
-pub(crate) async fn connect(client: &redis::Client, timeout: Duration) -> Result<Connection> {
-    let conn = Connection::lazy(client.clone(), timeout, RECONNECT_RETRIES);
+pub(crate) async fn connect(endpoint: &Endpoint, timeout: Duration) -> Result<Connection> {
+    let conn = Connection::lazy(endpoint.clone(), timeout, RECONNECT_RETRIES);
     let deadline = Instant::now() + timeout;
     let connected = call::bounded("connect", "", deadline, conn.established())
         .await
         .map(|()| conn);
     #[cfg(feature = "tls")]
-    let connected = match connected {
-        Err(err) => Err(crate::tls::explain(client, err).await),
-        ok => ok,
+    let connected = match (connected, endpoint.server()) {
+        (Err(err), Some(client)) => Err(crate::tls::explain(client, err).await),
+        (connected, _) => connected,
     };
     connected
 }

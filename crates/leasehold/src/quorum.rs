@@ -201,7 +201,7 @@ impl QuorumBuilder {
         self.check(clients.len())?;
         let nodes = clients
             .into_iter()
-            .map(|client| Connection::lazy(client, self.node_timeout, 1))
+            .map(|client| Connection::lazy(client.into(), self.node_timeout, 1))
             .collect();
         self.build(nodes)
     }

@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use std::future::Future;
 
 use crate::connection::Connection;
+use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::fencing::{LockKeys, Target};
 use crate::lease::Lease;
@@ -392,8 +393,10 @@ impl HandoffLockerBuilder {
         self
     }
 
-    /// Checks the settings, opens a locker on `client` (a reconnecting
-    /// connection, as [`LockerBuilder::connect`]), then the pub/sub
+    /// Checks the settings, opens a locker on `redis` (a `&redis::Client`,
+    /// or a [`&Sentinel`](crate::Sentinel) whose primary both connections
+    /// follow across failovers; a reconnecting connection, as
+    /// [`LockerBuilder::connect`]), then the pub/sub
     /// connection, subscribes to this locker's channel and starts the task
     /// that routes hand-offs to waiters (and reconnects the pub/sub
     /// connection when it drops). Every step is bounded by the command
@@ -402,20 +405,23 @@ impl HandoffLockerBuilder {
     /// # Errors
     /// As [`LockerBuilder::connect`] ([`Error::InvalidOptions`] before any
     /// I/O, [`Error::Unreachable`], [`Error::Timeout`], [`Error::Auth`], the
-    /// TLS errors), for either connection; [`Error::Random`] when no
-    /// channel name could be drawn.
+    /// TLS errors, and through Sentinel [`Error::UnknownMaster`],
+    /// [`Error::SentinelUnreachable`], [`Error::NoPrimary`]), for either
+    /// connection; [`Error::Random`] when no channel name could be drawn.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future drops the half-open connections.
-    pub async fn connect(self, client: &redis::Client) -> Result<HandoffLocker> {
-        let locker = self.locker.clone().connect(client).await?;
-        self.subscribe(locker, client).await
+    pub async fn connect(self, redis: impl Into<Endpoint>) -> Result<HandoffLocker> {
+        let endpoint = redis.into();
+        let locker = self.locker.clone().connect(endpoint.clone()).await?;
+        self.subscribe(locker, endpoint).await
     }
 
     /// Builds the hand-off locker over `locker` (whose connection sends
     /// the scripts, and whose [`stats`](Locker::stats) then count hand-off
-    /// requests too) and `client` (which opens the one pub/sub connection
-    /// this locker needs): opens that connection, subscribes to this
+    /// requests too) and `redis` (a `&redis::Client` or a
+    /// [`&Sentinel`](crate::Sentinel), where the one pub/sub connection
+    /// this locker needs goes: the same Redis as the locker's): opens that connection, subscribes to this
     /// locker's channel and starts the task that routes hand-offs to
     /// waiters (and reconnects the pub/sub connection when it drops). Both
     /// requests are bounded by the locker's command timeout.
@@ -434,25 +440,25 @@ impl HandoffLockerBuilder {
     pub async fn build<C: RedisConnection>(
         self,
         locker: Locker<C>,
-        client: &redis::Client,
+        redis: impl Into<Endpoint>,
     ) -> Result<HandoffLocker<C>> {
         if self.locker_set {
             return Err(Error::InvalidOptions(
                 "command_timeout and fence_ttl belong to the locker given to build: set them on its builder",
             ));
         }
-        self.subscribe(locker, client).await
+        self.subscribe(locker, redis.into()).await
     }
 
     /// Opens the pub/sub connection for `locker` and starts its listener.
     async fn subscribe<C: RedisConnection>(
         self,
         locker: Locker<C>,
-        client: &redis::Client,
+        endpoint: Endpoint,
     ) -> Result<HandoffLocker<C>> {
         let channel = format!("leasehold:handoff:{}", LeaseToken::generate()?);
         let timeout = locker.command_timeout();
-        let messages = subscribe(client, &channel, timeout).await?;
+        let messages = subscribe(&endpoint, &channel, timeout).await?;
         let local = Arc::new(Local {
             channel,
             waiters: Waiters::default(),
@@ -465,7 +471,7 @@ impl HandoffLockerBuilder {
             local,
             this: this.clone(),
         });
-        let listener = tokio::spawn(route(client.clone(), messages, backend.clone(), timeout));
+        let listener = tokio::spawn(route(endpoint, messages, backend.clone(), timeout));
         Ok(HandoffLocker {
             inner: Arc::new(HandoffInner {
                 locker,
@@ -478,16 +484,17 @@ impl HandoffLockerBuilder {
 
 impl HandoffLocker {
     /// A hand-off locker with default settings over its own [`Locker`] on
-    /// `client` (a reconnecting connection) and the pub/sub connection it
-    /// needs: `HandoffLocker::builder().connect(client)`.
+    /// `redis` (a `&redis::Client` or a [`&Sentinel`](crate::Sentinel); a
+    /// reconnecting connection) and the pub/sub connection it needs:
+    /// `HandoffLocker::builder().connect(redis)`.
     ///
     /// # Errors
     /// As [`HandoffLockerBuilder::connect`].
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future drops the half-open connections.
-    pub async fn connect(client: &redis::Client) -> Result<Self> {
-        HandoffLocker::builder().connect(client).await
+    pub async fn connect(redis: impl Into<Endpoint>) -> Result<Self> {
+        HandoffLocker::builder().connect(redis).await
     }
 
     /// A builder for non-default settings, which then opens its own locker

@@ -9,6 +9,7 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use crate::call;
+use crate::endpoint::Endpoint;
 use crate::error::Result;
 use crate::node::RedisConnection;
 
@@ -17,13 +18,18 @@ use super::local::Signal;
 use super::release::HandoffBackend;
 
 /// Opens a pub/sub connection subscribed to `channel`, each request bounded
-/// by `timeout`.
+/// by `timeout`. Through Sentinel, on the primary the sentinels name now:
+/// a hand-off locker's messages are published there.
 pub(super) async fn subscribe(
-    client: &redis::Client,
+    endpoint: &Endpoint,
     channel: &str,
     timeout: Duration,
 ) -> Result<redis::aio::PubSubStream> {
     let deadline = Instant::now() + timeout;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    let client = call::bounded("subscribe", "", deadline, endpoint.client(&config)).await?;
     let mut pubsub = call::bounded("subscribe", "", deadline, client.get_async_pubsub()).await?;
     call::bounded("subscribe", "", deadline, pubsub.subscribe(channel)).await?;
     Ok(pubsub.into_on_message())
@@ -43,7 +49,7 @@ pub(super) async fn subscribe(
 /// the lock (and re-joins the queue) at once instead of at its fallback
 /// timer.
 pub(super) async fn route<C: RedisConnection>(
-    client: redis::Client,
+    endpoint: Endpoint,
     mut messages: redis::aio::PubSubStream,
     backend: Arc<HandoffBackend<C>>,
     timeout: Duration,
@@ -78,7 +84,7 @@ pub(super) async fn route<C: RedisConnection>(
         );
         let mut pause = Duration::from_millis(20);
         messages = loop {
-            match subscribe(&client, &local.channel, timeout).await {
+            match subscribe(&endpoint, &local.channel, timeout).await {
                 Ok(messages) => break messages,
                 Err(err) => {
                     tracing::debug!(target: TARGET, error = %err, "hand-off pub/sub reconnect failed; retrying");
