@@ -13,9 +13,9 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 set -x
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# The library without its default features (quorum, handoff, cluster, tls),
+# The library without its default features (quorum, handoff, cluster, tls, sentinel),
 # and with each feature alone (metrics too); all of them is the workspace run above.
-for features in "" quorum handoff cluster tls metrics; do
+for features in "" quorum handoff cluster tls sentinel metrics; do
   cargo clippy -p leasehold --no-default-features ${features:+--features "$features"} \
     --all-targets --locked -- -D warnings
 done
