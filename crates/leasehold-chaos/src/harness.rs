@@ -527,11 +527,18 @@ impl RunReport {
             .count() as u64
     }
 
-    /// The verdict in a few lines: `HOLDS`, `BROKEN` or `INCONCLUSIVE`, the
+    /// The verdict in a few lines: `HOLDS`, `BROKEN` or `INCONCLUSIVE`
+    /// (for a run that is a control itself, `CAUGHT` or `NOT CAUGHT`), the
     /// write counts, the violations, and what the control showed.
     pub fn summary(&self) -> String {
         let w = &self.check.counts.writes;
-        let verdict = if !self.check.holds() {
+        let verdict = if self.check.is_control() {
+            if self.caught() {
+                "CAUGHT"
+            } else {
+                "NOT CAUGHT"
+            }
+        } else if !self.check.holds() {
             "BROKEN"
         } else if self.holds() {
             "HOLDS"
@@ -551,6 +558,9 @@ impl RunReport {
             out.push_str(&format!("\n  violation: {violation}"));
         }
         out.push_str(&match &self.control {
+            ControlVerdict::NotRun if self.check.is_control() => {
+                "\n  this run is a negative control: it must be caught".to_owned()
+            }
             ControlVerdict::NotRun => "\n  no negative control ran: this run cannot say whether it could catch a lost update".to_owned(),
             ControlVerdict::Caught { violations } => format!(
                 "\n  negative control: the write path without its check was caught ({violations} violations): the test can detect a lost update"

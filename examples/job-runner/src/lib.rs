@@ -32,9 +32,14 @@ pub enum Error {
     /// The fence guard (or the connection).
     #[error("the fence guard failed")]
     Guard(#[from] leasehold_pg::Error),
-    /// A statement of the runner's own.
+    /// A statement of the runner's own failed before the commit: the
+    /// transaction was rolled back, nothing written.
     #[error("a statement failed")]
     Sql(#[from] leasehold_pg::tokio_postgres::Error),
+    /// The `COMMIT` failed: whether it landed is not known (the connection
+    /// may have died after the server committed).
+    #[error("the commit failed; its outcome is unknown")]
+    Commit(#[source] leasehold_pg::tokio_postgres::Error),
 }
 
 /// What one step of the runner did.
@@ -65,6 +70,7 @@ pub async fn setup(db: &mut Client) -> Result<(), Error> {
              queue text NOT NULL,
              done_by text
          );
+         CREATE INDEX IF NOT EXISTS jobs_pending ON jobs (queue, id) WHERE done_by IS NULL;
          CREATE TABLE IF NOT EXISTS job_log (
              job_id bigint NOT NULL REFERENCES jobs (id),
              queue text NOT NULL,
@@ -81,7 +87,7 @@ pub async fn setup(db: &mut Client) -> Result<(), Error> {
 /// When the statement fails.
 pub async fn enqueue(db: &Client, queue: &str, n: i64) -> Result<(), Error> {
     db.execute(
-        "INSERT INTO jobs (queue) SELECT $1 FROM generate_series(1, $2)",
+        "INSERT INTO jobs (queue) SELECT $1 FROM generate_series(1::bigint, $2)",
         &[&queue, &n],
     )
     .await?;
@@ -97,32 +103,42 @@ pub fn keys(queue: &str) -> Result<FencedKeys, Error> {
 }
 
 /// Runs the next job of `queue` under `lease` (fenced on [`keys`]), in one
-/// transaction on `db`: the guard first, the claim, the job, the commit.
-/// `after_read` runs between the claim's read and its write: nothing in
-/// production (`async || {}`), the chaos harness's pause point in a test,
-/// which is where a stale write comes from.
+/// transaction on `db`: the guard first, the claim and the job
+/// ([`claim_and_run`]), the commit. `before_commit` runs just before the
+/// commit, inside its shielded section (the watchdog cannot stop it there):
+/// nothing in production (`async || {}`), the chaos harness's pause point
+/// in a test, a pause the watchdog cannot save, so the guard must.
 ///
 /// # Errors
-/// [`Error::Sql`] or [`Error::Guard`] when a statement fails (the transaction is rolled back).
+/// [`Error::Sql`] or [`Error::Guard`] when a statement fails (the
+/// transaction is rolled back), [`Error::Commit`] when the commit does
+/// (its outcome unknown).
 pub async fn run_next(
     lease: &Lease,
     db: &mut Client,
     queue: &str,
     runner: &str,
-    after_read: impl AsyncFnOnce(),
+    before_commit: impl AsyncFnOnce(),
 ) -> Result<Ran, Error> {
     let tx = db.transaction().await?;
     if let Guard::Refused { .. } = leasehold_pg::guard(&tx, lease).await? {
         return Ok(Ran::Refused); // dropping `tx` rolls it back
     }
-    let ran = claim_and_run(&tx, queue, runner, after_read).await?;
+    let ran = claim_and_run(&tx, queue, runner).await?;
     // Never stopped inside the commit: we always learn whether it landed.
-    lease.shield(tx.commit()).await?;
+    lease
+        .shield(async {
+            before_commit().await;
+            tx.commit().await
+        })
+        .await
+        .map_err(Error::Commit)?;
     Ok(ran)
 }
 
 /// The claim and the job, in the caller's transaction: the oldest pending
-/// job of `queue` marked done by `runner`, and its effect logged.
+/// job of `queue` (a plain read), marked done by `runner` (a blind write),
+/// and its effect logged.
 ///
 /// # Errors
 /// When a statement fails.
@@ -130,7 +146,6 @@ pub async fn claim_and_run<C: GenericClient>(
     tx: &C,
     queue: &str,
     runner: &str,
-    after_read: impl AsyncFnOnce(),
 ) -> Result<Ran, Error> {
     let row = tx
         .query_opt(
@@ -142,7 +157,6 @@ pub async fn claim_and_run<C: GenericClient>(
         return Ok(Ran::Empty);
     };
     let job: i64 = row.try_get(0)?;
-    after_read().await;
     tx.execute(
         "UPDATE jobs SET done_by = $2 WHERE id = $1",
         &[&job, &runner],
