@@ -32,23 +32,31 @@
 //!
 //! # Where the pause point goes
 //!
-//! [`Call::pause_point`] is where the holder-pause fault stops a holder:
-//! put it *after the read your write depends on and before the write is
-//! sent*, the place a stale write comes from. What each placement tests:
+//! [`Call::pause_point`] is where the holder-pause fault freezes a holder
+//! (its watchdog included) past its lease. Where you put it decides what
+//! the run tests:
 //!
-//! - **check-and-set** (`UPDATE .. SET v = $new WHERE v = $seen`, or a
-//!   fence check in the same statement): after the `SELECT`, before the
-//!   `UPDATE`. A paused holder's `UPDATE` finds the value changed and is
-//!   refused ([`Outcome::Refused`]); without the condition it overwrites.
-//! - **guard** (`leasehold_pg::guard(&tx, lease)` first in the
-//!   transaction): after the guard and the `SELECT`, before the `UPDATE`.
-//!   This tests that the guard's row lock holds the newer holder off until
-//!   the paused one commits or rolls back, and that a paused holder that
-//!   wakes after a newer holder's guard is refused at its commit or by the
-//!   row lock (a placement *before* the guard tests only that the guard
-//!   refuses a stale token, the easy case).
-//! - **no pause point**: the holder-pause fault does nothing (the control
-//!   then catches nothing, if yours is the control: the run says so).
+//! - **Between the read and the write** (after the `SELECT`, before the
+//!   `UPDATE`; for check-and-set, before the conditional `UPDATE`): the
+//!   stale write a paused holder makes when it wakes. With the watchdog
+//!   off, or a write that lands as soon as it is sent (autocommit, memory),
+//!   this tests your check: a check-and-set refuses ([`Outcome::Refused`]),
+//!   a blind write overwrites. With the watchdog on and a transaction, the
+//!   woken holder's watchdog finds its lease past its validity before the
+//!   write's round trip ends and stops the work ([`Outcome::Stopped`]): the
+//!   run then tests the watchdog, not your check.
+//! - **Just before the commit, inside its shield**
+//!   (`lease.shield(async { call.pause_point().await; tx.commit().await })`):
+//!   a pause the watchdog cannot stop (a GC pause as the `COMMIT` is sent).
+//!   This tests the database check for real. With the fence **guard**
+//!   first in the transaction, the paused holder keeps the guard's row
+//!   lock, so a newer holder's guard waits for it, then wins; without the
+//!   guard, the newer holder reads the same state and both commit. The
+//!   `examples/job-runner` crate puts it there.
+//! - **Before the guard**: only that the guard refuses a stale token, the
+//!   easy case.
+//! - **Nowhere**: the holder-pause fault does nothing (a control without a
+//!   pause point catches nothing, and the run says so).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
