@@ -187,9 +187,11 @@ impl Stall {
 pub struct Call<'a> {
     /// Who: `w{worker}.t{task}`.
     pub actor: &'a str,
-    /// The resource to write (a wallet).
+    /// The resource to write (a wallet, a queue, any state the lock
+    /// protects).
     pub resource: &'a str,
-    /// The amount to debit.
+    /// The amount drawn for this write (a debit, for a wallet; use it or
+    /// not).
     pub amount: i64,
     /// The lease held while writing (`None` for [`Lock::none`]).
     pub lease: Option<&'a Lease>,
