@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Packages leasehold and leasehold-pg as crates.io would get them and builds
-# the packages (leasehold-pg against the packaged leasehold, through cargo's
-# local overlay), which also checks the minimum supported Rust version (the
+# Packages every crate meant for users (leasehold-testkit, leasehold,
+# leasehold-pg, leasehold-chaos, leasehold-cli) as crates.io would get them
+# and builds the packages (each against the packaged others, through cargo's
+# local overlay), then installs the CLI's `leasehold` binary with `cargo
+# install --path` from its package (its leasehold dependencies patched to
+# their packages: they are not on crates.io yet). This also checks the
+# minimum supported Rust version (the
 # workspace's `rust-version`, MSRV) as honestly as this machine allows. It
 # prints which kind of MSRV check ran:
 #
@@ -85,24 +89,46 @@ fi
 # packages from earlier overlays go first; nothing else in the cargo home is
 # touched.
 cargo_home=${CARGO_HOME:-$HOME/.cargo}
-for stale in "$cargo_home"/registry/src/-*/leasehold-[0-9]* "$cargo_home"/registry/src/-*/leasehold-pg-[0-9]*; do
+for stale in "$cargo_home"/registry/src/-*/leasehold-[0-9]* "$cargo_home"/registry/src/-*/leasehold-{pg,testkit,chaos,cli}-[0-9]*; do
   if [ -d "$stale" ]; then
     rm -rf "$stale"
   fi
 done
 
 # The integration tests stay out of the packages (cargo says "ignoring test
-# ..."): they need the unpublished testkit.
-publish=(cargo publish --dry-run --locked -p leasehold -p leasehold-pg "${dirty[@]}")
+# ..."): they need the repository (its README, other crates' tests).
+packages=(leasehold-testkit leasehold leasehold-pg leasehold-chaos leasehold-cli)
+publish=(cargo publish --dry-run --locked "${packages[@]/#/-p}" "${dirty[@]}")
+
+# `cargo install --path` of the packaged CLI, its path dependencies replaced
+# by their packages (unpacked by the dry run under target/package/), into a
+# throwaway root; the binary must answer --version. Not --locked: the
+# package's Cargo.lock names leasehold from crates.io, where the patch sends
+# it elsewhere.
+install_cli() {
+  local version root patches=()
+  version=$(cargo metadata --format-version 1 --no-deps --locked |
+    python3 -c 'import json,sys; print({p["name"]: p["version"] for p in json.load(sys.stdin)["packages"]}["leasehold-cli"])')
+  for name in leasehold leasehold-pg leasehold-testkit leasehold-chaos; do
+    patches+=(--config "patch.crates-io.$name.path=\"$PWD/target/package/$name-$version\"")
+  done
+  root="$control/install"
+  cargo install --debug --quiet --path "target/package/leasehold-cli-$version" \
+    --root "$root" --target-dir target/package/install-target "${patches[@]}"
+  "$root/bin/leasehold" --version
+  echo "install: cargo install --path target/package/leasehold-cli-$version installs a working leasehold"
+}
 
 if [ -n "$rustc_msrv" ]; then
   echo "msrv: check kind: toolchain (the packages, all features, built by rustc $msrv)"
   RUSTC="$rustc_msrv" "${publish[@]}"
+  install_cli
   exit 0
 fi
 
 echo "msrv: check kind: metadata (rustc $msrv cannot be had here: nothing is built with it)"
 "${publish[@]}"
+install_cli
 if grep -rnE 'incompatible_msrv.*allow|(allow|expect)\(.*incompatible_msrv|^msrv' \
   --include='*.rs' --include='*.toml' crates Cargo.toml clippy.toml .clippy.toml 2>/dev/null; then
   echo "msrv: clippy's incompatible_msrv must stay on, reading rust-version" >&2

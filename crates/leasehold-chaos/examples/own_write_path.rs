@@ -1,15 +1,18 @@
 //! Points the chaos harness at your own write path: here an in-memory
-//! account with a check-and-set on the fencing token, under DEL of the lock
-//! key every 5 ms through its fault windows. Run it with
-//! `cargo run -p leasehold-chaos --example own_write_path`.
+//! account with a check-and-set on the fencing token, with the watchdog
+//! on, a 1 ms TTL (the tutorial's last advice), under holder pauses. The
+//! harness first runs its negative control (the same path without the
+//! check) and says whether this run could have caught a lost update. Run
+//! it with `cargo run -p leasehold-chaos --example own_write_path`.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold::{Locker, redis};
-use leasehold_chaos::{Call, Fault, Harness, Kind, Lab, LabOptions, Lock, WriteOutcome, Written};
+use leasehold_chaos::{Call, Fault, Harness, Kind, Lab, LabOptions, Lock, Outcome, Writes};
 
 /// Your storage: a balance, the highest fence that wrote it, a ledger.
+#[derive(Default)]
 struct Account {
     balance: i64,
     fence: u64,
@@ -26,31 +29,40 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let lock = Lock::new(locker, true);
 
-    let account = Mutex::new(Account {
+    let account = Arc::new(Mutex::new(Account {
         balance: 1_000_000,
-        fence: 0,
-        ledger: Vec::new(),
-    });
+        ..Account::default()
+    }));
+    let state = account.clone();
     // Your write: read, (pause point), write only if no newer holder wrote
-    // and nothing changed since the read.
-    let write = async |call: Call<'_>| {
-        let (balance, seen) = {
-            let a = account.lock().expect("account");
-            (a.balance, a.fence)
+    // and nothing changed since the read; under the watchdog (`call.run`),
+    // as `with_lock` runs it in your service.
+    let write = async move |call: Call<'_>| {
+        let work = async {
+            let (balance, seen) = {
+                let a = state.lock().expect("account");
+                (a.balance, a.fence)
+            };
+            tokio::time::sleep(Duration::from_millis(1)).await; // the read's round trip
+            call.pause_point().await; // after the read, before the write
+            let token = call.fence().map_or(0, |f| f.get());
+            let mut a = state.lock().expect("account");
+            if a.fence != seen || token <= a.fence || a.balance != balance {
+                return Outcome::Refused;
+            }
+            a.balance = balance - call.amount;
+            a.fence = token;
+            a.ledger.push(call.amount);
+            Outcome::Committed
         };
-        call.pause_point().await;
-        let token = call.fence().map_or(0, |f| f.get());
-        let mut a = account.lock().expect("account");
-        if a.fence != seen || token <= a.fence {
-            return Written::from(WriteOutcome::RefusedStale);
+        match call.run(work).await {
+            Ok(outcome) => outcome,
+            // Stopped before the write: nothing written.
+            Err(stopped) => stopped.into(),
         }
-        a.balance = balance - call.amount;
-        a.fence = token;
-        a.ledger.push(call.amount);
-        Written::from(WriteOutcome::Accepted)
     };
-    // Your invariant: the final state, as the checker reads it.
-    let check = async || {
+    // Your invariant: a balance and its ledger, checked by the harness.
+    let check = async |_: &Writes| {
         let a = account.lock().expect("account");
         vec![Kind::Final {
             resource: "account:1".to_owned(),
@@ -62,19 +74,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let report = Harness::new("my-account")
         .callers(8)
-        // The tutorial's last advice: a 1 ms TTL, so leases fail all the time.
         .ttl(Duration::from_millis(1))
+        .watchdog(true)
         .duration(Duration::from_secs(3))
-        .fault(Fault::KeyLoss)
+        .fault(Fault::HolderPause)
         .run(&lab, &lock, write, check)
         .await?;
     std::fs::write("own_write_path.html", report.timeline_html())?;
-    println!(
-        "{} writes accepted, {} refused as stale, {} double holders: {}",
-        report.check.counts.writes.accepted,
-        report.check.counts.writes.refused_stale,
-        report.check.overlaps.len(),
-        if report.holds() { "OK" } else { "BROKEN" }
-    );
+    println!("{}", report.summary());
+    if !report.holds() {
+        std::process::exit(1);
+    }
     Ok(())
 }

@@ -130,6 +130,9 @@ pub fn lock_key(resource: &str) -> String {
 #[derive(Clone, Default)]
 pub struct Stall {
     armed_ms: Arc<AtomicU64>,
+    /// Block the caller's thread instead of sleeping on the runtime (see
+    /// [`Stall::freezing`]).
+    freeze: bool,
 }
 
 /// What [`Stall::armed_ms`] holds to stop the whole process instead of
@@ -137,6 +140,18 @@ pub struct Stall {
 const STOP_PROCESS: u64 = u64::MAX;
 
 impl Stall {
+    /// A switch whose stall blocks the caller's OS thread (a
+    /// `std::thread::sleep`) instead of sleeping on the runtime: for callers
+    /// that each run on their own single-threaded runtime (the
+    /// [`Harness`](crate::Harness)'s), that stops everything on it, the
+    /// lease's watchdog included, as a real process pause would.
+    pub fn freezing() -> Stall {
+        Stall {
+            freeze: true,
+            ..Stall::default()
+        }
+    }
+
     /// The next caller to reach a pause point stalls for `length`.
     pub fn arm(&self, length: Duration) {
         let ms = u64::try_from(length.as_millis())
@@ -172,13 +187,15 @@ impl Stall {
 pub struct Call<'a> {
     /// Who: `w{worker}.t{task}`.
     pub actor: &'a str,
-    /// The resource to write (a wallet).
+    /// The resource to write (a wallet, a queue, any state the lock
+    /// protects).
     pub resource: &'a str,
-    /// The amount to debit.
+    /// The amount drawn for this write (a debit, for a wallet; use it or
+    /// not).
     pub amount: i64,
     /// The lease held while writing (`None` for [`Lock::none`]).
     pub lease: Option<&'a Lease>,
-    stall: &'a Stall,
+    pub(crate) stall: &'a Stall,
 }
 
 impl Call<'_> {
@@ -199,6 +216,7 @@ impl Call<'_> {
                     tracing::warn!(error = %err, "could not stop this process");
                 }
             }
+            Some(ms) if self.stall.freeze => std::thread::sleep(Duration::from_millis(ms)),
             Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
             None => {}
         }

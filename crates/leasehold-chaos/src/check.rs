@@ -28,6 +28,12 @@
 //! lie between the sum of the negative and the sum of the positive unknown
 //! amounts (weaker, never a false alarm).
 //!
+//! A resource may instead be judged by the user's own invariant over
+//! their own state ([`Kind::ResourceCheck`], written by the
+//! [`Harness`](crate::Harness)): then that verdict is its check (a failed
+//! one is a [`Violation::InvariantFailed`]) and the balance checks above
+//! do not apply to it.
+//!
 //! A resource of the header without a final state is a
 //! [`Violation::MissingFinal`], a written or read resource missing from
 //! the header a [`Violation::UnknownResource`], and a history without a
@@ -624,6 +630,7 @@ fn safety(events: &[&Event], header: Option<&RunHeader>) -> Vec<Violation> {
     let mut tallies: BTreeMap<&str, Tally> = BTreeMap::new();
     let mut finals: BTreeMap<&str, Final> = BTreeMap::new();
     let mut invariants = Vec::new();
+    let mut judged: BTreeSet<&str> = BTreeSet::new();
     for event in events {
         match &event.kind {
             Kind::Write {
@@ -659,6 +666,19 @@ fn safety(events: &[&Event], header: Option<&RunHeader>) -> Vec<Violation> {
                     },
                 );
             }
+            Kind::ResourceCheck {
+                resource,
+                ok,
+                detail,
+            } => {
+                judged.insert(resource);
+                if !ok {
+                    invariants.push(Violation::InvariantFailed {
+                        actor: event.actor.clone(),
+                        detail: format!("{resource}: {detail}"),
+                    });
+                }
+            }
             Kind::Invariant { ok: false, detail } => invariants.push(Violation::InvariantFailed {
                 actor: event.actor.clone(),
                 detail: detail.clone(),
@@ -676,6 +696,9 @@ fn safety(events: &[&Event], header: Option<&RunHeader>) -> Vec<Violation> {
     let empty = Tally::default();
     for (resource, initial) in &header.initial {
         let Some(state) = finals.get(resource.as_str()) else {
+            if judged.contains(resource.as_str()) {
+                continue;
+            }
             violations.push(Violation::MissingFinal {
                 resource: resource.clone(),
             });
@@ -685,7 +708,12 @@ fn safety(events: &[&Event], header: Option<&RunHeader>) -> Vec<Violation> {
         resource_violations(resource, *initial, tally, state, &mut violations);
     }
     let known: BTreeSet<&str> = header.initial.iter().map(|(r, _)| r.as_str()).collect();
-    let seen: BTreeSet<&str> = tallies.keys().chain(finals.keys()).copied().collect();
+    let seen: BTreeSet<&str> = tallies
+        .keys()
+        .chain(finals.keys())
+        .chain(judged.iter())
+        .copied()
+        .collect();
     for resource in seen.difference(&known) {
         violations.push(Violation::UnknownResource {
             resource: (*resource).to_owned(),

@@ -1,6 +1,62 @@
 //! The harness for your own write path: N callers, any TTL and lock, your
 //! write and your invariant, under the same faults and with the same
-//! report and timeline as `leasehold chaos`.
+//! report and timeline as `leasehold chaos`, and a negative control that
+//! proves the run could have caught a lost update.
+//!
+//! # An honest verdict
+//!
+//! A run that finds nothing means something only if it could have found
+//! something. Three things make sure of that:
+//!
+//! - **Your path says what it wrote.** The write closure answers with an
+//!   [`Outcome`] ([`Outcome::Committed`], [`Outcome::Refused`],
+//!   [`Outcome::NotWritten`], [`Outcome::Stopped`], [`Outcome::Unknown`]).
+//!   The harness never cuts a write short: the watchdog stops it only
+//!   where your path lets it ([`Call::run`], as `with_lock` does in your
+//!   service), and a write stopped before it wrote counts as not written,
+//!   not as unknown (an unknown write excuses a lost update of its amount,
+//!   so calling every stopped write unknown would hide lost updates).
+//! - **A holder pause stops the holder for real.** Each caller runs on its
+//!   own thread and runtime; the pause point blocks that thread, so the
+//!   holder's watchdog stops refreshing its lease too, the lease expires
+//!   and another caller writes (see the `isolated` module's docs, in the
+//!   source, for why and what it does not freeze).
+//! - **A negative control runs first.** The same callers, lock, TTL,
+//!   watchdog, fault and seed drive a blind read-modify-write of a counter
+//!   in memory (read, a 1 ms round trip, [`Call::pause_point`], write back
+//!   plus one, under [`Call::run`]): your path with its database check
+//!   removed. If that loses no update, the fault and the settings cannot
+//!   show one, and the run is **inconclusive**: [`RunReport::holds`] is
+//!   false and [`RunReport::summary`] says why. You can give your own
+//!   control instead ([`RunReport::with_control`]).
+//!
+//! # Where the pause point goes
+//!
+//! [`Call::pause_point`] is where the holder-pause fault freezes a holder
+//! (its watchdog included) past its lease. Where you put it decides what
+//! the run tests:
+//!
+//! - **Between the read and the write** (after the `SELECT`, before the
+//!   `UPDATE`; for check-and-set, before the conditional `UPDATE`): the
+//!   stale write a paused holder makes when it wakes. With the watchdog
+//!   off, or a write that lands as soon as it is sent (autocommit, memory),
+//!   this tests your check: a check-and-set refuses ([`Outcome::Refused`]),
+//!   a blind write overwrites. With the watchdog on and a transaction, the
+//!   woken holder's watchdog finds its lease past its validity before the
+//!   write's round trip ends and stops the work ([`Outcome::Stopped`]): the
+//!   run then tests the watchdog, not your check.
+//! - **Just before the commit, inside its shield**
+//!   (`lease.shield(async { call.pause_point().await; tx.commit().await })`):
+//!   a pause the watchdog cannot stop (a GC pause as the `COMMIT` is sent).
+//!   This tests the database check for real. With the fence **guard**
+//!   first in the transaction, the paused holder keeps the guard's row
+//!   lock, so a newer holder's guard waits for it, then wins; without the
+//!   guard, the newer holder reads the same state and both commit. The
+//!   `examples/job-runner` crate puts it there.
+//! - **Before the guard**: only that the guard refuses a stale token, the
+//!   easy case.
+//! - **Nowhere**: the holder-pause fault does nothing (a control without a
+//!   pause point catches nothing, and the run says so).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -8,19 +64,63 @@ use std::time::{Duration, Instant, SystemTime};
 
 use leasehold::CancellationToken;
 
-use crate::callers::{Call, Callers, Lock, Stall, Written, lock_key};
+use crate::callers::{Call, Lock, Stall, lock_key};
 use crate::check::{RunCheck, check};
 use crate::fault::{Fault, schedule};
 use crate::history::{Event, Kind};
+use crate::isolated::{self, CallerFailure, Settings};
 use crate::lab::{Lab, LabError, run_nemesis};
+use crate::outcome::{Outcome, STOPPED, Writes};
 use crate::recorder::Recorder;
 use crate::timeline;
+
+/// Which negative control a [`Harness`] runs before your write path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum NegativeControl {
+    /// The harness's own blind read-modify-write of an in-memory counter,
+    /// under the same lock and settings (the default).
+    #[default]
+    Builtin,
+    /// None: the report says that no control ran, and
+    /// [`RunReport::holds`] is the check alone. For a control of your own
+    /// ([`RunReport::with_control`]) or a quick local loop.
+    Off,
+}
+
+/// What went wrong running the harness (a violation is not an error: see
+/// [`RunReport::holds`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HarnessError {
+    /// A fault could not be injected: the run would not mean what it says.
+    #[error("the lab could not inject a fault")]
+    Lab(#[from] LabError),
+    /// A caller's thread or runtime could not be started.
+    #[error("could not start a caller thread")]
+    Runtime(#[source] std::io::Error),
+    /// A caller panicked: in your write path, or taking the lock.
+    #[error("a caller panicked (the write path or the lock)")]
+    CallerPanicked,
+}
+
+impl From<CallerFailure> for HarnessError {
+    fn from(failure: CallerFailure) -> HarnessError {
+        match failure {
+            CallerFailure::Runtime(err) => HarnessError::Runtime(err),
+            CallerFailure::Panicked => HarnessError::CallerPanicked,
+        }
+    }
+}
+
+/// How long the built-in control's read takes (a database round trip).
+const CONTROL_READ: Duration = Duration::from_millis(1);
 
 /// One run of a workload under one fault schedule, in this process.
 ///
 /// Defaults: 8 callers, a 100 ms TTL, a 1 s acquire wait, no watchdog,
 /// 5 s, seed 1, no fault, one resource `account:1` with an initial value
-/// of 1 000 000, amounts 1 to 9.
+/// of 1 000 000, amounts 1 to 9, the built-in negative control.
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct Harness {
@@ -33,6 +133,7 @@ pub struct Harness {
     seed: u64,
     fault: Fault,
     control: bool,
+    negative: NegativeControl,
     resources: Vec<(String, i64)>,
     amounts: std::ops::RangeInclusive<i64>,
 }
@@ -51,12 +152,13 @@ impl Harness {
             seed: 1,
             fault: Fault::None,
             control: false,
+            negative: NegativeControl::Builtin,
             resources: vec![("account:1".to_owned(), 1_000_000)],
             amounts: 1..=9,
         }
     }
 
-    /// How many concurrent callers. Defaults to 8.
+    /// How many concurrent callers (each on its own thread). Defaults to 8.
     pub fn callers(mut self, n: u32) -> Self {
         self.callers = n.max(1);
         self
@@ -74,14 +176,16 @@ impl Harness {
         self
     }
 
-    /// Whether the watchdog refreshes leases and stops writes whose lease
-    /// was lost. Defaults to off.
+    /// Whether each lease has a watchdog that refreshes it, and stops the
+    /// work your path runs under [`Call::run`] when the lease is lost.
+    /// Defaults to off.
     pub fn watchdog(mut self, on: bool) -> Self {
         self.watchdog = on;
         self
     }
 
-    /// How long the callers run. Defaults to 5 s.
+    /// How long the callers run (the negative control runs as long again,
+    /// first). Defaults to 5 s.
     pub fn duration(mut self, duration: Duration) -> Self {
         self.duration = duration;
         self
@@ -99,10 +203,18 @@ impl Harness {
         self
     }
 
-    /// Marks the run a negative control: a write path expected to break
-    /// under the fault. Defaults to false.
+    /// Marks this run as a negative control itself: a write path expected
+    /// to break under the fault (then no other control runs, and
+    /// [`RunReport::caught`] is what it is for). Defaults to false.
     pub fn control(mut self, control: bool) -> Self {
         self.control = control;
+        self
+    }
+
+    /// Which negative control runs before your write path. Defaults to
+    /// [`NegativeControl::Builtin`].
+    pub fn negative_control(mut self, negative: NegativeControl) -> Self {
+        self.negative = negative;
         self
     }
 
@@ -114,35 +226,111 @@ impl Harness {
         self
     }
 
-    /// The amounts drawn for each write. Defaults to 1 to 9.
+    /// The amounts drawn for each write ([`Call::amount`]). Defaults to 1
+    /// to 9.
     pub fn amounts(mut self, amounts: std::ops::RangeInclusive<i64>) -> Self {
         self.amounts = amounts;
         self
     }
 
-    /// Runs the callers with `lock` against your `write` for the duration,
-    /// under the fault's schedule on `lab`, then asks `check` for the final
-    /// state ([`Kind::Final`] per resource, or [`Kind::Invariant`]) and
-    /// checks the whole history.
+    /// Runs the negative control (unless off, or this run is one), then
+    /// the callers with `lock` against your `write` for the duration, under
+    /// the fault's schedule on `lab`; then asks `check_state` for your
+    /// final state, given what the writes reported ([`Writes`]), and checks
+    /// the whole history.
     ///
-    /// `write` runs concurrently on the current task (it need not be
-    /// `Send`); call [`Call::pause_point`] between its read and its write so
-    /// the holder-pause fault can stall it there.
+    /// `write` answers each [`Call`] with an [`Outcome`]; it runs on the
+    /// callers' own threads (so it is `Send + Sync + 'static`: share your
+    /// state through an `Arc`), but the futures it returns need not be
+    /// `Send`. Call [`Call::pause_point`] between the read and the write,
+    /// and run the work under [`Call::run`] to let the watchdog stop it.
+    ///
+    /// `check_state` returns one event per resource of
+    /// [`resources`](Self::resources): [`Kind::Final`] (a balance and its
+    /// ledger, checked by the harness) or [`Kind::ResourceCheck`] (your own
+    /// invariant, e.g. [`Writes::check_counter`]); a resource with neither
+    /// is a violation.
     ///
     /// # Errors
-    /// [`LabError`] when a fault could not be injected (the run would not
-    /// mean what it says). Violations are not errors: see
-    /// [`RunReport::holds`].
+    /// [`HarnessError::Lab`] when a fault could not be injected,
+    /// [`HarnessError::CallerPanicked`] when the write path panicked,
+    /// [`HarnessError::Runtime`] when a caller's thread could not start.
+    /// Violations are not errors: see [`RunReport::holds`].
     pub async fn run<W, C>(
         &self,
         lab: &Lab,
         lock: &Lock,
         write: W,
         check_state: C,
-    ) -> Result<RunReport, LabError>
+    ) -> Result<RunReport, HarnessError>
     where
-        W: AsyncFn(Call<'_>) -> Written,
-        C: AsyncFnOnce() -> Vec<Kind>,
+        W: AsyncFn(Call<'_>) -> Outcome + Send + Sync + 'static,
+        C: AsyncFnOnce(&Writes) -> Vec<Kind>,
+    {
+        let control = if self.control || self.negative == NegativeControl::Off {
+            None
+        } else {
+            Some(self.run_builtin_control(lab, lock).await?)
+        };
+        let (recorder, writes) = self.drive(lab, lock, Arc::new(write)).await?;
+        for kind in check_state(&writes).await {
+            recorder.record("checker", kind);
+        }
+        let events = recorder.take();
+        let report = RunReport::new(events);
+        Ok(match control {
+            Some(control) => report.with_control(control),
+            None => report,
+        })
+    }
+
+    /// The built-in negative control: a blind read-modify-write of an
+    /// in-memory counter per resource, under the same lock and settings.
+    async fn run_builtin_control(&self, lab: &Lab, lock: &Lock) -> Result<RunReport, HarnessError> {
+        let harness = Harness {
+            mode: format!("{}/control", self.mode),
+            control: true,
+            resources: self.resources.iter().map(|(r, _)| (r.clone(), 0)).collect(),
+            ..self.clone()
+        };
+        let counters: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>> =
+            Arc::default();
+        let state = counters.clone();
+        let write = async move |call: Call<'_>| {
+            let work = async {
+                let seen = read_counter(&state, call.resource);
+                tokio::time::sleep(CONTROL_READ).await;
+                call.pause_point().await;
+                state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(call.resource.to_owned(), seen + 1);
+            };
+            match call.run(work).await {
+                Ok(()) => Outcome::Committed,
+                Err(stopped) => stopped.into(),
+            }
+        };
+        let check = async |writes: &Writes| {
+            harness
+                .resources
+                .iter()
+                .map(|(r, _)| writes.check_counter(r, 0, read_counter(&counters, r)))
+                .collect()
+        };
+        Box::pin(harness.run(lab, lock, write, check)).await
+    }
+
+    /// Runs the callers under the fault schedule; the history so far and
+    /// what the writes reported.
+    async fn drive<W>(
+        &self,
+        lab: &Lab,
+        lock: &Lock,
+        write: Arc<W>,
+    ) -> Result<(Recorder, Writes), HarnessError>
+    where
+        W: AsyncFn(Call<'_>) -> Outcome + Send + Sync + 'static,
     {
         let start = SystemTime::now();
         let t0 = Instant::now();
@@ -150,7 +338,7 @@ impl Harness {
         recorder.record("coordinator", self.header());
         let windows = schedule(self.fault, self.seed, self.duration, self.ttl, self.callers);
         let keys: Vec<String> = self.resources.iter().map(|(r, _)| lock_key(r)).collect();
-        let stall = Stall::default();
+        let stall = Stall::freezing();
         let stopped = Arc::new(AtomicBool::new(false));
         let nemesis = {
             let (lab, recorder, stall, stopped) = (
@@ -164,22 +352,40 @@ impl Harness {
             })
         };
         let stop = CancellationToken::new();
-        let callers = self.callers_of(0, self.callers);
-        tokio::join!(callers.run(lock, &recorder, &stop, &stall, &write), async {
-            tokio::time::sleep(self.duration).await;
-            stop.cancel();
-        });
+        // Stops the callers if this future is dropped mid-run.
+        let _stop_on_drop = stop.clone().drop_guard();
+        let settings = Settings {
+            resources: self.resources.iter().map(|(r, _)| r.clone()).collect(),
+            ttl: self.ttl,
+            wait: self.wait,
+            watchdog: self.watchdog,
+            amounts: self.amounts.clone(),
+            seed: self.seed,
+        };
+        let (writes, ()) = tokio::join!(
+            isolated::run(
+                &settings,
+                self.callers,
+                lock,
+                &recorder,
+                &stop,
+                &stall,
+                write
+            ),
+            async {
+                tokio::time::sleep(self.duration).await;
+                stop.cancel();
+            }
+        );
         stopped.store(true, std::sync::atomic::Ordering::SeqCst);
         let nemesis = tokio::task::spawn_blocking(move || nemesis.join())
             .await
             .ok()
             .and_then(Result::ok)
             .unwrap_or(Ok(()));
-        for kind in check_state().await {
-            recorder.record("checker", kind);
-        }
+        let writes = writes?;
         nemesis?;
-        Ok(RunReport::new(recorder.take()))
+        Ok((recorder, writes))
     }
 
     /// The run's header event.
@@ -196,9 +402,10 @@ impl Harness {
     }
 
     /// The callers of worker `worker`, `tasks` of them, with this harness's
-    /// settings.
-    pub fn callers_of(&self, worker: u32, tasks: u32) -> Callers {
-        Callers {
+    /// settings (for worker processes of your own; [`Harness::run`] runs
+    /// its callers on threads of its own).
+    pub fn callers_of(&self, worker: u32, tasks: u32) -> crate::callers::Callers {
+        crate::callers::Callers {
             worker,
             tasks,
             resources: self.resources.iter().map(|(r, _)| r.clone()).collect(),
@@ -226,26 +433,151 @@ impl Harness {
     }
 }
 
-/// A run's history and its check.
+fn read_counter(
+    counters: &std::sync::Mutex<std::collections::HashMap<String, i64>>,
+    resource: &str,
+) -> i64 {
+    counters
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(resource)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// What the negative control showed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ControlVerdict {
+    /// No control ran ([`NegativeControl::Off`], or this run is a control
+    /// itself): the report cannot say whether the run could catch a lost
+    /// update.
+    NotRun,
+    /// The control lost updates (`violations` of them): this fault and
+    /// these settings can show a broken write path.
+    Caught {
+        /// How many violations the control's check found.
+        violations: usize,
+    },
+    /// The control lost nothing in `writes` writes: this run could not
+    /// have caught a broken write path, so its verdict means nothing.
+    CaughtNothing {
+        /// How many writes the control made.
+        writes: u64,
+    },
+}
+
+/// A run's history and its check, and its negative control's.
 #[derive(Debug, Clone)]
 pub struct RunReport {
     /// Every event, sorted by time.
     pub events: Vec<Event>,
     /// What the checker found.
     pub check: RunCheck,
+    /// What the negative control showed.
+    pub control: ControlVerdict,
+    /// The negative control's own report (its history and timeline), when
+    /// one ran.
+    pub control_report: Option<Box<RunReport>>,
 }
 
 impl RunReport {
-    /// Checks `events`.
+    /// Checks `events` (no control: [`ControlVerdict::NotRun`]).
     pub fn new(mut events: Vec<Event>) -> RunReport {
         events.sort_by_key(|event| event.at_us);
         let check = check(&events);
-        RunReport { events, check }
+        RunReport {
+            events,
+            check,
+            control: ControlVerdict::NotRun,
+            control_report: None,
+        }
     }
 
-    /// True when no invariant was violated.
+    /// This report with `control` as its negative control: a run of your
+    /// write path with its protection removed (`Harness::control(true)`,
+    /// and e.g. the fence check skipped), under the same fault and
+    /// settings. Replaces the built-in control's verdict.
+    pub fn with_control(mut self, control: RunReport) -> RunReport {
+        self.control = if control.check.violations.is_empty() {
+            ControlVerdict::CaughtNothing {
+                writes: control.check.counts.writes.total(),
+            }
+        } else {
+            ControlVerdict::Caught {
+                violations: control.check.violations.len(),
+            }
+        };
+        self.control_report = Some(Box::new(control));
+        self
+    }
+
+    /// True when no invariant was violated **and** the run could have
+    /// caught a violation: false when the negative control caught nothing
+    /// (see [`summary`](Self::summary)). Without a control
+    /// ([`ControlVerdict::NotRun`]) it is the check alone.
     pub fn holds(&self) -> bool {
-        self.check.holds()
+        self.check.holds() && !matches!(self.control, ControlVerdict::CaughtNothing { .. })
+    }
+
+    /// For a run that is a negative control itself: true when its check
+    /// found a violation (what a control is for).
+    pub fn caught(&self) -> bool {
+        !self.check.violations.is_empty()
+    }
+
+    /// Writes the watchdog stopped before they wrote ([`Outcome::Stopped`]),
+    /// counted among the not-written (`check.counts.writes.failed`).
+    pub fn stopped(&self) -> u64 {
+        self.events
+            .iter()
+            .filter(|e| matches!(&e.kind, Kind::Write { detail: Some(d), .. } if d == STOPPED))
+            .count() as u64
+    }
+
+    /// The verdict in a few lines: `HOLDS`, `BROKEN` or `INCONCLUSIVE`
+    /// (for a run that is a control itself, `CAUGHT` or `NOT CAUGHT`), the
+    /// write counts, the violations, and what the control showed.
+    pub fn summary(&self) -> String {
+        let w = &self.check.counts.writes;
+        let verdict = if self.check.is_control() {
+            if self.caught() {
+                "CAUGHT"
+            } else {
+                "NOT CAUGHT"
+            }
+        } else if !self.check.holds() {
+            "BROKEN"
+        } else if self.holds() {
+            "HOLDS"
+        } else {
+            "INCONCLUSIVE"
+        };
+        let mut out = format!(
+            "{verdict}: {} committed, {} refused, {} not written ({} stopped by the watchdog), {} unknown; {} double holders",
+            w.accepted,
+            w.refused_stale,
+            w.failed + w.insufficient,
+            self.stopped(),
+            w.unknown,
+            self.check.overlaps.len(),
+        );
+        for violation in &self.check.violations {
+            out.push_str(&format!("\n  violation: {violation}"));
+        }
+        out.push_str(&match &self.control {
+            ControlVerdict::NotRun if self.check.is_control() => {
+                "\n  this run is a negative control: it must be caught".to_owned()
+            }
+            ControlVerdict::NotRun => "\n  no negative control ran: this run cannot say whether it could catch a lost update".to_owned(),
+            ControlVerdict::Caught { violations } => format!(
+                "\n  negative control: the write path without its check was caught ({violations} violations): the test can detect a lost update"
+            ),
+            ControlVerdict::CaughtNothing { writes } => format!(
+                "\n  negative control caught NOTHING in {writes} writes: under this fault and these settings a write path without its check loses no update, so this run proves nothing; use a fault that breaks the lock (holder-pause, key-loss, early-expiry), a shorter TTL, a longer run, or a pause point between the read and the write"
+            ),
+        });
+        out
     }
 
     /// The run's timeline: one self-contained HTML page with an SVG.
@@ -263,5 +595,11 @@ impl RunReport {
         out: impl std::io::Write,
     ) -> Result<(), crate::history::HistoryError> {
         crate::history::write_jsonl(out, &self.events)
+    }
+}
+
+impl std::fmt::Display for RunReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.summary())
     }
 }

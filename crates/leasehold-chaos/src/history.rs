@@ -153,6 +153,18 @@ pub enum Kind {
         /// The number of its ledger rows.
         ledger_rows: u64,
     },
+    /// The final state of one resource, judged by the user's own
+    /// invariant (the [`Harness`](crate::Harness)'s, for any state that is
+    /// not a balance and a ledger: a job counter, a set of rows). It takes
+    /// the place of [`Kind::Final`] for that resource.
+    ResourceCheck {
+        /// The resource, as in [`Kind::Run`]'s `initial`.
+        resource: String,
+        /// Whether the state is what the committed writes explain.
+        ok: bool,
+        /// What the check found (never a secret).
+        detail: String,
+    },
     /// A user-supplied invariant check's verdict (the library harness).
     Invariant {
         /// Whether the state is right.

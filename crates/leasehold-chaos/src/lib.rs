@@ -13,9 +13,13 @@
 //! shared.
 //!
 //! To test your own write path, start a [`Lab`], pick a [`Lock`], and give
-//! [`Harness::run`] your write (an async closure of a [`Call`], with
-//! [`Call::pause_point`] between its read and its write) and your
-//! invariant (the final state as [`Kind::Final`] events); see
+//! [`Harness::run`] your write (an async closure of a [`Call`] answering an
+//! [`Outcome`], with [`Call::pause_point`] between its read and its write
+//! and its work under [`Call::run`]) and your invariant over your own
+//! final state ([`Kind::Final`] for a balance and its ledger, or
+//! [`Kind::ResourceCheck`], e.g. [`Writes::check_counter`]). The harness
+//! runs a negative control first and calls a run that could not have
+//! caught a lost update inconclusive (the [`Harness`] docs); see
 //! `examples/own_write_path.rs`. The `leasehold chaos` command is this
 //! crate driven from worker processes, one run per mode and fault.
 
@@ -27,15 +31,18 @@ pub mod timeline;
 mod callers;
 mod fault;
 mod harness;
+mod isolated;
 mod lab;
+mod outcome;
 mod recorder;
 
 pub use callers::{Call, Callers, Lock, Stall, Written, label, lock_key};
 pub use check::{RunCheck, Violation, check};
 pub use fault::{Fault, UnknownFault, Window, schedule};
-pub use harness::{Harness, RunReport};
+pub use harness::{ControlVerdict, Harness, HarnessError, NegativeControl, RunReport};
 pub use history::{Event, Kind, WriteOutcome};
 pub use lab::{Lab, LabError, LabOptions, Pauser, run_nemesis};
+pub use outcome::{Outcome, Stopped, Tally, Writes};
 pub use recorder::{Recorder, start_from_micros, start_to_micros};
 pub use report::{Row, Verdict, check_file, rows, verdict};
 pub use timeline::render_html;

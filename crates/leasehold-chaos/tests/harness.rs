@@ -1,21 +1,31 @@
-//! The harness against a user's own write path (an in-memory account),
-//! under real faults on a throwaway Redis: a blind write is caught, a
-//! check-and-set write holds.
+//! The harness against a user's own write path (in memory), under real
+//! faults on a throwaway Redis: a blind write is caught with the watchdog
+//! on, writes the watchdog stopped count as not written, a check-and-set
+//! path holds, and a control that catches nothing makes the run fail.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold::{Locker, redis};
 use leasehold_chaos::{
-    Call, Fault, Harness, Kind, Lab, LabOptions, Lock, RunReport, WriteOutcome, Written,
+    Call, ControlVerdict, Fault, Harness, Kind, Lab, LabOptions, Lock, NegativeControl, Outcome,
+    RunReport, Writes,
 };
+
+const MS: Duration = Duration::from_millis(1);
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// A balance, the highest fence that wrote it, a ledger.
+#[derive(Default)]
 struct Account {
     balance: i64,
     fence: u64,
     ledger: Vec<i64>,
+}
+
+async fn lab() -> Result<Lab, Box<dyn std::error::Error>> {
+    Ok(tokio::task::spawn_blocking(|| Lab::start(&LabOptions::default())).await??)
 }
 
 async fn lock(lab: &Lab, fenced: bool) -> Result<Lock, Box<dyn std::error::Error>> {
@@ -27,39 +37,54 @@ async fn lock(lab: &Lab, fenced: bool) -> Result<Lock, Box<dyn std::error::Error
     Ok(Lock::new(locker, fenced))
 }
 
-/// Runs 6 callers on one account for 2 s under `fault`; `checked` makes
-/// the write a check-and-set on the fence, otherwise it is blind.
-async fn run(
-    fault: Fault,
+/// 6 callers debit one account for 2 s (one fault window) under `fault`,
+/// with the watchdog on. `checked`: a check-and-set on the fence and the
+/// value read; otherwise blind. The work runs under `Call::run`, with a
+/// `read` long read, then the pause point, then the write.
+fn account_path(
+    account: Arc<Mutex<Account>>,
     checked: bool,
-    seed: u64,
-) -> Result<RunReport, Box<dyn std::error::Error>> {
-    let lab = tokio::task::spawn_blocking(|| Lab::start(&LabOptions::default())).await??;
-    let lock = lock(&lab, checked).await?;
-    let account = Mutex::new(Account {
-        balance: 1_000_000,
-        fence: 0,
-        ledger: Vec::new(),
-    });
-    let write = async |call: Call<'_>| {
-        let (balance, seen) = {
-            let a = account.lock().expect("account");
-            (a.balance, a.fence)
+    read: Duration,
+) -> impl AsyncFn(Call<'_>) -> Outcome + Send + Sync + 'static {
+    async move |call: Call<'_>| {
+        let work = async {
+            let (balance, seen) = {
+                let a = account.lock().expect("account");
+                (a.balance, a.fence)
+            };
+            tokio::time::sleep(read).await;
+            call.pause_point().await;
+            let token = call.fence().map_or(0, |f| f.get());
+            let mut a = account.lock().expect("account");
+            if checked && (a.fence != seen || token <= a.fence || a.balance != balance) {
+                return Outcome::Refused;
+            }
+            a.balance = balance - call.amount;
+            a.fence = a.fence.max(token);
+            a.ledger.push(call.amount);
+            Outcome::Committed
         };
-        call.pause_point().await;
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        let token = call.fence().map_or(0, |f| f.get());
-        let mut a = account.lock().expect("account");
-        if checked && (a.fence != seen || token <= a.fence) {
-            return Written::from(WriteOutcome::RefusedStale);
+        match call.run(work).await {
+            Ok(outcome) => outcome,
+            Err(stopped) => stopped.into(),
         }
-        a.balance = balance - call.amount;
-        a.fence = a.fence.max(token);
-        a.ledger.push(call.amount);
-        Written::from(WriteOutcome::Accepted)
-    };
-    let check = async || {
-        let a = account.lock().expect("account");
+    }
+}
+
+async fn run_account(
+    lab: &Lab,
+    harness: Harness,
+    checked: bool,
+    read: Duration,
+) -> Result<RunReport, Box<dyn std::error::Error>> {
+    let lock = lock(lab, checked).await?;
+    let account = Arc::new(Mutex::new(Account {
+        balance: 1_000_000,
+        ..Account::default()
+    }));
+    let state = account.clone();
+    let check = async |_: &Writes| {
+        let a = state.lock().expect("account");
         vec![Kind::Final {
             resource: "account:1".to_owned(),
             balance: a.balance,
@@ -67,55 +92,206 @@ async fn run(
             ledger_rows: a.ledger.len() as u64,
         }]
     };
-    Ok(Harness::new(if checked { "cas" } else { "blind" })
+    Ok(harness
         .callers(6)
         .ttl(Duration::from_millis(40))
         .duration(Duration::from_secs(2))
-        .seed(seed)
-        .fault(fault)
-        .control(!checked)
-        .run(&lab, &lock, write, check)
+        .watchdog(true)
+        .run(lab, &lock, account_path(account, checked, read), check)
         .await?)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_blind_write_path_is_caught_when_the_lock_key_is_deleted() -> TestResult {
-    let report = run(Fault::KeyLoss, false, 3).await?;
-    assert!(
-        !report.check.overlaps.is_empty(),
-        "no double holder under key loss"
-    );
-    assert!(
-        !report.holds(),
-        "the blind write lost no update: {:?}",
-        report.check
-    );
+async fn a_blind_write_path_is_caught_under_holder_pause_with_the_watchdog_on() -> TestResult {
+    let lab = lab().await?;
+    let mut caught = 0;
+    let mut summaries = Vec::new();
+    for seed in 1..=10 {
+        let harness = Harness::new("blind")
+            .seed(seed)
+            .fault(Fault::HolderPause)
+            .control(true);
+        let report = run_account(&lab, harness, false, MS).await?;
+        assert!(report.check.header.as_ref().is_some_and(|h| h.control));
+        if report.caught() {
+            caught += 1;
+        }
+        summaries.push(report.summary());
+    }
+    eprintln!("blind path under holder-pause, watchdog on: caught in {caught} of 10 runs");
+    assert!(caught >= 9, "caught in {caught} of 10 runs: {summaries:#?}");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_check_and_set_write_path_holds_when_the_lock_key_is_deleted() -> TestResult {
-    let report = run(Fault::KeyLoss, true, 3).await?;
-    assert!(report.holds(), "{:?}", report.check.violations);
-    assert!(report.check.counts.writes.accepted > 0);
-    assert!(
-        report.check.counts.writes.refused_stale > 0,
-        "no stale write refused"
-    );
+async fn a_check_and_set_path_holds_under_holder_pause_in_every_run() -> TestResult {
+    let lab = lab().await?;
+    for seed in 1..=4 {
+        let harness = Harness::new("cas")
+            .seed(seed)
+            .fault(Fault::HolderPause)
+            .negative_control(NegativeControl::Off);
+        let report = run_account(&lab, harness, true, MS).await?;
+        assert!(report.holds(), "seed {seed}: {}", report.summary());
+        assert!(report.check.counts.writes.accepted > 0);
+        assert!(
+            report.check.counts.writes.refused_stale > 0,
+            "seed {seed}: the paused holder was not refused: {}",
+            report.summary()
+        );
+        assert_eq!(report.control, ControlVerdict::NotRun);
+        assert!(report.summary().contains("no negative control ran"));
+    }
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_holder_is_refused_by_the_check_and_the_timeline_shows_it() -> TestResult {
-    let report = run(Fault::HolderPause, true, 5).await?;
-    assert!(report.holds(), "{:?}", report.check.violations);
+async fn writes_the_watchdog_stopped_count_as_not_written_and_the_control_catches() -> TestResult {
+    let lab = lab().await?;
+    let harness = Harness::new("cas").seed(3).fault(Fault::KeyLoss);
+    // A 30 ms read: the watchdog refreshes (every 13 ms) while a write is
+    // in it, and finds the key deleted.
+    let report = run_account(&lab, harness, true, 30 * MS).await?;
+    let writes = &report.check.counts.writes;
+    assert!(
+        report.stopped() > 0,
+        "nothing stopped: {}",
+        report.summary()
+    );
+    assert_eq!(writes.unknown, 0, "{}", report.summary());
+    assert!(writes.failed >= report.stopped());
+    assert!(
+        matches!(report.control, ControlVerdict::Caught { .. }),
+        "{}",
+        report.summary()
+    );
+    assert!(report.holds(), "{}", report.summary());
+    assert!(report.summary().starts_with("HOLDS"));
     let html = report.timeline_html();
-    assert!(html.contains("holder-pause"), "the fault is not drawn");
-    assert!(
-        report
-            .events
-            .iter()
-            .any(|e| matches!(e.kind, Kind::FaultStart { .. }))
-    );
+    assert!(html.contains("key-loss"), "the fault is not drawn");
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_that_catches_nothing_makes_the_run_fail_and_says_why() -> TestResult {
+    let lab = lab().await?;
+    // No fault and a TTL far longer than a write: no lease ever fails, so
+    // not even a blind path can lose an update.
+    let lock = lock(&lab, true).await?;
+    let account = Arc::new(Mutex::new(Account {
+        balance: 1_000_000,
+        ..Account::default()
+    }));
+    let state = account.clone();
+    let check = async |_: &Writes| {
+        let a = state.lock().expect("account");
+        vec![Kind::Final {
+            resource: "account:1".to_owned(),
+            balance: a.balance,
+            ledger_sum: a.ledger.iter().sum(),
+            ledger_rows: a.ledger.len() as u64,
+        }]
+    };
+    let report = Harness::new("cas")
+        .callers(4)
+        .ttl(Duration::from_secs(5))
+        .duration(Duration::from_millis(500))
+        .run(&lab, &lock, account_path(account, true, MS), check)
+        .await?;
+    assert!(report.check.holds(), "{}", report.summary());
+    assert!(
+        matches!(report.control, ControlVerdict::CaughtNothing { writes } if writes > 0),
+        "{:?}",
+        report.control
+    );
+    assert!(!report.holds(), "an inconclusive run passed");
+    let summary = report.summary();
+    assert!(summary.starts_with("INCONCLUSIVE"), "{summary}");
+    assert!(summary.contains("caught NOTHING"), "{summary}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_counter_is_checked_by_its_own_invariant() -> TestResult {
+    let lab = lab().await?;
+    let lock = lock(&lab, false).await?;
+    // A job counter per queue, incremented blindly: no balance, no ledger.
+    let counters = Arc::new(Mutex::new([0i64; 2]));
+    let state = counters.clone();
+    let write = async move |call: Call<'_>| {
+        let queue = usize::from(call.resource == "jobs:b");
+        let seen = state.lock().expect("counters")[queue];
+        call.pause_point().await;
+        state.lock().expect("counters")[queue] = seen + 1;
+        Outcome::Committed
+    };
+    let check = async |writes: &Writes| {
+        let c = *counters.lock().expect("counters");
+        vec![
+            writes.check_counter("jobs:a", 0, c[0]),
+            writes.check_counter("jobs:b", 0, c[1]),
+        ]
+    };
+    let report = Harness::new("jobs")
+        .callers(4)
+        .ttl(Duration::from_millis(40))
+        .duration(Duration::from_secs(2))
+        .seed(2)
+        .fault(Fault::HolderPause)
+        .resources(vec![("jobs:a".to_owned(), 0), ("jobs:b".to_owned(), 0)])
+        .control(true)
+        .run(&lab, &lock, write, check)
+        .await?;
+    assert!(
+        report.check.violations.iter().all(|v| matches!(
+            v,
+            leasehold_chaos::Violation::InvariantFailed { detail, .. } if detail.contains("lost")
+        )),
+        "{}",
+        report.summary()
+    );
+    assert!(report.caught(), "{}", report.summary());
+    Ok(())
+}
+
+#[test]
+fn a_resource_judged_by_its_own_invariant_needs_no_balance() {
+    use leasehold_chaos::{Event, Violation, check};
+    let event = |at_us, actor: &str, kind| Event {
+        at_us,
+        actor: actor.to_owned(),
+        kind,
+    };
+    let header = Harness::new("jobs")
+        .resources(vec![("jobs:a".to_owned(), 0), ("jobs:b".to_owned(), 0)])
+        .header();
+    let writes = Writes::default();
+    let history = |a_ok: bool| {
+        vec![
+            event(0, "coordinator", header.clone()),
+            event(
+                1,
+                "checker",
+                writes.check("jobs:a", a_ok, "counter 3: 3 committed"),
+            ),
+            event(2, "checker", writes.check_counter("jobs:b", 0, 0)),
+        ]
+    };
+    let holds = check(&history(true));
+    assert!(holds.holds(), "{:?}", holds.violations);
+    let broken = check(&history(false));
+    assert!(
+        matches!(
+            broken.violations.as_slice(),
+            [Violation::InvariantFailed { detail, .. }] if detail.starts_with("jobs:a: ")
+        ),
+        "{:?}",
+        broken.violations
+    );
+    // A resource with neither a final state nor its own check is missing.
+    let missing = check(&history(true)[..2]);
+    assert!(matches!(
+        missing.violations.as_slice(),
+        [Violation::MissingFinal { resource }] if resource == "jobs:b"
+    ));
 }

@@ -1,0 +1,286 @@
+//! The harness's callers: each on its own OS thread with its own
+//! single-threaded tokio runtime, like a process of its own.
+//!
+//! # Why a thread and a runtime per caller
+//!
+//! A real holder pause (a GC pause, a swapped-out or SIGSTOPped process)
+//! stops *everything* the holder runs, its watchdog included: nothing
+//! refreshes the lease, the lease expires, another caller takes the lock
+//! and writes, and when the holder wakes it goes on with its write as if
+//! nothing happened. A `tokio::time::sleep` at the pause point stops only
+//! the caller's task: its watchdog, another task, goes on refreshing the
+//! lease, so the "pause" is harmless and a broken write path passes.
+//!
+//! So each caller runs on its own thread and runtime, where it takes its
+//! leases (a lease's watchdog runs on the runtime the lease was taken on),
+//! and the harness's pause point blocks that thread
+//! ([`Stall::freezing`]): the caller, its watchdog and any task it spawned
+//! stop together, for real, and resume together. Callers that are not
+//! paused run on. Other choices were weighed: a SIGSTOP needs the callers
+//! in a child process, which a closure over your in-memory state or
+//! connection pool cannot follow; a gate inside the watchdog would need a
+//! test hook in the library.
+//!
+//! What it does not freeze: tasks of *your* runtime (a database
+//! connection's driver task, the lock's Redis connection, opened on your
+//! runtime), which a real paused process would have frozen too. They stay
+//! responsive, which matters only if a paused holder's request is in
+//! flight at the pause point. After the Redis connection is re-opened
+//! (a restart or network fault), its driver may live on a caller's
+//! runtime; a pause of that caller then also delays the others' requests.
+
+use std::ops::RangeInclusive;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use leasehold::{AcquireOptions, CancellationToken, Error, FencingToken, LostCause};
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+
+use crate::callers::{Call, Lock, Stall, label, lock_key};
+use crate::history::Kind;
+use crate::outcome::{Outcome, Writes};
+use crate::recorder::Recorder;
+
+/// The settings every caller shares.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) resources: Vec<String>,
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) amounts: RangeInclusive<i64>,
+    pub(crate) seed: u64,
+}
+
+/// Why a caller thread could not run.
+#[derive(Debug)]
+pub(crate) enum CallerFailure {
+    /// Its runtime could not be built.
+    Runtime(std::io::Error),
+    /// The write path (or the lock) panicked.
+    Panicked,
+}
+
+/// Starts `tasks` caller threads, each running `write` until `stop`; joins
+/// them on a blocking thread and returns what they wrote.
+pub(crate) async fn run<W>(
+    settings: &Settings,
+    tasks: u32,
+    lock: &Lock,
+    recorder: &Recorder,
+    stop: &CancellationToken,
+    stall: &Stall,
+    write: Arc<W>,
+) -> Result<Writes, CallerFailure>
+where
+    W: AsyncFn(Call<'_>) -> Outcome + Send + Sync + 'static,
+{
+    let writes = Arc::new(Mutex::new(Writes::default()));
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (settings, lock, recorder, stop, stall, write, writes) = (
+                settings.clone(),
+                lock.clone(),
+                recorder.clone(),
+                stop.clone(),
+                stall.clone(),
+                write.clone(),
+                writes.clone(),
+            );
+            std::thread::Builder::new()
+                .name(format!("caller-{task}"))
+                .spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?;
+                    let mine = runtime.block_on(caller(
+                        &settings, task, &lock, &recorder, &stop, &stall, &*write,
+                    ));
+                    writes
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .merge(mine);
+                    Ok::<(), std::io::Error>(())
+                })
+        })
+        .collect();
+    let joined = tokio::task::spawn_blocking(move || {
+        let mut failure = None;
+        for handle in handles {
+            let outcome = match handle {
+                Err(err) => Err(CallerFailure::Runtime(err)),
+                Ok(handle) => match handle.join() {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(err)) => Err(CallerFailure::Runtime(err)),
+                    Err(_) => Err(CallerFailure::Panicked),
+                },
+            };
+            if let Err(err) = outcome {
+                failure.get_or_insert(err);
+            }
+        }
+        failure
+    })
+    .await
+    .unwrap_or(Some(CallerFailure::Panicked));
+    if let Some(failure) = joined {
+        return Err(failure);
+    }
+    let writes = writes
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    Ok(writes)
+}
+
+/// One caller: takes the lock on a random resource, writes once through
+/// `write`, releases, until `stop`; the write is never cut short by the
+/// harness (the write path decides, see [`Call::run`]).
+async fn caller<W>(
+    settings: &Settings,
+    task: u32,
+    lock: &Lock,
+    recorder: &Recorder,
+    stop: &CancellationToken,
+    stall: &Stall,
+    write: &W,
+) -> Writes
+where
+    W: AsyncFn(Call<'_>) -> Outcome,
+{
+    let actor = format!("w0.t{task}");
+    let mut rng =
+        StdRng::seed_from_u64(settings.seed ^ u64::from(task).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let opts = AcquireOptions::new()
+        .wait(settings.wait)
+        .watchdog(settings.watchdog)
+        .cancel(stop.clone());
+    let mut writes = Writes::default();
+    let mut op = 0u64;
+    while !stop.is_cancelled() && !settings.resources.is_empty() {
+        let resource = &settings.resources[rng.random_range(0..settings.resources.len())];
+        let amount = rng.random_range(settings.amounts.clone());
+        let key = lock_key(resource);
+        op += 1;
+        let lease = if lock.is_none() {
+            None
+        } else {
+            recorder.record(
+                &actor,
+                Kind::Acquire {
+                    op,
+                    key: key.clone(),
+                },
+            );
+            match lock.acquire(resource, settings.ttl, &opts).await {
+                Ok(lease) => {
+                    if let Some(lease) = &lease {
+                        recorder.record(
+                            &actor,
+                            Kind::Acquired {
+                                op,
+                                key: key.clone(),
+                                token: label(lease),
+                                fence: lease.fence().map(FencingToken::get),
+                            },
+                        );
+                    }
+                    lease
+                }
+                Err(err) => {
+                    recorder.record(
+                        &actor,
+                        Kind::AcquireFailed {
+                            op,
+                            key: key.clone(),
+                            reason: reason(&err),
+                        },
+                    );
+                    if !matches!(err, Error::NotAcquired { .. }) {
+                        tokio::select! {
+                            () = stop.cancelled() => {}
+                            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                        }
+                    }
+                    continue;
+                }
+            }
+        };
+        op += 1;
+        let started_us = recorder.now_us();
+        let call = Call {
+            actor: &actor,
+            resource,
+            amount,
+            lease: lease.as_ref(),
+            stall,
+        };
+        let fence = call.fence().map(FencingToken::get);
+        let outcome = write(call).await;
+        writes.add(resource, amount, &outcome);
+        let (recorded, detail) = outcome.recorded();
+        recorder.record(
+            &actor,
+            Kind::Write {
+                op,
+                started_us,
+                key: if lease.is_some() {
+                    key.clone()
+                } else {
+                    String::new()
+                },
+                resource: resource.clone(),
+                amount,
+                fence,
+                outcome: recorded,
+                detail,
+            },
+        );
+        if let Some(lease) = lease {
+            let token = label(&lease);
+            if let Some(cause) = lease.lost() {
+                recorder.record(
+                    &actor,
+                    Kind::Lost {
+                        key: key.clone(),
+                        token: token.clone(),
+                        cause: cause_name(cause).to_owned(),
+                    },
+                );
+            }
+            let released_at = recorder.now_us();
+            let outcome = match lease.release().await {
+                Ok(()) => "released",
+                Err(Error::NotHeld { .. } | Error::LeaseLost { .. }) => "not_held",
+                Err(_) => "error",
+            };
+            recorder.record_at(
+                released_at,
+                &actor,
+                Kind::Released {
+                    key,
+                    token,
+                    outcome: outcome.to_owned(),
+                },
+            );
+        }
+    }
+    writes
+}
+
+/// The give-up reason of an acquire error, as the history names it.
+fn reason(err: &Error) -> String {
+    match err {
+        Error::NotAcquired { reason, .. } => reason.to_string().replace(' ', "_"),
+        err if err.is_retryable() => "unreachable".to_owned(),
+        _ => "error".to_owned(),
+    }
+}
+
+fn cause_name(cause: LostCause) -> &'static str {
+    match cause {
+        LostCause::Expired => "expired",
+        LostCause::Unreachable => "unreachable",
+        _ => "other",
+    }
+}
