@@ -175,6 +175,27 @@ impl Fault {
         matches!(self, Fault::SlotMigration | Fault::ClusterFailover)
     }
 
+    /// True when Redis keeps answering the callers through the fault (or
+    /// answers again at once: a cut connection is opened anew), so that a
+    /// held lease can be refreshed before it runs out. Not so for a
+    /// paused, restarting or swallowed Redis, nor under latency of the
+    /// order of a TTL: a lease cannot outlive such an outage (it would be
+    /// a lease Redis did not confirm). The chaos check judges the
+    /// watchdog's refresh errors only under these faults (see
+    /// [`mod@crate::check`]); a mixed schedule is judged by the faults it
+    /// drew.
+    pub const fn keeps_redis_answering(self) -> bool {
+        !matches!(
+            self,
+            Fault::RedisPause
+                | Fault::RedisRestart
+                | Fault::RedisRestartAof
+                | Fault::NetLatency
+                | Fault::NetBlackhole
+                | Fault::Mixed
+        )
+    }
+
     /// True for a single action repeated through its window.
     pub const fn is_repeated(self) -> bool {
         matches!(

@@ -31,7 +31,7 @@ mod lab;
 mod recorder;
 
 pub use callers::{Call, Callers, Lock, Stall, Written, label, lock_key};
-pub use check::{RunCheck, Violation, check};
+pub use check::{CallerErrors, RunCheck, Violation, check};
 pub use fault::{Fault, UnknownFault, Window, schedule};
 pub use harness::{Harness, RunReport};
 pub use history::{Event, Kind, WriteOutcome};

@@ -45,6 +45,11 @@ fn every_safe_mode_holds_under_a_paused_holder_and_an_empty_restart() -> TestRes
     ])?;
     assert_eq!(rows.len(), 12, "{rows:?}");
     for row in &rows {
+        // Both faults are shorter than the wait: no caller saw an error.
+        assert_eq!(row["errors"], "ok", "{row}");
+        for call in ["acquire_errors", "release_errors", "refresh_errors"] {
+            assert_eq!(row[call], 0, "{call}: {row}");
+        }
         if row["mode"] == "blind" {
             if row["fault"] == "holder-pause" {
                 assert_eq!(row["status"], "control_caught", "{row}");

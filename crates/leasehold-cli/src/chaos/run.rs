@@ -125,6 +125,13 @@ pub(crate) async fn run_one(
     let t0 = Instant::now() + START_MARGIN;
     let recorder = Recorder::in_memory(start);
     recorder.record_at(0, "coordinator", header);
+    recorder.record_at(
+        0,
+        "coordinator",
+        Kind::Budget {
+            wait_ms: millis(plan.wait),
+        },
+    );
     let mut stdins = Vec::new();
     for worker in &mut workers {
         if let Some(mut stdin) = worker.stdin.take() {
