@@ -58,13 +58,26 @@ pub enum Fault {
     EarlyExpiry,
     /// `SCRIPT FLUSH`: the server forgets every cached Lua script.
     ScriptFlush,
+    /// Every caller's connection killed by Redis itself (`CLIENT KILL TYPE
+    /// normal`, every 100 ms through the window): the connection drops
+    /// mid-request, as a server-side idle or maxclients policy or a
+    /// proxy's restart would do; new connections work. Every mode (on a
+    /// quorum, the first node's clients); not on a Redis Cluster (a lab
+    /// there has no single primary). Mixed in.
+    ConnKill,
+    /// Redis stops answering while every connection stays open (`CLIENT
+    /// PAUSE <window> ALL`: commands queue, replies stop, no connection is
+    /// refused or reset), as a server stalled by a slow command or a fork
+    /// would; it answers again when the window ends. Every mode (on a
+    /// quorum, the first node); not on a Redis Cluster. Mixed in.
+    RedisStall,
     /// A seeded mix of the faults above.
     Mixed,
 }
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 16] = [
+    pub const ALL: [Fault; 18] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -80,13 +93,17 @@ impl Fault {
         Fault::KeyLoss,
         Fault::EarlyExpiry,
         Fault::ScriptFlush,
+        Fault::ConnKill,
+        Fault::RedisStall,
         Fault::Mixed,
     ];
 
-    /// The faults a [`Fault::Mixed`] schedule draws from (a failover changes
-    /// the topology for good, so it is not mixed in; the cluster faults
-    /// need a cluster).
-    pub const MIXABLE: [Fault; 11] = [
+    /// The faults a [`Fault::Mixed`] schedule draws from: those that run on
+    /// the mixed run's lab (one primary behind the proxy, with an
+    /// append-only file) as it is, and leave it as they found it. Not mixed
+    /// in: a failover (it changes the topology for good), the cluster
+    /// faults (they need a cluster).
+    pub const MIXABLE: [Fault; 13] = [
         Fault::HolderPause,
         Fault::RedisPause,
         Fault::RedisRestart,
@@ -98,6 +115,8 @@ impl Fault {
         Fault::KeyLoss,
         Fault::EarlyExpiry,
         Fault::ScriptFlush,
+        Fault::ConnKill,
+        Fault::RedisStall,
     ];
 
     /// The fault's name on the command line and in histories.
@@ -118,6 +137,8 @@ impl Fault {
             Fault::KeyLoss => "key-loss",
             Fault::EarlyExpiry => "early-expiry",
             Fault::ScriptFlush => "script-flush",
+            Fault::ConnKill => "conn-kill",
+            Fault::RedisStall => "redis-stall",
             Fault::Mixed => "mixed",
         }
     }
@@ -188,6 +209,7 @@ impl Fault {
         !matches!(
             self,
             Fault::RedisPause
+                | Fault::RedisStall
                 | Fault::RedisRestart
                 | Fault::RedisRestartAof
                 | Fault::NetLatency
@@ -200,7 +222,7 @@ impl Fault {
     pub const fn is_repeated(self) -> bool {
         matches!(
             self,
-            Fault::KeyLoss | Fault::EarlyExpiry | Fault::ScriptFlush
+            Fault::KeyLoss | Fault::EarlyExpiry | Fault::ScriptFlush | Fault::ConnKill
         )
     }
 }

@@ -575,6 +575,20 @@ impl Lab {
                 self.repeat(fault, keys)?;
                 "lock keys".to_owned()
             }
+            Fault::ConnKill => {
+                drop(servers);
+                self.repeat(fault, keys)?;
+                "redis connections".to_owned()
+            }
+            Fault::RedisStall => {
+                // Redis ends the pause by itself at the window's end (no
+                // command, `CLIENT UNPAUSE` included, gets through it).
+                let ms = window.length.as_millis().max(1).to_string();
+                servers
+                    .primary
+                    .command(&["CLIENT", "PAUSE", &ms, "ALL"], "stalling redis")?;
+                "redis".to_owned()
+            }
         };
         Ok(target)
     }
@@ -594,6 +608,9 @@ impl Lab {
                 .iter()
                 .try_for_each(|key| redis.command(&["PEXPIRE", key, "1"], &what)),
             Fault::ScriptFlush => redis.command(&["SCRIPT", "FLUSH"], &what),
+            // Every client but this one (`SKIPME yes` is the default) and
+            // the replicas.
+            Fault::ConnKill => redis.command(&["CLIENT", "KILL", "TYPE", "normal"], &what),
             Fault::NetCut => {
                 self.proxy(fault)?.cut();
                 Ok(())
@@ -683,7 +700,9 @@ impl Lab {
             | Fault::ClusterFailover
             | Fault::KeyLoss
             | Fault::EarlyExpiry
-            | Fault::ScriptFlush => {}
+            | Fault::ScriptFlush
+            | Fault::ConnKill
+            | Fault::RedisStall => {}
         }
         Ok(())
     }
@@ -837,7 +856,7 @@ fn encode(text: &str) -> String {
 fn period(fault: Fault) -> Duration {
     match fault {
         Fault::KeyLoss | Fault::EarlyExpiry => Duration::from_millis(5),
-        Fault::NetCut => Duration::from_millis(100),
+        Fault::NetCut | Fault::ConnKill => Duration::from_millis(100),
         _ => Duration::from_millis(50),
     }
 }

@@ -244,3 +244,34 @@ fn the_matrix_runs_against_your_own_redis_cluster() -> TestResult {
     assert_eq!(out.status.code(), Some(2), "--cluster needs --redis-url");
     Ok(())
 }
+
+/// Everyday faults a service meets: Redis drops every caller's connection
+/// (again and again through the window), and Redis stalls with every
+/// connection open. The safe write paths hold, and no caller is returned an
+/// error: the library rides both out within the wait; under the killed
+/// connections the watchdog keeps every lease too (a stall longer than the
+/// TTL may cost a lease, which is not judged).
+#[test]
+fn killed_connections_and_a_stalled_redis_reach_no_caller() -> TestResult {
+    let rows = matrix(&[
+        "--modes",
+        "cas,handoff,quorum",
+        "--faults",
+        "conn-kill,redis-stall",
+        "--duration",
+        "3s",
+        "--watchdog",
+    ])?;
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for row in &rows {
+        assert_eq!(row["status"], "ok", "{row}");
+        assert_eq!(row["errors"], "ok", "{row}");
+        assert!(row["accepted"].as_u64() > Some(0), "{row}");
+        assert_eq!(row["acquire_errors"], 0, "{row}");
+        assert_eq!(row["release_errors"], 0, "{row}");
+        if row["fault"] == "conn-kill" {
+            assert_eq!(row["refresh_errors"], 0, "{row}");
+        }
+    }
+    Ok(())
+}

@@ -131,9 +131,15 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         .collect();
     if args.redis_url.is_some() {
         let (run, skipped): (Vec<_>, Vec<_>) = cells.into_iter().partition(|(mode, fault)| {
+            // On a cluster the callers reach the nodes directly (no proxy),
+            // and a command to "the" primary has no one node to go to.
             let proxied = !matches!(
                 fault,
-                Fault::NetLatency | Fault::NetCut | Fault::NetBlackhole
+                Fault::NetLatency
+                    | Fault::NetCut
+                    | Fault::NetBlackhole
+                    | Fault::ConnKill
+                    | Fault::RedisStall
             );
             *mode != ChaosMode::Quorum
                 && !fault.needs_redis_process()
