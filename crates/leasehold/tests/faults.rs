@@ -269,3 +269,53 @@ async fn the_job_runner_rides_out_a_redis_restart_shorter_than_the_wait() -> Tes
     assert_eq!(left_to_ttl, 0, "{told:#?}");
     Ok(())
 }
+
+/// A lease handed over through Redis after a wait in the queue longer than
+/// its TTL reaches its holder with time left (counted from the hand-over,
+/// not from the waiter's entry in the queue), and the watchdog keeps it:
+/// a waiter is not given a lease that is lost on arrival.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_handed_over_after_a_long_wait_keeps_a_full_ttl() -> TestResult {
+    let server = RedisServer::start()?;
+    let client = redis::Client::open(server.url())?;
+    // Two lockers, as two processes: the hand-over goes through Redis.
+    let (a, b) = (
+        HandoffLocker::connect(&client).await?,
+        HandoffLocker::connect(&client).await?,
+    );
+    let key = "lock:faults:handed";
+    // A long lease: the waiter's next check is due only at its expiry.
+    let held = a.acquire(key, 60_000 * MS).await?;
+    let waiter = tokio::spawn(async move {
+        let opts = AcquireOptions::new().wait(HUNG / 2).watchdog(true);
+        b.acquire_with(key, 200 * MS, &opts).await
+    });
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    // Queued: its last request found the lock busy.
+    loop {
+        let queued: i64 = redis::cmd("ZCARD")
+            .arg(format!("{key}:waitq"))
+            .query_async(&mut conn)
+            .await?;
+        if queued > 0 {
+            break;
+        }
+        tokio::time::sleep(5 * MS).await;
+    }
+    // Longer than the waiter's TTL in the queue, then the hand-over.
+    tokio::time::sleep(400 * MS).await;
+    held.release().await?;
+    let lease = tokio::time::timeout(HUNG, waiter).await???;
+    let stored: Option<String> = conn.get(key).await?;
+    assert_eq!(stored.as_deref(), Some(lease.token().as_str()));
+    assert!(
+        lease.remaining() > 100 * MS,
+        "handed over with {:?} left",
+        lease.remaining()
+    );
+    // The watchdog keeps it: its first refresh is due a third of a TTL on.
+    tokio::time::sleep(300 * MS).await;
+    assert_eq!(lease.lost(), None);
+    lease.release().await?;
+    Ok(())
+}
