@@ -71,13 +71,22 @@ pub enum Fault {
     /// would; it answers again when the window ends. Every mode (on a
     /// quorum, the first node); not on a Redis Cluster. Mixed in.
     RedisStall,
+    /// The callers' ACL user deleted (`ACL DELUSER`, which also closes its
+    /// connections) and made again with the same rules at the window's
+    /// end, as a restart without the ACL file or an operator's mistake
+    /// would: requests and reconnections are refused meanwhile. The
+    /// callers connect as the README's minimal lock user for this fault.
+    /// Every mode (on a quorum, the first node); throwaway servers only
+    /// (not with your own Redis); not mixed in (the mixed lab's callers
+    /// use the default user).
+    AclReset,
     /// A seeded mix of the faults above.
     Mixed,
 }
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 18] = [
+    pub const ALL: [Fault; 19] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -95,6 +104,7 @@ impl Fault {
         Fault::ScriptFlush,
         Fault::ConnKill,
         Fault::RedisStall,
+        Fault::AclReset,
         Fault::Mixed,
     ];
 
@@ -139,6 +149,7 @@ impl Fault {
             Fault::ScriptFlush => "script-flush",
             Fault::ConnKill => "conn-kill",
             Fault::RedisStall => "redis-stall",
+            Fault::AclReset => "acl-reset",
             Fault::Mixed => "mixed",
         }
     }
@@ -175,12 +186,14 @@ impl Fault {
     }
 
     /// True when the fault needs control of the Redis process (pause, kill,
-    /// restart, promote), so it cannot run against a user's own server. A
-    /// mixed schedule does (it draws such faults too).
+    /// restart, promote) or its users (an ACL user the lab made), so it
+    /// cannot run against a user's own server. A mixed schedule does (it
+    /// draws such faults too).
     pub const fn needs_redis_process(self) -> bool {
         matches!(
             self,
             Fault::RedisPause
+                | Fault::AclReset
                 | Fault::RedisRestart
                 | Fault::RedisRestartAof
                 | Fault::Failover
@@ -210,6 +223,7 @@ impl Fault {
             self,
             Fault::RedisPause
                 | Fault::RedisStall
+                | Fault::AclReset
                 | Fault::RedisRestart
                 | Fault::RedisRestartAof
                 | Fault::NetLatency

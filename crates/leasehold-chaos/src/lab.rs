@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use rand::RngExt;
+
 use leasehold_testkit::{
     Direction, Failover, FaultProxy, PostgresServer, RedisCluster, RedisOptions, RedisServer,
 };
@@ -75,6 +77,7 @@ fn server(what: impl Into<String>) -> impl FnOnce(leasehold_testkit::Error) -> L
 pub struct LabOptions {
     replica: bool,
     aof: bool,
+    acl_user: bool,
     nodes: usize,
     postgres: Option<Arc<PostgresServer>>,
     redis_url: Option<String>,
@@ -93,6 +96,15 @@ impl LabOptions {
     /// [`Fault::RedisRestartAof`]. Defaults to off.
     pub fn aof(mut self, on: bool) -> Self {
         self.aof = on;
+        self
+    }
+
+    /// The callers connect as an ACL user with the README's minimal rules
+    /// ([`ACL_USER`], every mode's commands), made on every throwaway
+    /// server with a random password, for [`Fault::AclReset`]. Defaults to
+    /// off (the default user).
+    pub fn acl_user(mut self, on: bool) -> Self {
+        self.acl_user = on;
         self
     }
 
@@ -154,6 +166,7 @@ impl LabOptions {
             Fault::Failover => self.replica(true),
             Fault::SlotMigration | Fault::ClusterFailover => self.cluster(true),
             Fault::RedisRestartAof | Fault::Mixed => self.aof(true),
+            Fault::AclReset => self.acl_user(true),
             _ => self,
         }
     }
@@ -222,6 +235,63 @@ pub struct Lab {
     /// The callers' URL to an external primary (its credentials, the
     /// proxy's address); `None` for a throwaway one.
     caller_url: Option<String>,
+    /// The password of [`ACL_USER`], whom the callers connect as (see
+    /// [`LabOptions::acl_user`]).
+    acl_password: Option<String>,
+}
+
+/// The ACL user the callers connect as with [`LabOptions::acl_user`].
+pub const ACL_USER: &str = "locker";
+
+/// The README's minimal rules for a lock user, every mode's commands (its
+/// "Redis ACL" section), after `ACL SETUSER locker on >PASSWORD`.
+const ACL_RULES: [&str; 27] = [
+    "resetkeys",
+    "~lock:*",
+    "~fence:*",
+    "resetchannels",
+    "&leasehold:handoff:*",
+    "-@all",
+    "+set",
+    "+get",
+    "+del",
+    "+pexpire",
+    "+pttl",
+    "+incr",
+    "+type",
+    "+time",
+    "+zadd",
+    "+zrange",
+    "+zrem",
+    "+zpopmin",
+    "+hget",
+    "+hset",
+    "+hdel",
+    "+publish",
+    "+subscribe",
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+wait",
+];
+
+/// Makes (or resets) [`ACL_USER`] on `server` with the minimal rules.
+fn set_acl_user(server: &RedisServer, password: &str) -> Result<(), LabError> {
+    let secret = format!(">{password}");
+    let mut args = vec!["ACL", "SETUSER", ACL_USER, "reset", "on", secret.as_str()];
+    args.extend(ACL_RULES);
+    server
+        .command(&args)
+        .map(drop)
+        .map_err(server_err("making the lock's acl user"))
+}
+
+/// `url` (`redis://host:port/...`) with [`ACL_USER`] and `password`.
+fn with_user(url: &str, password: &str) -> String {
+    match url.strip_prefix("redis://") {
+        Some(rest) => format!("redis://{ACL_USER}:{}@{rest}", encode(password)),
+        None => url.to_owned(),
+    }
 }
 
 impl Lab {
@@ -261,19 +331,37 @@ impl Lab {
         };
         let proxy =
             FaultProxy::start(primary.addr()).map_err(server("starting the fault proxy"))?;
+        let acl_password = if options.acl_user {
+            let password: String = {
+                let mut rng = rand::rng();
+                (0..24)
+                    .map(|_| {
+                        char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[rng.random_range(0..36)])
+                    })
+                    .collect()
+            };
+            for server in std::iter::once(&primary).chain(&nodes) {
+                set_acl_user(server, &password)?;
+            }
+            Some(password)
+        } else {
+            None
+        };
         let servers = Servers {
             replica,
             nodes,
             ..Servers::new(Primary::Own(primary), options)
         };
-        Ok(Lab::assemble(servers, Some(proxy), options.aof, None))
+        let mut lab = Lab::assemble(servers, Some(proxy), options.aof, None);
+        lab.acl_password = acl_password;
+        Ok(lab)
     }
 
     /// A lab on a throwaway cluster.
     fn start_cluster(options: &LabOptions) -> Result<Lab, LabError> {
-        if options.replica || options.aof || options.nodes > 1 {
+        if options.replica || options.aof || options.nodes > 1 || options.acl_user {
             return Err(LabError::Options(
-                "a cluster lab has no single-server replica, AOF or extra nodes",
+                "a cluster lab has no single-server replica, AOF, extra nodes or acl user",
             ));
         }
         let cluster =
@@ -292,9 +380,14 @@ impl Lab {
 
     /// A lab in front of the user's Redis Cluster.
     fn start_external_cluster(options: &LabOptions) -> Result<Lab, LabError> {
-        if options.replica || options.aof || options.nodes > 1 || options.cluster {
+        if options.replica
+            || options.aof
+            || options.nodes > 1
+            || options.cluster
+            || options.acl_user
+        {
             return Err(LabError::Options(
-                "a replica, an append-only file, extra nodes or a throwaway cluster need throwaway servers",
+                "a replica, an append-only file, extra nodes, an acl user or a throwaway cluster need throwaway servers",
             ));
         }
         let client = redis::cluster::ClusterClient::builder(options.cluster_urls.clone())
@@ -329,9 +422,9 @@ impl Lab {
 
     /// A lab in front of the user's Redis at `url`.
     fn start_external(options: &LabOptions, url: &str) -> Result<Lab, LabError> {
-        if options.replica || options.aof || options.nodes > 1 {
+        if options.replica || options.aof || options.nodes > 1 || options.acl_user {
             return Err(LabError::Options(
-                "a replica, an append-only file or extra nodes need throwaway servers",
+                "a replica, an append-only file, extra nodes or an acl user need throwaway servers",
             ));
         }
         let client =
@@ -382,6 +475,7 @@ impl Lab {
             proxy: proxy.map(Arc::new),
             aof,
             caller_url,
+            acl_password: None,
         }
     }
 
@@ -394,7 +488,10 @@ impl Lab {
     pub fn redis_url(&self) -> String {
         match (&self.caller_url, &self.proxy) {
             (Some(url), _) => url.clone(),
-            (None, Some(proxy)) => format!("redis://{}/", proxy.addr()),
+            (None, Some(proxy)) => match &self.acl_password {
+                Some(password) => with_user(&format!("redis://{}/", proxy.addr()), password),
+                None => format!("redis://{}/", proxy.addr()),
+            },
             (None, None) => self.node_urls().into_iter().next().unwrap_or_default(),
         }
     }
@@ -409,7 +506,15 @@ impl Lab {
             _ => {}
         }
         let mut urls = vec![self.redis_url()];
-        urls.extend(self.servers().nodes.iter().map(RedisServer::url));
+        urls.extend(
+            self.servers()
+                .nodes
+                .iter()
+                .map(|node| match &self.acl_password {
+                    Some(password) => with_user(&node.url(), password),
+                    None => node.url(),
+                }),
+        );
         urls
     }
 
@@ -580,6 +685,20 @@ impl Lab {
                 self.repeat(fault, keys)?;
                 "redis connections".to_owned()
             }
+            Fault::AclReset => {
+                let primary = own(&mut servers.primary, fault)?;
+                if self.acl_password.is_none() {
+                    return Err(LabError::Unsupported {
+                        fault,
+                        needs: "callers connected as an acl user (LabOptions::acl_user)",
+                    });
+                }
+                // Deleting the user also closes every connection of it.
+                primary
+                    .command(&["ACL", "DELUSER", ACL_USER])
+                    .map_err(server("deleting the lock's acl user"))?;
+                format!("acl user {ACL_USER}")
+            }
             Fault::RedisStall => {
                 // Redis ends the pause by itself at the window's end (no
                 // command, `CLIENT UNPAUSE` included, gets through it).
@@ -693,6 +812,11 @@ impl Lab {
             Fault::PostgresPause => {
                 if let Some(pg) = &servers.postgres {
                     pg.resume().map_err(server("resuming postgresql"))?;
+                }
+            }
+            Fault::AclReset => {
+                if let Some(password) = &self.acl_password {
+                    set_acl_user(own(&mut servers.primary, fault)?, password)?;
                 }
             }
             Fault::None

@@ -35,7 +35,7 @@ pub use check::{CallerErrors, RunCheck, Violation, check};
 pub use fault::{Fault, UnknownFault, Window, schedule};
 pub use harness::{Harness, RunReport};
 pub use history::{Event, Kind, WriteOutcome};
-pub use lab::{Lab, LabError, LabOptions, Pauser, run_nemesis};
+pub use lab::{ACL_USER, Lab, LabError, LabOptions, Pauser, run_nemesis};
 pub use recorder::{Recorder, start_from_micros, start_to_micros};
 pub use report::{Row, Verdict, check_file, rows, verdict};
 pub use timeline::render_html;
