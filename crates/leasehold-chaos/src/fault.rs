@@ -80,13 +80,22 @@ pub enum Fault {
     /// (not with your own Redis); not mixed in (the mixed lab's callers
     /// use the default user).
     AclReset,
+    /// Redis out of memory and evicting: `maxmemory` set just above what
+    /// it uses, `maxmemory-policy allkeys-lru`, and a filler writing many
+    /// 1 KiB keys every 50 ms through the window, so Redis evicts
+    /// (normally the filler's cold keys, a lock or fence key if the LRU
+    /// sample picks it); at the end the limit and policy are restored and
+    /// the filler's keys deleted. Every mode (on a quorum, the first
+    /// node); throwaway servers only (it changes the server's
+    /// configuration); not on a Redis Cluster. Mixed in.
+    Eviction,
     /// A seeded mix of the faults above.
     Mixed,
 }
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 19] = [
+    pub const ALL: [Fault; 20] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -105,6 +114,7 @@ impl Fault {
         Fault::ConnKill,
         Fault::RedisStall,
         Fault::AclReset,
+        Fault::Eviction,
         Fault::Mixed,
     ];
 
@@ -112,8 +122,9 @@ impl Fault {
     /// the mixed run's lab (one primary behind the proxy, with an
     /// append-only file) as it is, and leave it as they found it. Not mixed
     /// in: a failover (it changes the topology for good), the cluster
-    /// faults (they need a cluster).
-    pub const MIXABLE: [Fault; 13] = [
+    /// faults (they need a cluster), an ACL reset (the mixed run's callers
+    /// connect as the default user).
+    pub const MIXABLE: [Fault; 14] = [
         Fault::HolderPause,
         Fault::RedisPause,
         Fault::RedisRestart,
@@ -127,6 +138,7 @@ impl Fault {
         Fault::ScriptFlush,
         Fault::ConnKill,
         Fault::RedisStall,
+        Fault::Eviction,
     ];
 
     /// The fault's name on the command line and in histories.
@@ -150,6 +162,7 @@ impl Fault {
             Fault::ConnKill => "conn-kill",
             Fault::RedisStall => "redis-stall",
             Fault::AclReset => "acl-reset",
+            Fault::Eviction => "eviction",
             Fault::Mixed => "mixed",
         }
     }
@@ -179,6 +192,7 @@ impl Fault {
                 self,
                 Fault::RedisRestart
                     | Fault::Failover
+                    | Fault::Eviction
                     | Fault::Mixed
                     | Fault::NetLatency
                     | Fault::PostgresPause
@@ -194,6 +208,7 @@ impl Fault {
             self,
             Fault::RedisPause
                 | Fault::AclReset
+                | Fault::Eviction
                 | Fault::RedisRestart
                 | Fault::RedisRestartAof
                 | Fault::Failover
@@ -236,7 +251,11 @@ impl Fault {
     pub const fn is_repeated(self) -> bool {
         matches!(
             self,
-            Fault::KeyLoss | Fault::EarlyExpiry | Fault::ScriptFlush | Fault::ConnKill
+            Fault::KeyLoss
+                | Fault::EarlyExpiry
+                | Fault::ScriptFlush
+                | Fault::ConnKill
+                | Fault::Eviction
         )
     }
 }

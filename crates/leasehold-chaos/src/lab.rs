@@ -685,6 +685,28 @@ impl Lab {
                 self.repeat(fault, keys)?;
                 "redis connections".to_owned()
             }
+            Fault::Eviction => {
+                let primary = own(&mut servers.primary, fault)?;
+                let info = primary
+                    .command(&["INFO", "memory"])
+                    .map_err(server("reading redis's memory use"))?
+                    .to_string();
+                let used: u64 = info
+                    .lines()
+                    .find_map(|line| line.strip_prefix("used_memory:"))
+                    .and_then(|value| value.trim().parse().ok())
+                    .ok_or(LabError::Options("redis did not report its memory use"))?;
+                let limit = (used + EVICTION_HEADROOM).to_string();
+                primary
+                    .command(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"])
+                    .map_err(server("setting an eviction policy"))?;
+                primary
+                    .command(&["CONFIG", "SET", "maxmemory", &limit])
+                    .map_err(server("limiting redis's memory"))?;
+                drop(servers);
+                self.repeat(fault, keys)?;
+                format!("redis memory ({limit} bytes, allkeys-lru)")
+            }
             Fault::AclReset => {
                 let primary = own(&mut servers.primary, fault)?;
                 if self.acl_password.is_none() {
@@ -727,6 +749,7 @@ impl Lab {
                 .iter()
                 .try_for_each(|key| redis.command(&["PEXPIRE", key, "1"], &what)),
             Fault::ScriptFlush => redis.command(&["SCRIPT", "FLUSH"], &what),
+            Fault::Eviction => redis.command(&["EVAL", FILL, "0", "500"], &what),
             // Every client but this one (`SKIPME yes` is the default) and
             // the replicas.
             Fault::ConnKill => redis.command(&["CLIENT", "KILL", "TYPE", "normal"], &what),
@@ -812,6 +835,18 @@ impl Lab {
             Fault::PostgresPause => {
                 if let Some(pg) = &servers.postgres {
                     pg.resume().map_err(server("resuming postgresql"))?;
+                }
+            }
+            Fault::Eviction => {
+                let primary = own(&mut servers.primary, fault)?;
+                for args in [
+                    &["CONFIG", "SET", "maxmemory", "0"][..],
+                    &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
+                    &["EVAL", EMPTY, "0"],
+                ] {
+                    primary
+                        .command(args)
+                        .map_err(server("ending the eviction"))?;
                 }
             }
             Fault::AclReset => {
@@ -975,6 +1010,26 @@ fn encode(text: &str) -> String {
     }
     out
 }
+
+/// [`Fault::Eviction`]'s memory limit above what Redis uses when it
+/// starts: 1 MiB.
+const EVICTION_HEADROOM: u64 = 1 << 20;
+
+/// [`Fault::Eviction`]'s filler: `ARGV[1]` new 1 KiB keys `filler:R:I`, R
+/// a round counter.
+const FILL: &str = "local round = redis.call('INCR', 'filler:round') \
+    local value = string.rep('x', 1024) \
+    for i = 1, tonumber(ARGV[1]) do \
+        redis.call('SET', 'filler:' .. round .. ':' .. i, value) \
+    end \
+    return round";
+
+/// Deletes the filler's keys.
+const EMPTY: &str = "local keys = redis.call('KEYS', 'filler:*') \
+    for i = 1, #keys, 1000 do \
+        redis.call('DEL', unpack(keys, i, math.min(i + 999, #keys))) \
+    end \
+    return #keys";
 
 /// How often a repeated fault fires within its window.
 fn period(fault: Fault) -> Duration {

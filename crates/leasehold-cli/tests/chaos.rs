@@ -247,8 +247,10 @@ fn the_matrix_runs_against_your_own_redis_cluster() -> TestResult {
 
 /// Everyday faults a service meets: Redis drops every caller's connection
 /// (again and again through the window), Redis stalls with every
-/// connection open, and the lock's ACL user is deleted and made again (the
-/// workers connect as the README's minimal user). The safe write paths
+/// connection open, the lock's ACL user is deleted and made again (the
+/// workers connect as the README's minimal user), and Redis runs out of
+/// memory and evicts (a lock or fence key now and then: the database
+/// absorbs it). The safe write paths
 /// hold, and no caller is returned an error: the library rides each out
 /// within the wait; under the killed
 /// connections the watchdog keeps every lease too (a stall longer than the
@@ -260,21 +262,21 @@ fn killed_connections_and_a_stalled_redis_reach_no_caller() -> TestResult {
         "--modes",
         "cas,handoff,quorum",
         "--faults",
-        "conn-kill,redis-stall,acl-reset",
+        "conn-kill,redis-stall,acl-reset,eviction",
         "--duration",
         "3s",
         "--ttl",
         "250ms",
         "--watchdog",
     ])?;
-    assert_eq!(rows.len(), 9, "{rows:?}");
+    assert_eq!(rows.len(), 12, "{rows:?}");
     for row in &rows {
         assert_eq!(row["status"], "ok", "{row}");
         assert_eq!(row["errors"], "ok", "{row}");
         assert!(row["accepted"].as_u64() > Some(0), "{row}");
         assert_eq!(row["acquire_errors"], 0, "{row}");
         assert_eq!(row["release_errors"], 0, "{row}");
-        if row["fault"] == "conn-kill" {
+        if row["fault"] == "conn-kill" || row["fault"] == "eviction" {
             assert_eq!(row["refresh_errors"], 0, "{row}");
         }
     }
