@@ -173,8 +173,9 @@ impl CallerErrors {
     /// False when a judged count is not zero.
     #[must_use]
     pub fn holds(&self) -> bool {
-        !(self.judged && self.acquire + self.release > 0)
-            && !(self.refresh_judged && self.refresh > 0)
+        let failed_calls = self.judged && self.acquire + self.release > 0;
+        let failed_refreshes = self.refresh_judged && self.refresh > 0;
+        !failed_calls && !failed_refreshes
     }
 
     /// The three counts as `acquire/release/refresh`.

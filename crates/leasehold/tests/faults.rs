@@ -226,7 +226,7 @@ async fn the_job_runner_rides_out_a_redis_restart_shorter_than_the_wait() -> Tes
                     Ok(()) => told.borrow_mut().done += 1,
                     Err(err) => told.borrow_mut().lost.push(err.to_string()),
                 }
-                if run % 2 == 0 {
+                if run.is_multiple_of(2) {
                     drop(lease);
                     continue;
                 }
