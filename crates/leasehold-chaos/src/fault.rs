@@ -89,13 +89,21 @@ pub enum Fault {
     /// node); throwaway servers only (it changes the server's
     /// configuration); not on a Redis Cluster. Mixed in.
     Eviction,
+    /// PostgreSQL restarted: a fast shutdown (every session cut, open
+    /// transactions rolled back, what was committed kept) and started again
+    /// on its port at the window's end: writes fail meanwhile, and a
+    /// commit in flight has an unknown outcome. (An immediate shutdown
+    /// would lose acknowledged commits of the throwaway server, which runs
+    /// with `synchronous_commit=off`: data loss the lock cannot be judged
+    /// on.) Every mode (the lock is untouched). Mixed in.
+    PostgresRestart,
     /// A seeded mix of the faults above.
     Mixed,
 }
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 20] = [
+    pub const ALL: [Fault; 21] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -115,6 +123,7 @@ impl Fault {
         Fault::RedisStall,
         Fault::AclReset,
         Fault::Eviction,
+        Fault::PostgresRestart,
         Fault::Mixed,
     ];
 
@@ -124,7 +133,7 @@ impl Fault {
     /// in: a failover (it changes the topology for good), the cluster
     /// faults (they need a cluster), an ACL reset (the mixed run's callers
     /// connect as the default user).
-    pub const MIXABLE: [Fault; 14] = [
+    pub const MIXABLE: [Fault; 15] = [
         Fault::HolderPause,
         Fault::RedisPause,
         Fault::RedisRestart,
@@ -139,6 +148,7 @@ impl Fault {
         Fault::ConnKill,
         Fault::RedisStall,
         Fault::Eviction,
+        Fault::PostgresRestart,
     ];
 
     /// The fault's name on the command line and in histories.
@@ -163,6 +173,7 @@ impl Fault {
             Fault::RedisStall => "redis-stall",
             Fault::AclReset => "acl-reset",
             Fault::Eviction => "eviction",
+            Fault::PostgresRestart => "postgres-restart",
             Fault::Mixed => "mixed",
         }
     }

@@ -115,7 +115,8 @@ impl LabOptions {
         self
     }
 
-    /// A throwaway PostgreSQL the lab may pause ([`Fault::PostgresPause`]);
+    /// A throwaway PostgreSQL the lab may pause ([`Fault::PostgresPause`])
+    /// or restart ([`Fault::PostgresRestart`]);
     /// shared, since starting one takes seconds. Defaults to none.
     pub fn postgres(mut self, server: Arc<PostgresServer>) -> Self {
         self.postgres = Some(server);
@@ -675,6 +676,14 @@ impl Lab {
                 pg.pause().map_err(server("pausing postgresql"))?;
                 "postgresql".to_owned()
             }
+            Fault::PostgresRestart => {
+                let pg = servers.postgres.as_ref().ok_or(LabError::Unsupported {
+                    fault,
+                    needs: "a throwaway postgresql",
+                })?;
+                pg.stop().map_err(server("stopping postgresql"))?;
+                "postgresql".to_owned()
+            }
             Fault::KeyLoss | Fault::EarlyExpiry | Fault::ScriptFlush => {
                 drop(servers);
                 self.repeat(fault, keys)?;
@@ -837,6 +846,12 @@ impl Lab {
                     pg.resume().map_err(server("resuming postgresql"))?;
                 }
             }
+            Fault::PostgresRestart => {
+                if let Some(pg) = &servers.postgres {
+                    pg.start_again()
+                        .map_err(server("starting postgresql again"))?;
+                }
+            }
             Fault::Eviction => {
                 let primary = own(&mut servers.primary, fault)?;
                 for args in [
@@ -886,10 +901,12 @@ impl Lab {
         {
             let _ = replica.resume();
         }
-        if let Some(pg) = &servers.postgres
-            && pg.is_paused()
-        {
-            let _ = pg.resume();
+        if let Some(pg) = &servers.postgres {
+            if pg.is_paused() {
+                let _ = pg.resume();
+            }
+            // A no-op when it runs.
+            let _ = pg.start_again();
         }
     }
 }

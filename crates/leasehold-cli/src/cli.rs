@@ -827,7 +827,8 @@ pub(crate) struct MatrixArgs {
     /// holder-pause, redis-pause, redis-restart, redis-restart-aof,
     /// failover, slot-migration, cluster-failover, net-latency, net-cut,
     /// net-blackhole, postgres-pause, key-loss, early-expiry,
-    /// script-flush, conn-kill, redis-stall, acl-reset, eviction, mixed.
+    /// script-flush, conn-kill, redis-stall, acl-reset, eviction,
+    /// postgres-restart, mixed.
     /// Each runs on the topology it needs: a single redis-server behind a
     /// fault proxy (for acl-reset the workers connect as the README's
     /// minimal lock user); with a replica for failover; a cluster of 3

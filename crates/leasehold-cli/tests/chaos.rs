@@ -250,7 +250,8 @@ fn the_matrix_runs_against_your_own_redis_cluster() -> TestResult {
 /// connection open, the lock's ACL user is deleted and made again (the
 /// workers connect as the README's minimal user), and Redis runs out of
 /// memory and evicts (a lock or fence key now and then: the database
-/// absorbs it). The safe write paths
+/// absorbs it), and PostgreSQL restarts under the writes. The safe write
+/// paths
 /// hold, and no caller is returned an error: the library rides each out
 /// within the wait; under the killed
 /// connections the watchdog keeps every lease too (a stall longer than the
@@ -262,21 +263,23 @@ fn killed_connections_and_a_stalled_redis_reach_no_caller() -> TestResult {
         "--modes",
         "cas,handoff,quorum",
         "--faults",
-        "conn-kill,redis-stall,acl-reset,eviction",
+        "conn-kill,redis-stall,acl-reset,eviction,postgres-restart",
         "--duration",
         "3s",
         "--ttl",
         "250ms",
         "--watchdog",
     ])?;
-    assert_eq!(rows.len(), 12, "{rows:?}");
+    assert_eq!(rows.len(), 15, "{rows:?}");
     for row in &rows {
         assert_eq!(row["status"], "ok", "{row}");
         assert_eq!(row["errors"], "ok", "{row}");
         assert!(row["accepted"].as_u64() > Some(0), "{row}");
         assert_eq!(row["acquire_errors"], 0, "{row}");
         assert_eq!(row["release_errors"], 0, "{row}");
-        if row["fault"] == "conn-kill" || row["fault"] == "eviction" {
+        if ["conn-kill", "eviction", "postgres-restart"]
+            .contains(&row["fault"].as_str().unwrap_or_default())
+        {
             assert_eq!(row["refresh_errors"], 0, "{row}");
         }
     }
