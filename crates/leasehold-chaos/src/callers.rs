@@ -356,6 +356,9 @@ impl Callers {
                             },
                         );
                         if !matches!(err, Error::NotAcquired { .. }) {
+                            recorder.record(&actor, caller_error("acquire", &key, &err));
+                        }
+                        if !matches!(err, Error::NotAcquired { .. }) {
                             // A server fault: do not spin on it.
                             tokio::select! {
                                 () = stop.cancelled() => {}
@@ -421,6 +424,17 @@ impl Callers {
                             cause: cause_name(cause).to_owned(),
                         },
                     );
+                    if cause == leasehold::LostCause::Unreachable {
+                        recorder.record(
+                            &actor,
+                            Kind::CallerError {
+                                call: "refresh".to_owned(),
+                                key: key.clone(),
+                                error: "lease_lost_unreachable".to_owned(),
+                                detail: cause.to_string(),
+                            },
+                        );
+                    }
                 }
                 // Stamped when the holder lets go: it writes nothing after,
                 // and Redis may hand the lock on before the reply is back.
@@ -428,7 +442,10 @@ impl Callers {
                 let outcome = match lease.release().await {
                     Ok(()) => "released",
                     Err(Error::NotHeld { .. } | Error::LeaseLost { .. }) => "not_held",
-                    Err(_) => "error",
+                    Err(err) => {
+                        recorder.record(&actor, caller_error("release", &key, &err));
+                        "error"
+                    }
                 };
                 recorder.record_at(
                     released_at,
@@ -456,6 +473,25 @@ fn reason(err: &Error) -> String {
         Error::NotAcquired { reason, .. } => reason.to_string().replace(' ', "_"),
         err if err.is_retryable() => "unreachable".to_owned(),
         _ => "error".to_owned(),
+    }
+}
+
+/// A [`Kind::CallerError`] for `err`, returned by `call` on `key`.
+fn caller_error(call: &str, key: &str, err: &Error) -> Kind {
+    let error = match err {
+        Error::Timeout { .. } => "timeout",
+        Error::Unreachable { .. } => "unreachable",
+        Error::Auth(_) => "auth",
+        Error::NoPermission { .. } => "no_permission",
+        Error::QuorumNotReached { .. } => "quorum_not_reached",
+        Error::NotReplicated { .. } => "not_replicated",
+        _ => "other",
+    };
+    Kind::CallerError {
+        call: call.to_owned(),
+        key: key.to_owned(),
+        error: error.to_owned(),
+        detail: err.to_string(),
     }
 }
 

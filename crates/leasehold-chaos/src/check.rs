@@ -81,12 +81,42 @@
 //! the recovery is *not measurable*; when the bar is never reached before
 //! the history ends it is `None`. Faults running at the same time are not
 //! told apart.
+//!
+//! # Errors returned to the callers
+//!
+//! A service sees a fault as the errors its calls return. The callers
+//! record each one the lock's contention does not explain as a
+//! [`Kind::CallerError`], and [`CallerErrors`] counts them by call:
+//!
+//! - **acquire**: any error but `NotAcquired` (the lock stayed busy through
+//!   the whole wait, or the run's end cancelled the wait: contention, not a
+//!   fault);
+//! - **release**: any error but `NotHeld` / `LeaseLost` (Redis said the
+//!   lease was gone: it really was lost, and the release says so);
+//! - **refresh**: a lease the watchdog gave up on because Redis did not
+//!   confirm a refresh before the lease ran out (`LeaseLost` with cause
+//!   `unreachable`): the work was stopped though Redis never said the lease
+//!   was gone. A lease found gone (`expired`) is not counted. Without the
+//!   watchdog no caller refreshes, and there is nothing to count.
+//!
+//! They are **judged**: the library retries a fault that may pass within
+//! the caller's budget, so a fault shorter than the caller's wait must
+//! return **no** acquire or release error. A run is judged when it
+//! recorded its budget ([`Kind::Budget`]) and every fault window was
+//! shorter than the wait. Refresh errors are judged only when, besides,
+//! every fault leaves Redis answering
+//! ([`Fault::keeps_redis_answering`](crate::fault::Fault::keeps_redis_answering)):
+//! a lease cannot outlive an outage longer than its TTL (it would be a
+//! lease Redis did not confirm), so losing it then is the guarantee at
+//! work, not an error. A judged run with an error fails
+//! ([`CallerErrors::holds`]), next to the safety check.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use serde::Serialize;
 
+use crate::fault::Fault;
 use crate::history::{Event, Kind, WriteOutcome};
 
 /// How far before a fault's start its pre-fault rate is measured, at most:
@@ -121,6 +151,44 @@ pub struct RunCheck {
     pub overlaps: Vec<Overlap>,
     /// How throughput recovered after each fault, in the order they ended.
     pub recovery: Vec<Recovery>,
+    /// The errors the callers were returned, and whether they are judged.
+    pub errors: CallerErrors,
+}
+
+/// The errors the callers were returned that the lock's contention does
+/// not explain, by call (see the [module docs](self)).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct CallerErrors {
+    /// Acquires that failed other than with `NotAcquired`.
+    pub acquire: u64,
+    /// Releases that failed other than with `NotHeld` / `LeaseLost`.
+    pub release: u64,
+    /// Leases the watchdog gave up on because Redis did not answer its
+    /// refreshes in time.
+    pub refresh: u64,
+    /// Whether acquire and release errors are judged: the budget is known
+    /// and every fault window was shorter than the wait.
+    pub judged: bool,
+    /// Whether refresh errors are judged too: judged, and every fault left
+    /// Redis answering.
+    pub refresh_judged: bool,
+}
+
+impl CallerErrors {
+    /// False when a judged count is not zero.
+    #[must_use]
+    pub fn holds(&self) -> bool {
+        let failed_calls = self.judged && self.acquire + self.release > 0;
+        let failed_refreshes = self.refresh_judged && self.refresh > 0;
+        !failed_calls && !failed_refreshes
+    }
+
+    /// The three counts as `acquire/release/refresh`.
+    #[must_use]
+    pub fn summary(&self) -> String {
+        format!("{}/{}/{}", self.acquire, self.release, self.refresh)
+    }
 }
 
 impl RunCheck {
@@ -559,6 +627,7 @@ pub fn check(events: &[Event]) -> RunCheck {
         .map_or(0, |h| h.ttl_ms.saturating_mul(1000))
         .max(MIN_RECOVERY_WINDOW_US);
     let recovery = recovery(&events, window_us);
+    let errors = caller_errors(&events);
     RunCheck {
         header,
         duration_us,
@@ -566,7 +635,41 @@ pub fn check(events: &[Event]) -> RunCheck {
         violations,
         overlaps,
         recovery,
+        errors,
     }
+}
+
+/// Counts the [`Kind::CallerError`]s and decides whether they are judged.
+fn caller_errors(events: &[&Event]) -> CallerErrors {
+    let mut errors = CallerErrors::default();
+    for event in events {
+        if let Kind::CallerError { call, .. } = &event.kind {
+            match call.as_str() {
+                "acquire" => errors.acquire += 1,
+                "release" => errors.release += 1,
+                "refresh" => errors.refresh += 1,
+                _ => {}
+            }
+        }
+    }
+    let wait_us = events.iter().find_map(|e| match e.kind {
+        Kind::Budget { wait_ms } => Some(wait_ms.saturating_mul(1000)),
+        _ => None,
+    });
+    let windows = fault_windows_sorted(events);
+    errors.judged = wait_us.is_some_and(|wait_us| {
+        windows.iter().all(|w| match (w.from_us, w.to_us) {
+            (Some(from), Some(to)) => to.saturating_sub(from) < wait_us,
+            _ => false,
+        })
+    });
+    errors.refresh_judged = errors.judged
+        && windows.iter().all(|w| {
+            w.fault
+                .parse::<Fault>()
+                .is_ok_and(Fault::keeps_redis_answering)
+        });
+    errors
 }
 
 /// The leases of a history (in any order), by acquisition time. An end

@@ -58,13 +58,52 @@ pub enum Fault {
     EarlyExpiry,
     /// `SCRIPT FLUSH`: the server forgets every cached Lua script.
     ScriptFlush,
+    /// Every caller's connection killed by Redis itself (`CLIENT KILL TYPE
+    /// normal`, every 100 ms through the window): the connection drops
+    /// mid-request, as a server-side idle or maxclients policy or a
+    /// proxy's restart would do; new connections work. Every mode (on a
+    /// quorum, the first node's clients); not on a Redis Cluster (a lab
+    /// there has no single primary). Mixed in.
+    ConnKill,
+    /// Redis stops answering while every connection stays open (`CLIENT
+    /// PAUSE <window> ALL`: commands queue, replies stop, no connection is
+    /// refused or reset), as a server stalled by a slow command or a fork
+    /// would; it answers again when the window ends. Every mode (on a
+    /// quorum, the first node); not on a Redis Cluster. Mixed in.
+    RedisStall,
+    /// The callers' ACL user deleted (`ACL DELUSER`, which also closes its
+    /// connections) and made again with the same rules at the window's
+    /// end, as a restart without the ACL file or an operator's mistake
+    /// would: requests and reconnections are refused meanwhile. The
+    /// callers connect as the README's minimal lock user for this fault.
+    /// Every mode (on a quorum, the first node); throwaway servers only
+    /// (not with your own Redis); not mixed in (the mixed lab's callers
+    /// use the default user).
+    AclReset,
+    /// Redis out of memory and evicting: `maxmemory` set just above what
+    /// it uses, `maxmemory-policy allkeys-lru`, and a filler writing many
+    /// 1 KiB keys every 50 ms through the window, so Redis evicts
+    /// (normally the filler's cold keys, a lock or fence key if the LRU
+    /// sample picks it); at the end the limit and policy are restored and
+    /// the filler's keys deleted. Every mode (on a quorum, the first
+    /// node); throwaway servers only (it changes the server's
+    /// configuration); not on a Redis Cluster. Mixed in.
+    Eviction,
+    /// PostgreSQL restarted: a fast shutdown (every session cut, open
+    /// transactions rolled back, what was committed kept) and started again
+    /// on its port at the window's end: writes fail meanwhile, and a
+    /// commit in flight has an unknown outcome. (An immediate shutdown
+    /// would lose acknowledged commits of the throwaway server, which runs
+    /// with `synchronous_commit=off`: data loss the lock cannot be judged
+    /// on.) Every mode (the lock is untouched). Mixed in.
+    PostgresRestart,
     /// A seeded mix of the faults above.
     Mixed,
 }
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 16] = [
+    pub const ALL: [Fault; 21] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -80,13 +119,21 @@ impl Fault {
         Fault::KeyLoss,
         Fault::EarlyExpiry,
         Fault::ScriptFlush,
+        Fault::ConnKill,
+        Fault::RedisStall,
+        Fault::AclReset,
+        Fault::Eviction,
+        Fault::PostgresRestart,
         Fault::Mixed,
     ];
 
-    /// The faults a [`Fault::Mixed`] schedule draws from (a failover changes
-    /// the topology for good, so it is not mixed in; the cluster faults
-    /// need a cluster).
-    pub const MIXABLE: [Fault; 11] = [
+    /// The faults a [`Fault::Mixed`] schedule draws from: those that run on
+    /// the mixed run's lab (one primary behind the proxy, with an
+    /// append-only file) as it is, and leave it as they found it. Not mixed
+    /// in: a failover (it changes the topology for good), the cluster
+    /// faults (they need a cluster), an ACL reset (the mixed run's callers
+    /// connect as the default user).
+    pub const MIXABLE: [Fault; 15] = [
         Fault::HolderPause,
         Fault::RedisPause,
         Fault::RedisRestart,
@@ -98,6 +145,10 @@ impl Fault {
         Fault::KeyLoss,
         Fault::EarlyExpiry,
         Fault::ScriptFlush,
+        Fault::ConnKill,
+        Fault::RedisStall,
+        Fault::Eviction,
+        Fault::PostgresRestart,
     ];
 
     /// The fault's name on the command line and in histories.
@@ -118,6 +169,11 @@ impl Fault {
             Fault::KeyLoss => "key-loss",
             Fault::EarlyExpiry => "early-expiry",
             Fault::ScriptFlush => "script-flush",
+            Fault::ConnKill => "conn-kill",
+            Fault::RedisStall => "redis-stall",
+            Fault::AclReset => "acl-reset",
+            Fault::Eviction => "eviction",
+            Fault::PostgresRestart => "postgres-restart",
             Fault::Mixed => "mixed",
         }
     }
@@ -147,6 +203,7 @@ impl Fault {
                 self,
                 Fault::RedisRestart
                     | Fault::Failover
+                    | Fault::Eviction
                     | Fault::Mixed
                     | Fault::NetLatency
                     | Fault::PostgresPause
@@ -154,12 +211,15 @@ impl Fault {
     }
 
     /// True when the fault needs control of the Redis process (pause, kill,
-    /// restart, promote), so it cannot run against a user's own server. A
-    /// mixed schedule does (it draws such faults too).
+    /// restart, promote) or its users (an ACL user the lab made), so it
+    /// cannot run against a user's own server. A mixed schedule does (it
+    /// draws such faults too).
     pub const fn needs_redis_process(self) -> bool {
         matches!(
             self,
             Fault::RedisPause
+                | Fault::AclReset
+                | Fault::Eviction
                 | Fault::RedisRestart
                 | Fault::RedisRestartAof
                 | Fault::Failover
@@ -175,11 +235,38 @@ impl Fault {
         matches!(self, Fault::SlotMigration | Fault::ClusterFailover)
     }
 
+    /// True when Redis keeps answering the callers through the fault (or
+    /// answers again at once: a cut connection is opened anew), so that a
+    /// held lease can be refreshed before it runs out. Not so for a
+    /// paused, restarting or swallowed Redis, nor under latency of the
+    /// order of a TTL: a lease cannot outlive such an outage (it would be
+    /// a lease Redis did not confirm). The chaos check judges the
+    /// watchdog's refresh errors only under these faults (see
+    /// [`mod@crate::check`]); a mixed schedule is judged by the faults it
+    /// drew.
+    pub const fn keeps_redis_answering(self) -> bool {
+        !matches!(
+            self,
+            Fault::RedisPause
+                | Fault::RedisStall
+                | Fault::AclReset
+                | Fault::RedisRestart
+                | Fault::RedisRestartAof
+                | Fault::NetLatency
+                | Fault::NetBlackhole
+                | Fault::Mixed
+        )
+    }
+
     /// True for a single action repeated through its window.
     pub const fn is_repeated(self) -> bool {
         matches!(
             self,
-            Fault::KeyLoss | Fault::EarlyExpiry | Fault::ScriptFlush
+            Fault::KeyLoss
+                | Fault::EarlyExpiry
+                | Fault::ScriptFlush
+                | Fault::ConnKill
+                | Fault::Eviction
         )
     }
 }

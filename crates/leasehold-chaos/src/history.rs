@@ -165,6 +165,33 @@ pub enum Kind {
         /// What the check found (never a secret).
         detail: String,
     },
+    /// What the callers may spend on one call, recorded by the coordinator
+    /// after the header: the errors they are returned are judged against
+    /// it (see [`mod@crate::check`]). A history without one is not judged.
+    Budget {
+        /// How long an acquire waits for the lock, in milliseconds.
+        wait_ms: u64,
+    },
+    /// A call returned an error to its caller that the lock's contention
+    /// does not explain: an acquire that failed other than with
+    /// `NotAcquired` (the lock stayed busy through the wait), a release
+    /// that failed other than with `NotHeld` / `LeaseLost` (Redis said the
+    /// lease was gone), or a lease the watchdog gave up on because Redis
+    /// did not answer its refreshes before the lease ran out (`LeaseLost`
+    /// with cause `unreachable`: the work was stopped though Redis never
+    /// said the lease was gone).
+    CallerError {
+        /// `acquire`, `release` or `refresh`.
+        call: String,
+        /// The lock key.
+        key: String,
+        /// The error's kind: `timeout`, `unreachable`, `auth`,
+        /// `no_permission`, `quorum_not_reached`, `not_replicated`,
+        /// `lease_lost_unreachable` or `other`.
+        error: String,
+        /// The error's message (the library's messages hold no secret).
+        detail: String,
+    },
     /// A user-supplied invariant check's verdict (the library harness).
     Invariant {
         /// Whether the state is right.

@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use rand::RngExt;
+
 use leasehold_testkit::{
     Direction, Failover, FaultProxy, PostgresServer, RedisCluster, RedisOptions, RedisServer,
 };
@@ -75,6 +77,7 @@ fn server(what: impl Into<String>) -> impl FnOnce(leasehold_testkit::Error) -> L
 pub struct LabOptions {
     replica: bool,
     aof: bool,
+    acl_user: bool,
     nodes: usize,
     postgres: Option<Arc<PostgresServer>>,
     redis_url: Option<String>,
@@ -96,6 +99,15 @@ impl LabOptions {
         self
     }
 
+    /// The callers connect as an ACL user with the README's minimal rules
+    /// ([`ACL_USER`], every mode's commands), made on every throwaway
+    /// server with a random password, for [`Fault::AclReset`]. Defaults to
+    /// off (the default user).
+    pub fn acl_user(mut self, on: bool) -> Self {
+        self.acl_user = on;
+        self
+    }
+
     /// `n - 1` more independent Redis servers beside the primary, for a
     /// Redlock quorum of `n` (0 or 1: none). Defaults to 0.
     pub fn nodes(mut self, n: usize) -> Self {
@@ -103,7 +115,8 @@ impl LabOptions {
         self
     }
 
-    /// A throwaway PostgreSQL the lab may pause ([`Fault::PostgresPause`]);
+    /// A throwaway PostgreSQL the lab may pause ([`Fault::PostgresPause`])
+    /// or restart ([`Fault::PostgresRestart`]);
     /// shared, since starting one takes seconds. Defaults to none.
     pub fn postgres(mut self, server: Arc<PostgresServer>) -> Self {
         self.postgres = Some(server);
@@ -154,6 +167,7 @@ impl LabOptions {
             Fault::Failover => self.replica(true),
             Fault::SlotMigration | Fault::ClusterFailover => self.cluster(true),
             Fault::RedisRestartAof | Fault::Mixed => self.aof(true),
+            Fault::AclReset => self.acl_user(true),
             _ => self,
         }
     }
@@ -222,6 +236,63 @@ pub struct Lab {
     /// The callers' URL to an external primary (its credentials, the
     /// proxy's address); `None` for a throwaway one.
     caller_url: Option<String>,
+    /// The password of [`ACL_USER`], whom the callers connect as (see
+    /// [`LabOptions::acl_user`]).
+    acl_password: Option<String>,
+}
+
+/// The ACL user the callers connect as with [`LabOptions::acl_user`].
+pub const ACL_USER: &str = "locker";
+
+/// The README's minimal rules for a lock user, every mode's commands (its
+/// "Redis ACL" section), after `ACL SETUSER locker on >PASSWORD`.
+const ACL_RULES: [&str; 27] = [
+    "resetkeys",
+    "~lock:*",
+    "~fence:*",
+    "resetchannels",
+    "&leasehold:handoff:*",
+    "-@all",
+    "+set",
+    "+get",
+    "+del",
+    "+pexpire",
+    "+pttl",
+    "+incr",
+    "+type",
+    "+time",
+    "+zadd",
+    "+zrange",
+    "+zrem",
+    "+zpopmin",
+    "+hget",
+    "+hset",
+    "+hdel",
+    "+publish",
+    "+subscribe",
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+wait",
+];
+
+/// Makes (or resets) [`ACL_USER`] on `server` with the minimal rules.
+fn set_acl_user(server: &RedisServer, password: &str) -> Result<(), LabError> {
+    let secret = format!(">{password}");
+    let mut args = vec!["ACL", "SETUSER", ACL_USER, "reset", "on", secret.as_str()];
+    args.extend(ACL_RULES);
+    server
+        .command(&args)
+        .map(drop)
+        .map_err(server_err("making the lock's acl user"))
+}
+
+/// `url` (`redis://host:port/...`) with [`ACL_USER`] and `password`.
+fn with_user(url: &str, password: &str) -> String {
+    match url.strip_prefix("redis://") {
+        Some(rest) => format!("redis://{ACL_USER}:{}@{rest}", encode(password)),
+        None => url.to_owned(),
+    }
 }
 
 impl Lab {
@@ -261,19 +332,37 @@ impl Lab {
         };
         let proxy =
             FaultProxy::start(primary.addr()).map_err(server("starting the fault proxy"))?;
+        let acl_password = if options.acl_user {
+            let password: String = {
+                let mut rng = rand::rng();
+                (0..24)
+                    .map(|_| {
+                        char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[rng.random_range(0..36)])
+                    })
+                    .collect()
+            };
+            for server in std::iter::once(&primary).chain(&nodes) {
+                set_acl_user(server, &password)?;
+            }
+            Some(password)
+        } else {
+            None
+        };
         let servers = Servers {
             replica,
             nodes,
             ..Servers::new(Primary::Own(primary), options)
         };
-        Ok(Lab::assemble(servers, Some(proxy), options.aof, None))
+        let mut lab = Lab::assemble(servers, Some(proxy), options.aof, None);
+        lab.acl_password = acl_password;
+        Ok(lab)
     }
 
     /// A lab on a throwaway cluster.
     fn start_cluster(options: &LabOptions) -> Result<Lab, LabError> {
-        if options.replica || options.aof || options.nodes > 1 {
+        if options.replica || options.aof || options.nodes > 1 || options.acl_user {
             return Err(LabError::Options(
-                "a cluster lab has no single-server replica, AOF or extra nodes",
+                "a cluster lab has no single-server replica, AOF, extra nodes or acl user",
             ));
         }
         let cluster =
@@ -292,9 +381,14 @@ impl Lab {
 
     /// A lab in front of the user's Redis Cluster.
     fn start_external_cluster(options: &LabOptions) -> Result<Lab, LabError> {
-        if options.replica || options.aof || options.nodes > 1 || options.cluster {
+        if options.replica
+            || options.aof
+            || options.nodes > 1
+            || options.cluster
+            || options.acl_user
+        {
             return Err(LabError::Options(
-                "a replica, an append-only file, extra nodes or a throwaway cluster need throwaway servers",
+                "a replica, an append-only file, extra nodes, an acl user or a throwaway cluster need throwaway servers",
             ));
         }
         let client = redis::cluster::ClusterClient::builder(options.cluster_urls.clone())
@@ -329,9 +423,9 @@ impl Lab {
 
     /// A lab in front of the user's Redis at `url`.
     fn start_external(options: &LabOptions, url: &str) -> Result<Lab, LabError> {
-        if options.replica || options.aof || options.nodes > 1 {
+        if options.replica || options.aof || options.nodes > 1 || options.acl_user {
             return Err(LabError::Options(
-                "a replica, an append-only file or extra nodes need throwaway servers",
+                "a replica, an append-only file, extra nodes or an acl user need throwaway servers",
             ));
         }
         let client =
@@ -382,6 +476,7 @@ impl Lab {
             proxy: proxy.map(Arc::new),
             aof,
             caller_url,
+            acl_password: None,
         }
     }
 
@@ -394,7 +489,10 @@ impl Lab {
     pub fn redis_url(&self) -> String {
         match (&self.caller_url, &self.proxy) {
             (Some(url), _) => url.clone(),
-            (None, Some(proxy)) => format!("redis://{}/", proxy.addr()),
+            (None, Some(proxy)) => match &self.acl_password {
+                Some(password) => with_user(&format!("redis://{}/", proxy.addr()), password),
+                None => format!("redis://{}/", proxy.addr()),
+            },
             (None, None) => self.node_urls().into_iter().next().unwrap_or_default(),
         }
     }
@@ -409,7 +507,15 @@ impl Lab {
             _ => {}
         }
         let mut urls = vec![self.redis_url()];
-        urls.extend(self.servers().nodes.iter().map(RedisServer::url));
+        urls.extend(
+            self.servers()
+                .nodes
+                .iter()
+                .map(|node| match &self.acl_password {
+                    Some(password) => with_user(&node.url(), password),
+                    None => node.url(),
+                }),
+        );
         urls
     }
 
@@ -570,10 +676,68 @@ impl Lab {
                 pg.pause().map_err(server("pausing postgresql"))?;
                 "postgresql".to_owned()
             }
+            Fault::PostgresRestart => {
+                let pg = servers.postgres.as_ref().ok_or(LabError::Unsupported {
+                    fault,
+                    needs: "a throwaway postgresql",
+                })?;
+                pg.stop().map_err(server("stopping postgresql"))?;
+                "postgresql".to_owned()
+            }
             Fault::KeyLoss | Fault::EarlyExpiry | Fault::ScriptFlush => {
                 drop(servers);
                 self.repeat(fault, keys)?;
                 "lock keys".to_owned()
+            }
+            Fault::ConnKill => {
+                drop(servers);
+                self.repeat(fault, keys)?;
+                "redis connections".to_owned()
+            }
+            Fault::Eviction => {
+                let primary = own(&mut servers.primary, fault)?;
+                let info = primary
+                    .command(&["INFO", "memory"])
+                    .map_err(server("reading redis's memory use"))?
+                    .to_string();
+                let used: u64 = info
+                    .lines()
+                    .find_map(|line| line.strip_prefix("used_memory:"))
+                    .and_then(|value| value.trim().parse().ok())
+                    .ok_or(LabError::Options("redis did not report its memory use"))?;
+                let limit = (used + EVICTION_HEADROOM).to_string();
+                primary
+                    .command(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"])
+                    .map_err(server("setting an eviction policy"))?;
+                primary
+                    .command(&["CONFIG", "SET", "maxmemory", &limit])
+                    .map_err(server("limiting redis's memory"))?;
+                drop(servers);
+                self.repeat(fault, keys)?;
+                format!("redis memory ({limit} bytes, allkeys-lru)")
+            }
+            Fault::AclReset => {
+                let primary = own(&mut servers.primary, fault)?;
+                if self.acl_password.is_none() {
+                    return Err(LabError::Unsupported {
+                        fault,
+                        needs: "callers connected as an acl user (LabOptions::acl_user)",
+                    });
+                }
+                // Deleting the user also closes every connection of it.
+                primary
+                    .command(&["ACL", "DELUSER", ACL_USER])
+                    .map_err(server("deleting the lock's acl user"))?;
+                format!("acl user {ACL_USER}")
+            }
+            Fault::RedisStall => {
+                // Redis ends the pause by itself at the window's end (no
+                // command, `CLIENT UNPAUSE` included, gets through it).
+                let ms = window.length.as_millis().max(1).to_string();
+                servers
+                    .primary
+                    .command(&["CLIENT", "PAUSE", &ms, "ALL"], "stalling redis")?;
+                "redis".to_owned()
             }
         };
         Ok(target)
@@ -594,6 +758,10 @@ impl Lab {
                 .iter()
                 .try_for_each(|key| redis.command(&["PEXPIRE", key, "1"], &what)),
             Fault::ScriptFlush => redis.command(&["SCRIPT", "FLUSH"], &what),
+            Fault::Eviction => redis.command(&["EVAL", FILL, "0", "500"], &what),
+            // Every client but this one (`SKIPME yes` is the default) and
+            // the replicas.
+            Fault::ConnKill => redis.command(&["CLIENT", "KILL", "TYPE", "normal"], &what),
             Fault::NetCut => {
                 self.proxy(fault)?.cut();
                 Ok(())
@@ -678,12 +846,37 @@ impl Lab {
                     pg.resume().map_err(server("resuming postgresql"))?;
                 }
             }
+            Fault::PostgresRestart => {
+                if let Some(pg) = &servers.postgres {
+                    pg.start_again()
+                        .map_err(server("starting postgresql again"))?;
+                }
+            }
+            Fault::Eviction => {
+                let primary = own(&mut servers.primary, fault)?;
+                for args in [
+                    &["CONFIG", "SET", "maxmemory", "0"][..],
+                    &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
+                    &["EVAL", EMPTY, "0"],
+                ] {
+                    primary
+                        .command(args)
+                        .map_err(server("ending the eviction"))?;
+                }
+            }
+            Fault::AclReset => {
+                if let Some(password) = &self.acl_password {
+                    set_acl_user(own(&mut servers.primary, fault)?, password)?;
+                }
+            }
             Fault::None
             | Fault::Mixed
             | Fault::ClusterFailover
             | Fault::KeyLoss
             | Fault::EarlyExpiry
-            | Fault::ScriptFlush => {}
+            | Fault::ScriptFlush
+            | Fault::ConnKill
+            | Fault::RedisStall => {}
         }
         Ok(())
     }
@@ -708,10 +901,12 @@ impl Lab {
         {
             let _ = replica.resume();
         }
-        if let Some(pg) = &servers.postgres
-            && pg.is_paused()
-        {
-            let _ = pg.resume();
+        if let Some(pg) = &servers.postgres {
+            if pg.is_paused() {
+                let _ = pg.resume();
+            }
+            // A no-op when it runs.
+            let _ = pg.start_again();
         }
     }
 }
@@ -833,11 +1028,31 @@ fn encode(text: &str) -> String {
     out
 }
 
+/// [`Fault::Eviction`]'s memory limit above what Redis uses when it
+/// starts: 1 MiB.
+const EVICTION_HEADROOM: u64 = 1 << 20;
+
+/// [`Fault::Eviction`]'s filler: `ARGV[1]` new 1 KiB keys `filler:R:I`, R
+/// a round counter.
+const FILL: &str = "local round = redis.call('INCR', 'filler:round') \
+    local value = string.rep('x', 1024) \
+    for i = 1, tonumber(ARGV[1]) do \
+        redis.call('SET', 'filler:' .. round .. ':' .. i, value) \
+    end \
+    return round";
+
+/// Deletes the filler's keys.
+const EMPTY: &str = "local keys = redis.call('KEYS', 'filler:*') \
+    for i = 1, #keys, 1000 do \
+        redis.call('DEL', unpack(keys, i, math.min(i + 999, #keys))) \
+    end \
+    return #keys";
+
 /// How often a repeated fault fires within its window.
 fn period(fault: Fault) -> Duration {
     match fault {
         Fault::KeyLoss | Fault::EarlyExpiry => Duration::from_millis(5),
-        Fault::NetCut => Duration::from_millis(100),
+        Fault::NetCut | Fault::ConnKill => Duration::from_millis(100),
         _ => Duration::from_millis(50),
     }
 }

@@ -11,6 +11,11 @@
 //!
 //! Recovery times are reported but do not enter the verdict: how fast is
 //! fast enough depends on the TTL and the fault.
+//!
+//! The errors returned to the callers are a second judgement, next to
+//! safety, for every row (controls too: the lock is the same library):
+//! a row fails it when a run judged for errors returned one (see
+//! [`mod@crate::check`] for what counts and when a run is judged).
 
 use std::fmt;
 use std::fs::File;
@@ -68,8 +73,45 @@ pub struct Row {
     /// The median recovery (the lower median for an even count), in
     /// microseconds.
     pub median_recovery_us: Option<u64>,
-    /// Whether the row holds.
+    /// Acquires that returned an error other than `NotAcquired`.
+    pub acquire_errors: u64,
+    /// Releases that returned an error other than `NotHeld` / `LeaseLost`.
+    pub release_errors: u64,
+    /// Leases the watchdog gave up on because Redis did not answer.
+    pub refresh_errors: u64,
+    /// Runs whose errors were judged (every fault shorter than the wait).
+    pub errors_judged: u64,
+    /// Judged runs that returned a judged error.
+    pub runs_with_errors: u64,
+    /// The errors judgement.
+    pub errors: ErrorsStatus,
+    /// Whether the row holds (safety).
     pub status: RowStatus,
+}
+
+/// Whether a row's callers were returned no error they should not have
+/// been.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ErrorsStatus {
+    /// Judged, and no judged error.
+    Ok,
+    /// A judged run returned a judged error.
+    Failed,
+    /// No run was judged (a fault as long as the wait, or no budget
+    /// recorded).
+    NotJudged,
+}
+
+impl fmt::Display for ErrorsStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ErrorsStatus::Ok => "ok",
+            ErrorsStatus::Failed => "FAILED",
+            ErrorsStatus::NotJudged => "-",
+        })
+    }
 }
 
 /// Whether a row holds.
@@ -133,6 +175,12 @@ impl Row {
             unrecovered: 0,
             max_recovery_us: None,
             median_recovery_us: None,
+            acquire_errors: 0,
+            release_errors: 0,
+            refresh_errors: 0,
+            errors_judged: 0,
+            runs_with_errors: 0,
+            errors: ErrorsStatus::NotJudged,
             status: RowStatus::Ok,
         }
     }
@@ -147,6 +195,11 @@ impl Row {
         self.violations += run.violations.len() as u64;
         self.runs_with_violation += u64::from(!run.holds());
         self.overlaps += run.overlaps.len() as u64;
+        self.acquire_errors += run.errors.acquire;
+        self.release_errors += run.errors.release;
+        self.refresh_errors += run.errors.refresh;
+        self.errors_judged += u64::from(run.errors.judged);
+        self.runs_with_errors += u64::from(!run.errors.holds());
     }
 
     fn settle(&mut self, recovered: &mut [u64]) {
@@ -155,6 +208,11 @@ impl Row {
         self.median_recovery_us = recovered
             .get(recovered.len().saturating_sub(1) / 2)
             .copied();
+        self.errors = match (self.runs_with_errors, self.errors_judged) {
+            (0, 0) => ErrorsStatus::NotJudged,
+            (0, _) => ErrorsStatus::Ok,
+            _ => ErrorsStatus::Failed,
+        };
         self.status = match (self.control, self.violations) {
             _ if self.reported_only && !self.control => RowStatus::Reported,
             (false, 0) => RowStatus::Ok,
@@ -169,14 +227,39 @@ impl Row {
         };
     }
 
-    /// Why the row fails, in one sentence; `None` when it holds.
+    /// Why the row fails, a sentence per failed judgement (safety, errors);
+    /// `None` when it holds.
     #[must_use]
     pub fn failure(&self) -> Option<String> {
+        let reasons: Vec<String> = [self.safety_failure(), self.errors_failure()]
+            .into_iter()
+            .flatten()
+            .collect();
+        (!reasons.is_empty()).then(|| reasons.join("; "))
+    }
+
+    fn errors_failure(&self) -> Option<String> {
+        (self.errors == ErrorsStatus::Failed).then(|| {
+            format!(
+                "{} under {}: errors judgement failed: {} acquire, {} release, {} refresh errors \
+                 returned to callers in {} of {} judged runs (every fault shorter than the wait)",
+                self.mode,
+                self.fault,
+                self.acquire_errors,
+                self.release_errors,
+                self.refresh_errors,
+                self.runs_with_errors,
+                self.errors_judged
+            )
+        })
+    }
+
+    fn safety_failure(&self) -> Option<String> {
         let name = format!("{} under {}", self.mode, self.fault);
         match self.status {
             RowStatus::Ok | RowStatus::ControlCaught | RowStatus::Reported => None,
             RowStatus::Broken => Some(format!(
-                "{name}: {} violations in {} of {} runs",
+                "{name}: safety judgement failed: {} violations in {} of {} runs",
                 self.violations, self.runs_with_violation, self.runs
             )),
             RowStatus::ControlMissed => Some(format!(
@@ -308,9 +391,11 @@ pub fn render_table(rows: &[Row]) -> String {
         "rec max",
         "rec median",
         "unrec",
+        "errors a/r/f",
+        "errors",
         "status",
     ];
-    let cells: Vec<[String; 13]> = rows
+    let cells: Vec<[String; 15]> = rows
         .iter()
         .map(|r| {
             [
@@ -330,6 +415,11 @@ pub fn render_table(rows: &[Row]) -> String {
                 ms(r.max_recovery_us),
                 ms(r.median_recovery_us),
                 r.unrecovered.to_string(),
+                format!(
+                    "{}/{}/{}",
+                    r.acquire_errors, r.release_errors, r.refresh_errors
+                ),
+                r.errors.to_string(),
                 r.status.to_string(),
             ]
         })

@@ -5,8 +5,10 @@ mod common;
 use common::{History, WALLET, dip};
 use leasehold_chaos::check::{RunCheck, check};
 use leasehold_chaos::history::write_jsonl;
-use leasehold_chaos::report::{FileError, RowStatus, Verdict, render_json_lines, render_table};
-use leasehold_chaos::{WriteOutcome, check_file, rows, verdict};
+use leasehold_chaos::report::{
+    ErrorsStatus, FileError, RowStatus, Verdict, render_json_lines, render_table,
+};
+use leasehold_chaos::{Kind, WriteOutcome, check_file, rows, verdict};
 
 /// A negative control that broke: two blind writers lost an update.
 fn control_broken() -> RunCheck {
@@ -207,4 +209,94 @@ fn a_history_file_is_checked() -> Result<(), Box<dyn std::error::Error>> {
         format!("cannot read history {}", bad.display())
     );
     Ok(())
+}
+
+/// One run under `fault` (a window of `window_us`) with a 2 s budget when
+/// `budget`, in which a caller was returned `errors` (call, kind) pairs.
+fn errored(fault: &str, window_us: u64, budget: bool, errors: &[(&str, &str)]) -> RunCheck {
+    let mut h = History::wallet("cas", fault, false);
+    if budget {
+        h.push(0, "coordinator", Kind::Budget { wait_ms: 2_000 });
+    }
+    h.acquired(100, "w0.t0", "aaaa", 1)
+        .write(200, "w0.t0", 10, 1, WriteOutcome::Accepted)
+        .released(300, "w0.t0", "aaaa")
+        .fault(1_000, 1_000 + window_us, fault, "redis");
+    for (call, error) in errors {
+        h.push(
+            1_500,
+            "w0.t1",
+            Kind::CallerError {
+                call: (*call).into(),
+                key: common::KEY.into(),
+                error: (*error).into(),
+                detail: "redis unreachable during acquire".into(),
+            },
+        );
+    }
+    h.final_state(3_000_000, WALLET, 90, 10, 1);
+    check(&h.events)
+}
+
+#[test]
+fn an_error_returned_under_a_fault_shorter_than_the_wait_fails_its_row() {
+    let run = errored(
+        "redis-restart",
+        300_000,
+        true,
+        &[("acquire", "unreachable")],
+    );
+    assert_eq!((run.errors.acquire, run.errors.judged), (1, true));
+    // A restart does not keep Redis answering: a lease lost to it is the
+    // guarantee at work, so refreshes are not judged there.
+    assert!(!run.errors.refresh_judged);
+    assert!(!run.errors.holds());
+    let rows = rows(&[run]);
+    let row = &rows[0];
+    assert_eq!(row.status, RowStatus::Ok, "safety held");
+    assert_eq!(row.errors, ErrorsStatus::Failed);
+    let Verdict::Failed { reasons } = verdict(&rows) else {
+        panic!("an error under a short fault must fail the verdict");
+    };
+    assert!(
+        reasons[0].contains("errors judgement failed") && reasons[0].contains("1 acquire"),
+        "{reasons:?}"
+    );
+    assert!(
+        render_table(&rows).contains("0/0"),
+        "{}",
+        render_table(&rows)
+    );
+}
+
+#[test]
+fn errors_are_judged_only_under_faults_shorter_than_a_known_wait() {
+    let clean = errored("script-flush", 300_000, true, &[]);
+    assert!(clean.errors.judged && clean.errors.refresh_judged);
+    assert_eq!(rows(&[clean])[0].errors, ErrorsStatus::Ok);
+    // Longer than the wait: counted, not judged.
+    let long = errored("redis-pause", 2_500_000, true, &[("acquire", "timeout")]);
+    assert!(!long.errors.judged && long.errors.holds());
+    // No budget recorded (an older history, the library harness): not judged.
+    let unknown = errored("redis-restart", 300_000, false, &[("release", "timeout")]);
+    assert!(!unknown.errors.judged);
+    let rows = rows(&[long, unknown]);
+    assert!(rows.iter().all(|r| r.errors == ErrorsStatus::NotJudged));
+    assert_eq!(verdict(&rows), Verdict::Ok);
+    // A refresh error (a lease given up as unreachable) is judged only
+    // where Redis keeps answering: under key loss, it fails.
+    let refresh = errored(
+        "key-loss",
+        300_000,
+        true,
+        &[("refresh", "lease_lost_unreachable")],
+    );
+    assert_eq!((refresh.errors.refresh, refresh.errors.holds()), (1, false));
+    let paused = errored(
+        "redis-pause",
+        300_000,
+        true,
+        &[("refresh", "lease_lost_unreachable")],
+    );
+    assert!(paused.errors.holds());
 }

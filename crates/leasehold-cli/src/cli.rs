@@ -827,11 +827,14 @@ pub(crate) struct MatrixArgs {
     /// holder-pause, redis-pause, redis-restart, redis-restart-aof,
     /// failover, slot-migration, cluster-failover, net-latency, net-cut,
     /// net-blackhole, postgres-pause, key-loss, early-expiry,
-    /// script-flush, mixed. Each runs on the topology it needs: a single
-    /// redis-server behind a fault proxy; with a replica for failover; a
-    /// cluster of 3 masters with a replica each for slot-migration and
-    /// cluster-failover (modes blind, fenced, cas, guard, db); 3
-    /// independent servers for the quorum mode
+    /// script-flush, conn-kill, redis-stall, acl-reset, eviction,
+    /// postgres-restart, mixed.
+    /// Each runs on the topology it needs: a single redis-server behind a
+    /// fault proxy (for acl-reset the workers connect as the README's
+    /// minimal lock user); with a replica for failover; a cluster of 3
+    /// masters with a replica each for slot-migration and cluster-failover
+    /// (modes blind, fenced, cas, guard, db); 3 independent servers for
+    /// the quorum mode
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     pub(crate) faults: Vec<leasehold_chaos::Fault>,
     /// Worker processes per run.
@@ -866,8 +869,9 @@ pub(crate) struct MatrixArgs {
     /// no control of the Redis process run (not redis-pause,
     /// redis-restart, redis-restart-aof, failover, mixed), and not the
     /// quorum mode; the rest are skipped with a note. It deletes and
-    /// expires lock:{wallet:N} keys, raises fence:{wallet:N} counters, and
-    /// script-flush runs SCRIPT FLUSH: use a test server.
+    /// expires lock:{wallet:N} keys, raises fence:{wallet:N} counters,
+    /// script-flush runs SCRIPT FLUSH, conn-kill kills every client's
+    /// connection and redis-stall pauses every client: use a test server.
     #[arg(long, value_name = "URL")]
     pub(crate) redis_url: Option<String>,
     /// --redis-url is a Redis Cluster: its seed nodes, comma-separated.

@@ -8,7 +8,14 @@
 //! run, then shuts the runtime down (dropping the spawned tasks and waiting
 //! for a server still starting up), and only then exits. The CLI never
 //! pauses a server it did not start: `failover` and `redlock`, the only
-//! experiments that pause or kill, start their own.
+//! experiments that pause or kill, start their own. `chaos` runs its
+//! nemesis on a thread of its own, holding the run's servers: dropping the
+//! run stops that thread and waits for it, and the worker processes are
+//! killed as their handles drop.
+//!
+//! The message that the servers are stopped is only printed when it is
+//! true: after the shutdown, `main` looks for any process this one started
+//! that still runs ([`still_running`]) and names them instead.
 
 use std::time::Duration;
 
@@ -41,4 +48,38 @@ pub(crate) async fn signalled() -> &'static str {
         _ = interrupt.recv() => "SIGINT",
         _ = terminate.recv() => "SIGTERM",
     }
+}
+
+/// The processes this one started (its children, theirs, ...) that still
+/// run: not gone, not a zombie (an exited child not yet reaped runs
+/// nothing). Read from `/proc/PID/task/TID/children`; empty where `/proc`
+/// cannot be read.
+pub(crate) fn still_running() -> Vec<u32> {
+    let mut found: Vec<u32> = Vec::new();
+    let mut next = vec![std::process::id()];
+    while let Some(parent) = next.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                if !found.contains(&child) {
+                    found.push(child);
+                    next.push(child);
+                }
+            }
+        }
+    }
+    found.retain(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let state = stat[stat.rfind(')')? + 1..].trim_start().chars().next()?;
+                Some(state != 'Z' && state != 'X')
+            })
+            .unwrap_or(false)
+    });
+    found
 }

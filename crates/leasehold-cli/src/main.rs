@@ -77,9 +77,19 @@ fn main() -> ExitCode {
     runtime.shutdown_timeout(interrupt::SHUTDOWN);
     match outcome {
         Err(signal) => {
-            eprintln!(
-                "leasehold: interrupted by {signal}; the throwaway servers it started are stopped"
-            );
+            let left = interrupt::still_running();
+            if left.is_empty() {
+                eprintln!(
+                    "leasehold: interrupted by {signal}; the throwaway servers and processes it started are stopped"
+                );
+            } else {
+                let pids: Vec<String> = left.iter().map(u32::to_string).collect();
+                eprintln!(
+                    "leasehold: interrupted by {signal}; {} processes it started still run (pids {}): stop them by hand",
+                    left.len(),
+                    pids.join(", ")
+                );
+            }
             ExitCode::from(exit::INTERRUPTED)
         }
         Ok(Ok(code)) => code,

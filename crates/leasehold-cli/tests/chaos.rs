@@ -45,6 +45,11 @@ fn every_safe_mode_holds_under_a_paused_holder_and_an_empty_restart() -> TestRes
     ])?;
     assert_eq!(rows.len(), 12, "{rows:?}");
     for row in &rows {
+        // Both faults are shorter than the wait: no caller saw an error.
+        assert_eq!(row["errors"], "ok", "{row}");
+        for call in ["acquire_errors", "release_errors", "refresh_errors"] {
+            assert_eq!(row[call], 0, "{call}: {row}");
+        }
         if row["mode"] == "blind" {
             if row["fault"] == "holder-pause" {
                 assert_eq!(row["status"], "control_caught", "{row}");
@@ -237,5 +242,46 @@ fn the_matrix_runs_against_your_own_redis_cluster() -> TestResult {
 
     let out = leasehold(&["chaos", "--cluster"])?;
     assert_eq!(out.status.code(), Some(2), "--cluster needs --redis-url");
+    Ok(())
+}
+
+/// Everyday faults a service meets: Redis drops every caller's connection
+/// (again and again through the window), Redis stalls with every
+/// connection open, the lock's ACL user is deleted and made again (the
+/// workers connect as the README's minimal user), and Redis runs out of
+/// memory and evicts (a lock or fence key now and then: the database
+/// absorbs it), and PostgreSQL restarts under the writes. The safe write
+/// paths
+/// hold, and no caller is returned an error: the library rides each out
+/// within the wait; under the killed
+/// connections the watchdog keeps every lease too (a stall longer than the
+/// TTL, or refused reconnections, may cost a lease, which is not judged).
+/// A 250 ms TTL leaves room for a loaded machine's scheduling stalls.
+#[test]
+fn killed_connections_and_a_stalled_redis_reach_no_caller() -> TestResult {
+    let rows = matrix(&[
+        "--modes",
+        "cas,handoff,quorum",
+        "--faults",
+        "conn-kill,redis-stall,acl-reset,eviction,postgres-restart",
+        "--duration",
+        "3s",
+        "--ttl",
+        "250ms",
+        "--watchdog",
+    ])?;
+    assert_eq!(rows.len(), 15, "{rows:?}");
+    for row in &rows {
+        assert_eq!(row["status"], "ok", "{row}");
+        assert_eq!(row["errors"], "ok", "{row}");
+        assert!(row["accepted"].as_u64() > Some(0), "{row}");
+        assert_eq!(row["acquire_errors"], 0, "{row}");
+        assert_eq!(row["release_errors"], 0, "{row}");
+        if ["conn-kill", "eviction", "postgres-restart"]
+            .contains(&row["fault"].as_str().unwrap_or_default())
+        {
+            assert_eq!(row["refresh_errors"], 0, "{row}");
+        }
+    }
     Ok(())
 }

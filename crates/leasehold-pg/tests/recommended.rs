@@ -112,8 +112,8 @@ async fn run_composes_with_the_guard_under_the_watchdog() -> TestResult {
 }
 
 /// Redis dies after the work committed and before the release: the caller
-/// gets the work's output and the release error, and the row proves the
-/// commit.
+/// gets the work's output and the release error (`LeaseLost` once the
+/// lease ran out with Redis still gone), and the row proves the commit.
 #[tokio::test]
 async fn a_release_that_fails_after_the_commit_keeps_the_output() -> TestResult {
     let pg = server()?;
@@ -136,7 +136,12 @@ async fn a_release_that_fails_after_the_commit_keeps_the_output() -> TestResult 
     assert!(
         matches!(
             done.release,
-            Err(LockError::Unreachable { .. } | LockError::Timeout { .. })
+            Err(LockError::Unreachable { .. }
+                | LockError::Timeout { .. }
+                | LockError::LeaseLost {
+                    cause: leasehold::LostCause::Unreachable,
+                    ..
+                })
         ),
         "{:?}",
         done.release

@@ -6,6 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -58,7 +59,14 @@ const PASSWORD_LEN: usize = 24;
 /// test), the server's log is printed to stderr first.
 #[derive(Debug)]
 pub struct PostgresServer {
-    process: ChildProcess,
+    /// Behind a lock so a shared server can be stopped and started again
+    /// ([`stop`](Self::stop), [`start_again`](Self::start_again)).
+    process: Mutex<ChildProcess>,
+    /// What starting it again needs: the `postgres` binary, the user it
+    /// runs as, its settings.
+    binary: PathBuf,
+    run_as: Option<(Uid, Gid)>,
+    settings: Vec<String>,
     port: u16,
     password: String,
     log_path: PathBuf,
@@ -155,7 +163,10 @@ impl PostgresServer {
             &settings,
         )?;
         let mut server = PostgresServer {
-            process,
+            process: Mutex::new(process),
+            binary: binaries.postgres.clone(),
+            run_as,
+            settings: settings.clone(),
             port,
             password,
             log_path,
@@ -170,7 +181,7 @@ impl PostgresServer {
                 Err(Retry::PortTaken) if attempt < PORT_ATTEMPTS => {
                     // The previous process has exited and been reaped.
                     server.port = process::free_port()?;
-                    server.process = spawn_postgres(
+                    *server.process() = spawn_postgres(
                         &binaries.postgres,
                         server.dir.path(),
                         &server.log_path,
@@ -229,7 +240,7 @@ impl PostgresServer {
 
     /// The process id of the postmaster.
     pub fn pid(&self) -> u32 {
-        self.process.pid()
+        self.process().pid()
     }
 
     /// Freezes the postmaster and all its children (backends, checkpointer,
@@ -291,7 +302,7 @@ impl PostgresServer {
     }
 
     fn ensure_running(&self) -> Result<(), Error> {
-        if self.process.is_alive() {
+        if self.process().is_alive() {
             Ok(())
         } else {
             Err(Error::NotRunning {
@@ -302,10 +313,11 @@ impl PostgresServer {
 
     /// Polls until the port accepts connections and the log announces
     /// readiness; kills the server on failure.
-    fn wait_ready(&mut self) -> Result<(), Retry> {
+    fn wait_ready(&self) -> Result<(), Retry> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            if let Some(status) = self.process.try_wait()? {
+            let exited = self.process().try_wait()?;
+            if let Some(status) = exited {
                 let log = self.log();
                 if log.contains("Address already in use") {
                     return Err(Retry::PortTaken);
@@ -322,7 +334,7 @@ impl PostgresServer {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                self.process.kill()?;
+                self.process().kill()?;
                 return Err(Retry::Fatal(Error::NotReady {
                     server: self.name(),
                     timeout: READY_TIMEOUT,
@@ -335,24 +347,88 @@ impl PostgresServer {
 
     /// Immediate shutdown: continue if paused, `SIGQUIT`, wait, then stop
     /// and `SIGKILL` the postmaster and its children.
-    fn shutdown(&mut self) -> Result<(), Error> {
-        if !self.process.is_alive() {
+    fn shutdown(&self) -> Result<(), Error> {
+        if !self.process().is_alive() {
             return Ok(());
         }
         if self.is_paused() {
             self.resume()?;
         }
-        self.process.signal(Signal::SIGQUIT)?;
-        if self.process.wait_timeout(SHUTDOWN_TIMEOUT)?.is_some() {
+        self.process().signal(Signal::SIGQUIT)?;
+        let exited = self.process().wait_timeout(SHUTDOWN_TIMEOUT)?;
+        if exited.is_some() {
             return Ok(());
         }
         // Stop the postmaster so it can neither fork nor reap while its
         // children are killed, then kill it.
-        process::stop(self.pid())?;
-        for child in process::children_of(self.pid()) {
+        let pid = self.pid();
+        process::stop(pid)?;
+        for child in process::children_of(pid) {
             process::send_signal(child, Signal::SIGKILL)?;
         }
-        self.process.kill()
+        self.process().kill()
+    }
+
+    fn process(&self) -> std::sync::MutexGuard<'_, ChildProcess> {
+        self.process
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Stops the server with a fast shutdown (`SIGINT`): every session is
+    /// cut and its open transaction rolled back, and what was committed is
+    /// written out (the server runs with `synchronous_commit=off`, so an
+    /// immediate shutdown would lose the last acknowledged commits); an
+    /// immediate one if that takes too long. [`start_again`](Self::start_again)
+    /// starts it on the same port. A stopped server is left stopped.
+    ///
+    /// # Errors
+    ///
+    /// A signal or wait error.
+    pub fn stop(&self) -> Result<(), Error> {
+        if !self.process().is_alive() {
+            return Ok(());
+        }
+        if self.is_paused() {
+            self.resume()?;
+        }
+        self.process().signal(Signal::SIGINT)?;
+        let exited = self.process().wait_timeout(SHUTDOWN_TIMEOUT)?;
+        if exited.is_some() {
+            return Ok(());
+        }
+        self.shutdown()
+    }
+
+    /// Starts a [stopped](Self::stop) server again, on the same port with
+    /// the same data and settings, and waits until it accepts connections
+    /// (after crash recovery). A running server is left as it is.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PortsExhausted`] if its port was taken meanwhile,
+    /// [`Error::ExitedEarly`], [`Error::NotReady`], or a spawn error.
+    pub fn start_again(&self) -> Result<(), Error> {
+        if self.process().is_alive() {
+            return Ok(());
+        }
+        let process = spawn_postgres(
+            &self.binary,
+            self.dir.path(),
+            &self.log_path,
+            self.port,
+            self.run_as,
+            &self.settings,
+        )?;
+        *self.process() = process;
+        match self.wait_ready() {
+            Ok(()) => Ok(()),
+            Err(Retry::Fatal(err)) => Err(err),
+            Err(Retry::PortTaken) => Err(Error::PortsExhausted {
+                program: "postgres".to_owned(),
+                attempts: 1,
+            }),
+        }
     }
 }
 
@@ -363,7 +439,7 @@ impl Drop for PostgresServer {
         }
         if self.shutdown().is_err() {
             // Nothing sensible can be done about a failure here.
-            let _ = self.process.kill();
+            let _ = self.process().kill();
         }
     }
 }

@@ -65,3 +65,23 @@ fn drop_while_paused_shuts_down() -> TestResult {
     assert!(!Path::new(&format!("/proc/{pid}")).exists());
     Ok(())
 }
+
+/// A shared server stopped and started again: the same port, a
+/// new postmaster, nothing listening in between; dropped, it is gone.
+#[test]
+fn stop_and_start_again_on_the_same_port() -> TestResult {
+    let server = std::sync::Arc::new(PostgresServer::start()?);
+    let (addr, first) = (server.addr(), server.pid());
+    server.stop()?;
+    assert!(!Path::new(&format!("/proc/{first}")).exists());
+    let err = TcpStream::connect(addr).expect_err("nothing should listen while stopped");
+    assert_eq!(err.kind(), ErrorKind::ConnectionRefused);
+    server.start_again()?;
+    assert_eq!(server.addr(), addr);
+    assert_ne!(server.pid(), first);
+    assert_eq!(ssl_request(addr, Duration::from_secs(5))?, b'N');
+    let again = server.pid();
+    drop(server);
+    assert!(!Path::new(&format!("/proc/{again}")).exists());
+    Ok(())
+}

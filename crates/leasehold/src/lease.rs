@@ -609,7 +609,10 @@ impl Lease {
     /// was deleted there, and another holder's lock is untouched (the other
     /// keys were still given back). [`Error::Timeout`],
     /// [`Error::Unreachable`], [`Error::QuorumNotReached`] and friends when
-    /// Redis could not be asked in time; the TTL then ends the lease. If a
+    /// Redis could not be asked in time; the TTL then ends the lease.
+    /// [`Error::LeaseLost`] ([`LostCause::Unreachable`]) when Redis stayed
+    /// out of reach until the lease ran out: nothing is left to give back.
+    /// If a
     /// try that may have acted got no answer and a later try finds the key
     /// gone, the outcome is [`Error::Timeout`]: the release cannot tell
     /// whether it deleted the key or found it expired, and never claims
@@ -691,6 +694,17 @@ pub(crate) async fn release_retrying(
             op: "release",
             after: start.elapsed(),
         }),
+        // Redis stayed out of reach until the lease ran out: there is
+        // nothing left to give back (its TTL has ended it, on the same
+        // conservative clock as `remaining`), and the lease is lost; the
+        // fault is not the caller's news. Never a success we cannot know.
+        Err(err) if crate::call::fault_may_pass(&err) && Instant::now() >= until => {
+            tracing::debug!(key = part.key, error = %err, "redis unreachable until the lease ran out");
+            Err(Error::LeaseLost {
+                key: part.key.clone(),
+                cause: LostCause::Unreachable,
+            })
+        }
         released => released,
     }
 }
@@ -715,6 +729,11 @@ fn log_release(key: &str, released: &Result<bool>, dropped: bool) {
         ),
         (Ok(false), true) => tracing::debug!(key, outcome, "dropped lease had already expired"),
         (Err(err), false) => tracing::debug!(key, outcome, error = %err, "release failed"),
+        (Err(Error::LeaseLost { .. }), true) => tracing::debug!(
+            key,
+            outcome,
+            "dropped lease ran out before redis answered; its ttl ended it"
+        ),
         (Err(err), true) => {
             tracing::warn!(key, outcome, error = %err, "could not release dropped lease; the ttl will end it")
         }

@@ -122,7 +122,7 @@
 //! | DEBUG | `leasehold::lease` | span `leasehold.release` | `key` (the first), `keys` (how many), `outcome` (`released` / `not_held` / `error`) |
 //! | DEBUG | `leasehold::lease` | `released`, `release failed`, one per key | `key`, `outcome`, `error` |
 //! | **WARN** | `leasehold::lease` | `release found the lease gone` (a **stale release**: it expired or changed hands while held; [`Error::NotHeld`]) | `key`, `outcome = not_held` |
-//! | DEBUG / WARN | `leasehold::lease` | a dropped lease given back in the background: `released dropped lease`, `dropped lease had already expired`; WARN `could not release dropped lease` | `key`, `outcome`, `error` |
+//! | DEBUG / WARN | `leasehold::lease` | a dropped lease given back in the background: `released dropped lease`, `dropped lease had already expired`, `dropped lease ran out before redis answered`; WARN `could not release dropped lease` | `key`, `outcome`, `error` |
 //! | DEBUG | `leasehold::lease`, `leasehold::watchdog` | `refreshed`, `refresh failed` (the caller gets the error) | `key`, `ttl_ms`, `by` (`caller` / `watchdog`), `outcome` (`ok` / `not_held` / `error`) |
 //! | **WARN** | `leasehold::watchdog` | `lease refresh failed; retrying until the lease's deadline` | `key`, `error`, `remaining` |
 //! | **WARN** | `leasehold::watchdog`, `leasehold::lease` | **lease lost**: `lease lost; cancelling the work` (the watchdog), `refresh found the lease gone` (a caller's refresh) | `key`, `cause` (`expired` / `unreachable`) |

@@ -141,3 +141,181 @@ async fn refusals_are_not_retried() -> TestResult {
     assert!(matches!(err, Some(Error::WrongType { .. })), "{err:?}");
     Ok(())
 }
+
+/// Counts the warnings that a dropped lease's background release gave up
+/// ("could not release dropped lease; the ttl will end it") on this
+/// thread.
+#[derive(Clone, Default)]
+struct DroppedLeftToTtl(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for DroppedLeftToTtl {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(bool);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 |= format!("{value:?}").contains("could not release dropped lease");
+                }
+            }
+        }
+        let mut message = Message(false);
+        event.record(&mut message);
+        if message.0 {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// What the job runner's callers were told.
+#[derive(Debug, Default)]
+struct Told {
+    done: u64,
+    /// Acquires that failed with anything but `NotAcquired`.
+    acquire_errors: Vec<String>,
+    /// `NotAcquired` after the whole wait (contention).
+    not_acquired: u64,
+    /// Work stopped because the watchdog could not keep the lease.
+    lost: Vec<String>,
+    /// Releases that failed with anything but `NotHeld` / `LeaseLost`.
+    release_errors: Vec<String>,
+    /// Releases that found the lease gone (it really was).
+    release_not_held: u64,
+}
+
+/// The job-runner target: 3 lockers (as 3 processes would have, each its
+/// own connection), 12 callers, TTL 200 ms, wait 2 s, work 20 ms under the
+/// watchdog; half the runs give the lease back, half drop it (an early
+/// return); Redis is killed and started again on its port after ~1.7 s
+/// down (empty). The callers must not be told of the outage: no acquire or
+/// release error, and no dropped lease left to its TTL.
+#[tokio::test(flavor = "current_thread")]
+async fn the_job_runner_rides_out_a_redis_restart_shorter_than_the_wait() -> TestResult {
+    use tracing_subscriber::prelude::*;
+    let dropped = DroppedLeftToTtl::default();
+    let _guard = tracing_subscriber::registry()
+        .with(dropped.clone())
+        .set_default();
+    let server = RedisServer::start()?;
+    let client = redis::Client::open(server.url())?;
+    let mut lockers = Vec::new();
+    for _ in 0..3 {
+        lockers.push(Locker::connect(&client).await?);
+    }
+    let told = std::rc::Rc::new(std::cell::RefCell::new(Told::default()));
+    let stop = leasehold::CancellationToken::new();
+    let caller = |index: usize| {
+        let (locker, told, stop) = (lockers[index % 3].clone(), told.clone(), stop.clone());
+        async move {
+            let opts = AcquireOptions::new().wait(2000 * MS).cancel(stop.clone());
+            let mut run = 0usize;
+            while !stop.is_cancelled() {
+                run += 1;
+                let keys = FencedKeys::for_resource(&format!("job-runner:{}", (index + run) % 4))?;
+                let lease = match locker.acquire_with(&keys, 200 * MS, &opts).await {
+                    Ok(lease) => lease,
+                    Err(Error::NotAcquired { .. }) => {
+                        told.borrow_mut().not_acquired += 1;
+                        continue;
+                    }
+                    Err(err) => {
+                        told.borrow_mut().acquire_errors.push(err.to_string());
+                        continue;
+                    }
+                };
+                match lease.run(tokio::time::sleep(20 * MS)).await {
+                    Ok(()) => told.borrow_mut().done += 1,
+                    Err(err) => told.borrow_mut().lost.push(err.to_string()),
+                }
+                if run.is_multiple_of(2) {
+                    drop(lease);
+                    continue;
+                }
+                match lease.release().await {
+                    Ok(()) => {}
+                    Err(Error::NotHeld { .. } | Error::LeaseLost { .. }) => {
+                        told.borrow_mut().release_not_held += 1;
+                    }
+                    Err(err) => told.borrow_mut().release_errors.push(err.to_string()),
+                }
+            }
+            Ok::<_, Error>(())
+        }
+    };
+    let callers = futures_util::future::join_all((0..12).map(caller));
+    let scenario = async {
+        tokio::time::sleep(500 * MS).await;
+        let back = outage(server, 1700 * MS).await?;
+        let server = back.await??;
+        // Time for everything the outage touched to settle: every wait that
+        // began in it ends within 2 s.
+        tokio::time::sleep(2500 * MS).await;
+        stop.cancel();
+        Ok::<_, Box<dyn std::error::Error>>(server)
+    };
+    let (outcomes, server) =
+        tokio::time::timeout(HUNG, async { tokio::join!(callers, scenario) }).await?;
+    let _server = server?;
+    for outcome in outcomes {
+        outcome?;
+    }
+    let told = told.borrow();
+    let left_to_ttl = dropped.0.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!(
+        "job runner across a 1.7 s restart: {told:#?}, dropped leases left to the ttl: {left_to_ttl}"
+    );
+    assert!(told.done > 0, "{told:?}");
+    assert!(told.acquire_errors.is_empty(), "{told:#?}");
+    assert!(told.release_errors.is_empty(), "{told:#?}");
+    assert_eq!(left_to_ttl, 0, "{told:#?}");
+    Ok(())
+}
+
+/// A lease handed over through Redis after a wait in the queue longer than
+/// its TTL reaches its holder with time left (counted from the hand-over,
+/// not from the waiter's entry in the queue), and the watchdog keeps it:
+/// a waiter is not given a lease that is lost on arrival.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_handed_over_after_a_long_wait_keeps_a_full_ttl() -> TestResult {
+    let server = RedisServer::start()?;
+    let client = redis::Client::open(server.url())?;
+    // Two lockers, as two processes: the hand-over goes through Redis.
+    let (a, b) = (
+        HandoffLocker::connect(&client).await?,
+        HandoffLocker::connect(&client).await?,
+    );
+    let key = "lock:faults:handed";
+    // A long lease: the waiter's next check is due only at its expiry.
+    let held = a.acquire(key, 60_000 * MS).await?;
+    let waiter = tokio::spawn(async move {
+        let opts = AcquireOptions::new().wait(HUNG / 2).watchdog(true);
+        b.acquire_with(key, 200 * MS, &opts).await
+    });
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    // Queued: its last request found the lock busy.
+    loop {
+        let queued: i64 = redis::cmd("ZCARD")
+            .arg(format!("{key}:waitq"))
+            .query_async(&mut conn)
+            .await?;
+        if queued > 0 {
+            break;
+        }
+        tokio::time::sleep(5 * MS).await;
+    }
+    // Longer than the waiter's TTL in the queue, then the hand-over.
+    tokio::time::sleep(400 * MS).await;
+    held.release().await?;
+    let lease = tokio::time::timeout(HUNG, waiter).await???;
+    let stored: Option<String> = conn.get(key).await?;
+    assert_eq!(stored.as_deref(), Some(lease.token().as_str()));
+    assert!(
+        lease.remaining() > 100 * MS,
+        "handed over with {:?} left",
+        lease.remaining()
+    );
+    // The watchdog keeps it: its first refresh is due a third of a TTL on.
+    tokio::time::sleep(300 * MS).await;
+    assert_eq!(lease.lost(), None);
+    lease.release().await?;
+    Ok(())
+}

@@ -131,9 +131,15 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         .collect();
     if args.redis_url.is_some() {
         let (run, skipped): (Vec<_>, Vec<_>) = cells.into_iter().partition(|(mode, fault)| {
+            // On a cluster the callers reach the nodes directly (no proxy),
+            // and a command to "the" primary has no one node to go to.
             let proxied = !matches!(
                 fault,
-                Fault::NetLatency | Fault::NetCut | Fault::NetBlackhole
+                Fault::NetLatency
+                    | Fault::NetCut
+                    | Fault::NetBlackhole
+                    | Fault::ConnKill
+                    | Fault::RedisStall
             );
             *mode != ChaosMode::Quorum
                 && !fault.needs_redis_process()
@@ -241,11 +247,18 @@ fn one_line(check: &leasehold_chaos::RunCheck) -> String {
         ),
         (false, false, false) => format!("BROKEN ({} violations)", check.violations.len()),
     };
+    let errors = &check.errors;
+    let judged = match (errors.holds(), errors.judged) {
+        (false, _) => "FAILED",
+        (true, true) => "ok",
+        (true, false) => "not judged",
+    };
     format!(
-        "{} accepted, {} refused stale, {} unknown, {} double holders: {verdict}",
+        "{} accepted, {} refused stale, {} unknown, {} double holders: {verdict}; errors to callers (acquire/release/refresh) {}: {judged}",
         writes.accepted,
         writes.refused_stale,
         writes.unknown,
-        check.overlaps.len()
+        check.overlaps.len(),
+        errors.summary(),
     )
 }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context;
 use deadpool_postgres::Pool;
 use leasehold_chaos::{
-    Event, Fault, Kind, Lab, LabOptions, Recorder, RunReport, Stall, lock_key, run_nemesis,
-    schedule, start_to_micros,
+    Event, Fault, Kind, Lab, LabError, LabOptions, Recorder, RunReport, Stall, lock_key,
+    run_nemesis, schedule, start_to_micros,
 };
 use leasehold_testkit::PostgresServer;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -125,6 +125,13 @@ pub(crate) async fn run_one(
     let t0 = Instant::now() + START_MARGIN;
     let recorder = Recorder::in_memory(start);
     recorder.record_at(0, "coordinator", header);
+    recorder.record_at(
+        0,
+        "coordinator",
+        Kind::Budget {
+            wait_ms: millis(plan.wait),
+        },
+    );
     let mut stdins = Vec::new();
     for worker in &mut workers {
         if let Some(mut stdin) = worker.stdin.take() {
@@ -157,19 +164,22 @@ pub(crate) async fn run_one(
     let windows = schedule(fault, seed, plan.duration, plan.ttl, plan.workers);
     let keys: Vec<String> = resources.iter().map(|(r, _)| lock_key(r)).collect();
     let stopped = Arc::new(AtomicBool::new(false));
-    let nemesis = {
-        let (lab, recorder, stopped) = (lab.clone(), recorder.clone(), stopped.clone());
-        std::thread::spawn(move || {
-            run_nemesis(
-                &lab,
-                &windows,
-                &keys,
-                &recorder,
-                &Stall::default(),
-                t0,
-                &stopped,
-            )
-        })
+    let nemesis = Nemesis {
+        thread: Some({
+            let (lab, recorder, stopped) = (lab.clone(), recorder.clone(), stopped.clone());
+            std::thread::spawn(move || {
+                run_nemesis(
+                    &lab,
+                    &windows,
+                    &keys,
+                    &recorder,
+                    &Stall::default(),
+                    t0,
+                    &stopped,
+                )
+            })
+        }),
+        stop: stopped,
     };
 
     let deadline = tokio::time::Instant::from_std(t0 + plan.duration + GRACE);
@@ -196,12 +206,7 @@ pub(crate) async fn run_one(
             failures.push(format!("{failed}: {stderr}"));
         }
     }
-    stopped.store(true, Ordering::SeqCst);
-    let nemesis = tokio::task::spawn_blocking(move || nemesis.join())
-        .await
-        .ok()
-        .and_then(Result::ok);
-    match nemesis {
+    match nemesis.finish().await {
         Some(Ok(())) => {}
         Some(Err(err)) => anyhow::bail!(
             "the nemesis failed ({}): {}",
@@ -227,6 +232,39 @@ pub(crate) async fn run_one(
         );
     }
     Ok(RunReport::new(recorder.take()))
+}
+
+/// The nemesis's thread, stopped and joined when dropped. It holds a clone
+/// of the lab, so a run dropped mid-way (on Ctrl-C or SIGTERM) must not
+/// leave it running: the lab's servers (and the shared PostgreSQL) would
+/// outlive the process, reparented to init. Stopping ends the fault in
+/// progress and heals the lab first (see [`run_nemesis`]).
+struct Nemesis {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<(), LabError>>>,
+}
+
+impl Nemesis {
+    /// Stops the nemesis and waits for it; `None` if it panicked.
+    async fn finish(mut self) -> Option<Result<(), LabError>> {
+        self.stop.store(true, Ordering::SeqCst);
+        let thread = self.thread.take()?;
+        tokio::task::spawn_blocking(move || thread.join())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+}
+
+impl Drop for Nemesis {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            // Blocks for as long as the fault in progress takes to end (a
+            // restart: a second or so); the run is being torn down anyway.
+            let _ = thread.join();
+        }
+    }
 }
 
 fn millis(d: Duration) -> u64 {

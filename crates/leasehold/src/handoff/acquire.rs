@@ -53,7 +53,25 @@ impl<C: RedisConnection> HandoffLocker<C> {
         ttl: Duration,
         opts: &AcquireOptions,
     ) -> Result<Lease> {
-        self.take(&target, ttl, opts, Instant::now()).await
+        let start = Instant::now();
+        let lease = self.take(&target, ttl, opts, start).await?;
+        // A lease found handed over to us is counted from our last request
+        // that saw the lock busy (the hand-over came later, at a time we do
+        // not know): after a long wait in the queue it may arrive with
+        // nothing left, and the watchdog would give it up as unreachable
+        // though Redis holds it for a full TTL. Confirm such a lease with a
+        // token-checked refresh (it lands only while the key holds our
+        // token, so no one else can have held it since the hand-over): its
+        // TTL then counts from that request's send time. Within the
+        // caller's deadline; if it fails, the lease keeps its own (short,
+        // hence safe) validity, or is marked lost if Redis says it is gone.
+        if lease.remaining() < ttl / 2 {
+            let deadline = opts.deadline_from(start).max(Instant::now());
+            if let Ok(Err(err)) = tokio::time::timeout_at(deadline, lease.refresh(ttl)).await {
+                tracing::debug!(target: TARGET, key = lease.key(), error = %err, "could not confirm a lease handed over late");
+            }
+        }
+        Ok(lease)
     }
 
     /// The waiting part of [`acquire_with`](Self::acquire_with), from

@@ -276,7 +276,11 @@ impl HandoffStyle {
 /// A lease handed over by a release is counted from when the waiter's last
 /// request that found the lock busy was *sent*: the hand-off happened after
 /// that, so the holder's estimate of its remaining time is never longer than
-/// Redis's (it is shorter by up to the time it waited).
+/// Redis's (it is shorter by up to the time it waited). When that leaves
+/// less than half the TTL (a long wait in the queue), the acquire confirms
+/// the lease with a token-checked refresh before returning it (within its
+/// deadline), so it counts a full TTL from that request instead of
+/// arriving with nothing left.
 ///
 /// Cheap to clone: clones share the locker and the one pub/sub connection.
 #[derive(Clone)]
