@@ -119,10 +119,8 @@ const EXPECTED: &[Expect] = &[
         subcommand: &["bench", "uncontended"],
         uses: &["--redis-url", "--tls-ca", "--json"],
         changes: &[
-            "lock:bench:u:lib",
-            "lock:bench:u:raw,",
-            "lock:bench:u:many:*",
-            "lock:bench:u:rawmany:*",
+            "lock:bench:u:lib:*",
+            "lock:bench:u:floor:*",
         ],
     },
     Expect {
