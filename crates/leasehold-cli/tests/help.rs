@@ -118,10 +118,7 @@ const EXPECTED: &[Expect] = &[
     Expect {
         subcommand: &["bench", "uncontended"],
         uses: &["--redis-url", "--tls-ca", "--json"],
-        changes: &[
-            "lock:bench:u:lib:*",
-            "lock:bench:u:floor:*",
-        ],
+        changes: &["lock:bench:u:lib:*", "lock:bench:u:floor:*"],
     },
     Expect {
         subcommand: &["bench", "guard"],
