@@ -656,13 +656,14 @@ pub(crate) enum Bench {
         exit_codes!()
     ))]
     Contention(ContentionArgs),
-    /// Acquire+release pairs per second with no contention, against a raw
-    /// `SET NX PX` + `EVALSHA` loop on the same connection.
+    /// Acquire+release pairs per second with no contention, against the
+    /// floor: a bare `SET NX PX` + `EVALSHA` loop on one multiplexed
+    /// connection, sequentially and with --tasks tasks.
     #[command(after_help = concat!(
         "What it changes (on --redis-url, or a throwaway redis-server):
-  Redis: takes and releases lock:bench:u:lib, lock:bench:u:raw,
-    lock:bench:u:many:* and lock:bench:u:rawmany:* (none is left behind
-    unless a run fails); loads a release script (SCRIPT LOAD).
+  Redis: takes and releases lock:bench:u:lib:* and lock:bench:u:floor:*
+    (none is left behind unless a run fails); loads a release script
+    (SCRIPT LOAD).
 
 ",
         exit_codes!()
@@ -749,7 +750,8 @@ pub(crate) struct UncontendedArgs {
     /// Rounds; every figure is the median over rounds.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub(crate) rounds: u32,
-    /// Concurrent tasks of the many-keys run.
+    /// Concurrent tasks of the throughput-bound run, each on a key of its
+    /// own.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(crate) tasks: u32,
     #[command(flatten)]

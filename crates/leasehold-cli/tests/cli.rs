@@ -186,11 +186,11 @@ fn bench_uncontended_smoke_prints_its_fields() -> TestResult {
     assert_eq!(r["bench"], "uncontended", "{r}");
     for key in [
         "library_pairs_per_s",
-        "raw_pairs_per_s",
+        "floor_pairs_per_s",
         "overhead_ratio",
-        "many_keys_pairs_per_s",
-        "raw_many_keys_pairs_per_s",
-        "many_keys_ratio",
+        "tasks_library_pairs_per_s",
+        "tasks_floor_pairs_per_s",
+        "tasks_ratio",
     ] {
         assert!(r[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {r}");
     }

@@ -118,12 +118,7 @@ const EXPECTED: &[Expect] = &[
     Expect {
         subcommand: &["bench", "uncontended"],
         uses: &["--redis-url", "--tls-ca", "--json"],
-        changes: &[
-            "lock:bench:u:lib",
-            "lock:bench:u:raw,",
-            "lock:bench:u:many:*",
-            "lock:bench:u:rawmany:*",
-        ],
+        changes: &["lock:bench:u:lib:*", "lock:bench:u:floor:*"],
     },
     Expect {
         subcommand: &["bench", "guard"],

@@ -98,12 +98,12 @@ impl Step {
     pub(crate) fn cmd(self, path: Path, key: &str, token: &LeaseToken) -> Cmd {
         match (self, path) {
             (Step::Release, Path::Commands) => {
-                let mut cmd = redis::cmd("DELEX");
+                let mut cmd = sized("DELEX", key);
                 cmd.arg(key).arg("IFEQ").arg(token);
                 cmd
             }
             (Step::Refresh { ttl }, Path::Commands) => {
-                let mut cmd = redis::cmd("SET");
+                let mut cmd = sized("SET", key);
                 cmd.arg(key)
                     .arg(token)
                     .arg("IFEQ")
@@ -113,7 +113,7 @@ impl Step {
                 cmd
             }
             (_, Path::Lua) => {
-                let mut cmd = redis::cmd("EVALSHA");
+                let mut cmd = sized("EVALSHA", key);
                 cmd.arg(self.script().0.get_hash());
                 self.lua_args(&mut cmd, key, token);
                 cmd
@@ -147,6 +147,15 @@ impl Step {
             _ => Err(Error::UnexpectedReply { op: self.op() }),
         }
     }
+}
+
+/// The command `name` with room for the arguments of any step on `key`
+/// (the longest: `EVALSHA`, a 40-digit hash, `1`, the key, the token, a
+/// TTL), so that building it never grows its buffers.
+fn sized(name: &str, key: &str) -> Cmd {
+    let mut cmd = Cmd::with_capacity(7, 128 + key.len());
+    cmd.arg(name);
+    cmd
 }
 
 /// Whether an `INFO server` reply names a server with `DELEX` and

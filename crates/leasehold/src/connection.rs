@@ -244,7 +244,13 @@ impl Connection {
                         self.replace(&mut state);
                     }
                 }
-                Some(Ok(_)) if state.refused != 0 => state.refused = 0,
+                // Open: the request goes out on it without waiting on
+                // the shared attempt.
+                Some(Ok(conn)) => {
+                    let conn = conn.clone();
+                    state.refused = 0;
+                    return Ok((state.generation, conn));
+                }
                 _ => {}
             }
             (state.generation, state.attempt.clone())

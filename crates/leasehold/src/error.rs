@@ -270,8 +270,9 @@ pub enum Error {
         op: &'static str,
     },
 
-    /// The operating system's random source failed, so no token could be
-    /// drawn. Nothing was sent to Redis.
+    /// The operating system's random source failed when the token
+    /// generator needed a seed, so no token could be drawn. Nothing was
+    /// sent to Redis.
     #[error("os random source unavailable")]
     Random(#[source] getrandom::Error),
 

@@ -465,7 +465,7 @@ impl Lease {
                 AbortOnDropHandle::new(task)
             });
         }
-        Ok(self.shared.signal().clone())
+        Ok(self.shared.signal())
     }
 
     /// Runs `work` while the lease is held: starts the watchdog (as
@@ -630,7 +630,11 @@ impl Lease {
             keys = self.parts.len(),
             outcome = tracing::field::Empty,
         );
-        let outcome = self.release_parts().instrument(span.clone()).await;
+        let outcome = if span.is_disabled() {
+            self.release_parts().await
+        } else {
+            self.release_parts().instrument(span.clone()).await
+        };
         span.record(
             "outcome",
             match &outcome {

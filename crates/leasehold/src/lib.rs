@@ -50,8 +50,11 @@
 //!   it does not: a late holder never deletes or extends its successor's
 //!   lock, and never hears that all is well. On Redis 8.4+ they are the
 //!   `DELEX ... IFEQ` and `SET ... IFEQ` commands, before that Lua scripts.
-//! - **One token per holder.** Every holder gets 128 fresh bits from the OS
-//!   CSPRNG, never shared with another holder; every fenced holder gets its
+//! - **One token per holder.** Every holder gets 128 fresh bits from a
+//!   CSPRNG seeded by the OS (a ChaCha12 generator per thread, reseeded
+//!   from the OS in a forked child before its first token, so a child never
+//!   repeats its parent's tokens; see [`LeaseToken`]), never shared with
+//!   another holder; every fenced holder gets its
 //!   own [`FencingToken`], issued in the atomic step that gives it the lock
 //!   and strictly greater than every token issued before it for that
 //!   resource (as long as Redis keeps the counter; see [`FencingToken`] on

@@ -188,12 +188,25 @@ pub(crate) fn acquire(
     #[cfg(feature = "metrics")]
     {
         let outcome = outcome.as_str();
-        ::metrics::histogram!(ACQUIRE_SECONDS, LABEL_MODE => mode, LABEL_OUTCOME => outcome)
-            .record(elapsed);
-        ::metrics::histogram!(ACQUIRE_WAIT_SECONDS, LABEL_MODE => mode, LABEL_OUTCOME => outcome)
-            .record(waited);
-        ::metrics::histogram!(ACQUIRE_ATTEMPTS, LABEL_MODE => mode, LABEL_OUTCOME => outcome)
-            .record(f64::from(attempts));
+        if let Some(labels) = fixed::acquire(mode, outcome) {
+            use ::metrics::Key;
+            ::metrics::with_recorder(|r| {
+                let key = Key::from_static_parts(ACQUIRE_SECONDS, labels);
+                r.register_histogram(&key, &fixed::METADATA).record(elapsed);
+                let key = Key::from_static_parts(ACQUIRE_WAIT_SECONDS, labels);
+                r.register_histogram(&key, &fixed::METADATA).record(waited);
+                let key = Key::from_static_parts(ACQUIRE_ATTEMPTS, labels);
+                r.register_histogram(&key, &fixed::METADATA)
+                    .record(f64::from(attempts));
+            });
+        } else {
+            ::metrics::histogram!(ACQUIRE_SECONDS, LABEL_MODE => mode, LABEL_OUTCOME => outcome)
+                .record(elapsed);
+            ::metrics::histogram!(ACQUIRE_WAIT_SECONDS, LABEL_MODE => mode, LABEL_OUTCOME => outcome)
+                .record(waited);
+            ::metrics::histogram!(ACQUIRE_ATTEMPTS, LABEL_MODE => mode, LABEL_OUTCOME => outcome)
+                .record(f64::from(attempts));
+        }
         if let Some(reason) = reason {
             ::metrics::counter!(GIVE_UPS_TOTAL, LABEL_MODE => mode, LABEL_REASON => reason)
                 .increment(1);
@@ -214,8 +227,69 @@ pub(crate) fn release(outcome: &'static str, dropped: bool) {
     #[cfg(feature = "metrics")]
     {
         let trigger = if dropped { "drop" } else { "release" };
-        ::metrics::counter!(RELEASES_TOTAL, LABEL_OUTCOME => outcome, LABEL_TRIGGER => trigger)
-            .increment(1);
+        if let Some(labels) = fixed::release(outcome, trigger) {
+            ::metrics::with_recorder(|r| {
+                let key = ::metrics::Key::from_static_parts(RELEASES_TOTAL, labels);
+                r.register_counter(&key, &fixed::METADATA).increment(1);
+            });
+        } else {
+            ::metrics::counter!(RELEASES_TOTAL, LABEL_OUTCOME => outcome, LABEL_TRIGGER => trigger)
+                .increment(1);
+        }
+    }
+}
+
+/// The label sets of the metrics recorded once or more per lease, as
+/// statics: the `metrics` macros allocate the labels of every record whose
+/// values are not literals, an allocation per metric per lease even with
+/// no recorder installed. The keys are the same as the macros'.
+/// This module's path, the metrics' target.
+#[cfg(feature = "metrics")]
+const MODULE: &str = module_path!();
+
+#[cfg(feature = "metrics")]
+mod fixed {
+    use ::metrics::{Label, Level, Metadata};
+
+    use super::{LABEL_MODE, LABEL_OUTCOME, LABEL_TRIGGER};
+
+    /// What the macros in `metrics.rs` record with: that module's path,
+    /// level INFO.
+    pub(super) static METADATA: Metadata<'static> =
+        Metadata::new(super::MODULE, Level::INFO, Some(super::MODULE));
+
+    /// Matches `(a, b)` against the pairs given, each with its own static
+    /// labels `k1 = a, k2 = b`; `None` for any other pair.
+    macro_rules! pairs {
+        ($a:expr, $b:expr; $k1:expr, $k2:expr; $(($v1:literal, $v2:literal)),* $(,)?) => {
+            match ($a, $b) {
+                $(($v1, $v2) => {
+                    static LABELS: [Label; 2] = [
+                        Label::from_static_parts($k1, $v1),
+                        Label::from_static_parts($k2, $v2),
+                    ];
+                    Some(&LABELS)
+                })*
+                _ => None,
+            }
+        };
+    }
+
+    /// `mode` and `outcome` of an acquire.
+    pub(super) fn acquire(mode: &str, outcome: &str) -> Option<&'static [Label]> {
+        pairs!(mode, outcome; LABEL_MODE, LABEL_OUTCOME;
+            ("poll", "acquired"), ("poll", "gave_up"), ("poll", "error"), ("poll", "dropped"),
+            ("handoff", "acquired"), ("handoff", "gave_up"), ("handoff", "error"), ("handoff", "dropped"),
+            ("quorum", "acquired"), ("quorum", "gave_up"), ("quorum", "error"), ("quorum", "dropped"),
+        )
+    }
+
+    /// `outcome` and `trigger` of a release.
+    pub(super) fn release(outcome: &str, trigger: &str) -> Option<&'static [Label]> {
+        pairs!(outcome, trigger; LABEL_OUTCOME, LABEL_TRIGGER;
+            ("released", "release"), ("not_held", "release"), ("error", "release"),
+            ("released", "drop"), ("not_held", "drop"), ("error", "drop"),
+        )
     }
 }
 

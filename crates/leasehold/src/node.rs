@@ -98,8 +98,15 @@ impl<C: RedisConnection> Node<C> {
         deadline: Instant,
     ) -> Result<Attempt<()>> {
         let with_get = self.set_nx_get.load(Ordering::Relaxed);
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(key).arg(token).arg("NX").arg("PX").arg(px);
+        // Sized up front: growing the command's buffers argument by
+        // argument costs more than the rest of building it.
+        let mut cmd = redis::Cmd::with_capacity(7, 64 + key.len());
+        cmd.arg("SET")
+            .arg(key)
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(px);
         if with_get {
             // With GET, a key of another type fails with WRONGTYPE instead of
             // looking busy forever.

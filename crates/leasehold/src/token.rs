@@ -1,27 +1,117 @@
-//! Lease tokens: 128 random bits that name one holder of one lease.
+//! Lease tokens: 128 random bits that name one holder of one lease (see
+//! [`LeaseToken`] for where the bits come from).
 
+use std::cell::RefCell;
 use std::fmt;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Tokens drawn from one seed before the generator is seeded again.
+const RESEED_AFTER: u32 = 4096;
+
+/// One thread's token generator and the process it was seeded in.
+struct Source {
+    pid: u32,
+    rng: StdRng,
+    left: u32,
+}
+
+thread_local! {
+    static SOURCE: RefCell<Option<Source>> = const { RefCell::new(None) };
+}
+
+/// 128 bits for a token: from this thread's generator, seeded (again) from
+/// the OS when it is new, used up, or was seeded in another process; from
+/// the OS directly when the thread-local is not available (a thread being
+/// torn down).
+fn draw() -> Result<[u8; 16], getrandom::Error> {
+    let pid = std::process::id();
+    let drawn = SOURCE.try_with(|cell| {
+        let Ok(mut slot) = cell.try_borrow_mut() else {
+            return None;
+        };
+        Some(draw_from(&mut slot, pid))
+    });
+    match drawn {
+        Ok(Some(raw)) => raw,
+        _ => {
+            let mut raw = [0u8; 16];
+            getrandom::fill(&mut raw)?;
+            Ok(raw)
+        }
+    }
+}
+
+fn draw_from(slot: &mut Option<Source>, pid: u32) -> Result<[u8; 16], getrandom::Error> {
+    let source = match slot {
+        Some(source) if source.pid == pid && source.left > 0 => source,
+        _ => {
+            let mut seed = [0u8; 32];
+            getrandom::fill(&mut seed)?;
+            slot.insert(Source {
+                pid,
+                rng: StdRng::from_seed(seed),
+                left: RESEED_AFTER,
+            })
+        }
+    };
+    source.left -= 1;
+    let mut raw = [0u8; 16];
+    source.rng.fill_bytes(&mut raw);
+    Ok(raw)
+}
 
 /// The random value a holder stores in the lock key, proving ownership.
 ///
-/// 128 bits from the operating system's CSPRNG (`getrandom`), rendered as 32
+/// 128 bits from a CSPRNG seeded by the operating system, rendered as 32
 /// lowercase hex characters. Release and refresh compare it with what the key
 /// holds, so a caller whose lease expired can never delete or extend a lease
 /// that has since passed to someone else. A token is a capability over one
 /// lease: anyone who knows it can release that lease.
+///
+/// # Where the bits come from
+///
+/// A token must be unpredictable (whoever knows it can release the lease)
+/// and never drawn twice (two holders with one token could each release or
+/// refresh the other's lease). Each thread draws tokens from its own
+/// ChaCha12 generator (`rand`'s `StdRng`, a CSPRNG), seeded with 256 bits
+/// from the operating system (`getrandom`) on the thread's first token,
+/// then again after every 4096 tokens (64 KiB of output) and **whenever the
+/// process id has changed since the last draw**.
+///
+/// That last rule is what keeps tokens unique across `fork`: a child
+/// process starts with a copy of its parent's memory, generator state
+/// included, and without a reseed it would draw the very tokens its parent
+/// draws next. The child's pid differs from its parent's (the parent is
+/// alive when it forks), so the child's first draw sees a new pid and
+/// reseeds from the OS before it draws anything. Reading the pid is one
+/// cheap system call per token; it replaces the `getrandom` call per token
+/// that the OS source alone costs (which is also one system call, and the
+/// kernel's ChaCha20 besides). The one case the pid cannot tell apart is a
+/// grandchild forked by a child that never drew a token, after the
+/// original process has exited and its pid has been reused for that
+/// grandchild: with Linux's pid space of up to 4 million and the parent
+/// gone, its leases have expired or are orphaned, and the case needs all
+/// three coincidences at once; `rand`'s own `ThreadRng` has no fork
+/// protection at all.
+///
+/// A snapshot of a whole virtual machine or process (CRIU) restored twice
+/// would repeat tokens from any user-space generator, and reseeding every
+/// 4096 tokens bounds how long; the OS source is the only defence against
+/// that, and the kernel reseeds its own after a VM restore.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct LeaseToken([u8; 32]);
 
 impl LeaseToken {
-    /// Draws a fresh token from the operating system's random source.
+    /// Draws a fresh token (see the type's docs for the source).
     ///
     /// # Errors
-    /// Fails only if the OS random source is unavailable, which on Linux
-    /// means the kernel refused `getrandom(2)`.
+    /// Fails only if the OS random source is unavailable when the
+    /// generator needs a seed, which on Linux means the kernel refused
+    /// `getrandom(2)`.
     pub(crate) fn generate() -> Result<LeaseToken, getrandom::Error> {
-        let mut raw = [0u8; 16];
-        getrandom::fill(&mut raw)?;
-        Ok(LeaseToken::from_bytes(raw))
+        draw().map(LeaseToken::from_bytes)
     }
 
     fn from_bytes(raw: [u8; 16]) -> LeaseToken {
@@ -98,6 +188,57 @@ mod tests {
         assert_eq!(LeaseToken::parse(&format!("{}0", token.as_str())), None);
         assert_eq!(LeaseToken::parse("g0000000000000000000000000000000"), None);
         Ok(())
+    }
+
+    #[test]
+    fn a_new_pid_or_a_used_up_seed_reseeds_from_the_os() -> Result<(), getrandom::Error> {
+        // Two copies of one state, as a fork leaves them.
+        let state = |pid| {
+            Some(Source {
+                pid,
+                rng: StdRng::from_seed([7; 32]),
+                left: RESEED_AFTER,
+            })
+        };
+        let (mut slot, mut copy) = (state(7), state(7));
+        // The same state in the same process draws the same bits (this is
+        // what a forked child would repeat without the pid check)...
+        assert_eq!(draw_from(&mut slot, 7)?, draw_from(&mut copy, 7)?);
+        // ...and in another process it reseeds first.
+        let parent = draw_from(&mut slot, 7)?;
+        let child = draw_from(&mut copy, 8)?;
+        assert_ne!(parent, child);
+        assert_eq!(
+            copy.as_ref().map(|s| (s.pid, s.left)),
+            Some((8, RESEED_AFTER - 1))
+        );
+        if let Some(source) = slot.as_mut() {
+            source.left = 0;
+        }
+        draw_from(&mut slot, 7)?;
+        assert_eq!(slot.as_ref().map(|s| s.left), Some(RESEED_AFTER - 1));
+        Ok(())
+    }
+
+    #[test]
+    fn tokens_never_repeat_over_many_draws_and_threads() {
+        let drawn: Vec<LeaseToken> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..(2 * RESEED_AFTER))
+                            .map(|_| LeaseToken::generate().expect("os rng"))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .flat_map(|t| t.join().expect("thread"))
+                .collect()
+        });
+        let distinct: std::collections::HashSet<_> = drawn.iter().collect();
+        assert_eq!(distinct.len(), drawn.len());
     }
 
     #[test]

@@ -102,7 +102,17 @@ pub(crate) struct Shared {
     validity: Mutex<Validity>,
     margin: Margin,
     lost: OnceLock<LostCause>,
-    signal: CancellationToken,
+    signal: Mutex<Signal>,
+}
+
+/// The token cancelled when the lease is lost or ends, made on first ask:
+/// most leases are released without anyone watching them, and a
+/// `CancellationToken` is an allocation and a locked tree node to cancel.
+#[derive(Debug, Default)]
+struct Signal {
+    token: Option<CancellationToken>,
+    /// Lost or ended: a token made from now on starts cancelled.
+    done: bool,
 }
 
 impl Shared {
@@ -124,7 +134,7 @@ impl Shared {
             }),
             margin,
             lost: OnceLock::new(),
-            signal: CancellationToken::new(),
+            signal: Mutex::default(),
         })
     }
 
@@ -160,21 +170,45 @@ impl Shared {
         if self.lost.set(cause).is_ok() {
             crate::metrics::lease_lost(cause.label());
         }
-        self.signal.cancel();
+        self.cancel();
     }
 
     /// Cancels the signal without a cause: the lease ended (released or
     /// dropped), so work protected by it must stop too.
     pub(crate) fn end(&self) {
-        self.signal.cancel();
+        self.cancel();
+    }
+
+    fn cancel(&self) {
+        let token = {
+            let mut signal = self.signal.lock().unwrap_or_else(PoisonError::into_inner);
+            signal.done = true;
+            signal.token.clone()
+        };
+        if let Some(token) = token {
+            token.cancel();
+        }
     }
 
     pub(crate) fn lost(&self) -> Option<LostCause> {
         self.lost.get().copied()
     }
 
-    pub(crate) fn signal(&self) -> &CancellationToken {
-        &self.signal
+    /// The token cancelled when the lease is lost or ends (already
+    /// cancelled if it has).
+    pub(crate) fn signal(&self) -> CancellationToken {
+        let mut signal = self.signal.lock().unwrap_or_else(PoisonError::into_inner);
+        let done = signal.done;
+        signal
+            .token
+            .get_or_insert_with(|| {
+                let token = CancellationToken::new();
+                if done {
+                    token.cancel();
+                }
+                token
+            })
+            .clone()
     }
 }
 
@@ -193,7 +227,7 @@ where
     F: FnMut(Duration, Instant) -> Fut,
     Fut: Future<Output = Result<bool>>,
 {
-    let signal = shared.signal().clone();
+    let signal = shared.signal();
     let mut last_sent = shared.validity().confirmed_at;
     // Whether a refresh failed since the last confirmation.
     let mut failing = false;
@@ -457,6 +491,19 @@ mod tests {
         tokio::time::sleep(2000 * MS).await;
         assert_eq!(calls.load(Ordering::Relaxed), 2);
         assert!(!shared.signal().is_cancelled(), "aborting is not a loss");
+    }
+
+    #[test]
+    fn the_signal_made_after_the_end_starts_cancelled_and_one_made_before_is_cancelled() {
+        let before = Shared::new(Instant::now(), TTL);
+        let early = before.signal();
+        assert!(!early.is_cancelled());
+        before.end();
+        assert!(early.is_cancelled());
+        assert!(before.signal().is_cancelled());
+        let after = Shared::new(Instant::now(), TTL);
+        after.lose(LostCause::Expired);
+        assert!(after.signal().is_cancelled());
     }
 
     #[test]

@@ -112,7 +112,14 @@ async fn traced_take<W: Way>(
         let lease = way.take(target, ttl, opts).await?;
         won(way, lease, opts, start).await
     };
-    let result = Progress::observe(pending.progress.clone(), take.instrument(span)).await;
+    // With no subscriber interested in the span, entering and leaving it
+    // on every poll is work for nothing.
+    let progress = pending.progress.clone();
+    let result = if span.is_disabled() {
+        Progress::observe(progress, take).await
+    } else {
+        Progress::observe(progress, take.instrument(span)).await
+    };
     pending.end(&result);
     result
 }

@@ -1,14 +1,24 @@
 //! `bench uncontended`: what the library costs when nobody waits.
 //!
-//! On one connection, sequentially: the library's acquire+release pairs per
-//! second against a raw `SET key token NX PX` + `EVALSHA release` loop on the
-//! same connection; their ratio is the library's overhead. Then the same
-//! two, throughput-bound: `--tasks` concurrent tasks, each on its own keys,
-//! over the one multiplexed connection.
+//! The library's acquire+release pairs per second against the **floor**: the
+//! least a client can do for the same two requests, `SET key token NX PX`
+//! then `EVALSHA` of the same compare-and-delete script, on one bare redis-rs
+//! `MultiplexedConnection` (redis-rs's defaults), with the token taken from a
+//! counter (no random draw, no allocation, no deadline of its own). Redis
+//! sees exactly two commands per pair from both, so the ratio is the
+//! library's client-side overhead. Measured twice: sequentially (one task,
+//! one key: bound by the round trip) and throughput-bound (`--tasks`
+//! concurrent tasks, each on a key of its own, over one connection: bound by
+//! CPU, which the client and the server share). The two run side by side in
+//! every round, in alternating order (floor first in even rounds); the
+//! rates are medians over rounds, the ratios the medians of the rounds'
+//! ratios.
 
 use std::time::Duration;
 
 use leasehold::Locker;
+use redis::Value;
+use redis::aio::MultiplexedConnection;
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -24,33 +34,74 @@ const RELEASE: &str = r#"if redis.call("GET", KEYS[1]) == ARGV[1] then
 end
 return 0"#;
 
+/// Pairs per second of each side, one entry per round.
+#[derive(Default)]
+struct Side {
+    library: Vec<f64>,
+    floor: Vec<f64>,
+}
+
+impl Side {
+    fn medians(&self) -> (f64, f64) {
+        (median(&self.library), median(&self.floor))
+    }
+
+    /// The median of the rounds' ratios (library / floor): each round's
+    /// two runs are seconds apart, so a load that comes and goes on a
+    /// shared machine moves both, and their ratio less than either.
+    fn ratio(&self) -> f64 {
+        let ratios: Vec<f64> = self
+            .library
+            .iter()
+            .zip(&self.floor)
+            .map(|(library, floor)| library / floor)
+            .collect();
+        median(&ratios)
+    }
+}
+
 pub(crate) async fn run(env: &Env, args: &UncontendedArgs, json: bool) -> anyhow::Result<()> {
     let locker = Locker::builder()
         .command_timeout(env.locker.command_timeout())
         .build(env.redis.clone())?;
-    let mut conn = env.redis.clone();
+    let floor = env.client.get_multiplexed_async_connection().await?;
+    let mut conn = floor.clone();
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(RELEASE)
         .query_async(&mut conn)
         .await?;
-    let (mut lib, mut raw, mut many, mut raw_many) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut seq, mut many) = (Side::default(), Side::default());
     let progress = Measurements::new("bench uncontended", u64::from(args.rounds) * 4, json);
     for round in 1..=args.rounds {
         let start = |what: &str| progress.start(format!("round {round}/{}: {what}", args.rounds));
-        start("library, one connection");
-        lib.push(library_loop(&locker, "lock:bench:u:lib", args.duration).await?);
-        start("raw loop, one connection");
-        raw.push(raw_loop(env, &sha, "lock:bench:u:raw", args.duration).await?);
-        start("library, many keys");
-        many.push(many_tasks(&locker, args.tasks, args.duration).await?);
-        start("raw loop, many keys");
-        raw_many.push(raw_many_tasks(env, &sha, args.tasks, args.duration).await?);
+        let floor_first = round % 2 == 0;
+        for floor_turn in [floor_first, !floor_first] {
+            if floor_turn {
+                start("floor, one task");
+                seq.floor
+                    .push(floor_tasks(&floor, &sha, 1, args.duration).await?);
+            } else {
+                start("library, one task");
+                seq.library
+                    .push(library_tasks(&locker, 1, args.duration).await?);
+            }
+        }
+        for floor_turn in [floor_first, !floor_first] {
+            if floor_turn {
+                start("floor, many tasks");
+                many.floor
+                    .push(floor_tasks(&floor, &sha, args.tasks, args.duration).await?);
+            } else {
+                start("library, many tasks");
+                many.library
+                    .push(library_tasks(&locker, args.tasks, args.duration).await?);
+            }
+        }
     }
-    let (lib, raw, many, raw_many) = (median(&lib), median(&raw), median(&many), median(&raw_many));
-    let ratio = lib / raw;
-    let many_ratio = many / raw_many;
+    let (lib, floor) = seq.medians();
+    let (many_lib, many_floor) = many.medians();
+    let (ratio, many_ratio) = (seq.ratio(), many.ratio());
     if json {
         println!(
             "{}",
@@ -59,12 +110,12 @@ pub(crate) async fn run(env: &Env, args: &UncontendedArgs, json: bool) -> anyhow
                 "rounds": args.rounds,
                 "duration_ms": args.duration.as_secs_f64() * 1e3,
                 "library_pairs_per_s": round3(lib),
-                "raw_pairs_per_s": round3(raw),
+                "floor_pairs_per_s": round3(floor),
                 "overhead_ratio": round3(ratio),
                 "tasks": args.tasks,
-                "many_keys_pairs_per_s": round3(many),
-                "raw_many_keys_pairs_per_s": round3(raw_many),
-                "many_keys_ratio": round3(many_ratio),
+                "tasks_library_pairs_per_s": round3(many_lib),
+                "tasks_floor_pairs_per_s": round3(many_floor),
+                "tasks_ratio": round3(many_ratio),
             })
         );
     } else {
@@ -72,128 +123,28 @@ pub(crate) async fn run(env: &Env, args: &UncontendedArgs, json: bool) -> anyhow
             "bench uncontended: {} rounds of {:?} (medians)",
             args.rounds, args.duration
         );
-        println!("one connection, library:   {lib:.0} acquire+release pairs/s");
-        println!("one connection, raw loop:  {raw:.0} SET NX PX + EVALSHA pairs/s");
-        println!("overhead ratio (library / raw): {ratio:.3}");
-        println!(
-            "{} tasks over many keys, library: {many:.0} pairs/s",
-            args.tasks
-        );
-        println!(
-            "{} tasks over many keys, raw loop: {raw_many:.0} pairs/s",
-            args.tasks
-        );
-        println!("throughput ratio (library / raw): {many_ratio:.3}");
+        println!("one task, library: {lib:.0} acquire+release pairs/s");
+        println!("one task, floor:   {floor:.0} SET NX PX + EVALSHA pairs/s");
+        println!("sequential ratio (library / floor, median of rounds): {ratio:.3}");
+        println!("{} tasks, library: {many_lib:.0} pairs/s", args.tasks);
+        println!("{} tasks, floor:   {many_floor:.0} pairs/s", args.tasks);
+        println!("throughput ratio (library / floor, median of rounds): {many_ratio:.3}");
     }
     Ok(())
 }
 
-async fn library_loop(locker: &Locker, key: &str, duration: Duration) -> anyhow::Result<f64> {
-    let start = Instant::now();
-    let mut pairs: u64 = 0;
-    while start.elapsed() < duration {
-        let lease = locker.acquire(key, TTL).await?;
-        lease.release().await?;
-        pairs += 1;
-    }
-    Ok(pairs as f64 / start.elapsed().as_secs_f64())
-}
-
-async fn raw_loop(env: &Env, sha: &str, key: &str, duration: Duration) -> anyhow::Result<f64> {
-    let start = Instant::now();
-    let pairs = raw_pairs(
-        env.redis.clone(),
-        sha,
-        key.to_owned(),
-        start,
-        duration,
-        None,
-    )
-    .await?;
-    Ok(pairs as f64 / start.elapsed().as_secs_f64())
-}
-
-/// The raw two-request loop until `duration` after `start`; with `task`,
-/// on that task's 16 keys in turn.
-async fn raw_pairs(
-    mut conn: leasehold::Connection,
-    sha: &str,
-    key: String,
-    start: Instant,
-    duration: Duration,
-    task: Option<u32>,
-) -> anyhow::Result<u64> {
-    let px = u64::try_from(TTL.as_millis())?;
-    let mut pairs: u64 = 0;
-    while start.elapsed() < duration {
-        let this = match task {
-            Some(task) => format!("{key}:{task}:{}", pairs % 16),
-            None => key.clone(),
-        };
-        let key = &this;
-        // A token per pair, as the library draws one.
-        let token = format!("{:032x}", rand::random::<u128>());
-        let set: Option<String> = redis::cmd("SET")
-            .arg(key)
-            .arg(&token)
-            .arg("NX")
-            .arg("PX")
-            .arg(px)
-            .query_async(&mut conn)
-            .await?;
-        anyhow::ensure!(set.is_some(), "raw SET NX found {key} busy");
-        let deleted: i64 = redis::cmd("EVALSHA")
-            .arg(sha)
-            .arg(1)
-            .arg(key)
-            .arg(&token)
-            .query_async(&mut conn)
-            .await?;
-        anyhow::ensure!(deleted == 1, "raw release did not delete {key}");
-        pairs += 1;
-    }
-    Ok(pairs)
-}
-
-async fn raw_many_tasks(
-    env: &Env,
-    sha: &str,
-    tasks: u32,
-    duration: Duration,
-) -> anyhow::Result<f64> {
-    let start = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for task in 0..tasks {
-        let (conn, sha) = (env.redis.clone(), sha.to_owned());
-        set.spawn(async move {
-            raw_pairs(
-                conn,
-                &sha,
-                "lock:bench:u:rawmany".to_owned(),
-                start,
-                duration,
-                Some(task),
-            )
-            .await
-        });
-    }
-    let mut total: u64 = 0;
-    while let Some(joined) = set.join_next().await {
-        total += joined??;
-    }
-    Ok(total as f64 / start.elapsed().as_secs_f64())
-}
-
-async fn many_tasks(locker: &Locker, tasks: u32, duration: Duration) -> anyhow::Result<f64> {
+/// `tasks` tasks, each taking and releasing a key of its own through the
+/// locker for `duration`: pairs per second, all tasks together.
+async fn library_tasks(locker: &Locker, tasks: u32, duration: Duration) -> anyhow::Result<f64> {
     let start = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for task in 0..tasks {
         let locker = locker.clone();
         set.spawn(async move {
+            let key = format!("lock:bench:u:lib:{task}");
             let mut pairs: u64 = 0;
             while start.elapsed() < duration {
-                let key = format!("lock:bench:u:many:{task}:{}", pairs % 16);
-                let lease = locker.acquire(&key, TTL).await?;
+                let lease = locker.acquire(key.as_str(), TTL).await?;
                 lease.release().await?;
                 pairs += 1;
             }
@@ -205,4 +156,69 @@ async fn many_tasks(locker: &Locker, tasks: u32, duration: Duration) -> anyhow::
         total += joined??;
     }
     Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
+/// The floor loop in `tasks` tasks over the one connection `conn`, each on
+/// a key of its own, for `duration`: pairs per second, all tasks together.
+async fn floor_tasks(
+    conn: &MultiplexedConnection,
+    sha: &str,
+    tasks: u32,
+    duration: Duration,
+) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for task in 0..tasks {
+        let (conn, sha) = (conn.clone(), sha.to_owned());
+        set.spawn(async move { floor_pairs(conn, &sha, task, start, duration).await });
+    }
+    let mut total: u64 = 0;
+    while let Some(joined) = set.join_next().await {
+        total += joined??;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
+/// The floor: two requests per pair and nothing else. The token is the
+/// task and a counter in 32 hex digits, written in place.
+async fn floor_pairs(
+    mut conn: MultiplexedConnection,
+    sha: &str,
+    task: u32,
+    start: Instant,
+    duration: Duration,
+) -> anyhow::Result<u64> {
+    let key = format!("lock:bench:u:floor:{task}");
+    let px = u64::try_from(TTL.as_millis())?;
+    let mut token = [0u8; 32];
+    let mut pairs: u64 = 0;
+    while start.elapsed() < duration {
+        let value = (u128::from(task) << 64) | u128::from(pairs);
+        for (i, digit) in token.iter_mut().enumerate() {
+            let nibble = (value >> (4 * (31 - i))) & 0xf;
+            *digit = b"0123456789abcdef"[nibble as usize];
+        }
+        let set: Value = redis::cmd("SET")
+            .arg(&key)
+            .arg(&token[..])
+            .arg("NX")
+            .arg("PX")
+            .arg(px)
+            .query_async(&mut conn)
+            .await?;
+        anyhow::ensure!(set == Value::Okay, "floor SET NX found {key} busy");
+        let deleted: Value = redis::cmd("EVALSHA")
+            .arg(sha)
+            .arg(1)
+            .arg(&key)
+            .arg(&token[..])
+            .query_async(&mut conn)
+            .await?;
+        anyhow::ensure!(
+            deleted == Value::Int(1),
+            "floor release did not delete {key}"
+        );
+        pairs += 1;
+    }
+    Ok(pairs)
 }
