@@ -113,6 +113,9 @@ pub(crate) struct Env {
     /// Opens further connections (the hand-off pub/sub connection): one
     /// server, or the primary the sentinels name.
     pub(crate) client: Endpoint,
+    /// A bare redis-rs client for the one server (not through Sentinel):
+    /// the floor loop of `bench uncontended`.
+    pub(crate) server: Option<redis::Client>,
     /// Kept alive for the whole run; stopped on drop.
     _throwaway_redis: Option<RedisServer>,
 }
@@ -177,10 +180,16 @@ impl Env {
             .with_context(|| format!("connecting to redis at {shown}"))?;
         let redis = locker.connection().clone();
         report_findings(&redis, &shown, throwaway.is_some()).await;
+        let server = if Sentinel::is_sentinel_url(&url) {
+            None
+        } else {
+            Some(flags.client(&url)?)
+        };
         Ok(Env {
             redis,
             locker,
             client,
+            server,
             _throwaway_redis: throwaway,
         })
     }

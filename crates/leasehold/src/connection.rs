@@ -246,10 +246,10 @@ impl Connection {
                 }
                 // Open: the request goes out on it without waiting on
                 // the shared attempt.
-                Some(Ok(conn)) => {
-                    let conn = conn.clone();
+                Some(Ok((conn, addr))) => {
+                    let (conn, addr) = (conn.clone(), addr.clone());
                     state.refused = 0;
-                    return Ok((state.generation, conn));
+                    return Ok((state.generation, conn, addr));
                 }
                 _ => {}
             }

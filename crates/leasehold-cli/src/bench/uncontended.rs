@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use super::{Measurements, median, round3};
 use crate::cli::UncontendedArgs;
 use crate::env::Env;
+use crate::exit::Usage;
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -64,7 +65,13 @@ pub(crate) async fn run(env: &Env, args: &UncontendedArgs, json: bool) -> anyhow
     let locker = Locker::builder()
         .command_timeout(env.locker.command_timeout())
         .build(env.redis.clone())?;
-    let floor = env.client.get_multiplexed_async_connection().await?;
+    let Some(server) = &env.server else {
+        return Err(Usage(
+            "bench uncontended needs one server's URL (redis:// or rediss://) for its floor loop, not redis+sentinel://".to_owned(),
+        )
+        .into());
+    };
+    let floor = server.get_multiplexed_async_connection().await?;
     let mut conn = floor.clone();
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
