@@ -3,6 +3,7 @@
 
 use std::cell::RefCell;
 use std::fmt;
+use std::time::Instant;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -10,11 +11,12 @@ use rand::{Rng, SeedableRng};
 /// Tokens drawn from one seed before the generator is seeded again.
 const RESEED_AFTER: u32 = 4096;
 
-/// One thread's token generator and the process it was seeded in.
+/// One thread's token generator, the process it was seeded in, and when.
 struct Source {
     pid: u32,
     rng: StdRng,
     left: u32,
+    seeded: Instant,
 }
 
 thread_local! {
@@ -53,12 +55,21 @@ fn draw_from(slot: &mut Option<Source>, pid: u32) -> Result<[u8; 16], getrandom:
                 pid,
                 rng: StdRng::from_seed(seed),
                 left: RESEED_AFTER,
+                seeded: Instant::now(),
             })
         }
     };
     source.left -= 1;
     let mut raw = [0u8; 16];
     source.rng.fill_bytes(&mut raw);
+    // Two copies of one state that share a pid (see `LeaseToken`) draw the
+    // same bytes, but never at the same moment of the system-wide
+    // monotonic clock: mixing in the time since seeding tells them apart.
+    // XOR with a known value keeps the bytes uniformly random.
+    let at = source.seeded.elapsed().as_nanos().to_le_bytes();
+    for (byte, time) in raw.iter_mut().zip(at) {
+        *byte ^= time;
+    }
     Ok(raw)
 }
 
@@ -88,13 +99,19 @@ fn draw_from(slot: &mut Option<Source>, pid: u32) -> Result<[u8; 16], getrandom:
 /// reseeds from the OS before it draws anything. Reading the pid is one
 /// cheap system call per token; it replaces the `getrandom` call per token
 /// that the OS source alone costs (which is also one system call, and the
-/// kernel's ChaCha20 besides). The one case the pid cannot tell apart is a
-/// grandchild forked by a child that never drew a token, after the
-/// original process has exited and its pid has been reused for that
-/// grandchild: with Linux's pid space of up to 4 million and the parent
-/// gone, its leases have expired or are orphaned, and the case needs all
-/// three coincidences at once; `rand`'s own `ThreadRng` has no fork
-/// protection at all.
+/// kernel's ChaCha20 besides).
+///
+/// The pid cannot tell apart one case: a grandchild forked by a child that
+/// never drew a token, after the original process has exited and its pid
+/// has been reused for that grandchild. Its copy of the generator would
+/// draw the original's bytes. So each token is also XORed with the
+/// nanoseconds between the generator's seeding and the draw, on the
+/// system-wide monotonic clock (a vDSO read, no system call): the original
+/// drew its tokens before it exited, the grandchild draws after, so a
+/// given position of the stream is never drawn at the same moment twice,
+/// and the two never repeat a token (a collision of different positions
+/// is the ordinary 2^-128 chance). XOR with a known value leaves the bits
+/// as unpredictable as they were.
 ///
 /// A snapshot of a whole virtual machine or process (CRIU) restored twice
 /// would repeat tokens from any user-space generator, and reseeding every
@@ -193,18 +210,17 @@ mod tests {
     #[test]
     fn a_new_pid_or_a_used_up_seed_reseeds_from_the_os() -> Result<(), getrandom::Error> {
         // Two copies of one state, as a fork leaves them.
+        let seeded = Instant::now();
         let state = |pid| {
             Some(Source {
                 pid,
                 rng: StdRng::from_seed([7; 32]),
                 left: RESEED_AFTER,
+                seeded,
             })
         };
         let (mut slot, mut copy) = (state(7), state(7));
-        // The same state in the same process draws the same bits (this is
-        // what a forked child would repeat without the pid check)...
-        assert_eq!(draw_from(&mut slot, 7)?, draw_from(&mut copy, 7)?);
-        // ...and in another process it reseeds first.
+        // In another process the copy reseeds first.
         let parent = draw_from(&mut slot, 7)?;
         let child = draw_from(&mut copy, 8)?;
         assert_ne!(parent, child);
@@ -217,6 +233,41 @@ mod tests {
         }
         draw_from(&mut slot, 7)?;
         assert_eq!(slot.as_ref().map(|s| s.left), Some(RESEED_AFTER - 1));
+        Ok(())
+    }
+
+    #[test]
+    fn copies_that_share_a_pid_still_draw_different_tokens() -> Result<(), getrandom::Error> {
+        // The case the pid cannot tell: a grandchild that got its ancestor's
+        // pid and a copy of its never-used generator. Same stream position,
+        // drawn later: a different token.
+        let seeded = Instant::now();
+        let state = || {
+            Some(Source {
+                pid: 7,
+                rng: StdRng::from_seed([7; 32]),
+                left: RESEED_AFTER,
+                seeded,
+            })
+        };
+        let (mut ancestor, mut grandchild) = (state(), state());
+        let mut earlier = Vec::new();
+        for _ in 0..64 {
+            earlier.push(draw_from(&mut ancestor, 7)?);
+        }
+        for position in 0..64 {
+            let later = draw_from(&mut grandchild, 7)?;
+            assert!(
+                !earlier.contains(&later),
+                "position {position} repeated a token of the ancestor"
+            );
+        }
+        // Without the time, the stream itself is the same (what the mix is for).
+        let (mut a, mut b) = (StdRng::from_seed([7; 32]), StdRng::from_seed([7; 32]));
+        let (mut x, mut y) = ([0u8; 16], [0u8; 16]);
+        a.fill_bytes(&mut x);
+        b.fill_bytes(&mut y);
+        assert_eq!(x, y);
         Ok(())
     }
 
