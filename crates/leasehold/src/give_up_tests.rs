@@ -189,3 +189,83 @@ async fn stats_count_every_request() {
     assert_eq!(stats.acquire_requests, 3);
     assert_eq!(stats.acquisitions, 0);
 }
+
+/// A Redis whose lock is busy for the first `busy` `SET`s; later ones are
+/// never answered (a stalled server, or one too loaded to answer in time).
+#[derive(Clone)]
+struct BusyThenSilent {
+    sets: Arc<AtomicU32>,
+    busy: u32,
+}
+
+impl redis::aio::ConnectionLike for BusyThenSilent {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let is_set = matches!(cmd.args_iter().next(), Some(redis::Arg::Simple(b"SET")));
+        Box::pin(async move {
+            if is_set {
+                let n = self.sets.fetch_add(1, Ordering::SeqCst) + 1;
+                if n <= self.busy {
+                    return Ok(Value::BulkString(b"someone-else".to_vec()));
+                }
+                std::future::pending::<()>().await;
+            }
+            Ok(Value::Int(0))
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        _pipeline: &'a redis::Pipeline,
+        _offset: usize,
+        _count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+/// The last attempt of a wait gets only what is left of it. When Redis
+/// had answered "busy" just before and that short attempt times out, the
+/// wait ran out, not Redis: `NotAcquired`. When Redis never answered, or
+/// an attempt had its whole command timeout, the fault is the answer.
+#[tokio::test(start_paused = true)]
+async fn a_last_attempt_cut_short_by_the_wait_gives_up_as_not_acquired() {
+    let acquire = |busy: u32, wait: Duration| async move {
+        let fake = BusyThenSilent {
+            sets: Arc::default(),
+            busy,
+        };
+        let locker = Locker::builder()
+            .command_timeout(500 * MS)
+            .build(fake)
+            .expect("valid settings");
+        let opts = AcquireOptions::new()
+            .retry(RetryStrategy::constant(60 * MS))
+            .wait(wait);
+        locker
+            .acquire_with("k", Duration::from_secs(1), &opts)
+            .await
+    };
+    // Busy, then an attempt with 40 ms of the wait left that gets no answer.
+    match acquire(1, 100 * MS).await {
+        Err(Error::NotAcquired {
+            reason: GiveUpReason::DeadlineExpired,
+            attempts: 2,
+            ..
+        }) => {}
+        other => panic!("busy, then cut short: {other:?}"),
+    }
+    // Never answered: the caller learns Redis was the problem.
+    match acquire(0, 100 * MS).await {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("never answered: {other:?}"),
+    }
+    // Busy, then an attempt that had its whole command timeout: a fault.
+    match acquire(1, 2000 * MS).await {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("busy, then a full timeout: {other:?}"),
+    }
+}

@@ -27,6 +27,9 @@ pub(crate) struct Rounds<'a> {
     deadline: Instant,
     waits: Peekable<Waits>,
     attempts: u32,
+    /// Whether the last attempt's request had less than the command
+    /// timeout: the caller's deadline cut it short.
+    cut_short: bool,
 }
 
 impl<'a> Rounds<'a> {
@@ -45,6 +48,7 @@ impl<'a> Rounds<'a> {
             deadline: opts.deadline_from(start),
             waits: opts.retry.waits().peekable(),
             attempts: 0,
+            cut_short: false,
         }
     }
 
@@ -82,7 +86,16 @@ impl<'a> Rounds<'a> {
         }
         self.attempts = self.attempts.saturating_add(1);
         Progress::update(|p| p.attempt(self.attempts, sent_at));
-        Ok((sent_at, self.deadline.min(sent_at + self.command_timeout)))
+        let full = sent_at + self.command_timeout;
+        self.cut_short = self.deadline < full;
+        Ok((sent_at, self.deadline.min(full)))
+    }
+
+    /// Whether the last attempt was a timeout only because the caller's
+    /// deadline left it less than the command timeout, and that deadline
+    /// has now passed.
+    fn timed_out_at_the_deadline(&self, err: &Error) -> bool {
+        self.cut_short && matches!(err, Error::Timeout { .. }) && Instant::now() >= self.deadline
     }
 
     /// Counts an attempt answered without a request (in process).
@@ -212,7 +225,10 @@ impl Progress {
 /// retried acquire never holds a lock it does not know of, and the undo
 /// never races an attempt of ours. If the deadline comes first, the last
 /// transient error is returned (not `NotAcquired`: the caller learns that
-/// Redis, not contention, was the problem).
+/// Redis, not contention, was the problem), except for a last attempt that
+/// timed out only because the caller's deadline gave it less than the
+/// command timeout, right after Redis had answered "busy": that acquire ran
+/// out of wait, and gives up with `NotAcquired` like any other.
 ///
 /// If an attempt is abandoned mid-flight (cancel, or the whole future
 /// dropped) or the acquire ends with an undo still owed, its requests may
@@ -242,11 +258,24 @@ where
     };
     // The last transient failure, while the lock is not ours yet.
     let mut transient: Option<Error> = None;
+    // Whether the last answer Redis gave was "busy".
+    let mut busy = false;
     loop {
         match round(&mut rounds, &mut attempt, &mut undo, &owed).await {
             Ok(Some(won)) => return Ok(won),
-            Ok(None) => transient = None,
+            Ok(None) => {
+                transient = None;
+                busy = true;
+            }
+            // Redis answered "busy" last time and this attempt got only
+            // what was left of the caller's wait: the wait ran out, not
+            // Redis. What the attempt may have taken is undone by
+            // `abandon` (the undo is still owed).
+            Err(err) if busy && rounds.timed_out_at_the_deadline(&err) => {
+                return Err(rounds.give_up(GiveUpReason::DeadlineExpired));
+            }
             Err(err) if fault_may_pass(&err) => {
+                busy = false;
                 tracing::debug!(key, error = %err, "acquire attempt failed; retrying within the deadline");
                 transient = Some(err);
             }
