@@ -208,7 +208,9 @@ pub use error::{Error, GiveUpReason, Result, TlsFileRole};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 #[cfg(feature = "handoff")]
 #[cfg_attr(docsrs, doc(cfg(feature = "handoff")))]
-pub use handoff::{DEFAULT_RELAY_LIMIT, HandoffLocker, HandoffLockerBuilder, HandoffStyle};
+pub use handoff::{
+    DEFAULT_RELAY_LIMIT, HandoffClient, HandoffLocker, HandoffLockerBuilder, HandoffStyle,
+};
 pub use lease::{Finished, Lease, MAX_TTL};
 pub use lessor::Lessor;
 pub use locker::{DEFAULT_COMMAND_TIMEOUT, DEFAULT_FENCE_TTL, Locker, LockerBuilder};

@@ -74,8 +74,8 @@ const NEEDED_BY: &[(&str, &[Op])] = &[
     ("hset", &[Op::HandoffAcquireBusy]),
     ("hdel", &[Op::HandoffAcquire]),
     ("pttl", &[Op::HandoffAcquireBusy]),
-    ("publish", &[Op::HandoffAcquireServing]),
-    ("subscribe", &[Op::HandoffConnect]),
+    ("spublish", &[Op::HandoffAcquireServing]),
+    ("ssubscribe", &[Op::HandoffConnect]),
     ("wait", &[Op::WaitReplicas]),
 ];
 

@@ -516,7 +516,7 @@ async fn fifo_holds_across_lockers_and_own_waiters_are_served_without_publish() 
         }));
         until_queued(&mut conn, key, i + 1).await?;
     }
-    let published = calls(&mut conn, "publish").await?;
+    let published = calls(&mut conn, "spublish").await?;
     holder.release().await?;
     for task in tasks {
         tokio::time::timeout(HUNG, task).await???;
@@ -533,8 +533,8 @@ async fn fifo_holds_across_lockers_and_own_waiters_are_served_without_publish() 
             prev != usize::from(i % 3 == 2)
         })
         .count() as u64;
-    let publishes = calls(&mut conn, "publish").await? - published;
-    assert_eq!(publishes, across, "one PUBLISH per cross-locker hand-off");
+    let publishes = calls(&mut conn, "spublish").await? - published;
+    assert_eq!(publishes, across, "one SPUBLISH per cross-locker hand-off");
     let left: bool = conn.exists(key).await?;
     assert!(!left, "the last release left the lock behind");
     Ok(())

@@ -22,11 +22,10 @@ pub(super) enum Signal {
 
 pub(super) type Waiters = Mutex<HashMap<String, mpsc::UnboundedSender<Signal>>>;
 
-/// One locker's own waiters, and the channel that names them in the queue.
-/// A release by this locker that serves one of them tells it through here
-/// instead of `PUBLISH`.
+/// One locker's own waiters. A release by this locker that serves one of
+/// them tells it through here instead of `SPUBLISH` (the queue names them by
+/// this locker's channels).
 pub(super) struct Local {
-    pub(super) channel: String,
     pub(super) waiters: Waiters,
     /// The tokens of this locker's leases not yet given back (released or
     /// dropped). With `waiters`, it tells an *orphan* hand-off: one to a

@@ -16,6 +16,7 @@ mod acquire;
 mod local;
 mod pubsub;
 mod release;
+mod subscriptions;
 mod waiting;
 
 use std::sync::{Arc, Mutex};
@@ -39,8 +40,11 @@ use crate::token::LeaseToken;
 use crate::way::{self, Way};
 
 use self::local::{Local, Waiters};
-use self::pubsub::{route, subscribe};
+use self::pubsub::route;
 use self::release::HandoffBackend;
+use self::subscriptions::{Channels, Subscriptions};
+
+pub use self::subscriptions::HandoffClient;
 
 #[cfg(doc)]
 use crate::fencing::FencingToken;
@@ -300,7 +304,7 @@ impl<C: RedisConnection> std::fmt::Debug for HandoffLocker<C> {
         let backend = &self.inner.backend;
         f.debug_struct("HandoffLocker")
             .field("style", &backend.style)
-            .field("channel", &backend.local.channel)
+            .field("channel", &backend.subs.channels.base())
             .field(
                 "relay_limit",
                 &backend.local.relay.as_ref().map_or(0, Relay::limit),
@@ -409,7 +413,7 @@ impl HandoffLockerBuilder {
     /// Cancel safe: dropping the future drops the half-open connections.
     pub async fn connect(self, client: &redis::Client) -> Result<HandoffLocker> {
         let locker = self.locker.clone().connect(client).await?;
-        self.subscribe(locker, client).await
+        self.subscribe(locker, client.into()).await
     }
 
     /// Builds the hand-off locker over `locker` (whose connection sends
@@ -434,27 +438,27 @@ impl HandoffLockerBuilder {
     pub async fn build<C: RedisConnection>(
         self,
         locker: Locker<C>,
-        client: &redis::Client,
+        client: impl Into<HandoffClient>,
     ) -> Result<HandoffLocker<C>> {
         if self.locker_set {
             return Err(Error::InvalidOptions(
                 "command_timeout and fence_ttl belong to the locker given to build: set them on its builder",
             ));
         }
-        self.subscribe(locker, client).await
+        self.subscribe(locker, client.into()).await
     }
 
     /// Opens the pub/sub connection for `locker` and starts its listener.
     async fn subscribe<C: RedisConnection>(
         self,
         locker: Locker<C>,
-        client: &redis::Client,
+        client: HandoffClient,
     ) -> Result<HandoffLocker<C>> {
-        let channel = format!("leasehold:handoff:{}", LeaseToken::generate()?);
+        let channels = Channels::new(LeaseToken::generate()?.as_str().to_owned());
         let timeout = locker.command_timeout();
-        let messages = subscribe(client, &channel, timeout).await?;
+        let node = client.is_node();
+        let (subs, pushes) = Subscriptions::open(client, channels, timeout).await?;
         let local = Arc::new(Local {
-            channel,
             waiters: Waiters::default(),
             held: Mutex::default(),
             relay: (self.relay_limit > 0).then(|| Relay::new(self.relay_limit)),
@@ -463,9 +467,10 @@ impl HandoffLockerBuilder {
             node: locker.node.clone(),
             style: self.style,
             local,
+            subs,
             this: this.clone(),
         });
-        let listener = tokio::spawn(route(client.clone(), messages, backend.clone(), timeout));
+        let listener = tokio::spawn(route(pushes, backend.clone(), node));
         Ok(HandoffLocker {
             inner: Arc::new(HandoffInner {
                 locker,

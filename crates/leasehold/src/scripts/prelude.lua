@@ -9,7 +9,7 @@
 -- the command, so the caller maps it like any other NOPERM:
 --   NOPERM this user has no permissions to run the '<command>' command
 --   NOPERM this user has no permissions to access one of the keys used as
---     arguments of '<command>'  (or "channels" for PUBLISH's channel)
+--     arguments of '<command>'  (or "channels" for SPUBLISH's channel)
 -- Any other error is raised as redis.call() would raise it.
 
 -- The NOPERM error for `reply`, an error table from redis.pcall(command,
