@@ -73,8 +73,12 @@ pub(super) async fn route<C: RedisConnection>(
                 let Some(channel) = text(push.data.first()) else {
                     continue;
                 };
-                let (subs, channel) = (backend.subs.clone(), channel.to_owned());
-                tokio::spawn(async move { subs.resubscribe(&channel).await });
+                let (backend, channel) = (backend.clone(), channel.to_owned());
+                tokio::spawn(async move {
+                    if !backend.subs.resubscribe(&channel).await {
+                        backend.local.wake_all();
+                    }
+                });
             }
             redis::PushKind::Disconnection if node => {
                 tracing::warn!(target: TARGET, "hand-off pub/sub connection lost; reconnecting");

@@ -326,19 +326,23 @@ impl Subscriptions {
     }
 
     /// The server dropped our subscription to `channel` (its slot moved to
-    /// another node): subscribe again if we still want it, which reaches the
-    /// slot's new owner. Retries faults for one command timeout.
-    pub(super) async fn resubscribe(&self, channel: &str) {
-        let until = Instant::now() + self.timeout;
+    /// another node): subscribes again if we still want it, which reaches the
+    /// slot's new owner (a `MOVED` on the way makes the cluster connection
+    /// refresh its slot map: tried again). Tries for a few command
+    /// timeouts. `false` when the channel is left unsubscribed: its waiters
+    /// should re-check at once (their next request subscribes again).
+    pub(super) async fn resubscribe(&self, channel: &str) -> bool {
+        let until = Instant::now() + 3 * self.timeout;
         let mut commands = self.commands.lock().await;
         if !self.subscribed().contains(channel) {
-            return; // we unsubscribed it ourselves
+            return true; // we unsubscribed it ourselves
         }
         let mut pause = Duration::from_millis(10);
         let outcome = loop {
             let deadline = Instant::now() + self.timeout;
             match subscribe_on(&mut commands.conn, channel, deadline).await {
-                Err(err) if call::fault_may_pass(&err) && Instant::now() + pause < until => {
+                Err(err) if refusal(&err).is_none() && Instant::now() + pause < until => {
+                    tracing::debug!(target: TARGET, channel, error = %err, "subscribing again to a moved shard channel failed; retrying");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(200));
                 }
@@ -347,13 +351,13 @@ impl Subscriptions {
         };
         match outcome {
             Ok(()) => {
-                tracing::debug!(target: TARGET, channel, "shard channel moved; subscribed again")
+                tracing::debug!(target: TARGET, channel, "shard channel moved; subscribed again");
+                true
             }
             Err(err) => {
-                // Its waiters re-check at their fallback timers; the next
-                // waiter that needs it subscribes again.
                 self.subscribed().remove(channel);
                 tracing::warn!(target: TARGET, channel, error = %err, "could not subscribe again to a moved shard channel");
+                false
             }
         }
     }
@@ -408,6 +412,16 @@ impl Subscriptions {
             tracing::debug!(target: TARGET, channel, error = %err, "could not unsubscribe an unused shard channel");
         }
     }
+}
+
+/// `Some` for an error that trying again cannot fix (an ACL refusal, a
+/// server or client that cannot do sharded pub/sub).
+fn refusal(err: &Error) -> Option<&Error> {
+    matches!(
+        err,
+        Error::NoPermission { .. } | Error::Unsupported { .. } | Error::InvalidOptions(_)
+    )
+    .then_some(err)
 }
 
 async fn connect(
@@ -477,5 +491,53 @@ impl Drop for ChannelUse {
                 subs.unsubscribe_unused(&channel).await;
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(text: &str) -> redis::RedisError {
+        match redis::parse_redis_value(format!("-{text}\r\n").as_bytes())
+            .and_then(redis::Value::extract_error)
+        {
+            Err(err) => err,
+            Ok(value) => panic!("{text} parsed as {value:?}"),
+        }
+    }
+
+    #[test]
+    fn a_channel_shares_its_lock_keys_slot() {
+        let channels = Channels::new("id".to_owned());
+        assert_eq!(
+            channels.for_key("lock:{wallet:42}"),
+            "leasehold:handoff:{wallet:42}:id"
+        );
+        // Redis Cluster's rule: the first `{`, the first `}` after it.
+        assert_eq!(channels.for_key("a{b{c}d}"), "leasehold:handoff:{b{c}:id");
+        for untagged in ["lock:wallet", "lock:{}x", "lock:}{", "lock:{open"] {
+            assert_eq!(
+                channels.for_key(untagged),
+                "leasehold:handoff:id",
+                "{untagged}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_server_without_sharded_pubsub_is_unsupported() {
+        let err = subscribe_error(server_error(
+            "ERR unknown command 'SSUBSCRIBE', with args beginning with: 'leasehold:handoff:x' ",
+        ));
+        assert!(
+            matches!(err, Error::Unsupported { needs: "7.0", .. }),
+            "{err:?}"
+        );
+        assert!(!err.is_retryable());
+        let err = subscribe_error(server_error(
+            "NOPERM this user has no permissions to run the 'ssubscribe' command",
+        ));
+        assert!(matches!(err, Error::NoPermission { .. }), "{err:?}");
     }
 }
