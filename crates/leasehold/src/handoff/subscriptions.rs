@@ -46,6 +46,25 @@ pub(super) const LINGER: Duration = Duration::from_secs(5);
 /// A node client is opened with RESP3 whatever its URL says (the
 /// subscription needs RESP3 pushes; the locker's own connection is not
 /// affected).
+///
+/// ```no_run
+/// # #[cfg(feature = "cluster")]
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use leasehold::redis::{ProtocolVersion, cluster::ClusterClient};
+/// use leasehold::{HandoffLocker, Locker};
+///
+/// let client = ClusterClient::builder(["redis://10.0.0.1:7000"])
+///     .use_protocol(ProtocolVersion::RESP3)
+///     .build()?;
+/// let locker = Locker::builder().build(client.get_async_connection().await?)?;
+/// let handoff = HandoffLocker::builder().build(locker, &client).await?;
+/// // A hash tag: the lock, its queue and its shard channel share a slot.
+/// let lease = handoff.acquire("lock:{wallet:42}", Duration::from_secs(5)).await?;
+/// lease.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct HandoffClient {
     source: Source,
