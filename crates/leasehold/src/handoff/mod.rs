@@ -295,7 +295,8 @@ impl HandoffStyle {
 ///   dropped from the queue (its own releases still serve them in process).
 ///   The locker reconnects and resubscribes on its own (retrying while
 ///   Redis is down; on a cluster, redis-rs's cluster connection does) and,
-///   on each confirmed subscription, wakes all its waiters, which re-check
+///   once a subscription is confirmed again, wakes its waiters on that
+///   channel (all of them after a one-node reconnect), which re-check
 ///   the lock and re-join the queue at once: they may lose their place in
 ///   line, never their turn.
 ///

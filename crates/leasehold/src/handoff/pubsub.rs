@@ -33,8 +33,9 @@ fn text(value: Option<&redis::Value>) -> Option<&str> {
 /// again, which reaches the new owner; when a one-node connection drops
 /// (Redis restarted, the connection was killed), it reconnects and
 /// subscribes again (a cluster connection does both itself). Each time a
-/// subscription is confirmed it wakes every waiter of this locker: a
-/// message sent while nobody listened is lost, and a release that found
+/// subscription is confirmed that no waiter of ours asked for (one made
+/// again) it wakes this locker's waiters on that channel (after a
+/// reconnect, all of them): a message sent while nobody listened is lost, and a release that found
 /// nobody listening dropped our waiter from Redis's queue, so each one
 /// re-checks the lock (and re-joins the queue) at once instead of at its
 /// fallback timer.
@@ -68,7 +69,13 @@ pub(super) async fn route<C: RedisConnection>(
                     backend.pass_orphan(key, token);
                 }
             }
-            redis::PushKind::SSubscribe => local.wake_all(),
+            redis::PushKind::SSubscribe => {
+                if let Some(channel) = text(push.data.first())
+                    && !backend.subs.confirmed_own(channel)
+                {
+                    local.wake_channel(channel);
+                }
+            }
             redis::PushKind::SUnsubscribe => {
                 let Some(channel) = text(push.data.first()) else {
                     continue;

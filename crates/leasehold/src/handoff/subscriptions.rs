@@ -266,6 +266,9 @@ pub(super) struct Subscriptions {
     subscribed: Mutex<HashSet<String>>,
     /// How many waiters use each channel.
     uses: Mutex<HashMap<String, usize>>,
+    /// Confirmations of our own `SSUBSCRIBE`s not yet seen among the pushes
+    /// (they wake nobody: the waiter that asked re-checks anyway).
+    own: Mutex<HashMap<String, usize>>,
 }
 
 impl Subscriptions {
@@ -294,6 +297,7 @@ impl Subscriptions {
             commands: tokio::sync::Mutex::new(Commands { conn }),
             subscribed: Mutex::new(HashSet::from([base])),
             uses: Mutex::default(),
+            own: Mutex::default(),
         };
         Ok((Arc::new(subs), rx))
     }
@@ -339,9 +343,40 @@ impl Subscriptions {
         if self.subscribed().contains(channel) {
             return Ok(());
         }
-        subscribe_on(&mut commands.conn, channel, deadline).await?;
+        *self.own().entry(channel.to_owned()).or_default() += 1;
+        let done = subscribe_on(&mut commands.conn, channel, deadline).await;
+        if let Err(err) = &done
+            && !matches!(err, Error::Timeout { .. })
+        {
+            // Refused: no confirmation will come.
+            self.confirmed_own(channel);
+        }
+        done?;
         self.subscribed().insert(channel.to_owned());
         Ok(())
+    }
+
+    fn own(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.own.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a confirmed subscription to `channel` answers one of our
+    /// own [`ensure`](Self::ensure)s (then counted off); `false` for one
+    /// the connection made by itself (a cluster connection resubscribing
+    /// after a reconnect), whose waiters must re-check.
+    pub(super) fn confirmed_own(&self, channel: &str) -> bool {
+        let mut own = self.own();
+        match own.get_mut(channel) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                true
+            }
+            Some(_) => {
+                own.remove(channel);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The server dropped our subscription to `channel` (its slot moved to
