@@ -100,7 +100,7 @@ if not holder then
   local head, ttl, fenced, channel = next_live()
   while head ~= nil and head ~= ARGV[1] do
     if fenced and not fence_key then
-      if call("SPUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
+      if tell(channel, "w " .. head .. " " .. KEYS[1]) > 0 then
         break
       end
       forget(head)
@@ -110,7 +110,7 @@ if not holder then
       if fenced then
         fence = issue()
       end
-      if call("SPUBLISH", channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
+      if tell(channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
         call("SET", KEYS[1], head, "PX", ttl)
         if fenced then
           call("HSET", KEYS[3], head, "granted " .. fence)

@@ -119,7 +119,7 @@ local function serve()
     if grant and fenced and not fence_key then
       -- We cannot issue its token: wake it instead (it keeps its place).
       call("ZADD", KEYS[2], 0, head)
-      if mine or call("SPUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
+      if mine or tell(channel, "w " .. head .. " " .. KEYS[1]) > 0 then
         call("DEL", KEYS[1])
         return mine and head or "", -1
       end
@@ -130,7 +130,7 @@ local function serve()
       if fenced then
         fence = issue()
       end
-      if mine or call("SPUBLISH", channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
+      if mine or tell(channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
         call("SET", KEYS[1], head, "PX", ttl)
         if fenced then
           call("HSET", KEYS[3], head, "granted " .. fence)
@@ -141,7 +141,7 @@ local function serve()
       end
       call("HDEL", KEYS[3], head)
     else
-      if mine or call("SPUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
+      if mine or tell(channel, "w " .. head .. " " .. KEYS[1]) > 0 then
         return mine and head or "", 0
       end
       call("ZREM", KEYS[2], head)

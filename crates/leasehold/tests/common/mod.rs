@@ -76,6 +76,7 @@ pub const LOCK_USER_ACL: &[&str] = &[
     "+hset",
     "+hdel",
     "+spublish",
+    "+pubsub|shardnumsub",
     "+ssubscribe",
     "+evalsha",
     "+eval",
