@@ -204,6 +204,14 @@ impl HandoffStyle {
 /// - A waiter whose process dies has no subscriber on its channel any more;
 ///   `SPUBLISH` reports zero receivers, and the release drops it and serves
 ///   the next one in the same step.
+/// - A waiter is told only when the lock key's primary itself has a
+///   subscriber to its channel (`PUBSUB SHARDNUMSUB`, in the same script,
+///   before `SPUBLISH`). A replica receives what its primary publishes
+///   without being counted, so a subscription that sits on a replica (a
+///   node demoted by a failover that the subscription followed) would
+///   otherwise see a grant the script counted as undelivered and gave to
+///   the next waiter: two holders. Such a waiter is skipped like a dead
+///   one and re-checks at its fallback timer.
 /// - A hand-off that reaches a token that neither waits nor holds a lease in
 ///   its locker any more (in process or over pub/sub) is an *orphan*: the
 ///   waiter gave up, or its queue entry came back after it had left (a
@@ -282,7 +290,12 @@ impl HandoffStyle {
 ///   re-check and keep their place (the queue moved with the slot) or
 ///   re-join it if a release meanwhile found nobody listening. A failover
 ///   can lose a fresh lock or queue entry, as for any key on an
-///   asynchronous replica.
+///   asynchronous replica. After a failover the demoted node drops the
+///   subscription too, but subscribing again may reach that node (now a
+///   replica, which accepts it) before the locker learns the new slot
+///   map: its waiters are then skipped by releases (above) and served by
+///   their fallback re-checks (at least once per TTL) until the channel is
+///   dropped, 5 s after its last waiter left, and subscribed again.
 /// - With relay on, a lease that is neither released nor dropped (a hung
 ///   task, `mem::forget`) still counts as its locker's holder for the key,
 ///   forever. Once it runs out (by its own clock), that locker's callers
