@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use leasehold::{AcquireOptions, Error, HandoffLocker, Lease, Locker};
-use leasehold_testkit::RedisCluster;
+use leasehold_testkit::{Failover, RedisCluster};
 use redis::AsyncCommands;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -265,5 +265,60 @@ async fn a_resp2_cluster_client_is_refused_with_a_typed_error() -> TestResult {
     let locker = Locker::builder().build(client.get_async_connection().await?)?;
     let err = HandoffLocker::builder().build(locker, &client).await.err();
     assert!(matches!(err, Some(Error::InvalidOptions(_))), "{err:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_served_from_the_new_primary_after_a_failover() -> TestResult {
+    let cluster = RedisCluster::start_with_replicas(3)?;
+    let urls = cluster.urls();
+    let key = "lock:{handoff:failover}";
+    let index = owner(&cluster, key)?;
+    let (a, b) = (handoff(&urls[0]).await?, handoff(&urls[1]).await?);
+    // A's shard channel for the key, from its base channel.
+    let debug = format!("{a:?}");
+    let id = debug
+        .split("channel: \"leasehold:handoff:")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .ok_or("no channel in the locker's Debug")?;
+    let channel = format!("leasehold:handoff:{{handoff:failover}}:{id}");
+    let mut conn = client(&urls[2])?.get_async_connection().await?;
+    let holder = b.acquire_with(key, TTL, &AcquireOptions::new()).await?;
+    let task = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            a.acquire_with(key, TTL, &opts).await
+        })
+    };
+    until_queued(&mut conn, key, 1).await?;
+    // Coordinated: nothing written is lost. The demoted primary drops the
+    // subscription; A must subscribe again on the promoted replica, not on
+    // the demoted node (a replica would take it, and releases on the new
+    // primary would skip A's waiter as unreachable).
+    let promoted = cluster.failover(index, Failover::Coordinated)?;
+    let primary = cluster
+        .nodes()
+        .iter()
+        .chain(cluster.replicas())
+        .find(|node| node.port() == promoted)
+        .ok_or("no promoted node")?;
+    tokio::time::timeout(HUNG, async {
+        loop {
+            let listed = primary.redis_cli(&["PUBSUB", "SHARDNUMSUB", &channel])?;
+            if listed.lines().nth(1).map(str::trim) == Some("1") {
+                return Ok::<_, Box<dyn std::error::Error>>(());
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .map_err(|_| "the waiter's locker never subscribed on the new primary")??;
+    holder.release().await?;
+    let lease = tokio::time::timeout(HUNG, task).await???;
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, lease.token().as_str());
+    lease.release().await?;
     Ok(())
 }

@@ -106,7 +106,9 @@ impl<C: RedisConnection> HandoffLocker<C> {
         let waiting = Waiting::enter(self, target, &token, ttl, tx, unit);
         // Subscribed (below, before each request that may queue us) while we
         // wait, so that a release's `SPUBLISH` finds us.
-        let listening = backend.subs.use_channel(backend.subs.channels.for_key(key));
+        let listening = backend
+            .subs
+            .use_channel(backend.subs.channels.for_key(key), key);
 
         let mut last_busy = start;
         loop {

@@ -212,6 +212,22 @@ impl Conn {
         }
     }
 
+    /// Points a cluster connection's slot map at the current primary of
+    /// `key`'s slot: a `GET` there follows `MOVED` (a node demoted by a
+    /// failover answers it; it would take an `SSUBSCRIBE`, and then the
+    /// subscription would sit on a replica, whose messages releases do not
+    /// count). The reply and any error are of no interest.
+    async fn find_primary(&mut self, key: &str, deadline: Instant) {
+        #[cfg(feature = "cluster")]
+        if let Conn::Cluster(conn) = self {
+            let mut get = redis::cmd("GET");
+            get.arg(key);
+            let _ = tokio::time::timeout_at(deadline, get.query_async::<redis::Value>(conn)).await;
+        }
+        #[cfg(not(feature = "cluster"))]
+        let _ = (key, deadline);
+    }
+
     async fn sunsubscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
         match self {
             Conn::Node(conn) => {
@@ -266,6 +282,9 @@ pub(super) struct Subscriptions {
     subscribed: Mutex<HashSet<String>>,
     /// How many waiters use each channel.
     uses: Mutex<HashMap<String, usize>>,
+    /// A lock key of each channel's slot (the last one a waiter used it
+    /// for), to point the connection at the slot's primary.
+    keys: Mutex<HashMap<String, String>>,
     /// Confirmations of our own `SSUBSCRIBE`s not yet seen among the pushes
     /// (they wake nobody: the waiter that asked re-checks anyway).
     own: Mutex<HashMap<String, usize>>,
@@ -297,6 +316,7 @@ impl Subscriptions {
             commands: tokio::sync::Mutex::new(Commands { conn }),
             subscribed: Mutex::new(HashSet::from([base])),
             uses: Mutex::default(),
+            keys: Mutex::default(),
             own: Mutex::default(),
         };
         Ok((Arc::new(subs), rx))
@@ -315,8 +335,12 @@ impl Subscriptions {
     /// Counts a waiter as a user of `channel` until the returned guard
     /// drops (then, with no user left, the channel is unsubscribed after
     /// [`LINGER`]).
-    pub(super) fn use_channel(self: &Arc<Self>, channel: String) -> ChannelUse {
+    pub(super) fn use_channel(self: &Arc<Self>, channel: String, key: &str) -> ChannelUse {
         *self.uses().entry(channel.clone()).or_default() += 1;
+        self.keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(channel.clone(), key.to_owned());
         ChannelUse {
             subs: self.clone(),
             channel,
@@ -391,9 +415,18 @@ impl Subscriptions {
         if !self.subscribed().contains(channel) {
             return true; // we unsubscribed it ourselves
         }
+        let key = self
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(channel)
+            .cloned();
         let mut pause = Duration::from_millis(10);
         let outcome = loop {
             let deadline = Instant::now() + self.timeout;
+            if let Some(key) = &key {
+                commands.conn.find_primary(key, deadline).await;
+            }
             match subscribe_on(&mut commands.conn, channel, deadline).await {
                 Err(err) if refusal(&err).is_none() && Instant::now() + pause < until => {
                     tracing::debug!(target: TARGET, channel, error = %err, "subscribing again to a moved shard channel failed; retrying");
@@ -454,6 +487,10 @@ impl Subscriptions {
         if self.uses().contains_key(channel) || !self.subscribed().remove(channel) {
             return;
         }
+        self.keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(channel);
         let deadline = Instant::now() + self.timeout;
         let done = call::bounded(
             "unsubscribe",
