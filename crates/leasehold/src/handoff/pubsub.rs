@@ -32,7 +32,10 @@ fn text(value: Option<&redis::Value>) -> Option<&str> {
 /// moved to another node (`sunsubscribe` we did not ask for), it subscribes
 /// again, which reaches the new owner; when a one-node connection drops
 /// (Redis restarted, the connection was killed), it reconnects and
-/// subscribes again (a cluster connection does both itself). Each time a
+/// subscribes again (a cluster connection does both itself, once a request
+/// fails on the dropped node connection: while channels are in use, a
+/// keepalive request per channel each command timeout makes sure one
+/// does, [`Subscriptions::poke`](super::subscriptions::Subscriptions::poke)). Each time a
 /// subscription is confirmed that no waiter of ours asked for (one made
 /// again) it wakes this locker's waiters on that channel (after a
 /// reconnect, all of them): a message sent while nobody listened is lost, and a release that found
@@ -45,7 +48,20 @@ pub(super) async fn route<C: RedisConnection>(
     node: bool,
 ) {
     let local = &backend.local;
-    while let Some(push) = pushes.recv().await {
+    let mut keepalive = tokio::time::interval(backend.subs.keepalive());
+    keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let push = tokio::select! {
+            push = pushes.recv() => match push {
+                Some(push) => push,
+                None => return,
+            },
+            _ = keepalive.tick(), if !node => {
+                let backend = backend.clone();
+                tokio::spawn(async move { backend.subs.poke().await });
+                continue;
+            }
+        };
         match push.kind {
             redis::PushKind::SMessage | redis::PushKind::Message => {
                 let Some(payload) = text(push.data.get(1)) else {

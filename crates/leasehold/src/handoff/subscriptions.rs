@@ -481,6 +481,41 @@ impl Subscriptions {
         }
     }
 
+    /// How often a cluster subscription is checked ([`poke`](Self::poke)).
+    pub(super) fn keepalive(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sends a `GET` of a lock key of every channel in use, through the
+    /// cluster subscription connection, to that slot's primary. redis-rs's
+    /// cluster connection notices a dropped node connection (killed, a
+    /// node restart) only when a request fails on it, and only then
+    /// reconnects and subscribes again; an idle subscription connection
+    /// sends none. So a waiter whose subscription was dropped is reached
+    /// again within about one command timeout, not at its fallback timer.
+    /// Skipped while a subscribe command is under way.
+    pub(super) async fn poke(&self) {
+        let used: HashSet<String> = self.uses().keys().cloned().collect();
+        let keys: Vec<String> = self
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(channel, _)| used.contains(*channel))
+            .map(|(_, key)| key.clone())
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        let Ok(mut commands) = self.commands.try_lock() else {
+            return;
+        };
+        for key in keys {
+            let deadline = Instant::now() + self.timeout;
+            commands.conn.find_primary(&key, deadline).await;
+        }
+    }
+
     /// Unsubscribes `channel` if nobody uses it (after [`LINGER`]).
     async fn unsubscribe_unused(&self, channel: &str) {
         let mut commands = self.commands.lock().await;
