@@ -291,11 +291,16 @@ impl HandoffStyle {
 ///   re-join it if a release meanwhile found nobody listening. A failover
 ///   can lose a fresh lock or queue entry, as for any key on an
 ///   asynchronous replica. After a failover the demoted node drops the
-///   subscription too, but subscribing again may reach that node (now a
-///   replica, which accepts it) before the locker learns the new slot
-///   map: its waiters are then skipped by releases (above) and served by
-///   their fallback re-checks (at least once per TTL) until the channel is
-///   dropped, 5 s after its last waiter left, and subscribed again.
+///   subscription too; before subscribing again the locker sends a `GET`
+///   of the key through its subscription connection, which follows
+///   `MOVED` to the new primary (the demoted node, now a replica, would
+///   accept the `SSUBSCRIBE`, and releases could not count it: above).
+/// - redis-rs's cluster connection reconnects a dropped node connection
+///   (killed, a node restart) only after a request fails on it, so while
+///   any of its channels has waiters a locker sends one keepalive `GET` of
+///   a lock key per such channel every command timeout through its
+///   subscription connection: a dropped subscription comes back, and its
+///   waiters re-check, within about that time.
 /// - With relay on, a lease that is neither released nor dropped (a hung
 ///   task, `mem::forget`) still counts as its locker's holder for the key,
 ///   forever. Once it runs out (by its own clock), that locker's callers
