@@ -299,8 +299,10 @@ impl HandoffStyle {
 ///   (killed, a node restart) only after a request fails on it, so while
 ///   any of its channels has waiters a locker sends one keepalive `GET` of
 ///   a lock key per such channel every command timeout through its
-///   subscription connection: a dropped subscription comes back, and its
-///   waiters re-check, within about that time.
+///   subscription connection, then asks the key's primary whether it
+///   counts the subscription (`PUBSUB SHARDNUMSUB`) and subscribes again
+///   if not: a dropped subscription comes back, and its waiters re-check,
+///   within about that time.
 /// - With relay on, a lease that is neither released nor dropped (a hung
 ///   task, `mem::forget`) still counts as its locker's holder for the key,
 ///   forever. Once it runs out (by its own clock), that locker's callers

@@ -58,7 +58,11 @@ pub(super) async fn route<C: RedisConnection>(
             },
             _ = keepalive.tick(), if !node => {
                 let backend = backend.clone();
-                tokio::spawn(async move { backend.subs.poke().await });
+                tokio::spawn(async move {
+                    for channel in backend.subs.poke().await {
+                        backend.local.wake_channel(&channel);
+                    }
+                });
                 continue;
             }
         };

@@ -228,6 +228,28 @@ impl Conn {
         let _ = (key, deadline);
     }
 
+    /// Whether `key`'s slot primary counts no subscriber of ours on
+    /// `channel` (cluster only; `false` when it cannot tell).
+    async fn lost_on_primary(&mut self, key: &str, channel: &str, deadline: Instant) -> bool {
+        #[cfg(feature = "cluster")]
+        if let Conn::Cluster(conn) = self {
+            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+            let mut numsub = redis::cmd("PUBSUB");
+            numsub.arg("SHARDNUMSUB").arg(channel);
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                Route::with_key(key, SlotAddr::Master),
+            ));
+            let asked = tokio::time::timeout_at(deadline, conn.route_command(numsub, route)).await;
+            let Ok(Ok(reply)) = asked else {
+                return false;
+            };
+            let counts = redis::from_redis_value::<(String, u64)>(reply);
+            return matches!(counts, Ok((_, 0)));
+        }
+        let _ = (key, channel, deadline);
+        false
+    }
+
     async fn sunsubscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
         match self {
             Conn::Node(conn) => {
@@ -493,27 +515,47 @@ impl Subscriptions {
     /// reconnects and subscribes again; an idle subscription connection
     /// sends none. So a waiter whose subscription was dropped is reached
     /// again within about one command timeout, not at its fallback timer.
-    /// Skipped while a subscribe command is under way.
-    pub(super) async fn poke(&self) {
+    /// Then asks that primary whether it counts our subscription, and
+    /// subscribes again where it does not (whatever redis-rs did):
+    /// returns those channels, whose waiters should re-check. Skipped while
+    /// a subscribe command is under way.
+    pub(super) async fn poke(&self) -> Vec<String> {
         let used: HashSet<String> = self.uses().keys().cloned().collect();
-        let keys: Vec<String> = self
+        let keys: Vec<(String, String)> = self
             .keys
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
             .filter(|(channel, _)| used.contains(*channel))
-            .map(|(_, key)| key.clone())
+            .map(|(channel, key)| (channel.clone(), key.clone()))
             .collect();
+        let mut again = Vec::new();
         if keys.is_empty() {
-            return;
+            return again;
         }
         let Ok(mut commands) = self.commands.try_lock() else {
-            return;
+            return again;
         };
-        for key in keys {
+        for (channel, key) in keys {
             let deadline = Instant::now() + self.timeout;
             commands.conn.find_primary(&key, deadline).await;
+            if !self.subscribed().contains(&channel)
+                || !commands
+                    .conn
+                    .lost_on_primary(&key, &channel, deadline)
+                    .await
+            {
+                continue;
+            }
+            if subscribe_on(&mut commands.conn, &channel, deadline)
+                .await
+                .is_ok()
+            {
+                tracing::debug!(target: TARGET, channel, "shard subscription lost; subscribed again");
+                again.push(channel);
+            }
         }
+        again
     }
 
     /// Unsubscribes `channel` if nobody uses it (after [`LINGER`]).
