@@ -245,8 +245,9 @@ pub struct Lab {
 pub const ACL_USER: &str = "locker";
 
 /// The README's minimal rules for a lock user, every mode's commands (its
-/// "Redis ACL" section), after `ACL SETUSER locker on >PASSWORD`.
-const ACL_RULES: [&str; 27] = [
+/// "Redis ACL" section), after `ACL SETUSER locker on >PASSWORD`
+/// (`tests/acl_rules.rs` checks that the two stay the same).
+pub const ACL_RULES: [&str; 28] = [
     "resetkeys",
     "~lock:*",
     "~fence:*",
@@ -268,8 +269,9 @@ const ACL_RULES: [&str; 27] = [
     "+hget",
     "+hset",
     "+hdel",
-    "+publish",
-    "+subscribe",
+    "+spublish",
+    "+pubsub|shardnumsub",
+    "+ssubscribe",
     "+evalsha",
     "+eval",
     "+script|load",

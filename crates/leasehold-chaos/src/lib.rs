@@ -41,7 +41,7 @@ pub use check::{CallerErrors, RunCheck, Violation, check};
 pub use fault::{Fault, UnknownFault, Window, schedule};
 pub use harness::{ControlVerdict, Harness, HarnessError, NegativeControl, RunReport};
 pub use history::{Event, Kind, WriteOutcome};
-pub use lab::{ACL_USER, Lab, LabError, LabOptions, Pauser, run_nemesis};
+pub use lab::{ACL_RULES, ACL_USER, Lab, LabError, LabOptions, Pauser, run_nemesis};
 pub use outcome::{Outcome, Stopped, Tally, Writes};
 pub use recorder::{Recorder, start_from_micros, start_to_micros};
 pub use report::{Row, Verdict, check_file, rows, verdict};

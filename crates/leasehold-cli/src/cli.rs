@@ -183,7 +183,7 @@ pub(crate) enum Command {
   Redis: overwrites wallet:42:balance; deletes lock:wallet:42,
     lock:wallet:42:waitq and lock:wallet:42:waiters first, then takes and
     releases lock:wallet:42 (with --handoff, waiters may queue in the other
-    two, and releases publish on leasehold:handoff:* channels). Reads INFO cpu if the user
+    two, and releases spublish on leasehold:handoff:* shard channels). Reads INFO cpu if the user
     may (redis_cpu_ms is null otherwise).
 
 ",
@@ -649,7 +649,7 @@ pub(crate) enum Bench {
         "What it changes (on --redis-url, or a throwaway redis-server):
   Redis: overwrites wallet:42:balance; deletes, then takes and releases
     lock:bench:contention (hand-off modes queue in its :waitq and :waiters
-    keys and publish on leasehold:handoff:* channels). Reads INFO cpu if
+    keys and spublish on leasehold:handoff:* shard channels). Reads INFO cpu if
     the user may (the cpu figures are null otherwise).
 
 ",

@@ -263,6 +263,21 @@ pub enum Error {
         source: redis::RedisError,
     },
 
+    /// The server lacks a command this mode needs, such as the sharded
+    /// pub/sub (`SSUBSCRIBE`, `SPUBLISH`, Redis 7.0 or newer) that a
+    /// [`HandoffLocker`](crate::HandoffLocker) waits on. Found when the
+    /// locker connects; not retryable.
+    #[error("redis lacks {what}: needs redis {needs} or newer")]
+    Unsupported {
+        /// What is missing.
+        what: &'static str,
+        /// The oldest Redis version that has it.
+        needs: &'static str,
+        /// The server's error.
+        #[source]
+        source: redis::RedisError,
+    },
+
     /// Redis answered with a reply we did not expect.
     #[error("unexpected reply from redis to {op}")]
     UnexpectedReply {

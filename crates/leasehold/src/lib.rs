@@ -65,12 +65,13 @@
 //!   ([`Error::InvalidTtl`], [`Error::InvalidKey`],
 //!   [`Error::KeysInDifferentSlots`]) is rejected before any I/O too.
 //! - **Connections recover, faults are ridden out.** [`Locker::connect`]
-//!   opens a reconnecting connection and a [`HandoffLocker`]'s pub/sub
-//!   connection resubscribes: after Redis restarts or a connection drops,
-//!   the next request reconnects; through a [`Sentinel`] (feature
-//!   `sentinel`) every reconnect resolves the primary again, and a
-//!   `READONLY` reply or the sentinels naming another primary reconnect
-//!   too. An acquire retries a fault that may pass
+//!   opens a reconnecting connection and a [`HandoffLocker`]'s sharded
+//!   pub/sub connection resubscribes (on a cluster, also when a slot
+//!   moves): after Redis restarts or a connection drops, the next request
+//!   reconnects; through a [`Sentinel`] (feature `sentinel`) every
+//!   reconnect resolves the primary again, and a `READONLY` reply or the
+//!   sentinels naming another primary reconnect too. An acquire retries a
+//!   fault that may pass
 //!   (a timeout, a lost connection, `LOADING`, `TRYAGAIN`, `MASTERDOWN`,
 //!   `CLUSTERDOWN`) until its deadline, as it retries a busy lock; a retry
 //!   never holds a lock it does not know of (a possibly-landed attempt is
@@ -131,7 +132,7 @@
 //! | **WARN** | `leasehold::watchdog`, `leasehold::lease` | **lease lost**: `lease lost; cancelling the work` (the watchdog), `refresh found the lease gone` (a caller's refresh) | `key`, `cause` (`expired` / `unreachable`) |
 //! | DEBUG | `leasehold::handoff` | `handed the lock by a release`: a waiter of ours got the lease without its own `SET` | `key`, `via` (`grant` / `recheck` / `relay`), `fence` |
 //! | DEBUG | `leasehold::handoff` | a release passed the lock on: `passed the lock to a waiter of this locker` (relay), `handed the lock to the next waiter in the queue` | `key`, `fence`, `checkpoint`, `local` |
-//! | WARN / INFO | `leasehold::handoff` | the pub/sub connection lost / back; WARN `could not leave the wait queue`, `could not give back a lock passed to a waiter that left` | `channel`, `key`, `error` |
+//! | WARN / INFO | `leasehold::handoff` | the pub/sub connection lost / back (one node); WARN `could not subscribe again to a moved shard channel`, `could not leave the wait queue`, `could not give back a lock passed to a waiter that left` | `channel`, `key`, `error` |
 //! | WARN | `leasehold::replicas` | `could not release an unreplicated lease` | `key`, `error` |
 //!
 //! In `leasehold-pg`, a write refused as stale is a WARN (the money alarm);
@@ -225,7 +226,9 @@ pub use error::{Error, GiveUpReason, Result, TlsFileRole};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 #[cfg(feature = "handoff")]
 #[cfg_attr(docsrs, doc(cfg(feature = "handoff")))]
-pub use handoff::{DEFAULT_RELAY_LIMIT, HandoffLocker, HandoffLockerBuilder, HandoffStyle};
+pub use handoff::{
+    DEFAULT_RELAY_LIMIT, HandoffClient, HandoffLocker, HandoffLockerBuilder, HandoffStyle,
+};
 pub use lease::{Finished, Lease, MAX_TTL};
 pub use lessor::Lessor;
 pub use locker::{DEFAULT_COMMAND_TIMEOUT, DEFAULT_FENCE_TTL, Locker, LockerBuilder};

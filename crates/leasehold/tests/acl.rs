@@ -74,8 +74,9 @@ const NEEDED_BY: &[(&str, &[Op])] = &[
     ("hset", &[Op::HandoffAcquireBusy]),
     ("hdel", &[Op::HandoffAcquire]),
     ("pttl", &[Op::HandoffAcquireBusy]),
-    ("publish", &[Op::HandoffAcquireServing]),
-    ("subscribe", &[Op::HandoffConnect]),
+    ("spublish", &[Op::HandoffAcquireServing]),
+    ("pubsub|shardnumsub", &[Op::HandoffAcquireServing]),
+    ("ssubscribe", &[Op::HandoffConnect]),
     ("wait", &[Op::WaitReplicas]),
 ];
 
@@ -130,6 +131,9 @@ async fn run(
                 .build(locker, client)
                 .await?;
             let queue = format!("{plain}:waitq");
+            // A live waiter of another process: subscribed (as an admin) to
+            // the shard channel its entry names, while the operation runs.
+            let mut _listener = None;
             match op {
                 Op::HandoffAcquireBusy => {
                     server.command(&["SET", &plain, "someone-else", "PX", "60000"])?;
@@ -142,6 +146,18 @@ async fn run(
                     let entry = "99999999999999 1000 - leasehold:handoff:elsewhere";
                     server.command(&["ZADD", &queue, "1", "elsewhere"])?;
                     server.command(&["HSET", &waiters, "elsewhere", entry])?;
+                    let info = redis::IntoConnectionInfo::into_connection_info(server.url())?;
+                    let resp3 = info
+                        .redis_settings()
+                        .clone()
+                        .set_protocol(redis::ProtocolVersion::RESP3);
+                    let admin = redis::Client::open(info.set_redis_settings(resp3))?;
+                    let mut listener = admin.get_multiplexed_async_connection().await?;
+                    redis::cmd("SSUBSCRIBE")
+                        .arg("leasehold:handoff:elsewhere")
+                        .exec_async(&mut listener)
+                        .await?;
+                    _listener = Some(listener);
                 }
                 _ => {}
             }

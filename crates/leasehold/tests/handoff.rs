@@ -9,7 +9,7 @@ use leasehold::{
     AcquireOptions, CancellationToken, Error, GiveUpReason, HandoffLocker, HandoffStyle, Locker,
     RetryStrategy,
 };
-use leasehold_testkit::RedisServer;
+use leasehold_testkit::{RedisOptions, RedisServer};
 use redis::AsyncCommands;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -516,7 +516,7 @@ async fn fifo_holds_across_lockers_and_own_waiters_are_served_without_publish() 
         }));
         until_queued(&mut conn, key, i + 1).await?;
     }
-    let published = calls(&mut conn, "publish").await?;
+    let published = calls(&mut conn, "spublish").await?;
     holder.release().await?;
     for task in tasks {
         tokio::time::timeout(HUNG, task).await???;
@@ -533,8 +533,8 @@ async fn fifo_holds_across_lockers_and_own_waiters_are_served_without_publish() 
             prev != usize::from(i % 3 == 2)
         })
         .count() as u64;
-    let publishes = calls(&mut conn, "publish").await? - published;
-    assert_eq!(publishes, across, "one PUBLISH per cross-locker hand-off");
+    let publishes = calls(&mut conn, "spublish").await? - published;
+    assert_eq!(publishes, across, "one SPUBLISH per cross-locker hand-off");
     let left: bool = conn.exists(key).await?;
     assert!(!left, "the last release left the lock behind");
     Ok(())
@@ -1370,4 +1370,75 @@ async fn a_grant_to_a_stale_entry_in_process_is_passed_on() -> TestResult {
 #[tokio::test]
 async fn a_wake_for_a_stale_entry_is_passed_on() -> TestResult {
     a_hand_off_to_a_stale_entry(HandoffStyle::Wake, Releaser::Other).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_subscribed_on_a_replica_is_never_handed_a_lock_redis_did_not_give_it()
+-> TestResult {
+    let primary =
+        RedisServer::start_with(RedisOptions::default().args(["--repl-diskless-sync-delay", "0"]))?;
+    let replica = RedisServer::start_with(
+        RedisOptions::default().replica_of(primary.host(), primary.port()),
+    )?;
+    let client = redis::Client::open(primary.url())?;
+    let mut conn = leasehold_testkit::connection(&client, SECOND).await?;
+    let acked: u64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(8000)
+        .query_async(&mut conn)
+        .await?;
+    assert_eq!(acked, 1, "the replica never synced:\n{}", replica.log());
+    let key = "t:handoff:replica-subscriber";
+    let b = HandoffLocker::builder()
+        .relay_limit(0)
+        .connect(&client)
+        .await?;
+    // L sends its scripts to the primary, but its subscription sits on a
+    // replica (as after a failover that demoted the node it subscribed
+    // on). A replica receives what the primary publishes, which the
+    // primary's SPUBLISH does not count.
+    let l = HandoffLocker::builder()
+        .relay_limit(0)
+        .build(
+            Locker::connect(&client).await?,
+            &redis::Client::open(replica.url())?,
+        )
+        .await?;
+    let holder = b
+        .acquire_with(key, 60 * SECOND, &AcquireOptions::new())
+        .await?;
+    let w = {
+        let l = l.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(3 * SECOND);
+            l.acquire_with(key, 60 * SECOND, &opts).await
+        })
+    };
+    until_queued(&mut conn, key, 1).await?;
+    let c = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(HUNG);
+            b.acquire_with(key, 60 * SECOND, &opts).await
+        })
+    };
+    until_queued(&mut conn, key, 2).await?;
+    let listening = replica.redis_cli(&["PUBSUB", "SHARDCHANNELS", "leasehold:handoff:*"])?;
+    assert!(
+        !listening.trim().is_empty(),
+        "L does not listen on the replica"
+    );
+    // The release skips W (nobody listens for it on the primary) and
+    // grants C. W must not take the grant its replica subscription saw.
+    holder.release().await?;
+    let served = tokio::time::timeout(HUNG, c).await???;
+    let stored: String = conn.get(key).await?;
+    assert_eq!(stored, served.token().as_str());
+    let skipped = tokio::time::timeout(HUNG, w).await??;
+    assert!(
+        matches!(skipped, Err(Error::NotAcquired { .. })),
+        "a waiter was handed a lock Redis gave another: {skipped:?}"
+    );
+    served.release().await?;
+    Ok(())
 }

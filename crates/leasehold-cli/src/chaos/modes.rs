@@ -56,11 +56,9 @@ impl ChaosMode {
             // A quorum has no replica to fail over to; a lone replica
             // promoted is one node of three, not a failover.
             Fault::Failover => self != ChaosMode::Quorum,
-            // A cluster runs polling locks (hand-off's pub/sub and a
-            // quorum of independent servers are other topologies).
-            fault if fault.needs_cluster() => {
-                !matches!(self, ChaosMode::Handoff | ChaosMode::Quorum)
-            }
+            // A cluster runs polling and hand-off locks (a quorum of
+            // independent servers is another topology).
+            fault if fault.needs_cluster() => self != ChaosMode::Quorum,
             _ => true,
         }
     }
@@ -79,13 +77,16 @@ impl ChaosMode {
             // Short retry waits, as the Locker docs advise: redis-rs waits
             // at least 1.28 s before retrying a TRYAGAIN by default, which
             // held callers a whole command timeout after a slot migration.
-            let client = redis::cluster::ClusterClient::builder(urls.to_vec())
+            let mut builder = redis::cluster::ClusterClient::builder(urls.to_vec())
                 .connection_timeout(COMMAND_TIMEOUT)
                 .response_timeout(COMMAND_TIMEOUT)
                 .min_retry_wait(CLUSTER_RETRY_WAIT_MIN_MS)
-                .max_retry_wait(CLUSTER_RETRY_WAIT_MAX_MS)
-                .build()
-                .context("opening the redis cluster")?;
+                .max_retry_wait(CLUSTER_RETRY_WAIT_MAX_MS);
+            if self == ChaosMode::Handoff {
+                // Hand-off's sharded pub/sub needs RESP3 pushes.
+                builder = builder.use_protocol(redis::ProtocolVersion::RESP3);
+            }
+            let client = builder.build().context("opening the redis cluster")?;
             let conn = client
                 .get_async_connection()
                 .await
@@ -95,7 +96,11 @@ impl ChaosMode {
                 .build(conn)?;
             return Ok(match self {
                 ChaosMode::Db => Lock::none(),
-                ChaosMode::Handoff | ChaosMode::Quorum => {
+                ChaosMode::Handoff => {
+                    let handoff = HandoffLocker::builder().build(locker, &client).await?;
+                    Lock::new(handoff, fenced)
+                }
+                ChaosMode::Quorum => {
                     anyhow::bail!("{} does not run on a redis cluster", self.name())
                 }
                 _ => Lock::new(locker, fenced),

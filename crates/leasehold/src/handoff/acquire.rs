@@ -122,13 +122,25 @@ impl<C: RedisConnection> HandoffLocker<C> {
         let counters = &backend.node.counters;
         let (tx, mut rx) = mpsc::unbounded_channel();
         let waiting = Waiting::enter(self, target, &token, ttl, tx, unit);
+        // Subscribed (below, before each request that may queue us) while we
+        // wait, so that a release's `SPUBLISH` finds us.
+        let listening = backend
+            .subs
+            .use_channel(backend.subs.channels.for_key(key), key);
 
         let mut last_busy = start;
         loop {
             let (sent_at, call_deadline) = rounds.attempt()?;
             counters.acquire_request();
             let lifetime = ttl_millis(rounds.deadline().saturating_duration_since(sent_at));
-            let request = self.try_or_enqueue(target, &token, px, lifetime, call_deadline);
+            let request = self.try_or_enqueue(
+                target,
+                &token,
+                &listening.channel,
+                px,
+                lifetime,
+                call_deadline,
+            );
             let holder_left = match rounds.unless_cancelled(request).await? {
                 Ok(Found::TookIt(fence)) => return Ok(waiting.into_lease(sent_at, fence)),
                 Ok(Found::HandedOver(fence)) => {
@@ -243,17 +255,20 @@ impl<C: RedisConnection> HandoffLocker<C> {
         })
     }
 
-    /// One run of the acquire script.
+    /// One run of the acquire script, once `channel` (ours for this key) is
+    /// subscribed.
     async fn try_or_enqueue(
         &self,
         target: &Target,
         token: &LeaseToken,
+        channel: &str,
         px: u64,
         lifetime: u64,
         deadline: Instant,
     ) -> Result<Found> {
         let key = target.lock.as_str();
         let backend = &self.inner.backend;
+        backend.subs.ensure(channel, deadline).await?;
         let [queue, waiters] = queue_keys(key);
         let mut conn = backend.node.conn();
         let mut invocation = crate::scripts::HANDOFF_ACQUIRE.key(key);
@@ -264,7 +279,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
         invocation
             .arg(token)
             .arg(px)
-            .arg(&backend.local.channel)
+            .arg(channel)
             .arg(lifetime.max(1))
             .arg(backend.node.fence_ttl_ms());
         let reply =

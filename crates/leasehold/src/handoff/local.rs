@@ -20,13 +20,20 @@ pub(super) enum Signal {
     Woken,
 }
 
-pub(super) type Waiters = Mutex<HashMap<String, mpsc::UnboundedSender<Signal>>>;
-
-/// One locker's own waiters, and the channel that names them in the queue.
-/// A release by this locker that serves one of them tells it through here
-/// instead of `PUBLISH`.
-pub(super) struct Local {
+/// One waiter of ours in Redis's queue: the shard channel that reaches it,
+/// and where its signals go.
+pub(super) struct Waiter {
     pub(super) channel: String,
+    pub(super) signals: mpsc::UnboundedSender<Signal>,
+}
+
+/// Our waiters in Redis's queue, by token.
+pub(super) type Waiters = Mutex<HashMap<String, Waiter>>;
+
+/// One locker's own waiters. A release by this locker that serves one of
+/// them tells it through here instead of `SPUBLISH` (the queue names them by
+/// this locker's channels).
+pub(super) struct Local {
     pub(super) waiters: Waiters,
     /// The tokens of this locker's leases not yet given back (released or
     /// dropped). With `waiters`, it tells an *orphan* hand-off: one to a
@@ -45,7 +52,21 @@ impl Local {
             .unwrap_or_else(PoisonError::into_inner)
             .values()
         {
-            let _ = sender.send(Signal::Woken);
+            let _ = sender.signals.send(Signal::Woken);
+        }
+    }
+
+    /// Tells every waiter of ours reached through `channel` to re-check
+    /// the lock.
+    pub(super) fn wake_channel(&self, channel: &str) {
+        for waiter in self
+            .waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter(|waiter| waiter.channel == channel)
+        {
+            let _ = waiter.signals.send(Signal::Woken);
         }
     }
 
@@ -56,7 +77,7 @@ impl Local {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(token)
-            .is_some_and(|sender| sender.send(signal).is_ok())
+            .is_some_and(|waiter| waiter.signals.send(signal).is_ok())
     }
 
     pub(super) fn held(&self) -> std::sync::MutexGuard<'_, HashSet<LeaseToken>> {

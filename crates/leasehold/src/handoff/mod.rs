@@ -16,6 +16,7 @@ mod acquire;
 mod local;
 mod pubsub;
 mod release;
+mod subscriptions;
 mod waiting;
 
 use std::sync::{Arc, Mutex};
@@ -40,8 +41,11 @@ use crate::token::LeaseToken;
 use crate::way::{self, Way};
 
 use self::local::{Local, Waiters};
-use self::pubsub::{route, subscribe};
+use self::pubsub::route;
 use self::release::HandoffBackend;
+use self::subscriptions::{Channels, Subscriptions};
+
+pub use self::subscriptions::HandoffClient;
 
 #[cfg(doc)]
 use crate::fencing::FencingToken;
@@ -112,22 +116,33 @@ impl HandoffStyle {
 /// Three keys per lock key `K`: the lock `K` itself (the same string as in
 /// polling mode), a ZSET `K:waitq` of waiter tokens scored by arrival, and a
 /// HASH `K:waiters` mapping each waiter's token to its entry's expiry, its
-/// TTL and the pub/sub channel that reaches it.
+/// TTL and the shard channel that reaches it.
+///
+/// Waiters are told over **sharded pub/sub** (`SSUBSCRIBE` / `SPUBLISH`,
+/// Redis 7.0 or newer), on one channel per locker and hash tag:
+/// `leasehold:handoff:{<tag>}:<locker id>` for a key `…{<tag>}…`
+/// (`leasehold:handoff:<locker id>` for a key without a tag, one node
+/// only). The channel is in the lock key's slot, so on a Redis Cluster the
+/// script that serves a waiter runs on the node its subscriber listens on,
+/// and `SPUBLISH` counts exactly the live subscribers; on one node the same
+/// commands work the same way.
 ///
 /// - **Acquire** (`handoff_acquire.lua`) takes the lock if it is free and
 ///   nobody live is ahead of us, and otherwise enqueues us, in one atomic
 ///   step. A release can therefore never fall between "it was busy" and "we
-///   are in the queue". Each locker subscribes to its own channel once, when
-///   it connects, and registers a waiter locally before sending the script,
-///   so a hand-off that lands before the script's reply is not missed either.
+///   are in the queue". A waiter is registered locally and its locker
+///   subscribed to the key's channel (one `SSUBSCRIBE` per locker and hash
+///   tag, kept while any of its waiters needs it, dropped 5 s after the
+///   last left) before the script is sent, so a hand-off that lands before
+///   the script's reply is not missed either.
 /// - **Release** (`handoff_release.lua`) checks our token, pops the first
-///   live waiter, publishes `g <token> <key>` on its channel and sets the
+///   live waiter, publishes `g <token> <key>` on its channel (`SPUBLISH`) and sets the
 ///   lock to that waiter's token with that waiter's TTL (`SET K token PX
 ///   ttl`). The waiter holds the lease from that moment: no request of its
 ///   own.
 /// - **In-process hand-off**: when that waiter is one of the releasing
 ///   locker's own (its entry names our channel), the script still moves the
-///   lock to its token in the same atomic step, but skips the `PUBLISH` and
+///   lock to its token in the same atomic step, but skips the `SPUBLISH` and
 ///   returns the token; the release then wakes the waiter through an
 ///   in-process channel. One server-side socket write fewer per hand-off, so
 ///   share one `HandoffLocker` among all the tasks of a process.
@@ -188,8 +203,16 @@ impl HandoffStyle {
 ///   expires, and the next waiter's re-check (due by then, see above) takes
 ///   it or hands it on.
 /// - A waiter whose process dies has no subscriber on its channel any more;
-///   `PUBLISH` reports zero receivers, and the release drops it and serves
+///   `SPUBLISH` reports zero receivers, and the release drops it and serves
 ///   the next one in the same step.
+/// - A waiter is told only when the lock key's primary itself has a
+///   subscriber to its channel (`PUBSUB SHARDNUMSUB`, in the same script,
+///   before `SPUBLISH`). A replica receives what its primary publishes
+///   without being counted, so a subscription that sits on a replica (a
+///   node demoted by a failover that the subscription followed) would
+///   otherwise see a grant the script counted as undelivered and gave to
+///   the next waiter: two holders. Such a waiter is skipped like a dead
+///   one and re-checks at its fallback timer.
 /// - A hand-off that reaches a token that neither waits nor holds a lease in
 ///   its locker any more (in process or over pub/sub) is an *orphan*: the
 ///   waiter gave up, or its queue entry came back after it had left (a
@@ -252,11 +275,35 @@ impl HandoffStyle {
 /// - All callers of one key must use hand-off mode: a polling acquire on the
 ///   same key takes the lock when it is free and ignores the queue (safe, but
 ///   not fair).
-/// - On Redis Cluster the three keys must share a slot: give the lock key a
-///   hash tag, such as `lock:{wallet:42}`. There, `PUBLISH` counts only the
-///   subscribers on the node that runs the script, so a waiter connected to
-///   another node looks dead: use hand-off mode on a single node (or with
-///   every locker's pub/sub connection on the key's node).
+/// - **Redis 7.0 or newer.** An older server has no sharded pub/sub:
+///   [`connect`](HandoffLockerBuilder::connect) and
+///   [`build`](HandoffLockerBuilder::build) refuse it with
+///   [`Error::Unsupported`] (there is no fallback to classic pub/sub, which
+///   is wrong on a cluster; use [`Locker`] on such a server).
+/// - **Redis Cluster** works with the same guarantees as one node: build
+///   the locker over a `Locker` on a cluster connection and a RESP3
+///   `ClusterClient` (a RESP2 one is refused with
+///   [`Error::InvalidOptions`]). The three keys (and the fence key) must
+///   share a slot: give the lock key a hash tag, such as
+///   `lock:{wallet:42}`. The subscription follows the key: when its slot
+///   moves to another node the old owner drops it, the locker subscribes
+///   again (reaching the new owner) and then wakes its waiters, which
+///   re-check and keep their place (the queue moved with the slot) or
+///   re-join it if a release meanwhile found nobody listening. A failover
+///   can lose a fresh lock or queue entry, as for any key on an
+///   asynchronous replica. After a failover the demoted node drops the
+///   subscription too; before subscribing again the locker sends a `GET`
+///   of the key through its subscription connection, which follows
+///   `MOVED` to the new primary (the demoted node, now a replica, would
+///   accept the `SSUBSCRIBE`, and releases could not count it: above).
+/// - redis-rs's cluster connection reconnects a dropped node connection
+///   (killed, a node restart) only after a request fails on it, so while
+///   any of its channels has waiters a locker sends one keepalive `GET` of
+///   a lock key per such channel every command timeout through its
+///   subscription connection, then asks the key's primary whether it
+///   counts the subscription (`PUBSUB SHARDNUMSUB`) and subscribes again
+///   if not: a dropped subscription comes back, and its waiters re-check,
+///   within about that time.
 /// - With relay on, a lease that is neither released nor dropped (a hung
 ///   task, `mem::forget`) still counts as its locker's holder for the key,
 ///   forever. Once it runs out (by its own clock), that locker's callers
@@ -264,12 +311,15 @@ impl HandoffStyle {
 ///   they just no longer get relays from it (every pass is then a
 ///   checkpoint: still one request, but Redis's queue first). Release or
 ///   drop every lease; a watchdog does not help a task that never returns.
-/// - If a locker's pub/sub connection drops, its waiters look dead to other
-///   lockers' releases until it is back, and are dropped from the queue (its
-///   own releases still serve them in process). The locker reconnects and
-///   resubscribes on its own (retrying while Redis is down) and then wakes
-///   all its waiters, which re-check the lock and re-join the queue at
-///   once: they may lose their place in line, never their turn.
+/// - If a locker's pub/sub connection drops (or a slot moves, above), its
+///   waiters look dead to other lockers' releases until it is back, and are
+///   dropped from the queue (its own releases still serve them in process).
+///   The locker reconnects and resubscribes on its own (retrying while
+///   Redis is down; on a cluster, redis-rs's cluster connection does) and,
+///   once a subscription is confirmed again, wakes its waiters on that
+///   channel (all of them after a one-node reconnect), which re-check
+///   the lock and re-join the queue at once: they may lose their place in
+///   line, never their turn.
 ///
 /// # Lease validity
 ///
@@ -305,7 +355,7 @@ impl<C: RedisConnection> std::fmt::Debug for HandoffLocker<C> {
         let backend = &self.inner.backend;
         f.debug_struct("HandoffLocker")
             .field("style", &backend.style)
-            .field("channel", &backend.local.channel)
+            .field("channel", &backend.subs.channels.base())
             .field(
                 "relay_limit",
                 &backend.local.relay.as_ref().map_or(0, Relay::limit),
@@ -411,24 +461,30 @@ impl HandoffLockerBuilder {
     /// I/O, [`Error::Unreachable`], [`Error::Timeout`], [`Error::Auth`], the
     /// TLS errors, and through Sentinel [`Error::UnknownMaster`],
     /// [`Error::SentinelUnreachable`], [`Error::NoPrimary`]), for either
-    /// connection; [`Error::Random`] when no channel name could be drawn.
+    /// connection; [`Error::Unsupported`] when the server has no sharded
+    /// pub/sub (Redis older than 7.0); [`Error::NoPermission`] when the ACL
+    /// refuses `SSUBSCRIBE`; [`Error::Random`] when no channel name could
+    /// be drawn.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future drops the half-open connections.
     pub async fn connect(self, redis: impl Into<Endpoint>) -> Result<HandoffLocker> {
         let endpoint = redis.into();
         let locker = self.locker.clone().connect(endpoint.clone()).await?;
-        self.subscribe(locker, endpoint).await
+        self.subscribe(locker, endpoint.into()).await
     }
 
     /// Builds the hand-off locker over `locker` (whose connection sends
     /// the scripts, and whose [`stats`](Locker::stats) then count hand-off
-    /// requests too) and `redis` (a `&redis::Client` or a
-    /// [`&Sentinel`](crate::Sentinel), where the one pub/sub connection
-    /// this locker needs goes: the same Redis as the locker's): opens that connection, subscribes to this
-    /// locker's channel and starts the task that routes hand-offs to
-    /// waiters (and reconnects the pub/sub connection when it drops). Both
-    /// requests are bounded by the locker's command timeout.
+    /// requests too) and `client` (which opens the one sharded pub/sub
+    /// connection this locker needs: `&redis::Client` for one node,
+    /// [`&Sentinel`](crate::Sentinel) for the primary it names,
+    /// `&redis::cluster::ClusterClient` speaking RESP3 for a cluster, see
+    /// [`HandoffClient`]): opens that connection, subscribes to this
+    /// locker's base channel (which checks that the server has sharded
+    /// pub/sub) and starts the task that routes hand-offs to waiters (and
+    /// keeps the subscriptions up). Both requests are bounded by the
+    /// locker's command timeout.
     ///
     /// # Errors
     /// [`Error::InvalidOptions`], before any I/O, when
@@ -436,35 +492,38 @@ impl HandoffLockerBuilder {
     /// [`fence_ttl`](Self::fence_ttl) was set (they are the locker's own:
     /// set them on its [`LockerBuilder`]); [`Error::Unreachable`],
     /// [`Error::Timeout`] or [`Error::Auth`] when the pub/sub connection
-    /// cannot be opened; [`Error::Random`] when no channel name could be
-    /// drawn.
+    /// cannot be opened; [`Error::Unsupported`] when the server has no
+    /// sharded pub/sub (Redis older than 7.0); [`Error::InvalidOptions`] for
+    /// a cluster client that does not speak RESP3; [`Error::NoPermission`]
+    /// when the ACL refuses `SSUBSCRIBE`; [`Error::Random`] when no channel
+    /// name could be drawn.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future drops the half-open connection.
     pub async fn build<C: RedisConnection>(
         self,
         locker: Locker<C>,
-        redis: impl Into<Endpoint>,
+        client: impl Into<HandoffClient>,
     ) -> Result<HandoffLocker<C>> {
         if self.locker_set {
             return Err(Error::InvalidOptions(
                 "command_timeout and fence_ttl belong to the locker given to build: set them on its builder",
             ));
         }
-        self.subscribe(locker, redis.into()).await
+        self.subscribe(locker, client.into()).await
     }
 
     /// Opens the pub/sub connection for `locker` and starts its listener.
     async fn subscribe<C: RedisConnection>(
         self,
         locker: Locker<C>,
-        endpoint: Endpoint,
+        client: HandoffClient,
     ) -> Result<HandoffLocker<C>> {
-        let channel = format!("leasehold:handoff:{}", LeaseToken::generate()?);
+        let channels = Channels::new(LeaseToken::generate()?.as_str().to_owned());
         let timeout = locker.command_timeout();
-        let messages = subscribe(&endpoint, &channel, timeout).await?;
+        let node = client.is_node();
+        let (subs, pushes) = Subscriptions::open(client, channels, timeout).await?;
         let local = Arc::new(Local {
-            channel,
             waiters: Waiters::default(),
             held: Mutex::default(),
             relay: (self.relay_limit > 0).then(|| Relay::new(self.relay_limit)),
@@ -473,9 +532,10 @@ impl HandoffLockerBuilder {
             node: locker.node.clone(),
             style: self.style,
             local,
+            subs,
             this: this.clone(),
         });
-        let listener = tokio::spawn(route(endpoint, messages, backend.clone(), timeout));
+        let listener = tokio::spawn(route(pushes, backend.clone(), node));
         Ok(HandoffLocker {
             inner: Arc::new(HandoffInner {
                 locker,

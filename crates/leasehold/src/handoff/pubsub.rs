@@ -1,38 +1,25 @@
-//! The hand-off locker's one pub/sub connection: subscribing to its
-//! channel, routing each message to the waiter it names, and reconnecting
-//! when the connection drops.
+//! Routing the subscription connection's pushes: each message to the waiter
+//! it names, and the subscription's own events (a channel whose slot moved,
+//! a connection that dropped and came back) to the waiters that must
+//! re-check the lock.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures_util::StreamExt;
-use tokio::time::Instant;
+use tokio::sync::mpsc;
 
-use crate::call;
-use crate::endpoint::Endpoint;
-use crate::error::Result;
 use crate::node::RedisConnection;
 
 use super::TARGET;
 use super::local::Signal;
 use super::release::HandoffBackend;
 
-/// Opens a pub/sub connection subscribed to `channel`, each request bounded
-/// by `timeout`. Through Sentinel, on the primary the sentinels name now:
-/// a hand-off locker's messages are published there.
-pub(super) async fn subscribe(
-    endpoint: &Endpoint,
-    channel: &str,
-    timeout: Duration,
-) -> Result<redis::aio::PubSubStream> {
-    let deadline = Instant::now() + timeout;
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout));
-    let client = call::bounded("subscribe", "", deadline, endpoint.client(&config)).await?;
-    let mut pubsub = call::bounded("subscribe", "", deadline, client.get_async_pubsub()).await?;
-    call::bounded("subscribe", "", deadline, pubsub.subscribe(channel)).await?;
-    Ok(pubsub.into_on_message())
+/// Reads a bulk string push item as text.
+fn text(value: Option<&redis::Value>) -> Option<&str> {
+    match value? {
+        redis::Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
+        redis::Value::SimpleString(text) => Some(text),
+        _ => None,
+    }
 }
 
 /// Delivers each `g <token> <key> <fence>` / `w <token> <key>` message to
@@ -41,63 +28,95 @@ pub(super) async fn subscribe(
 /// way: a re-check found it handed over); otherwise the hand-off is an
 /// orphan and is passed on ([`HandoffBackend::pass_orphan`]).
 ///
-/// When the connection drops (Redis restarted, the connection was killed),
-/// it reconnects and resubscribes, retrying with a growing pause (up to 1 s)
-/// while Redis is down, then wakes every waiter of this locker: a message
-/// sent while nobody listened is lost, and a release that found nobody
-/// listening dropped our waiter from Redis's queue, so each one re-checks
-/// the lock (and re-joins the queue) at once instead of at its fallback
-/// timer.
+/// Keeps the subscriptions up: when the server drops one because its slot
+/// moved to another node (`sunsubscribe` we did not ask for), it subscribes
+/// again, which reaches the new owner; when a one-node connection drops
+/// (Redis restarted, the connection was killed), it reconnects and
+/// subscribes again (a cluster connection does both itself, once a request
+/// fails on the dropped node connection: while channels are in use, a
+/// keepalive request per channel each command timeout makes sure one
+/// does, [`Subscriptions::poke`](super::subscriptions::Subscriptions::poke)). Each time a
+/// subscription is confirmed that no waiter of ours asked for (one made
+/// again) it wakes this locker's waiters on that channel (after a
+/// reconnect, all of them): a message sent while nobody listened is lost, and a release that found
+/// nobody listening dropped our waiter from Redis's queue, so each one
+/// re-checks the lock (and re-joins the queue) at once instead of at its
+/// fallback timer.
 pub(super) async fn route<C: RedisConnection>(
-    endpoint: Endpoint,
-    mut messages: redis::aio::PubSubStream,
+    mut pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
     backend: Arc<HandoffBackend<C>>,
-    timeout: Duration,
+    node: bool,
 ) {
     let local = &backend.local;
+    let mut keepalive = tokio::time::interval(backend.subs.keepalive());
+    keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        while let Some(msg) = messages.next().await {
-            let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) else {
+        let push = tokio::select! {
+            push = pushes.recv() => match push {
+                Some(push) => push,
+                None => return,
+            },
+            _ = keepalive.tick(), if !node => {
+                let backend = backend.clone();
+                tokio::spawn(async move {
+                    for channel in backend.subs.poke().await {
+                        backend.local.wake_channel(&channel);
+                    }
+                });
                 continue;
-            };
-            let mut parts = payload.split(' ');
-            let (Some(kind), Some(token), Some(key)) = (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            let signal = match kind {
-                "g" => {
-                    let fence = parts.next().and_then(|f| f.parse().ok()).unwrap_or(0);
-                    Signal::Granted(fence)
-                }
-                "w" => Signal::Woken,
-                _ => continue,
-            };
-            if !local.tell(token, signal) {
-                backend.pass_orphan(key, token);
-            }
-        }
-        tracing::warn!(
-            target: TARGET,
-            channel = local.channel,
-            "hand-off pub/sub connection lost; reconnecting"
-        );
-        let mut pause = Duration::from_millis(20);
-        messages = loop {
-            match subscribe(&endpoint, &local.channel, timeout).await {
-                Ok(messages) => break messages,
-                Err(err) => {
-                    tracing::debug!(target: TARGET, error = %err, "hand-off pub/sub reconnect failed; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
             }
         };
-        tracing::info!(
-            target: TARGET,
-            channel = local.channel,
-            "hand-off pub/sub connection back; waiters re-check the lock"
-        );
-        local.wake_all();
+        match push.kind {
+            redis::PushKind::SMessage | redis::PushKind::Message => {
+                let Some(payload) = text(push.data.get(1)) else {
+                    continue;
+                };
+                let mut parts = payload.split(' ');
+                let (Some(kind), Some(token), Some(key)) =
+                    (parts.next(), parts.next(), parts.next())
+                else {
+                    continue;
+                };
+                let signal = match kind {
+                    "g" => {
+                        let fence = parts.next().and_then(|f| f.parse().ok()).unwrap_or(0);
+                        Signal::Granted(fence)
+                    }
+                    "w" => Signal::Woken,
+                    _ => continue,
+                };
+                if !local.tell(token, signal) {
+                    backend.pass_orphan(key, token);
+                }
+            }
+            redis::PushKind::SSubscribe => {
+                if let Some(channel) = text(push.data.first())
+                    && !backend.subs.confirmed_own(channel)
+                {
+                    local.wake_channel(channel);
+                }
+            }
+            redis::PushKind::SUnsubscribe => {
+                let Some(channel) = text(push.data.first()) else {
+                    continue;
+                };
+                let (backend, channel) = (backend.clone(), channel.to_owned());
+                tokio::spawn(async move {
+                    if !backend.subs.resubscribe(&channel).await {
+                        backend.local.wake_all();
+                    }
+                });
+            }
+            redis::PushKind::Disconnection if node => {
+                tracing::warn!(target: TARGET, "hand-off pub/sub connection lost; reconnecting");
+                backend.subs.reconnect().await;
+                tracing::info!(
+                    target: TARGET,
+                    "hand-off pub/sub connection back; waiters re-check the lock"
+                );
+                local.wake_all();
+            }
+            _ => {}
+        }
     }
 }

@@ -17,6 +17,7 @@ use crate::token::LeaseToken;
 use crate::watchdog::{Shared, Validity};
 
 use super::local::{Local, Signal};
+use super::subscriptions::Subscriptions;
 use super::{HandoffStyle, TARGET};
 
 /// What a hand-off lease gives its lock back through: the node, the style,
@@ -25,6 +26,8 @@ pub(crate) struct HandoffBackend<C> {
     pub(super) node: Arc<Node<C>>,
     pub(super) style: HandoffStyle,
     pub(super) local: Arc<Local>,
+    /// The subscriptions, and the channel names that reach our waiters.
+    pub(super) subs: Arc<Subscriptions>,
     /// Itself, to spawn the requests that pass on an orphan hand-off.
     pub(super) this: Weak<HandoffBackend<C>>,
 }
@@ -363,7 +366,7 @@ async fn release_once<C: RedisConnection>(
         .arg(&part.token)
         .arg(backend.style.as_arg())
         .arg(mode)
-        .arg(&backend.local.channel)
+        .arg(backend.subs.channels.for_key(key))
         .arg(px)
         .arg(next)
         .arg(if fenced { "f" } else { "-" })

@@ -17,7 +17,7 @@ use crate::token::LeaseToken;
 use crate::watchdog::Validity;
 
 use super::HandoffLocker;
-use super::local::Signal;
+use super::local::{Signal, Waiter};
 use super::release::{fence_of, spawn_leave};
 
 impl<C: RedisConnection> HandoffLocker<C> {
@@ -84,14 +84,17 @@ impl<'a, C: RedisConnection> Waiting<'a, C> {
         signals: mpsc::UnboundedSender<Signal>,
         unit: Option<Unit<'a>>,
     ) -> Self {
-        handoff
-            .inner
-            .backend
+        let backend = &handoff.inner.backend;
+        let waiter = Waiter {
+            channel: backend.subs.channels.for_key(&target.lock),
+            signals,
+        };
+        backend
             .local
             .waiters
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(token.as_str().to_owned(), signals);
+            .insert(token.as_str().to_owned(), waiter);
         Waiting {
             handoff,
             target,

@@ -10,7 +10,8 @@
 -- KEYS[4]  optional, for a fenced lock: its fence counter (same slot)
 -- ARGV[1]  our token
 -- ARGV[2]  the lease TTL in milliseconds
--- ARGV[3]  the pub/sub channel that reaches us
+-- ARGV[3]  the shard channel that reaches us (in the lock key's slot: on a
+--          cluster SPUBLISH counts it as a key of the script)
 -- ARGV[4]  how long our queue entry stays valid (ms): our remaining wait
 -- ARGV[5]  how long the fence counter lives after its last use (ms; 0:
 --          forever)
@@ -23,7 +24,7 @@
 -- in the step that gave us the lock), 0 when unfenced.
 --
 -- Stale entries (past their owner's deadline) are dropped as they reach the
--- head of the queue. Serving a waiter ahead of us means: PUBLISH
+-- head of the queue. Serving a waiter ahead of us means: SPUBLISH
 -- "g <token> <lock key> <fence>" on its channel and, if anyone received it,
 -- set the lock to its token with its TTL (a fenced waiter gets its fencing
 -- token in the same step, and keeps its entry as "granted <fence>"); a
@@ -99,7 +100,7 @@ if not holder then
   local head, ttl, fenced, channel = next_live()
   while head ~= nil and head ~= ARGV[1] do
     if fenced and not fence_key then
-      if call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
+      if tell(channel, "w " .. head .. " " .. KEYS[1]) > 0 then
         break
       end
       forget(head)
@@ -109,7 +110,7 @@ if not holder then
       if fenced then
         fence = issue()
       end
-      if call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
+      if tell(channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
         call("SET", KEYS[1], head, "PX", ttl)
         if fenced then
           call("HSET", KEYS[3], head, "granted " .. fence)

@@ -19,10 +19,10 @@
 -- lock (and its token) with its own request.
 --
 -- A waiter is live when its entry is not past its deadline and, for a
--- waiter of another locker, its channel has a subscriber (PUBLISH reports
+-- waiter of another locker, its channel has a subscriber (SPUBLISH reports
 -- how many received the message); dead ones are dropped and the next one is
 -- tried. A waiter of the calling locker (its channel is ARGV[4]) is served
--- without PUBLISH: its token is returned and the caller wakes it in its own
+-- without SPUBLISH: its token is returned and the caller wakes it in its own
 -- process (if it no longer waits, it won the lock another way or its own
 -- leave passes it on).
 --
@@ -39,7 +39,9 @@
 --          <lock key>"), which takes it with its own request
 -- ARGV[3]  "leave" to first drop ARGV[1]'s own queue entry, "pass" to move
 --          the lock to ARGV[6] when nobody waits, else ""
--- ARGV[4]  the calling locker's channel
+-- ARGV[4]  the calling locker's shard channel for this lock key (waiters'
+--          channels are in the lock key's slot: on a cluster SPUBLISH
+--          counts the channel as a key of the script)
 -- ARGV[5]  with "pass": the TTL (ms) of the next local holder
 -- ARGV[6]  with "pass": the next local holder's token
 -- ARGV[7]  with "pass": "f" when the next local holder is fenced
@@ -117,7 +119,7 @@ local function serve()
     if grant and fenced and not fence_key then
       -- We cannot issue its token: wake it instead (it keeps its place).
       call("ZADD", KEYS[2], 0, head)
-      if mine or call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
+      if mine or tell(channel, "w " .. head .. " " .. KEYS[1]) > 0 then
         call("DEL", KEYS[1])
         return mine and head or "", -1
       end
@@ -128,7 +130,7 @@ local function serve()
       if fenced then
         fence = issue()
       end
-      if mine or call("PUBLISH", channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
+      if mine or tell(channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
         call("SET", KEYS[1], head, "PX", ttl)
         if fenced then
           call("HSET", KEYS[3], head, "granted " .. fence)
@@ -139,7 +141,7 @@ local function serve()
       end
       call("HDEL", KEYS[3], head)
     else
-      if mine or call("PUBLISH", channel, "w " .. head .. " " .. KEYS[1]) > 0 then
+      if mine or tell(channel, "w " .. head .. " " .. KEYS[1]) > 0 then
         return mine and head or "", 0
       end
       call("ZREM", KEYS[2], head)

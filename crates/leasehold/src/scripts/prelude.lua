@@ -9,7 +9,7 @@
 -- the command, so the caller maps it like any other NOPERM:
 --   NOPERM this user has no permissions to run the '<command>' command
 --   NOPERM this user has no permissions to access one of the keys used as
---     arguments of '<command>'  (or "channels" for PUBLISH's channel)
+--     arguments of '<command>'  (or "channels" for SPUBLISH's channel)
 -- Any other error is raised as redis.call() would raise it.
 
 -- The NOPERM error for `reply`, an error table from redis.pcall(command,
@@ -38,8 +38,29 @@ end
 local function call(command, ...)
   local reply = redis.pcall(command, ...)
   if type(reply) == "table" and reply["err"] then
-    error(refusal(command, reply) or reply)
+    local name = command
+    if string.upper(command) == "PUBSUB" then
+      name = command .. "|" .. select(1, ...) -- as Redis names a subcommand
+    end
+    error(refusal(name, reply) or reply)
   end
   return reply
 end
 
+
+-- Hand-off: SPUBLISH `message` on a waiter's shard `channel` only if this
+-- node (the lock key's primary) has a subscriber to it, and return how many
+-- received it. A subscriber on a *replica* of the shard also receives what
+-- the primary publishes, but SPUBLISH does not count it: a locker whose
+-- subscription landed on a replica (a node demoted by a failover, an
+-- address that now points to a replica) would act on a grant the script
+-- counted as undelivered, and hold a lock Redis never gave it. Checking the
+-- primary's own count first means a message goes out only when the
+-- script will act on its delivery (PUBSUB SHARDNUMSUB has no slot check,
+-- and the channel is this locker's alone).
+local function tell(channel, message)
+  if call("PUBSUB", "SHARDNUMSUB", channel)[2] == 0 then
+    return 0
+  end
+  return call("SPUBLISH", channel, message)
+end
