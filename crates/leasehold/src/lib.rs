@@ -52,8 +52,9 @@
 //!   `DELEX ... IFEQ` and `SET ... IFEQ` commands, before that Lua scripts.
 //! - **One token per holder.** Every holder gets 128 fresh bits from a
 //!   CSPRNG seeded by the OS (a ChaCha12 generator per thread, reseeded
-//!   from the OS in a forked child before its first token, so a child never
-//!   repeats its parent's tokens; see [`LeaseToken`]), never shared with
+//!   from the OS in a forked child before its first token, each draw mixed
+//!   with the monotonic clock, so no process repeats another's tokens; see
+//!   [`LeaseToken`]), never shared with
 //!   another holder; every fenced holder gets its
 //!   own [`FencingToken`], issued in the atomic step that gives it the lock
 //!   and strictly greater than every token issued before it for that
