@@ -46,6 +46,11 @@ use std::time::Duration;
 
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
+thread_local! {
+    /// The generator each [`Waits`] is seeded from, per thread.
+    static JITTER: std::cell::RefCell<Option<SmallRng>> = const { std::cell::RefCell::new(None) };
+}
+
 /// How long to wait between attempts to take a busy lock.
 ///
 /// Defaults to [`RetryStrategy::uniform`] between 5 ms and 15 ms.
@@ -132,10 +137,25 @@ impl RetryStrategy {
         self
     }
 
-    /// The waits, seeded from the thread-local generator (itself seeded from
-    /// the operating system): jitter needs no secrecy, only spread.
+    /// The waits, seeded from this thread's jitter generator (itself
+    /// seeded once from the operating system, or from the clock if that
+    /// fails: jitter needs no secrecy, only spread, and never panics).
     pub fn waits(&self) -> Waits {
-        self.waits_with(rand::make_rng::<SmallRng>())
+        let rng = JITTER.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            let source = slot.get_or_insert_with(|| {
+                let seed = getrandom::u64().unwrap_or_else(|_| {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
+                    // Truncation is fine: any bits spread the waits.
+                    now.as_nanos() as u64 ^ u64::from(std::process::id())
+                });
+                SmallRng::seed_from_u64(seed)
+            });
+            SmallRng::from_rng(source)
+        });
+        self.waits_with(rng)
     }
 
     /// The waits with a fixed seed, for reproducible sequences in tests and
