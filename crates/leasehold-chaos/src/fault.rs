@@ -97,13 +97,26 @@ pub enum Fault {
     /// with `synchronous_commit=off`: data loss the lock cannot be judged
     /// on.) Every mode (the lock is untouched). Mixed in.
     PostgresRestart,
+    /// Redis Sentinel (a primary, a replica, three sentinels): `SENTINEL
+    /// FAILOVER` of the master, once per run. The window lasts until every
+    /// sentinel names the new primary and it answers as one (at least the
+    /// scheduled length), so it measures the failover. The callers connect
+    /// with the `redis+sentinel://` URL and follow the primary. Polling and
+    /// hand-off modes (not quorum, not db); throwaway servers only; not
+    /// mixed in.
+    SentinelFailover,
+    /// Redis Sentinel: the primary killed (`SIGKILL`); the sentinels deem
+    /// it down after 1 s and promote the replica. Once per run; the window
+    /// lasts until every sentinel names the new primary and it answers as
+    /// one. As [`Fault::SentinelFailover`] otherwise.
+    SentinelKill,
     /// A seeded mix of the faults above.
     Mixed,
 }
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 21] = [
+    pub const ALL: [Fault; 23] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -124,6 +137,8 @@ impl Fault {
         Fault::AclReset,
         Fault::Eviction,
         Fault::PostgresRestart,
+        Fault::SentinelFailover,
+        Fault::SentinelKill,
         Fault::Mixed,
     ];
 
@@ -174,6 +189,8 @@ impl Fault {
             Fault::AclReset => "acl-reset",
             Fault::Eviction => "eviction",
             Fault::PostgresRestart => "postgres-restart",
+            Fault::SentinelFailover => "sentinel-failover",
+            Fault::SentinelKill => "sentinel-kill",
             Fault::Mixed => "mixed",
         }
     }
@@ -203,6 +220,8 @@ impl Fault {
                 self,
                 Fault::RedisRestart
                     | Fault::Failover
+                    | Fault::SentinelFailover
+                    | Fault::SentinelKill
                     | Fault::Eviction
                     | Fault::Mixed
                     | Fault::NetLatency
@@ -225,8 +244,17 @@ impl Fault {
                 | Fault::Failover
                 | Fault::SlotMigration
                 | Fault::ClusterFailover
+                | Fault::SentinelFailover
+                | Fault::SentinelKill
                 | Fault::Mixed
         )
+    }
+
+    /// True for the faults of Redis Sentinel, which run on a throwaway
+    /// primary, replica and three sentinels; the callers connect with the
+    /// `redis+sentinel://` URL.
+    pub const fn needs_sentinel(self) -> bool {
+        matches!(self, Fault::SentinelFailover | Fault::SentinelKill)
     }
 
     /// True for the faults of a Redis Cluster, which run on a throwaway
@@ -240,7 +268,9 @@ impl Fault {
     /// held lease can be refreshed before it runs out. Not so for a
     /// paused, restarting or swallowed Redis, nor under latency of the
     /// order of a TTL: a lease cannot outlive such an outage (it would be
-    /// a lease Redis did not confirm). The chaos check judges the
+    /// a lease Redis did not confirm). Nor through a Sentinel failover:
+    /// until the new primary is named and found, no node confirms a
+    /// refresh (a killed primary takes seconds). The chaos check judges the
     /// watchdog's refresh errors only under these faults (see
     /// [`mod@crate::check`]); a mixed schedule is judged by the faults it
     /// drew.
@@ -254,6 +284,8 @@ impl Fault {
                 | Fault::RedisRestartAof
                 | Fault::NetLatency
                 | Fault::NetBlackhole
+                | Fault::SentinelFailover
+                | Fault::SentinelKill
                 | Fault::Mixed
         )
     }
@@ -325,7 +357,9 @@ impl Window {
 /// (at least 300 ms, so a lease expires inside it) and is followed by a
 /// quiet gap of at least `4 x ttl` (at least 1 s, so recovery can be seen).
 /// The schedule ends a quiet gap before the run does. A
-/// [`Fault::Failover`] or [`Fault::ClusterFailover`] happens once per run;
+/// [`Fault::Failover`], [`Fault::ClusterFailover`],
+/// [`Fault::SentinelFailover`] or [`Fault::SentinelKill`] happens once per
+/// run;
 /// [`Fault::Mixed`] draws each
 /// window's fault from [`Fault::MIXABLE`].
 pub fn schedule(
@@ -356,7 +390,13 @@ pub fn schedule(
             length,
             worker: rng.random_range(0..workers.max(1)),
         });
-        if matches!(fault, Fault::Failover | Fault::ClusterFailover) {
+        if matches!(
+            fault,
+            Fault::Failover
+                | Fault::ClusterFailover
+                | Fault::SentinelFailover
+                | Fault::SentinelKill
+        ) {
             break;
         }
         at += jitter + length + gap;
@@ -406,6 +446,8 @@ mod tests {
         let run = Duration::from_secs(20);
         let ttl = Duration::from_millis(200);
         assert_eq!(schedule(Fault::Failover, 1, run, ttl, 2).len(), 1);
+        assert_eq!(schedule(Fault::SentinelFailover, 1, run, ttl, 2).len(), 1);
+        assert_eq!(schedule(Fault::SentinelKill, 1, run, ttl, 2).len(), 1);
         assert!(schedule(Fault::None, 1, run, ttl, 2).is_empty());
     }
 }

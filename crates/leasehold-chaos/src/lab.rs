@@ -5,7 +5,9 @@
 //! proxy, so the network can lag, be cut or be swallowed), optionally a
 //! replica (for failover), extra independent Redis nodes (for Redlock), and
 //! a PostgreSQL; or a Redis Cluster of three masters with a replica each
-//! (for slot migration and cluster failover). It can also stand in front
+//! (for slot migration and cluster failover); or a Redis Sentinel setup of
+//! a primary, a replica and three sentinels (for the Sentinel faults). It
+//! can also stand in front
 //! of your own Redis or Redis Cluster ([`LabOptions::redis_url`],
 //! [`LabOptions::cluster_urls`]) for the faults that need no control of
 //! the Redis processes. The nemesis runs on its own thread, so the
@@ -18,7 +20,8 @@ use std::time::{Duration, Instant};
 use rand::RngExt;
 
 use leasehold_testkit::{
-    Direction, Failover, FaultProxy, PostgresServer, RedisCluster, RedisOptions, RedisServer,
+    Direction, Failover, FaultProxy, PostgresServer, RedisCluster, RedisOptions, RedisSentinel,
+    RedisServer,
 };
 
 use crate::callers::Stall;
@@ -83,6 +86,7 @@ pub struct LabOptions {
     redis_url: Option<String>,
     cluster: bool,
     cluster_urls: Vec<String>,
+    sentinel: bool,
 }
 
 impl LabOptions {
@@ -161,9 +165,21 @@ impl LabOptions {
         self
     }
 
+    /// A Redis Sentinel setup (a primary, a replica and three sentinels,
+    /// quorum 2, see [`RedisSentinel`]) instead of a single primary, for
+    /// [`Fault::SentinelFailover`] and [`Fault::SentinelKill`]. The callers
+    /// connect with its `redis+sentinel://` URL ([`Lab::redis_url`]) and
+    /// follow the primary the sentinels name; there is no fault proxy, so
+    /// the network faults do not run on it. Defaults to off.
+    pub fn sentinel(mut self, on: bool) -> Self {
+        self.sentinel = on;
+        self
+    }
+
     /// The options a fault needs on top of these.
     pub fn for_fault(self, fault: Fault) -> Self {
         match fault {
+            Fault::SentinelFailover | Fault::SentinelKill => self.sentinel(true),
             Fault::Failover => self.replica(true),
             Fault::SlotMigration | Fault::ClusterFailover => self.cluster(true),
             Fault::RedisRestartAof | Fault::Mixed => self.aof(true),
@@ -190,6 +206,12 @@ enum Primary {
     Cluster {
         cluster: RedisCluster,
         owner: Option<usize>,
+    },
+    /// A throwaway Redis Sentinel setup; `old` is the primary's port
+    /// while a Sentinel fault's failover runs.
+    Sentinel {
+        setup: RedisSentinel,
+        old: Option<u16>,
     },
 }
 
@@ -310,8 +332,16 @@ impl Lab {
         if !options.cluster_urls.is_empty() {
             return Self::start_external_cluster(options);
         }
+        if options.cluster && options.sentinel {
+            return Err(LabError::Options(
+                "a lab is a redis cluster or a sentinel setup, not both",
+            ));
+        }
         if options.cluster {
             return Self::start_cluster(options);
+        }
+        if options.sentinel {
+            return Self::start_sentinel(options);
         }
         let mut redis = RedisOptions::default().args(["--repl-diskless-sync-delay", "0"]);
         if options.aof {
@@ -381,12 +411,32 @@ impl Lab {
         ))
     }
 
+    /// A lab on a throwaway Sentinel setup: the callers use its
+    /// `redis+sentinel://` URL.
+    fn start_sentinel(options: &LabOptions) -> Result<Lab, LabError> {
+        if options.replica || options.aof || options.nodes > 1 || options.acl_user {
+            return Err(LabError::Options(
+                "a sentinel lab has no extra replica, AOF, extra nodes or acl user",
+            ));
+        }
+        let setup = RedisSentinel::start("leasehold").map_err(server("starting redis sentinel"))?;
+        let url = setup.url();
+        let primary = Primary::Sentinel { setup, old: None };
+        Ok(Lab::assemble(
+            Servers::new(primary, options),
+            None,
+            false,
+            Some(url),
+        ))
+    }
+
     /// A lab in front of the user's Redis Cluster.
     fn start_external_cluster(options: &LabOptions) -> Result<Lab, LabError> {
         if options.replica
             || options.aof
             || options.nodes > 1
             || options.cluster
+            || options.sentinel
             || options.acl_user
         {
             return Err(LabError::Options(
@@ -425,9 +475,14 @@ impl Lab {
 
     /// A lab in front of the user's Redis at `url`.
     fn start_external(options: &LabOptions, url: &str) -> Result<Lab, LabError> {
-        if options.replica || options.aof || options.nodes > 1 || options.acl_user {
+        if options.replica
+            || options.aof
+            || options.nodes > 1
+            || options.acl_user
+            || options.sentinel
+        {
             return Err(LabError::Options(
-                "a replica, an append-only file, extra nodes or an acl user need throwaway servers",
+                "a replica, an append-only file, extra nodes, an acl user or a sentinel setup need throwaway servers",
             ));
         }
         let client =
@@ -487,7 +542,8 @@ impl Lab {
     }
 
     /// The URL callers use: the primary, through the fault proxy.
-    /// On a cluster, the first seed node's URL.
+    /// On a cluster, the first seed node's URL; on a Sentinel setup, its
+    /// `redis+sentinel://` URL.
     pub fn redis_url(&self) -> String {
         match (&self.caller_url, &self.proxy) {
             (Some(url), _) => url.clone(),
@@ -555,6 +611,16 @@ impl Lab {
                 let mut out = String::new();
                 for (i, node) in cluster.nodes().iter().chain(cluster.replicas()).enumerate() {
                     out.push_str(&format!("--- redis cluster node {i} ---\n{}\n", node.log()));
+                }
+                out
+            }
+            Primary::Sentinel { setup, .. } => {
+                let mut out = String::new();
+                for (i, node) in setup.servers().iter().enumerate() {
+                    out.push_str(&format!(
+                        "--- redis sentinel data node {i} ---\n{}\n",
+                        node.log()
+                    ));
                 }
                 out
             }
@@ -732,6 +798,46 @@ impl Lab {
                     .map_err(server("deleting the lock's acl user"))?;
                 format!("acl user {ACL_USER}")
             }
+            Fault::SentinelFailover => {
+                let Primary::Sentinel { setup, old } = &mut servers.primary else {
+                    return Err(no_sentinel(fault));
+                };
+                let port = setup
+                    .primary_port()
+                    .map_err(server("finding the sentinels' primary"))?;
+                // Asked without waiting: the window's end waits for the new
+                // primary, so the window spans the failover.
+                let sentinel = setup
+                    .sentinel_urls()
+                    .into_iter()
+                    .next()
+                    .ok_or(no_sentinel(fault))?;
+                let client = redis::Client::open(sentinel)
+                    .map_err(external("opening a sentinel connection"))?;
+                let mut conn = client
+                    .get_connection_with_timeout(EXTERNAL_TIMEOUT)
+                    .map_err(external("connecting to a sentinel"))?;
+                conn.set_read_timeout(Some(EXTERNAL_TIMEOUT))
+                    .map_err(external("connecting to a sentinel"))?;
+                let master = setup.master().to_owned();
+                query(
+                    &mut conn,
+                    &["SENTINEL", "FAILOVER", &master],
+                    "SENTINEL FAILOVER",
+                )?;
+                *old = Some(port);
+                format!("primary :{port} (SENTINEL FAILOVER)")
+            }
+            Fault::SentinelKill => {
+                let Primary::Sentinel { setup, old } = &mut servers.primary else {
+                    return Err(no_sentinel(fault));
+                };
+                let port = setup
+                    .kill_primary()
+                    .map_err(server("killing the sentinels' primary"))?;
+                *old = Some(port);
+                format!("primary :{port} (killed)")
+            }
             Fault::RedisStall => {
                 // Redis ends the pause by itself at the window's end (no
                 // command, `CLIENT UNPAUSE` included, gets through it).
@@ -831,6 +937,15 @@ impl Lab {
                 retired.push(std::mem::replace(primary, promoted));
             }
             Fault::NetLatency | Fault::NetCut | Fault::NetBlackhole => self.proxy(fault)?.heal(),
+            Fault::SentinelFailover | Fault::SentinelKill => {
+                let Primary::Sentinel { setup, old } = &mut servers.primary else {
+                    return Err(no_sentinel(fault));
+                };
+                let port = old.take().ok_or(no_sentinel(fault))?;
+                setup
+                    .wait_for_new_primary(port, SENTINEL_FAILOVER_WAIT)
+                    .map_err(server("waiting for the sentinels' new primary"))?;
+            }
             Fault::SlotMigration => {
                 let Primary::Cluster { cluster, owner } = &mut servers.primary else {
                     return Err(no_cluster(fault));
@@ -925,12 +1040,24 @@ fn external(what: impl Into<String>) -> impl FnOnce(redis::RedisError) -> LabErr
 fn own(primary: &mut Primary, fault: Fault) -> Result<&mut RedisServer, LabError> {
     match primary {
         Primary::Own(server) => Ok(server),
-        Primary::External(_) | Primary::ExternalCluster { .. } | Primary::Cluster { .. } => {
-            Err(LabError::Unsupported {
-                fault,
-                needs: "a single redis-server the lab started (it controls the process)",
-            })
-        }
+        Primary::External(_)
+        | Primary::ExternalCluster { .. }
+        | Primary::Cluster { .. }
+        | Primary::Sentinel { .. } => Err(LabError::Unsupported {
+            fault,
+            needs: "a single redis-server the lab started (it controls the process)",
+        }),
+    }
+}
+
+/// How long a Sentinel fault's window waits, at most, for every sentinel
+/// to name the new primary.
+const SENTINEL_FAILOVER_WAIT: Duration = Duration::from_secs(30);
+
+fn no_sentinel(fault: Fault) -> LabError {
+    LabError::Unsupported {
+        fault,
+        needs: "a redis sentinel setup",
     }
 }
 
@@ -967,6 +1094,12 @@ impl Primary {
             Primary::Cluster { .. } => Err(LabError::Options(
                 "key and script faults are not sent to a throwaway cluster lab",
             )),
+            // The primary the sentinels name now.
+            Primary::Sentinel { setup, .. } => setup
+                .primary()
+                .and_then(|primary| primary.command(args))
+                .map(drop)
+                .map_err(server_err(what)),
             Primary::ExternalCluster { client, .. } => {
                 let mut conn = client.get_connection().map_err(external(what))?;
                 match args {

@@ -830,13 +830,15 @@ pub(crate) struct MatrixArgs {
     /// failover, slot-migration, cluster-failover, net-latency, net-cut,
     /// net-blackhole, postgres-pause, key-loss, early-expiry,
     /// script-flush, conn-kill, redis-stall, acl-reset, eviction,
-    /// postgres-restart, mixed.
+    /// postgres-restart, sentinel-failover, sentinel-kill, mixed.
     /// Each runs on the topology it needs: a single redis-server behind a
     /// fault proxy (for acl-reset the workers connect as the README's
     /// minimal lock user); with a replica for failover; a cluster of 3
     /// masters with a replica each for slot-migration and cluster-failover
-    /// (modes blind, fenced, cas, guard, db); 3 independent servers for
-    /// the quorum mode
+    /// (modes blind, fenced, cas, guard, db); a primary, a replica and 3
+    /// sentinels for sentinel-failover and sentinel-kill, the workers
+    /// connecting with its redis+sentinel:// URL (modes blind, fenced, cas,
+    /// guard, handoff); 3 independent servers for the quorum mode
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     pub(crate) faults: Vec<leasehold_chaos::Fault>,
     /// Worker processes per run.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use deadpool_postgres::Pool;
-use leasehold::{HandoffLocker, Locker, Quorum};
+use leasehold::{HandoffLocker, Locker, Quorum, Sentinel};
 use leasehold_chaos::{Call, Fault, Lock, WriteOutcome, Written};
 use leasehold_pg::Outcome;
 use leasehold_pg::Snapshot;
@@ -59,6 +59,10 @@ impl ChaosMode {
             // A cluster runs polling and hand-off locks (a quorum of
             // independent servers is another topology).
             fault if fault.needs_cluster() => self != ChaosMode::Quorum,
+            // Sentinel runs the polling and hand-off locks on its
+            // primary; a quorum is independent servers, and db takes no
+            // lock at all, so neither would meet the failover.
+            fault if fault.needs_sentinel() => !matches!(self, ChaosMode::Quorum | ChaosMode::Db),
             _ => true,
         }
     }
@@ -107,6 +111,30 @@ impl ChaosMode {
             });
         }
         let first = urls.first().context("no redis url")?;
+        if Sentinel::is_sentinel_url(first) {
+            // The primary the sentinels name, followed across failovers.
+            let sentinel = Sentinel::from_url(first).context("opening redis sentinel")?;
+            return Ok(match self {
+                ChaosMode::Db => Lock::none(),
+                ChaosMode::Quorum => {
+                    anyhow::bail!("{} does not run on redis sentinel", self.name())
+                }
+                ChaosMode::Handoff => {
+                    let handoff = HandoffLocker::builder()
+                        .command_timeout(COMMAND_TIMEOUT)
+                        .connect(&sentinel)
+                        .await?;
+                    Lock::new(handoff, fenced)
+                }
+                _ => {
+                    let locker = Locker::builder()
+                        .command_timeout(COMMAND_TIMEOUT)
+                        .connect(&sentinel)
+                        .await?;
+                    Lock::new(locker, fenced)
+                }
+            });
+        }
         let client = redis::Client::open(first.as_str()).context("opening redis")?;
         Ok(match self {
             ChaosMode::Db => Lock::none(),
