@@ -114,6 +114,56 @@ impl Lock {
             Some(acquire) => acquire(&keys, ttl, opts).await.map(Some),
         }
     }
+
+    /// [`acquire`](Self::acquire) as operation `op` of `actor`, recorded
+    /// in the history: `Acquire` before, then `Acquired` or
+    /// `AcquireFailed` (nothing for [`Lock::none`]).
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire), after recording it.
+    pub(crate) async fn acquire_recorded(
+        &self,
+        recorder: &Recorder,
+        actor: &str,
+        op: u64,
+        resource: &str,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> leasehold::Result<Option<Lease>> {
+        if self.is_none() {
+            return Ok(None);
+        }
+        let key = lock_key(resource);
+        recorder.record(
+            actor,
+            Kind::Acquire {
+                op,
+                key: key.clone(),
+            },
+        );
+        let acquired = self.acquire(resource, ttl, opts).await;
+        match &acquired {
+            Ok(Some(lease)) => recorder.record(
+                actor,
+                Kind::Acquired {
+                    op,
+                    key,
+                    token: label(lease),
+                    fence: lease.fence().map(FencingToken::get),
+                },
+            ),
+            Ok(None) => {}
+            Err(err) => recorder.record(
+                actor,
+                Kind::AcquireFailed {
+                    op,
+                    key,
+                    reason: reason(err),
+                },
+            ),
+        }
+        acquired
+    }
 }
 
 /// The lock key of `resource`, as [`Lock::acquire`] names it.
@@ -321,52 +371,21 @@ impl Callers {
             let amount = rng.random_range(self.amounts.clone());
             let key = lock_key(resource);
             op += 1;
-            let mut lease = if lock.is_none() {
-                None
-            } else {
-                recorder.record(
-                    &actor,
-                    Kind::Acquire {
-                        op,
-                        key: key.clone(),
-                    },
-                );
-                match lock.acquire(resource, self.ttl, &opts).await {
-                    Ok(lease) => {
-                        if let Some(lease) = &lease {
-                            recorder.record(
-                                &actor,
-                                Kind::Acquired {
-                                    op,
-                                    key: key.clone(),
-                                    token: label(lease),
-                                    fence: lease.fence().map(FencingToken::get),
-                                },
-                            );
+            let mut lease = match lock
+                .acquire_recorded(recorder, &actor, op, resource, self.ttl, &opts)
+                .await
+            {
+                Ok(lease) => lease,
+                Err(err) => {
+                    if !matches!(err, Error::NotAcquired { .. }) {
+                        recorder.record(&actor, caller_error("acquire", &key, &err));
+                        // A server fault: do not spin on it.
+                        tokio::select! {
+                            () = stop.cancelled() => {}
+                            () = tokio::time::sleep(Duration::from_millis(20)) => {}
                         }
-                        lease
                     }
-                    Err(err) => {
-                        recorder.record(
-                            &actor,
-                            Kind::AcquireFailed {
-                                op,
-                                key: key.clone(),
-                                reason: reason(&err),
-                            },
-                        );
-                        if !matches!(err, Error::NotAcquired { .. }) {
-                            recorder.record(&actor, caller_error("acquire", &key, &err));
-                        }
-                        if !matches!(err, Error::NotAcquired { .. }) {
-                            // A server fault: do not spin on it.
-                            tokio::select! {
-                                () = stop.cancelled() => {}
-                                () = tokio::time::sleep(Duration::from_millis(20)) => {}
-                            }
-                        }
-                        continue;
-                    }
+                    continue;
                 }
             };
             op += 1;
@@ -468,7 +487,7 @@ pub fn label(lease: &Lease) -> String {
 }
 
 /// The give-up reason of an acquire error, as the history names it.
-fn reason(err: &Error) -> String {
+pub(crate) fn reason(err: &Error) -> String {
     match err {
         Error::NotAcquired { reason, .. } => reason.to_string().replace(' ', "_"),
         err if err.is_retryable() => "unreachable".to_owned(),
@@ -495,7 +514,7 @@ fn caller_error(call: &str, key: &str, err: &Error) -> Kind {
     }
 }
 
-fn cause_name(cause: leasehold::LostCause) -> &'static str {
+pub(crate) fn cause_name(cause: leasehold::LostCause) -> &'static str {
     match cause {
         leasehold::LostCause::Expired => "expired",
         leasehold::LostCause::Unreachable => "unreachable",

@@ -33,10 +33,10 @@ use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use leasehold::{AcquireOptions, CancellationToken, Error, FencingToken, LostCause};
+use leasehold::{AcquireOptions, CancellationToken, Error, FencingToken};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
-use crate::callers::{Call, Lock, Stall, label, lock_key};
+use crate::callers::{Call, Lock, Stall, cause_name, label, lock_key};
 use crate::history::Kind;
 use crate::outcome::{Outcome, Writes};
 use crate::recorder::Recorder;
@@ -162,48 +162,19 @@ where
         let amount = rng.random_range(settings.amounts.clone());
         let key = lock_key(resource);
         op += 1;
-        let lease = if lock.is_none() {
-            None
-        } else {
-            recorder.record(
-                &actor,
-                Kind::Acquire {
-                    op,
-                    key: key.clone(),
-                },
-            );
-            match lock.acquire(resource, settings.ttl, &opts).await {
-                Ok(lease) => {
-                    if let Some(lease) = &lease {
-                        recorder.record(
-                            &actor,
-                            Kind::Acquired {
-                                op,
-                                key: key.clone(),
-                                token: label(lease),
-                                fence: lease.fence().map(FencingToken::get),
-                            },
-                        );
+        let lease = match lock
+            .acquire_recorded(recorder, &actor, op, resource, settings.ttl, &opts)
+            .await
+        {
+            Ok(lease) => lease,
+            Err(err) => {
+                if !matches!(err, Error::NotAcquired { .. }) {
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        () = tokio::time::sleep(Duration::from_millis(20)) => {}
                     }
-                    lease
                 }
-                Err(err) => {
-                    recorder.record(
-                        &actor,
-                        Kind::AcquireFailed {
-                            op,
-                            key: key.clone(),
-                            reason: reason(&err),
-                        },
-                    );
-                    if !matches!(err, Error::NotAcquired { .. }) {
-                        tokio::select! {
-                            () = stop.cancelled() => {}
-                            () = tokio::time::sleep(Duration::from_millis(20)) => {}
-                        }
-                    }
-                    continue;
-                }
+                continue;
             }
         };
         op += 1;
@@ -266,21 +237,4 @@ where
         }
     }
     writes
-}
-
-/// The give-up reason of an acquire error, as the history names it.
-fn reason(err: &Error) -> String {
-    match err {
-        Error::NotAcquired { reason, .. } => reason.to_string().replace(' ', "_"),
-        err if err.is_retryable() => "unreachable".to_owned(),
-        _ => "error".to_owned(),
-    }
-}
-
-fn cause_name(cause: LostCause) -> &'static str {
-    match cause {
-        LostCause::Expired => "expired",
-        LostCause::Unreachable => "unreachable",
-        _ => "other",
-    }
 }
