@@ -14,11 +14,14 @@ use crate::{AcquireOptions, Error, GiveUpReason, Locker, RetryStrategy};
 const MS: Duration = Duration::from_millis(1);
 
 /// A Redis whose lock key is always held by someone else. Cancels `cancel`
-/// when it receives its `cancel_at`-th `SET`.
+/// when it receives its `cancel_at`-th `SET`; with `silent_after`, never
+/// answers a `SET` after that many (a stalled server, or one too loaded to
+/// answer in time).
 #[derive(Clone)]
 struct BusyRedis {
     sets: Arc<AtomicU32>,
     cancel: Option<(u32, CancellationToken)>,
+    silent_after: Option<u32>,
 }
 
 impl redis::aio::ConnectionLike for BusyRedis {
@@ -31,6 +34,9 @@ impl redis::aio::ConnectionLike for BusyRedis {
                     && n == *at
                 {
                     token.cancel();
+                }
+                if self.silent_after.is_some_and(|busy| n > busy) {
+                    std::future::pending::<()>().await;
                 }
                 return Ok(Value::BulkString(b"someone-else".to_vec()));
             }
@@ -78,6 +84,7 @@ async fn give_up(opts: AcquireOptions, cancel_at: Option<(u32, CancellationToken
     let fake = BusyRedis {
         sets: Arc::default(),
         cancel: cancel_at,
+        silent_after: None,
     };
     let locker = Locker::builder().build(fake).expect("default settings");
     match locker
@@ -178,6 +185,7 @@ async fn stats_count_every_request() {
         .build(BusyRedis {
             sets: Arc::default(),
             cancel: None,
+            silent_after: None,
         })
         .expect("default settings");
     let opts = AcquireOptions::new().retry(RetryStrategy::constant(MS).max_attempts(3));
@@ -190,43 +198,6 @@ async fn stats_count_every_request() {
     assert_eq!(stats.acquisitions, 0);
 }
 
-/// A Redis whose lock is busy for the first `busy` `SET`s; later ones are
-/// never answered (a stalled server, or one too loaded to answer in time).
-#[derive(Clone)]
-struct BusyThenSilent {
-    sets: Arc<AtomicU32>,
-    busy: u32,
-}
-
-impl redis::aio::ConnectionLike for BusyThenSilent {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let is_set = matches!(cmd.args_iter().next(), Some(redis::Arg::Simple(b"SET")));
-        Box::pin(async move {
-            if is_set {
-                let n = self.sets.fetch_add(1, Ordering::SeqCst) + 1;
-                if n <= self.busy {
-                    return Ok(Value::BulkString(b"someone-else".to_vec()));
-                }
-                std::future::pending::<()>().await;
-            }
-            Ok(Value::Int(0))
-        })
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        _pipeline: &'a redis::Pipeline,
-        _offset: usize,
-        _count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(async { Ok(Vec::new()) })
-    }
-
-    fn get_db(&self) -> i64 {
-        0
-    }
-}
-
 /// The last attempt of a wait gets only what is left of it. When Redis
 /// had answered "busy" just before and that short attempt times out, the
 /// wait ran out, not Redis: `NotAcquired`. When Redis never answered, or
@@ -234,9 +205,10 @@ impl redis::aio::ConnectionLike for BusyThenSilent {
 #[tokio::test(start_paused = true)]
 async fn a_last_attempt_cut_short_by_the_wait_gives_up_as_not_acquired() {
     let acquire = |busy: u32, wait: Duration| async move {
-        let fake = BusyThenSilent {
+        let fake = BusyRedis {
             sets: Arc::default(),
-            busy,
+            cancel: None,
+            silent_after: Some(busy),
         };
         let locker = Locker::builder()
             .command_timeout(500 * MS)
