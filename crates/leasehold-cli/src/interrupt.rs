@@ -55,23 +55,7 @@ pub(crate) async fn signalled() -> &'static str {
 /// nothing). Read from `/proc/PID/task/TID/children`; empty where `/proc`
 /// cannot be read.
 pub(crate) fn still_running() -> Vec<u32> {
-    let mut found: Vec<u32> = Vec::new();
-    let mut next = vec![std::process::id()];
-    while let Some(parent) = next.pop() {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else {
-            continue;
-        };
-        for task in tasks.flatten() {
-            let children =
-                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-                if !found.contains(&child) {
-                    found.push(child);
-                    next.push(child);
-                }
-            }
-        }
-    }
+    let mut found = leasehold_testkit::descendants(std::process::id());
     found.retain(|pid| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()

@@ -194,29 +194,6 @@ fn sigterm_stops_the_throwaway_servers_and_exits_130() -> TestResult {
     Ok(())
 }
 
-/// The processes below `pid` (its children, theirs, ...), from
-/// `/proc/PID/task/TID/children`.
-fn descendants(pid: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    let mut next = vec![pid];
-    while let Some(parent) = next.pop() {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else {
-            continue;
-        };
-        for task in tasks.flatten() {
-            let children =
-                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-                if !found.contains(&child) {
-                    found.push(child);
-                    next.push(child);
-                }
-            }
-        }
-    }
-    found
-}
-
 /// The command line of `pid`, its arguments joined by spaces.
 fn command_line(pid: u32) -> String {
     std::fs::read(format!("/proc/{pid}/cmdline"))
@@ -257,7 +234,7 @@ fn sigterm_mid_chaos_run_stops_every_process_it_started_and_removes_its_temp_dir
     // a run when it ends), so the process tree is watched.
     let deadline = Instant::now() + PATIENCE;
     let started = loop {
-        let started = descendants(cli_pid);
+        let started = leasehold_testkit::descendants(cli_pid);
         if started
             .iter()
             .any(|&pid| command_line(pid).contains("redis-server") && state(pid) == Some('T'))

@@ -130,6 +130,29 @@ impl RedisServer {
     }
 }
 
+/// The processes below `pid` (its children, theirs, ...), read from
+/// `/proc/PID/task/TID/children`; empty where `/proc` cannot be read.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut found: Vec<u32> = Vec::new();
+    let mut next = vec![pid];
+    while let Some(parent) = next.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                if !found.contains(&child) {
+                    found.push(child);
+                    next.push(child);
+                }
+            }
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

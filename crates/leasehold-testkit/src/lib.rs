@@ -47,7 +47,9 @@ pub use certs::{ClientAuth, ServerTls, TestCerts};
 pub use cluster::{CLUSTER_SLOTS, Failover, RedisCluster};
 pub use connection::connection;
 pub use error::Error;
-pub use faults::{is_process_paused, pause_process, resume_process, stop_this_process};
+pub use faults::{
+    descendants, is_process_paused, pause_process, resume_process, stop_this_process,
+};
 pub use postgres::PostgresServer;
 pub use process::free_port;
 pub use proxy::{Direction, FaultProxy, Faults};
