@@ -510,8 +510,21 @@ fn caller_error(call: &str, key: &str, err: &Error) -> Kind {
         call: call.to_owned(),
         key: key.to_owned(),
         error: error.to_owned(),
-        detail: err.to_string(),
+        detail: with_sources(err),
     }
+}
+
+/// `err` and its sources, `: `-separated: the detail a reader of a history
+/// needs to tell one Redis reply from another.
+fn with_sources(err: &Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 pub(crate) fn cause_name(cause: leasehold::LostCause) -> &'static str {

@@ -343,8 +343,11 @@ impl RedisCluster {
     }
 
     /// Finishes moving `slot`: migrates its remaining keys from `from` to
-    /// `to` and assigns the slot to `to` on every node. Later requests for
-    /// its keys sent to `from` get a `MOVED` redirect.
+    /// `to` and assigns the slot to `to` on every node, in the order the
+    /// `CLUSTER SETSLOT` docs give (the target, then the source, then the
+    /// rest), so the source never points at a target that still points
+    /// back. Later requests for its keys sent to `from` get a `MOVED`
+    /// redirect.
     ///
     /// # Errors
     /// [`Error::RedisReply`] if a node refuses.
@@ -361,8 +364,12 @@ impl RedisCluster {
         {
             source.redis_cli(&["MIGRATE", target.host(), &port, key, "0", "5000"])?;
         }
-        for node in &self.nodes {
-            node.redis_cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &target_id])?;
+        let order = [to, from]
+            .into_iter()
+            .chain((0..self.nodes.len()).filter(|&i| i != to && i != from));
+        for index in order {
+            self.node(index)?
+                .redis_cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &target_id])?;
         }
         Ok(())
     }

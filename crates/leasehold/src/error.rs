@@ -422,8 +422,11 @@ pub enum Error {
 impl Error {
     /// True when trying the same operation again later may succeed: the lock
     /// was busy, Redis was slow or unreachable, was loading, failing over or
-    /// busy with a script, or its replicas did not acknowledge the lock in
-    /// time, or it refused our credentials. `Unreachable` and `Auth` count as
+    /// busy with a script, a cluster slot was moving (`TRYAGAIN`, or a
+    /// `MOVED` / `ASK` redirect the cluster client stopped following while
+    /// the nodes disagreed on the slot's owner: Redis ran nothing), or its
+    /// replicas did not acknowledge the lock in time, or it refused our
+    /// credentials. `Unreachable` and `Auth` count as
     /// retryable because the connection
     /// [`Locker::connect`](crate::Locker::connect) opens reconnects, and
     /// authenticates again with backoff until the server accepts it (other
@@ -455,6 +458,8 @@ impl Error {
                             "LOADING"
                                 | "BUSY"
                                 | "TRYAGAIN"
+                                | "MOVED"
+                                | "ASK"
                                 | "CLUSTERDOWN"
                                 | "MASTERDOWN"
                                 | "READONLY"
@@ -600,6 +605,27 @@ mod tests {
         match reply {
             Err(err) => err,
             Ok(value) => panic!("{text} parsed as {value:?}"),
+        }
+    }
+
+    /// What a cluster client returns when a slot moves under a request:
+    /// Redis ran nothing, and the slot settles, so every caller retries it
+    /// within its deadline. `MOVED` reaches us when the nodes disagree on
+    /// the owner for a moment (the source already points at the target,
+    /// the target still imports and points back) and the client stops
+    /// following the redirects.
+    #[test]
+    fn a_moving_slot_is_a_fault_that_may_pass() {
+        for reply in [
+            "MOVED 5904 127.0.0.1:30002",
+            "ASK 5904 127.0.0.1:30002",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "CLUSTERDOWN The cluster is down",
+        ] {
+            let err = Error::from_redis("acquire", "k", server_error(reply));
+            assert!(matches!(err, Error::Redis { .. }), "{reply}: {err:?}");
+            assert!(err.is_retryable(), "{reply}");
+            assert!(crate::call::fault_may_pass(&err), "{reply}");
         }
     }
 

@@ -74,7 +74,8 @@
 //!   sentinels naming another primary reconnect too. An acquire retries a
 //!   fault that may pass
 //!   (a timeout, a lost connection, `LOADING`, `TRYAGAIN`, `MASTERDOWN`,
-//!   `CLUSTERDOWN`) until its deadline, as it retries a busy lock; a retry
+//!   `CLUSTERDOWN`, a slot's `MOVED` / `ASK` the cluster client stopped
+//!   following) until its deadline, as it retries a busy lock; a retry
 //!   never holds a lock it does not know of (a possibly-landed attempt is
 //!   undone, token-checked, or found by its own token). Release and refresh
 //!   retry quick faults while the lease is valid. Every request is bounded

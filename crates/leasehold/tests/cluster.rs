@@ -93,6 +93,79 @@ async fn ask_and_moved_redirects_are_followed_during_a_slot_migration() -> TestR
     Ok(())
 }
 
+/// The moment in a slot migration where the nodes disagree on the owner:
+/// the source already names the target, the target still imports and
+/// names the source. Requests bounce between the two until the target
+/// takes the slot; the cluster client stops following the redirects and
+/// returns `MOVED`. Redis ran nothing, so that is a fault that may pass:
+/// retryable, and an acquire waiting through it gets the lock once the
+/// slot settles, not an error.
+#[tokio::test]
+async fn an_acquire_rides_out_the_moment_the_nodes_disagree_on_a_slot() -> TestResult {
+    let cluster = RedisCluster::start(3)?;
+    let client = redis::cluster::ClusterClient::builder(cluster.urls())
+        .min_retry_wait(1)
+        .max_retry_wait(50)
+        .build()?;
+    let locker = Locker::builder().build(client.get_async_connection().await?)?;
+    let keys = leasehold::FencedKeys::for_resource("wallet:disputed")?;
+    let slot = cluster.slot_of(keys.lock())?;
+    let from = cluster
+        .nodes()
+        .iter()
+        .position(|n| Some(n.port()) == cluster.node_for_slot(slot).map(|o| o.port()))
+        .ok_or("no owner")?;
+    let to = (from + 1) % 3;
+    // The lock is warm on the source, then the slot starts to move and the
+    // source alone is told that the target owns it.
+    locker
+        .acquire(&keys, Duration::from_secs(30))
+        .await?
+        .release()
+        .await?;
+    cluster.begin_slot_migration(slot, from, to)?;
+    cluster.nodes()[from].redis_cli(&[
+        "MIGRATE",
+        cluster.nodes()[to].host(),
+        &cluster.nodes()[to].port().to_string(),
+        keys.fence(),
+        "0",
+        "5000",
+    ])?;
+    let target = cluster.nodes()[to].redis_cli(&["CLUSTER", "MYID"])?;
+    let slot_arg = slot.to_string();
+    cluster.nodes()[from].redis_cli(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &target])?;
+
+    let opts = leasehold::AcquireOptions::new().wait(Duration::from_millis(300));
+    let err = locker
+        .acquire_with(&keys, Duration::from_secs(30), &opts)
+        .await
+        .err()
+        .ok_or("acquired while no node served the slot")?;
+    assert!(err.is_retryable(), "{err:?}");
+
+    let waiting = tokio::spawn({
+        let locker = locker.clone();
+        let keys = keys.clone();
+        async move {
+            let opts = leasehold::AcquireOptions::new().wait(Duration::from_secs(20));
+            locker
+                .acquire_with(&keys, Duration::from_secs(30), &opts)
+                .await
+        }
+    });
+    for node in std::iter::once(to).chain((0..3).filter(|&i| i != to && i != from)) {
+        cluster.nodes()[node].redis_cli(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &target])?;
+    }
+    let lease = waiting.await??;
+    assert_eq!(
+        cluster.nodes()[to].redis_cli(&["EXISTS", keys.lock()])?,
+        "1"
+    );
+    lease.release().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn fenced_acquire_works_because_both_keys_share_a_slot() -> TestResult {
     let cluster = RedisCluster::start(3)?;
