@@ -835,7 +835,8 @@ pub(crate) struct MatrixArgs {
     /// fault proxy (for acl-reset the workers connect as the README's
     /// minimal lock user); with a replica for failover; a cluster of 3
     /// masters with a replica each for slot-migration and cluster-failover
-    /// (modes blind, fenced, cas, guard, db); a primary, a replica and 3
+    /// (every mode but quorum; hand-off over sharded pub/sub, Redis 7+); a
+    /// primary, a replica and 3
     /// sentinels for sentinel-failover and sentinel-kill, the workers
     /// connecting with its redis+sentinel:// URL (modes blind, fenced, cas,
     /// guard, handoff); 3 independent servers for the quorum mode
@@ -880,8 +881,9 @@ pub(crate) struct MatrixArgs {
     pub(crate) redis_url: Option<String>,
     /// --redis-url is a Redis Cluster: its seed nodes, comma-separated.
     /// The workers connect to the cluster directly (no fault proxy), so
-    /// the network faults are skipped too; modes handoff and quorum do not
-    /// run on a cluster. script-flush flushes every master.
+    /// the network faults are skipped too; mode quorum does not run on a
+    /// cluster, and handoff needs Redis 7 or newer (sharded pub/sub).
+    /// script-flush flushes every master.
     #[arg(long, requires = "redis_url")]
     pub(crate) cluster: bool,
     /// Write each run's history (`.jsonl`) and timeline (`.html`) here.

@@ -225,14 +225,16 @@ fn the_matrix_runs_against_your_own_redis_cluster() -> TestResult {
         &seeds,
         "--cluster",
         "--modes",
-        "cas",
+        "cas,handoff",
         "--faults",
         "key-loss,script-flush,net-cut",
         "--duration",
         "3s",
     ])?;
     assert!(stderr.contains("cas x net-cut"), "{stderr}");
-    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(stderr.contains("handoff x net-cut"), "{stderr}");
+    // Hand-off runs on your cluster too (sharded pub/sub).
+    assert_eq!(rows.len(), 4, "{rows:?}");
     for row in &rows {
         assert_eq!(row["status"], "ok", "{row}");
         assert_eq!(row["violations"], 0, "{row}");

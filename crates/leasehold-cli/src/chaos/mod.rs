@@ -143,7 +143,7 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
             );
             *mode != ChaosMode::Quorum
                 && !fault.needs_redis_process()
-                && (!args.cluster || (proxied && !matches!(mode, ChaosMode::Handoff)))
+                && (!args.cluster || proxied)
         });
         if !skipped.is_empty() {
             let names: Vec<String> = skipped
