@@ -113,7 +113,9 @@ pub enum Error {
     /// ([`AcquireOptions::wait_replicas`](crate::AcquireOptions::wait_replicas))
     /// acknowledged it in time: a failover now could lose it and let a
     /// second holder in. The lock was released (token-checked) before this
-    /// was returned.
+    /// was returned. The acquire already took the lock again and again
+    /// within its wait (each time given back): this is what the last try
+    /// found when the wait ran out.
     ///
     /// Retryable: the replicas may be lagging or briefly unreachable, and a
     /// later acquire can be confirmed. While they stay down, every acquire

@@ -117,8 +117,11 @@ impl AcquireOptions {
     /// After the acquire wins (plain or fenced), send `WAIT replicas
     /// timeout` on the same connection; if fewer than `replicas` replicas
     /// acknowledged the lock within `timeout`, release it (token-checked)
-    /// and fail with [`Error::NotReplicated`](crate::Error::NotReplicated).
-    /// `timeout` is capped by the acquire's deadline.
+    /// and take it again (a new token) after the retry strategy's next
+    /// wait, until the acquire's deadline; then fail with
+    /// [`Error::NotReplicated`](crate::Error::NotReplicated). `timeout` is
+    /// capped by the acquire's deadline. Each try costs up to `timeout`, so
+    /// with replicas gone for good the caller waits out its whole wait.
     ///
     /// This narrows the window in which a failover loses a fresh lock; it
     /// does **not** make Redis strongly consistent: a replica that

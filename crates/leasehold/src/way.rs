@@ -108,13 +108,10 @@ async fn traced_take<W: Way>(
         progress: Arc::default(),
         reported: false,
     };
-    let take = async {
-        let lease = way.take(target, ttl, opts).await?;
-        won(way, lease, opts, start).await
-    };
+    let progress = pending.progress.clone();
+    let take = take_until_replicated(way, target, ttl, opts, start, &pending.progress);
     // With no subscriber interested in the span, entering and leaving it
     // on every poll is work for nothing.
-    let progress = pending.progress.clone();
     let result = if span.is_disabled() {
         Progress::observe(progress, take).await
     } else {
@@ -122,6 +119,64 @@ async fn traced_take<W: Way>(
     };
     pending.end(&result);
     result
+}
+
+/// `way.take`, then what follows the win ([`won`]). A win too few replicas
+/// acknowledged ([`Error::NotReplicated`]: the lease was given back) is a
+/// fault that may pass, like a Redis restart: a replica reconnecting, a
+/// failover's new primary without its replica yet. So it is taken again,
+/// after the retry strategy's next wait, until `opts`' deadline (from
+/// `start`); if the strategy ends or the next try would start past the
+/// deadline, the caller gets the `NotReplicated`. Each try is a new lease
+/// with a new token, so no two tries share one.
+async fn take_until_replicated<W: Way>(
+    way: &W,
+    target: Target,
+    ttl: Duration,
+    opts: &AcquireOptions,
+    start: Instant,
+    progress: &Mutex<Progress>,
+) -> Result<Lease> {
+    if opts.wait_replicas.is_none() {
+        let lease = way.take(target, ttl, opts).await?;
+        return won(way, lease, opts, start).await;
+    }
+    let fixed = opts.fixed_from(start);
+    let deadline = fixed.deadline_from(start);
+    let mut waits = opts.retry.waits();
+    loop {
+        let lease = way.take(target.clone(), ttl, &fixed).await?;
+        let err = match won(way, lease, &fixed, start).await {
+            Err(err @ Error::NotReplicated { .. }) => err,
+            other => return other,
+        };
+        let Some(wake) = waits
+            .next()
+            .map(|wait| Instant::now() + wait)
+            .filter(|&wake| wake < deadline)
+        else {
+            return Err(err);
+        };
+        tracing::debug!(key = %target.lock, error = %err, "too few replicas acknowledged; retrying within the deadline");
+        let cancelled = async {
+            match &opts.cancel {
+                Some(cancel) => cancel.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            () = cancelled => {
+                return Err(Error::NotAcquired {
+                    key: target.lock.clone(),
+                    attempts: Progress::read(progress).attempts,
+                    waited: start.elapsed(),
+                    reason: GiveUpReason::Cancelled,
+                });
+            }
+            () = tokio::time::sleep_until(wake) => {}
+        }
+    }
 }
 
 /// What follows a win, written once for every way and every path (each key

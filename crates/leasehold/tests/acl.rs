@@ -112,7 +112,9 @@ async fn run(
             lease.raise_fence(FencingToken::new(100)).await
         }
         Op::WaitReplicas => {
-            let opts = AcquireOptions::new().wait_replicas(1, Duration::from_millis(10));
+            let opts = AcquireOptions::new()
+                .wait_replicas(1, Duration::from_millis(10))
+                .wait(Duration::from_millis(100));
             locker.acquire_with(&plain, ttl, &opts).await.map(drop)
         }
         #[cfg(feature = "handoff")]

@@ -1007,7 +1007,9 @@ async fn watchdog_and_replica_options_apply_in_hand_off_mode_relayed_or_not() ->
     second.release().await?;
 
     // No replicas here: the lock is taken, found unreplicated and given back.
-    let replicated = AcquireOptions::new().wait_replicas(1, Duration::from_millis(20));
+    let replicated = AcquireOptions::new()
+        .wait_replicas(1, Duration::from_millis(20))
+        .wait(Duration::from_millis(200));
     let err = locker
         .acquire_with(key, 10 * SECOND, &replicated)
         .await

@@ -485,7 +485,9 @@ async fn every_mode_works_under_the_minimal_acl() -> TestResult {
     }
 
     // WAIT is allowed: no replica here, so the lock is given back.
-    let replicated = AcquireOptions::new().wait_replicas(1, Duration::from_millis(10));
+    let replicated = AcquireOptions::new()
+        .wait_replicas(1, Duration::from_millis(10))
+        .wait(Duration::from_millis(100));
     let err = locker
         .acquire_with("lock:acl:wait", ttl, &replicated)
         .await

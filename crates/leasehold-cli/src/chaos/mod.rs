@@ -141,9 +141,7 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
                     | Fault::ConnKill
                     | Fault::RedisStall
             );
-            *mode != ChaosMode::Quorum
-                && !fault.needs_redis_process()
-                && (!args.cluster || proxied)
+            *mode != ChaosMode::Quorum && !fault.needs_redis_process() && (!args.cluster || proxied)
         });
         if !skipped.is_empty() {
             let names: Vec<String> = skipped
