@@ -11,7 +11,8 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 const SECOND: Duration = Duration::from_secs(1);
 
 struct Pair {
-    primary: RedisServer,
+    /// Kept alive for the test; stopped on drop.
+    _primary: RedisServer,
     replica: RedisServer,
     conn: Connection,
     locker: Locker,
@@ -40,7 +41,7 @@ async fn pair() -> Result<Pair, Box<dyn std::error::Error>> {
         .await?;
     assert_eq!(acked, 1, "the replica never synced:\n{}", replica.log());
     Ok(Pair {
-        primary,
+        _primary: primary,
         replica,
         conn,
         locker,
@@ -82,7 +83,7 @@ async fn healthy_replica_acknowledges_the_lock() -> TestResult {
 /// win was given back, so the first try is known to have failed.
 #[tokio::test]
 async fn a_replica_back_within_the_wait_gives_the_lock_not_an_error() -> TestResult {
-    let mut p = pair().await?;
+    let p = pair().await?;
     let before = p.locker.stats();
     p.replica.pause()?;
     let acquire = tokio::spawn({
