@@ -19,6 +19,21 @@ fn setuser<'a>(user: &'a str, password: &'a str) -> Vec<&'a str> {
     args
 }
 
+/// The list these tests grant is the README's line, word for word: a rule
+/// added to one and not the other would make these tests prove the wrong
+/// ACL.
+#[test]
+fn the_tested_acl_is_the_readmes() -> Result<(), Box<dyn std::error::Error>> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))?;
+    let line = readme
+        .lines()
+        .find_map(|line| line.strip_prefix("ACL SETUSER locker on >password "))
+        .ok_or("no `ACL SETUSER locker on >password` line in the README")?;
+    let readme_rules: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(readme_rules, LOCK_USER_ACL);
+    Ok(())
+}
+
 /// An operation of the library, run by a user whose ACL lacks one command.
 #[derive(Debug, Clone, Copy)]
 enum Op {

@@ -93,7 +93,10 @@ async fn a_replica_back_within_the_wait_gives_the_lock_not_an_error() -> TestRes
     });
     let hung = std::time::Instant::now() + 20 * SECOND;
     while p.locker.stats().release_requests == before.release_requests {
-        assert!(std::time::Instant::now() < hung, "no unreplicated win given back");
+        assert!(
+            std::time::Instant::now() < hung,
+            "no unreplicated win given back"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     p.replica.resume()?;
