@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use leasehold::CancellationToken;
-use leasehold_chaos::{Callers, Recorder, Stall, start_from_micros};
+use leasehold_chaos::{Callers, Lock, Recorder, Stall, start_from_micros};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_util::task::AbortOnDropHandle;
@@ -41,6 +41,41 @@ pub(crate) struct Spec {
     pub(crate) duration_ms: u64,
 }
 
+/// How long a worker keeps trying to connect its lock before the run
+/// starts: on a loaded machine a handshake can take longer than the
+/// workers' command timeout, which would otherwise end the whole run.
+const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The mode's lock, connected. A connect that failed for a reason that may
+/// pass (Redis slow or unreachable) is tried again, 50 ms doubling to
+/// 500 ms apart, for up to [`CONNECT_PATIENCE`]: the worker has not said
+/// it is ready, so the run has not started and nothing is recorded.
+async fn connect_lock(spec: &Spec) -> anyhow::Result<Lock> {
+    let give_up = std::time::Instant::now() + CONNECT_PATIENCE;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match spec.mode.lock(&spec.redis_urls, spec.cluster).await {
+            Err(err) if std::time::Instant::now() < give_up && may_pass(&err) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            connected => return connected,
+        }
+    }
+}
+
+/// Whether a connect error may pass by itself.
+fn may_pass(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<leasehold::Error>()
+            .is_some_and(leasehold::Error::is_retryable)
+            || cause
+                .downcast_ref::<redis::RedisError>()
+                .is_some_and(|e| e.is_io_error() || e.is_timeout() || e.is_connection_refusal())
+    })
+}
+
 /// Runs the worker described on stdin until its run ends.
 pub(crate) async fn run() -> anyhow::Result<()> {
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
@@ -51,7 +86,7 @@ pub(crate) async fn run() -> anyhow::Result<()> {
         .context("no worker spec on stdin")?;
     let spec: Spec = serde_json::from_str(&input).context("parsing the worker spec")?;
     let pool = crate::env::pg_pool(&spec.database_url, spec.tasks as usize)?;
-    let lock = spec.mode.lock(&spec.redis_urls, spec.cluster).await?;
+    let lock = connect_lock(&spec).await?;
     // Every connection open before the run starts: a first write that
     // spends the TTL on a connection handshake would show as a double
     // holder the faults did not cause.
