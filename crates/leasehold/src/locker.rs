@@ -432,6 +432,10 @@ impl<C: RedisConnection> Way for Locker<C> {
 
     const MODE: &'static str = "poll";
 
+    fn command_timeout(&self) -> Duration {
+        self.node.command_timeout()
+    }
+
     /// The polling loop for one checked target.
     async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
         let token = LeaseToken::generate()?;

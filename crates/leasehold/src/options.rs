@@ -134,7 +134,12 @@ impl AcquireOptions {
     ///
     /// A zero `timeout` is refused with
     /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) before any
-    /// I/O (`WAIT n 0` would block forever).
+    /// I/O (`WAIT n 0` would block forever), and so is one at or above the
+    /// locker's command timeout
+    /// ([`LockerBuilder::command_timeout`](crate::LockerBuilder::command_timeout),
+    /// 1 s by default): the connection would cut such a `WAIT` short and
+    /// the acquire would fail with a timeout instead of waiting for the
+    /// replicas as long as asked.
     ///
     /// Defaults to none: the acquire returns as soon as the primary said
     /// yes.
@@ -146,13 +151,20 @@ impl AcquireOptions {
     /// Checks every field against what the way of taking a lease
     /// `supports`, before any I/O: an option it cannot honour is refused
     /// with [`Error::InvalidOptions`] naming the field, never ignored.
-    pub(crate) fn check(&self, supports: Supports) -> Result<()> {
+    ///
+    /// `command_timeout` is the way's bound on one request: a `WAIT` that
+    /// may block as long would be cut short by it, so a `wait_replicas`
+    /// timeout must be shorter.
+    pub(crate) fn check(&self, supports: Supports, command_timeout: Duration) -> Result<()> {
         match self.wait_replicas {
             Some(_) if !supports.wait_replicas => Err(Error::InvalidOptions(
                 "wait_replicas does not apply to a quorum: its servers are independent",
             )),
             Some(wait) if wait.timeout.is_zero() => Err(Error::InvalidOptions(
                 "wait_replicas: the timeout must be positive",
+            )),
+            Some(wait) if wait.timeout >= command_timeout => Err(Error::InvalidOptions(
+                "wait_replicas: the timeout must be shorter than the command timeout (the connection cuts a longer WAIT short)",
             )),
             _ => Ok(()),
         }

@@ -265,6 +265,10 @@ impl<C: RedisConnection> Way for Quorum<C> {
     async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
         self.take_one(target, ttl, opts).await
     }
+
+    fn command_timeout(&self) -> Duration {
+        self.inner.node_timeout
+    }
 }
 
 impl<C: RedisConnection> Quorum<C> {

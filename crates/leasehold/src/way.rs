@@ -64,6 +64,10 @@ pub(crate) trait Way {
     ) -> impl Future<Output = Result<Lease>> {
         std::future::ready(Ok(lease))
     }
+
+    /// Its bound on one Redis request (a `WAIT` for replicas must be
+    /// shorter).
+    fn command_timeout(&self) -> Duration;
 }
 
 /// `acquire_with` of every way: checks (no I/O), then one lock.
@@ -75,7 +79,7 @@ pub(crate) async fn acquire_with<W: Way>(
 ) -> Result<Lease> {
     let target = Target::of(&keys)?;
     check_ttl(ttl)?;
-    opts.check(W::SUPPORTS)?;
+    opts.check(W::SUPPORTS, way.command_timeout())?;
     traced_take(way, target, ttl, opts).await
 }
 
@@ -291,7 +295,7 @@ pub(crate) async fn acquire_all_of<W: Way, K: LockKeys>(
 ) -> Result<Lease> {
     let targets = targets(keys)?;
     check_ttl(ttl)?;
-    opts.check(W::SUPPORTS)?;
+    opts.check(W::SUPPORTS, way.command_timeout())?;
     acquire_all(targets, opts, |target, each| async move {
         traced_take(way, target, ttl, &each).await
     })

@@ -97,16 +97,23 @@ async fn the_watchdog_is_started_or_refused_on_every_path() -> TestResult {
     Ok(())
 }
 
+/// A replica wait the lockers cannot honour is refused before any I/O: a
+/// zero timeout (`WAIT n 0` blocks forever), and one at or above the
+/// command timeout (1 s here, the default), which the connection would cut
+/// short. The quorum refuses any.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_zero_replica_wait_is_refused_before_any_io_on_every_path() -> TestResult {
+async fn a_replica_wait_that_cannot_be_honoured_is_refused_before_any_io_on_every_path()
+-> TestResult {
     let server = RedisServer::start()?;
-    let opts = AcquireOptions::new().wait_replicas(1, Duration::ZERO);
-    for (i, path) in PATHS.into_iter().enumerate() {
-        let outcome = acquire(&server, path, &format!("t:opts:wait:{i}"), &opts).await?;
-        assert!(
-            matches!(outcome, Err(Error::InvalidOptions(_))),
-            "{path:?}: {outcome:?}"
-        );
+    for (n, timeout) in [Duration::ZERO, SECOND, 2 * SECOND].into_iter().enumerate() {
+        let opts = AcquireOptions::new().wait_replicas(1, timeout);
+        for (i, path) in PATHS.into_iter().enumerate() {
+            let outcome = acquire(&server, path, &format!("t:opts:wait:{n}:{i}"), &opts).await?;
+            assert!(
+                matches!(outcome, Err(Error::InvalidOptions(_))),
+                "{timeout:?} {path:?}: {outcome:?}"
+            );
+        }
     }
     Ok(())
 }

@@ -594,6 +594,10 @@ impl<C: RedisConnection> Way for HandoffLocker<C> {
     ) -> Result<Lease> {
         crate::replicas::confirm(&self.inner.locker.node, lease, opts, deadline).await
     }
+
+    fn command_timeout(&self) -> Duration {
+        self.inner.locker.node.command_timeout()
+    }
 }
 
 impl<C: RedisConnection> HandoffLocker<C> {
