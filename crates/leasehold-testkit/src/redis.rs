@@ -150,6 +150,18 @@ impl RedisOptions {
         self.tls.as_ref()
     }
 
+    /// The primary set with [`replica_of`](Self::replica_of), if any.
+    pub fn get_replica_of(&self) -> Option<(&str, u16)> {
+        self.replica_of
+            .as_ref()
+            .map(|(host, port)| (host.as_str(), *port))
+    }
+
+    /// Whether [`appendonly`](Self::appendonly) is on.
+    pub fn get_appendonly(&self) -> bool {
+        self.appendonly
+    }
+
     /// The full `redis-server` command line (without the binary) for a server
     /// on `port` whose files live in `dir`.
     fn command_line(&self, port: u16, dir: &Path, log_path: &Path) -> Vec<String> {
@@ -290,8 +302,19 @@ impl RedisServer {
     ///
     /// As for [`start`](Self::start); servers already started are killed.
     pub fn start_many(n: usize) -> Result<Vec<RedisServer>, Error> {
+        Self::start_many_with(n, &RedisOptions::default())
+    }
+
+    /// Starts `n` independent servers, each with (a copy of) `options`,
+    /// spawned before waiting for any, as [`start_many`](Self::start_many).
+    ///
+    /// # Errors
+    ///
+    /// As for [`start_with`](Self::start_with); servers already started
+    /// are killed.
+    pub fn start_many_with(n: usize, options: &RedisOptions) -> Result<Vec<RedisServer>, Error> {
         let spawned = (0..n)
-            .map(|_| Self::spawn(RedisOptions::default()))
+            .map(|_| Self::spawn(options.clone()))
             .collect::<Result<Vec<_>, _>>()?;
         spawned.into_iter().map(Self::finish_start).collect()
     }
