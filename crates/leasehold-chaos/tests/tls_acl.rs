@@ -13,7 +13,7 @@ use leasehold_chaos::{
     ACL_RULES, Call, ControlVerdict, Fault, Harness, HarnessError, Kind, Lab, LabError, LabOptions,
     Lock, Outcome, RunReport, WriteOutcome, Writes,
 };
-use leasehold_testkit::{ClientAuth, RedisOptions, RedisServer, TestCerts};
+use leasehold_testkit::{ClientAuth, RedisOptions, RedisServer, Reply, TestCerts};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -50,6 +50,23 @@ fn url_as(server: &RedisServer, user: &str) -> String {
         "rediss://{user}:{HARNESS_PASSWORD}@127.0.0.1:{}/",
         server.port()
     )
+}
+
+/// The commands the server's ACL refused (`ACL LOG`'s `object`s).
+fn refused_commands(server: &RedisServer) -> Result<Vec<String>, leasehold_testkit::Error> {
+    let Reply::Array(entries) = server.command(&["ACL", "LOG"])? else {
+        return Ok(Vec::new());
+    };
+    Ok(entries
+        .iter()
+        .filter_map(|entry| match entry {
+            Reply::Array(fields) => fields
+                .chunks(2)
+                .find(|pair| matches!(&pair[0], Reply::Bulk(name) if name == b"object"))
+                .map(|pair| pair[1].to_string()),
+            _ => None,
+        })
+        .collect())
 }
 
 async fn start(options: LabOptions) -> Result<Lab, Box<dyn std::error::Error>> {
@@ -163,10 +180,14 @@ async fn a_run_over_tls_with_client_certs_as_the_harness_acl_user_holds_and_catc
         "{}",
         report.summary()
     );
-    // The lab's key-loss reached the server: its own connection, over TLS
-    // with the client certificate, as the harness user.
-    let clients = server.command(&["CLIENT", "LIST"])?.to_string();
-    assert!(clients.contains("user=harness"), "{clients}");
+    // Nothing outside the harness's ACL was sent: the server's ACL log
+    // holds no refusal but the library's own optional INFO probe (the
+    // README's "optional: Redis 8.4 native release/refresh").
+    let refused = refused_commands(&server)?;
+    assert!(
+        refused.iter().all(|command| command == "info"),
+        "{refused:?}"
+    );
     Ok(())
 }
 
@@ -226,6 +247,17 @@ async fn a_user_without_a_faults_command_gets_a_typed_error_naming_it() -> TestR
     // no command.
     key_loss?;
     net_cut?;
+    // The refusals were the probes, nothing else.
+    let refused = refused_commands(&server)?;
+    for command in ["script|flush", "client|kill", "client|pause"] {
+        assert!(refused.iter().any(|r| r == command), "{refused:?}");
+    }
+    assert!(
+        refused
+            .iter()
+            .all(|r| ["script|flush", "client|kill", "client|pause", "info"].contains(&r.as_str())),
+        "{refused:?}"
+    );
     Ok(())
 }
 
