@@ -316,9 +316,10 @@ impl LabOptions {
     /// its own on top (`--repl-diskless-sync-delay 0`, an ACL user with
     /// [`acl_user`](Self::acl_user)). What cannot apply is
     /// [`LabError::Options`], never ignored: options for a cluster, a
-    /// Sentinel setup or a Redis given by URL; `replica_of`; TLS together
-    /// with a [`replica`](Self::replica) (the testkit's replication is
-    /// plain TCP). Defaults to the testkit's defaults.
+    /// Sentinel setup or a Redis given by URL; `replica_of`; TLS without
+    /// [`tls`](Self::tls) files for the callers, or files without TLS. A
+    /// replica of a TLS primary replicates over TLS, presenting the
+    /// testkit's client certificate. Defaults to the testkit's defaults.
     pub fn redis_options(mut self, options: RedisOptions) -> Self {
         self.redis_options = Some(options);
         self
@@ -543,11 +544,6 @@ impl LabOptions {
             ));
         }
         if base.get_tls().is_some() {
-            if self.replica {
-                return Err(LabError::Options(
-                    "a tls throwaway primary with a replica: the testkit's replication is plain tcp",
-                ));
-            }
             if self.tls.is_none() {
                 return Err(LabError::Options(
                     "a tls throwaway server needs LabOptions::tls: the ca (and the client certificate) the callers use",

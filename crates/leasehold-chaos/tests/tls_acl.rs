@@ -1,8 +1,8 @@
 //! The harness on the user's own infrastructure: a Redis over TLS that
 //! requires client certificates, reached by `rediss://` as an ACL user with
 //! exactly the harness's documented rules; a user without a fault's
-//! command; a chosen proxy port; throwaway servers with the user's
-//! configuration.
+//! command; a chosen proxy port and host, no proxy; throwaway servers
+//! with the user's configuration (an AOF restart, a failover over TLS).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,7 +11,7 @@ use leasehold::Locker;
 use leasehold::tls::TlsFiles;
 use leasehold_chaos::{
     ACL_RULES, Call, ControlVerdict, Fault, Harness, HarnessError, Kind, Lab, LabError, LabOptions,
-    Lock, Outcome, RunReport, WriteOutcome, Writes,
+    Lock, NegativeControl, Outcome, RunReport, WriteOutcome, Writes,
 };
 use leasehold_testkit::{ClientAuth, RedisOptions, RedisServer, Reply, TestCerts};
 
@@ -91,8 +91,13 @@ struct Account {
 
 /// 6 callers debit one account for 2 s (one fault window) under `fault` with a check-and-set
 /// on the fence and the value read (a 30 ms read, then the pause point,
-/// then the write), the watchdog on, the built-in control first.
-async fn run_checked(lab: &Lab, lock: &Lock, fault: Fault) -> Result<RunReport, HarnessError> {
+/// then the write), the watchdog on, `control` first.
+async fn run_checked(
+    lab: &Lab,
+    lock: &Lock,
+    fault: Fault,
+    control: NegativeControl,
+) -> Result<RunReport, HarnessError> {
     let account = Arc::new(Mutex::new(Account {
         balance: 1_000_000,
         ..Account::default()
@@ -137,6 +142,7 @@ async fn run_checked(lab: &Lab, lock: &Lock, fault: Fault) -> Result<RunReport, 
         .duration(Duration::from_secs(2))
         .watchdog(true)
         .fault(fault)
+        .negative_control(control)
         .run(lab, lock, write, check)
         .await
 }
@@ -168,7 +174,7 @@ async fn a_run_over_tls_with_client_certs_as_the_harness_acl_user_holds_and_catc
         tokio::task::spawn_blocking(move || lab.check_fault(fault, &keys)).await??;
     }
     let lock = fenced_lock(&lab).await?;
-    let report = run_checked(&lab, &lock, Fault::KeyLoss).await?;
+    let report = run_checked(&lab, &lock, Fault::KeyLoss, NegativeControl::Builtin).await?;
     assert!(
         matches!(report.control, ControlVerdict::Caught { .. }),
         "{}",
@@ -205,7 +211,7 @@ async fn a_user_without_a_faults_command_gets_a_typed_error_naming_it() -> TestR
     )
     .await?;
     let lock = fenced_lock(&lab).await?;
-    let err = run_checked(&lab, &lock, Fault::ScriptFlush)
+    let err = run_checked(&lab, &lock, Fault::ScriptFlush, NegativeControl::Builtin)
         .await
         .err()
         .ok_or("a run without +script|flush did not fail")?;
@@ -343,7 +349,7 @@ async fn throwaway_servers_take_the_users_configuration() -> TestResult {
         .ttl(Duration::from_millis(100))
         .duration(Duration::from_secs(2))
         .fault(Fault::RedisRestartAof)
-        .negative_control(leasehold_chaos::NegativeControl::Off)
+        .negative_control(NegativeControl::Off)
         .run(
             &lab,
             &lock,
@@ -392,13 +398,6 @@ async fn throwaway_servers_take_the_users_configuration() -> TestResult {
     // Options that cannot apply are refused, not ignored.
     for (options, why) in [
         (
-            LabOptions::default()
-                .redis_options(user.clone())
-                .tls(files(&certs))
-                .replica(true),
-            "plain tcp",
-        ),
-        (
             LabOptions::default().redis_options(user.clone()),
             "LabOptions::tls",
         ),
@@ -417,6 +416,53 @@ async fn throwaway_servers_take_the_users_configuration() -> TestResult {
             "{why}: {err}"
         );
     }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_runs_on_a_tls_primary_and_replica_with_client_certs_required() -> TestResult {
+    let certs = TestCerts::generate()?;
+    let lab = start(
+        LabOptions::default()
+            .redis_options(
+                RedisOptions::default()
+                    .tls(certs.server().client_auth(ClientAuth::Required))
+                    .password("their-password"),
+            )
+            .tls(files(&certs))
+            .for_fault(Fault::Failover),
+    )
+    .await?;
+    let lock = fenced_lock(&lab).await?;
+    // A failover uses the lab's replica up: no control run before it.
+    let report = run_checked(&lab, &lock, Fault::Failover, NegativeControl::Off).await?;
+    let ended = report
+        .events
+        .iter()
+        .find(|event| matches!(&event.kind, Kind::FaultEnd { fault, .. } if fault == "failover"))
+        .map(|event| event.at_us)
+        .ok_or("no failover")?;
+    // The promoted replica (TLS, client certificates required, the same
+    // password) takes writes after the failover.
+    assert!(
+        report.events.iter().any(|event| event.at_us > ended
+            && matches!(
+                &event.kind,
+                Kind::Write {
+                    outcome: WriteOutcome::Accepted,
+                    ..
+                }
+            )),
+        "no write after the failover: {}",
+        report.summary()
+    );
+    assert!(report.check.holds(), "{}", report.summary());
+    // The replica had replicated over TLS before it was promoted.
+    assert!(
+        lab.logs()
+            .contains("MASTER <-> REPLICA sync: Finished with success"),
+        "the replica never synced"
+    );
     Ok(())
 }
 

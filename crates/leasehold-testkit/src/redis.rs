@@ -65,7 +65,13 @@ impl Default for RedisOptions {
 }
 
 /// Where a TLS server's PEM files live in its directory.
-const TLS_FILES: [&str; 3] = ["tls-cert.pem", "tls-key.pem", "tls-ca.pem"];
+const TLS_FILES: [&str; 5] = [
+    "tls-cert.pem",
+    "tls-key.pem",
+    "tls-ca.pem",
+    "tls-client-cert.pem",
+    "tls-client-key.pem",
+];
 
 impl RedisOptions {
     /// Requires clients to authenticate with `password` (`--requirepass`).
@@ -130,8 +136,11 @@ impl RedisOptions {
     /// trusting the CA that signed the server's certificate and presenting
     /// the client certificate of the same [`TestCerts`](crate::TestCerts).
     ///
-    /// Not for [`replica_of`](Self::replica_of) or cluster nodes: replication
-    /// and the cluster bus stay plain.
+    /// With [`replica_of`](Self::replica_of) the replica connects to its
+    /// primary over TLS too (`--tls-replication yes`), presenting the
+    /// testkit's client certificate (`--tls-client-cert-file`), so the
+    /// primary must speak TLS with the same [`TestCerts`](crate::TestCerts).
+    /// Not for cluster nodes: the cluster bus stays plain.
     ///
     /// Defaults to none: a plain TCP server.
     #[must_use]
@@ -168,7 +177,7 @@ impl RedisOptions {
         let (plain_port, tls_args) = match &self.tls {
             None => (port.to_string(), Vec::new()),
             Some(tls) => {
-                let [cert, key, ca] = TLS_FILES.map(|name| dir.join(name));
+                let [cert, key, ca, client_cert, client_key] = TLS_FILES.map(|name| dir.join(name));
                 let auth = match tls.client_auth {
                     ClientAuth::Optional => "optional",
                     ClientAuth::Required => "yes",
@@ -185,6 +194,17 @@ impl RedisOptions {
                     &ca.to_string_lossy(),
                     "--tls-auth-clients",
                     auth,
+                    // What it presents when it connects out: to its primary.
+                    "--tls-client-cert-file",
+                    &client_cert.to_string_lossy(),
+                    "--tls-client-key-file",
+                    &client_key.to_string_lossy(),
+                    "--tls-replication",
+                    if self.replica_of.is_some() {
+                        "yes"
+                    } else {
+                        "no"
+                    },
                 ]
                 .map(str::to_owned)
                 .to_vec();
@@ -529,10 +549,14 @@ impl RedisServer {
         let log_path = dir.path().join("redis.log");
         if let Some(tls) = &options.tls {
             crate::certs::install_provider();
-            for (name, pem) in TLS_FILES
-                .into_iter()
-                .zip([&tls.cert, &tls.key, &tls.client_ca])
-            {
+            let (client_cert, client_key) = tls.client_pair();
+            for (name, pem) in TLS_FILES.into_iter().zip([
+                tls.cert.as_str(),
+                tls.key.as_str(),
+                tls.client_ca.as_str(),
+                client_cert,
+                client_key,
+            ]) {
                 let path = dir.path().join(name);
                 fs::write(&path, pem).map_err(process::io_err(&path))?;
             }
