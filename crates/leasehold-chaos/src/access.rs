@@ -16,8 +16,11 @@
 //! | [`Fault::ConnKill`] | `CLIENT KILL TYPE normal` | `+client\|kill` |
 //! | [`Fault::RedisStall`] | `CLIENT PAUSE <window> ALL` | `+client\|pause` |
 //!
-//! The lab's own connection skips redis-rs's `CLIENT SETINFO`. No `PING`,
-//! no `INFO`, no `CONFIG`. Before a run's first window, the nemesis checks
+//! The lab's own connection to a single Redis skips redis-rs's `CLIENT
+//! SETINFO` (a cluster client's connections may send it; redis-rs ignores
+//! its refusal). No `PING`, no `INFO`, no `CONFIG`. (The callers' own
+//! locker is the library's: it may ask `INFO` once, optionally, see the
+//! README's "Redis ACL".) Before a run's first window, the nemesis checks
 //! that the user may run the fault's commands ([`Fault::needs_commands`])
 //! with a harmless form of each (`DEL`/`PEXPIRE` of a key no lock uses,
 //! next to the lock key; `SCRIPT FLUSH` with an argument Redis refuses;
