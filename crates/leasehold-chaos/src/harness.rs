@@ -57,6 +57,31 @@
 //!   easy case.
 //! - **Nowhere**: the holder-pause fault does nothing (a control without a
 //!   pause point catches nothing, and the run says so).
+//!
+//! # On your own infrastructure
+//!
+//! The [`Lab`] can stand in front of your own Redis over TLS
+//! (`rediss://` with [`LabOptions::tls`](crate::LabOptions::tls): a CA, a
+//! client certificate), as an ACL user of yours; build the callers'
+//! locker from [`Lab::client`]. Against your Redis the lab sends only the
+//! harness's documented ACL ([`ACL_RULES`](crate::ACL_RULES), the lock
+//! user's, plus per fault [`Fault::needs_commands`], at most
+//! [`HARNESS_ACL_RULES`](crate::HARNESS_ACL_RULES)), and [`Harness::run`]
+//! checks them before anything runs ([`Lab::check_fault`]): a user who
+//! lacks one gets [`LabError::Permission`](crate::LabError::Permission)
+//! naming the command. The fault proxy's port
+//! ([`LabOptions::proxy_port`](crate::LabOptions::proxy_port)) and the
+//! host name the callers dial
+//! ([`LabOptions::proxy_host`](crate::LabOptions::proxy_host), which the
+//! certificate must name) can be chosen, or the proxy left out
+//! ([`LabOptions::proxy`](crate::LabOptions::proxy)`(false)`: the network
+//! faults are refused). The faults that need the Redis process run on
+//! throwaway servers started with your configuration
+//! ([`LabOptions::redis_options`](crate::LabOptions::redis_options): TLS
+//! with client certificates, a password, persistence). The harness never
+//! connects to your PostgreSQL: your write does, with your TLS settings
+//! (a throwaway one for the PostgreSQL faults can run TLS too:
+//! `PostgresServer::start_tls` in `leasehold-testkit`).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -267,6 +292,7 @@ impl Harness {
         W: AsyncFn(Call<'_>) -> Outcome + Send + Sync + 'static,
         C: AsyncFnOnce(&Writes) -> Vec<Kind>,
     {
+        self.check_lab(lab).await?;
         let control = if self.control || self.negative == NegativeControl::Off {
             None
         } else {
@@ -282,6 +308,17 @@ impl Harness {
             Some(control) => report.with_control(control),
             None => report,
         })
+    }
+
+    /// Whether `lab` can inject this run's fault as asked (its servers, the
+    /// user's ACL: [`Lab::check_fault`]), before anything runs.
+    async fn check_lab(&self, lab: &Lab) -> Result<(), HarnessError> {
+        let (lab, fault) = (lab.clone(), self.fault);
+        let keys: Vec<String> = self.resources.iter().map(|(r, _)| lock_key(r)).collect();
+        tokio::task::spawn_blocking(move || lab.check_fault(fault, &keys))
+            .await
+            .map_err(|_| LabError::Options("the lab's check did not finish"))??;
+        Ok(())
     }
 
     /// The built-in negative control: a blind read-modify-write of an

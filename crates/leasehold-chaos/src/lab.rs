@@ -12,6 +12,26 @@
 //! [`LabOptions::cluster_urls`]) for the faults that need no control of
 //! the Redis processes. The nemesis runs on its own thread, so the
 //! blocking server control never stalls the callers.
+//!
+//! # Your own infrastructure
+//!
+//! - **TLS**: [`LabOptions::redis_url`] takes `rediss://`, with the CA and
+//!   the client certificate of [`LabOptions::tls`] (the library's
+//!   [`TlsFiles`]); the lab's own connection uses them as the callers do
+//!   ([`Lab::client`]). The proxy passes TLS through untouched, so the
+//!   certificate must name the host the callers dial:
+//!   [`LabOptions::proxy_host`], or [`LabOptions::proxy`]`(false)` (the
+//!   network faults are then refused, never skipped in silence).
+//! - **ACL**: against your Redis, the lab sends only the harness's
+//!   documented commands ([`HARNESS_ACL_RULES`](crate::HARNESS_ACL_RULES)
+//!   on top of [`ACL_RULES`], per fault [`Fault::needs_commands`]) and
+//!   checks them before a run ([`Lab::check_fault`]).
+//! - **The proxy's port**: [`LabOptions::proxy_port`].
+//! - **Throwaway servers configured like yours**, for the faults that
+//!   need the process: [`LabOptions::redis_options`] (TLS with client
+//!   certificates, a password, persistence), [`LabOptions::acl_user`]
+//!   for the lock user's ACL, [`PostgresServer::start_tls`] for a TLS
+//!   PostgreSQL.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,12 +39,13 @@ use std::time::{Duration, Instant};
 
 use rand::RngExt;
 
+use leasehold::tls::TlsFiles;
 use leasehold_testkit::{
     Direction, Failover, FaultProxy, PostgresServer, RedisCluster, RedisOptions, RedisSentinel,
     RedisServer,
 };
 
-use crate::callers::Stall;
+use crate::callers::{Stall, lock_key};
 use crate::fault::{Fault, Window};
 use crate::history::Kind;
 use crate::recorder::Recorder;
@@ -67,6 +88,35 @@ pub enum LabError {
         /// What it needs.
         needs: &'static str,
     },
+    /// The user of the Redis given by URL may not run a command the fault
+    /// needs ([`Fault::needs_commands`]; `NOPERM`), found before the run
+    /// injects anything. Grant it (`+` the command, see
+    /// [`HARNESS_ACL_RULES`](crate::HARNESS_ACL_RULES)) or pick another
+    /// fault.
+    #[error(
+        "fault {fault} needs the redis command `{command}`, which the given url's user may not run (add +{command} to its acl)"
+    )]
+    Permission {
+        /// The fault.
+        fault: Fault,
+        /// The command, as its ACL name (`script|flush`).
+        command: &'static str,
+    },
+    /// The port given to [`LabOptions::proxy_port`] cannot be bound on
+    /// `127.0.0.1` (it is taken, or needs privileges).
+    #[error("the fault proxy cannot listen on 127.0.0.1:{port}")]
+    ProxyPort {
+        /// The port asked for.
+        port: u16,
+        /// Why binding it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TLS files of [`LabOptions::tls`] (or the URL they go with)
+    /// cannot be used: the library's error says which file and why (never
+    /// the URL itself).
+    #[error("the redis url's tls settings cannot be used")]
+    Tls(#[source] leasehold::Error),
 }
 
 fn server(what: impl Into<String>) -> impl FnOnce(leasehold_testkit::Error) -> LabError {
@@ -87,6 +137,11 @@ pub struct LabOptions {
     cluster: bool,
     cluster_urls: Vec<String>,
     sentinel: bool,
+    tls: Option<TlsFiles>,
+    no_proxy: bool,
+    proxy_port: Option<u16>,
+    proxy_host: Option<String>,
+    redis_options: Option<RedisOptions>,
 }
 
 impl LabOptions {
@@ -121,22 +176,40 @@ impl LabOptions {
 
     /// A throwaway PostgreSQL the lab may pause ([`Fault::PostgresPause`])
     /// or restart ([`Fault::PostgresRestart`]);
-    /// shared, since starting one takes seconds. Defaults to none.
+    /// shared, since starting one takes seconds. For one with TLS (as
+    /// your database has), start it with
+    /// [`PostgresServer::start_tls`]; the lab only signals its process and
+    /// never connects to it (your write closure does, with
+    /// [`Lab::postgres_url`] and your TLS settings). Defaults to none.
     pub fn postgres(mut self, server: Arc<PostgresServer>) -> Self {
         self.postgres = Some(server);
         self
     }
 
-    /// Your own Redis (a plain `redis://` URL, with its password and
-    /// database if any) instead of a throwaway one: the fault proxy goes in
-    /// front of it. Only the faults that need no control of the Redis
-    /// process can run then ([`Fault::needs_redis_process`] is false), and
-    /// no replica, AOF or extra nodes can be asked for. Defaults to none.
+    /// Your own Redis (a `redis://` or `rediss://` URL, with its user,
+    /// password and database if any; the TLS files with
+    /// [`tls`](Self::tls)) instead of a throwaway one: the fault proxy goes
+    /// in front of it (unless [`proxy`](Self::proxy)`(false)`). Only the
+    /// faults that need no control of the Redis process can run then
+    /// ([`Fault::needs_redis_process`] is false), and no replica, AOF,
+    /// extra nodes or [`redis_options`](Self::redis_options) can be asked
+    /// for. Defaults to none.
+    ///
+    /// The lab connects as the URL's user, with the same TLS material as
+    /// the callers, and sends nothing outside the harness's documented ACL
+    /// (the crate's `access` rules: the handshake and `TIME` when it
+    /// starts, then only the fault's commands, [`Fault::needs_commands`],
+    /// see [`HARNESS_ACL_RULES`](crate::HARNESS_ACL_RULES)); a user who
+    /// may not run a fault's command is [`LabError::Permission`] before
+    /// the run. It never connects to your PostgreSQL: your write closure
+    /// does, with your own TLS settings.
     ///
     /// The lab changes that server: it deletes or expires the lock keys
-    /// its callers use ([`Fault::KeyLoss`], [`Fault::EarlyExpiry`]) and
-    /// runs `SCRIPT FLUSH` ([`Fault::ScriptFlush`]), which drops every
-    /// client's cached scripts. Point it at a test server.
+    /// its callers use ([`Fault::KeyLoss`], [`Fault::EarlyExpiry`]), runs
+    /// `SCRIPT FLUSH` ([`Fault::ScriptFlush`]), which drops every
+    /// client's cached scripts, kills the other clients' connections
+    /// ([`Fault::ConnKill`]) and pauses every client
+    /// ([`Fault::RedisStall`]). Point it at a test server.
     pub fn redis_url(mut self, url: impl Into<String>) -> Self {
         self.redis_url = Some(url.into());
         self
@@ -176,6 +249,82 @@ impl LabOptions {
         self
     }
 
+    /// The TLS files (CA, client certificate and key; the library's own
+    /// [`TlsFiles`], read as [`leasehold::tls::client`] reads them) for a
+    /// `rediss://` [`redis_url`](Self::redis_url), or for a throwaway
+    /// server started with TLS ([`redis_options`](Self::redis_options)
+    /// with [`RedisOptions::tls`]). The lab's own connection (for the key,
+    /// script, connection and stall faults) uses them as the callers do,
+    /// as the same user; build the callers' client with
+    /// [`Lab::client`]. Not for a cluster or a Sentinel setup
+    /// ([`LabError::Options`]). Defaults to none.
+    ///
+    /// The fault proxy is plain TCP: TLS passes through it end to end, and
+    /// the callers' URL names the proxy (`127.0.0.1`, or
+    /// [`proxy_host`](Self::proxy_host)), so the server's certificate must
+    /// name that host. A certificate made for the real host name only
+    /// will be refused: give [`proxy_host`](Self::proxy_host) a name of
+    /// the certificate that resolves to `127.0.0.1` here (e.g. through
+    /// `/etc/hosts`), or go without the proxy
+    /// ([`proxy`](Self::proxy)`(false)`).
+    pub fn tls(mut self, files: TlsFiles) -> Self {
+        self.tls = Some(files);
+        self
+    }
+
+    /// Whether the callers reach the single Redis through the lab's fault
+    /// proxy. Off, they connect to it directly ([`Lab::redis_url`] is then
+    /// your URL as given, or the throwaway server's own), so that a TLS
+    /// certificate for your server's host name verifies; the faults that
+    /// need the proxy ([`Fault::needs_proxy`]: the network faults and a
+    /// failover) then fail with [`LabError::Unsupported`] before the run,
+    /// never run without it. Defaults to on.
+    pub fn proxy(mut self, on: bool) -> Self {
+        self.no_proxy = !on;
+        self
+    }
+
+    /// The port the fault proxy listens on (on `127.0.0.1`), e.g. one your
+    /// firewall or your callers' configuration expects. A port that cannot
+    /// be bound is [`LabError::ProxyPort`]. Not without the proxy (a
+    /// cluster, a Sentinel setup, [`proxy`](Self::proxy)`(false)`:
+    /// [`LabError::Options`]). Defaults to a free port.
+    pub fn proxy_port(mut self, port: u16) -> Self {
+        self.proxy_port = Some(port);
+        self
+    }
+
+    /// The host name the callers' URL gives for the fault proxy, instead
+    /// of `127.0.0.1`: a name that resolves to this machine's loopback and
+    /// that the server's TLS certificate names (`localhost`, or your
+    /// server's name mapped to `127.0.0.1` in `/etc/hosts`). The proxy
+    /// still listens on `127.0.0.1` only. Not without the proxy
+    /// ([`LabError::Options`]). Defaults to `127.0.0.1`.
+    pub fn proxy_host(mut self, host: impl Into<String>) -> Self {
+        self.proxy_host = Some(host.into());
+        self
+    }
+
+    /// Starts the throwaway single Redis, and its replica and extra
+    /// Redlock nodes, with your configuration: TLS with client
+    /// certificates required ([`RedisOptions::tls`]; give the callers'
+    /// files with [`tls`](Self::tls)), a password
+    /// ([`RedisOptions::password`], which the callers' URL and the lab's
+    /// own connection then carry), persistence
+    /// ([`RedisOptions::appendonly`], which counts as [`aof`](Self::aof)),
+    /// any `redis-server` arguments ([`RedisOptions::args`]). The lab adds
+    /// its own on top (`--repl-diskless-sync-delay 0`, an ACL user with
+    /// [`acl_user`](Self::acl_user)). What cannot apply is
+    /// [`LabError::Options`], never ignored: options for a cluster, a
+    /// Sentinel setup or a Redis given by URL; `replica_of`; TLS without
+    /// [`tls`](Self::tls) files for the callers, or files without TLS. A
+    /// replica of a TLS primary replicates over TLS, presenting the
+    /// testkit's client certificate. Defaults to the testkit's defaults.
+    pub fn redis_options(mut self, options: RedisOptions) -> Self {
+        self.redis_options = Some(options);
+        self
+    }
+
     /// The options a fault needs on top of these.
     pub fn for_fault(self, fault: Fault) -> Self {
         match fault {
@@ -193,8 +342,12 @@ impl LabOptions {
 enum Primary {
     /// A throwaway redis-server the lab started and controls.
     Own(RedisServer),
-    /// The user's server, reached by URL: commands only.
-    External(redis::Client),
+    /// The user's server, reached by URL: commands only, on one
+    /// connection kept between them (opened again after an error).
+    External {
+        client: redis::Client,
+        conn: Mutex<Option<redis::Connection>>,
+    },
     /// The user's Redis Cluster, reached by its seed URLs: commands only.
     ExternalCluster {
         client: redis::cluster::ClusterClient,
@@ -261,6 +414,12 @@ pub struct Lab {
     /// The password of [`ACL_USER`], whom the callers connect as (see
     /// [`LabOptions::acl_user`]).
     acl_password: Option<String>,
+    /// The callers' `user:password@` (or `:password@`, or nothing) on the
+    /// throwaway extra nodes.
+    node_auth: String,
+    /// The TLS files of the callers (and of the lab's own connection to a
+    /// Redis given by URL).
+    tls: Option<TlsFiles>,
 }
 
 /// The ACL user the callers connect as with [`LabOptions::acl_user`].
@@ -311,11 +470,95 @@ fn set_acl_user(server: &RedisServer, password: &str) -> Result<(), LabError> {
         .map_err(server_err("making the lock's acl user"))
 }
 
-/// `url` (`redis://host:port/...`) with [`ACL_USER`] and `password`.
-fn with_user(url: &str, password: &str) -> String {
-    match url.strip_prefix("redis://") {
-        Some(rest) => format!("redis://{ACL_USER}:{}@{rest}", encode(password)),
-        None => url.to_owned(),
+/// A URL: `redis[s]://AUTH HOST:PORT/DB`, `auth` empty or ending in `@`.
+fn url(tls: bool, auth: &str, host: &str, port: u16, db: i64) -> String {
+    let scheme = if tls { "rediss" } else { "redis" };
+    format!("{scheme}://{auth}{host}:{port}/{db}")
+}
+
+/// `user:password@` (percent-encoded), `:password@`, or nothing.
+fn auth(user: Option<&str>, password: Option<&str>) -> String {
+    let mut out = String::new();
+    if let Some(user) = user {
+        out.push_str(&encode(user));
+    }
+    if let Some(password) = password {
+        out.push(':');
+        out.push_str(&encode(password));
+    }
+    if !out.is_empty() {
+        out.push('@');
+    }
+    out
+}
+
+/// Starts the fault proxy in front of `upstream`, on the options' port.
+fn start_proxy(
+    upstream: std::net::SocketAddr,
+    options: &LabOptions,
+) -> Result<FaultProxy, LabError> {
+    let port = options.proxy_port.unwrap_or(0);
+    FaultProxy::start_on(upstream, port).map_err(|err| match err {
+        leasehold_testkit::Error::FreePort(source) if port != 0 => {
+            LabError::ProxyPort { port, source }
+        }
+        other => LabError::Server {
+            what: "starting the fault proxy".to_owned(),
+            source: other,
+        },
+    })
+}
+
+impl LabOptions {
+    /// The options that go with a single Redis only (throwaway or by URL),
+    /// refused on a cluster or a Sentinel setup.
+    fn check_single(&self, lab: &'static str) -> Result<(), LabError> {
+        if self.tls.is_some()
+            || self.no_proxy
+            || self.proxy_port.is_some()
+            || self.proxy_host.is_some()
+            || self.redis_options.is_some()
+        {
+            return Err(LabError::Options(lab));
+        }
+        Ok(())
+    }
+
+    /// The proxy options make sense: none of them without the proxy.
+    fn check_proxy(&self) -> Result<(), LabError> {
+        if self.no_proxy && (self.proxy_port.is_some() || self.proxy_host.is_some()) {
+            return Err(LabError::Options(
+                "a proxy port or host name with LabOptions::proxy(false)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The throwaway single primary's options: the user's, checked, with
+    /// the lab's on top.
+    fn primary_options(&self) -> Result<RedisOptions, LabError> {
+        let base = self.redis_options.clone().unwrap_or_default();
+        if base.get_replica_of().is_some() {
+            return Err(LabError::Options(
+                "redis_options with replica_of: the lab starts its own primary (ask for a replica with LabOptions::replica)",
+            ));
+        }
+        if base.get_tls().is_some() {
+            if self.tls.is_none() {
+                return Err(LabError::Options(
+                    "a tls throwaway server needs LabOptions::tls: the ca (and the client certificate) the callers use",
+                ));
+            }
+        } else if self.tls.is_some() {
+            return Err(LabError::Options(
+                "tls files for a plain throwaway server: give it RedisOptions::tls, or leave the files out",
+            ));
+        }
+        let mut options = base.args(["--repl-diskless-sync-delay", "0"]);
+        if self.aof {
+            options = options.appendonly();
+        }
+        Ok(options)
     }
 }
 
@@ -338,19 +581,27 @@ impl Lab {
             ));
         }
         if options.cluster {
+            options.check_single(
+                "tls, proxy and redis options do not apply to a cluster lab (no proxy, the testkit's cluster)",
+            )?;
             return Self::start_cluster(options);
         }
         if options.sentinel {
+            options.check_single(
+                "tls, proxy and redis options do not apply to a sentinel lab (no proxy, the testkit's sentinel setup)",
+            )?;
             return Self::start_sentinel(options);
         }
-        let mut redis = RedisOptions::default().args(["--repl-diskless-sync-delay", "0"]);
-        if options.aof {
-            redis = redis.appendonly();
-        }
+        options.check_proxy()?;
+        let redis = options.primary_options()?;
+        let aof = redis.get_appendonly();
+        let user_options = options.redis_options.clone().unwrap_or_default();
         let primary = RedisServer::start_with(redis).map_err(server("starting redis"))?;
         let replica = if options.replica {
             let replica = RedisServer::start_with(
-                RedisOptions::default().replica_of(primary.host(), primary.port()),
+                user_options
+                    .clone()
+                    .replica_of(primary.host(), primary.port()),
             )
             .map_err(server("starting the replica"))?;
             Some(replica)
@@ -358,12 +609,16 @@ impl Lab {
             None
         };
         let nodes = if options.nodes > 1 {
-            RedisServer::start_many(options.nodes - 1).map_err(server("starting redlock nodes"))?
+            RedisServer::start_many_with(options.nodes - 1, &user_options)
+                .map_err(server("starting redlock nodes"))?
         } else {
             Vec::new()
         };
-        let proxy =
-            FaultProxy::start(primary.addr()).map_err(server("starting the fault proxy"))?;
+        let proxy = if options.no_proxy {
+            None
+        } else {
+            Some(start_proxy(primary.addr(), options)?)
+        };
         let acl_password = if options.acl_user {
             let password: String = {
                 let mut rng = rand::rng();
@@ -380,13 +635,27 @@ impl Lab {
         } else {
             None
         };
+        let node_auth = match &acl_password {
+            Some(password) => auth(Some(ACL_USER), Some(password)),
+            None => auth(None, user_options.get_password()),
+        };
+        let (host, port) = match &proxy {
+            Some(proxy) => (
+                options.proxy_host.as_deref().unwrap_or(primary.host()),
+                proxy.port(),
+            ),
+            None => (primary.host(), primary.port()),
+        };
+        let caller_url = url(primary.is_tls(), &node_auth, host, port, 0);
         let servers = Servers {
             replica,
             nodes,
             ..Servers::new(Primary::Own(primary), options)
         };
-        let mut lab = Lab::assemble(servers, Some(proxy), options.aof, None);
+        let mut lab = Lab::assemble(servers, proxy, aof, Some(caller_url));
         lab.acl_password = acl_password;
+        lab.node_auth = node_auth;
+        lab.tls = options.tls.clone();
         Ok(lab)
     }
 
@@ -443,15 +712,19 @@ impl Lab {
                 "a replica, an append-only file, extra nodes, an acl user or a throwaway cluster need throwaway servers",
             ));
         }
+        options.check_single(
+            "tls, proxy and redis options do not apply to a redis cluster given by url (the lab has no tls cluster client, and no proxy there)",
+        )?;
         let client = redis::cluster::ClusterClient::builder(options.cluster_urls.clone())
             .connection_timeout(EXTERNAL_TIMEOUT)
             .response_timeout(EXTERNAL_TIMEOUT)
             .build()
             .map_err(|_| LabError::RedisUrl("a cluster seed url does not parse"))?;
         let mut conn = client.get_connection().map_err(external("connecting"))?;
-        redis::cmd("PING")
-            .query::<()>(&mut conn)
-            .map_err(external("PING"))?;
+        // Not PING: the lock user's ACL grants TIME.
+        redis::cmd("TIME")
+            .query::<redis::Value>(&mut conn)
+            .map_err(external("TIME"))?;
         let primary = Primary::ExternalCluster {
             client,
             urls: options.cluster_urls.clone(),
@@ -474,52 +747,81 @@ impl Lab {
     }
 
     /// A lab in front of the user's Redis at `url`.
-    fn start_external(options: &LabOptions, url: &str) -> Result<Lab, LabError> {
+    fn start_external(options: &LabOptions, url_given: &str) -> Result<Lab, LabError> {
         if options.replica
             || options.aof
             || options.nodes > 1
             || options.acl_user
             || options.sentinel
+            || options.redis_options.is_some()
         {
             return Err(LabError::Options(
-                "a replica, an append-only file, extra nodes, an acl user or a sentinel setup need throwaway servers",
+                "a replica, an append-only file, extra nodes, an acl user, redis options or a sentinel setup need throwaway servers",
             ));
         }
-        let client =
-            redis::Client::open(url).map_err(|_| LabError::RedisUrl("it does not parse"))?;
-        let info = client.get_connection_info();
-        let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
-            return Err(LabError::RedisUrl(
-                "only plain redis:// over TCP can go through the fault proxy (a TLS certificate would not name it)",
-            ));
+        options.check_proxy()?;
+        let files = options.tls.clone().unwrap_or_default();
+        let client = leasehold::tls::client(url_given, &files).map_err(LabError::Tls)?;
+        let info = client.get_connection_info().clone();
+        let (tls, host, port) = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => (false, host.clone(), *port),
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                ..
+            } => {
+                if *insecure {
+                    return Err(LabError::RedisUrl(
+                        "#insecure turns certificate verification off, which leasehold never does",
+                    ));
+                }
+                (true, host.clone(), *port)
+            }
+            _ => {
+                return Err(LabError::RedisUrl(
+                    "only redis:// or rediss:// over TCP can be used (not a unix socket)",
+                ));
+            }
         };
-        let upstream = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), *port))
-            .ok()
-            .and_then(|mut addrs| addrs.next())
-            .ok_or(LabError::RedisUrl("its host does not resolve"))?;
-        // Reachable, and the credentials work, before any run starts.
-        let mut conn = client
+        // The lab's own connection: the callers' URL, TLS and user, without
+        // redis-rs's CLIENT SETINFO (outside the lock user's ACL).
+        let settings = info.redis_settings().clone();
+        let db = settings.db();
+        let caller_auth = auth(settings.username(), settings.password());
+        let admin = redis::Client::open(info.set_redis_settings(settings.set_skip_set_lib_name()))
+            .map_err(|_| LabError::RedisUrl("it does not parse"))?;
+        // Reachable, and the credentials work, before any run starts: the
+        // handshake, then TIME (the lock user's ACL grants it; PING it
+        // does not).
+        let mut conn = admin
             .get_connection_with_timeout(EXTERNAL_TIMEOUT)
             .map_err(external("connecting"))?;
-        redis::cmd("PING")
-            .query::<()>(&mut conn)
-            .map_err(external("PING"))?;
-        let proxy = FaultProxy::start(upstream).map_err(server("starting the fault proxy"))?;
-        let redis = info.redis_settings();
-        let mut caller_url = "redis://".to_owned();
-        if let Some(user) = redis.username() {
-            caller_url.push_str(&encode(user));
-        }
-        if let Some(password) = redis.password() {
-            caller_url.push(':');
-            caller_url.push_str(&encode(password));
-        }
-        if redis.username().is_some() || redis.password().is_some() {
-            caller_url.push('@');
-        }
-        caller_url.push_str(&format!("{}/{}", proxy.addr(), redis.db()));
-        let servers = Servers::new(Primary::External(client), options);
-        Ok(Lab::assemble(servers, Some(proxy), false, Some(caller_url)))
+        conn.set_read_timeout(Some(EXTERNAL_TIMEOUT))
+            .map_err(external("connecting"))?;
+        query(&mut conn, &["TIME"], "TIME")?;
+        let (proxy, caller_url) = if options.no_proxy {
+            (None, url_given.to_owned())
+        } else {
+            let upstream = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
+                .ok()
+                .and_then(|mut addrs| addrs.next())
+                .ok_or(LabError::RedisUrl("its host does not resolve"))?;
+            let proxy = start_proxy(upstream, options)?;
+            let host = options.proxy_host.as_deref().unwrap_or("127.0.0.1");
+            let caller_url = url(tls, &caller_auth, host, proxy.port(), db);
+            (Some(proxy), caller_url)
+        };
+        let servers = Servers::new(
+            Primary::External {
+                client: admin,
+                conn: Mutex::new(Some(conn)),
+            },
+            options,
+        );
+        let mut lab = Lab::assemble(servers, proxy, false, Some(caller_url));
+        lab.tls = options.tls.clone();
+        Ok(lab)
     }
 
     fn assemble(
@@ -534,6 +836,8 @@ impl Lab {
             aof,
             caller_url,
             acl_password: None,
+            node_auth: String::new(),
+            tls: None,
         }
     }
 
@@ -541,18 +845,35 @@ impl Lab {
         self.servers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The URL callers use: the primary, through the fault proxy.
+    /// The URL callers use: the primary, through the fault proxy (or
+    /// directly, with [`LabOptions::proxy`]`(false)`), with the user and
+    /// password they connect as; `rediss://` over TLS. Build their client
+    /// with [`client`](Self::client), which adds the TLS files.
     /// On a cluster, the first seed node's URL; on a Sentinel setup, its
     /// `redis+sentinel://` URL.
     pub fn redis_url(&self) -> String {
-        match (&self.caller_url, &self.proxy) {
-            (Some(url), _) => url.clone(),
-            (None, Some(proxy)) => match &self.acl_password {
-                Some(password) => with_user(&format!("redis://{}/", proxy.addr()), password),
-                None => format!("redis://{}/", proxy.addr()),
-            },
-            (None, None) => self.node_urls().into_iter().next().unwrap_or_default(),
+        match &self.caller_url {
+            Some(url) => url.clone(),
+            None => self.node_urls().into_iter().next().unwrap_or_default(),
         }
+    }
+
+    /// A client for [`redis_url`](Self::redis_url) with the TLS files of
+    /// [`LabOptions::tls`] ([`leasehold::tls::client`]): give it to
+    /// [`Locker::connect`](leasehold::Locker::connect) or a locker
+    /// builder.
+    ///
+    /// # Errors
+    /// [`LabError::Tls`] when the files cannot be read or do not go with
+    /// the URL.
+    pub fn client(&self) -> Result<redis::Client, LabError> {
+        let files = self.tls.clone().unwrap_or_default();
+        leasehold::tls::client(&self.redis_url(), &files).map_err(LabError::Tls)
+    }
+
+    /// The TLS files the callers use ([`LabOptions::tls`]), if any.
+    pub fn tls_files(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
     }
 
     /// The URLs of a Redlock quorum: [`redis_url`](Self::redis_url) first
@@ -569,10 +890,7 @@ impl Lab {
             self.servers()
                 .nodes
                 .iter()
-                .map(|node| match &self.acl_password {
-                    Some(password) => with_user(&node.url(), password),
-                    None => node.url(),
-                }),
+                .map(|node| url(node.is_tls(), &self.node_auth, node.host(), node.port(), 0)),
         );
         urls
     }
@@ -604,7 +922,7 @@ impl Lab {
         let servers = self.servers();
         let mut out = match &servers.primary {
             Primary::Own(primary) => format!("--- redis (primary) ---\n{}", primary.log()),
-            Primary::External(_) | Primary::ExternalCluster { .. } => {
+            Primary::External { .. } | Primary::ExternalCluster { .. } => {
                 "--- redis: yours, no log here ---".to_owned()
             }
             Primary::Cluster { cluster, .. } => {
@@ -632,6 +950,67 @@ impl Lab {
             out.push_str(&format!("\n--- postgresql ---\n{}", pg.log()));
         }
         out
+    }
+
+    /// Checks, before a run, that this lab can inject `fault` as asked:
+    /// the servers it needs ([`LabError::Unsupported`]: the fault proxy,
+    /// control of the Redis process), and on a Redis given by URL that its
+    /// user may run the fault's commands ([`Fault::needs_commands`],
+    /// each probed in a harmless form, see
+    /// [`HARNESS_ACL_RULES`](crate::HARNESS_ACL_RULES)):
+    /// [`LabError::Permission`] names the first one refused. `keys` are the
+    /// run's lock keys (the key commands are probed next to the first).
+    /// Blocking (a round trip per command, at most 2 s each).
+    /// [`Harness::run`](crate::Harness::run) and [`run_nemesis`] call it
+    /// before anything runs.
+    ///
+    /// # Errors
+    /// As above, and [`LabError::External`] when the Redis cannot be
+    /// reached.
+    pub fn check_fault(&self, fault: Fault, keys: &[String]) -> Result<(), LabError> {
+        if fault.needs_proxy() && self.proxy.is_none() {
+            return Err(LabError::Unsupported {
+                fault,
+                needs: "the fault proxy (a cluster or sentinel lab has none, nor one with LabOptions::proxy(false))",
+            });
+        }
+        let servers = self.servers();
+        let external = matches!(
+            servers.primary,
+            Primary::External { .. } | Primary::ExternalCluster { .. }
+        );
+        if external && fault.needs_redis_process() {
+            return Err(LabError::Unsupported {
+                fault,
+                needs: "a single redis-server the lab started (it controls the process)",
+            });
+        }
+        if !external {
+            // The lab's connections to its own servers are the default user.
+            return Ok(());
+        }
+        let key = keys
+            .first()
+            .map_or_else(|| lock_key("leasehold-acl-probe"), String::clone);
+        for &command in fault.needs_commands() {
+            let Some(args) = crate::access::probe(command, &key) else {
+                continue;
+            };
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            match servers
+                .primary
+                .command(&args, &format!("checking the acl for {command}"))
+            {
+                Ok(()) => {}
+                Err(LabError::External { source, .. }) if source.code() == Some("NOPERM") => {
+                    return Err(LabError::Permission { fault, command });
+                }
+                // Any other refusal is the probe's argument: allowed.
+                Err(LabError::External { source, .. }) if source.code().is_some() => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
     }
 
     /// Starts `window`'s fault (a repeated fault also fires once).
@@ -680,6 +1059,7 @@ impl Lab {
                 "redis".to_owned()
             }
             Fault::Failover => {
+                self.proxy(fault)?;
                 let Servers {
                     primary, replica, ..
                 } = &mut *servers;
@@ -878,11 +1258,12 @@ impl Lab {
         }
     }
 
-    /// The fault proxy, which a cluster lab does not have.
+    /// The fault proxy, which a cluster or sentinel lab, or one with
+    /// [`LabOptions::proxy`]`(false)`, does not have.
     fn proxy(&self, fault: Fault) -> Result<&FaultProxy, LabError> {
         self.proxy.as_deref().ok_or(LabError::Unsupported {
             fault,
-            needs: "a fault proxy (a cluster lab has none)",
+            needs: "a fault proxy (a cluster or sentinel lab has none, nor one with LabOptions::proxy(false))",
         })
     }
 
@@ -906,12 +1287,24 @@ impl Lab {
             Fault::RedisPause => own(&mut servers.primary, fault)?
                 .resume()
                 .map_err(server("resuming redis"))?,
-            Fault::RedisRestart => own(&mut servers.primary, fault)?
-                .restart_empty()
-                .map_err(server("restarting redis empty"))?,
-            Fault::RedisRestartAof => own(&mut servers.primary, fault)?
-                .restart()
-                .map_err(server("restarting redis from its append-only file"))?,
+            Fault::RedisRestart | Fault::RedisRestartAof => {
+                let primary = own(&mut servers.primary, fault)?;
+                if fault == Fault::RedisRestart {
+                    primary
+                        .restart_empty()
+                        .map_err(server("restarting redis empty"))?;
+                } else {
+                    primary
+                        .restart()
+                        .map_err(server("restarting redis from its append-only file"))?;
+                }
+                // An ACL user lives in memory only: the lab's comes back
+                // with the server (a restarted production server would
+                // load it from its ACL file).
+                if let Some(password) = &self.acl_password {
+                    set_acl_user(primary, password)?;
+                }
+            }
             Fault::Failover => {
                 let Servers {
                     primary,
@@ -1040,7 +1433,7 @@ fn external(what: impl Into<String>) -> impl FnOnce(redis::RedisError) -> LabErr
 fn own(primary: &mut Primary, fault: Fault) -> Result<&mut RedisServer, LabError> {
     match primary {
         Primary::Own(server) => Ok(server),
-        Primary::External(_)
+        Primary::External { .. }
         | Primary::ExternalCluster { .. }
         | Primary::Cluster { .. }
         | Primary::Sentinel { .. } => Err(LabError::Unsupported {
@@ -1123,22 +1516,39 @@ impl Primary {
                     _ => query(&mut conn, args, what),
                 }
             }
-            Primary::External(client) => {
-                let mut conn = client
-                    .get_connection_with_timeout(EXTERNAL_TIMEOUT)
-                    .map_err(external(what))?;
-                conn.set_read_timeout(Some(EXTERNAL_TIMEOUT))
-                    .map_err(external(what))?;
-                query(&mut conn, args, what)
+            Primary::External { client, conn } => {
+                let mut cached = conn.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut open = match cached.take() {
+                    Some(open) => open,
+                    None => {
+                        let open = client
+                            .get_connection_with_timeout(EXTERNAL_TIMEOUT)
+                            .map_err(external(what))?;
+                        open.set_read_timeout(Some(EXTERNAL_TIMEOUT))
+                            .map_err(external(what))?;
+                        open
+                    }
+                };
+                let result = query(&mut open, args, what);
+                // A refusal leaves the connection usable; anything else
+                // (a timeout, a reset) may not.
+                if matches!(&result, Err(LabError::External { source, .. }) if source.code().is_none())
+                {
+                    drop(open);
+                } else {
+                    *cached = Some(open);
+                }
+                result
             }
         }
     }
 }
 
-/// Sends `args` (a command and its arguments; `PING` when empty), its
-/// reply dropped.
+/// Sends `args` (a command and its arguments), its reply dropped.
 fn query(conn: &mut impl redis::ConnectionLike, args: &[&str], what: &str) -> Result<(), LabError> {
-    let (name, rest) = args.split_first().unwrap_or((&"PING", &[]));
+    let Some((name, rest)) = args.split_first() else {
+        return Err(LabError::Options("an empty redis command"));
+    };
     redis::cmd(name)
         .arg(rest)
         .query::<redis::Value>(conn)
@@ -1208,6 +1618,15 @@ pub fn run_nemesis(
     t0: Instant,
     stop: &AtomicBool,
 ) -> Result<(), LabError> {
+    let mut faults: Vec<Fault> = windows.iter().map(|window| window.fault).collect();
+    faults.dedup();
+    if let Err(err) = faults
+        .into_iter()
+        .try_for_each(|fault| lab.check_fault(fault, keys))
+    {
+        lab.heal();
+        return Err(err);
+    }
     let result = windows.iter().try_for_each(|window| {
         if !sleep_until(t0 + window.start, stop) {
             return Ok(());

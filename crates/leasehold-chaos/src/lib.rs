@@ -28,6 +28,7 @@ pub mod history;
 pub mod report;
 pub mod timeline;
 
+mod access;
 mod callers;
 mod fault;
 mod harness;
@@ -36,6 +37,7 @@ mod lab;
 mod outcome;
 mod recorder;
 
+pub use access::HARNESS_ACL_RULES;
 pub use callers::{Call, Callers, Lock, Stall, Written, label, lock_key};
 pub use check::{CallerErrors, RunCheck, Violation, check};
 pub use fault::{Fault, UnknownFault, Window, schedule};

@@ -259,7 +259,8 @@ pub struct ServerTls {
     pub(crate) client_ca: String,
     /// What the testkit's own client trusts: the CA that signed `cert`.
     pub(crate) trust: String,
-    /// What the testkit's own client presents.
+    /// What the testkit's own client presents (and a TLS replica, to its
+    /// primary).
     client: Pair,
     pub(crate) client_auth: ClientAuth,
 }
@@ -285,6 +286,12 @@ impl ServerTls {
     /// The client authentication set with [`client_auth`](Self::client_auth).
     pub fn get_client_auth(&self) -> ClientAuth {
         self.client_auth
+    }
+
+    /// The testkit's client certificate and key (PEM), which a TLS
+    /// replica presents to its primary.
+    pub(crate) fn client_pair(&self) -> (&str, &str) {
+        (&self.client.cert, &self.client.key)
     }
 
     /// The certificates the testkit's own client uses against this server.

@@ -147,7 +147,18 @@ impl FaultProxy {
     /// [`Error::FreePort`] if the listening socket cannot be bound,
     /// [`Error::ProxyThread`] if its thread cannot be started.
     pub fn start(upstream: SocketAddr) -> Result<FaultProxy, Error> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(Error::FreePort)?;
+        Self::start_on(upstream, 0)
+    }
+
+    /// Like [`start`](Self::start), on `127.0.0.1:port` (0: a free port).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::FreePort`] if the port cannot be bound (it is taken, or
+    /// needs privileges), [`Error::ProxyThread`] if the thread cannot be
+    /// started.
+    pub fn start_on(upstream: SocketAddr, port: u16) -> Result<FaultProxy, Error> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).map_err(Error::FreePort)?;
         let addr = listener.local_addr().map_err(Error::FreePort)?;
         let shared = Arc::new(Shared::default());
         let acceptor = {

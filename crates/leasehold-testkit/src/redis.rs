@@ -65,7 +65,13 @@ impl Default for RedisOptions {
 }
 
 /// Where a TLS server's PEM files live in its directory.
-const TLS_FILES: [&str; 3] = ["tls-cert.pem", "tls-key.pem", "tls-ca.pem"];
+const TLS_FILES: [&str; 5] = [
+    "tls-cert.pem",
+    "tls-key.pem",
+    "tls-ca.pem",
+    "tls-client-cert.pem",
+    "tls-client-key.pem",
+];
 
 impl RedisOptions {
     /// Requires clients to authenticate with `password` (`--requirepass`).
@@ -130,8 +136,11 @@ impl RedisOptions {
     /// trusting the CA that signed the server's certificate and presenting
     /// the client certificate of the same [`TestCerts`](crate::TestCerts).
     ///
-    /// Not for [`replica_of`](Self::replica_of) or cluster nodes: replication
-    /// and the cluster bus stay plain.
+    /// With [`replica_of`](Self::replica_of) the replica connects to its
+    /// primary over TLS too (`--tls-replication yes`), presenting the
+    /// testkit's client certificate (`--tls-client-cert-file`), so the
+    /// primary must speak TLS with the same [`TestCerts`](crate::TestCerts).
+    /// Not for cluster nodes: the cluster bus stays plain.
     ///
     /// Defaults to none: a plain TCP server.
     #[must_use]
@@ -150,13 +159,25 @@ impl RedisOptions {
         self.tls.as_ref()
     }
 
+    /// The primary set with [`replica_of`](Self::replica_of), if any.
+    pub fn get_replica_of(&self) -> Option<(&str, u16)> {
+        self.replica_of
+            .as_ref()
+            .map(|(host, port)| (host.as_str(), *port))
+    }
+
+    /// Whether [`appendonly`](Self::appendonly) is on.
+    pub fn get_appendonly(&self) -> bool {
+        self.appendonly
+    }
+
     /// The full `redis-server` command line (without the binary) for a server
     /// on `port` whose files live in `dir`.
     fn command_line(&self, port: u16, dir: &Path, log_path: &Path) -> Vec<String> {
         let (plain_port, tls_args) = match &self.tls {
             None => (port.to_string(), Vec::new()),
             Some(tls) => {
-                let [cert, key, ca] = TLS_FILES.map(|name| dir.join(name));
+                let [cert, key, ca, client_cert, client_key] = TLS_FILES.map(|name| dir.join(name));
                 let auth = match tls.client_auth {
                     ClientAuth::Optional => "optional",
                     ClientAuth::Required => "yes",
@@ -173,6 +194,17 @@ impl RedisOptions {
                     &ca.to_string_lossy(),
                     "--tls-auth-clients",
                     auth,
+                    // What it presents when it connects out: to its primary.
+                    "--tls-client-cert-file",
+                    &client_cert.to_string_lossy(),
+                    "--tls-client-key-file",
+                    &client_key.to_string_lossy(),
+                    "--tls-replication",
+                    if self.replica_of.is_some() {
+                        "yes"
+                    } else {
+                        "no"
+                    },
                 ]
                 .map(str::to_owned)
                 .to_vec();
@@ -290,8 +322,19 @@ impl RedisServer {
     ///
     /// As for [`start`](Self::start); servers already started are killed.
     pub fn start_many(n: usize) -> Result<Vec<RedisServer>, Error> {
+        Self::start_many_with(n, &RedisOptions::default())
+    }
+
+    /// Starts `n` independent servers, each with (a copy of) `options`,
+    /// spawned before waiting for any, as [`start_many`](Self::start_many).
+    ///
+    /// # Errors
+    ///
+    /// As for [`start_with`](Self::start_with); servers already started
+    /// are killed.
+    pub fn start_many_with(n: usize, options: &RedisOptions) -> Result<Vec<RedisServer>, Error> {
         let spawned = (0..n)
-            .map(|_| Self::spawn(RedisOptions::default()))
+            .map(|_| Self::spawn(options.clone()))
             .collect::<Result<Vec<_>, _>>()?;
         spawned.into_iter().map(Self::finish_start).collect()
     }
@@ -506,10 +549,14 @@ impl RedisServer {
         let log_path = dir.path().join("redis.log");
         if let Some(tls) = &options.tls {
             crate::certs::install_provider();
-            for (name, pem) in TLS_FILES
-                .into_iter()
-                .zip([&tls.cert, &tls.key, &tls.client_ca])
-            {
+            let (client_cert, client_key) = tls.client_pair();
+            for (name, pem) in TLS_FILES.into_iter().zip([
+                tls.cert.as_str(),
+                tls.key.as_str(),
+                tls.client_ca.as_str(),
+                client_cert,
+                client_key,
+            ]) {
                 let path = dir.path().join(name);
                 fs::write(&path, pem).map_err(process::io_err(&path))?;
             }
