@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{History, KEY, WALLET, sample};
+use common::{History, KEY, WALLET, fifteen_seconds_ten_faults, sample};
 use leasehold_chaos::check::check;
 use leasehold_chaos::{Kind, WriteOutcome, render_html};
 
@@ -42,8 +42,10 @@ fn a_small_history_draws_lanes_leases_faults_overlaps_and_refusals() {
     assert_eq!(count(&html, "<path class=\"accepted\""), 1);
     assert!(html.contains("<p id=\"violations\" class=\"none\">"));
     assert!(html.contains("<ul id=\"overlaps\">"));
-    // Self-contained: nothing fetched, nothing run.
-    assert!(!html.contains("<script"));
+    // Self-contained: one inline script, nothing fetched.
+    assert_eq!(count(&html, "<script"), 1);
+    assert_eq!(count(&html, "<script>"), 1);
+    assert!(!html.contains(" src="), "{html}");
     let without_svg_namespace = html.replace("http://www.w3.org/2000/svg", "");
     assert!(!without_svg_namespace.contains("http"), "{html}");
 }
@@ -105,7 +107,8 @@ fn text_from_the_history_is_escaped() {
     );
     let html = render_html(&h.events, &check(&h.events));
     assert!(!html.contains("<img"), "{html}");
-    assert!(!html.contains("<script"), "{html}");
+    // The page's own script, and no other.
+    assert_eq!(count(&html, "<script"), 1, "{html}");
     assert!(!html.contains("<b>mode"), "{html}");
     assert!(!html.contains("</li><li>x"), "{html}");
     assert!(html.contains("&lt;img src=x&gt;"));
@@ -132,6 +135,9 @@ fn a_long_run_stays_small() {
     h.final_state(20_000_000, WALLET, 100, 0, 20_000);
     let run = check(&h.events);
     let html = render_html(&h.events, &run);
+    if let Some(path) = std::env::var_os("LEASEHOLD_KEEP_LONG_RUN") {
+        std::fs::write(path, &html).expect("write the page");
+    }
     assert!(html.len() < 400_000, "{} bytes", html.len());
     assert!(html.contains("class=\"lease merged\""));
     assert!(html.contains("more here"));
@@ -150,4 +156,187 @@ fn the_sample_run_shows_its_story() {
     assert_eq!(count(&html, "<rect class=\"fault\""), 2);
     assert_eq!(count(&html, "<circle class=\"unknown\""), 1);
     assert_eq!(count(&html, "<path class=\"refused\""), 1);
+}
+
+/// The opening tags of `tag` elements whose class list starts with `class`.
+fn tags<'a>(html: &'a str, tag: &str, class: &str) -> Vec<&'a str> {
+    let open = format!("<{tag} class=\"{class}");
+    html.match_indices(&open)
+        .map(|(at, _)| {
+            let rest = &html[at..];
+            &rest[..rest.find('>').map_or(rest.len(), |end| end + 1)]
+        })
+        .collect()
+}
+
+/// The number in attribute `name` of an opening tag.
+fn attr(tag: &str, name: &str) -> f64 {
+    let key = format!(" {name}=\"");
+    let start = tag.find(&key).unwrap_or_else(|| panic!("no {name} in {tag}")) + key.len();
+    let end = start + tag[start..].find('"').expect("closing quote");
+    tag[start..end]
+        .parse()
+        .unwrap_or_else(|e| panic!("{name} in {tag}: {e}"))
+}
+
+/// The text right after an opening tag, up to the next tag.
+fn text_after<'a>(html: &'a str, tag: &str) -> &'a str {
+    let at = html.find(tag).expect("the tag") + tag.len();
+    let rest = &html[at..];
+    &rest[..rest.find('<').unwrap_or(rest.len())]
+}
+
+/// A box: left, right, top, bottom.
+type Box4 = (f64, f64, f64, f64);
+
+fn assert_disjoint(what: &str, boxes: &[(String, Box4)]) {
+    for (i, (a, ba)) in boxes.iter().enumerate() {
+        for (b, bb) in &boxes[i + 1..] {
+            let apart = ba.1 <= bb.0 || bb.1 <= ba.0 || ba.3 <= bb.2 || bb.3 <= ba.2;
+            assert!(apart, "{what}: {a:?} {ba:?} overlaps {b:?} {bb:?}");
+        }
+    }
+}
+
+#[test]
+fn labels_of_ten_fault_windows_in_fifteen_seconds_never_overlap() {
+    let h = fifteen_seconds_ten_faults();
+    let run = check(&h.events);
+    assert!(run.holds(), "{:?}", run.violations);
+    let html = render_html(&h.events, &run);
+    assert_eq!(count(&html, "<rect class=\"fault\""), 10);
+
+    let labels = tags(&html, "text", "fault-label");
+    assert_eq!(labels.len(), 10);
+    let (plot_x, plot_w) = (120.0, 1160.0);
+    let boxes: Vec<(String, Box4)> = labels
+        .iter()
+        .map(|tag| {
+            let (x, y, w) = (attr(tag, "x"), attr(tag, "y"), attr(tag, "data-w"));
+            assert!(w > 0.0, "{tag}");
+            assert!(x >= plot_x && x + w <= plot_x + plot_w, "{tag} leaves the plot");
+            let text = text_after(&html, tag).to_owned();
+            // The estimated width is the drawn text's, at no less than
+            // 7 px a character (12 px bold sans).
+            assert!(w >= 7.0 * text.chars().count() as f64, "{tag}: {text}");
+            (text, (x, x + w, y - 11.0, y + 4.0))
+        })
+        .collect();
+    assert_disjoint("fault labels", &boxes);
+    // Every window is named: a full label, or its number with the full
+    // text in its tooltip and in the list under the chart.
+    let mut shortened = 0;
+    for (n, (text, _)) in boxes.iter().enumerate() {
+        let number = format!("#{}", n + 1);
+        if text == &number {
+            shortened += 1;
+        } else {
+            assert!(text.starts_with(&format!("{number} ")), "{text}");
+        }
+    }
+    assert!(
+        shortened < 10,
+        "every label was shortened: the packing gave up"
+    );
+    assert!(
+        html.contains("<li data-window=\"2\" value=\"2\">#2 redis-pause (redis): 1250.0 ms to 1500.0 ms</li>"),
+        "{html}"
+    );
+    // The first three windows start within 400 ms (35 px): the packing
+    // needs more than one row, and the lanes start under the last one.
+    let rows: std::collections::BTreeSet<i64> =
+        boxes.iter().map(|(_, b)| b.2 as i64).collect();
+    assert!(rows.len() >= 2, "{rows:?}");
+    let svg = tags(&html, "svg", "")
+        .into_iter()
+        .chain(html.match_indices("<svg id=\"timeline\"").map(|(at, _)| {
+            let rest = &html[at..];
+            &rest[..rest.find('>').map_or(rest.len(), |e| e + 1)]
+        }))
+        .last()
+        .expect("the svg");
+    let top = attr(svg, "data-top");
+    assert!(boxes.iter().all(|(_, b)| b.3 <= top), "labels below {top}");
+
+    // Tick labels: centred, spaced for their width.
+    let ticks: Vec<(String, Box4)> = tags(&html, "text", "tick-label")
+        .iter()
+        .filter(|tag| tag.contains("text-anchor=\"middle\""))
+        .map(|tag| {
+            let text = text_after(&html, tag).to_owned();
+            let (x, y) = (attr(tag, "x"), attr(tag, "y"));
+            let half = 3.5 * text.len() as f64;
+            (text, (x - half, x + half, y - 11.0, y + 4.0))
+        })
+        .collect();
+    assert!(ticks.len() >= 5, "{ticks:?}");
+    assert_disjoint("tick labels", &ticks);
+
+    // Lane labels fit their column: the long name is cut, in full in its
+    // tooltip.
+    for tag in tags(&html, "text", "lane-label") {
+        let text = text_after(&html, tag);
+        assert!(7.3 * text.chars().count() as f64 <= plot_x - 6.0, "{text}");
+    }
+    assert!(html.contains("w1.longer-cal\u{2026}<title>w1.longer-caller-name</title>"));
+}
+
+#[test]
+fn every_lease_and_write_shows_its_token_fence_and_outcome_on_hover() {
+    let h = History::saved_by_the_fence();
+    let html = render_html(&h.events, &check(&h.events));
+    // The leases.
+    assert!(
+        html.contains("<title>w0.t0 held lock:{wallet:1}\ntoken aaaa, fence 1\nfrom 0.1 ms"),
+        "{html}"
+    );
+    assert!(html.contains("<title>w1.t0 held lock:{wallet:1}\ntoken bbbb, fence 2\n"));
+    // The refused write names the lease it was made under.
+    assert!(html.contains(
+        "stale write refused by the database: w0.t0 debit 10 on wallet:1\n\
+         lock lock:{wallet:1}, token aaaa, fence 1\nsent 5.1 ms, answered 5.1 ms"
+    ));
+    // The accepted write, drawn in one path, has a hover target.
+    let hits = tags(&html, "rect", "hit accepted");
+    assert_eq!(hits.len(), 1, "{html}");
+    assert!(html.contains(
+        "<title>write accepted: w1.t0 debit 10 on wallet:1\nlock lock:{wallet:1}, token bbbb, \
+         fence 2\nsent 1.2 ms, answered 1.2 ms</title>"
+    ));
+    // The lost lease.
+    assert!(html.contains("w0.t0 lost its lease on lock:{wallet:1} (token aaaa, fence 1) at 5.2 ms"));
+    // Each lease and mark on a lane has its own title.
+    for class in ["lease", "hit accepted"] {
+        for tag in tags(&html, "rect", class) {
+            let after = &html[html.find(tag).expect("tag") + tag.len()..];
+            assert!(after.starts_with("<title>"), "{tag} has no title");
+        }
+    }
+    for tag in tags(&html, "path", "refused").into_iter().chain(tags(&html, "path", "lost")) {
+        let after = &html[html.find(tag).expect("tag") + tag.len()..];
+        assert!(after.starts_with("<title>"), "{tag} has no title");
+    }
+}
+
+#[test]
+fn the_page_carries_what_the_zoom_needs_and_works_without_it() {
+    let h = fifteen_seconds_ten_faults();
+    let html = render_html(&h.events, &check(&h.events));
+    // What the script reads.
+    assert!(html.contains("data-duration-us=\"15000000\" data-plot-x=\"120\" data-plot-w=\"1160\""));
+    for n in 1..=10 {
+        assert!(html.contains(&format!("<g class=\"fault-window\" data-window=\"{n}\">")));
+        assert!(html.contains(&format!("<text class=\"fault-label\" data-window=\"{n}\"")));
+        assert!(html.contains(&format!("<li data-window=\"{n}\"")));
+    }
+    // The plot groups the script rescales, clipped to the plot.
+    assert_eq!(count(&html, "class=\"marks zoom\" clip-path=\"url(#plot-clip)\""), 4);
+    assert_eq!(count(&html, "class=\"faults zoom\" clip-path=\"url(#plot-clip)\""), 1);
+    assert!(html.contains("<g class=\"ticks\">"));
+    // The controls are hidden until the script shows them; the chart is
+    // whole without it.
+    assert!(html.contains("<div id=\"zoom-controls\" hidden>"));
+    assert!(html.contains("<div id=\"tip\" hidden></div>"));
+    assert!(html.contains("data-zoom=\"reset\""));
+    assert_eq!(count(&html, "<rect class=\"lease\""), 150);
 }
