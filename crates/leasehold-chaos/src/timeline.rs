@@ -123,6 +123,7 @@ svg#timeline.zoomable { cursor: crosshair; user-select: none; }
 #zoom-controls button { font: inherit; padding: 1px 10px; }
 #zoom-range { color: #555; }
 #tip { position: fixed; z-index: 10; max-width: 520px; padding: 6px 8px; background: #263238; color: #fff; border-radius: 4px; font: 12px/1.4 ui-monospace, "DejaVu Sans Mono", monospace; white-space: pre-line; pointer-events: none; box-shadow: 0 2px 6px rgba(0,0,0,.3); }
+ol#faults { list-style: none; padding-left: 0; }
 ol#faults li[data-window] { cursor: zoom-in; }
 ol#violations li, ol#faults li, ul#overlaps li, ul#recovery li { margin: 2px 0; }
 .none { color: #1b5e20; }
@@ -223,6 +224,8 @@ const SCRIPT: &str = r##"
       })
       .sort(function (p, q) { return p.a - q.a || p.l.n - q.l.n; });
     visible.forEach(function (v) {
+      // Measured while shown: a hidden text measures 0.
+      v.l.el.removeAttribute("display");
       var texts = [v.l.full, "#" + v.l.n];
       for (var t = 0; t < texts.length; t++) {
         v.l.el.textContent = texts[t];
@@ -235,12 +238,12 @@ const SCRIPT: &str = r##"
             v.l.el.setAttribute("x", x.toFixed(1));
             v.l.el.setAttribute("y", 12 + r * ROW_H);
             v.l.el.setAttribute("text-anchor", "start");
-            v.l.el.removeAttribute("display");
             band(v.l, 16 + r * ROW_H);
             return;
           }
         }
       }
+      v.l.el.setAttribute("display", "none");
     });
   }
 
@@ -504,8 +507,8 @@ fn layout_fault_labels(spans: &[(f64, f64)], full: &[String]) -> (Vec<FaultLabel
             };
             // A row past the last is empty: the search ends there at the
             // latest.
-            let Some(row) = (0..max_rows.min(rows.len() + 1))
-                .find(|&r| rows.get(r).is_none_or(clear))
+            let Some(row) =
+                (0..max_rows.min(rows.len() + 1)).find(|&r| rows.get(r).is_none_or(clear))
             else {
                 continue;
             };
@@ -677,10 +680,9 @@ impl<'a> Page<'a> {
                         MarkKind::Insufficient,
                         "write refused for lack of funds (nothing written)",
                     ),
-                    WriteOutcome::RefusedStale => (
-                        MarkKind::Refused,
-                        "stale write refused by the database",
-                    ),
+                    WriteOutcome::RefusedStale => {
+                        (MarkKind::Refused, "stale write refused by the database")
+                    }
                     WriteOutcome::Unknown => (MarkKind::Unknown, "write of unknown outcome"),
                     WriteOutcome::Failed => (MarkKind::Failed, "write failed (nothing written)"),
                 };
@@ -801,7 +803,10 @@ impl<'a> Page<'a> {
         self.write_svg(out)?;
         writeln!(out, "</div>")?;
         self.write_lists(out)?;
-        writeln!(out, "<div id=\"tip\" hidden></div>\n<script>{SCRIPT}</script>")?;
+        writeln!(
+            out,
+            "<div id=\"tip\" hidden></div>\n<script>{SCRIPT}</script>"
+        )?;
         writeln!(out, "</body>\n</html>")
     }
 
@@ -894,7 +899,7 @@ impl<'a> Page<'a> {
             )?;
         }
         self.write_axis(out, top, bottom)?;
-        self.write_faults(out, top, bottom)?;
+        self.write_faults(out, bottom)?;
         for (i, lane) in self.lanes.iter().enumerate() {
             self.write_lane(out, top, i, lane)?;
         }
@@ -938,7 +943,7 @@ impl<'a> Page<'a> {
         )
     }
 
-    fn write_faults(&self, out: &mut String, top: f64, bottom: f64) -> fmt::Result {
+    fn write_faults(&self, out: &mut String, bottom: f64) -> fmt::Result {
         writeln!(
             out,
             "<g class=\"faults zoom\" clip-path=\"url(#plot-clip)\">"
@@ -949,7 +954,7 @@ impl<'a> Page<'a> {
             writeln!(
                 out,
                 "<g class=\"fault-window\" data-window=\"{}\"><rect class=\"fault\" \
-                 data-fault=\"{}\" x=\"{x0:.1}\" y=\"{band_y}\" width=\"{:.1}\" height=\"{:.1}\" \
+                 data-fault=\"{}\" x=\"{x0:.2}\" y=\"{band_y}\" width=\"{:.2}\" height=\"{:.1}\" \
                  fill=\"#ffb300\" fill-opacity=\"0.18\" stroke=\"#e69500\" \
                  stroke-dasharray=\"4 3\"><title>{}</title></rect></g>",
                 i + 1,
@@ -965,7 +970,7 @@ impl<'a> Page<'a> {
             writeln!(
                 out,
                 "<text class=\"fault-label\" data-window=\"{}\" data-full=\"{}\" \
-                 data-x0=\"{x0:.1}\" data-x1=\"{x1:.1}\" data-w=\"{:.1}\" x=\"{:.1}\" y=\"{}\" \
+                 data-x0=\"{x0:.2}\" data-x1=\"{x1:.2}\" data-w=\"{:.1}\" x=\"{:.1}\" y=\"{}\" \
                  text-anchor=\"start\">{}<title>{}</title></text>",
                 i + 1,
                 esc(&label.full),
@@ -1042,8 +1047,8 @@ impl<'a> Page<'a> {
                 .map_or_else(|| "no fence".to_owned(), |f| format!("fence {f}"));
             writeln!(
                 out,
-                "<rect class=\"{class}\" data-token=\"{}\" x=\"{x0:.1}\" y=\"{:.1}\" \
-                 width=\"{:.1}\" height=\"12\" rx=\"2\" fill=\"hsl({hue},{sat},72%)\" \
+                "<rect class=\"{class}\" data-token=\"{}\" x=\"{x0:.2}\" y=\"{:.1}\" \
+                 width=\"{:.2}\" height=\"12\" rx=\"2\" fill=\"hsl({hue},{sat},72%)\" \
                  stroke=\"hsl({hue},{sat},{dark})\"><title>{} held {}\ntoken {}, {}\n\
                  from {} to {} ({}): {}</title></rect>",
                 esc(&span.token),
@@ -1158,7 +1163,7 @@ fn write_busy(out: &mut String, y: f64, run: &Busy<'_>) -> fmt::Result {
     };
     writeln!(
         out,
-        "<rect class=\"lease merged\" x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"12\" \
+        "<rect class=\"lease merged\" x=\"{:.2}\" y=\"{:.1}\" width=\"{:.2}\" height=\"12\" \
          fill=\"#a9b4c0\"><title>{} short leases of {}, {}\nfrom {} to {} (too short to draw \
          one by one)</title></rect>",
         run.x0,
@@ -1224,7 +1229,7 @@ fn write_overlaps(out: &mut String, y: f64, overlaps: &[(f64, f64, String)]) -> 
         };
         writeln!(
             out,
-            "<rect class=\"overlap\" x=\"{x0:.1}\" y=\"{:.1}\" width=\"{:.1}\" \
+            "<rect class=\"overlap\" x=\"{x0:.2}\" y=\"{:.1}\" width=\"{:.2}\" \
              height=\"{:.1}\" fill=\"url(#hatch)\" stroke=\"#d32f2f\" stroke-width=\"1.5\">\
              <title>{}{more}</title></rect>",
             y + 2.0,
@@ -1256,16 +1261,16 @@ fn write_marks(
         // per few pixels, with the first one's details and a count.
         MarkKind::Accepted | MarkKind::Insufficient => {
             let (class, y0, stroke) = if kind == MarkKind::Accepted {
-                ("accepted", y + 1.5, "#2e7d32")
+                ("accepted", y + 2.0, "#2e7d32")
             } else {
-                ("insufficient", y + 20.5, "#9e9e9e")
+                ("insufficient", y + 20.0, "#9e9e9e")
             };
             write!(
                 out,
                 "<path class=\"{class}\" stroke=\"{stroke}\" stroke-width=\"1.2\" d=\""
             )?;
             for mark in marks.values() {
-                write!(out, "M{:.0} {y0}v5", mark.x)?;
+                write!(out, "M{:.1} {y0}v5", mark.x)?;
             }
             writeln!(out, "\"/>")?;
             let mut hits: BTreeMap<i64, (&Mark, usize)> = BTreeMap::new();
@@ -1285,7 +1290,7 @@ fn write_marks(
                     "<rect class=\"hit {class}\" x=\"{}\" y=\"{}\" width=\"{HIT_PX}\" \
                      height=\"8\"><title>{}{more}</title></rect>",
                     bucket as f64 * HIT_PX,
-                    y0 - 1.5,
+                    y0 - 1.0,
                     esc(&mark.title)
                 )?;
             }
@@ -1295,8 +1300,8 @@ fn write_marks(
             for mark in marks.values() {
                 writeln!(
                     out,
-                    "<circle class=\"refused-halo\" cx=\"{:.1}\" cy=\"{mid}\" r=\"11\"/>\
-                     <path class=\"refused\" d=\"M{:.1} {:.1}l7 8l-7 8l-7 -8z\">{}</path>",
+                    "<circle class=\"refused-halo\" cx=\"{:.2}\" cy=\"{mid}\" r=\"11\"/>\
+                     <path class=\"refused\" d=\"M{:.2} {:.1}l7 8l-7 8l-7 -8z\">{}</path>",
                     mark.x,
                     mark.x,
                     mid - 8.0,
@@ -1309,7 +1314,7 @@ fn write_marks(
             for mark in marks.values() {
                 writeln!(
                     out,
-                    "<path class=\"acquire-failed\" d=\"M{:.1} {mid}H{:.1}m0 -5v10\" \
+                    "<path class=\"acquire-failed\" d=\"M{:.2} {mid}H{:.2}m0 -5v10\" \
                      stroke=\"#757575\" stroke-width=\"1.5\" stroke-dasharray=\"3 2\" \
                      fill=\"none\">{}</path>",
                     mark.x0,
@@ -1328,7 +1333,7 @@ fn write_marks(
             for mark in marks.values() {
                 writeln!(
                     out,
-                    "<circle class=\"{class}\" cx=\"{:.1}\" cy=\"{mid}\" r=\"{r}\" \
+                    "<circle class=\"{class}\" cx=\"{:.2}\" cy=\"{mid}\" r=\"{r}\" \
                      fill=\"{fill}\" stroke=\"{stroke}\" stroke-width=\"1.5\">{}</circle>",
                     mark.x,
                     title(mark)
@@ -1340,7 +1345,7 @@ fn write_marks(
             for mark in marks.values() {
                 writeln!(
                     out,
-                    "<path class=\"lost\" d=\"M{:.1} {}l8 8m0 -8l-8 8\" stroke=\"#111\" \
+                    "<path class=\"lost\" d=\"M{:.2} {}l8 8m0 -8l-8 8\" stroke=\"#111\" \
                      stroke-width=\"2.2\">{}</path>",
                     // Just right of the bar's end, clear of a refused
                     // write at the same instant.

@@ -172,7 +172,10 @@ fn tags<'a>(html: &'a str, tag: &str, class: &str) -> Vec<&'a str> {
 /// The number in attribute `name` of an opening tag.
 fn attr(tag: &str, name: &str) -> f64 {
     let key = format!(" {name}=\"");
-    let start = tag.find(&key).unwrap_or_else(|| panic!("no {name} in {tag}")) + key.len();
+    let start = tag
+        .find(&key)
+        .unwrap_or_else(|| panic!("no {name} in {tag}"))
+        + key.len();
     let end = start + tag[start..].find('"').expect("closing quote");
     tag[start..end]
         .parse()
@@ -214,7 +217,10 @@ fn labels_of_ten_fault_windows_in_fifteen_seconds_never_overlap() {
         .map(|tag| {
             let (x, y, w) = (attr(tag, "x"), attr(tag, "y"), attr(tag, "data-w"));
             assert!(w > 0.0, "{tag}");
-            assert!(x >= plot_x && x + w <= plot_x + plot_w, "{tag} leaves the plot");
+            assert!(
+                x >= plot_x && x + w <= plot_x + plot_w,
+                "{tag} leaves the plot"
+            );
             let text = text_after(&html, tag).to_owned();
             // The estimated width is the drawn text's, at no less than
             // 7 px a character (12 px bold sans).
@@ -239,13 +245,14 @@ fn labels_of_ten_fault_windows_in_fifteen_seconds_never_overlap() {
         "every label was shortened: the packing gave up"
     );
     assert!(
-        html.contains("<li data-window=\"2\" value=\"2\">#2 redis-pause (redis): 1250.0 ms to 1500.0 ms</li>"),
+        html.contains(
+            "<li data-window=\"2\" value=\"2\">#2 redis-pause (redis): 1250.0 ms to 1500.0 ms</li>"
+        ),
         "{html}"
     );
     // The first three windows start within 400 ms (35 px): the packing
     // needs more than one row, and the lanes start under the last one.
-    let rows: std::collections::BTreeSet<i64> =
-        boxes.iter().map(|(_, b)| b.2 as i64).collect();
+    let rows: std::collections::BTreeSet<i64> = boxes.iter().map(|(_, b)| b.2 as i64).collect();
     assert!(rows.len() >= 2, "{rows:?}");
     let svg = tags(&html, "svg", "")
         .into_iter()
@@ -304,7 +311,9 @@ fn every_lease_and_write_shows_its_token_fence_and_outcome_on_hover() {
          fence 2\nsent 1.2 ms, answered 1.2 ms</title>"
     ));
     // The lost lease.
-    assert!(html.contains("w0.t0 lost its lease on lock:{wallet:1} (token aaaa, fence 1) at 5.2 ms"));
+    assert!(
+        html.contains("w0.t0 lost its lease on lock:{wallet:1} (token aaaa, fence 1) at 5.2 ms")
+    );
     // Each lease and mark on a lane has its own title.
     for class in ["lease", "hit accepted"] {
         for tag in tags(&html, "rect", class) {
@@ -312,7 +321,10 @@ fn every_lease_and_write_shows_its_token_fence_and_outcome_on_hover() {
             assert!(after.starts_with("<title>"), "{tag} has no title");
         }
     }
-    for tag in tags(&html, "path", "refused").into_iter().chain(tags(&html, "path", "lost")) {
+    for tag in tags(&html, "path", "refused")
+        .into_iter()
+        .chain(tags(&html, "path", "lost"))
+    {
         let after = &html[html.find(tag).expect("tag") + tag.len()..];
         assert!(after.starts_with("<title>"), "{tag} has no title");
     }
@@ -323,15 +335,23 @@ fn the_page_carries_what_the_zoom_needs_and_works_without_it() {
     let h = fifteen_seconds_ten_faults();
     let html = render_html(&h.events, &check(&h.events));
     // What the script reads.
-    assert!(html.contains("data-duration-us=\"15000000\" data-plot-x=\"120\" data-plot-w=\"1160\""));
+    assert!(
+        html.contains("data-duration-us=\"15000000\" data-plot-x=\"120\" data-plot-w=\"1160\"")
+    );
     for n in 1..=10 {
         assert!(html.contains(&format!("<g class=\"fault-window\" data-window=\"{n}\">")));
         assert!(html.contains(&format!("<text class=\"fault-label\" data-window=\"{n}\"")));
         assert!(html.contains(&format!("<li data-window=\"{n}\"")));
     }
     // The plot groups the script rescales, clipped to the plot.
-    assert_eq!(count(&html, "class=\"marks zoom\" clip-path=\"url(#plot-clip)\""), 4);
-    assert_eq!(count(&html, "class=\"faults zoom\" clip-path=\"url(#plot-clip)\""), 1);
+    assert_eq!(
+        count(&html, "class=\"marks zoom\" clip-path=\"url(#plot-clip)\""),
+        4
+    );
+    assert_eq!(
+        count(&html, "class=\"faults zoom\" clip-path=\"url(#plot-clip)\""),
+        1
+    );
     assert!(html.contains("<g class=\"ticks\">"));
     // The controls are hidden until the script shows them; the chart is
     // whole without it.
