@@ -140,7 +140,7 @@ const SCRIPT: &str = r##"
   if (!svg || !svg.createSVGPoint || !svg.querySelectorAll) return;
   var NS = svg.namespaceURI;
   var X0 = +svg.getAttribute("data-plot-x"), W = +svg.getAttribute("data-plot-w");
-  var DUR = +svg.getAttribute("data-duration-us");
+  var FROM = +svg.getAttribute("data-from-us"), DUR = +svg.getAttribute("data-duration-us");
   var TOP = +svg.getAttribute("data-top"), BOTTOM = +svg.getAttribute("data-bottom");
   var ROWS = +svg.getAttribute("data-label-rows"), ROW_H = +svg.getAttribute("data-row-h");
   var MAX_ZOOM = 5000;
@@ -172,7 +172,7 @@ const SCRIPT: &str = r##"
   function scale() { return W / (view[1] - view[0]); }
   function map(x) { return X0 + (x - view[0]) * scale(); }
   function unmap(x) { return view[0] + (x - X0) / scale(); }
-  function ms(x) { return (x - X0) / W * DUR / 1000; }
+  function ms(x) { return (FROM + (x - X0) / W * DUR) / 1000; }
   function nice(raw) {
     if (!(raw > 0) || !isFinite(raw)) return 1;
     var p = Math.pow(10, Math.floor(Math.log10(raw))), m = raw / p;
@@ -193,11 +193,11 @@ const SCRIPT: &str = r##"
     for (;;) {
       digits = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
       label = (t1).toFixed(digits);
-      if (step / span * W >= label.length * 7 + 12) break;
+      if (step / span * W >= (label.length + 1) * 7 + 12) break;
       step = nice(step * 1.01);
     }
     for (var i = Math.ceil(t0 / step - 1e-9); i * step <= t1 + step * 1e-9; i++) {
-      var x = (map(X0 + i * step * 1000 / DUR * W)).toFixed(1);
+      var x = (map(X0 + (i * step * 1000 - FROM) / DUR * W)).toFixed(1);
       g.appendChild(el("line", { "class": "grid", x1: x, y1: TOP, x2: x, y2: BOTTOM }));
       g.appendChild(el("line", { x1: x, y1: BOTTOM, x2: x, y2: BOTTOM + 5, stroke: "#888" }));
       g.appendChild(el("text", { "class": "tick-label", x: x, y: BOTTOM + 18, "text-anchor": "middle" },
@@ -357,7 +357,27 @@ const SCRIPT: &str = r##"
 pub fn render_html(events: &[Event], check: &RunCheck) -> String {
     let mut out = String::new();
     // Writing to a String cannot fail.
-    let _ = Page::new(events, check).write(&mut out);
+    let _ = Page::new(events, check, None).write(&mut out);
+    out
+}
+
+/// Renders `events` and their `check` as one HTML page whose chart shows
+/// only the time from `range.start` to `range.end` (microseconds since the
+/// run started), drawn at the chart's full width: a close-up that stays
+/// true where a zoom into the whole run's page would stretch marks merged
+/// at its scale. The verdict, the counts and the lists are the whole
+/// run's; a mark outside the range is left out, a lease or a fault window
+/// that crosses an edge is cut there. An empty or reversed range shows
+/// the whole run.
+#[must_use]
+pub fn render_html_between(
+    events: &[Event],
+    check: &RunCheck,
+    range: std::ops::Range<u64>,
+) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = Page::new(events, check, Some(range)).write(&mut out);
     out
 }
 
@@ -476,13 +496,13 @@ struct FaultLabel {
 /// of start; a full label only in the first [`FULL_LABEL_ROWS`] rows, its
 /// number in any (a new row if need be). Returns the labels, by window,
 /// and how many rows they take.
-fn layout_fault_labels(spans: &[(f64, f64)], full: &[String]) -> (Vec<FaultLabel>, usize) {
+fn layout_fault_labels(spans: &[(f64, f64)], full: &[(usize, String)]) -> (Vec<FaultLabel>, usize) {
     let mut order: Vec<usize> = (0..spans.len()).collect();
     order.sort_by(|&a, &b| spans[a].0.total_cmp(&spans[b].0).then(a.cmp(&b)));
     let mut rows: Vec<Vec<(f64, f64)>> = Vec::new();
     let mut labels: Vec<FaultLabel> = full
         .iter()
-        .map(|text| FaultLabel {
+        .map(|(_, text)| FaultLabel {
             full: text.clone(),
             text: text.clone(),
             x: LABEL_W,
@@ -491,10 +511,12 @@ fn layout_fault_labels(spans: &[(f64, f64)], full: &[String]) -> (Vec<FaultLabel
         })
         .collect();
     for i in order {
-        let (Some(&(x0, _)), Some(label)) = (spans.get(i), labels.get_mut(i)) else {
+        let (Some(&(x0, _)), Some(label), Some((n, _))) =
+            (spans.get(i), labels.get_mut(i), full.get(i))
+        else {
             continue;
         };
-        let marker = format!("#{}", i + 1);
+        let marker = format!("#{n}");
         for (text, max_rows) in [(label.full.clone(), FULL_LABEL_ROWS), (marker, usize::MAX)] {
             let width = text.chars().count() as f64 * FAULT_CHAR_W;
             if width > PLOT_W {
@@ -533,9 +555,15 @@ fn layout_fault_labels(spans: &[(f64, f64)], full: &[String]) -> (Vec<FaultLabel
 
 struct Page<'a> {
     check: &'a RunCheck,
+    /// When the run ended.
     duration_us: u64,
+    /// The time the chart shows.
+    from_us: u64,
+    to_us: u64,
     lanes: Vec<Lane>,
-    faults: Vec<check::FaultWindow>,
+    /// The fault windows the chart shows, with their number (from 1, in
+    /// the whole run).
+    faults: Vec<(usize, check::FaultWindow)>,
     /// Where each fault window's label goes, by window.
     labels: Vec<FaultLabel>,
     /// How many rows the fault labels take.
@@ -543,7 +571,7 @@ struct Page<'a> {
 }
 
 impl<'a> Page<'a> {
-    fn new(events: &[Event], check: &'a RunCheck) -> Page<'a> {
+    fn new(events: &[Event], check: &'a RunCheck, range: Option<std::ops::Range<u64>>) -> Page<'a> {
         let duration_us = events
             .iter()
             .map(|e| e.at_us)
@@ -551,6 +579,10 @@ impl<'a> Page<'a> {
             .unwrap_or(0)
             .max(check.duration_us)
             .max(1);
+        let (from_us, to_us) = match range {
+            Some(range) if range.start < range.end => (range.start, range.end),
+            _ => (0, duration_us),
+        };
         let mut actors = BTreeSet::new();
         for event in events {
             if matches!(
@@ -571,6 +603,8 @@ impl<'a> Page<'a> {
         let mut page = Page {
             check,
             duration_us,
+            from_us,
+            to_us,
             lanes: actors
                 .iter()
                 .map(|actor| Lane {
@@ -580,19 +614,28 @@ impl<'a> Page<'a> {
                     marks: BTreeMap::new(),
                 })
                 .collect(),
-            faults: check::fault_windows(events),
+            faults: check::fault_windows(events)
+                .into_iter()
+                .enumerate()
+                .map(|(i, f)| (i + 1, f))
+                .filter(|(_, f)| {
+                    f.from_us.unwrap_or(0) <= to_us && f.to_us.unwrap_or(duration_us) >= from_us
+                })
+                .collect(),
             labels: Vec::new(),
             label_rows: 1,
         };
-        let spans: Vec<(f64, f64)> = page.faults.iter().map(|f| page.fault_x(f)).collect();
-        let full: Vec<String> = page
+        let spans: Vec<(f64, f64)> = page.faults.iter().map(|(_, f)| page.fault_x(f)).collect();
+        let full: Vec<(usize, String)> = page
             .faults
             .iter()
-            .enumerate()
-            .map(|(i, f)| format!("#{} {} ({})", i + 1, f.fault, f.target))
+            .map(|(n, f)| (*n, format!("#{n} {} ({})", f.fault, f.target)))
             .collect();
         (page.labels, page.label_rows) = layout_fault_labels(&spans, &full);
         for span in check::lease_spans(events) {
+            if span.to_us < from_us || span.from_us > to_us {
+                continue;
+            }
             if let LeaseEnd::Lost { cause } = &span.end {
                 let title = format!(
                     "{} lost its lease on {} (token {}{}) at {}: {}",
@@ -614,6 +657,9 @@ impl<'a> Page<'a> {
             lane.leases.sort_by_key(|s| s.from_us);
         }
         for overlap in &check.overlaps {
+            if overlap.to_us < from_us || overlap.from_us > to_us {
+                continue;
+            }
             let title = format!(
                 "double holders of {}: {} (token {}) and {} (token {}), {} to {}",
                 overlap.key,
@@ -736,6 +782,9 @@ impl<'a> Page<'a> {
     }
 
     fn mark_from(&mut self, actor: &str, kind: MarkKind, from_us: u64, at_us: u64, title: String) {
+        if at_us < self.from_us || from_us > self.to_us {
+            return;
+        }
         let (x0, x) = (self.x(from_us), self.x(at_us));
         let bucket = (x / kind.bucket_px()).floor() as i64;
         if let Some(lane) = self.lane_mut(actor) {
@@ -755,7 +804,9 @@ impl<'a> Page<'a> {
     }
 
     fn x(&self, at_us: u64) -> f64 {
-        LABEL_W + at_us.min(self.duration_us) as f64 / self.duration_us as f64 * PLOT_W
+        let span = self.to_us.saturating_sub(self.from_us).max(1);
+        let at = at_us.clamp(self.from_us, self.to_us) - self.from_us;
+        LABEL_W + at as f64 / span as f64 * PLOT_W
     }
 
     /// Where the lanes start: under the rows of fault labels.
@@ -839,6 +890,15 @@ impl<'a> Page<'a> {
     }
 
     fn write_summary(&self, out: &mut String) -> fmt::Result {
+        if self.from_us > 0 || self.to_us < self.duration_us {
+            writeln!(
+                out,
+                "<p class=\"summary\" id=\"range\">The chart shows {} to {} of the run; the \
+                 counts and the lists are the whole run's.</p>",
+                ms(self.from_us),
+                ms(self.to_us)
+            )?;
+        }
         let c = &self.check.counts;
         let w = &c.writes;
         let ttl = self
@@ -874,10 +934,12 @@ impl<'a> Page<'a> {
             out,
             "<svg id=\"timeline\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" \
              height=\"{height}\" viewBox=\"0 0 {width} {height}\" role=\"img\" \
-             data-duration-us=\"{}\" data-plot-x=\"{LABEL_W}\" data-plot-w=\"{PLOT_W}\" \
+             data-from-us=\"{}\" data-duration-us=\"{}\" data-plot-x=\"{LABEL_W}\" data-plot-w=\"{PLOT_W}\" \
              data-top=\"{top}\" data-bottom=\"{bottom}\" data-label-rows=\"{}\" \
              data-row-h=\"{FAULT_ROW_H}\">",
-            self.duration_us, self.label_rows
+            self.from_us,
+            self.to_us - self.from_us,
+            self.label_rows
         )?;
         writeln!(
             out,
@@ -907,21 +969,22 @@ impl<'a> Page<'a> {
     }
 
     fn write_axis(&self, out: &mut String, top: f64, bottom: f64) -> fmt::Result {
-        let duration_ms = self.duration_us as f64 / 1000.0;
-        let step = tick_step(duration_ms);
+        let (from_ms, to_ms) = (self.from_us as f64 / 1000.0, self.to_us as f64 / 1000.0);
+        let span_ms = (to_ms - from_ms).max(0.001);
+        let step = tick_step(span_ms, to_ms);
         writeln!(
             out,
             "<g class=\"axis\"><line x1=\"{LABEL_W}\" y1=\"{bottom}\" x2=\"{}\" y2=\"{bottom}\" \
              stroke=\"#888\"/><g class=\"ticks\">",
             LABEL_W + PLOT_W
         )?;
-        let mut k = 0u32;
+        let mut k = (from_ms / step - 1e-9).ceil() as i64;
         loop {
-            let t_ms = f64::from(k) * step;
-            if t_ms > duration_ms + step * 1e-9 {
+            let t_ms = k as f64 * step;
+            if t_ms > to_ms + step * 1e-9 {
                 break;
             }
-            let x = LABEL_W + t_ms / duration_ms * PLOT_W;
+            let x = LABEL_W + (t_ms - from_ms) / span_ms * PLOT_W;
             writeln!(
                 out,
                 "<line class=\"grid\" x1=\"{x:.1}\" y1=\"{top}\" x2=\"{x:.1}\" y2=\"{bottom}\"/>\
@@ -948,7 +1011,7 @@ impl<'a> Page<'a> {
             out,
             "<g class=\"faults zoom\" clip-path=\"url(#plot-clip)\">"
         )?;
-        for (i, (fault, label)) in self.faults.iter().zip(&self.labels).enumerate() {
+        for ((n, fault), label) in self.faults.iter().zip(&self.labels) {
             let (x0, x1) = self.fault_x(fault);
             let band_y = label_y(label.row) + 4.0;
             writeln!(
@@ -957,7 +1020,7 @@ impl<'a> Page<'a> {
                  data-fault=\"{}\" x=\"{x0:.2}\" y=\"{band_y}\" width=\"{:.2}\" height=\"{:.1}\" \
                  fill=\"#ffb300\" fill-opacity=\"0.18\" stroke=\"#e69500\" \
                  stroke-dasharray=\"4 3\"><title>{}</title></rect></g>",
-                i + 1,
+                n,
                 esc(&fault.fault),
                 x1 - x0,
                 bottom - band_y,
@@ -965,14 +1028,14 @@ impl<'a> Page<'a> {
             )?;
         }
         writeln!(out, "</g>\n<g class=\"fault-labels\">")?;
-        for (i, (fault, label)) in self.faults.iter().zip(&self.labels).enumerate() {
+        for ((n, fault), label) in self.faults.iter().zip(&self.labels) {
             let (x0, x1) = self.fault_x(fault);
             writeln!(
                 out,
                 "<text class=\"fault-label\" data-window=\"{}\" data-full=\"{}\" \
                  data-x0=\"{x0:.2}\" data-x1=\"{x1:.2}\" data-w=\"{:.1}\" x=\"{:.1}\" y=\"{}\" \
                  text-anchor=\"start\">{}<title>{}</title></text>",
-                i + 1,
+                n,
                 esc(&label.full),
                 label.width,
                 label.x,
@@ -1080,12 +1143,12 @@ impl<'a> Page<'a> {
             writeln!(out, "<p id=\"faults\" class=\"none\">None injected.</p>")?;
         } else {
             writeln!(out, "<ol id=\"faults\">")?;
-            for (i, (fault, label)) in self.faults.iter().zip(&self.labels).enumerate() {
+            for ((n, fault), label) in self.faults.iter().zip(&self.labels) {
                 writeln!(
                     out,
                     "<li data-window=\"{}\" value=\"{}\">{}</li>",
-                    i + 1,
-                    i + 1,
+                    n,
+                    n,
                     esc(&self.fault_text(fault, label))
                 )?;
             }
@@ -1193,13 +1256,13 @@ fn fit_text(text: &str, width: f64, char_w: f64) -> String {
     cut
 }
 
-/// The axis step (ms) for a run of `duration_ms`: about ten ticks, and
-/// never closer than the widest label needs.
-fn tick_step(duration_ms: f64) -> f64 {
-    let mut step = nice_step(duration_ms / 10.0);
+/// The axis step (ms) for `span_ms` shown, up to `last_ms`: about ten
+/// ticks, and never closer than the widest label needs.
+fn tick_step(span_ms: f64, last_ms: f64) -> f64 {
+    let mut step = nice_step(span_ms / 10.0);
     for _ in 0..8 {
-        let widest = trim_number(duration_ms.max(step)).len() as f64 * TICK_CHAR_W;
-        if step / duration_ms.max(f64::MIN_POSITIVE) * PLOT_W >= widest + 12.0 {
+        let widest = (trim_number(last_ms.max(step)).len() + 1) as f64 * TICK_CHAR_W;
+        if step / span_ms.max(f64::MIN_POSITIVE) * PLOT_W >= widest + 12.0 {
             break;
         }
         step = nice_step(step * 1.01);
@@ -1480,6 +1543,55 @@ mod tests {
             let (hue, ..) = token_colour(token);
             assert!((35..320).contains(&hue), "{token}: hue {hue}");
         }
+    }
+
+    fn boxes_overlap(a: &FaultLabel, b: &FaultLabel) -> bool {
+        a.row == b.row && a.x < b.x + b.width && b.x < a.x + a.width
+    }
+
+    #[test]
+    fn crowded_fault_labels_fall_back_to_numbers_and_new_rows() {
+        // Thirty windows within ten pixels: three full labels, then
+        // numbers, in as many rows as they need.
+        let spans: Vec<(f64, f64)> = (0..30)
+            .map(|i| (LABEL_W + 400.0 + f64::from(i) / 3.0, LABEL_W + 420.0))
+            .collect();
+        let full: Vec<(usize, String)> = (1..=30)
+            .map(|n| (n, format!("#{n} process-pause (w{n})")))
+            .collect();
+        let (labels, rows) = layout_fault_labels(&spans, &full);
+        assert_eq!(labels.len(), 30);
+        let shortened = labels.iter().filter(|l| l.text != l.full).count();
+        assert_eq!(shortened, 30 - FULL_LABEL_ROWS);
+        for (i, label) in labels.iter().enumerate() {
+            if label.text != label.full {
+                assert_eq!(label.text, format!("#{}", i + 1));
+            }
+            assert!(label.x >= LABEL_W && label.x + label.width <= LABEL_W + PLOT_W);
+            for other in &labels[i + 1..] {
+                assert!(!boxes_overlap(label, other), "{label:?} {other:?}");
+            }
+        }
+        assert_eq!(
+            rows,
+            labels.iter().map(|l| l.row).max().map_or(1, |r| r + 1)
+        );
+        assert!(rows > FULL_LABEL_ROWS, "{rows}");
+        // At the right edge, a label is pulled back into the plot.
+        let (edge, _) = layout_fault_labels(
+            &[(LABEL_W + PLOT_W - 1.0, LABEL_W + PLOT_W)],
+            &[(1, "#1 redis-restart (redis)".to_owned())],
+        );
+        assert_eq!(edge[0].text, "#1 redis-restart (redis)");
+        assert!((edge[0].x + edge[0].width - (LABEL_W + PLOT_W)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn long_lane_labels_are_cut_to_fit() {
+        assert_eq!(fit_text("w1.t0", 108.0, 7.3), "w1.t0");
+        let cut = fit_text("worker-with-a-very-long-name", 108.0, 7.3);
+        assert_eq!(cut, "worker-with-a\u{2026}");
+        assert!(cut.chars().count() as f64 * 7.3 <= 108.0);
     }
 
     #[test]

@@ -4,6 +4,7 @@ mod common;
 
 use common::{History, KEY, WALLET, fifteen_seconds_ten_faults, sample};
 use leasehold_chaos::check::check;
+use leasehold_chaos::timeline::render_html_between;
 use leasehold_chaos::{Kind, WriteOutcome, render_html};
 
 fn count(html: &str, needle: &str) -> usize {
@@ -359,4 +360,50 @@ fn the_page_carries_what_the_zoom_needs_and_works_without_it() {
     assert!(html.contains("<div id=\"tip\" hidden></div>"));
     assert!(html.contains("data-zoom=\"reset\""));
     assert_eq!(count(&html, "<rect class=\"lease\""), 150);
+}
+
+#[test]
+fn a_close_up_draws_only_its_range_at_full_width() {
+    let h = fifteen_seconds_ten_faults();
+    let run = check(&h.events);
+    let html = render_html_between(&h.events, &run, 1_000_000..2_300_000);
+    assert!(html.contains("data-from-us=\"1000000\" data-duration-us=\"1300000\""));
+    assert!(html.contains(
+        "<p class=\"summary\" id=\"range\">The chart shows 1000.0 ms to 2300.0 ms of the run"
+    ));
+    // The windows in the range keep their numbers; the others are left
+    // out.
+    for n in 1..=4 {
+        assert!(html.contains(&format!("<g class=\"fault-window\" data-window=\"{n}\">")));
+    }
+    assert_eq!(count(&html, "<rect class=\"fault\""), 4);
+    // The lease taken at 0.9 s (lost at 1.66 s) and the thirteen taken
+    // from 1 s to 2.2 s (the next one is granted 10 µs past the range),
+    // each wide enough to draw on its own.
+    assert_eq!(count(&html, "<rect class=\"lease\""), 14);
+    assert!(!html.contains("class=\"lease merged\""));
+    assert_eq!(count(&html, "<path class=\"refused\""), 1);
+    let ticks: Vec<f64> = tags(&html, "text", "tick-label")
+        .iter()
+        .filter(|tag| tag.contains("text-anchor=\"middle\""))
+        .map(|tag| text_after(&html, tag).parse().expect("a number"))
+        .collect();
+    assert!(ticks.len() >= 5, "{ticks:?}");
+    assert!(
+        ticks.iter().all(|t| (1000.0..=2300.0).contains(t)),
+        "{ticks:?}"
+    );
+    // The lease taken before the range is cut at its left edge.
+    let first = tags(&html, "rect", "lease")
+        .into_iter()
+        .find(|tag| tag.contains("data-token=\"t009\""))
+        .expect("the lease taken at 0.9 s");
+    assert_eq!(attr(first, "x"), 120.0, "{first}");
+    // The counts are the whole run's.
+    assert!(html.contains("writes: 149 accepted"));
+    // A reversed range is the whole run.
+    assert_eq!(
+        render_html_between(&h.events, &run, 5..5),
+        render_html(&h.events, &run)
+    );
 }
