@@ -10,7 +10,10 @@
 //!
 //! One lane per caller: its leases are bars coloured by token (the same
 //! token, the same colour, in every page), a lost lease ends in a cross,
-//! accepted writes are ticks above the bar, refused stale writes blue
+//! accepted writes are ticks above the bar (a write whose answer took
+//! long enough to see is a thin line from when it started, `path.in-flight`:
+//! a holder paused mid-write, a guard waiting on a row lock), refused stale
+//! writes blue
 //! diamonds (drawn on top of everything), writes of unknown outcome orange
 //! dots, acquires that gave up grey dashes from their start. Fault windows are
 //! shaded bands across all lanes; two leases held at once are red hatched
@@ -54,7 +57,7 @@
 //! `g.lane[data-actor]` (its marks in `g.marks`), `rect.lease[data-token]`,
 //! `g.fault-window[data-window]` holding `rect.fault`,
 //! `text.fault-label[data-window]`, `rect.overlap`, `path.refused`,
-//! `path.accepted`, `rect.hit` (hover targets of the ticks),
+//! `path.accepted`, `rect.hit` (hover targets of the ticks), `path.in-flight`,
 //! `circle.unknown`, `circle.failed`, `path.lost`, `path.acquire-failed`,
 //! `g.ticks` (`text.tick-label`), `#legend`, `#zoom-controls`,
 //! `ol#faults` (`li[data-window]`),
@@ -91,6 +94,9 @@ const HIT_PX: f64 = 12.0;
 const LANE_H: f64 = 26.0;
 /// The height of the axis below the lanes.
 const AXIS_H: f64 = 40.0;
+/// Writes in flight longer than this (pixels) are drawn from when they
+/// started.
+const MIN_IN_FLIGHT_PX: f64 = 3.0;
 /// Leases narrower than this (pixels) are merged.
 const MIN_LEASE_PX: f64 = 2.0;
 /// How many overlaps are listed under the chart.
@@ -265,7 +271,7 @@ const SCRIPT: &str = r##"
     ticks();
     layoutLabels();
     var whole = view[0] <= X0 && view[1] >= X0 + W;
-    shown.textContent = whole ? "the whole run" :
+    shown.textContent = whole ? "the whole chart" :
       "showing " + ms(view[0]).toFixed(1) + " ms to " + ms(view[1]).toFixed(1) + " ms";
   }
 
@@ -452,6 +458,9 @@ struct Lane {
 /// point of the page, on top.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum MarkKind {
+    /// A write from when it started to its answer, when that is wide
+    /// enough to see.
+    InFlight,
     Accepted,
     Insufficient,
     AcquireFailed,
@@ -467,7 +476,8 @@ impl MarkKind {
     fn bucket_px(self) -> f64 {
         match self {
             MarkKind::Accepted | MarkKind::Insufficient => 1.0,
-            MarkKind::AcquireFailed
+            MarkKind::InFlight
+            | MarkKind::AcquireFailed
             | MarkKind::Failed
             | MarkKind::Unknown
             | MarkKind::Refused
@@ -741,11 +751,20 @@ impl<'a> Page<'a> {
                     .map_or_else(String::new, |d| format!("\n{d}"));
                 let title = format!(
                     "{what}: {} debit {amount} on {resource}\nlock {key}, {token}, {fence}\n\
-                     sent {}, answered {}{detail}",
+                     started {}, answered {}{detail}",
                     event.actor,
                     ms(*started_us),
                     ms(event.at_us)
                 );
+                if page.x(event.at_us) - page.x(*started_us) >= MIN_IN_FLIGHT_PX {
+                    page.mark_from(
+                        &event.actor,
+                        MarkKind::InFlight,
+                        *started_us,
+                        event.at_us,
+                        title.clone(),
+                    );
+                }
                 page.mark(&event.actor, kind, event.at_us, title);
             }
         }
@@ -947,7 +966,7 @@ impl<'a> Page<'a> {
              patternUnits=\"userSpaceOnUse\" patternTransform=\"rotate(45)\">\
              <rect width=\"6\" height=\"6\" fill=\"#d32f2f\" fill-opacity=\"0.18\"/>\
              <line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#d32f2f\" \
-             stroke-width=\"3\"/></pattern><clipPath id=\"plot-clip\"><rect x=\"{LABEL_W}\" \
+             stroke-width=\"1.6\"/></pattern><clipPath id=\"plot-clip\"><rect x=\"{LABEL_W}\" \
              y=\"0\" width=\"{PLOT_W}\" height=\"{height}\"/></clipPath></defs>"
         )?;
         for i in 0..self.lanes.len() {
@@ -1373,6 +1392,22 @@ fn write_marks(
             }
             Ok(())
         }
+        MarkKind::InFlight => {
+            for mark in marks.values() {
+                writeln!(
+                    out,
+                    "<path class=\"in-flight\" d=\"M{:.2} {}v5M{:.2} {}H{:.2}\" \
+                     stroke=\"#455a64\" stroke-width=\"1.2\" fill=\"none\">{}</path>",
+                    mark.x0,
+                    y + 2.0,
+                    mark.x0,
+                    y + 4.5,
+                    mark.x,
+                    title(mark)
+                )?;
+            }
+            Ok(())
+        }
         MarkKind::AcquireFailed => {
             for mark in marks.values() {
                 writeln!(
@@ -1424,7 +1459,7 @@ fn write_marks(
 
 fn write_legend(out: &mut String) -> fmt::Result {
     let (hue, sat, dark) = token_colour("a1b2");
-    let items: [(&str, String); 9] = [
+    let items: [(&str, String); 10] = [
         (
             "lease held (colour per token)",
             format!(
@@ -1459,6 +1494,12 @@ fn write_legend(out: &mut String) -> fmt::Result {
             "<path d=\"M14 5v8\" stroke=\"#2e7d32\" stroke-width=\"1.5\"/>".to_owned(),
         ),
         (
+            "write from its start to its answer",
+            "<path d=\"M3 5v5M3 7.5H25\" stroke=\"#455a64\" stroke-width=\"1.2\" fill=\"none\"/>\
+             <path d=\"M25 5v8\" stroke=\"#2e7d32\" stroke-width=\"1.5\"/>"
+                .to_owned(),
+        ),
+        (
             "write unknown / failed",
             "<circle cx=\"8\" cy=\"10\" r=\"4.5\" fill=\"#ef6c00\"/><circle cx=\"20\" cy=\"10\" \
              r=\"3.5\" fill=\"#fff\" stroke=\"#616161\" stroke-width=\"1.5\"/>"
@@ -1481,7 +1522,7 @@ fn write_legend(out: &mut String) -> fmt::Result {
          <defs><pattern id=\"legend-hatch\" width=\"6\" height=\"6\" \
          patternUnits=\"userSpaceOnUse\" patternTransform=\"rotate(45)\"><rect width=\"6\" \
          height=\"6\" fill=\"#d32f2f\" fill-opacity=\"0.18\"/><line x1=\"0\" y1=\"0\" x2=\"0\" \
-         y2=\"6\" stroke=\"#d32f2f\" stroke-width=\"3\"/></pattern></defs></svg>"
+         y2=\"6\" stroke=\"#d32f2f\" stroke-width=\"1.6\"/></pattern></defs></svg>"
     )?;
     for (label, shape) in items {
         writeln!(

@@ -302,14 +302,14 @@ fn every_lease_and_write_shows_its_token_fence_and_outcome_on_hover() {
     // The refused write names the lease it was made under.
     assert!(html.contains(
         "stale write refused by the database: w0.t0 debit 10 on wallet:1\n\
-         lock lock:{wallet:1}, token aaaa, fence 1\nsent 5.1 ms, answered 5.1 ms"
+         lock lock:{wallet:1}, token aaaa, fence 1\nstarted 5.1 ms, answered 5.1 ms"
     ));
     // The accepted write, drawn in one path, has a hover target.
     let hits = tags(&html, "rect", "hit accepted");
     assert_eq!(hits.len(), 1, "{html}");
     assert!(html.contains(
         "<title>write accepted: w1.t0 debit 10 on wallet:1\nlock lock:{wallet:1}, token bbbb, \
-         fence 2\nsent 1.2 ms, answered 1.2 ms</title>"
+         fence 2\nstarted 1.2 ms, answered 1.2 ms</title>"
     ));
     // The lost lease.
     assert!(
@@ -406,4 +406,85 @@ fn a_close_up_draws_only_its_range_at_full_width() {
         render_html_between(&h.events, &run, 5..5),
         render_html(&h.events, &run)
     );
+}
+
+/// A saved history under `docs/` (the holder pause of the real harness
+/// run the docs pictures were drawn from, cut to 0.7 s to 1.2 s), its
+/// close-up page, and the paused holder's write: the one sent before the
+/// pause and answered after it.
+fn docs_history(name: &str) -> (Vec<leasehold_chaos::Event>, String, leasehold_chaos::Event) {
+    let path = format!("{}/../../docs/{name}", env!("CARGO_MANIFEST_DIR"));
+    let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let events = leasehold_chaos::history::read_jsonl(std::io::BufReader::new(file))
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    // The cut keeps no final state: the checker can only say so.
+    let run = check(&events);
+    assert!(
+        run.violations
+            .iter()
+            .all(|v| matches!(v, leasehold_chaos::Violation::MissingFinal { .. })),
+        "{name}: {:?}",
+        run.violations
+    );
+    let windows = leasehold_chaos::check::fault_windows(&events);
+    assert_eq!(windows.len(), 1, "{name}");
+    let (from, to) = (
+        windows[0].from_us.expect("a start"),
+        windows[0].to_us.expect("an end"),
+    );
+    let html = render_html_between(&events, &run, from - 60_000..to + 60_000);
+    let paused = events
+        .iter()
+        .find(|e| matches!(e.kind, Kind::Write { started_us, .. } if started_us < from && e.at_us > to))
+        .cloned()
+        .unwrap_or_else(|| panic!("{name}: no write spans the pause"));
+    (events, html, paused)
+}
+
+#[test]
+fn the_check_and_set_picture_shows_the_woken_holders_write_refused() {
+    let (events, html, paused) = docs_history("pause-point-check-and-set.jsonl");
+    // Paused between its read and its write, the holder wakes past its
+    // lease and writes: the check refuses it.
+    assert!(
+        matches!(paused.kind, Kind::Write { outcome: WriteOutcome::RefusedStale, .. }),
+        "{paused:?}"
+    );
+    let refused = events
+        .iter()
+        .filter(|e| matches!(e.kind, Kind::Write { outcome: WriteOutcome::RefusedStale, .. }))
+        .count();
+    assert_eq!(refused, 1);
+    assert_eq!(count(&html, "<path class=\"refused\""), 1);
+    assert!(count(&html, "<path class=\"in-flight\"") >= 1);
+    assert!(count(&html, "<rect class=\"overlap\"") >= 2);
+}
+
+#[test]
+fn the_guard_picture_shows_the_newer_holder_waiting_for_the_paused_commit() {
+    let (events, html, paused) = docs_history("pause-point-guard.jsonl");
+    // Paused just before its commit (inside the shield), the holder keeps
+    // the guard's row lock: its commit lands when it wakes, and the newer
+    // holder's write, sent during the pause with a higher fence, waits
+    // for it and then commits. Nothing is refused.
+    let Kind::Write {
+        outcome: WriteOutcome::Accepted,
+        fence: Some(paused_fence),
+        ref resource,
+        ..
+    } = paused.kind
+    else {
+        panic!("{paused:?}");
+    };
+    let newer = events
+        .iter()
+        .find(|e| {
+            matches!(&e.kind, Kind::Write { started_us, fence: Some(f), resource: r, outcome: WriteOutcome::Accepted, .. }
+                if r == resource && *f > paused_fence && *started_us < paused.at_us && e.at_us > paused.at_us)
+        })
+        .unwrap_or_else(|| panic!("no newer holder waited for {paused:?}"));
+    assert_ne!(newer.actor, paused.actor);
+    assert!(!events.iter().any(|e| matches!(e.kind, Kind::Write { outcome: WriteOutcome::RefusedStale, .. })));
+    assert_eq!(count(&html, "<path class=\"refused\""), 0);
+    assert!(count(&html, "<path class=\"in-flight\"") >= 2);
 }

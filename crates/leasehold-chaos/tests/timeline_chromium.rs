@@ -281,7 +281,7 @@ fn labels_zoom_and_tooltips_work_in_headless_chromium() -> Result<(), Box<dyn st
         Some(10),
         "{seen:#}"
     );
-    assert_eq!(at("/whole/range"), "the whole run", "{seen:#}");
+    assert_eq!(at("/whole/range"), "the whole chart", "{seen:#}");
     // Zoomed to window 2 (1250 ms to 1500 ms): its band fills most of the
     // plot, its label is whole, and the ticks are re-drawn inside it.
     let band = at("/window2/band2").as_f64().unwrap_or_default();
@@ -324,7 +324,7 @@ fn labels_zoom_and_tooltips_work_in_headless_chromium() -> Result<(), Box<dyn st
         ticks.iter().all(|t| (3990.0..=6010.0).contains(t)) && ticks.len() >= 4,
         "{seen:#}"
     );
-    assert_eq!(at("/reset/range"), "the whole run", "{seen:#}");
+    assert_eq!(at("/reset/range"), "the whole chart", "{seen:#}");
     // The tooltip shows the lease's details.
     let tip = at("/tip");
     let tip = tip.as_str().unwrap_or_default();
