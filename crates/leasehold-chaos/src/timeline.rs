@@ -128,7 +128,9 @@ svg#timeline.zoomable { cursor: crosshair; user-select: none; }
 #zoom-controls[hidden], #tip[hidden] { display: none; }
 #zoom-controls button { font: inherit; padding: 1px 10px; }
 #zoom-range { color: #555; }
-#tip { position: fixed; z-index: 10; max-width: 520px; padding: 6px 8px; background: #263238; color: #fff; border-radius: 4px; font: 12px/1.4 ui-monospace, "DejaVu Sans Mono", monospace; white-space: pre-line; pointer-events: none; box-shadow: 0 2px 6px rgba(0,0,0,.3); }
+#tip { position: fixed; z-index: 10; max-width: 520px; padding: 6px 8px; border-radius: 4px;
+  background: #263238; color: #fff; font: 12px/1.4 ui-monospace, "DejaVu Sans Mono", monospace;
+  white-space: pre-line; pointer-events: none; box-shadow: 0 2px 6px rgba(0,0,0,.3); }
 ol#faults { list-style: none; padding-left: 0; }
 ol#faults li[data-window] { cursor: zoom-in; }
 ol#violations li, ol#faults li, ul#overlaps li, ul#recovery li { margin: 2px 0; }
@@ -953,7 +955,8 @@ impl<'a> Page<'a> {
             out,
             "<svg id=\"timeline\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" \
              height=\"{height}\" viewBox=\"0 0 {width} {height}\" role=\"img\" \
-             data-from-us=\"{}\" data-duration-us=\"{}\" data-plot-x=\"{LABEL_W}\" data-plot-w=\"{PLOT_W}\" \
+             data-from-us=\"{}\" data-duration-us=\"{}\" data-plot-x=\"{LABEL_W}\" \
+             data-plot-w=\"{PLOT_W}\" \
              data-top=\"{top}\" data-bottom=\"{bottom}\" data-label-rows=\"{}\" \
              data-row-h=\"{FAULT_ROW_H}\">",
             self.from_us,

@@ -435,7 +435,10 @@ fn docs_history(name: &str) -> (Vec<leasehold_chaos::Event>, String, leasehold_c
     let html = render_html_between(&events, &run, from - 60_000..to + 60_000);
     let paused = events
         .iter()
-        .find(|e| matches!(e.kind, Kind::Write { started_us, .. } if started_us < from && e.at_us > to))
+        .find(|e| match e.kind {
+            Kind::Write { started_us, .. } => started_us < from && e.at_us > to,
+            _ => false,
+        })
         .cloned()
         .unwrap_or_else(|| panic!("{name}: no write spans the pause"));
     (events, html, paused)
@@ -447,12 +450,26 @@ fn the_check_and_set_picture_shows_the_woken_holders_write_refused() {
     // Paused between its read and its write, the holder wakes past its
     // lease and writes: the check refuses it.
     assert!(
-        matches!(paused.kind, Kind::Write { outcome: WriteOutcome::RefusedStale, .. }),
+        matches!(
+            paused.kind,
+            Kind::Write {
+                outcome: WriteOutcome::RefusedStale,
+                ..
+            }
+        ),
         "{paused:?}"
     );
     let refused = events
         .iter()
-        .filter(|e| matches!(e.kind, Kind::Write { outcome: WriteOutcome::RefusedStale, .. }))
+        .filter(|e| {
+            matches!(
+                e.kind,
+                Kind::Write {
+                    outcome: WriteOutcome::RefusedStale,
+                    ..
+                }
+            )
+        })
         .count();
     assert_eq!(refused, 1);
     assert_eq!(count(&html, "<path class=\"refused\""), 1);
@@ -478,13 +495,30 @@ fn the_guard_picture_shows_the_newer_holder_waiting_for_the_paused_commit() {
     };
     let newer = events
         .iter()
-        .find(|e| {
-            matches!(&e.kind, Kind::Write { started_us, fence: Some(f), resource: r, outcome: WriteOutcome::Accepted, .. }
-                if r == resource && *f > paused_fence && *started_us < paused.at_us && e.at_us > paused.at_us)
+        .find(|e| match &e.kind {
+            Kind::Write {
+                started_us,
+                fence: Some(f),
+                resource: r,
+                outcome: WriteOutcome::Accepted,
+                ..
+            } => {
+                r == resource
+                    && *f > paused_fence
+                    && *started_us < paused.at_us
+                    && e.at_us > paused.at_us
+            }
+            _ => false,
         })
         .unwrap_or_else(|| panic!("no newer holder waited for {paused:?}"));
     assert_ne!(newer.actor, paused.actor);
-    assert!(!events.iter().any(|e| matches!(e.kind, Kind::Write { outcome: WriteOutcome::RefusedStale, .. })));
+    assert!(!events.iter().any(|e| matches!(
+        e.kind,
+        Kind::Write {
+            outcome: WriteOutcome::RefusedStale,
+            ..
+        }
+    )));
     assert_eq!(count(&html, "<path class=\"refused\""), 0);
     assert!(count(&html, "<path class=\"in-flight\"") >= 2);
 }
