@@ -34,12 +34,13 @@
 //!
 //! [`Call::pause_point`] is where the holder-pause fault freezes a holder
 //! (its watchdog included) past its lease. Where you put it decides what
-//! the run tests. The two pictures below are close-ups (the timeline's
-//! `timeline::render_html_between`, 60 ms either side of the pause) of
-//! real runs: 3 callers, a 50 ms TTL, the watchdog on, seed 7, one holder
-//! frozen from 784 ms to 1084 ms. The cut histories they show are saved
-//! next to them (`.jsonl`), and `tests/timeline.rs` checks that each shows
-//! what is said here.
+//! the run tests. The pictures named below are timeline close-ups
+//! ([`render_html_between`](crate::timeline::render_html_between), 60 ms
+//! either side of the pause) of real runs: 3 callers, a 50 ms TTL, the
+//! watchdog on, seed 7, one holder frozen from 784 ms to 1084 ms. The
+//! histories they show, cut to 0.7 s to 1.2 s, are saved next to them
+//! (`.jsonl`), and `tests/timeline.rs` checks that each shows what is
+//! said here.
 //!
 //! - **Between the read and the write** (after the `SELECT`, before the
 //!   `UPDATE`; for check-and-set, before the conditional `UPDATE`): the

@@ -39,7 +39,8 @@
 //!   zoom out, reset). The axis ticks and the fault labels are laid out
 //!   again for the range shown. Zoom stretches the drawing made for the
 //!   whole run: marks merged at full width (below) stay merged, and
-//!   their tooltip counts them.
+//!   their tooltip counts them. For a true close-up, [`render_html_between`]
+//!   draws only a time range at the chart's full width.
 //! - **Hover**: every lease and every mark says who, which key, which
 //!   token and fence, what happened and when (an SVG `<title>`; with the
 //!   script, the same text in a tooltip shown at once). Accepted and
