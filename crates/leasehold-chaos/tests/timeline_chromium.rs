@@ -331,3 +331,35 @@ fn labels_zoom_and_tooltips_work_in_headless_chromium() -> Result<(), Box<dyn st
     assert!(tip.contains("token t020, fence 21"), "{seen:#}");
     Ok(())
 }
+
+#[test]
+fn the_script_runs_to_the_end_on_pages_without_faults_or_lanes()
+-> Result<(), Box<dyn std::error::Error>> {
+    let clean = common::History::clean();
+    let pages = [
+        ("empty", render_html(&[], &check(&[]))),
+        ("clean", render_html(&clean.events, &check(&clean.events))),
+        (
+            "close-up",
+            leasehold_chaos::timeline::render_html_between(
+                &clean.events,
+                &check(&clean.events),
+                250..450,
+            ),
+        ),
+    ];
+    for (name, html) in pages {
+        let dir = tempfile::tempdir()?;
+        let page = dir.path().join("run.html");
+        std::fs::write(&page, &html)?;
+        let dom = run_chromium(&dir.path().join("profile"), &page, &["--dump-dom".into()]);
+        let dom = String::from_utf8(dom.stdout)?;
+        // The script's last steps: the controls shown, the range named.
+        assert!(dom.contains("<div id=\"zoom-controls\">"), "{name}: {dom}");
+        assert!(
+            dom.contains("<span id=\"zoom-range\">the whole chart</span>"),
+            "{name}: {dom}"
+        );
+    }
+    Ok(())
+}
