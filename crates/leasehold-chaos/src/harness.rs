@@ -34,7 +34,13 @@
 //!
 //! [`Call::pause_point`] is where the holder-pause fault freezes a holder
 //! (its watchdog included) past its lease. Where you put it decides what
-//! the run tests:
+//! the run tests. The pictures named below are timeline close-ups
+//! ([`render_html_between`](crate::timeline::render_html_between), 60 ms
+//! either side of the pause) of real runs: 3 callers, a 50 ms TTL, the
+//! watchdog on, seed 7, one holder frozen from 784 ms to 1084 ms. The
+//! histories they show, cut to 0.7 s to 1.2 s, are saved next to them
+//! (`.jsonl`), and `tests/timeline.rs` checks that each shows what is
+//! said here.
 //!
 //! - **Between the read and the write** (after the `SELECT`, before the
 //!   `UPDATE`; for check-and-set, before the conditional `UPDATE`): the
@@ -45,6 +51,15 @@
 //!   woken holder's watchdog finds its lease past its validity before the
 //!   write's round trip ends and stops the work ([`Outcome::Stopped`]): the
 //!   run then tests the watchdog, not your check.
+//!
+//!   Picture: `docs/pause-point-check-and-set.png` in the repository (the
+//!   in-memory check-and-set of `examples/own_write_path.rs`). `w0.t1`
+//!   read, then froze holding the lease (its bar, and the thin line of its
+//!   write from its start); the others took the lock as soon as that
+//!   lease expired (red hatching: two holders at once); when it woke, its
+//!   write reached the check with its old fence and was refused (the blue
+//!   diamond). What this placement tests: that your check refuses a
+//!   holder that outlived its lease.
 //! - **Just before the commit, inside its shield**
 //!   (`lease.shield(async { call.pause_point().await; tx.commit().await })`):
 //!   a pause the watchdog cannot stop (a GC pause as the `COMMIT` is sent).
@@ -53,6 +68,18 @@
 //!   lock, so a newer holder's guard waits for it, then wins; without the
 //!   guard, the newer holder reads the same state and both commit. The
 //!   `examples/job-runner` crate puts it there.
+//!
+//!   Picture: `docs/pause-point-guard.png` in the repository (the
+//!   job-runner's guarded `run_next` on PostgreSQL). `w0.t2` froze just
+//!   before its commit, with the guard's row lock; `w0.t1` took the lock
+//!   at 842 ms and its transaction (the thin line from 842 ms) waited on
+//!   that row lock; `w0.t2` woke, its commit landed (it had passed the
+//!   guard while its lease was valid) and its lease was found lost; then
+//!   `w0.t1`'s guard saw the newer fence and its commit landed 2.6 ms later.
+//!   Nothing refused, nothing lost: the writes were serialised. What this
+//!   placement tests: that a write already past your check cannot be
+//!   overtaken by a newer holder's (the guard's row lock), which no check
+//!   before the commit can show.
 //! - **Before the guard**: only that the guard refuses a stale token, the
 //!   easy case.
 //! - **Nowhere**: the holder-pause fault does nothing (a control without a

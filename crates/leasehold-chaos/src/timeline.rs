@@ -2,17 +2,50 @@
 //! when, where the faults were, and where the database refused a stale
 //! write.
 //!
-//! The page is inline CSS and one inline SVG, with no script and no
-//! external asset, so it can be attached to a bug report or opened from a
-//! CI artifact. Hovering an element shows its details (SVG `<title>`).
+//! The page is inline CSS, one inline SVG and one small inline script,
+//! with no external asset and nothing fetched, so it can be attached to a
+//! bug report or opened from a CI artifact. Without the script (JS off, a
+//! mail client, an image converter) the full static chart stays, and every
+//! mark still shows its details on hover (SVG `<title>`).
 //!
 //! One lane per caller: its leases are bars coloured by token (the same
 //! token, the same colour, in every page), a lost lease ends in a cross,
-//! accepted writes are ticks above the bar, refused stale writes blue
+//! accepted writes are ticks above the bar (a write whose answer took
+//! long enough to see is a thin line from when it started, `path.in-flight`:
+//! a holder paused mid-write, a guard waiting on a row lock), refused stale
+//! writes blue
 //! diamonds (drawn on top of everything), writes of unknown outcome orange
 //! dots, acquires that gave up grey dashes from their start. Fault windows are
 //! shaded bands across all lanes; two leases held at once are red hatched
-//! on both holders' lanes. The violations are listed under the chart.
+//! on both holders' lanes. The fault windows and the violations are listed
+//! under the chart.
+//!
+//! # Reading a long run
+//!
+//! - **Labels never overlap.** Fault windows are numbered in order of
+//!   start (`#1`, `#2`, ...). Their labels are packed into rows above the
+//!   lanes, left to right, by estimated text width (a greedy interval
+//!   packing: a label takes the first row where it clears every label
+//!   already there); a label that finds no room in the first three rows
+//!   is shortened to its number, which always finds a row (a new one if
+//!   need be), and the full text is in its tooltip and in the list under
+//!   the chart (`ol#faults`). Lane labels too long for their column are
+//!   cut with an ellipsis (the full name is the tooltip); axis ticks are
+//!   spaced for their widest label. The layout depends only on the
+//!   history.
+//! - **Zoom** (with the script): drag across the chart to zoom to that
+//!   time range, click a fault window (its band, its label or its line in
+//!   the list) to zoom to it, or use the buttons above the chart (zoom in,
+//!   zoom out, reset). The axis ticks and the fault labels are laid out
+//!   again for the range shown. Zoom stretches the drawing made for the
+//!   whole run: marks merged at full width (below) stay merged, and
+//!   their tooltip counts them. For a true close-up, [`render_html_between`]
+//!   draws only a time range at the chart's full width.
+//! - **Hover**: every lease and every mark says who, which key, which
+//!   token and fence, what happened and when (an SVG `<title>`; with the
+//!   script, the same text in a tooltip shown at once). Accepted and
+//!   insufficient writes, drawn as one path per lane, get transparent
+//!   hover targets a few pixels wide.
 //!
 //! Size stays bounded on long runs: marks of one kind that fall on the same
 //! pixel of a lane (within 6 pixels for symbols) are drawn once (their
@@ -21,10 +54,14 @@
 //! are merged per lane where they touch.
 //!
 //! Elements carry stable ids and classes for tests and styling:
-//! `svg#timeline`, `g.lane[data-actor]`, `rect.lease[data-token]`,
-//! `rect.fault`, `rect.overlap`, `path.refused`, `path.accepted`,
+//! `svg#timeline` (with `data-duration-us`, `data-plot-x`, `data-plot-w`),
+//! `g.lane[data-actor]` (its marks in `g.marks`), `rect.lease[data-token]`,
+//! `g.fault-window[data-window]` holding `rect.fault`,
+//! `text.fault-label[data-window]`, `rect.overlap`, `path.refused`,
+//! `path.accepted`, `rect.hit` (hover targets of the ticks), `path.in-flight`,
 //! `circle.unknown`, `circle.failed`, `path.lost`, `path.acquire-failed`,
-//! `#legend`,
+//! `g.ticks` (`text.tick-label`), `#legend`, `#zoom-controls`,
+//! `ol#faults` (`li[data-window]`),
 //! `#violations` (`li.violation`), `#overlaps`, `#recovery`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -39,12 +76,28 @@ const LABEL_W: f64 = 120.0;
 const PLOT_W: f64 = 1160.0;
 /// The space right of the plot.
 const RIGHT_PAD: f64 = 24.0;
-/// The height of the fault labels above the lanes.
-const TOP: f64 = 44.0;
+/// The height of one row of fault labels above the lanes.
+const FAULT_ROW_H: f64 = 16.0;
+/// How many rows of fault labels may hold full labels; past them a label
+/// is shortened to its number.
+const FULL_LABEL_ROWS: usize = 3;
+/// The space between two labels in a row, in pixels.
+const LABEL_GAP: f64 = 6.0;
+/// Estimated widths of one character (pixels, a little generous): the
+/// bold fault labels, the monospace lane labels, the tick labels.
+const FAULT_CHAR_W: f64 = 7.4;
+const LANE_CHAR_W: f64 = 7.3;
+const TICK_CHAR_W: f64 = 7.0;
+/// How wide (pixels) one hover target of accepted or insufficient writes
+/// is.
+const HIT_PX: f64 = 12.0;
 /// The height of one lane.
 const LANE_H: f64 = 26.0;
 /// The height of the axis below the lanes.
 const AXIS_H: f64 = 40.0;
+/// Writes in flight longer than this (pixels) are drawn from when they
+/// started.
+const MIN_IN_FLIGHT_PX: f64 = 3.0;
 /// Leases narrower than this (pixels) are merged.
 const MIN_LEASE_PX: f64 = 2.0;
 /// How many overlaps are listed under the chart.
@@ -67,17 +120,273 @@ svg#timeline .lane-label { fill: #333; font-family: ui-monospace, "DejaVu Sans M
 svg#timeline .fault-label { fill: #8a5300; font-weight: 600; }
 svg#timeline .tick-label { fill: #555; }
 svg#timeline .grid { stroke: #e3e3e3; }
-ol#violations li, ul#overlaps li, ul#recovery li { margin: 2px 0; }
+svg#timeline .hit { fill: transparent; }
+svg#timeline .refused-halo { fill: #1565c0; fill-opacity: 0.22; }
+svg#timeline .refused { fill: #1565c0; stroke: #fff; stroke-width: 1.2; }
+svg#timeline .fault-window, svg#timeline .fault-label { cursor: zoom-in; }
+svg#timeline.zoomable { cursor: crosshair; user-select: none; }
+#zoom-controls { margin: 4px 0 6px; display: flex; gap: 8px; align-items: center; }
+#zoom-controls[hidden], #tip[hidden] { display: none; }
+#zoom-controls button { font: inherit; padding: 1px 10px; }
+#zoom-range { color: #555; }
+#tip { position: fixed; z-index: 10; max-width: 520px; padding: 6px 8px; border-radius: 4px;
+  background: #263238; color: #fff; font: 12px/1.4 ui-monospace, "DejaVu Sans Mono", monospace;
+  white-space: pre-line; pointer-events: none; box-shadow: 0 2px 6px rgba(0,0,0,.3); }
+ol#faults { list-style: none; padding-left: 0; }
+ol#faults li[data-window] { cursor: zoom-in; }
+ol#violations li, ol#faults li, ul#overlaps li, ul#recovery li { margin: 2px 0; }
 .none { color: #1b5e20; }
 code { font-family: ui-monospace, "DejaVu Sans Mono", monospace; }
 "#;
+
+/// The page's one script: zoom, tooltips, the layout of the ticks and the
+/// fault labels for the range shown. Nothing fetched; without it the
+/// static chart stays.
+const SCRIPT: &str = r##"
+(function () {
+  "use strict";
+  var svg = document.getElementById("timeline");
+  if (!svg || !svg.createSVGPoint || !svg.querySelectorAll) return;
+  var NS = svg.namespaceURI;
+  var X0 = +svg.getAttribute("data-plot-x"), W = +svg.getAttribute("data-plot-w");
+  var FROM = +svg.getAttribute("data-from-us"), DUR = +svg.getAttribute("data-duration-us");
+  var TOP = +svg.getAttribute("data-top"), BOTTOM = +svg.getAttribute("data-bottom");
+  var ROWS = +svg.getAttribute("data-label-rows"), ROW_H = +svg.getAttribute("data-row-h");
+  var MAX_ZOOM = 5000;
+  var view = [X0, X0 + W];
+  var tip = document.getElementById("tip");
+  var controls = document.getElementById("zoom-controls");
+  var shown = document.getElementById("zoom-range");
+
+  // The titles become tooltips shown at once; the static page keeps them.
+  Array.prototype.forEach.call(svg.querySelectorAll("title"), function (t) {
+    t.parentNode.setAttribute("data-tip", t.textContent);
+    t.parentNode.removeChild(t);
+  });
+
+  var items = [];
+  Array.prototype.forEach.call(svg.querySelectorAll(".zoom rect, .zoom circle, .zoom path"), function (el) {
+    var tag = el.tagName.toLowerCase();
+    if (tag === "rect") items.push([el, 0, +el.getAttribute("x"), +el.getAttribute("width")]);
+    else if (tag === "circle") items.push([el, 1, +el.getAttribute("cx")]);
+    else items.push([el, 2, el.getAttribute("d")]);
+  });
+  var labels = Array.prototype.map.call(svg.querySelectorAll("text.fault-label"), function (el) {
+    var n = el.getAttribute("data-window");
+    return { el: el, n: n, full: el.getAttribute("data-full"),
+      x0: +el.getAttribute("data-x0"), x1: +el.getAttribute("data-x1"),
+      band: svg.querySelector("g.fault-window[data-window='" + n + "'] rect.fault") };
+  });
+
+  function scale() { return W / (view[1] - view[0]); }
+  function map(x) { return X0 + (x - view[0]) * scale(); }
+  function unmap(x) { return view[0] + (x - X0) / scale(); }
+  function ms(x) { return (FROM + (x - X0) / W * DUR) / 1000; }
+  function nice(raw) {
+    if (!(raw > 0) || !isFinite(raw)) return 1;
+    var p = Math.pow(10, Math.floor(Math.log10(raw))), m = raw / p;
+    return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p;
+  }
+  function el(name, attrs, text) {
+    var e = document.createElementNS(NS, name);
+    for (var k in attrs) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  function ticks() {
+    var g = svg.querySelector("g.ticks");
+    while (g.firstChild) g.removeChild(g.firstChild);
+    var t0 = ms(view[0]), t1 = ms(view[1]), span = t1 - t0;
+    var step = nice(span / 10), digits, label;
+    for (;;) {
+      digits = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
+      label = (t1).toFixed(digits);
+      if (step / span * W >= (label.length + 1) * 7 + 12) break;
+      step = nice(step * 1.01);
+    }
+    for (var i = Math.ceil(t0 / step - 1e-9); i * step <= t1 + step * 1e-9; i++) {
+      var x = (map(X0 + (i * step * 1000 - FROM) / DUR * W)).toFixed(1);
+      g.appendChild(el("line", { "class": "grid", x1: x, y1: TOP, x2: x, y2: BOTTOM }));
+      g.appendChild(el("line", { x1: x, y1: BOTTOM, x2: x, y2: BOTTOM + 5, stroke: "#888" }));
+      g.appendChild(el("text", { "class": "tick-label", x: x, y: BOTTOM + 18, "text-anchor": "middle" },
+        String(+(i * step).toFixed(digits))));
+    }
+  }
+
+  function band(l, y) {
+    if (!l.band) return;
+    l.band.setAttribute("y", y);
+    l.band.setAttribute("height", BOTTOM - y);
+  }
+
+  // The same packing as the static page, in the rows it has, with the
+  // widths the browser measures.
+  function layoutLabels() {
+    var rows = [];
+    for (var r = 0; r < ROWS; r++) rows.push([]);
+    var visible = labels.map(function (l) { return { l: l, a: map(l.x0), b: map(l.x1) }; })
+      .filter(function (v) {
+        v.l.el.setAttribute("display", "none");
+        band(v.l, TOP);
+        return v.b >= X0 && v.a <= X0 + W;
+      })
+      .sort(function (p, q) { return p.a - q.a || p.l.n - q.l.n; });
+    visible.forEach(function (v) {
+      // Measured while shown: a hidden text measures 0.
+      v.l.el.removeAttribute("display");
+      var texts = [v.l.full, "#" + v.l.n];
+      for (var t = 0; t < texts.length; t++) {
+        v.l.el.textContent = texts[t];
+        var w = v.l.el.getComputedTextLength();
+        var x = Math.max(X0, Math.min(Math.max(v.a, X0) + 3, X0 + W - w));
+        for (var r = 0; r < rows.length; r++) {
+          var clear = rows[r].every(function (o) { return x + w + 6 <= o[0] || o[1] + 6 <= x; });
+          if (clear) {
+            rows[r].push([x, x + w]);
+            v.l.el.setAttribute("x", x.toFixed(1));
+            v.l.el.setAttribute("y", 12 + r * ROW_H);
+            v.l.el.setAttribute("text-anchor", "start");
+            band(v.l, 16 + r * ROW_H);
+            return;
+          }
+        }
+      }
+      v.l.el.setAttribute("display", "none");
+    });
+  }
+
+  function render() {
+    var k = scale();
+    items.forEach(function (it) {
+      var e = it[0];
+      if (it[1] === 0) {
+        e.setAttribute("x", map(it[2]).toFixed(1));
+        e.setAttribute("width", (it[3] * k).toFixed(1));
+      } else if (it[1] === 1) {
+        e.setAttribute("cx", map(it[2]).toFixed(1));
+      } else {
+        e.setAttribute("d", it[2].replace(/([MH])(-?\d+(?:\.\d+)?)/g, function (m, c, x) {
+          return c + map(+x).toFixed(1);
+        }));
+      }
+    });
+    ticks();
+    layoutLabels();
+    var whole = view[0] <= X0 && view[1] >= X0 + W;
+    shown.textContent = whole ? "the whole chart" :
+      "showing " + ms(view[0]).toFixed(1) + " ms to " + ms(view[1]).toFixed(1) + " ms";
+  }
+
+  function zoomTo(a, b) {
+    var min = W / MAX_ZOOM;
+    if (b - a < min) { var c = (a + b) / 2; a = c - min / 2; b = c + min / 2; }
+    if (a < X0) { b += X0 - a; a = X0; }
+    if (b > X0 + W) { a -= b - X0 - W; b = X0 + W; }
+    view = [Math.max(X0, a), Math.min(X0 + W, b)];
+    render();
+  }
+  function zoomBy(f) {
+    var c = (view[0] + view[1]) / 2, h = (view[1] - view[0]) * f / 2;
+    zoomTo(c - h, c + h);
+  }
+  function zoomWindow(n) {
+    var l = labels.filter(function (l) { return l.n === n; })[0];
+    if (!l) return;
+    var m = Math.max((l.x1 - l.x0) * 0.15, 0.5);
+    zoomTo(l.x0 - m, l.x1 + m);
+  }
+
+  controls.hidden = false;
+  svg.setAttribute("class", "zoomable");
+  controls.querySelector("[data-zoom=in]").addEventListener("click", function () { zoomBy(0.5); });
+  controls.querySelector("[data-zoom=out]").addEventListener("click", function () { zoomBy(2); });
+  controls.querySelector("[data-zoom=reset]").addEventListener("click", function () { zoomTo(X0, X0 + W); });
+  Array.prototype.forEach.call(document.querySelectorAll("#faults li[data-window]"), function (li) {
+    li.addEventListener("click", function () {
+      zoomWindow(li.getAttribute("data-window"));
+      svg.scrollIntoView({ block: "nearest" });
+    });
+  });
+
+  var sel = el("rect", { id: "zoom-selection", y: TOP, height: BOTTOM - TOP, fill: "#1565c0",
+    "fill-opacity": "0.12", stroke: "#1565c0", display: "none" });
+  svg.appendChild(sel);
+  var drag = null;
+  function svgX(e) {
+    var p = svg.createSVGPoint();
+    p.x = e.clientX; p.y = e.clientY;
+    return p.matrixTransform(svg.getScreenCTM().inverse()).x;
+  }
+  function clampPlot(x) { return Math.max(X0, Math.min(X0 + W, x)); }
+  svg.addEventListener("mousedown", function (e) {
+    var x = svgX(e);
+    if (e.button !== 0 || x < X0 || x > X0 + W) return;
+    drag = x;
+    e.preventDefault();
+  });
+  window.addEventListener("mousemove", function (e) {
+    if (drag === null) return;
+    var x = clampPlot(svgX(e));
+    sel.setAttribute("x", Math.min(x, drag).toFixed(1));
+    sel.setAttribute("width", Math.abs(x - drag).toFixed(1));
+    sel.removeAttribute("display");
+  });
+  window.addEventListener("mouseup", function (e) {
+    if (drag === null) return;
+    var x = clampPlot(svgX(e)), start = drag;
+    drag = null;
+    sel.setAttribute("display", "none");
+    if (Math.abs(x - start) > 4) {
+      zoomTo(unmap(Math.min(x, start)), unmap(Math.max(x, start)));
+    } else {
+      var w = e.target.closest && e.target.closest("[data-window]");
+      if (w) zoomWindow(w.getAttribute("data-window"));
+    }
+  });
+
+  svg.addEventListener("mousemove", function (e) {
+    var t = drag === null && e.target.closest ? e.target.closest("[data-tip]") : null;
+    if (!t) { tip.hidden = true; return; }
+    tip.textContent = t.getAttribute("data-tip");
+    tip.hidden = false;
+    var left = e.clientX + 14, top = e.clientY + 14;
+    if (left + tip.offsetWidth > window.innerWidth - 4) left = Math.max(4, e.clientX - tip.offsetWidth - 14);
+    if (top + tip.offsetHeight > window.innerHeight - 4) top = Math.max(4, e.clientY - tip.offsetHeight - 14);
+    tip.style.left = left + "px";
+    tip.style.top = top + "px";
+  });
+  svg.addEventListener("mouseleave", function () { tip.hidden = true; });
+  render();
+})();
+"##;
 
 /// Renders `events` and their `check` as one HTML page.
 #[must_use]
 pub fn render_html(events: &[Event], check: &RunCheck) -> String {
     let mut out = String::new();
     // Writing to a String cannot fail.
-    let _ = Page::new(events, check).write(&mut out);
+    let _ = Page::new(events, check, None).write(&mut out);
+    out
+}
+
+/// Renders `events` and their `check` as one HTML page whose chart shows
+/// only the time from `range.start` to `range.end` (microseconds since the
+/// run started), drawn at the chart's full width: a close-up that stays
+/// true where a zoom into the whole run's page would stretch marks merged
+/// at its scale. The verdict, the counts and the lists are the whole
+/// run's; a mark outside the range is left out, a lease or a fault window
+/// that crosses an edge is cut there. An empty or reversed range shows
+/// the whole run.
+#[must_use]
+pub fn render_html_between(
+    events: &[Event],
+    check: &RunCheck,
+    range: std::ops::Range<u64>,
+) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = Page::new(events, check, Some(range)).write(&mut out);
     out
 }
 
@@ -152,6 +461,9 @@ struct Lane {
 /// point of the page, on top.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum MarkKind {
+    /// A write from when it started to its answer, when that is wide
+    /// enough to see.
+    InFlight,
     Accepted,
     Insufficient,
     AcquireFailed,
@@ -167,7 +479,8 @@ impl MarkKind {
     fn bucket_px(self) -> f64 {
         match self {
             MarkKind::Accepted | MarkKind::Insufficient => 1.0,
-            MarkKind::AcquireFailed
+            MarkKind::InFlight
+            | MarkKind::AcquireFailed
             | MarkKind::Failed
             | MarkKind::Unknown
             | MarkKind::Refused
@@ -176,15 +489,102 @@ impl MarkKind {
     }
 }
 
+/// A fault window's label, placed.
+#[derive(Debug, Clone, PartialEq)]
+struct FaultLabel {
+    /// The full text, `#3 redis-pause (redis)`.
+    full: String,
+    /// What is drawn: the full text, or `#3` when there was no room.
+    text: String,
+    /// The left edge of its box.
+    x: f64,
+    /// The estimated width of its box.
+    width: f64,
+    /// Its row, from the top.
+    row: usize,
+}
+
+/// Places the labels of windows spanning `spans` (pixels): each takes the
+/// first row where it clears every label already placed there, in order
+/// of start; a full label only in the first [`FULL_LABEL_ROWS`] rows, its
+/// number in any (a new row if need be). Returns the labels, by window,
+/// and how many rows they take.
+fn layout_fault_labels(spans: &[(f64, f64)], full: &[(usize, String)]) -> (Vec<FaultLabel>, usize) {
+    let mut order: Vec<usize> = (0..spans.len()).collect();
+    order.sort_by(|&a, &b| spans[a].0.total_cmp(&spans[b].0).then(a.cmp(&b)));
+    let mut rows: Vec<Vec<(f64, f64)>> = Vec::new();
+    let mut labels: Vec<FaultLabel> = full
+        .iter()
+        .map(|(_, text)| FaultLabel {
+            full: text.clone(),
+            text: text.clone(),
+            x: LABEL_W,
+            width: 0.0,
+            row: 0,
+        })
+        .collect();
+    for i in order {
+        let (Some(&(x0, _)), Some(label), Some((n, _))) =
+            (spans.get(i), labels.get_mut(i), full.get(i))
+        else {
+            continue;
+        };
+        let marker = format!("#{n}");
+        for (text, max_rows) in [(label.full.clone(), FULL_LABEL_ROWS), (marker, usize::MAX)] {
+            let width = text.chars().count() as f64 * FAULT_CHAR_W;
+            if width > PLOT_W {
+                continue;
+            }
+            let x = (x0 + 3.0).min(LABEL_W + PLOT_W - width).max(LABEL_W);
+            let clear = |row: &Vec<(f64, f64)>| {
+                row.iter()
+                    .all(|&(a, b)| x + width + LABEL_GAP <= a || b + LABEL_GAP <= x)
+            };
+            // A row past the last is empty: the search ends there at the
+            // latest.
+            let Some(row) =
+                (0..max_rows.min(rows.len() + 1)).find(|&r| rows.get(r).is_none_or(clear))
+            else {
+                continue;
+            };
+            if row == rows.len() {
+                rows.push(Vec::new());
+            }
+            if let Some(taken) = rows.get_mut(row) {
+                taken.push((x, x + width));
+            }
+            *label = FaultLabel {
+                full: label.full.clone(),
+                text,
+                x,
+                width,
+                row,
+            };
+            break;
+        }
+    }
+    (labels, rows.len().max(1))
+}
+
 struct Page<'a> {
     check: &'a RunCheck,
+    /// When the run ended.
     duration_us: u64,
+    /// The time the chart shows.
+    from_us: u64,
+    to_us: u64,
     lanes: Vec<Lane>,
-    faults: Vec<check::FaultWindow>,
+    /// The fault windows the chart shows, with their number (from 1, in
+    /// the whole run).
+    faults: Vec<(usize, check::FaultWindow)>,
+    /// Where each fault window's label goes, by window.
+    labels: Vec<FaultLabel>,
+    /// How many rows the fault labels take.
+    label_rows: usize,
 }
 
 impl<'a> Page<'a> {
-    fn new(events: &[Event], check: &'a RunCheck) -> Page<'a> {
+    fn new(events: &[Event], check: &'a RunCheck, range: Option<std::ops::Range<u64>>) -> Page<'a> {
         let duration_us = events
             .iter()
             .map(|e| e.at_us)
@@ -192,6 +592,10 @@ impl<'a> Page<'a> {
             .unwrap_or(0)
             .max(check.duration_us)
             .max(1);
+        let (from_us, to_us) = match range {
+            Some(range) if range.start < range.end => (range.start, range.end),
+            _ => (0, duration_us),
+        };
         let mut actors = BTreeSet::new();
         for event in events {
             if matches!(
@@ -212,6 +616,8 @@ impl<'a> Page<'a> {
         let mut page = Page {
             check,
             duration_us,
+            from_us,
+            to_us,
             lanes: actors
                 .iter()
                 .map(|actor| Lane {
@@ -221,15 +627,36 @@ impl<'a> Page<'a> {
                     marks: BTreeMap::new(),
                 })
                 .collect(),
-            faults: check::fault_windows(events),
+            faults: check::fault_windows(events)
+                .into_iter()
+                .enumerate()
+                .map(|(i, f)| (i + 1, f))
+                .filter(|(_, f)| {
+                    f.from_us.unwrap_or(0) <= to_us && f.to_us.unwrap_or(duration_us) >= from_us
+                })
+                .collect(),
+            labels: Vec::new(),
+            label_rows: 1,
         };
+        let spans: Vec<(f64, f64)> = page.faults.iter().map(|(_, f)| page.fault_x(f)).collect();
+        let full: Vec<(usize, String)> = page
+            .faults
+            .iter()
+            .map(|(n, f)| (*n, format!("#{n} {} ({})", f.fault, f.target)))
+            .collect();
+        (page.labels, page.label_rows) = layout_fault_labels(&spans, &full);
         for span in check::lease_spans(events) {
+            if span.to_us < from_us || span.from_us > to_us {
+                continue;
+            }
             if let LeaseEnd::Lost { cause } = &span.end {
                 let title = format!(
-                    "{} lost its lease on {} (token {}) at {}: {}",
+                    "{} lost its lease on {} (token {}{}) at {}: {}",
                     span.actor,
                     span.key,
                     span.token,
+                    span.fence
+                        .map_or_else(String::new, |f| format!(", fence {f}")),
                     ms(span.to_us),
                     cause
                 );
@@ -239,7 +666,13 @@ impl<'a> Page<'a> {
                 lane.leases.push(span);
             }
         }
+        for lane in &mut page.lanes {
+            lane.leases.sort_by_key(|s| s.from_us);
+        }
         for overlap in &check.overlaps {
+            if overlap.to_us < from_us || overlap.from_us > to_us {
+                continue;
+            }
             let title = format!(
                 "double holders of {}: {} (token {}) and {} (token {}), {} to {}",
                 overlap.key,
@@ -290,6 +723,8 @@ impl<'a> Page<'a> {
         }
         for event in events {
             if let Kind::Write {
+                started_us,
+                key,
                 resource,
                 amount,
                 fence,
@@ -298,44 +733,66 @@ impl<'a> Page<'a> {
                 ..
             } = &event.kind
             {
+                let (kind, what) = match outcome {
+                    WriteOutcome::Accepted => (MarkKind::Accepted, "write accepted"),
+                    WriteOutcome::Insufficient => (
+                        MarkKind::Insufficient,
+                        "write refused for lack of funds (nothing written)",
+                    ),
+                    WriteOutcome::RefusedStale => {
+                        (MarkKind::Refused, "stale write refused by the database")
+                    }
+                    WriteOutcome::Unknown => (MarkKind::Unknown, "write of unknown outcome"),
+                    WriteOutcome::Failed => (MarkKind::Failed, "write failed (nothing written)"),
+                };
+                let token = page
+                    .lease_at(&event.actor, key, *started_us)
+                    .map_or_else(|| "no lease".to_owned(), |s| format!("token {}", s.token));
                 let fence = fence.map_or_else(|| "no fence".to_owned(), |f| format!("fence {f}"));
                 let detail = detail
                     .as_deref()
-                    .map_or_else(String::new, |d| format!(": {d}"));
-                let (kind, title) = match outcome {
-                    WriteOutcome::Accepted => (MarkKind::Accepted, String::new()),
-                    WriteOutcome::Insufficient => (MarkKind::Insufficient, String::new()),
-                    WriteOutcome::RefusedStale => (
-                        MarkKind::Refused,
-                        format!(
-                            "stale write refused by the database (it saved the day): {} \
-                             debit {amount} on {resource} with {fence} at {}",
-                            event.actor,
-                            ms(event.at_us)
-                        ),
-                    ),
-                    WriteOutcome::Unknown => (
-                        MarkKind::Unknown,
-                        format!(
-                            "write of unknown outcome: {} debit {amount} on {resource} \
-                             with {fence} at {}{detail}",
-                            event.actor,
-                            ms(event.at_us)
-                        ),
-                    ),
-                    WriteOutcome::Failed => (
-                        MarkKind::Failed,
-                        format!(
-                            "write failed: {} debit {amount} on {resource} at {}{detail}",
-                            event.actor,
-                            ms(event.at_us)
-                        ),
-                    ),
-                };
+                    .map_or_else(String::new, |d| format!("\n{d}"));
+                let title = format!(
+                    "{what}: {} debit {amount} on {resource}\nlock {key}, {token}, {fence}\n\
+                     started {}, answered {}{detail}",
+                    event.actor,
+                    ms(*started_us),
+                    ms(event.at_us)
+                );
+                if page.x(event.at_us) - page.x(*started_us) >= MIN_IN_FLIGHT_PX {
+                    page.mark_from(
+                        &event.actor,
+                        MarkKind::InFlight,
+                        *started_us,
+                        event.at_us,
+                        title.clone(),
+                    );
+                }
                 page.mark(&event.actor, kind, event.at_us, title);
             }
         }
         page
+    }
+
+    /// The lease `actor` held on `key` at `at_us`, if any.
+    fn lease_at(&self, actor: &str, key: &str, at_us: u64) -> Option<&LeaseSpan> {
+        let lane = self.lanes.iter().find(|l| l.actor == actor)?;
+        let end = lane.leases.partition_point(|s| s.from_us <= at_us);
+        lane.leases
+            .get(..end)?
+            .iter()
+            .rev()
+            .take(8)
+            .find(|s| s.key == key && s.to_us >= at_us)
+    }
+
+    /// Where a fault window's band starts and ends, in pixels.
+    fn fault_x(&self, fault: &check::FaultWindow) -> (f64, f64) {
+        let x0 = self.x(fault.from_us.unwrap_or(0));
+        let x1 = self
+            .x(fault.to_us.unwrap_or(self.duration_us))
+            .max(x0 + 2.0);
+        (x0, x1)
     }
 
     fn lane_mut(&mut self, actor: &str) -> Option<&mut Lane> {
@@ -347,6 +804,9 @@ impl<'a> Page<'a> {
     }
 
     fn mark_from(&mut self, actor: &str, kind: MarkKind, from_us: u64, at_us: u64, title: String) {
+        if at_us < self.from_us || from_us > self.to_us {
+            return;
+        }
         let (x0, x) = (self.x(from_us), self.x(at_us));
         let bucket = (x / kind.bucket_px()).floor() as i64;
         if let Some(lane) = self.lane_mut(actor) {
@@ -366,11 +826,18 @@ impl<'a> Page<'a> {
     }
 
     fn x(&self, at_us: u64) -> f64 {
-        LABEL_W + at_us.min(self.duration_us) as f64 / self.duration_us as f64 * PLOT_W
+        let span = self.to_us.saturating_sub(self.from_us).max(1);
+        let at = at_us.clamp(self.from_us, self.to_us) - self.from_us;
+        LABEL_W + at as f64 / span as f64 * PLOT_W
+    }
+
+    /// Where the lanes start: under the rows of fault labels.
+    fn top(&self) -> f64 {
+        self.label_rows as f64 * FAULT_ROW_H + 12.0
     }
 
     fn lanes_bottom(&self) -> f64 {
-        TOP + self.lanes.len().max(1) as f64 * LANE_H
+        self.top() + self.lanes.len().max(1) as f64 * LANE_H
     }
 
     fn write(&self, out: &mut String) -> fmt::Result {
@@ -397,10 +864,22 @@ impl<'a> Page<'a> {
         self.write_verdict(out)?;
         self.write_summary(out)?;
         write_legend(out)?;
+        writeln!(
+            out,
+            "<div id=\"zoom-controls\" hidden><button type=\"button\" data-zoom=\"in\">zoom \
+             in</button><button type=\"button\" data-zoom=\"out\">zoom out</button><button \
+             type=\"button\" data-zoom=\"reset\">reset</button><span id=\"zoom-range\"></span>\
+             <span class=\"summary\">drag across the chart to zoom; click a fault window to \
+             zoom to it</span></div>"
+        )?;
         writeln!(out, "<div class=\"chart\">")?;
         self.write_svg(out)?;
         writeln!(out, "</div>")?;
         self.write_lists(out)?;
+        writeln!(
+            out,
+            "<div id=\"tip\" hidden></div>\n<script>{SCRIPT}</script>"
+        )?;
         writeln!(out, "</body>\n</html>")
     }
 
@@ -433,6 +912,15 @@ impl<'a> Page<'a> {
     }
 
     fn write_summary(&self, out: &mut String) -> fmt::Result {
+        if self.from_us > 0 || self.to_us < self.duration_us {
+            writeln!(
+                out,
+                "<p class=\"summary\" id=\"range\">The chart shows {} to {} of the run; the \
+                 counts and the lists are the whole run's.</p>",
+                ms(self.from_us),
+                ms(self.to_us)
+            )?;
+        }
         let c = &self.check.counts;
         let w = &c.writes;
         let ttl = self
@@ -461,12 +949,20 @@ impl<'a> Page<'a> {
 
     fn write_svg(&self, out: &mut String) -> fmt::Result {
         let width = LABEL_W + PLOT_W + RIGHT_PAD;
+        let top = self.top();
         let bottom = self.lanes_bottom();
         let height = bottom + AXIS_H;
         writeln!(
             out,
             "<svg id=\"timeline\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" \
-             height=\"{height}\" viewBox=\"0 0 {width} {height}\" role=\"img\">"
+             height=\"{height}\" viewBox=\"0 0 {width} {height}\" role=\"img\" \
+             data-from-us=\"{}\" data-duration-us=\"{}\" data-plot-x=\"{LABEL_W}\" \
+             data-plot-w=\"{PLOT_W}\" \
+             data-top=\"{top}\" data-bottom=\"{bottom}\" data-label-rows=\"{}\" \
+             data-row-h=\"{FAULT_ROW_H}\">",
+            self.from_us,
+            self.to_us - self.from_us,
+            self.label_rows
         )?;
         writeln!(
             out,
@@ -474,46 +970,47 @@ impl<'a> Page<'a> {
              patternUnits=\"userSpaceOnUse\" patternTransform=\"rotate(45)\">\
              <rect width=\"6\" height=\"6\" fill=\"#d32f2f\" fill-opacity=\"0.18\"/>\
              <line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#d32f2f\" \
-             stroke-width=\"3\"/></pattern></defs>"
+             stroke-width=\"1.6\"/></pattern><clipPath id=\"plot-clip\"><rect x=\"{LABEL_W}\" \
+             y=\"0\" width=\"{PLOT_W}\" height=\"{height}\"/></clipPath></defs>"
         )?;
-        for (i, lane) in self.lanes.iter().enumerate() {
-            let y = TOP + i as f64 * LANE_H;
+        for i in 0..self.lanes.len() {
+            let y = top + i as f64 * LANE_H;
             let fill = if i % 2 == 0 { "#f7f7f7" } else { "#ffffff" };
             writeln!(
                 out,
                 "<rect class=\"lane-bg\" x=\"0\" y=\"{y}\" width=\"{}\" height=\"{LANE_H}\" \
-                 fill=\"{fill}\"><title>{}</title></rect>",
+                 fill=\"{fill}\"/>",
                 LABEL_W + PLOT_W,
-                esc(&lane.actor)
             )?;
         }
-        self.write_axis(out, bottom)?;
+        self.write_axis(out, top, bottom)?;
         self.write_faults(out, bottom)?;
         for (i, lane) in self.lanes.iter().enumerate() {
-            self.write_lane(out, i, lane)?;
+            self.write_lane(out, top, i, lane)?;
         }
         writeln!(out, "</svg>")
     }
 
-    fn write_axis(&self, out: &mut String, bottom: f64) -> fmt::Result {
-        let duration_ms = self.duration_us as f64 / 1000.0;
-        let step = nice_step(duration_ms / 10.0);
+    fn write_axis(&self, out: &mut String, top: f64, bottom: f64) -> fmt::Result {
+        let (from_ms, to_ms) = (self.from_us as f64 / 1000.0, self.to_us as f64 / 1000.0);
+        let span_ms = (to_ms - from_ms).max(0.001);
+        let step = tick_step(span_ms, to_ms);
         writeln!(
             out,
             "<g class=\"axis\"><line x1=\"{LABEL_W}\" y1=\"{bottom}\" x2=\"{}\" y2=\"{bottom}\" \
-             stroke=\"#888\"/>",
+             stroke=\"#888\"/><g class=\"ticks\">",
             LABEL_W + PLOT_W
         )?;
-        let mut k = 0u32;
+        let mut k = (from_ms / step - 1e-9).ceil() as i64;
         loop {
-            let t_ms = f64::from(k) * step;
-            if t_ms > duration_ms + step * 1e-9 {
+            let t_ms = k as f64 * step;
+            if t_ms > to_ms + step * 1e-9 {
                 break;
             }
-            let x = LABEL_W + t_ms / duration_ms * PLOT_W;
+            let x = LABEL_W + (t_ms - from_ms) / span_ms * PLOT_W;
             writeln!(
                 out,
-                "<line class=\"grid\" x1=\"{x:.1}\" y1=\"{TOP}\" x2=\"{x:.1}\" y2=\"{bottom}\"/>\
+                "<line class=\"grid\" x1=\"{x:.1}\" y1=\"{top}\" x2=\"{x:.1}\" y2=\"{bottom}\"/>\
                  <line x1=\"{x:.1}\" y1=\"{bottom}\" x2=\"{x:.1}\" y2=\"{}\" stroke=\"#888\"/>\
                  <text class=\"tick-label\" x=\"{x:.1}\" y=\"{}\" \
                  text-anchor=\"middle\">{}</text>",
@@ -525,7 +1022,7 @@ impl<'a> Page<'a> {
         }
         writeln!(
             out,
-            "<text class=\"tick-label\" x=\"{}\" y=\"{}\" text-anchor=\"end\">time since the \
+            "</g><text class=\"tick-label\" x=\"{}\" y=\"{}\" text-anchor=\"end\">time since the \
              run started (ms)</text></g>",
             LABEL_W + PLOT_W,
             bottom + 34.0
@@ -533,68 +1030,94 @@ impl<'a> Page<'a> {
     }
 
     fn write_faults(&self, out: &mut String, bottom: f64) -> fmt::Result {
-        for (i, fault) in self.faults.iter().enumerate() {
-            let x0 = self.x(fault.from_us.unwrap_or(0));
-            let x1 = self
-                .x(fault.to_us.unwrap_or(self.duration_us))
-                .max(x0 + 2.0);
-            let when = format!(
-                "{} to {}",
-                fault.from_us.map_or_else(|| "?".to_owned(), ms),
-                fault
-                    .to_us
-                    .map_or_else(|| "the end of the run".to_owned(), ms)
-            );
-            let label = format!("{} ({})", fault.fault, fault.target);
-            let label_y = if i % 2 == 0 { 16.0 } else { 32.0 };
-            let (label_x, anchor) = if x0 > LABEL_W + PLOT_W - 180.0 {
-                (x1 - 3.0, "end")
-            } else {
-                (x0 + 3.0, "start")
-            };
+        writeln!(
+            out,
+            "<g class=\"faults zoom\" clip-path=\"url(#plot-clip)\">"
+        )?;
+        for ((n, fault), label) in self.faults.iter().zip(&self.labels) {
+            let (x0, x1) = self.fault_x(fault);
+            let band_y = label_y(label.row) + 4.0;
             writeln!(
                 out,
-                "<g class=\"fault-window\"><rect class=\"fault\" data-fault=\"{}\" \
-                 x=\"{x0:.1}\" y=\"{}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"#ffb300\" \
-                 fill-opacity=\"0.18\" stroke=\"#e69500\" stroke-dasharray=\"4 3\">\
-                 <title>{}: {}</title></rect>\
-                 <text class=\"fault-label\" x=\"{label_x:.1}\" y=\"{label_y}\" \
-                 text-anchor=\"{anchor}\">{}</text></g>",
+                "<g class=\"fault-window\" data-window=\"{}\"><rect class=\"fault\" \
+                 data-fault=\"{}\" x=\"{x0:.2}\" y=\"{band_y}\" width=\"{:.2}\" height=\"{:.1}\" \
+                 fill=\"#ffb300\" fill-opacity=\"0.18\" stroke=\"#e69500\" \
+                 stroke-dasharray=\"4 3\"><title>{}</title></rect></g>",
+                n,
                 esc(&fault.fault),
-                label_y + 4.0,
                 x1 - x0,
-                bottom - label_y - 4.0,
-                esc(&label),
-                esc(&when),
-                esc(&label)
+                bottom - band_y,
+                esc(&self.fault_text(fault, label))
             )?;
         }
-        Ok(())
+        writeln!(out, "</g>\n<g class=\"fault-labels\">")?;
+        for ((n, fault), label) in self.faults.iter().zip(&self.labels) {
+            let (x0, x1) = self.fault_x(fault);
+            writeln!(
+                out,
+                "<text class=\"fault-label\" data-window=\"{}\" data-full=\"{}\" \
+                 data-x0=\"{x0:.2}\" data-x1=\"{x1:.2}\" data-w=\"{:.1}\" x=\"{:.1}\" y=\"{}\" \
+                 text-anchor=\"start\">{}<title>{}</title></text>",
+                n,
+                esc(&label.full),
+                label.width,
+                label.x,
+                label_y(label.row),
+                esc(&label.text),
+                esc(&self.fault_text(fault, label))
+            )?;
+        }
+        writeln!(out, "</g>")
     }
 
-    fn write_lane(&self, out: &mut String, index: usize, lane: &Lane) -> fmt::Result {
-        let y = TOP + index as f64 * LANE_H;
+    /// A fault window's tooltip and line in the list.
+    fn fault_text(&self, fault: &check::FaultWindow, label: &FaultLabel) -> String {
+        format!(
+            "{}: {} to {}",
+            label.full,
+            fault.from_us.map_or_else(|| "?".to_owned(), ms),
+            fault
+                .to_us
+                .map_or_else(|| "the end of the run".to_owned(), ms)
+        )
+    }
+
+    fn write_lane(&self, out: &mut String, top: f64, index: usize, lane: &Lane) -> fmt::Result {
+        let y = top + index as f64 * LANE_H;
         let mid = y + 14.0;
         writeln!(
             out,
             "<g class=\"lane\" id=\"lane-{index}\" data-actor=\"{}\">\
-             <text class=\"lane-label\" x=\"6\" y=\"{:.1}\">{}</text>",
+             <text class=\"lane-label\" x=\"6\" y=\"{:.1}\">{}<title>{}</title></text>\
+             <g class=\"marks zoom\" clip-path=\"url(#plot-clip)\">",
             esc(&lane.actor),
             y + 17.0,
+            esc(&fit_text(&lane.actor, LABEL_W - 12.0, LANE_CHAR_W)),
             esc(&lane.actor)
         )?;
         // Wide leases one by one; narrow ones merged into busy runs.
-        let mut busy: Option<(f64, f64, usize)> = None;
+        let mut busy: Option<Busy<'_>> = None;
         for span in &lane.leases {
             let (x0, x1) = (self.x(span.from_us), self.x(span.to_us));
             if x1 - x0 < MIN_LEASE_PX {
                 busy = match busy {
-                    Some((b0, b1, n)) if x0 <= b1 + 1.0 => Some((b0, b1.max(x1), n + 1)),
+                    Some(mut run) if x0 <= run.x1 + 1.0 => {
+                        run.x1 = run.x1.max(x1);
+                        run.last = span;
+                        run.count += 1;
+                        Some(run)
+                    }
                     other => {
                         if let Some(run) = other {
-                            write_busy(out, y, run)?;
+                            write_busy(out, y, &run)?;
                         }
-                        Some((x0, x1, 1))
+                        Some(Busy {
+                            x0,
+                            x1,
+                            first: span,
+                            last: span,
+                            count: 1,
+                        })
                     }
                 };
                 continue;
@@ -607,13 +1130,13 @@ impl<'a> Page<'a> {
             };
             let fence = span
                 .fence
-                .map_or_else(String::new, |f| format!(", fence {f}"));
+                .map_or_else(|| "no fence".to_owned(), |f| format!("fence {f}"));
             writeln!(
                 out,
-                "<rect class=\"{class}\" data-token=\"{}\" x=\"{x0:.1}\" y=\"{:.1}\" \
-                 width=\"{:.1}\" height=\"12\" rx=\"2\" fill=\"hsl({hue},{sat},72%)\" \
-                 stroke=\"hsl({hue},{sat},{dark})\"><title>{} held {} (token {}{}) from {} \
-                 to {}: {}</title></rect>",
+                "<rect class=\"{class}\" data-token=\"{}\" x=\"{x0:.2}\" y=\"{:.1}\" \
+                 width=\"{:.2}\" height=\"12\" rx=\"2\" fill=\"hsl({hue},{sat},72%)\" \
+                 stroke=\"hsl({hue},{sat},{dark})\"><title>{} held {}\ntoken {}, {}\n\
+                 from {} to {} ({}): {}</title></rect>",
                 esc(&span.token),
                 y + 8.0,
                 x1 - x0,
@@ -623,20 +1146,37 @@ impl<'a> Page<'a> {
                 fence,
                 ms(span.from_us),
                 ms(span.to_us),
+                ms(span.to_us.saturating_sub(span.from_us)),
                 esc(&end)
             )?;
         }
         if let Some(run) = busy {
-            write_busy(out, y, run)?;
+            write_busy(out, y, &run)?;
         }
         write_overlaps(out, y, &lane.overlaps)?;
         for (kind, marks) in &lane.marks {
             write_marks(out, *kind, marks, y, mid)?;
         }
-        writeln!(out, "</g>")
+        writeln!(out, "</g></g>")
     }
 
     fn write_lists(&self, out: &mut String) -> fmt::Result {
+        writeln!(out, "<h2>Fault windows ({})</h2>", self.faults.len())?;
+        if self.faults.is_empty() {
+            writeln!(out, "<p id=\"faults\" class=\"none\">None injected.</p>")?;
+        } else {
+            writeln!(out, "<ol id=\"faults\">")?;
+            for ((n, fault), label) in self.faults.iter().zip(&self.labels) {
+                writeln!(
+                    out,
+                    "<li data-window=\"{}\" value=\"{}\">{}</li>",
+                    n,
+                    n,
+                    esc(&self.fault_text(fault, label))
+                )?;
+            }
+            writeln!(out, "</ol>")?;
+        }
         writeln!(out, "<h2>Violations</h2>")?;
         if self.check.violations.is_empty() {
             writeln!(
@@ -692,14 +1232,65 @@ impl<'a> Page<'a> {
     }
 }
 
-fn write_busy(out: &mut String, y: f64, (x0, x1, n): (f64, f64, usize)) -> fmt::Result {
+/// A run of leases too short to draw one by one.
+struct Busy<'a> {
+    x0: f64,
+    x1: f64,
+    first: &'a LeaseSpan,
+    last: &'a LeaseSpan,
+    count: usize,
+}
+
+fn write_busy(out: &mut String, y: f64, run: &Busy<'_>) -> fmt::Result {
+    let tokens = if run.count == 1 {
+        format!("token {}", run.first.token)
+    } else {
+        format!("tokens {} to {}", run.first.token, run.last.token)
+    };
     writeln!(
         out,
-        "<rect class=\"lease merged\" x=\"{x0:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"12\" \
-         fill=\"#a9b4c0\"><title>{n} short leases</title></rect>",
+        "<rect class=\"lease merged\" x=\"{:.2}\" y=\"{:.1}\" width=\"{:.2}\" height=\"12\" \
+         fill=\"#a9b4c0\"><title>{} short leases of {}, {}\nfrom {} to {} (too short to draw \
+         one by one)</title></rect>",
+        run.x0,
         y + 8.0,
-        (x1 - x0).max(1.0)
+        (run.x1 - run.x0).max(1.0),
+        run.count,
+        esc(&run.first.actor),
+        esc(&tokens),
+        ms(run.first.from_us),
+        ms(run.last.to_us)
     )
+}
+
+/// The baseline of a row of fault labels.
+fn label_y(row: usize) -> f64 {
+    12.0 + row as f64 * FAULT_ROW_H
+}
+
+/// `text`, cut with an ellipsis to fit `width` pixels at `char_w` each.
+fn fit_text(text: &str, width: f64, char_w: f64) -> String {
+    let room = (width / char_w).floor().max(1.0) as usize;
+    if text.chars().count() <= room {
+        return text.to_owned();
+    }
+    let mut cut: String = text.chars().take(room.saturating_sub(1)).collect();
+    cut.push('\u{2026}');
+    cut
+}
+
+/// The axis step (ms) for `span_ms` shown, up to `last_ms`: about ten
+/// ticks, and never closer than the widest label needs.
+fn tick_step(span_ms: f64, last_ms: f64) -> f64 {
+    let mut step = nice_step(span_ms / 10.0);
+    for _ in 0..8 {
+        let widest = (trim_number(last_ms.max(step)).len() + 1) as f64 * TICK_CHAR_W;
+        if step / span_ms.max(f64::MIN_POSITIVE) * PLOT_W >= widest + 12.0 {
+            break;
+        }
+        step = nice_step(step * 1.01);
+    }
+    step
 }
 
 fn write_overlaps(out: &mut String, y: f64, overlaps: &[(f64, f64, String)]) -> fmt::Result {
@@ -724,7 +1315,7 @@ fn write_overlaps(out: &mut String, y: f64, overlaps: &[(f64, f64, String)]) -> 
         };
         writeln!(
             out,
-            "<rect class=\"overlap\" x=\"{x0:.1}\" y=\"{:.1}\" width=\"{:.1}\" \
+            "<rect class=\"overlap\" x=\"{x0:.2}\" y=\"{:.1}\" width=\"{:.2}\" \
              height=\"{:.1}\" fill=\"url(#hatch)\" stroke=\"#d32f2f\" stroke-width=\"1.5\">\
              <title>{}{more}</title></rect>",
             y + 2.0,
@@ -752,33 +1343,70 @@ fn write_marks(
         format!("<title>{}{more}</title>", esc(&mark.title))
     };
     match kind {
-        // Plentiful: one path per lane, no tooltips.
+        // Plentiful: one path per lane, and a transparent hover target
+        // per few pixels, with the first one's details and a count.
         MarkKind::Accepted | MarkKind::Insufficient => {
             let (class, y0, stroke) = if kind == MarkKind::Accepted {
-                ("accepted", y + 1.5, "#2e7d32")
+                ("accepted", y + 2.0, "#2e7d32")
             } else {
-                ("insufficient", y + 20.5, "#9e9e9e")
+                ("insufficient", y + 20.0, "#9e9e9e")
             };
             write!(
                 out,
                 "<path class=\"{class}\" stroke=\"{stroke}\" stroke-width=\"1.2\" d=\""
             )?;
             for mark in marks.values() {
-                write!(out, "M{:.0} {y0}v5", mark.x)?;
+                write!(out, "M{:.1} {y0}v5", mark.x)?;
             }
-            writeln!(out, "\"/>")
+            writeln!(out, "\"/>")?;
+            let mut hits: BTreeMap<i64, (&Mark, usize)> = BTreeMap::new();
+            for mark in marks.values() {
+                hits.entry((mark.x / HIT_PX).floor() as i64)
+                    .or_insert((mark, 0))
+                    .1 += mark.count;
+            }
+            for (bucket, (mark, count)) in hits {
+                let more = if count > 1 {
+                    format!(" (and {} more here)", count - 1)
+                } else {
+                    String::new()
+                };
+                writeln!(
+                    out,
+                    "<rect class=\"hit {class}\" x=\"{}\" y=\"{}\" width=\"{HIT_PX}\" \
+                     height=\"8\"><title>{}{more}</title></rect>",
+                    bucket as f64 * HIT_PX,
+                    y0 - 1.0,
+                    esc(&mark.title)
+                )?;
+            }
+            Ok(())
         }
         MarkKind::Refused => {
             for mark in marks.values() {
                 writeln!(
                     out,
-                    "<circle class=\"refused-halo\" cx=\"{:.1}\" cy=\"{mid}\" r=\"11\" \
-                     fill=\"#1565c0\" fill-opacity=\"0.22\"/><path class=\"refused\" \
-                     d=\"M{:.1} {:.1}l7 8l-7 8l-7 -8z\" fill=\"#1565c0\" stroke=\"#fff\" \
-                     stroke-width=\"1.2\">{}</path>",
+                    "<circle class=\"refused-halo\" cx=\"{:.2}\" cy=\"{mid}\" r=\"11\"/>\
+                     <path class=\"refused\" d=\"M{:.2} {:.1}l7 8l-7 8l-7 -8z\">{}</path>",
                     mark.x,
                     mark.x,
                     mid - 8.0,
+                    title(mark)
+                )?;
+            }
+            Ok(())
+        }
+        MarkKind::InFlight => {
+            for mark in marks.values() {
+                writeln!(
+                    out,
+                    "<path class=\"in-flight\" d=\"M{:.2} {}v5M{:.2} {}H{:.2}\" \
+                     stroke=\"#455a64\" stroke-width=\"1.2\" fill=\"none\">{}</path>",
+                    mark.x0,
+                    y + 2.0,
+                    mark.x0,
+                    y + 4.5,
+                    mark.x,
                     title(mark)
                 )?;
             }
@@ -788,7 +1416,7 @@ fn write_marks(
             for mark in marks.values() {
                 writeln!(
                     out,
-                    "<path class=\"acquire-failed\" d=\"M{:.1} {mid}H{:.1}m0 -5v10\" \
+                    "<path class=\"acquire-failed\" d=\"M{:.2} {mid}H{:.2}m0 -5v10\" \
                      stroke=\"#757575\" stroke-width=\"1.5\" stroke-dasharray=\"3 2\" \
                      fill=\"none\">{}</path>",
                     mark.x0,
@@ -807,7 +1435,7 @@ fn write_marks(
             for mark in marks.values() {
                 writeln!(
                     out,
-                    "<circle class=\"{class}\" cx=\"{:.1}\" cy=\"{mid}\" r=\"{r}\" \
+                    "<circle class=\"{class}\" cx=\"{:.2}\" cy=\"{mid}\" r=\"{r}\" \
                      fill=\"{fill}\" stroke=\"{stroke}\" stroke-width=\"1.5\">{}</circle>",
                     mark.x,
                     title(mark)
@@ -819,7 +1447,7 @@ fn write_marks(
             for mark in marks.values() {
                 writeln!(
                     out,
-                    "<path class=\"lost\" d=\"M{:.1} {}l8 8m0 -8l-8 8\" stroke=\"#111\" \
+                    "<path class=\"lost\" d=\"M{:.2} {}l8 8m0 -8l-8 8\" stroke=\"#111\" \
                      stroke-width=\"2.2\">{}</path>",
                     // Just right of the bar's end, clear of a refused
                     // write at the same instant.
@@ -835,7 +1463,7 @@ fn write_marks(
 
 fn write_legend(out: &mut String) -> fmt::Result {
     let (hue, sat, dark) = token_colour("a1b2");
-    let items: [(&str, String); 9] = [
+    let items: [(&str, String); 10] = [
         (
             "lease held (colour per token)",
             format!(
@@ -870,6 +1498,12 @@ fn write_legend(out: &mut String) -> fmt::Result {
             "<path d=\"M14 5v8\" stroke=\"#2e7d32\" stroke-width=\"1.5\"/>".to_owned(),
         ),
         (
+            "write from its start to its answer",
+            "<path d=\"M3 5v5M3 7.5H25\" stroke=\"#455a64\" stroke-width=\"1.2\" fill=\"none\"/>\
+             <path d=\"M25 5v8\" stroke=\"#2e7d32\" stroke-width=\"1.5\"/>"
+                .to_owned(),
+        ),
+        (
             "write unknown / failed",
             "<circle cx=\"8\" cy=\"10\" r=\"4.5\" fill=\"#ef6c00\"/><circle cx=\"20\" cy=\"10\" \
              r=\"3.5\" fill=\"#fff\" stroke=\"#616161\" stroke-width=\"1.5\"/>"
@@ -892,7 +1526,7 @@ fn write_legend(out: &mut String) -> fmt::Result {
          <defs><pattern id=\"legend-hatch\" width=\"6\" height=\"6\" \
          patternUnits=\"userSpaceOnUse\" patternTransform=\"rotate(45)\"><rect width=\"6\" \
          height=\"6\" fill=\"#d32f2f\" fill-opacity=\"0.18\"/><line x1=\"0\" y1=\"0\" x2=\"0\" \
-         y2=\"6\" stroke=\"#d32f2f\" stroke-width=\"3\"/></pattern></defs></svg>"
+         y2=\"6\" stroke=\"#d32f2f\" stroke-width=\"1.6\"/></pattern></defs></svg>"
     )?;
     for (label, shape) in items {
         writeln!(
@@ -954,6 +1588,55 @@ mod tests {
             let (hue, ..) = token_colour(token);
             assert!((35..320).contains(&hue), "{token}: hue {hue}");
         }
+    }
+
+    fn boxes_overlap(a: &FaultLabel, b: &FaultLabel) -> bool {
+        a.row == b.row && a.x < b.x + b.width && b.x < a.x + a.width
+    }
+
+    #[test]
+    fn crowded_fault_labels_fall_back_to_numbers_and_new_rows() {
+        // Thirty windows within ten pixels: three full labels, then
+        // numbers, in as many rows as they need.
+        let spans: Vec<(f64, f64)> = (0..30)
+            .map(|i| (LABEL_W + 400.0 + f64::from(i) / 3.0, LABEL_W + 420.0))
+            .collect();
+        let full: Vec<(usize, String)> = (1..=30)
+            .map(|n| (n, format!("#{n} process-pause (w{n})")))
+            .collect();
+        let (labels, rows) = layout_fault_labels(&spans, &full);
+        assert_eq!(labels.len(), 30);
+        let shortened = labels.iter().filter(|l| l.text != l.full).count();
+        assert_eq!(shortened, 30 - FULL_LABEL_ROWS);
+        for (i, label) in labels.iter().enumerate() {
+            if label.text != label.full {
+                assert_eq!(label.text, format!("#{}", i + 1));
+            }
+            assert!(label.x >= LABEL_W && label.x + label.width <= LABEL_W + PLOT_W);
+            for other in &labels[i + 1..] {
+                assert!(!boxes_overlap(label, other), "{label:?} {other:?}");
+            }
+        }
+        assert_eq!(
+            rows,
+            labels.iter().map(|l| l.row).max().map_or(1, |r| r + 1)
+        );
+        assert!(rows > FULL_LABEL_ROWS, "{rows}");
+        // At the right edge, a label is pulled back into the plot.
+        let (edge, _) = layout_fault_labels(
+            &[(LABEL_W + PLOT_W - 1.0, LABEL_W + PLOT_W)],
+            &[(1, "#1 redis-restart (redis)".to_owned())],
+        );
+        assert_eq!(edge[0].text, "#1 redis-restart (redis)");
+        assert!((edge[0].x + edge[0].width - (LABEL_W + PLOT_W)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn long_lane_labels_are_cut_to_fit() {
+        assert_eq!(fit_text("w1.t0", 108.0, 7.3), "w1.t0");
+        let cut = fit_text("worker-with-a-very-long-name", 108.0, 7.3);
+        assert_eq!(cut, "worker-with-a\u{2026}");
+        assert!(cut.chars().count() as f64 * 7.3 <= 108.0);
     }
 
     #[test]

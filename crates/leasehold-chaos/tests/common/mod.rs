@@ -305,3 +305,46 @@ pub fn sample() -> History {
     h.final_state(3_100_000, WALLET, balance, 10_000 - balance, rows);
     h
 }
+
+/// A 15 s run of four callers taking turns (100 ms each, one debit per
+/// turn) under ten fault windows, several close together (the case whose
+/// labels used to print over each other), with one stale write refused
+/// after the first pause.
+pub fn fifteen_seconds_ten_faults() -> History {
+    let callers = ["w0.t0", "w0.t1", "w1.t0", "w1.longer-caller-name"];
+    let mut h = History::new("fenced-cas", "mixed", false, &[(WALLET, 100_000)]);
+    let windows: [(u64, u64, &str, &str); 10] = [
+        (1_000, 1_600, "process-pause", "w1"),
+        (1_250, 1_500, "redis-pause", "redis"),
+        (1_400, 2_200, "network-partition", "w0"),
+        (2_000, 2_100, "redis-restart", "redis"),
+        (5_000, 5_800, "process-pause", "w0"),
+        (5_100, 5_300, "clock-jump", "redis"),
+        (9_000, 9_400, "redis-pause", "redis"),
+        (12_000, 12_900, "network-delay", "w1"),
+        (14_200, 14_600, "process-pause", "w1"),
+        (14_800, 15_000, "redis-restart", "redis"),
+    ];
+    for (from_ms, to_ms, fault, target) in windows {
+        h.fault(from_ms * 1_000, to_ms * 1_000, fault, target);
+    }
+    let mut balance = 100_000;
+    let mut rows = 0;
+    for turn in 0..150u64 {
+        let actor = callers[(turn % 4) as usize];
+        let t = turn * 100_000;
+        let token = format!("t{turn:03}");
+        h.acquired(t, actor, &token, turn + 1);
+        if turn == 9 {
+            h.write(1_650_000, actor, 7, turn + 1, WriteOutcome::RefusedStale)
+                .lost(1_660_000, actor, &token);
+            continue;
+        }
+        h.write(t + 50_000, actor, 7, turn + 1, WriteOutcome::Accepted)
+            .released(t + 90_000, actor, &token);
+        balance -= 7;
+        rows += 1;
+    }
+    h.final_state(15_000_000, WALLET, balance, 100_000 - balance, rows);
+    h
+}
