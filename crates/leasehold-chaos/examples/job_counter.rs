@@ -18,7 +18,7 @@ type Counters = HashMap<String, (i64, u64)>;
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let lab = tokio::task::spawn_blocking(|| Lab::start(&LabOptions::default())).await??;
-    let client = redis::Client::open(lab.redis_url())?;
+    let client = lab.client()?;
     let lock = Lock::new(Locker::connect(&client).await?, true);
 
     let queues = ["queue:mail", "queue:invoices"];

@@ -22,7 +22,7 @@ struct Account {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let lab = tokio::task::spawn_blocking(|| Lab::start(&LabOptions::default())).await??;
-    let client = redis::Client::open(lab.redis_url())?;
+    let client = lab.client()?;
     let locker = Locker::builder()
         .command_timeout(Duration::from_millis(500))
         .connect(&client)

@@ -95,7 +95,7 @@
 //! user's, plus per fault [`Fault::needs_commands`], at most
 //! [`HARNESS_ACL_RULES`](crate::HARNESS_ACL_RULES)), and [`Harness::run`]
 //! checks them before anything runs ([`Lab::check_fault`]): a user who
-//! lacks one gets [`LabError::Permission`](crate::LabError::Permission)
+//! lacks one gets [`LabError::Permission`]
 //! naming the command. The fault proxy's port
 //! ([`LabOptions::proxy_port`](crate::LabOptions::proxy_port)) and the
 //! host name the callers dial

@@ -19,7 +19,8 @@
 //! final state ([`Kind::Final`] for a balance and its ledger, or
 //! [`Kind::ResourceCheck`], e.g. [`Writes::check_counter`]). The harness
 //! runs a negative control first and calls a run that could not have
-//! caught a lost update inconclusive (the [`Harness`] docs); see
+//! caught a lost update inconclusive (the [`harness`] module: an honest
+//! verdict, where the pause point goes, your own TLS Redis and ACL user); see
 //! `examples/own_write_path.rs`. The `leasehold chaos` command is this
 //! crate driven from worker processes, one run per mode and fault.
 
@@ -31,7 +32,7 @@ pub mod timeline;
 mod access;
 mod callers;
 mod fault;
-mod harness;
+pub mod harness;
 mod isolated;
 mod lab;
 mod outcome;

@@ -156,7 +156,7 @@ async fn run(
     for queue in &queues {
         enqueue(&db, queue, JOBS).await?;
     }
-    let client = redis::Client::open(servers.lab.redis_url())?;
+    let client = servers.lab.client()?;
     let lock = Lock::new(Locker::connect(&client).await?, guarded);
     let url = servers.url.clone();
     let check = async |writes: &Writes| invariant(&url, &queues, writes).await;
