@@ -270,8 +270,14 @@ async fn check_access(plan: &Plan, cells: &[(ChaosMode, Fault)]) -> anyhow::Resu
     }
     let keys: Vec<String> = plan.resources().iter().map(|(r, _)| lock_key(r)).collect();
     let options = plan.lab_options();
+    let single = plan.redis_url.is_some();
     tokio::task::spawn_blocking(move || {
         let lab = Lab::start(&options).context("reaching --redis-url")?;
+        if single {
+            callers_reach(&lab).context(
+                "connecting as the workers will, through the fault proxy (over rediss:// the server's certificate must name the host they dial: --proxy-host, 127.0.0.1 by default; or --no-proxy)",
+            )?;
+        }
         faults
             .into_iter()
             .try_for_each(|fault| lab.check_fault(fault, &keys))
@@ -282,6 +288,24 @@ async fn check_access(plan: &Plan, cells: &[(ChaosMode, Fault)]) -> anyhow::Resu
     .await
     .context("checking --redis-url")?
 }
+
+/// Opens one connection as the workers' will (the lab's callers' URL and
+/// TLS files) and reads `TIME`, so that a certificate that does not name
+/// the proxy's host fails here, once, rather than in every worker.
+/// Without redis-rs's `CLIENT SETINFO`, which the harness's ACL does not
+/// grant.
+fn callers_reach(lab: &Lab) -> anyhow::Result<()> {
+    let info = lab.client()?.get_connection_info().clone();
+    let settings = info.redis_settings().clone().set_skip_set_lib_name();
+    let client = redis::Client::open(info.set_redis_settings(settings))?;
+    let mut conn = client.get_connection_with_timeout(CALLERS_TIMEOUT)?;
+    conn.set_read_timeout(Some(CALLERS_TIMEOUT))?;
+    redis::cmd("TIME").query::<redis::Value>(&mut conn)?;
+    Ok(())
+}
+
+/// How long [`callers_reach`] waits for the connection and for `TIME`.
+const CALLERS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn save(
     dir: &Path,
