@@ -280,13 +280,20 @@ failover and redlock change (see their --help):
     /// duplicated debits, double holders, stale writes refused, recovery).
     ///
     /// Starts its own throwaway redis-servers (behind a fault proxy) and
-    /// PostgreSQL: it pauses, kills and fails them over. Exits 0 when every
-    /// safe mode held and every negative control was caught.
+    /// PostgreSQL: it pauses, kills and fails them over. Or, with
+    /// --redis-url, runs the faults that need no control of the process
+    /// against your own Redis (rediss:// with a CA and client certificates,
+    /// an ACL user, a chosen proxy port or none). Exits 0 when every safe
+    /// mode held and every negative control was caught.
     #[command(after_help = concat!(
         "What it changes:
-  Servers: none of yours: its own throwaway redis-servers and postgres
-    (stopped at the end). With --report DIR, writes one .jsonl history and
-    one .html timeline per run into DIR.
+  Servers: without --redis-url, none of yours: its own throwaway
+    redis-servers and postgres (stopped at the end). With --redis-url, your
+    Redis too: it deletes and expires lock:{wallet:N} keys, raises
+    fence:{wallet:N}, and the chosen faults may run SCRIPT FLUSH, CLIENT
+    KILL and CLIENT PAUSE (see --redis-url); postgres stays throwaway.
+    With --report DIR, writes one .jsonl history and one .html timeline
+    per run into DIR.
   Exit code 1: a safe mode showed a violation, or a negative control
     showed none (the checker would not be trusted).
 
@@ -868,22 +875,60 @@ pub(crate) struct MatrixArgs {
     /// Redis servers in the quorum mode's Redlock quorum.
     #[arg(long, default_value_t = 3, value_parser = parse_chaos_nodes)]
     pub(crate) nodes: usize,
-    /// Run against your own Redis (a plain redis:// URL, credentials
-    /// included; no environment variable, on purpose) instead of a
-    /// throwaway one, through the fault proxy. Only the faults that need
-    /// no control of the Redis process run (not redis-pause,
-    /// redis-restart, redis-restart-aof, failover, mixed), and not the
-    /// quorum mode; the rest are skipped with a note. It deletes and
-    /// expires lock:{wallet:N} keys, raises fence:{wallet:N} counters,
-    /// script-flush runs SCRIPT FLUSH, conn-kill kills every client's
-    /// connection and redis-stall pauses every client: use a test server.
+    /// Run against your own Redis (a redis:// URL, or rediss:// with
+    /// --tls-ca and, if it asks for a client certificate, --tls-cert and
+    /// --tls-key; credentials included; no environment variable, on
+    /// purpose) instead of a throwaway one, through the fault proxy. Only
+    /// the faults that need no control of the Redis process run (not
+    /// redis-pause, redis-restart, redis-restart-aof, failover, mixed), and
+    /// not the quorum mode; the rest are skipped with a note. The workers
+    /// and the fault injector connect as the URL's user, whose ACL must
+    /// grant the harness's rules for the chosen faults (README, "Redis
+    /// ACL"; checked before any run, exit 3 naming the command). It
+    /// deletes and expires lock:{wallet:N} keys, raises fence:{wallet:N}
+    /// counters, script-flush runs SCRIPT FLUSH, conn-kill kills every
+    /// client's connection and redis-stall pauses every client: use a test
+    /// server.
     #[arg(long, value_name = "URL")]
     pub(crate) redis_url: Option<String>,
+    #[command(flatten)]
+    pub(crate) tls: crate::env::TlsFlags,
+    /// The fault proxy in front of --redis-url listens on 127.0.0.1:PORT
+    /// (e.g. one your firewall expects) [default: a free port]
+    #[arg(
+        long,
+        value_name = "PORT",
+        requires = "redis_url",
+        conflicts_with = "cluster"
+    )]
+    pub(crate) proxy_port: Option<u16>,
+    /// The host name the workers dial for the fault proxy, instead of
+    /// 127.0.0.1: over rediss:// the server's certificate must name it, so
+    /// give a name of the certificate that resolves to 127.0.0.1 here
+    /// (localhost, or your server's name in /etc/hosts)
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "redis_url",
+        conflicts_with = "cluster"
+    )]
+    pub(crate) proxy_host: Option<String>,
+    /// The workers connect to --redis-url directly, with no fault proxy
+    /// (when the server's certificate names no host that can point at the
+    /// proxy); the faults that need the proxy (net-latency, net-cut,
+    /// net-blackhole, failover, mixed) are skipped with a note
+    #[arg(
+        long,
+        requires = "redis_url",
+        conflicts_with_all = ["cluster", "proxy_port", "proxy_host"]
+    )]
+    pub(crate) no_proxy: bool,
     /// --redis-url is a Redis Cluster: its seed nodes, comma-separated.
     /// The workers connect to the cluster directly (no fault proxy), so
     /// the network faults are skipped too; mode quorum does not run on a
     /// cluster, and handoff needs Redis 7 or newer (sharded pub/sub).
-    /// script-flush flushes every master.
+    /// script-flush flushes every master. Plain redis:// only (no TLS
+    /// files).
     #[arg(long, requires = "redis_url")]
     pub(crate) cluster: bool,
     /// Write each run's history (`.jsonl`) and timeline (`.html`) here.

@@ -20,8 +20,8 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 /// The most connections the CLI's PostgreSQL pool opens.
 const PG_POOL_SIZE: usize = 64;
 
-/// Connection flags for the Redis an experiment runs against. (TLS flags
-/// for that connection belong here too.)
+/// Connection flags for the Redis an experiment runs against, its TLS
+/// files included.
 #[derive(Debug, Clone, Default, Args)]
 #[command(next_help_heading = "Redis connection")]
 pub(crate) struct RedisFlags {
@@ -33,6 +33,15 @@ pub(crate) struct RedisFlags {
     /// primary's) [default: a throwaway local redis-server]
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub(crate) redis_url: Option<String>,
+    #[command(flatten)]
+    pub(crate) tls: TlsFlags,
+}
+
+/// The TLS files for a `rediss://` server: `--tls-ca`, `--tls-cert`,
+/// `--tls-key` (and their environment variables), shared by [`RedisFlags`]
+/// and `chaos --redis-url` (whose worker processes get them in their spec).
+#[derive(Debug, Clone, Default, Args, serde::Serialize, serde::Deserialize)]
+pub(crate) struct TlsFlags {
     /// CA certificates (PEM) to verify a rediss:// server against
     /// [default: the system's trusted roots]
     #[arg(long, value_name = "FILE", env = "LEASEHOLD_TLS_CA")]
@@ -56,12 +65,42 @@ pub(crate) struct RedisFlags {
     pub(crate) tls_key: Option<PathBuf>,
 }
 
+impl TlsFlags {
+    /// Whether any TLS file is given.
+    pub(crate) fn is_set(&self) -> bool {
+        self.tls_ca.is_some() || self.tls_cert.is_some()
+    }
+
+    /// The files, as the library reads them.
+    pub(crate) fn files(&self) -> leasehold::tls::TlsFiles {
+        let mut files = leasehold::tls::TlsFiles::new();
+        if let Some(ca) = &self.tls_ca {
+            files = files.ca(ca);
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            files = files.cert(cert).key(key);
+        }
+        files
+    }
+
+    /// TLS files given with a URL that is not `rediss://` are a usage
+    /// error rather than silently unused.
+    pub(crate) fn check(&self, url: &str) -> Result<(), Usage> {
+        if self.is_set() && !url.starts_with("rediss://") {
+            return Err(Usage(
+                "--tls-ca, --tls-cert and --tls-key need a rediss:// URL".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl RedisFlags {
     /// Where `url` leads: a `redis+sentinel://` URL's sentinels, or the
     /// redis-rs client for one server (see [`client`](Self::client)).
     pub(crate) fn endpoint(&self, url: &str) -> anyhow::Result<Endpoint> {
         if Sentinel::is_sentinel_url(url) {
-            if self.tls_ca.is_some() || self.tls_cert.is_some() {
+            if self.tls.is_set() {
                 return Err(Usage(
                     "--tls-ca, --tls-cert and --tls-key need a rediss:// URL (not redis+sentinel://: the sentinel form is plain TCP)".to_owned(),
                 )
@@ -76,21 +115,8 @@ impl RedisFlags {
     /// `rediss://` URL. TLS files given with a `redis://` URL are a usage
     /// error rather than silently unused.
     pub(crate) fn client(&self, url: &str) -> anyhow::Result<redis::Client> {
-        let tls_files = self.tls_ca.is_some() || self.tls_cert.is_some();
-        if tls_files && !url.starts_with("rediss://") {
-            return Err(Usage(
-                "--tls-ca, --tls-cert and --tls-key need a rediss:// URL".to_owned(),
-            )
-            .into());
-        }
-        let mut files = leasehold::tls::TlsFiles::new();
-        if let Some(ca) = &self.tls_ca {
-            files = files.ca(ca);
-        }
-        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
-            files = files.cert(cert).key(key);
-        }
-        Ok(leasehold::tls::client(url, &files)?)
+        self.tls.check(url)?;
+        Ok(leasehold::tls::client(url, &self.tls.files())?)
     }
 }
 

@@ -107,7 +107,7 @@ const EXPECTED: &[Expect] = &[
     },
     Expect {
         subcommand: &["chaos"],
-        uses: &["--redis-url", "--runs", "--json"],
+        uses: &["--redis-url", "--tls-ca", "--runs", "--json"],
         changes: &["none of yours", ".jsonl", ".html"],
     },
     Expect {

@@ -8,14 +8,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use leasehold_chaos::{Fault, RunReport};
+use leasehold_chaos::{Fault, Lab, RunReport, lock_key};
 use leasehold_testkit::PostgresServer;
 
 mod modes;
 mod run;
 mod worker;
 
-use run::Plan;
+use run::{Plan, Proxy};
 
 use crate::cli::{ChaosAction, ChaosArgs, ChaosMode, MatrixArgs};
 use crate::progress::{Progress, note};
@@ -71,20 +71,7 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         Some(url) => vec![url.clone()],
         None => Vec::new(),
     };
-    for url in &seeds {
-        let client = redis::Client::open(url.as_str()).map_err(|_| {
-            crate::exit::Usage("--redis-url does not parse as a redis:// URL".to_owned())
-        })?;
-        anyhow::ensure!(
-            matches!(
-                client.get_connection_info().addr(),
-                redis::ConnectionAddr::Tcp(..)
-            ),
-            crate::exit::Usage(
-                "--redis-url must be plain redis:// over TCP: the fault proxy sits in front of it, and a TLS certificate would not name the proxy".to_owned()
-            )
-        );
-    }
+    check_urls(args, &seeds)?;
     // A fault that would never happen must not pass for one that held.
     if let Some(fault) = faults.iter().find(|&&fault| {
         fault != Fault::None
@@ -111,18 +98,17 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         quorum_nodes: args.nodes,
         redis_url: args.redis_url.clone().filter(|_| !args.cluster),
         cluster_urls: if args.cluster { seeds } else { Vec::new() },
+        tls: args.tls.clone(),
+        proxy: Proxy {
+            off: args.no_proxy,
+            port: args.proxy_port,
+            host: args.proxy_host.clone(),
+        },
     };
     if let Some(dir) = &args.report {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating the report directory {}", dir.display()))?;
     }
-    let postgres = Arc::new(
-        tokio::task::spawn_blocking(PostgresServer::start)
-            .await
-            .context("starting a throwaway postgres")?
-            .context("starting a throwaway postgres")?,
-    );
-    let pool = pool(&postgres).await?;
 
     let mut cells: Vec<(ChaosMode, Fault)> = modes
         .iter()
@@ -141,7 +127,10 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
                     | Fault::ConnKill
                     | Fault::RedisStall
             );
-            *mode != ChaosMode::Quorum && !fault.needs_redis_process() && (!args.cluster || proxied)
+            *mode != ChaosMode::Quorum
+                && !fault.needs_redis_process()
+                && (!args.cluster || proxied)
+                && !(args.no_proxy && fault.needs_proxy())
         });
         if !skipped.is_empty() {
             let names: Vec<String> = skipped
@@ -160,7 +149,15 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
             )
         );
         cells = run;
+        check_access(&plan, &cells).await?;
     }
+    let postgres = Arc::new(
+        tokio::task::spawn_blocking(PostgresServer::start)
+            .await
+            .context("starting a throwaway postgres")?
+            .context("starting a throwaway postgres")?,
+    );
+    let pool = pool(&postgres).await?;
     let progress = Progress::new("chaos", cells.len() as u64 * u64::from(runs));
     let mut results = Vec::new();
     for &(mode, fault) in &cells {
@@ -203,6 +200,112 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         ExitCode::from(crate::exit::BROKEN)
     })
 }
+
+/// Checks the flags that say how to reach the user's Redis (`seeds`: its
+/// URL, or its cluster's seed URLs): usage errors (exit 2) before anything
+/// starts. The messages never quote a URL (it may hold a password).
+fn check_urls(args: &MatrixArgs, seeds: &[String]) -> anyhow::Result<()> {
+    let Some(url) = &args.redis_url else {
+        anyhow::ensure!(
+            !args.tls.is_set(),
+            crate::exit::Usage(
+                "--tls-ca, --tls-cert and --tls-key need a rediss:// --redis-url (the throwaway servers are plain tcp)".to_owned()
+            )
+        );
+        return Ok(());
+    };
+    if args.cluster {
+        anyhow::ensure!(
+            !args.tls.is_set(),
+            crate::exit::Usage(
+                "--tls-ca, --tls-cert and --tls-key do not go with --cluster (a cluster is reached over plain redis:// here)".to_owned()
+            )
+        );
+        for seed in seeds {
+            let client = redis::Client::open(seed.as_str()).map_err(|_| {
+                crate::exit::Usage("a --redis-url seed does not parse as a redis:// URL".to_owned())
+            })?;
+            anyhow::ensure!(
+                matches!(
+                    client.get_connection_info().addr(),
+                    redis::ConnectionAddr::Tcp(..)
+                ),
+                crate::exit::Usage(
+                    "with --cluster, --redis-url must be plain redis:// seeds over TCP".to_owned()
+                )
+            );
+        }
+        return Ok(());
+    }
+    args.tls.check(url)?;
+    // Parses the URL and reads the TLS files (a file that cannot be used
+    // is a usage error too).
+    let client = leasehold::tls::client(url, &args.tls.files())?;
+    match client.get_connection_info().addr() {
+        redis::ConnectionAddr::Tcp(..)
+        | redis::ConnectionAddr::TcpTls {
+            insecure: false, ..
+        } => Ok(()),
+        redis::ConnectionAddr::TcpTls { insecure: true, .. } => Err(crate::exit::Usage(
+            "--redis-url with #insecure turns certificate verification off, which leasehold never does".to_owned(),
+        )
+        .into()),
+        _ => Err(crate::exit::Usage(
+            "--redis-url must be redis:// or rediss:// over TCP (not a unix socket)".to_owned(),
+        )
+        .into()),
+    }
+}
+
+/// Before any run: the user's Redis answers (over TLS, as the URL's user),
+/// the proxy can listen as asked, and the user may run every command the
+/// chosen faults send ([`Lab::check_fault`]); a fault whose command the
+/// ACL does not grant is the lab's `Permission` error, naming it.
+async fn check_access(plan: &Plan, cells: &[(ChaosMode, Fault)]) -> anyhow::Result<()> {
+    let mut faults: Vec<Fault> = Vec::new();
+    for &(_, fault) in cells {
+        if !faults.contains(&fault) {
+            faults.push(fault);
+        }
+    }
+    let keys: Vec<String> = plan.resources().iter().map(|(r, _)| lock_key(r)).collect();
+    let options = plan.lab_options();
+    let single = plan.redis_url.is_some();
+    tokio::task::spawn_blocking(move || {
+        let lab = Lab::start(&options).context("reaching --redis-url")?;
+        if single {
+            callers_reach(&lab).context(
+                "connecting as the workers will, through the fault proxy (over rediss:// the server's certificate must name the host they dial: --proxy-host, 127.0.0.1 by default; or --no-proxy)",
+            )?;
+        }
+        faults
+            .into_iter()
+            .try_for_each(|fault| lab.check_fault(fault, &keys))
+            .context(
+                "checking that --redis-url's user may run what the chosen faults send (the harness's acl: README.md, \"Redis ACL\", written out in crates/leasehold-chaos/README.md)",
+            )
+    })
+    .await
+    .context("checking --redis-url")?
+}
+
+/// Opens one connection as the workers' will (the lab's callers' URL and
+/// TLS files) and reads `TIME`, so that a certificate that does not name
+/// the proxy's host fails here, once, rather than in every worker.
+/// Without redis-rs's `CLIENT SETINFO`, which the harness's ACL does not
+/// grant.
+fn callers_reach(lab: &Lab) -> anyhow::Result<()> {
+    let info = lab.client()?.get_connection_info().clone();
+    let settings = info.redis_settings().clone().set_skip_set_lib_name();
+    let client = redis::Client::open(info.set_redis_settings(settings))?;
+    let mut conn = client.get_connection_with_timeout(CALLERS_TIMEOUT)?;
+    conn.set_read_timeout(Some(CALLERS_TIMEOUT))?;
+    redis::cmd("TIME").query::<redis::Value>(&mut conn)?;
+    Ok(())
+}
+
+/// How long [`callers_reach`] waits for the connection and for `TIME`.
+const CALLERS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn save(
     dir: &Path,

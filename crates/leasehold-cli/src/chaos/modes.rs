@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use deadpool_postgres::Pool;
+use leasehold::tls::TlsFiles;
 use leasehold::{HandoffLocker, Locker, Quorum, Sentinel};
 use leasehold_chaos::{Call, Fault, Lock, WriteOutcome, Written};
 use leasehold_pg::Outcome;
@@ -73,10 +74,22 @@ impl ChaosMode {
         if self == ChaosMode::Quorum { quorum } else { 1 }
     }
 
-    /// Connects the mode's lock to `urls` (one, or a quorum's).
-    pub(crate) async fn lock(self, urls: &[String], cluster: bool) -> anyhow::Result<Lock> {
+    /// Connects the mode's lock to `urls` (one, or a quorum's), over TLS
+    /// with `tls` for a `rediss://` URL (a cluster and Sentinel here are
+    /// plain TCP).
+    pub(crate) async fn lock(
+        self,
+        urls: &[String],
+        cluster: bool,
+        tls: &TlsFiles,
+    ) -> anyhow::Result<Lock> {
         // Every mode but the blind control writes with a fencing token.
         let fenced = self != ChaosMode::Blind;
+        let first = urls.first().context("no redis url")?;
+        anyhow::ensure!(
+            tls.is_empty() || !(cluster || Sentinel::is_sentinel_url(first)),
+            "tls files for a redis cluster or sentinel url, which this mode connects to over plain tcp"
+        );
         if cluster {
             // Short retry waits, as the Locker docs advise: redis-rs waits
             // at least 1.28 s before retrying a TRYAGAIN by default, which
@@ -110,7 +123,6 @@ impl ChaosMode {
                 _ => Lock::new(locker, fenced),
             });
         }
-        let first = urls.first().context("no redis url")?;
         if Sentinel::is_sentinel_url(first) {
             // The primary the sentinels name, followed across failovers.
             let sentinel = Sentinel::from_url(first).context("opening redis sentinel")?;
@@ -135,13 +147,13 @@ impl ChaosMode {
                 }
             });
         }
-        let client = redis::Client::open(first.as_str()).context("opening redis")?;
+        let client = leasehold::tls::client(first, tls).context("opening redis")?;
         Ok(match self {
             ChaosMode::Db => Lock::none(),
             ChaosMode::Quorum => {
                 let clients = urls
                     .iter()
-                    .map(|url| redis::Client::open(url.as_str()))
+                    .map(|url| leasehold::tls::client(url, tls))
                     .collect::<Result<Vec<_>, _>>()
                     .context("opening redis")?;
                 // Each node's connection opened now and reconnecting as a

@@ -19,6 +19,7 @@ use tokio_util::task::AbortOnDropHandle;
 use super::modes::Expect;
 use super::worker::Spec;
 use crate::cli::ChaosMode;
+use crate::env::TlsFlags;
 
 /// The settings every run of one invocation shares.
 #[derive(Debug, Clone)]
@@ -38,6 +39,54 @@ pub(crate) struct Plan {
     pub(crate) redis_url: Option<String>,
     /// The user's Redis Cluster's seed URLs, instead of a throwaway Redis.
     pub(crate) cluster_urls: Vec<String>,
+    /// The TLS files for a `rediss://` [`redis_url`](Self::redis_url)
+    /// (none otherwise): the lab's own connection and the workers' use
+    /// them.
+    pub(crate) tls: TlsFlags,
+    /// The fault proxy in front of [`redis_url`](Self::redis_url).
+    pub(crate) proxy: Proxy,
+}
+
+/// The fault proxy's settings in front of the user's Redis.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Proxy {
+    /// No proxy: the workers connect to the user's Redis directly.
+    pub(crate) off: bool,
+    /// The port it listens on (on `127.0.0.1`), instead of a free one.
+    pub(crate) port: Option<u16>,
+    /// The host name the workers dial for it, instead of `127.0.0.1`.
+    pub(crate) host: Option<String>,
+}
+
+impl Plan {
+    /// The wallets every run debits, each with its initial balance.
+    pub(crate) fn resources(&self) -> Vec<(String, i64)> {
+        (1..=self.wallets)
+            .map(|id| (format!("wallet:{id}"), self.initial))
+            .collect()
+    }
+
+    /// The lab's options for the servers given by URL (none: throwaway
+    /// ones), before what a mode and a fault add.
+    pub(crate) fn lab_options(&self) -> LabOptions {
+        let mut options = LabOptions::default();
+        if let Some(url) = &self.redis_url {
+            options = options.redis_url(url.clone()).proxy(!self.proxy.off);
+            if self.tls.is_set() {
+                options = options.tls(self.tls.files());
+            }
+            if let Some(port) = self.proxy.port {
+                options = options.proxy_port(port);
+            }
+            if let Some(host) = &self.proxy.host {
+                options = options.proxy_host(host.clone());
+            }
+        }
+        if !self.cluster_urls.is_empty() {
+            options = options.cluster_urls(self.cluster_urls.clone());
+        }
+        options
+    }
 }
 
 /// How long a worker may take to start and connect.
@@ -58,22 +107,15 @@ pub(crate) async fn run_one(
     postgres: &Arc<PostgresServer>,
     pool: &Pool,
 ) -> anyhow::Result<RunReport> {
-    let mut options = LabOptions::default()
+    let options = plan
+        .lab_options()
         .for_fault(fault)
         .nodes(mode.nodes(plan.quorum_nodes))
         .postgres(postgres.clone());
-    if let Some(url) = &plan.redis_url {
-        options = options.redis_url(url.clone());
-    }
-    if !plan.cluster_urls.is_empty() {
-        options = options.cluster_urls(plan.cluster_urls.clone());
-    }
     let lab = tokio::task::spawn_blocking(move || Lab::start(&options))
         .await
         .context("starting the lab")??;
-    let resources: Vec<(String, i64)> = (1..=plan.wallets)
-        .map(|id| (format!("wallet:{id}"), plan.initial))
-        .collect();
+    let resources = plan.resources();
     reset(pool, &resources).await?;
 
     let header = Kind::Run {
@@ -100,6 +142,7 @@ pub(crate) async fn run_one(
             mode,
             redis_urls: urls.clone(),
             cluster,
+            tls: plan.tls.clone(),
             database_url: database_url.clone(),
             resources: resources.iter().map(|(r, _)| r.clone()).collect(),
             ttl_ms: millis(plan.ttl),

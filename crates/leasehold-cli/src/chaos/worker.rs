@@ -16,6 +16,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::cli::ChaosMode;
+use crate::env::TlsFlags;
 
 /// What a worker prints once connected.
 pub(crate) const READY: &[u8] = b"ready\n";
@@ -30,6 +31,9 @@ pub(crate) struct Spec {
     /// The URLs are a Redis Cluster's seed nodes.
     #[serde(default)]
     pub(crate) cluster: bool,
+    /// The TLS files for `rediss://` URLs (the user's Redis).
+    #[serde(default)]
+    pub(crate) tls: TlsFlags,
     pub(crate) database_url: String,
     pub(crate) resources: Vec<String>,
     pub(crate) ttl_ms: u64,
@@ -54,7 +58,11 @@ async fn connect_lock(spec: &Spec) -> anyhow::Result<Lock> {
     let give_up = std::time::Instant::now() + CONNECT_PATIENCE;
     let mut pause = Duration::from_millis(50);
     loop {
-        match spec.mode.lock(&spec.redis_urls, spec.cluster).await {
+        match spec
+            .mode
+            .lock(&spec.redis_urls, spec.cluster, &spec.tls.files())
+            .await
+        {
             Err(err) if std::time::Instant::now() < give_up && may_pass(&err) => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(500));
