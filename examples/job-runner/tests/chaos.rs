@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use job_runner::{Error, Ran, claim_and_run, enqueue, run_next, setup};
-use leasehold::{Locker, redis};
+use leasehold::Locker;
 use leasehold_chaos::{
     Call, ControlVerdict, Fault, Harness, Kind, Lab, LabOptions, Lock, Outcome, RunReport, Writes,
 };
