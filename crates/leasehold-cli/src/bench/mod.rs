@@ -10,6 +10,7 @@ use crate::progress::Progress;
 
 pub(crate) mod contention;
 pub(crate) mod guard;
+pub(crate) mod site;
 pub(crate) mod uncontended;
 
 /// Runs the bench; its figures are printed, not judged, so it exits 0
