@@ -252,6 +252,22 @@ fn bench_contention_smoke_has_cluster_rows_next_to_the_single_server_ones() -> T
 }
 
 #[test]
+fn bench_contention_refuses_a_tls_cluster_seed_before_starting_anything() -> TestResult {
+    let out = leasehold(&[
+        "bench",
+        "contention",
+        "--cluster-url",
+        "redis://127.0.0.1:1,rediss://user:hunter2@127.0.0.1:2",
+    ])?;
+    let stderr = String::from_utf8(out.stderr)?;
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--cluster-url"), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    assert!(!stderr.contains("started a throwaway"), "{stderr}");
+    Ok(())
+}
+
+#[test]
 fn bench_guard_smoke_prints_one_line_per_mode() -> TestResult {
     let stdout = succeeded(&[
         "bench",

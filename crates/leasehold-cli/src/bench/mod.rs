@@ -18,6 +18,7 @@ pub(crate) mod uncontended;
 pub(crate) async fn run(bench: Bench) -> anyhow::Result<ExitCode> {
     match bench {
         Bench::Contention(args) => {
+            site::check(&args)?;
             let env = Env::connect(&args.redis).await?;
             contention::run(&env, &args, args.output.json).await?;
         }

@@ -127,6 +127,23 @@ pub(crate) struct Cluster {
     _throwaway: Option<RedisCluster>,
 }
 
+/// Refuses `--cluster-url` seeds that are not plain `redis://` URLs
+/// (before any server is started or connected to).
+pub(crate) fn check(args: &ContentionArgs) -> anyhow::Result<()> {
+    if let Some(seed) = args
+        .cluster_url
+        .iter()
+        .find(|url| !url.starts_with("redis://"))
+    {
+        return Err(Usage(format!(
+            "--cluster-url takes plain redis:// seed URLs, not {}",
+            redact_url(seed)
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 /// The cluster of `args`: `--cluster-url`'s, or a throwaway one unless
 /// `--no-cluster` or `--redis-url` (a user's own single server) says
 /// otherwise (then `None`, with a note).
@@ -134,18 +151,8 @@ pub(crate) async fn cluster(args: &ContentionArgs) -> anyhow::Result<Option<Clus
     if args.no_cluster {
         return Ok(None);
     }
+    check(args)?;
     let (seeds, throwaway) = if !args.cluster_url.is_empty() {
-        if let Some(seed) = args
-            .cluster_url
-            .iter()
-            .find(|url| !url.starts_with("redis://"))
-        {
-            return Err(Usage(format!(
-                "--cluster-url takes plain redis:// seed URLs, not {}",
-                redact_url(seed)
-            ))
-            .into());
-        }
         (args.cluster_url.clone(), None)
     } else if args.redis.redis_url.is_some() {
         note!(
