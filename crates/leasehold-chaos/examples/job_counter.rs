@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold::{Locker, redis};
+use leasehold::Locker;
 use leasehold_chaos::{Call, Fault, Harness, Lab, LabOptions, Lock, Outcome, Writes};
 
 /// Per queue: jobs done and the highest fence that counted one.

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold::{Locker, redis};
+use leasehold::Locker;
 use leasehold_chaos::{Call, Fault, Harness, Kind, Lab, LabOptions, Lock, Outcome, Writes};
 
 /// Your storage: a balance, the highest fence that wrote it, a ledger.

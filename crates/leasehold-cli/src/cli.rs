@@ -651,13 +651,16 @@ pub(crate) enum Bench {
     /// Many callers on one key, for each way of waiting: polling with
     /// exponential backoff, with full jitter, with jitter tuned for speed,
     /// and hand-off (relayed in process, over two lockers, strict FIFO,
-    /// wake).
+    /// wake); then tuned polling and hand-off on a Redis Cluster.
     #[command(after_help = concat!(
         "What it changes (on --redis-url, or a throwaway redis-server):
   Redis: overwrites wallet:42:balance; deletes, then takes and releases
     lock:bench:contention (hand-off modes queue in its :waitq and :waiters
     keys and spublish on leasehold:handoff:* shard channels). Reads INFO cpu if
     the user may (the cpu figures are null otherwise).
+  Redis Cluster (on --cluster-url, or a throwaway cluster of 3 masters when
+    no --redis-url is given): the same with the key lock:{bench:contention}
+    (its queue keys and shard channels in its slot); INFO cpu on every master.
 
 ",
         exit_codes!()
@@ -742,6 +745,15 @@ pub(crate) struct ContentionArgs {
     /// How long a caller waits for the lock before giving up.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub(crate) wait: Duration,
+    /// Run the cluster rows on this Redis Cluster: its seed nodes,
+    /// comma-separated plain redis:// URLs, e.g.
+    /// redis://10.0.0.1:7000,redis://10.0.0.2:7000 [default: a throwaway
+    /// local cluster of 3 masters; none when --redis-url is given]
+    #[arg(long, value_name = "URLS", value_delimiter = ',')]
+    pub(crate) cluster_url: Vec<String>,
+    /// Leave out the cluster rows (and start no cluster).
+    #[arg(long, conflicts_with = "cluster_url")]
+    pub(crate) no_cluster: bool,
     #[command(flatten)]
     pub(crate) output: OutputFlags,
     #[command(flatten)]

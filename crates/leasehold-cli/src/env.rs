@@ -15,7 +15,7 @@ use crate::progress::note;
 use crate::redact::redact_url;
 
 /// How long any single Redis request of the CLI may take.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The most connections the CLI's PostgreSQL pool opens.
 const PG_POOL_SIZE: usize = 64;

@@ -15,6 +15,11 @@ pub(crate) async fn cpu(conn: &Connection) -> anyhow::Result<Option<Duration>> {
         Err(err) if err.code() == Some("NOPERM") => return Ok(None),
         Err(err) => return Err(anyhow::Error::new(err).context("reading INFO cpu")),
     };
+    info_cpu(&info).map(Some)
+}
+
+/// The CPU time in an `INFO cpu` reply: `used_cpu_sys + used_cpu_user`.
+pub(crate) fn info_cpu(info: &str) -> anyhow::Result<Duration> {
     let mut total = 0.0;
     for field in ["used_cpu_sys:", "used_cpu_user:"] {
         let value = info
@@ -26,7 +31,7 @@ pub(crate) async fn cpu(conn: &Connection) -> anyhow::Result<Option<Duration>> {
             .parse::<f64>()
             .with_context(|| format!("INFO cpu {field} {value}"))?;
     }
-    Ok(Some(Duration::from_secs_f64(total.max(0.0))))
+    Ok(Duration::from_secs_f64(total.max(0.0)))
 }
 
 /// CPU time the server has used since `before` (from [`cpu`]), if known.

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use leasehold::{
-    AcquireOptions, HandoffLocker, HandoffStyle, Lease, Lessor, Locker, RetryStrategy,
+    AcquireOptions, HandoffClient, HandoffLocker, HandoffStyle, Lease, Lessor, Locker, LockerStats,
+    RedisConnection, RetryStrategy,
 };
 use tokio::time::Instant;
 
@@ -82,7 +83,8 @@ fn erase(lessor: impl Lessor) -> Box<Acquire> {
 /// them all.
 #[derive(Clone)]
 pub(crate) struct Waiter {
-    locker: Locker,
+    /// The one locker's [`Locker::stats`].
+    stats: Arc<dyn Fn() -> LockerStats + Send + Sync>,
     lessors: Arc<[Box<Acquire>]>,
     /// Polling's strategy, set on the options of every acquire; `None`
     /// keeps the options' own (a hand-off waiter sleeps until it is handed
@@ -94,9 +96,27 @@ impl Waiter {
     /// Connects `mode` with a fresh locker on `env`'s connection, so its
     /// stats count this run only.
     pub(crate) async fn connect(env: &Env, mode: Mode) -> anyhow::Result<Waiter> {
+        Waiter::connect_to(
+            env.redis.clone(),
+            &HandoffClient::from(env.client.clone()),
+            env.locker.command_timeout(),
+            mode,
+        )
+        .await
+    }
+
+    /// Connects `mode` with a fresh locker over `conn` (one server's, or a
+    /// cluster's), each hand-off locker subscribing through `subscriber`,
+    /// every request bounded by `command_timeout`.
+    pub(crate) async fn connect_to<C: RedisConnection>(
+        conn: C,
+        subscriber: &HandoffClient,
+        command_timeout: Duration,
+        mode: Mode,
+    ) -> anyhow::Result<Waiter> {
         let locker = Locker::builder()
-            .command_timeout(env.locker.command_timeout())
-            .build(env.redis.clone())?;
+            .command_timeout(command_timeout)
+            .build(conn)?;
         let how = match mode {
             Mode::Poll(_, strategy) => {
                 return Ok(Waiter::new(locker.clone(), [locker], Some(strategy)));
@@ -110,27 +130,28 @@ impl Waiter {
                 HandoffLocker::builder()
                     .style(how.style)
                     .relay_limit(how.relay_limit)
-                    .build(locker.clone(), env.client.clone())
+                    .build(locker.clone(), subscriber.clone())
                     .await?,
             );
         }
         Ok(Waiter::new(locker, lockers, None))
     }
 
-    fn new<L: Lessor>(
-        locker: Locker,
+    fn new<C: RedisConnection, L: Lessor>(
+        locker: Locker<C>,
         lessors: impl IntoIterator<Item = L>,
         retry: Option<RetryStrategy>,
     ) -> Waiter {
         Waiter {
-            locker,
+            stats: Arc::new(move || locker.stats()),
             lessors: lessors.into_iter().map(erase).collect(),
             retry,
         }
     }
 
-    pub(crate) fn locker(&self) -> &Locker {
-        &self.locker
+    /// What the locker under every lessor of this way asked of Redis.
+    pub(crate) fn stats(&self) -> LockerStats {
+        (self.stats)()
     }
 
     /// Takes the lease for caller number `caller`; `opts` gives the
@@ -224,7 +245,13 @@ pub(crate) fn utilisation(held: Duration, elapsed: Duration) -> f64 {
 
 /// Deletes the lock key and its hand-off queue.
 pub(crate) async fn clear(env: &Env, key: &str) -> anyhow::Result<()> {
-    let mut conn = env.redis.clone();
+    clear_on(&env.redis, key).await
+}
+
+/// Deletes the lock key and its hand-off queue through `conn` (on a
+/// cluster, `key` has a hash tag, so the three share its slot).
+pub(crate) async fn clear_on<C: RedisConnection>(conn: &C, key: &str) -> anyhow::Result<()> {
+    let mut conn = conn.clone();
     let () = redis::cmd("DEL")
         .arg(key)
         .arg(format!("{key}:waitq"))

@@ -5,22 +5,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use leasehold::Connection;
+use leasehold::{Connection, RedisConnection};
 use redis::AsyncCommands;
 use tokio::sync::Barrier;
 
 /// The tutorial's balance key.
 pub(crate) const BALANCE_KEY: &str = "wallet:42:balance";
 
-/// A balance kept in Redis, spent the naive way.
+/// A balance kept in Redis (one server's, or a cluster's), spent the naive
+/// way.
 #[derive(Clone)]
-pub(crate) struct Wallet {
-    conn: Connection,
+pub(crate) struct Wallet<C = Connection> {
+    conn: C,
     key: &'static str,
 }
 
-impl Wallet {
-    pub(crate) fn new(conn: Connection) -> Wallet {
+impl<C: RedisConnection> Wallet<C> {
+    pub(crate) fn new(conn: C) -> Wallet<C> {
         Wallet {
             conn,
             key: BALANCE_KEY,

@@ -198,6 +198,76 @@ fn bench_uncontended_smoke_prints_its_fields() -> TestResult {
 }
 
 #[test]
+fn bench_contention_smoke_has_cluster_rows_next_to_the_single_server_ones() -> TestResult {
+    let callers = 3;
+    let stdout = succeeded(&[
+        "bench",
+        "contention",
+        "-n",
+        &callers.to_string(),
+        "--rounds",
+        "1",
+        "--work",
+        "1ms",
+        "--duration",
+        "100ms",
+        "--json",
+    ])?;
+    let r: Value = serde_json::from_str(stdout.trim())?;
+    assert_eq!(r["bench"], "contention", "{r}");
+    let rows = r["medians"].as_array().ok_or("no medians")?;
+    let polling = ["tuned", "cluster-tuned"];
+    let handoff = [
+        "hand-off",
+        "cluster-hand-off",
+        "cluster-hand-off-2p",
+        "cluster-hand-off-fifo",
+    ];
+    for workload in ["burst", "tutorial", "timed"] {
+        for mode in polling.iter().chain(&handoff) {
+            let row = rows
+                .iter()
+                .find(|row| row["workload"] == workload && row["mode"] == *mode)
+                .ok_or_else(|| format!("no {workload} row for {mode} in {r}"))?;
+            let num = |key: &str| row[key].as_f64().ok_or(format!("{key} in {row}"));
+            let acquisitions = num("acquisitions")?;
+            if workload == "timed" {
+                assert!(acquisitions >= 1.0, "{row}");
+            } else {
+                // Every caller took the lock once; none gave up.
+                assert_eq!(acquisitions, f64::from(callers), "{row}");
+            }
+            assert_eq!(num("gave_up")?, 0.0, "{row}");
+            // One holder at a time: the lock was held at most all the time.
+            let util = num("utilisation")?;
+            assert!(util > 0.0 && util <= 1.0, "{row}");
+            // Redis confirmed every lease: at least one request each, and
+            // polling also sends a release per lease.
+            let floor = if polling.contains(mode) { 2.0 } else { 1.0 };
+            assert!(num("round_trips_per_acq")? >= floor, "{row}");
+            assert!(num("redis_cpu_us_per_acq")? > 0.0, "{row}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn bench_contention_refuses_a_tls_cluster_seed_before_starting_anything() -> TestResult {
+    let out = leasehold(&[
+        "bench",
+        "contention",
+        "--cluster-url",
+        "redis://127.0.0.1:1,rediss://user:hunter2@127.0.0.1:2",
+    ])?;
+    let stderr = String::from_utf8(out.stderr)?;
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--cluster-url"), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    assert!(!stderr.contains("started a throwaway"), "{stderr}");
+    Ok(())
+}
+
+#[test]
 fn bench_guard_smoke_prints_one_line_per_mode() -> TestResult {
     let stdout = succeeded(&[
         "bench",

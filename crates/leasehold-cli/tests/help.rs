@@ -112,8 +112,12 @@ const EXPECTED: &[Expect] = &[
     },
     Expect {
         subcommand: &["bench", "contention"],
-        uses: &["--redis-url", "--tls-ca", "--json"],
-        changes: &["wallet:42:balance", "lock:bench:contention"],
+        uses: &["--redis-url", "--tls-ca", "--cluster-url", "--json"],
+        changes: &[
+            "wallet:42:balance",
+            "lock:bench:contention",
+            "lock:{bench:contention}",
+        ],
     },
     Expect {
         subcommand: &["bench", "uncontended"],

@@ -96,7 +96,14 @@ impl std::fmt::Debug for Connection {
 
 struct Inner {
     endpoint: Endpoint,
+    /// Timeouts for opening the connection, and for Sentinel's own
+    /// requests. A connection to one server is opened without its response
+    /// timeout (see [`Endpoint::open`]).
     config: AsyncConnectionConfig,
+    /// Bounds each response to a request of the user's (through
+    /// [`ConnectionLike`]); the library's own requests have deadlines of
+    /// their own (see [`Connection::send_within`]).
+    response_timeout: Duration,
     /// How often one attempt retries when Redis cannot be reached.
     retries: usize,
     state: Mutex<State>,
@@ -153,6 +160,7 @@ impl Connection {
             inner: Arc::new(Inner {
                 endpoint,
                 config,
+                response_timeout: timeout,
                 retries,
                 state: Mutex::new(State {
                     generation: 0,
@@ -337,10 +345,28 @@ fn refused_delay(refused: u32) -> Duration {
         .min(REFUSED_MAX_DELAY)
 }
 
+impl Connection {
+    /// Sends `cmd` and returns its reply, for a caller that bounds the
+    /// whole request itself by a deadline no later than the command
+    /// timeout (`Node`'s steps do, through `call::bounded`). So on a
+    /// connection to one server no response timer of redis-rs's runs
+    /// beside the caller's: one timer per request, not two. (Through
+    /// Sentinel the data connection keeps redis-rs's response timer, which
+    /// then runs too.) What happens to the connection after a failure is
+    /// the same as for any request.
+    pub(crate) async fn send_within(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let (generation, mut conn) = self.connection().await?;
+        let result = conn.send_packed_command(cmd).await;
+        self.after(generation, &result);
+        result
+    }
+}
+
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let (generation, mut conn) = self.connection().await?;
+            conn.set_response_timeout(self.inner.response_timeout);
             let result = conn.send_packed_command(cmd).await;
             self.after(generation, &result);
             result
@@ -355,6 +381,7 @@ impl ConnectionLike for Connection {
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
             let (generation, mut conn) = self.connection().await?;
+            conn.set_response_timeout(self.inner.response_timeout);
             let result = conn.send_packed_commands(pipeline, offset, count).await;
             self.after(generation, &result);
             result

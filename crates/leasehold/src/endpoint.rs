@@ -81,16 +81,22 @@ impl From<Sentinel> for Endpoint {
 }
 
 impl Endpoint {
-    /// Opens a connection with `config`: to the server, or to the primary
-    /// the sentinels name now (checked with `ROLE`).
+    /// Opens a connection with `config`: to the server (without its
+    /// response timeout), or to the primary the sentinels name now
+    /// (checked with `ROLE`).
     /// Through Sentinel, also the primary's address.
     pub(crate) async fn open(
         &self,
         config: &AsyncConnectionConfig,
     ) -> RedisResult<(MultiplexedConnection, Option<(String, u16)>)> {
         match &self.kind {
+            // No response timer of redis-rs's on the connection itself:
+            // `Connection` sets one on the clone for each request of the
+            // user's, and bounds its own by their deadlines.
             Kind::Server(client) => client
-                .get_multiplexed_async_connection_with_config(config)
+                .get_multiplexed_async_connection_with_config(
+                    &config.clone().set_response_timeout(None),
+                )
                 .await
                 .map(|conn| (conn, None)),
             #[cfg(feature = "sentinel")]

@@ -9,11 +9,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redis::{ErrorKind, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 use tokio::time::Instant;
 
 use crate::call;
 use crate::compare::{Detected, Path, Step, supports_commands};
+use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::fencing::{FencedKeys, FencingToken};
 use crate::stats::Counters;
@@ -89,6 +90,31 @@ impl<C: RedisConnection> Node<C> {
         self.command_timeout
     }
 
+    /// A request's deadline: the caller's, never later than the command
+    /// timeout from now.
+    fn bound(&self, deadline: Instant) -> Instant {
+        deadline.min(Instant::now() + self.command_timeout)
+    }
+
+    /// Sends `cmd` and returns its reply (a server error as `Err`), for a
+    /// caller that bounds the request by [`bound`](Self::bound). On the
+    /// library's own [`Connection`] the request goes out with that one
+    /// timer ([`Connection::send_within`]); on any other connection as
+    /// redis-rs sends it.
+    async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let reply = match (&self.conn as &dyn std::any::Any).downcast_ref::<Connection>() {
+            // Boxed, as redis-rs boxes every request: inline, its future
+            // would make every acquire's future kilobytes larger, and
+            // moving that costs more than the allocation.
+            Some(own) => Box::pin(own.send_within(cmd)).await?,
+            None => {
+                let mut conn = self.conn.clone();
+                redis::aio::ConnectionLike::req_packed_command(&mut conn, cmd).await?
+            }
+        };
+        reply.extract_error()
+    }
+
     /// One `SET key token NX PX ttl` round trip.
     pub(crate) async fn set_nx(
         &self,
@@ -112,14 +138,7 @@ impl<C: RedisConnection> Node<C> {
             // looking busy forever.
             cmd.arg("GET");
         }
-        let mut conn = self.conn.clone();
-        let reply = call::bounded(
-            "acquire",
-            key,
-            deadline,
-            cmd.query_async::<Value>(&mut conn),
-        )
-        .await;
+        let reply = call::bounded("acquire", key, self.bound(deadline), self.send(&cmd)).await;
         let reply = match reply {
             Err(Error::Redis { source, .. })
                 if with_get && source.code() == Some("ERR") && is_syntax_error(&source) =>
@@ -158,7 +177,7 @@ impl<C: RedisConnection> Node<C> {
         let reply = call::bounded(
             "acquire",
             keys.lock(),
-            deadline,
+            self.bound(deadline),
             invocation.invoke_async::<Value>(&mut conn),
         )
         .await;
@@ -198,12 +217,11 @@ impl<C: RedisConnection> Node<C> {
         deadline: Instant,
     ) -> Result<bool> {
         let path = self.path(key, deadline).await;
-        let mut conn = self.conn.clone();
         let sent = step.cmd(path, key, token);
-        let reply = call::bounded(step.op(), key, deadline, async {
-            match sent.query_async::<Value>(&mut conn).await {
+        let reply = call::bounded(step.op(), key, self.bound(deadline), async {
+            match self.send(&sent).await {
                 Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    step.eval_cmd(key, token).query_async(&mut conn).await
+                    self.send(&step.eval_cmd(key, token)).await
                 }
                 other => other,
             }

@@ -132,6 +132,57 @@ async fn paused_redis_fails_fast_with_timeout() -> TestResult {
     Ok(())
 }
 
+/// On the locker's own reconnecting connection a paused Redis costs each
+/// request its command timeout, never a hang: the library's requests
+/// (bounded by their deadlines alone: that connection carries no response
+/// timer of redis-rs's for them) and a command of the user's through
+/// `Locker::connection` (bounded per response by the command timeout).
+#[tokio::test]
+async fn a_paused_redis_bounds_every_request_on_the_lockers_own_connection() -> TestResult {
+    let server = RedisServer::start()?;
+    let client = redis::Client::open(server.url())?;
+    let locker = Locker::builder()
+        .command_timeout(Duration::from_millis(200))
+        .connect(&client)
+        .await?;
+    let held = locker.acquire("t:own:held", 10 * SECOND).await?;
+    server.pause()?;
+    let opts = AcquireOptions::new().wait(Duration::from_millis(500));
+    let acquired =
+        tokio::time::timeout(HUNG, locker.acquire_with("t:own:paused", SECOND, &opts)).await;
+    let mut conn = locker.connection().clone();
+    let user = tokio::time::timeout(
+        HUNG,
+        redis::cmd("GET")
+            .arg("t:own:paused")
+            .query_async::<Option<String>>(&mut conn),
+    )
+    .await;
+    let released = tokio::time::timeout(HUNG, held.release()).await;
+    server.resume()?;
+    // (Its last failure may be the undo of an attempt that timed out,
+    // reported as op "release".)
+    let err = acquired
+        .map_err(|_| "acquire hung on a paused redis")?
+        .err();
+    assert!(matches!(err, Some(Error::Timeout { .. })), "{err:?}");
+    let err = user
+        .map_err(|_| "a user command hung on a paused redis")?
+        .err();
+    assert!(
+        err.as_ref().is_some_and(redis::RedisError::is_timeout),
+        "{err:?}"
+    );
+    let err = released
+        .map_err(|_| "release hung on a paused redis")?
+        .err();
+    assert!(
+        matches!(err, Some(Error::Timeout { op: "release", .. })),
+        "{err:?}"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn connecting_to_a_paused_redis_times_out() -> TestResult {
     let server = RedisServer::start()?;

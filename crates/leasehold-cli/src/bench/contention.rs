@@ -6,6 +6,9 @@
 //!   are refused), elapsed time only;
 //! - **timed**: every caller loops (take, hold `--work`, release) for
 //!   `--duration`; fairness is max/min acquisitions per caller.
+//!
+//! The same on a Redis Cluster ([`site`](super::site)): tuned polling and
+//! hand-off (over sharded pub/sub), in the same rounds.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,32 +16,34 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use leasehold::{
-    AcquireOptions, CancellationToken, Error, GiveUpReason, HandoffStyle, RetryStrategy,
+    AcquireOptions, CancellationToken, Error, GiveUpReason, HandoffStyle, RedisConnection,
+    RetryStrategy,
 };
 use serde_json::{Map, Value, json};
 use tokio::sync::Barrier;
 use tokio::time::Instant;
 
+use super::site::{self, Site};
 use super::{Measurements, median, round3};
 use crate::cli::ContentionArgs;
 use crate::env::Env;
-use crate::server;
-use crate::waiting::{Handoff, Meter, Mode, Waiter, clear, exponential, utilisation};
+use crate::waiting::{Handoff, Meter, Mode, Waiter, clear_on, exponential, utilisation};
 use crate::wallet::{Wallet, hammer};
 
-const KEY: &str = "lock:bench:contention";
 const TTL: Duration = Duration::from_secs(2);
 const MS: Duration = Duration::from_millis(1);
 
-/// The ways of waiting, in the order they are reported.
+/// Polling tuned for speed: waits of at most 10 ms, full jitter.
+fn tuned() -> RetryStrategy {
+    RetryStrategy::exponential(MS, 10 * MS).with_full_jitter()
+}
+
+/// The ways of waiting on one server, in the order they are reported.
 pub(crate) fn modes() -> [Mode; 7] {
     [
         Mode::Poll("exponential", exponential(16 * MS, 128 * MS, false)),
         Mode::Poll("jittered", exponential(16 * MS, 128 * MS, true)),
-        Mode::Poll(
-            "tuned",
-            RetryStrategy::exponential(MS, 10 * MS).with_full_jitter(),
-        ),
+        Mode::Poll("tuned", tuned()),
         Mode::Handoff("hand-off", Handoff::DEFAULT),
         Mode::Handoff(
             "hand-off-2p",
@@ -58,6 +63,31 @@ pub(crate) fn modes() -> [Mode; 7] {
             "hand-off-wake",
             Handoff {
                 style: HandoffStyle::Wake,
+                relay_limit: 0,
+                ..Handoff::DEFAULT
+            },
+        ),
+    ]
+}
+
+/// The ways of waiting on the cluster: polling tuned for speed against
+/// hand-off as built by default, over two lockers (hand-overs between
+/// them through the key's node and its shard channel) and strict FIFO
+/// (every hand-over through them).
+pub(crate) fn cluster_modes() -> [Mode; 4] {
+    [
+        Mode::Poll("cluster-tuned", tuned()),
+        Mode::Handoff("cluster-hand-off", Handoff::DEFAULT),
+        Mode::Handoff(
+            "cluster-hand-off-2p",
+            Handoff {
+                lockers: 2,
+                ..Handoff::DEFAULT
+            },
+        ),
+        Mode::Handoff(
+            "cluster-hand-off-fifo",
+            Handoff {
                 relay_limit: 0,
                 ..Handoff::DEFAULT
             },
@@ -115,43 +145,37 @@ impl Figures {
 
 const WORKLOADS: [&str; 3] = ["burst", "tutorial", "timed"];
 
+/// One mode's figures: `[workload]` = one `Figures` per round.
+type Rounds = [Vec<Figures>; 3];
+
 pub(crate) async fn run(env: &Env, args: &ContentionArgs, json: bool) -> anyhow::Result<()> {
+    let node = Site::node(env);
+    let cluster = site::cluster(args).await?;
     let modes = modes();
-    // results[workload][mode] = one Figures per round
-    let mut results: Vec<Vec<Vec<Figures>>> = vec![vec![Vec::new(); modes.len()]; WORKLOADS.len()];
-    let len = u64::from(args.rounds) * (modes.len() * WORKLOADS.len()) as u64;
+    let cluster_modes = if cluster.is_some() {
+        &cluster_modes()[..]
+    } else {
+        &[]
+    };
+    let mut results: Vec<Rounds> = vec![Rounds::default(); modes.len() + cluster_modes.len()];
+    let len =
+        u64::from(args.rounds) * ((modes.len() + cluster_modes.len()) * WORKLOADS.len()) as u64;
     let progress = Measurements::new("bench contention", len, json);
     for round in 1..=args.rounds {
-        for (m, mode) in modes.iter().enumerate() {
-            let name = mode.name();
-            let start =
-                |w: &str| progress.start(format!("round {round}/{}: {name}, {w}", args.rounds));
-            let failed = |w: &str| format!("round {round}, {w} workload, {name} mode");
-            start("burst");
-            results[0][m].push(
-                burst(env, *mode, args)
-                    .await
-                    .with_context(|| failed("burst"))?,
-            );
-            start("tutorial");
-            results[1][m].push(
-                tutorial(env, *mode, args)
-                    .await
-                    .with_context(|| failed("tutorial"))?,
-            );
-            start("timed");
-            results[2][m].push(
-                timed(env, *mode, args)
-                    .await
-                    .with_context(|| failed("timed"))?,
-            );
+        for (mode, rounds) in modes.iter().zip(&mut results) {
+            measure(&node, *mode, args, &progress, round, rounds).await?;
+        }
+        if let Some(cluster) = &cluster {
+            for (mode, rounds) in cluster_modes.iter().zip(&mut results[modes.len()..]) {
+                measure(&cluster.site, *mode, args, &progress, round, rounds).await?;
+            }
         }
     }
 
     let mut out = Vec::new();
     for (w, workload) in WORKLOADS.iter().enumerate() {
-        for (m, mode) in modes.iter().enumerate() {
-            let rounds = &results[w][m];
+        for (mode, rounds) in modes.iter().chain(cluster_modes).zip(&results) {
+            let rounds = &rounds[w];
             let mut row = Map::new();
             row.insert("workload".into(), json!(workload));
             row.insert("mode".into(), json!(mode.name()));
@@ -189,6 +213,39 @@ pub(crate) async fn run(env: &Env, args: &ContentionArgs, json: bool) -> anyhow:
     } else {
         print_table(args, &out);
     }
+    Ok(())
+}
+
+/// One round of the three workloads in `mode` on `site`.
+async fn measure<C: RedisConnection>(
+    site: &Site<C>,
+    mode: Mode,
+    args: &ContentionArgs,
+    progress: &Measurements,
+    round: u32,
+    rounds: &mut Rounds,
+) -> anyhow::Result<()> {
+    let name = mode.name();
+    let start = |w: &str| progress.start(format!("round {round}/{}: {name}, {w}", args.rounds));
+    let failed = |w: &str| format!("round {round}, {w} workload, {name} mode");
+    start("burst");
+    rounds[0].push(
+        burst(site, mode, args)
+            .await
+            .with_context(|| failed("burst"))?,
+    );
+    start("tutorial");
+    rounds[1].push(
+        tutorial(site, mode, args)
+            .await
+            .with_context(|| failed("tutorial"))?,
+    );
+    start("timed");
+    rounds[2].push(
+        timed(site, mode, args)
+            .await
+            .with_context(|| failed("timed"))?,
+    );
     Ok(())
 }
 
@@ -243,18 +300,26 @@ fn print_table(args: &ContentionArgs, rows: &[Value]) {
 }
 
 /// Every caller takes the lock once and holds it for `--work`.
-async fn burst(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<Figures> {
-    clear(env, KEY).await?;
-    let (figures, _accepted) = once_each(env, mode, args, None).await?;
+async fn burst<C: RedisConnection>(
+    site: &Site<C>,
+    mode: Mode,
+    args: &ContentionArgs,
+) -> anyhow::Result<Figures> {
+    clear_on(&site.conn, site.key).await?;
+    let (figures, _accepted) = once_each(site, mode, args, None).await?;
     Ok(figures)
 }
 
 /// The tutorial's Step 4 with this way of waiting: elapsed only matters.
-async fn tutorial(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<Figures> {
-    clear(env, KEY).await?;
-    let wallet = Wallet::new(env.redis.clone());
+async fn tutorial<C: RedisConnection>(
+    site: &Site<C>,
+    mode: Mode,
+    args: &ContentionArgs,
+) -> anyhow::Result<Figures> {
+    clear_on(&site.conn, site.key).await?;
+    let wallet = Wallet::new(site.conn.clone());
     wallet.reset(args.initial).await?;
-    let (figures, accepted) = once_each(env, mode, args, Some(wallet.clone())).await?;
+    let (figures, accepted) = once_each(site, mode, args, Some(wallet.clone())).await?;
     let balance = wallet.balance().await?;
     let spent = i64::try_from(accepted).unwrap_or(i64::MAX) * 10;
     anyhow::ensure!(
@@ -269,29 +334,30 @@ async fn tutorial(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Resul
 /// Every caller takes the lock once. While holding it, it spends 10 from
 /// `wallet` (the tutorial's work), or with no wallet just works for
 /// `--work`. Returns the figures and how many calls succeeded.
-async fn once_each(
-    env: &Env,
+async fn once_each<C: RedisConnection>(
+    site: &Site<C>,
     mode: Mode,
     args: &ContentionArgs,
-    wallet: Option<Wallet>,
+    wallet: Option<Wallet<C>>,
 ) -> anyhow::Result<(Figures, u64)> {
-    let waiter = Waiter::connect(env, mode).await?;
+    let waiter = connect(site, mode).await?;
     let meter = Meter::new()?;
     let gave_up = Arc::new(AtomicU64::new(0));
-    let cpu_before = server::cpu(&env.redis).await?;
+    let cpu_before = site.cpu().await?;
     let start = Instant::now();
-    let (w, m, g, work, wait) = (
+    let (w, m, g, work, wait, key) = (
         waiter.clone(),
         meter.clone(),
         gave_up.clone(),
         args.work,
         args.wait,
+        site.key,
     );
     let tally = hammer(args.callers, move |caller| {
         let (waiter, meter, gave_up, wallet) = (w.clone(), m.clone(), g.clone(), wallet.clone());
         async move {
             match waiter
-                .acquire(caller as usize, KEY, TTL, AcquireOptions::new().wait(wait))
+                .acquire(caller as usize, key, TTL, AcquireOptions::new().wait(wait))
                 .await
             {
                 Ok(lease) => {
@@ -317,7 +383,7 @@ async fn once_each(
     })
     .await;
     let elapsed = start.elapsed();
-    let cpu = server::cpu_since(&env.redis, cpu_before).await?;
+    let cpu = site.cpu_since(cpu_before).await?;
     fail_on_errors(&tally)?;
     let figures = figures(
         &waiter,
@@ -331,9 +397,13 @@ async fn once_each(
 }
 
 /// Every caller loops for `--duration`; the end cancels whoever waits.
-async fn timed(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<Figures> {
-    clear(env, KEY).await?;
-    let waiter = Waiter::connect(env, mode).await?;
+async fn timed<C: RedisConnection>(
+    site: &Site<C>,
+    mode: Mode,
+    args: &ContentionArgs,
+) -> anyhow::Result<Figures> {
+    clear_on(&site.conn, site.key).await?;
+    let waiter = connect(site, mode).await?;
     let meter = Meter::new()?;
     let gave_up = Arc::new(AtomicU64::new(0));
     let stop = CancellationToken::new();
@@ -348,13 +418,13 @@ async fn timed(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<F
             stop.clone(),
             barrier.clone(),
         );
-        let (work, wait) = (args.work, args.wait);
+        let (work, wait, key) = (args.work, args.wait, site.key);
         tasks.spawn(async move {
             barrier.wait().await;
             let mut mine: u64 = 0;
             while !stop.is_cancelled() {
                 let opts = AcquireOptions::new().wait(wait).cancel(stop.clone());
-                match waiter.acquire(caller, KEY, TTL, opts).await {
+                match waiter.acquire(caller, key, TTL, opts).await {
                     Ok(lease) => {
                         let since = meter.acquired();
                         tokio::time::sleep(work).await;
@@ -375,7 +445,7 @@ async fn timed(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<F
             Ok::<u64, Error>(mine)
         });
     }
-    let cpu_before = server::cpu(&env.redis).await?;
+    let cpu_before = site.cpu().await?;
     barrier.wait().await;
     let start = Instant::now();
     tokio::time::sleep(args.duration).await;
@@ -385,7 +455,7 @@ async fn timed(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<F
         counts.push(joined??);
     }
     let elapsed = start.elapsed();
-    let cpu = server::cpu_since(&env.redis, cpu_before).await?;
+    let cpu = site.cpu_since(cpu_before).await?;
     let (max, min) = (
         counts.iter().copied().max().unwrap_or(0),
         counts.iter().copied().min().unwrap_or(0),
@@ -405,6 +475,17 @@ async fn timed(env: &Env, mode: Mode, args: &ContentionArgs) -> anyhow::Result<F
     ))
 }
 
+/// A fresh way of waiting on `site`, so its stats count this run only.
+async fn connect<C: RedisConnection>(site: &Site<C>, mode: Mode) -> anyhow::Result<Waiter> {
+    Waiter::connect_to(
+        site.conn.clone(),
+        &site.subscriber,
+        site.command_timeout,
+        mode,
+    )
+    .await
+}
+
 fn figures(
     waiter: &Waiter,
     meter: &Meter,
@@ -413,7 +494,7 @@ fn figures(
     gave_up: u64,
     fairness: Option<f64>,
 ) -> Figures {
-    let stats = waiter.locker().stats();
+    let stats = waiter.stats();
     Figures {
         elapsed,
         held: meter.held(),

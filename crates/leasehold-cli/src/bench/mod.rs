@@ -10,6 +10,7 @@ use crate::progress::Progress;
 
 pub(crate) mod contention;
 pub(crate) mod guard;
+pub(crate) mod site;
 pub(crate) mod uncontended;
 
 /// Runs the bench; its figures are printed, not judged, so it exits 0
@@ -17,6 +18,7 @@ pub(crate) mod uncontended;
 pub(crate) async fn run(bench: Bench) -> anyhow::Result<ExitCode> {
     match bench {
         Bench::Contention(args) => {
+            site::check(&args)?;
             let env = Env::connect(&args.redis).await?;
             contention::run(&env, &args, args.output.json).await?;
         }
