@@ -612,11 +612,12 @@ impl Lease {
     /// Redis could not be asked in time; the TTL then ends the lease.
     /// [`Error::LeaseLost`] ([`LostCause::Unreachable`]) when Redis stayed
     /// out of reach until the lease ran out: nothing is left to give back.
-    /// If a
-    /// try that may have acted got no answer and a later try finds the key
-    /// gone, the outcome is [`Error::Timeout`]: the release cannot tell
-    /// whether it deleted the key or found it expired, and never claims
-    /// either.
+    /// If a try that may have acted got no answer and a later try finds
+    /// the key gone, the release cannot tell whether it deleted the key or
+    /// found it gone, and never claims either: while the lease is still
+    /// valid that is [`Error::Timeout`] (the key may have been lost), once
+    /// it ran out [`Error::LeaseLost`] ([`LostCause::Unreachable`]), as
+    /// when Redis stayed out of reach: either way the lease is over.
     ///
     /// # Cancel safety
     /// If the future is dropped before Redis answers, the release may or may
@@ -692,12 +693,29 @@ pub(crate) async fn release_retrying(
         }
     })
     .await;
+    let faulted = faulted.into_inner();
     match released {
-        // No definite answer came in time for the try that may have acted.
-        Ok(false) if faulted.into_inner() => Err(Error::Timeout {
+        // No definite answer came for the try that may have acted, and a
+        // later try found the key gone while the lease was still valid:
+        // that try's delete, or the key lost (a restart, an eviction, a
+        // delete). We cannot tell which, and claim neither.
+        Ok(false) if faulted && Instant::now() < until => Err(Error::Timeout {
             op: "release",
             after: start.elapsed(),
         }),
+        // The same once the lease ran out: whether our try deleted the key
+        // or its TTL ended it, nothing is left to give back and the lease
+        // is over, as below.
+        Ok(false) if faulted => {
+            tracing::debug!(
+                key = part.key,
+                "release unconfirmed until the lease ran out"
+            );
+            Err(Error::LeaseLost {
+                key: part.key.clone(),
+                cause: LostCause::Unreachable,
+            })
+        }
         // Redis stayed out of reach until the lease ran out: there is
         // nothing left to give back (its TTL has ended it, on the same
         // conservative clock as `remaining`), and the lease is lost; the
@@ -865,6 +883,84 @@ impl Drop for Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A backend whose first release deletes the key but whose answer is
+    /// lost (a timeout, after `lost_for`), and whose later releases find
+    /// the key gone.
+    struct LostAnswer {
+        lost_for: Duration,
+        tries: std::sync::atomic::AtomicU32,
+    }
+
+    impl Backend for LostAnswer {
+        fn command_timeout(&self) -> Duration {
+            Duration::from_millis(100)
+        }
+        fn refresh<'a>(&'a self, _: &'a Part, _: Duration, _: Instant) -> Reply<'a, bool> {
+            Box::pin(async { Ok(false) })
+        }
+        fn release<'a>(&'a self, _: &'a Part, _: Instant) -> Reply<'a, bool> {
+            let first = self.tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+            let lost_for = self.lost_for;
+            Box::pin(async move {
+                if first {
+                    tokio::time::sleep(lost_for).await;
+                    return Err(Error::Unreachable {
+                        op: "release",
+                        source: redis::RedisError::from(std::io::Error::from(
+                            std::io::ErrorKind::ConnectionReset,
+                        )),
+                    });
+                }
+                Ok(false)
+            })
+        }
+        fn raise_fence<'a>(&'a self, _: &'a str, _: FencingToken, _: Instant) -> Reply<'a, ()> {
+            Box::pin(async { Ok(()) })
+        }
+        fn release_dropped(self: Arc<Self>, _: Part, _: Instant) {}
+    }
+
+    fn part() -> Part {
+        Part {
+            key: "k".to_owned(),
+            token: LeaseToken::generate().unwrap_or_else(|_| unreachable!()),
+            fence_key: None,
+            fence: None,
+        }
+    }
+
+    /// The first try's connection broke with the request out (it may have
+    /// deleted the key), the retry finds the key gone: before the lease ran
+    /// out that is a timeout (the key may have been lost), after it the
+    /// lease is over (lost, unreachable). Never `Ok` and never `NotHeld`.
+    #[tokio::test(start_paused = true)]
+    async fn a_release_that_may_have_acted_never_claims_what_it_cannot_know() {
+        for (lost_for, lease_for, expired) in [
+            (Duration::from_millis(10), Duration::from_secs(5), false),
+            (Duration::from_millis(60), Duration::from_millis(50), true),
+        ] {
+            let backend = LostAnswer {
+                lost_for,
+                tries: Default::default(),
+            };
+            let until = Instant::now() + lease_for;
+            let outcome =
+                release_retrying(&backend, &part(), until, backend.command_timeout()).await;
+            match (&outcome, expired) {
+                (Err(Error::Timeout { op: "release", .. }), false)
+                | (
+                    Err(Error::LeaseLost {
+                        cause: LostCause::Unreachable,
+                        ..
+                    }),
+                    true,
+                ) => {}
+                _ => panic!("lease for {lease_for:?}: {outcome:?}"),
+            }
+            assert_eq!(backend.tries.load(std::sync::atomic::Ordering::SeqCst), 2);
+        }
+    }
 
     #[test]
     fn ttl_bounds() {
