@@ -295,7 +295,9 @@ failover and redlock change (see their --help):
     With --report DIR, writes one .jsonl history and one .html timeline
     per run into DIR.
   Exit code 1: a safe mode showed a violation, or a negative control
-    showed none (the checker would not be trusted).
+    showed none (the checker would not be trusted), or a run returned an
+    error to a caller under faults shorter than the wait (any mode: the
+    errors column).
 
 ",
         exit_codes!()
