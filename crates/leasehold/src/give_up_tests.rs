@@ -16,12 +16,14 @@ const MS: Duration = Duration::from_millis(1);
 /// A Redis whose lock key is always held by someone else. Cancels `cancel`
 /// when it receives its `cancel_at`-th `SET`; with `silent_after`, never
 /// answers a `SET` after that many (a stalled server, or one too loaded to
-/// answer in time).
+/// answer in time), nor, with `all_silent`, anything else once it went
+/// silent (the undo of an attempt that may have landed included).
 #[derive(Clone)]
 struct BusyRedis {
     sets: Arc<AtomicU32>,
     cancel: Option<(u32, CancellationToken)>,
     silent_after: Option<u32>,
+    all_silent: bool,
 }
 
 impl redis::aio::ConnectionLike for BusyRedis {
@@ -39,6 +41,12 @@ impl redis::aio::ConnectionLike for BusyRedis {
                     std::future::pending::<()>().await;
                 }
                 return Ok(Value::BulkString(b"someone-else".to_vec()));
+            }
+            let went_silent = self
+                .silent_after
+                .is_some_and(|busy| self.sets.load(Ordering::SeqCst) > busy);
+            if self.all_silent && went_silent {
+                std::future::pending::<()>().await;
             }
             Ok(Value::Int(0))
         })
@@ -85,6 +93,7 @@ async fn give_up(opts: AcquireOptions, cancel_at: Option<(u32, CancellationToken
         sets: Arc::default(),
         cancel: cancel_at,
         silent_after: None,
+        all_silent: false,
     };
     let locker = Locker::builder().build(fake).expect("default settings");
     match locker
@@ -186,6 +195,7 @@ async fn stats_count_every_request() {
             sets: Arc::default(),
             cancel: None,
             silent_after: None,
+            all_silent: false,
         })
         .expect("default settings");
     let opts = AcquireOptions::new().retry(RetryStrategy::constant(MS).max_attempts(3));
@@ -204,11 +214,12 @@ async fn stats_count_every_request() {
 /// an attempt had its whole command timeout, the fault is the answer.
 #[tokio::test(start_paused = true)]
 async fn a_last_attempt_cut_short_by_the_wait_gives_up_as_not_acquired() {
-    let acquire = |busy: u32, wait: Duration| async move {
+    let acquire = |busy: u32, wait: Duration, all_silent: bool| async move {
         let fake = BusyRedis {
             sets: Arc::default(),
             cancel: None,
             silent_after: Some(busy),
+            all_silent,
         };
         let locker = Locker::builder()
             .command_timeout(500 * MS)
@@ -222,7 +233,7 @@ async fn a_last_attempt_cut_short_by_the_wait_gives_up_as_not_acquired() {
             .await
     };
     // Busy, then an attempt with 40 ms of the wait left that gets no answer.
-    match acquire(1, 100 * MS).await {
+    match acquire(1, 100 * MS, false).await {
         Err(Error::NotAcquired {
             reason: GiveUpReason::DeadlineExpired,
             attempts: 2,
@@ -230,14 +241,23 @@ async fn a_last_attempt_cut_short_by_the_wait_gives_up_as_not_acquired() {
         }) => {}
         other => panic!("busy, then cut short: {other:?}"),
     }
-    // Never answered: the caller learns Redis was the problem.
-    match acquire(0, 100 * MS).await {
-        Err(Error::Timeout { .. }) => {}
+    // Never answered: the caller learns Redis was the problem, during its
+    // acquire (also when the last request was the undo of an attempt that
+    // may have landed: a release the caller never asked for).
+    match acquire(0, 100 * MS, false).await {
+        Err(Error::Timeout { op: "acquire", .. }) => {}
         other => panic!("never answered: {other:?}"),
     }
     // Busy, then an attempt that had its whole command timeout: a fault.
-    match acquire(1, 2000 * MS).await {
-        Err(Error::Timeout { .. }) => {}
+    match acquire(1, 2000 * MS, false).await {
+        Err(Error::Timeout { op: "acquire", .. }) => {}
         other => panic!("busy, then a full timeout: {other:?}"),
+    }
+    // The same with the undo of that attempt unanswered too: the caller
+    // asked for a lock, and hears of a fault during its acquire, not of a
+    // release it never asked for.
+    match acquire(1, 2000 * MS, true).await {
+        Err(Error::Timeout { op: "acquire", .. }) => {}
+        other => panic!("busy, then silent, undo included: {other:?}"),
     }
 }

@@ -291,6 +291,27 @@ where
     }
 }
 
+/// A fault of the undo (a token-checked delete, a release to Redis) as the
+/// caller sees it: a fault during its acquire, not of a release it never
+/// asked for.
+fn during_acquire(err: Error) -> Error {
+    match err {
+        Error::Timeout { after, .. } => Error::Timeout {
+            op: "acquire",
+            after,
+        },
+        Error::Unreachable { source, .. } => Error::Unreachable {
+            op: "acquire",
+            source,
+        },
+        Error::Redis { source, .. } => Error::Redis {
+            op: "acquire",
+            source,
+        },
+        other => other,
+    }
+}
+
 /// The error an acquire that gives up returns: the transient fault it was
 /// riding out, if any (Redis, not contention, kept it from the lock),
 /// unless the caller cancelled.
@@ -324,7 +345,10 @@ where
             return Err(rounds.give_up(GiveUpReason::DeadlineExpired));
         }
         let deadline = rounds.deadline().min(now + rounds.command_timeout);
-        rounds.unless_cancelled(undo(deadline)).await??;
+        rounds
+            .unless_cancelled(undo(deadline))
+            .await?
+            .map_err(during_acquire)?;
         owed.store(false, Ordering::SeqCst);
     }
     let (sent_at, call_deadline) = rounds.attempt()?;

@@ -148,8 +148,23 @@ async fn take_until_replicated<W: Way>(
     let fixed = opts.fixed_from(start);
     let deadline = fixed.deadline_from(start);
     let mut waits = opts.retry.waits();
+    // The last win too few replicas acknowledged, if any.
+    let mut unreplicated: Option<Error> = None;
     loop {
-        let lease = way.take(target.clone(), ttl, &fixed).await?;
+        let lease = match (way.take(target.clone(), ttl, &fixed).await, unreplicated) {
+            (Ok(lease), _) => lease,
+            // Out of wait after a win the replicas did not confirm: that
+            // kept the lock from the caller, not contention (as an
+            // acquire that gives up during a fault returns the fault).
+            (
+                Err(Error::NotAcquired {
+                    reason: GiveUpReason::DeadlineExpired | GiveUpReason::RetriesExhausted,
+                    ..
+                }),
+                Some(err),
+            ) => return Err(err),
+            (Err(err), _) => return Err(err),
+        };
         let err = match won(way, lease, &fixed, start).await {
             Err(err @ Error::NotReplicated { .. }) => err,
             other => return other,
@@ -162,6 +177,7 @@ async fn take_until_replicated<W: Way>(
             return Err(err);
         };
         tracing::debug!(key = %target.lock, error = %err, "too few replicas acknowledged; retrying within the deadline");
+        unreplicated = Some(err);
         let cancelled = async {
             match &opts.cancel {
                 Some(cancel) => cancel.cancelled().await,
