@@ -178,6 +178,14 @@ impl AcquireOptions {
         fixed
     }
 
+    /// Resolves when the caller's token is cancelled; never without one.
+    pub(crate) async fn cancelled(&self) {
+        match &self.cancel {
+            Some(cancel) => cancel.cancelled().await,
+            None => std::future::pending().await,
+        }
+    }
+
     pub(crate) fn deadline_from(&self, start: Instant) -> Instant {
         match self.deadline {
             Deadline::Default => start + DEFAULT_WAIT,

@@ -127,10 +127,7 @@ impl<'a> Rounds<'a> {
 
     /// Resolves when the caller's token is cancelled; never without one.
     pub(crate) async fn cancelled(&self) {
-        match &self.opts.cancel {
-            Some(cancel) => cancel.cancelled().await,
-            None => std::future::pending().await,
-        }
+        self.opts.cancelled().await;
     }
 
     /// `work`'s output, unless the caller's token is cancelled first (then

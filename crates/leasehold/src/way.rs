@@ -178,15 +178,9 @@ async fn take_until_replicated<W: Way>(
         };
         tracing::debug!(key = %target.lock, error = %err, "too few replicas acknowledged; retrying within the deadline");
         unreplicated = Some(err);
-        let cancelled = async {
-            match &opts.cancel {
-                Some(cancel) => cancel.cancelled().await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             biased;
-            () = cancelled => {
+            () = opts.cancelled() => {
                 return Err(Error::NotAcquired {
                     key: target.lock.clone(),
                     attempts: Progress::read(progress).attempts,
