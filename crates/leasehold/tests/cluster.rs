@@ -16,6 +16,16 @@ fn once() -> leasehold::AcquireOptions {
         .wait(Duration::from_secs(1))
 }
 
+/// The index of the node that serves `slot`.
+fn owner(cluster: &RedisCluster, slot: u16) -> Result<usize, Box<dyn std::error::Error>> {
+    let port = cluster.node_for_slot(slot).map(|o| o.port());
+    Ok(cluster
+        .nodes()
+        .iter()
+        .position(|n| Some(n.port()) == port)
+        .ok_or("no owner")?)
+}
+
 #[tokio::test]
 async fn leases_work_across_slots_and_redirects() -> TestResult {
     let cluster = RedisCluster::start(3)?;
@@ -65,11 +75,7 @@ async fn ask_and_moved_redirects_are_followed_during_a_slot_migration() -> TestR
     let locker = Locker::builder().build(conn)?;
     let (held, fresh) = ("lock:{migrating}:held", "lock:{migrating}:fresh");
     let slot = cluster.slot_of(held)?;
-    let from = cluster
-        .nodes()
-        .iter()
-        .position(|n| Some(n.port()) == cluster.node_for_slot(slot).map(|o| o.port()))
-        .ok_or("no owner")?;
+    let from = owner(&cluster, slot)?;
     let to = (from + 1) % 3;
 
     let lease = locker.acquire(held, Duration::from_secs(30)).await?;
@@ -110,11 +116,7 @@ async fn an_acquire_rides_out_the_moment_the_nodes_disagree_on_a_slot() -> TestR
     let locker = Locker::builder().build(client.get_async_connection().await?)?;
     let keys = leasehold::FencedKeys::for_resource("wallet:disputed")?;
     let slot = cluster.slot_of(keys.lock())?;
-    let from = cluster
-        .nodes()
-        .iter()
-        .position(|n| Some(n.port()) == cluster.node_for_slot(slot).map(|o| o.port()))
-        .ok_or("no owner")?;
+    let from = owner(&cluster, slot)?;
     let to = (from + 1) % 3;
     // The lock is warm on the source, then the slot starts to move and the
     // source alone is told that the target owns it.
