@@ -163,7 +163,6 @@ async fn run(
     Ok(harness
         .resources(queues.iter().map(|q| (q.clone(), 0)).collect())
         .callers(6)
-        .duration(Duration::from_secs(2))
         .run(
             &servers.lab,
             &lock,
@@ -178,8 +177,14 @@ async fn every_job_runs_once_when_a_runner_pauses_past_its_lease() -> TestResult
     let servers = servers().await?;
     // Your own negative control: the same runner without its guard, on a
     // plain lock. It must be caught, or this test could not catch a bug.
+    // 5 s: two pause windows (one per 1.3 s after a quarter of the run).
+    // A control's catch depends on the timing of a pause (the next holder
+    // must read the paused one's job before it commits); with one window
+    // a loaded machine missed it once, and the control then proves
+    // nothing.
     let harness = Harness::new("job-runner")
         .ttl(Duration::from_millis(50))
+        .duration(Duration::from_secs(5))
         .watchdog(true)
         .seed(7)
         .fault(Fault::HolderPause);
@@ -201,7 +206,9 @@ async fn every_job_runs_once_with_a_one_millisecond_ttl() -> TestResult {
     let servers = servers().await?;
     // The tutorial's advice as it stands: a 1 ms TTL, so leases fail all
     // the time; the harness's own control runs first.
-    let harness = Harness::new("job-runner").ttl(Duration::from_millis(1));
+    let harness = Harness::new("job-runner")
+        .ttl(Duration::from_millis(1))
+        .duration(Duration::from_secs(2));
     let report = run(&servers, "ttl1", harness, true).await?;
     eprintln!("1 ms ttl: {}", report.summary());
     assert!(report.holds(), "{}", report.summary());
