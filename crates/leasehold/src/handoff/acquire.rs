@@ -14,7 +14,7 @@ use crate::lease::Lease;
 use crate::node::{RedisConnection, not_a_fence, ttl_millis};
 use crate::options::AcquireOptions;
 use crate::relay::{Entry, Relay, Ticket, Turn};
-use crate::rounds::Rounds;
+use crate::rounds::{Rounds, unless_cancelled};
 use crate::token::LeaseToken;
 
 use super::local::Signal;
@@ -141,7 +141,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
                 lifetime,
                 call_deadline,
             );
-            let holder_left = match rounds.unless_cancelled(request).await? {
+            let holder_left = match unless_cancelled!(&rounds, request)? {
                 Ok(Found::TookIt(fence)) => return Ok(waiting.into_lease(sent_at, fence)),
                 Ok(Found::HandedOver(fence)) => {
                     handed(key, "recheck", fence_of(fence));
