@@ -60,11 +60,10 @@ where
     F: FnMut(Instant) -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    let start = Instant::now();
-    let end = until.max(start + per_try);
+    let mut now = Instant::now();
+    let end = until.max(now + per_try);
     let mut backoff = Duration::from_millis(10);
     loop {
-        let now = Instant::now();
         match request(end.min(now + per_try)).await {
             Err(err)
                 if fault_may_pass(&err)
@@ -74,6 +73,7 @@ where
                 tracing::debug!(error = %err, "request failed; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_millis(200));
+                now = Instant::now();
             }
             outcome => return outcome,
         }

@@ -188,10 +188,10 @@ impl Progress {
     }
 
     /// The progress recorded in `shared` so far, a running wait counted up
-    /// to now.
-    pub(crate) fn read(shared: &Mutex<Progress>) -> Progress {
+    /// to `now`.
+    pub(crate) fn read(shared: &Mutex<Progress>, now: Instant) -> Progress {
         let mut progress = *shared.lock().unwrap_or_else(PoisonError::into_inner);
-        progress.end_wait(Instant::now());
+        progress.end_wait(now);
         progress
     }
 

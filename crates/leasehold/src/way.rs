@@ -197,7 +197,7 @@ async fn take_replicated<W: Way>(
             () = opts.cancelled() => {
                 return Err(Error::NotAcquired {
                     key: target.lock.clone(),
-                    attempts: Progress::read(progress).attempts,
+                    attempts: Progress::read(progress, Instant::now()).attempts,
                     waited: start.elapsed(),
                     reason: GiveUpReason::Cancelled,
                 });
@@ -253,9 +253,9 @@ impl Pending {
             Err(Error::NotAcquired { reason, .. }) => (AcquireOutcome::GaveUp, Some(*reason)),
             Err(_) => (AcquireOutcome::Error, None),
         };
-        let progress = self.report(outcome, reason);
+        let (progress, elapsed) = self.report(outcome, reason);
         let span = &self.span;
-        let (attempts, waited_ms) = (progress.attempts, millis(self.start.elapsed()));
+        let (attempts, waited_ms) = (progress.attempts, millis(elapsed));
         match result {
             Ok(lease) => {
                 let fence = lease.fence().map(crate::FencingToken::get);
@@ -272,11 +272,17 @@ impl Pending {
     }
 
     /// Records the span fields and metrics of an acquire that ended with
-    /// `outcome`; returns its progress.
-    fn report(&mut self, outcome: AcquireOutcome, reason: Option<GiveUpReason>) -> Progress {
+    /// `outcome`; returns its progress and how long it took (one clock
+    /// read for both).
+    fn report(
+        &mut self,
+        outcome: AcquireOutcome,
+        reason: Option<GiveUpReason>,
+    ) -> (Progress, Duration) {
         self.reported = true;
-        let progress = Progress::read(&self.progress);
-        let elapsed = self.start.elapsed();
+        let now = Instant::now();
+        let progress = Progress::read(&self.progress, now);
+        let elapsed = now.saturating_duration_since(self.start);
         self.span.record("attempts", progress.attempts);
         self.span.record("waited_ms", millis(elapsed));
         self.span.record("outcome", outcome.as_str());
@@ -288,19 +294,19 @@ impl Pending {
             progress.waited(),
             progress.attempts,
         );
-        progress
+        (progress, elapsed)
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
         if !self.reported {
-            let progress = self.report(AcquireOutcome::Dropped, None);
+            let (progress, elapsed) = self.report(AcquireOutcome::Dropped, None);
             tracing::debug!(
                 parent: &self.span,
                 outcome = AcquireOutcome::Dropped.as_str(),
                 attempts = progress.attempts,
-                waited_ms = millis(self.start.elapsed()),
+                waited_ms = millis(elapsed),
                 "acquire dropped by its caller"
             );
         }
