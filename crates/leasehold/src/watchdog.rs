@@ -48,6 +48,21 @@
 //! such overlaps rare. The write itself must still be fenced in the
 //! database (a fencing token or check-and-set that refuses a stale writer)
 //! for the data to stay correct.
+//!
+//! # Blocking the thread stops the watchdog too
+//!
+//! The watchdog is a task on your tokio runtime, so it runs only when a
+//! worker thread is free. Work that blocks its thread instead of awaiting
+//! (a synchronous client, CPU-heavy code, `std::thread::sleep`) starves it
+//! on a current-thread runtime, or on a multi-thread one whose workers are
+//! all blocked: the lease expires while the work runs, and the watchdog
+//! stops the work at its next `.await`. That is the correct outcome (the
+//! lease was lost), but it is lost work. Seen in this repository's job
+//! runner test: opening a PostgreSQL connection inside a 50 ms lease, on a
+//! current-thread runtime, in a debug build (whose SCRAM authentication
+//! runs unoptimised on the calling thread), lost the first lease of every
+//! caller. Open connections before taking the lease (a pool), and move
+//! blocking or heavy steps to `tokio::task::spawn_blocking`.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
