@@ -13,7 +13,7 @@ use leasehold_chaos::{
     ACL_RULES, Call, ControlVerdict, Fault, Harness, HarnessError, Kind, Lab, LabError, LabOptions,
     Lock, NegativeControl, Outcome, RunReport, WriteOutcome, Writes,
 };
-use leasehold_testkit::{ClientAuth, RedisOptions, RedisServer, Reply, TestCerts};
+use leasehold_testkit::{ClientAuth, RedisOptions, RedisServer, TestCerts};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -37,11 +37,8 @@ fn files(certs: &TestCerts) -> TlsFiles {
 
 /// Makes `user` on `server` with the lock user's rules and `extra`.
 fn make_user(server: &RedisServer, user: &str, extra: &[&str]) -> TestResult {
-    let secret = format!(">{HARNESS_PASSWORD}");
-    let mut args = vec!["ACL", "SETUSER", user, "reset", "on", secret.as_str()];
-    args.extend(ACL_RULES);
-    args.extend(extra);
-    server.command(&args)?;
+    let rules: Vec<&str> = ACL_RULES.iter().chain(extra).copied().collect();
+    server.set_acl_user(user, HARNESS_PASSWORD, &rules)?;
     Ok(())
 }
 
@@ -54,19 +51,7 @@ fn url_as(server: &RedisServer, user: &str) -> String {
 
 /// The commands the server's ACL refused (`ACL LOG`'s `object`s).
 fn refused_commands(server: &RedisServer) -> Result<Vec<String>, leasehold_testkit::Error> {
-    let Reply::Array(entries) = server.command(&["ACL", "LOG"])? else {
-        return Ok(Vec::new());
-    };
-    Ok(entries
-        .iter()
-        .filter_map(|entry| match entry {
-            Reply::Array(fields) => fields
-                .chunks(2)
-                .find(|pair| matches!(&pair[0], Reply::Bulk(name) if name == b"object"))
-                .map(|pair| pair[1].to_string()),
-            _ => None,
-        })
-        .collect())
+    Ok(server.acl_log()?.into_iter().map(|e| e.object).collect())
 }
 
 async fn start(options: LabOptions) -> Result<Lab, Box<dyn std::error::Error>> {

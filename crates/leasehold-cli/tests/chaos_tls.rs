@@ -8,7 +8,7 @@
 
 use std::process::{Command, Output};
 
-use leasehold_testkit::{ClientAuth, RedisOptions, RedisServer, Reply, TestCerts};
+use leasehold_testkit::{ClientAuth, RedisOptions, RedisServer, TestCerts};
 use serde_json::Value;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -43,11 +43,12 @@ fn tls_redis(certs: &TestCerts, extra: &[&str]) -> Result<RedisServer, Box<dyn s
     let server = RedisServer::start_with(
         RedisOptions::default().tls(certs.server().client_auth(ClientAuth::Required)),
     )?;
-    let secret = format!(">{PASSWORD}");
-    let mut args = vec!["ACL", "SETUSER", USER, "reset", "on", secret.as_str()];
-    args.extend(leasehold_chaos::ACL_RULES);
-    args.extend(extra);
-    server.command(&args)?;
+    let rules: Vec<&str> = leasehold_chaos::ACL_RULES
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect();
+    server.set_acl_user(USER, PASSWORD, &rules)?;
     Ok(server)
 }
 
@@ -89,19 +90,7 @@ fn matrix(
 
 /// The commands the server's ACL refused (`ACL LOG`'s `object`s).
 fn refused_commands(server: &RedisServer) -> Result<Vec<String>, leasehold_testkit::Error> {
-    let Reply::Array(entries) = server.command(&["ACL", "LOG"])? else {
-        return Ok(Vec::new());
-    };
-    Ok(entries
-        .iter()
-        .filter_map(|entry| match entry {
-            Reply::Array(fields) => fields
-                .chunks(2)
-                .find(|pair| matches!(&pair[0], Reply::Bulk(name) if name == b"object"))
-                .map(|pair| pair[1].to_string()),
-            _ => None,
-        })
-        .collect())
+    Ok(server.acl_log()?.into_iter().map(|e| e.object).collect())
 }
 
 /// The check-and-set write path holds under key loss on a TLS Redis that

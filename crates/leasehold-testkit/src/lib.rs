@@ -53,6 +53,6 @@ pub use faults::{
 pub use postgres::PostgresServer;
 pub use process::free_port;
 pub use proxy::{Direction, FaultProxy, Faults};
-pub use redis::{RedisOptions, RedisServer};
+pub use redis::{AclRefusal, RedisOptions, RedisServer};
 pub use resp::Reply;
 pub use sentinel::{RedisSentinel, SENTINEL_DOWN_AFTER, SENTINEL_FAILOVER_TIMEOUT};

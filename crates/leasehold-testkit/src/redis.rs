@@ -254,6 +254,44 @@ impl RedisOptions {
     }
 }
 
+/// One entry of a server's `ACL LOG` ([`RedisServer::acl_log`]): something
+/// its ACL refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AclRefusal {
+    /// Why: `command`, `key`, `channel` or `auth`.
+    pub reason: String,
+    /// What was refused: the command (e.g. `set`, `client|kill`), the key
+    /// or channel; for `auth`, the user name tried.
+    pub object: String,
+    /// The user refused.
+    pub username: String,
+    /// How many times in a row (Redis merges repeats into one entry).
+    pub count: i64,
+}
+
+impl AclRefusal {
+    /// From `ACL LOG`'s name/value pairs.
+    fn from_fields(fields: &[Reply]) -> AclRefusal {
+        let field = |name: &str| {
+            fields
+                .chunks(2)
+                .find(|pair| matches!(&pair[0], Reply::Bulk(key) if key == name.as_bytes()))
+                .and_then(|pair| pair.get(1))
+        };
+        let text = |name: &str| field(name).map(Reply::to_string).unwrap_or_default();
+        AclRefusal {
+            reason: text("reason"),
+            object: text("object"),
+            username: text("username"),
+            count: match field("count") {
+                Some(Reply::Integer(count)) => *count,
+                _ => 1,
+            },
+        }
+    }
+}
+
 /// A `redis-server` on a free loopback port, with no persistence, whose data
 /// and log live in a temporary directory.
 ///
@@ -508,6 +546,45 @@ impl RedisServer {
             args,
             COMMAND_TIMEOUT,
         )
+    }
+
+    /// Makes the ACL user `user` with `password` and exactly `rules` (an
+    /// existing user of that name is reset first): `ACL SETUSER user reset
+    /// on >password rules...`.
+    ///
+    /// ```no_run
+    /// # let server = leasehold_testkit::RedisServer::start()?;
+    /// server.set_acl_user("locker", "pw", &["~lock:*", "+set", "+evalsha"])?;
+    /// # Ok::<(), leasehold_testkit::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As for [`command`](Self::command) (a rule Redis does not know is
+    /// [`Error::RedisReply`]).
+    pub fn set_acl_user(&self, user: &str, password: &str, rules: &[&str]) -> Result<(), Error> {
+        let secret = format!(">{password}");
+        let mut args = vec!["ACL", "SETUSER", user, "reset", "on", secret.as_str()];
+        args.extend_from_slice(rules);
+        self.command(&args).map(drop)
+    }
+
+    /// What the server's ACL refused so far, newest first (`ACL LOG`).
+    ///
+    /// # Errors
+    ///
+    /// As for [`command`](Self::command).
+    pub fn acl_log(&self) -> Result<Vec<AclRefusal>, Error> {
+        let Reply::Array(entries) = self.command(&["ACL", "LOG"])? else {
+            return Ok(Vec::new());
+        };
+        Ok(entries
+            .iter()
+            .filter_map(|entry| match entry {
+                Reply::Array(fields) => Some(AclRefusal::from_fields(fields)),
+                _ => None,
+            })
+            .collect())
     }
 
     /// A redis-rs client for this server: its URL, and for a TLS server

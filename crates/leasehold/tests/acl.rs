@@ -12,13 +12,6 @@ use leasehold_testkit::RedisServer;
 mod common;
 use common::*;
 
-/// `ACL SETUSER <user> on ><password>` plus the README's minimal ACL.
-fn setuser<'a>(user: &'a str, password: &'a str) -> Vec<&'a str> {
-    let mut args = vec!["ACL", "SETUSER", user, "on", password];
-    args.extend_from_slice(LOCK_USER_ACL);
-    args
-}
-
 /// The list these tests grant is the README's line, word for word: a rule
 /// added to one and not the other would make these tests prove the wrong
 /// ACL.
@@ -206,10 +199,13 @@ async fn each_command_of_the_minimal_acl_is_needed_and_named_when_refused() -> T
     let mut n = 0;
     for (command, ops) in NEEDED_BY {
         let user = format!("without-{}", command.replace('|', "-"));
-        let mut rules = vec!["ACL", "SETUSER", &user, "reset", "on", ">pw"];
         let refused = format!("+{command}");
-        rules.extend(LOCK_USER_ACL.iter().filter(|rule| **rule != refused));
-        server.command(&rules)?;
+        let rules: Vec<&str> = LOCK_USER_ACL
+            .iter()
+            .copied()
+            .filter(|rule| *rule != refused)
+            .collect();
+        server.set_acl_user(&user, "pw", &rules)?;
         let client = redis::Client::open(format!(
             "redis://{user}:pw@{}:{}",
             server.host(),
@@ -253,35 +249,19 @@ fn all_text(err: &Error) -> String {
 
 /// How many failed authentications the server has logged (`ACL LOG`).
 fn auth_failures(server: &RedisServer) -> Result<i64, Box<dyn std::error::Error>> {
-    let leasehold_testkit::Reply::Array(entries) = server.command(&["ACL", "LOG"])? else {
-        return Err("ACL LOG is not an array".into());
-    };
-    let mut total = 0;
-    for entry in entries {
-        let leasehold_testkit::Reply::Array(fields) = entry else {
-            continue;
-        };
-        let field = |name: &str| {
-            fields
-                .chunks(2)
-                .find(|pair| pair[0].to_string() == name)
-                .map(|pair| pair[1].clone())
-        };
-        if field("reason").map(|r| r.to_string()) == Some("auth".to_owned())
-            && let Some(leasehold_testkit::Reply::Integer(count)) = field("count")
-        {
-            total += count;
-        }
-    }
-    Ok(total)
+    Ok(server
+        .acl_log()?
+        .iter()
+        .filter(|refusal| refusal.reason == "auth")
+        .map(|refusal| refusal.count)
+        .sum())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locker_authenticates_again_once_its_user_is_back() -> TestResult {
     const PASSWORD: &str = "correct-horse-battery";
     let mut server = RedisServer::start()?;
-    let password = format!(">{PASSWORD}");
-    server.command(&setuser("locker", &password))?;
+    server.set_acl_user("locker", PASSWORD, LOCK_USER_ACL)?;
     let client = redis::Client::open(format!(
         "redis://locker:{PASSWORD}@{}:{}",
         server.host(),
@@ -331,7 +311,7 @@ async fn a_locker_authenticates_again_once_its_user_is_back() -> TestResult {
     );
 
     // The user is back: the same locker works again.
-    server.command(&setuser("locker", &password))?;
+    server.set_acl_user("locker", PASSWORD, LOCK_USER_ACL)?;
     let lease = tokio::time::timeout(HUNG, async {
         loop {
             match locker.acquire_with(key, SECOND, &once()).await {

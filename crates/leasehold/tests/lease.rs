@@ -445,9 +445,7 @@ async fn a_killed_connection_is_replaced_by_the_next_request() -> TestResult {
 #[tokio::test]
 async fn a_permission_error_is_not_retryable() -> TestResult {
     let (server, _conn, _) = setup().await?;
-    server.redis_cli(&[
-        "ACL", "SETUSER", "noset", "on", ">pw", "~*", "+@all", "-set",
-    ])?;
+    server.set_acl_user("noset", "pw", &["~*", "+@all", "-set"])?;
     let url = format!("redis://noset:pw@{}:{}", server.host(), server.port());
     let locker = Locker::connect(&redis::Client::open(url)?).await?;
     let err = locker.acquire_with("t:noperm", SECOND, &once()).await.err();
@@ -465,9 +463,7 @@ async fn a_permission_error_is_not_retryable() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mode_works_under_the_minimal_acl() -> TestResult {
     let (server, _conn, _) = setup().await?;
-    let mut setuser = vec!["ACL", "SETUSER", "locker", "on", ">pw"];
-    setuser.extend_from_slice(LOCK_USER_ACL);
-    server.redis_cli(&setuser)?;
+    server.set_acl_user("locker", "pw", LOCK_USER_ACL)?;
     let client = redis::Client::open(format!(
         "redis://locker:pw@{}:{}",
         server.host(),
