@@ -8,21 +8,16 @@ use std::time::Duration;
 
 use leasehold::{Locker, redis};
 use leasehold_chaos::{
-    Call, ControlVerdict, Fault, Harness, Kind, Lab, LabOptions, Lock, NegativeControl, Outcome,
+    Call, ControlVerdict, Fault, Harness, Lab, LabOptions, Lock, NegativeControl, Outcome,
     RunReport, Writes,
 };
+
+mod common;
+use common::account::{account, account_path, final_state};
 
 const MS: Duration = Duration::from_millis(1);
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-/// A balance, the highest fence that wrote it, a ledger.
-#[derive(Default)]
-struct Account {
-    balance: i64,
-    fence: u64,
-    ledger: Vec<i64>,
-}
 
 async fn lab() -> Result<Lab, Box<dyn std::error::Error>> {
     Ok(tokio::task::spawn_blocking(|| Lab::start(&LabOptions::default())).await??)
@@ -37,40 +32,8 @@ async fn lock(lab: &Lab, fenced: bool) -> Result<Lock, Box<dyn std::error::Error
     Ok(Lock::new(locker, fenced))
 }
 
-/// 6 callers debit one account for 2 s (one fault window) under `fault`,
-/// with the watchdog on. `checked`: a check-and-set on the fence and the
-/// value read; otherwise blind. The work runs under `Call::run`, with a
-/// `read` long read, then the pause point, then the write.
-fn account_path(
-    account: Arc<Mutex<Account>>,
-    checked: bool,
-    read: Duration,
-) -> impl AsyncFn(Call<'_>) -> Outcome + Send + Sync + 'static {
-    async move |call: Call<'_>| {
-        let work = async {
-            let (balance, seen) = {
-                let a = account.lock().expect("account");
-                (a.balance, a.fence)
-            };
-            tokio::time::sleep(read).await;
-            call.pause_point().await;
-            let token = call.fence().map_or(0, |f| f.get());
-            let mut a = account.lock().expect("account");
-            if checked && (a.fence != seen || token <= a.fence || a.balance != balance) {
-                return Outcome::Refused;
-            }
-            a.balance = balance - call.amount;
-            a.fence = a.fence.max(token);
-            a.ledger.push(call.amount);
-            Outcome::Committed
-        };
-        match call.run(work).await {
-            Ok(outcome) => outcome,
-            Err(stopped) => stopped.into(),
-        }
-    }
-}
-
+/// 6 callers debit one account for 2 s (one fault window) under `harness`'s
+/// fault, with the watchdog on (see [`account_path`]).
 async fn run_account(
     lab: &Lab,
     harness: Harness,
@@ -78,20 +41,9 @@ async fn run_account(
     read: Duration,
 ) -> Result<RunReport, Box<dyn std::error::Error>> {
     let lock = lock(lab, checked).await?;
-    let account = Arc::new(Mutex::new(Account {
-        balance: 1_000_000,
-        ..Account::default()
-    }));
+    let account = account();
     let state = account.clone();
-    let check = async |_: &Writes| {
-        let a = state.lock().expect("account");
-        vec![Kind::Final {
-            resource: "account:1".to_owned(),
-            balance: a.balance,
-            ledger_sum: a.ledger.iter().sum(),
-            ledger_rows: a.ledger.len() as u64,
-        }]
-    };
+    let check = async |_: &Writes| final_state(&state);
     Ok(harness
         .callers(6)
         .ttl(Duration::from_millis(40))
@@ -178,20 +130,9 @@ async fn a_control_that_catches_nothing_makes_the_run_fail_and_says_why() -> Tes
     // No fault and a TTL far longer than a write: no lease ever fails, so
     // not even a blind path can lose an update.
     let lock = lock(&lab, true).await?;
-    let account = Arc::new(Mutex::new(Account {
-        balance: 1_000_000,
-        ..Account::default()
-    }));
+    let account = account();
     let state = account.clone();
-    let check = async |_: &Writes| {
-        let a = state.lock().expect("account");
-        vec![Kind::Final {
-            resource: "account:1".to_owned(),
-            balance: a.balance,
-            ledger_sum: a.ledger.iter().sum(),
-            ledger_rows: a.ledger.len() as u64,
-        }]
-    };
+    let check = async |_: &Writes| final_state(&state);
     let report = Harness::new("cas")
         .callers(4)
         .ttl(Duration::from_secs(5))

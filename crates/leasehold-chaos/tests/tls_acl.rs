@@ -4,7 +4,7 @@
 //! command; a chosen proxy port and host, no proxy; throwaway servers
 //! with the user's configuration (an AOF restart, a failover over TLS).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::Locker;
@@ -14,6 +14,9 @@ use leasehold_chaos::{
     Lock, NegativeControl, Outcome, RunReport, WriteOutcome, Writes,
 };
 use leasehold_testkit::{ClientAuth, RedisOptions, RedisServer, TestCerts};
+
+mod common;
+use common::account::{account, account_path, final_state};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -66,14 +69,6 @@ async fn fenced_lock(lab: &Lab) -> Result<Lock, Box<dyn std::error::Error>> {
     Ok(Lock::new(locker, true))
 }
 
-/// A balance, the highest fence that wrote it, a ledger.
-#[derive(Default)]
-struct Account {
-    balance: i64,
-    fence: u64,
-    ledger: Vec<i64>,
-}
-
 /// 6 callers debit one account for 2 s (one fault window) under `fault` with a check-and-set
 /// on the fence and the value read (a 30 ms read, then the pause point,
 /// then the write), the watchdog on, `control` first.
@@ -83,43 +78,9 @@ async fn run_checked(
     fault: Fault,
     control: NegativeControl,
 ) -> Result<RunReport, HarnessError> {
-    let account = Arc::new(Mutex::new(Account {
-        balance: 1_000_000,
-        ..Account::default()
-    }));
-    let path = account.clone();
-    let write = async move |call: Call<'_>| {
-        let work = async {
-            let (balance, seen) = {
-                let a = path.lock().expect("account");
-                (a.balance, a.fence)
-            };
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            call.pause_point().await;
-            let token = call.fence().map_or(0, |f| f.get());
-            let mut a = path.lock().expect("account");
-            if a.fence != seen || token <= a.fence || a.balance != balance {
-                return Outcome::Refused;
-            }
-            a.balance = balance - call.amount;
-            a.fence = token;
-            a.ledger.push(call.amount);
-            Outcome::Committed
-        };
-        match call.run(work).await {
-            Ok(outcome) => outcome,
-            Err(stopped) => stopped.into(),
-        }
-    };
-    let check = async |_: &Writes| {
-        let a = account.lock().expect("account");
-        vec![Kind::Final {
-            resource: "account:1".to_owned(),
-            balance: a.balance,
-            ledger_sum: a.ledger.iter().sum(),
-            ledger_rows: a.ledger.len() as u64,
-        }]
-    };
+    let account = account();
+    let write = account_path(account.clone(), true, Duration::from_millis(30));
+    let check = async |_: &Writes| final_state(&account);
     Harness::new("tls-acl")
         .seed(3)
         .callers(6)

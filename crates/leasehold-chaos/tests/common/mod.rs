@@ -1,5 +1,8 @@
-//! Hand-made histories for the checker, report and timeline tests.
+//! Hand-made histories for the checker, report and timeline tests, and
+//! an in-memory account for the harness tests ([`account`]).
 #![allow(dead_code, unreachable_pub)]
+
+pub mod account;
 
 use leasehold_chaos::{Event, Kind, WriteOutcome};
 
