@@ -4,29 +4,14 @@
 use serde_json::Value;
 
 mod common;
-use common::leasehold;
+use common::{chaos_matrix, leasehold};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-/// Runs `leasehold chaos args --json` and returns its rows; requires exit 0
+/// Runs `leasehold chaos --json args` and returns its rows; requires exit 0
 /// (every safe row held, every control caught).
 fn matrix(args: &[&str]) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
-    Ok(matrix_and_stderr(args)?.0)
-}
-
-/// As [`matrix`], with the run's stderr (its notes).
-fn matrix_and_stderr(args: &[&str]) -> Result<(Vec<Value>, String), Box<dyn std::error::Error>> {
-    let mut all = vec!["chaos", "--json"];
-    all.extend_from_slice(args);
-    let out = leasehold(&all)?;
-    let stdout = String::from_utf8(out.stdout)?;
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    let rows = stdout
-        .lines()
-        .map(serde_json::from_str)
-        .collect::<Result<_, _>>()?;
-    Ok((rows, stderr))
+    Ok(chaos_matrix(args)?.0)
 }
 
 /// The safe write paths of every way of locking, under a holder paused past
@@ -148,7 +133,7 @@ fn the_matrix_runs_against_your_own_redis_for_the_faults_that_need_no_process() 
         leasehold_testkit::RedisOptions::default().password("own-s3cret"),
     )?;
     let url = format!("redis://:own-s3cret@127.0.0.1:{}/", redis.port());
-    let (rows, stderr) = matrix_and_stderr(&[
+    let (rows, stderr) = chaos_matrix(&[
         "--redis-url",
         &url,
         "--modes",
@@ -221,7 +206,7 @@ fn a_fenced_write_path_holds_on_a_cluster_under_slot_migration_and_failover() ->
 fn the_matrix_runs_against_your_own_redis_cluster() -> TestResult {
     let cluster = leasehold_testkit::RedisCluster::start(3)?;
     let seeds = cluster.urls().join(",");
-    let (rows, stderr) = matrix_and_stderr(&[
+    let (rows, stderr) = chaos_matrix(&[
         "--redis-url",
         &seeds,
         "--cluster",

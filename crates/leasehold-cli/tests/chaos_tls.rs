@@ -6,28 +6,25 @@
 //! an error with its exit code before anything runs, and never shows the
 //! password.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use leasehold_testkit::{ClientAuth, RedisOptions, RedisServer, TestCerts};
 use serde_json::Value;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+mod common;
+use common::{chaos_matrix, leasehold};
+
 const USER: &str = "harness";
 const PASSWORD: &str = "chaos-tls-s3cret";
 
-/// Runs `leasehold chaos args`, without the caller's environment's URLs
-/// and TLS files.
+/// Runs `leasehold chaos args` (see [`leasehold`]).
 fn chaos(args: &[&str]) -> Result<Output, std::io::Error> {
-    Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .arg("chaos")
-        .args(args)
-        .env_remove("REDIS_URL")
-        .env_remove("DATABASE_URL")
-        .env_remove("LEASEHOLD_TLS_CA")
-        .env_remove("LEASEHOLD_TLS_CERT")
-        .env_remove("LEASEHOLD_TLS_KEY")
-        .output()
+    let all: Vec<&str> = std::iter::once("chaos")
+        .chain(args.iter().copied())
+        .collect();
+    leasehold(&all)
 }
 
 /// stderr, checked for the password.
@@ -68,23 +65,17 @@ fn tls_flags(certs: &TestCerts) -> Vec<String> {
     ]
 }
 
-/// `chaos --json` with `args` and the TLS flags: exit 0, its rows.
+/// `chaos --json` with `args` and the TLS flags: exit 0, its rows and
+/// its stderr (checked for the password).
 fn matrix(
     certs: &TestCerts,
     args: &[&str],
 ) -> Result<(Vec<Value>, String), Box<dyn std::error::Error>> {
     let tls = tls_flags(certs);
-    let mut all = vec!["--json"];
-    all.extend_from_slice(args);
+    let mut all = args.to_vec();
     all.extend(tls.iter().map(String::as_str));
-    let out = chaos(&all)?;
-    let stdout = String::from_utf8(out.stdout.clone())?;
-    let stderr = stderr(&out);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    let rows = stdout
-        .lines()
-        .map(serde_json::from_str)
-        .collect::<Result<_, _>>()?;
+    let (rows, stderr) = chaos_matrix(&all)?;
+    assert!(!stderr.contains(PASSWORD), "password in {stderr}");
     Ok((rows, stderr))
 }
 
