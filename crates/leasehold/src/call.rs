@@ -10,16 +10,30 @@ use crate::error::{Error, Result};
 /// Runs `request`, failing with [`Error::Timeout`] if it has not answered by
 /// `deadline`. A paused Redis therefore costs the caller its own deadline, not
 /// the client's socket timeout.
-pub(crate) async fn bounded<T, F>(
+pub(crate) fn bounded<T, F>(
     op: &'static str,
     key: &str,
+    deadline: Instant,
+    request: F,
+) -> impl Future<Output = Result<T>>
+where
+    F: Future<Output = redis::RedisResult<T>>,
+{
+    bounded_since(op, key, Instant::now(), deadline, request)
+}
+
+/// [`bounded`], for a request that starts at `start`: a clock read the
+/// caller made anyway (a timeout reports how long after it).
+pub(crate) async fn bounded_since<T, F>(
+    op: &'static str,
+    key: &str,
+    start: Instant,
     deadline: Instant,
     request: F,
 ) -> Result<T>
 where
     F: Future<Output = redis::RedisResult<T>>,
 {
-    let start = Instant::now();
     match tokio::time::timeout_at(deadline, request).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(err)) if err.is_timeout() => Err(Error::Timeout {
@@ -40,8 +54,9 @@ pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
-/// Runs `request` (given each try's deadline) until it answers, or fails
-/// for a reason that cannot pass, or `until` comes: a fault that may pass
+/// Runs `request` (given each try's deadline), starting at `now` (the
+/// caller's clock read), until it answers, or fails for a reason that
+/// cannot pass, or `until` comes: a fault that may pass
 /// quickly (a lost or refused connection while Redis restarts, `LOADING`,
 /// `TRYAGAIN`, `MASTERDOWN`, ...) is retried after a short backoff (10 ms,
 /// doubling to 200 ms). A timeout is not retried: a server that does not
@@ -52,6 +67,7 @@ pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
 /// Only for requests that are safe to repeat: token-checked steps, which act
 /// only while the key holds our token.
 pub(crate) async fn retrying<T, F, Fut>(
+    mut now: Instant,
     until: Instant,
     per_try: Duration,
     mut request: F,
@@ -60,7 +76,6 @@ where
     F: FnMut(Instant) -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    let mut now = Instant::now();
     let end = until.max(now + per_try);
     let mut backoff = Duration::from_millis(10);
     loop {

@@ -386,6 +386,7 @@ impl Lease {
         // saved (until its confirmed deadline). The new validity counts from
         // the first try's send time: never later than the one that landed.
         let refreshed = crate::call::retrying(
+            sent_at,
             self.valid_until(),
             self.backend.command_timeout(),
             |deadline| refresh_all(&*self.backend, &self.parts, ttl, deadline),
@@ -682,7 +683,7 @@ pub(crate) async fn release_retrying(
 ) -> Result<bool> {
     let start = Instant::now();
     let faulted = std::sync::atomic::AtomicBool::new(false);
-    let released = crate::call::retrying(until, per_try, |deadline| {
+    let released = crate::call::retrying(start, until, per_try, |deadline| {
         let faulted = &faulted;
         async move {
             let tried = backend.release(part, deadline).await;

@@ -437,7 +437,13 @@ impl<C: RedisConnection> Way for Locker<C> {
     }
 
     /// The polling loop for one checked target.
-    async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
+    async fn take(
+        &self,
+        target: Target,
+        ttl: Duration,
+        opts: &AcquireOptions,
+        start: Instant,
+    ) -> Result<Lease> {
         let token = LeaseToken::generate()?;
         let px = ttl_millis(ttl);
         let fenced = target.fenced();
@@ -445,6 +451,7 @@ impl<C: RedisConnection> Way for Locker<C> {
         let (fence, sent_at) = rounds::acquire_rounds(
             &target.lock,
             opts,
+            start,
             node.command_timeout(),
             |deadline| {
                 node.counters.acquire_request();

@@ -183,21 +183,18 @@ pub(crate) fn acquire(
     reason: Option<&'static str>,
     elapsed: Duration,
     waited: Duration,
-    attempts: u32,
+    attempts_made: u32,
 ) {
     #[cfg(feature = "metrics")]
     {
         let outcome = outcome.as_str();
-        if let Some(labels) = fixed::acquire(mode, outcome) {
-            use ::metrics::Key;
+        if let Some([seconds, wait, attempts]) = fixed::acquire(mode, outcome) {
             ::metrics::with_recorder(|r| {
-                let key = Key::from_static_parts(ACQUIRE_SECONDS, labels);
-                r.register_histogram(&key, &fixed::METADATA).record(elapsed);
-                let key = Key::from_static_parts(ACQUIRE_WAIT_SECONDS, labels);
-                r.register_histogram(&key, &fixed::METADATA).record(waited);
-                let key = Key::from_static_parts(ACQUIRE_ATTEMPTS, labels);
-                r.register_histogram(&key, &fixed::METADATA)
-                    .record(f64::from(attempts));
+                r.register_histogram(seconds, &fixed::METADATA)
+                    .record(elapsed);
+                r.register_histogram(wait, &fixed::METADATA).record(waited);
+                r.register_histogram(attempts, &fixed::METADATA)
+                    .record(f64::from(attempts_made));
             });
         } else {
             ::metrics::histogram!(ACQUIRE_SECONDS, LABEL_MODE => mode, LABEL_OUTCOME => outcome)
@@ -205,7 +202,7 @@ pub(crate) fn acquire(
             ::metrics::histogram!(ACQUIRE_WAIT_SECONDS, LABEL_MODE => mode, LABEL_OUTCOME => outcome)
                 .record(waited);
             ::metrics::histogram!(ACQUIRE_ATTEMPTS, LABEL_MODE => mode, LABEL_OUTCOME => outcome)
-                .record(f64::from(attempts));
+                .record(f64::from(attempts_made));
         }
         if let Some(reason) = reason {
             ::metrics::counter!(GIVE_UPS_TOTAL, LABEL_MODE => mode, LABEL_REASON => reason)
@@ -227,10 +224,9 @@ pub(crate) fn release(outcome: &'static str, dropped: bool) {
     #[cfg(feature = "metrics")]
     {
         let trigger = if dropped { "drop" } else { "release" };
-        if let Some(labels) = fixed::release(outcome, trigger) {
+        if let Some([key]) = fixed::release(outcome, trigger) {
             ::metrics::with_recorder(|r| {
-                let key = ::metrics::Key::from_static_parts(RELEASES_TOTAL, labels);
-                r.register_counter(&key, &fixed::METADATA).increment(1);
+                r.register_counter(key, &fixed::METADATA).increment(1);
             });
         } else {
             ::metrics::counter!(RELEASES_TOTAL, LABEL_OUTCOME => outcome, LABEL_TRIGGER => trigger)
@@ -239,54 +235,69 @@ pub(crate) fn release(outcome: &'static str, dropped: bool) {
     }
 }
 
-/// The label sets of the metrics recorded once or more per lease, as
-/// statics: the `metrics` macros allocate the labels of every record whose
-/// values are not literals, an allocation per metric per lease even with
-/// no recorder installed. The keys are the same as the macros'.
+/// The keys of the metrics recorded once or more per lease, as statics:
+/// the `metrics` macros build each record's key (its labels allocated when
+/// their values are not literals, and the whole key hashed) on every
+/// record, even with no recorder installed. A static key is built, and
+/// hashed, at compile time. The keys are the same as the macros'.
 /// This module's path, the metrics' target.
 #[cfg(feature = "metrics")]
 const MODULE: &str = module_path!();
 
 #[cfg(feature = "metrics")]
 mod fixed {
-    use ::metrics::{Label, Level, Metadata};
+    use ::metrics::{Key, Label, Level, Metadata};
 
-    use super::{LABEL_MODE, LABEL_OUTCOME, LABEL_TRIGGER};
+    use super::{
+        ACQUIRE_ATTEMPTS, ACQUIRE_SECONDS, ACQUIRE_WAIT_SECONDS, LABEL_MODE, LABEL_OUTCOME,
+        LABEL_TRIGGER, RELEASES_TOTAL,
+    };
 
     /// What the macros in `metrics.rs` record with: that module's path,
     /// level INFO.
     pub(super) static METADATA: Metadata<'static> =
         Metadata::new(super::MODULE, Level::INFO, Some(super::MODULE));
 
+    /// The static keys of the metrics named, with the labels given.
+    macro_rules! keys {
+        ($labels:expr, [$($name:expr),+]) => {
+            [$(Key::from_static_parts($name, $labels)),+]
+        };
+    }
+
     /// Matches `(a, b)` against the pairs given, each with its own static
-    /// labels `k1 = a, k2 = b`; `None` for any other pair.
+    /// labels `k1 = a, k2 = b`: the static keys of the `n` metrics `names`
+    /// with those labels; `None` for any other pair.
     macro_rules! pairs {
-        ($a:expr, $b:expr; $k1:expr, $k2:expr; $(($v1:literal, $v2:literal)),* $(,)?) => {
+        ($a:expr, $b:expr; $k1:expr, $k2:expr; $n:literal $names:tt; $(($v1:literal, $v2:literal)),* $(,)?) => {
             match ($a, $b) {
                 $(($v1, $v2) => {
                     static LABELS: [Label; 2] = [
                         Label::from_static_parts($k1, $v1),
                         Label::from_static_parts($k2, $v2),
                     ];
-                    Some(&LABELS)
+                    static KEYS: [Key; $n] = keys!(&LABELS, $names);
+                    Some(&KEYS)
                 })*
                 _ => None,
             }
         };
     }
 
-    /// `mode` and `outcome` of an acquire.
-    pub(super) fn acquire(mode: &str, outcome: &str) -> Option<&'static [Label]> {
+    /// The keys of an acquire's three histograms (seconds, wait seconds,
+    /// attempts) for its `mode` and `outcome`.
+    pub(super) fn acquire(mode: &str, outcome: &str) -> Option<&'static [Key; 3]> {
         pairs!(mode, outcome; LABEL_MODE, LABEL_OUTCOME;
+            3 [ACQUIRE_SECONDS, ACQUIRE_WAIT_SECONDS, ACQUIRE_ATTEMPTS];
             ("poll", "acquired"), ("poll", "gave_up"), ("poll", "error"), ("poll", "dropped"),
             ("handoff", "acquired"), ("handoff", "gave_up"), ("handoff", "error"), ("handoff", "dropped"),
             ("quorum", "acquired"), ("quorum", "gave_up"), ("quorum", "error"), ("quorum", "dropped"),
         )
     }
 
-    /// `outcome` and `trigger` of a release.
-    pub(super) fn release(outcome: &str, trigger: &str) -> Option<&'static [Label]> {
-        pairs!(outcome, trigger; LABEL_OUTCOME, LABEL_TRIGGER;
+    /// The key of a release's counter for its `outcome` and `trigger`.
+    pub(super) fn release(outcome: &str, trigger: &str) -> Option<&'static [Key; 1]> {
+        pairs!(outcome, trigger; LABEL_OUTCOME, LABEL_TRIGGER; 1 [RELEASES_TOTAL];
             ("released", "release"), ("not_held", "release"), ("error", "release"),
             ("released", "drop"), ("not_held", "drop"), ("error", "drop"),
         )

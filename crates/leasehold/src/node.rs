@@ -90,10 +90,11 @@ impl<C: RedisConnection> Node<C> {
         self.command_timeout
     }
 
-    /// A request's deadline: the caller's, never later than the command
-    /// timeout from now.
-    fn bound(&self, deadline: Instant) -> Instant {
-        deadline.min(Instant::now() + self.command_timeout)
+    /// A request's start (now) and deadline: the caller's, never later
+    /// than the command timeout from now.
+    fn bound(&self, deadline: Instant) -> (Instant, Instant) {
+        let now = Instant::now();
+        (now, deadline.min(now + self.command_timeout))
     }
 
     /// Sends `cmd` and returns its reply (a server error as `Err`), for a
@@ -138,7 +139,8 @@ impl<C: RedisConnection> Node<C> {
             // looking busy forever.
             cmd.arg("GET");
         }
-        let reply = call::bounded("acquire", key, self.bound(deadline), self.send(&cmd)).await;
+        let (start, deadline) = self.bound(deadline);
+        let reply = call::bounded_since("acquire", key, start, deadline, self.send(&cmd)).await;
         let reply = match reply {
             Err(Error::Redis { source, .. })
                 if with_get && source.code() == Some("ERR") && is_syntax_error(&source) =>
@@ -174,10 +176,12 @@ impl<C: RedisConnection> Node<C> {
             .arg(token)
             .arg(px)
             .arg(self.fence_ttl_ms);
-        let reply = call::bounded(
+        let (start, bounded) = self.bound(deadline);
+        let reply = call::bounded_since(
             "acquire",
             keys.lock(),
-            self.bound(deadline),
+            start,
+            bounded,
             invocation.invoke_async::<Value>(&mut conn),
         )
         .await;
@@ -218,7 +222,8 @@ impl<C: RedisConnection> Node<C> {
     ) -> Result<bool> {
         let path = self.path(key, deadline).await;
         let sent = step.cmd(path, key, token);
-        let reply = call::bounded(step.op(), key, self.bound(deadline), async {
+        let (start, bounded) = self.bound(deadline);
+        let reply = call::bounded_since(step.op(), key, start, bounded, async {
             match self.send(&sent).await {
                 Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     self.send(&step.eval_cmd(key, token)).await

@@ -262,8 +262,14 @@ impl<C: RedisConnection> Way for Quorum<C> {
 
     const MODE: &'static str = "quorum";
 
-    async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
-        self.take_one(target, ttl, opts).await
+    async fn take(
+        &self,
+        target: Target,
+        ttl: Duration,
+        opts: &AcquireOptions,
+        start: Instant,
+    ) -> Result<Lease> {
+        self.take_one(target, ttl, opts, start).await
     }
 
     fn command_timeout(&self) -> Duration {
@@ -354,6 +360,7 @@ impl<C: RedisConnection> Quorum<C> {
         target: Target,
         ttl: Duration,
         opts: &AcquireOptions,
+        start: Instant,
     ) -> Result<Lease> {
         let token = LeaseToken::generate()?;
         let last_round = std::sync::Mutex::new(Round::default());
@@ -361,6 +368,7 @@ impl<C: RedisConnection> Quorum<C> {
         let outcome = rounds::acquire_rounds(
             &target.lock,
             opts,
+            start,
             // Two rounds of votes plus a cleanup round per attempt.
             inner.node_timeout * 3,
             |deadline| inner.attempt(&target, &token, ttl, deadline, &last_round),

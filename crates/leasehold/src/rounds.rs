@@ -223,8 +223,8 @@ impl Progress {
     }
 }
 
-/// One `attempt` per round, each bounded by the caller's deadline and
-/// `command_timeout` and raced against the caller's cancellation token, with
+/// One `attempt` per round for an acquire that started at `start`, each
+/// bounded by the caller's deadline and `command_timeout` and raced against the caller's cancellation token, with
 /// waits from the retry strategy in between. Returns what the winning attempt
 /// returned and when it was sent.
 ///
@@ -252,6 +252,7 @@ impl Progress {
 pub(crate) async fn acquire_rounds<T, F, Fut, U, UFut, A>(
     key: &str,
     opts: &AcquireOptions,
+    start: Instant,
     command_timeout: Duration,
     mut attempt: F,
     mut undo: U,
@@ -264,7 +265,7 @@ where
     UFut: Future<Output = Result<()>>,
     A: Fn(),
 {
-    let mut rounds = Rounds::new(key, opts, command_timeout, Instant::now());
+    let mut rounds = Rounds::new(key, opts, command_timeout, start);
     // Whether an attempt of ours may have landed without our knowing: then
     // `abandon` runs if the acquire ends (or is dropped) before an undo.
     let owed = AtomicBool::new(false);

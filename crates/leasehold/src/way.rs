@@ -42,13 +42,15 @@ pub(crate) trait Way {
     const MODE: &'static str;
 
     /// Takes the lease on one checked target, as `opts` says (the options
-    /// were checked against [`SUPPORTS`](Self::SUPPORTS)), up to the win:
+    /// were checked against [`SUPPORTS`](Self::SUPPORTS)), for an acquire
+    /// that started at `start` (its wait counts from then), up to the win:
     /// what follows a win is [`won`]'s, the same for every way.
     fn take(
         &self,
         target: Target,
         ttl: Duration,
         opts: &AcquireOptions,
+        start: Instant,
     ) -> impl Future<Output = Result<Lease>>;
 
     /// The lease just won, once `opts`' replicas acknowledged it on the
@@ -142,7 +144,7 @@ async fn take_until_replicated<W: Way>(
     progress: &Mutex<Progress>,
 ) -> Result<Lease> {
     if opts.wait_replicas.is_none() {
-        let lease = way.take(target, ttl, opts).await?;
+        let lease = way.take(target, ttl, opts, start).await?;
         return won(way, lease, opts, start).await;
     }
     // Boxed: only an acquire with `wait_replicas` runs it, and inline its
@@ -165,7 +167,10 @@ async fn take_replicated<W: Way>(
     // The last win too few replicas acknowledged, if any.
     let mut unreplicated: Option<Error> = None;
     loop {
-        let lease = match (way.take(target.clone(), ttl, &fixed).await, unreplicated) {
+        let lease = match (
+            way.take(target.clone(), ttl, &fixed, start).await,
+            unreplicated,
+        ) {
             (Ok(lease), _) => lease,
             // Out of wait after a win the replicas did not confirm: that
             // kept the lock from the caller, not contention (as an

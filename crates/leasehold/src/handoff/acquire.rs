@@ -45,15 +45,15 @@ fn handed(key: &str, via: &'static str, fence: Option<FencingToken>) {
 }
 
 impl<C: RedisConnection> HandoffLocker<C> {
-    /// One checked target, queued from now (what follows the win is
+    /// One checked target, queued from `start` (what follows the win is
     /// [`Way`](crate::way::Way)'s, for every way).
     pub(super) async fn take_checked(
         &self,
         target: Target,
         ttl: Duration,
         opts: &AcquireOptions,
+        start: Instant,
     ) -> Result<Lease> {
-        let start = Instant::now();
         let lease = self.take(&target, ttl, opts, start).await?;
         // A lease found handed over to us is counted from our last request
         // that saw the lock busy (the hand-over came later, at a time we do

@@ -582,8 +582,14 @@ impl<C: RedisConnection> Way for HandoffLocker<C> {
 
     const MODE: &'static str = "handoff";
 
-    async fn take(&self, target: Target, ttl: Duration, opts: &AcquireOptions) -> Result<Lease> {
-        self.take_checked(target, ttl, opts).await
+    async fn take(
+        &self,
+        target: Target,
+        ttl: Duration,
+        opts: &AcquireOptions,
+        start: Instant,
+    ) -> Result<Lease> {
+        self.take_checked(target, ttl, opts, start).await
     }
 
     async fn confirm_replicas(
