@@ -85,6 +85,16 @@
 //! - **Nowhere**: the holder-pause fault does nothing (a control without a
 //!   pause point catches nothing, and the run says so).
 //!
+//! # State of each caller's own
+//!
+//! A caller of your service keeps things between requests: a database
+//! connection, a prepared statement, a client. [`Harness::run_with`] runs
+//! a setup once per caller, on the caller's own thread and runtime, and
+//! gives the write that caller's state with each call; every setup ends
+//! before the run starts, so a connection's authentication is never
+//! inside a caller's first lease (where, with a short TTL, it would cost
+//! the lease) and never part of the run's clock or faults.
+//!
 //! # On your own infrastructure
 //!
 //! The [`Lab`] can stand in front of your own Redis over TLS
@@ -319,13 +329,50 @@ impl Harness {
         W: AsyncFn(Call<'_>) -> Outcome + Send + Sync + 'static,
         C: AsyncFnOnce(&Writes) -> Vec<Kind>,
     {
+        let write = async move |(): &mut (), call: Call<'_>| write(call).await;
+        self.run_with(lab, lock, async |_| (), write, check_state)
+            .await
+    }
+
+    /// [`run`](Self::run), with state of each caller's own: `setup` runs
+    /// once per caller (given its number, from 0), on the caller's own
+    /// thread and runtime, and `write` gets that caller's state with each
+    /// [`Call`]. Every caller's setup ends before the run starts (before
+    /// its first lock, its clock and its first fault), so what a setup
+    /// costs is not part of the run.
+    ///
+    /// What a caller of your service would keep between requests goes
+    /// here: its database connection (opened on the caller's runtime, so a
+    /// holder pause freezes it too), a prepared statement, a client. A
+    /// setup that can fail returns a `Result` and the write answers
+    /// [`Outcome::NotWritten`] when it holds an error.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run); a setup that panics is
+    /// [`HarnessError::CallerPanicked`] (the run does not start).
+    pub async fn run_with<S, F, W, C>(
+        &self,
+        lab: &Lab,
+        lock: &Lock,
+        setup: F,
+        write: W,
+        check_state: C,
+    ) -> Result<RunReport, HarnessError>
+    where
+        S: 'static,
+        F: AsyncFn(u32) -> S + Send + Sync + 'static,
+        W: AsyncFn(&mut S, Call<'_>) -> Outcome + Send + Sync + 'static,
+        C: AsyncFnOnce(&Writes) -> Vec<Kind>,
+    {
         self.check_lab(lab).await?;
         let control = if self.control || self.negative == NegativeControl::Off {
             None
         } else {
             Some(self.run_builtin_control(lab, lock).await?)
         };
-        let (recorder, writes) = self.drive(lab, lock, Arc::new(write)).await?;
+        let (recorder, writes) = self
+            .drive(lab, lock, Arc::new(setup), Arc::new(write))
+            .await?;
         for kind in check_state(&writes).await {
             recorder.record("checker", kind);
         }
@@ -385,24 +432,47 @@ impl Harness {
         Box::pin(harness.run(lab, lock, write, check)).await
     }
 
-    /// Runs the callers under the fault schedule; the history so far and
-    /// what the writes reported.
-    async fn drive<W>(
+    /// Starts the callers and waits for their setups; then runs them under
+    /// the fault schedule: the history so far and what the writes reported.
+    async fn drive<S, F, W>(
         &self,
         lab: &Lab,
         lock: &Lock,
+        setup: Arc<F>,
         write: Arc<W>,
     ) -> Result<(Recorder, Writes), HarnessError>
     where
-        W: AsyncFn(Call<'_>) -> Outcome + Send + Sync + 'static,
+        S: 'static,
+        F: AsyncFn(u32) -> S + Send + Sync + 'static,
+        W: AsyncFn(&mut S, Call<'_>) -> Outcome + Send + Sync + 'static,
     {
+        let settings = Settings {
+            resources: self.resources.iter().map(|(r, _)| r.clone()).collect(),
+            ttl: self.ttl,
+            wait: self.wait,
+            watchdog: self.watchdog,
+            amounts: self.amounts.clone(),
+            seed: self.seed,
+        };
+        let stall = Stall::freezing();
+        let stop = CancellationToken::new();
+        // Stops the callers if this future is dropped mid-run.
+        let _stop_on_drop = stop.clone().drop_guard();
+        let mut callers =
+            isolated::start(&settings, self.callers, lock, &stop, &stall, setup, write);
+        let ready = callers.ready().await;
+        if !ready {
+            // A caller failed before the run: stop the others, report it.
+            stop.cancel();
+            callers.join().await?;
+            return Err(HarnessError::CallerPanicked);
+        }
         let start = SystemTime::now();
         let t0 = Instant::now();
         let recorder = Recorder::in_memory(start);
         recorder.record("coordinator", self.header());
         let windows = schedule(self.fault, self.seed, self.duration, self.ttl, self.callers);
         let keys: Vec<String> = self.resources.iter().map(|(r, _)| lock_key(r)).collect();
-        let stall = Stall::freezing();
         let stopped = Arc::new(AtomicBool::new(false));
         let nemesis = {
             let (lab, recorder, stall, stopped) = (
@@ -415,32 +485,11 @@ impl Harness {
                 run_nemesis(&lab, &windows, &keys, &recorder, &stall, t0, &stopped)
             })
         };
-        let stop = CancellationToken::new();
-        // Stops the callers if this future is dropped mid-run.
-        let _stop_on_drop = stop.clone().drop_guard();
-        let settings = Settings {
-            resources: self.resources.iter().map(|(r, _)| r.clone()).collect(),
-            ttl: self.ttl,
-            wait: self.wait,
-            watchdog: self.watchdog,
-            amounts: self.amounts.clone(),
-            seed: self.seed,
-        };
-        let (writes, ()) = tokio::join!(
-            isolated::run(
-                &settings,
-                self.callers,
-                lock,
-                &recorder,
-                &stop,
-                &stall,
-                write
-            ),
-            async {
-                tokio::time::sleep(self.duration).await;
-                stop.cancel();
-            }
-        );
+        callers.go(&recorder);
+        let (writes, ()) = tokio::join!(callers.join(), async {
+            tokio::time::sleep(self.duration).await;
+            stop.cancel();
+        });
         stopped.store(true, std::sync::atomic::Ordering::SeqCst);
         let nemesis = tokio::task::spawn_blocking(move || nemesis.join())
             .await

@@ -30,11 +30,13 @@
 //! runtime; a pause of that caller then also delays the others' requests.
 
 use std::ops::RangeInclusive;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use leasehold::{AcquireOptions, CancellationToken, Error, FencingToken};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
+use tokio::sync::watch;
 
 use crate::callers::{Call, Lock, Stall, cause_name, label, lock_key};
 use crate::history::Kind;
@@ -52,6 +54,15 @@ pub(crate) struct Settings {
     pub(crate) seed: u64,
 }
 
+/// What one caller thread runs with: the shared settings, the lock, the
+/// run's stop and the pause point's stall.
+struct Context {
+    settings: Settings,
+    lock: Lock,
+    stop: CancellationToken,
+    stall: Stall,
+}
+
 /// Why a caller thread could not run.
 #[derive(Debug)]
 pub(crate) enum CallerFailure {
@@ -61,41 +72,92 @@ pub(crate) enum CallerFailure {
     Panicked,
 }
 
-/// Starts `tasks` caller threads, each running `write` until `stop`; joins
-/// them on a blocking thread and returns what they wrote.
-pub(crate) async fn run<W>(
+/// Caller threads started by [`start`]: each has run (or is running) its
+/// setup, and waits for [`go`](Started::go) before it takes a lock.
+pub(crate) struct Started {
+    handles: Vec<std::io::Result<JoinHandle<std::io::Result<()>>>>,
+    writes: Arc<Mutex<Writes>>,
+    ready: mpsc::Receiver<bool>,
+    go: watch::Sender<Option<Recorder>>,
+}
+
+/// Says once whether a caller's setup finished: `true` by
+/// [`done`](Ready::done), `false` if the caller fails first (its runtime
+/// could not start, its setup panicked), so the coordinator never waits for
+/// a caller that will not come.
+struct Ready(Option<mpsc::Sender<bool>>);
+
+impl Ready {
+    fn done(mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(true);
+        }
+    }
+}
+
+impl Drop for Ready {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(false);
+        }
+    }
+}
+
+/// Starts `tasks` caller threads. Each builds its runtime, runs `setup`
+/// (its state of its own, e.g. a database connection, opened on its own
+/// runtime), then waits for [`Started::go`]; from then until `stop` it
+/// runs `write` with that state.
+pub(crate) fn start<S, F, W>(
     settings: &Settings,
     tasks: u32,
     lock: &Lock,
-    recorder: &Recorder,
     stop: &CancellationToken,
     stall: &Stall,
+    setup: Arc<F>,
     write: Arc<W>,
-) -> Result<Writes, CallerFailure>
+) -> Started
 where
-    W: AsyncFn(Call<'_>) -> Outcome + Send + Sync + 'static,
+    S: 'static,
+    F: AsyncFn(u32) -> S + Send + Sync + 'static,
+    W: AsyncFn(&mut S, Call<'_>) -> Outcome + Send + Sync + 'static,
 {
     let writes = Arc::new(Mutex::new(Writes::default()));
-    let handles: Vec<_> = (0..tasks)
+    let (ready_tx, ready) = mpsc::channel();
+    let (go, go_rx) = watch::channel(None::<Recorder>);
+    let handles = (0..tasks)
         .map(|task| {
-            let (settings, lock, recorder, stop, stall, write, writes) = (
-                settings.clone(),
-                lock.clone(),
-                recorder.clone(),
-                stop.clone(),
-                stall.clone(),
-                write.clone(),
-                writes.clone(),
-            );
+            let context = Context {
+                settings: settings.clone(),
+                lock: lock.clone(),
+                stop: stop.clone(),
+                stall: stall.clone(),
+            };
+            let (stop, setup, write, writes) =
+                (stop.clone(), setup.clone(), write.clone(), writes.clone());
+            let (ready, mut go) = (Ready(Some(ready_tx.clone())), go_rx.clone());
             std::thread::Builder::new()
                 .name(format!("caller-{task}"))
                 .spawn(move || {
                     let runtime = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()?;
-                    let mine = runtime.block_on(caller(
-                        &settings, task, &lock, &recorder, &stop, &stall, &*write,
-                    ));
+                    let mine = runtime.block_on(async {
+                        let mut state = setup(task).await;
+                        ready.done();
+                        let recorder = tokio::select! {
+                            biased;
+                            () = stop.cancelled() => None,
+                            recorder = go.wait_for(Option::is_some) => {
+                                recorder.ok().and_then(|r| r.clone())
+                            }
+                        };
+                        match recorder {
+                            Some(recorder) => {
+                                caller(&context, task, &recorder, &mut state, &*write).await
+                            }
+                            None => Writes::default(),
+                        }
+                    });
                     writes
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
@@ -104,50 +166,85 @@ where
                 })
         })
         .collect();
-    let joined = tokio::task::spawn_blocking(move || {
-        let mut failure = None;
-        for handle in handles {
-            let outcome = match handle {
-                Err(err) => Err(CallerFailure::Runtime(err)),
-                Ok(handle) => match handle.join() {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(err)) => Err(CallerFailure::Runtime(err)),
-                    Err(_) => Err(CallerFailure::Panicked),
-                },
-            };
-            if let Err(err) = outcome {
-                failure.get_or_insert(err);
-            }
-        }
-        failure
-    })
-    .await
-    .unwrap_or(Some(CallerFailure::Panicked));
-    if let Some(failure) = joined {
-        return Err(failure);
+    Started {
+        handles,
+        writes,
+        ready,
+        go,
     }
-    let writes = writes
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    Ok(writes)
+}
+
+impl Started {
+    /// Waits until every caller thread has run its setup: `false` if one
+    /// failed first (it could not start, or its setup panicked).
+    pub(crate) async fn ready(&mut self) -> bool {
+        let expected = self.handles.iter().filter(|h| h.is_ok()).count();
+        let ready = std::mem::replace(&mut self.ready, mpsc::channel().1);
+        let all =
+            tokio::task::spawn_blocking(move || (0..expected).all(|_| ready.recv() == Ok(true)))
+                .await;
+        all.unwrap_or(false) && expected == self.handles.len()
+    }
+
+    /// Lets the callers take locks, recording into `recorder`.
+    pub(crate) fn go(&self, recorder: &Recorder) {
+        self.go.send_replace(Some(recorder.clone()));
+    }
+
+    /// Joins the callers on a blocking thread: what they wrote.
+    pub(crate) async fn join(self) -> Result<Writes, CallerFailure> {
+        let handles = self.handles;
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut failure = None;
+            for handle in handles {
+                let outcome = match handle {
+                    Err(err) => Err(CallerFailure::Runtime(err)),
+                    Ok(handle) => match handle.join() {
+                        Ok(Ok(())) => Ok(()),
+                        Ok(Err(err)) => Err(CallerFailure::Runtime(err)),
+                        Err(_) => Err(CallerFailure::Panicked),
+                    },
+                };
+                if let Err(err) = outcome {
+                    failure.get_or_insert(err);
+                }
+            }
+            failure
+        })
+        .await
+        .unwrap_or(Some(CallerFailure::Panicked));
+        if let Some(failure) = joined {
+            return Err(failure);
+        }
+        let writes = self
+            .writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Ok(writes)
+    }
 }
 
 /// One caller: takes the lock on a random resource, writes once through
-/// `write`, releases, until `stop`; the write is never cut short by the
-/// harness (the write path decides, see [`Call::run`]).
-async fn caller<W>(
-    settings: &Settings,
+/// `write` (with the caller's `state`), releases, until `stop`; the write is
+/// never cut short by the harness (the write path decides, see
+/// [`Call::run`]).
+async fn caller<S, W>(
+    context: &Context,
     task: u32,
-    lock: &Lock,
     recorder: &Recorder,
-    stop: &CancellationToken,
-    stall: &Stall,
+    state: &mut S,
     write: &W,
 ) -> Writes
 where
-    W: AsyncFn(Call<'_>) -> Outcome,
+    W: AsyncFn(&mut S, Call<'_>) -> Outcome,
 {
+    let Context {
+        settings,
+        lock,
+        stop,
+        stall,
+    } = context;
     let actor = format!("w0.t{task}");
     let mut rng =
         StdRng::seed_from_u64(settings.seed ^ u64::from(task).wrapping_mul(0x9e37_79b9_7f4a_7c15));
@@ -187,7 +284,7 @@ where
             stall,
         };
         let fence = call.fence().map(FencingToken::get);
-        let outcome = write(call).await;
+        let outcome = write(state, call).await;
         writes.add(resource, amount, &outcome);
         let (recorded, detail) = outcome.recorded();
         recorder.record(

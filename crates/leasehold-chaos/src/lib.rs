@@ -17,7 +17,9 @@
 //! [`Outcome`], with [`Call::pause_point`] between its read and its write
 //! and its work under [`Call::run`]) and your invariant over your own
 //! final state ([`Kind::Final`] for a balance and its ledger, or
-//! [`Kind::ResourceCheck`], e.g. [`Writes::check_counter`]). The harness
+//! [`Kind::ResourceCheck`], e.g. [`Writes::check_counter`]);
+//! [`Harness::run_with`] also gives each caller state of its own (its
+//! database connection), set up before the run. The harness
 //! runs a negative control first and calls a run that could not have
 //! caught a lost update inconclusive (the [`harness`] module: an honest
 //! verdict, where the pause point goes, your own TLS Redis and ACL user); see

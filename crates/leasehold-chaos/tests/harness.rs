@@ -236,3 +236,115 @@ fn a_resource_judged_by_its_own_invariant_needs_no_balance() {
         [Violation::MissingFinal { resource }] if resource == "jobs:b"
     ));
 }
+
+/// One caller's own state, as `run_with`'s setup makes it.
+struct CallerState {
+    caller: u32,
+    thread: std::thread::ThreadId,
+    calls: u64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_caller_sets_up_once_on_its_own_thread_before_the_run() -> TestResult {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+    const CALLERS: u32 = 4;
+    let lab = lab().await?;
+    let lock = lock(&lab, false).await?;
+    let setups = Arc::new(Mutex::new(Vec::new()));
+    let done = Arc::new(AtomicU32::new(0));
+    let early = Arc::new(AtomicBool::new(false));
+    let (wrong_thread, calls) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let seen: Arc<Mutex<HashMap<u32, u64>>> = Arc::default();
+    let setup = {
+        let (setups, done) = (setups.clone(), done.clone());
+        async move |caller: u32| {
+            // A slow setup: without the start waiting for every setup, the
+            // other callers would write before this one is ready.
+            if caller == 0 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            setups.lock().expect("setups").push(caller);
+            done.fetch_add(1, Ordering::SeqCst);
+            CallerState {
+                caller,
+                thread: std::thread::current().id(),
+                calls: 0,
+            }
+        }
+    };
+    let write = {
+        let (done, early, wrong_thread, calls, seen) = (
+            done.clone(),
+            early.clone(),
+            wrong_thread.clone(),
+            calls.clone(),
+            seen.clone(),
+        );
+        async move |state: &mut CallerState, _call: Call<'_>| {
+            if done.load(Ordering::SeqCst) < CALLERS {
+                early.store(true, Ordering::SeqCst);
+            }
+            if state.thread != std::thread::current().id() {
+                wrong_thread.store(true, Ordering::SeqCst);
+            }
+            state.calls += 1;
+            calls.fetch_add(1, Ordering::SeqCst);
+            seen.lock().expect("seen").insert(state.caller, state.calls);
+            Outcome::NotWritten("counting calls".into())
+        }
+    };
+    let report = Harness::new("setup")
+        .callers(CALLERS)
+        .duration(Duration::from_secs(1))
+        .negative_control(NegativeControl::Off)
+        .run_with(&lab, &lock, setup, write, async |writes: &Writes| {
+            vec![writes.check_counter("account:1", 0, 0)]
+        })
+        .await?;
+    let mut setups = setups.lock().expect("setups").clone();
+    setups.sort_unstable();
+    assert_eq!(setups, (0..CALLERS).collect::<Vec<_>>());
+    assert!(
+        !early.load(Ordering::SeqCst),
+        "a write ran before every setup had ended"
+    );
+    assert!(
+        !wrong_thread.load(Ordering::SeqCst),
+        "a write ran off its caller's thread"
+    );
+    let seen = seen.lock().expect("seen").clone();
+    let total = calls.load(Ordering::SeqCst);
+    assert!(total > 0, "{}", report.summary());
+    assert_eq!(
+        seen.values().sum::<u64>(),
+        total,
+        "a caller's state did not last: {seen:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setup_that_panics_stops_the_run_before_it_starts() -> TestResult {
+    let lab = lab().await?;
+    let lock = lock(&lab, false).await?;
+    let setup = async |caller: u32| {
+        assert_ne!(caller, 2, "the database is down");
+    };
+    let write = async |(): &mut (), _call: Call<'_>| Outcome::Committed;
+    let outcome = Harness::new("setup-panics")
+        .callers(4)
+        .duration(Duration::from_secs(30))
+        .negative_control(NegativeControl::Off)
+        .run_with(&lab, &lock, setup, write, async |_: &Writes| Vec::new())
+        .await;
+    assert!(
+        matches!(outcome, Err(leasehold_chaos::HarnessError::CallerPanicked)),
+        "{:?}",
+        outcome.map(|r| r.summary())
+    );
+    Ok(())
+}

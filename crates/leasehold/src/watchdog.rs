@@ -61,8 +61,10 @@
 //! runner test: opening a PostgreSQL connection inside a 50 ms lease, on a
 //! current-thread runtime, in a debug build (whose SCRAM authentication
 //! runs unoptimised on the calling thread), lost the first lease of every
-//! caller. Open connections before taking the lease (a pool), and move
-//! blocking or heavy steps to `tokio::task::spawn_blocking`.
+//! caller (its chaos test now opens each caller's connection before the
+//! run, with the harness's `run_with`). Open connections before taking
+//! the lease (a pool), and move blocking or heavy steps to
+//! `tokio::task::spawn_blocking`.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};

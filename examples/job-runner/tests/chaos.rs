@@ -9,7 +9,6 @@
 //! without its guard is caught (the negative control); a run whose control
 //! catches nothing proves nothing and fails.
 
-use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,17 +25,15 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 /// Jobs enqueued per queue: more than a run can take.
 const JOBS: i64 = 20_000;
 
-thread_local! {
-    /// Each caller's own connection: a caller is a process of its own (a
-    /// paused caller freezes its connection too).
-    static DB: RefCell<Option<Client>> = const { RefCell::new(None) };
-}
+/// A caller's own database connection: opened by the harness's setup, on
+/// the caller's own runtime, before the run (a caller is a process of its
+/// own, and a paused caller freezes its connection too); opened again if
+/// it broke (a PostgreSQL restart).
+type Db = Option<Client>;
 
-async fn connection(url: &str) -> Result<Client, leasehold_pg::Error> {
-    match DB.with_borrow_mut(Option::take) {
-        Some(db) if !db.is_closed() => Ok(db),
-        _ => leasehold_pg::connect(url).await,
-    }
+/// The harness's setup for each caller: its connection.
+fn connect(url: String) -> impl AsyncFn(u32) -> Db + Send + Sync + 'static {
+    async move |_caller: u32| leasehold_pg::connect(&url).await.ok()
 }
 
 /// What the runner's answer means for the data.
@@ -54,18 +51,26 @@ fn outcome(ran: Result<Ran, Error>) -> Outcome {
 /// [`run_next`] (or, with `guarded` false, the same claim without the
 /// guard), under the watchdog, with the pause point just before the
 /// commit, where the watchdog cannot stop a paused runner.
-fn runner(url: String, guarded: bool) -> impl AsyncFn(Call<'_>) -> Outcome + Send + Sync + 'static {
-    async move |call: Call<'_>| {
+fn runner(
+    url: String,
+    guarded: bool,
+) -> impl AsyncFn(&mut Db, Call<'_>) -> Outcome + Send + Sync + 'static {
+    async move |db: &mut Db, call: Call<'_>| {
         let Some(lease) = call.lease else {
             return Outcome::NotWritten("no lease".into());
         };
-        let mut db = match connection(&url).await {
-            Ok(db) => db,
-            Err(err) => return Outcome::NotWritten(err.to_string()),
+        if db.as_ref().is_none_or(Client::is_closed) {
+            match leasehold_pg::connect(&url).await {
+                Ok(client) => *db = Some(client),
+                Err(err) => return Outcome::NotWritten(err.to_string()),
+            }
+        }
+        let Some(db) = db.as_mut() else {
+            return Outcome::NotWritten("no connection".into());
         };
         let pause = async || call.pause_point().await;
         let ran = if guarded {
-            call.run(run_next(lease, &mut db, call.resource, call.actor, pause))
+            call.run(run_next(lease, db, call.resource, call.actor, pause))
                 .await
         } else {
             call.run(async {
@@ -82,7 +87,6 @@ fn runner(url: String, guarded: bool) -> impl AsyncFn(Call<'_>) -> Outcome + Sen
             })
             .await
         };
-        DB.with_borrow_mut(|slot| *slot = Some(db));
         match ran {
             Ok(ran) => outcome(ran),
             // Stopped before the commit: the transaction was rolled back.
@@ -163,9 +167,10 @@ async fn run(
     Ok(harness
         .resources(queues.iter().map(|q| (q.clone(), 0)).collect())
         .callers(6)
-        .run(
+        .run_with(
             &servers.lab,
             &lock,
+            connect(servers.url.clone()),
             runner(servers.url.clone(), guarded),
             check,
         )
