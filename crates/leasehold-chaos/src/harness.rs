@@ -345,7 +345,8 @@ impl Harness {
     /// here: its database connection (opened on the caller's runtime, so a
     /// holder pause freezes it too), a prepared statement, a client. A
     /// setup that can fail returns a `Result` and the write answers
-    /// [`Outcome::NotWritten`] when it holds an error.
+    /// [`Outcome::NotWritten`] when it holds an error. The run waits for
+    /// every setup, so bound yours (a connect timeout).
     ///
     /// # Errors
     /// As [`run`](Self::run); a setup that panics is
