@@ -130,7 +130,7 @@ use crate::callers::{Call, Lock, Stall, lock_key};
 use crate::check::{RunCheck, check};
 use crate::fault::{Fault, schedule};
 use crate::history::{Event, Kind};
-use crate::isolated::{self, CallerFailure, Settings};
+use crate::isolated::{self, CallerFailure};
 use crate::lab::{Lab, LabError, run_nemesis};
 use crate::outcome::{Outcome, STOPPED, Writes};
 use crate::recorder::Recorder;
@@ -447,20 +447,12 @@ impl Harness {
         F: AsyncFn(u32) -> S + Send + Sync + 'static,
         W: AsyncFn(&mut S, Call<'_>) -> Outcome + Send + Sync + 'static,
     {
-        let settings = Settings {
-            resources: self.resources.iter().map(|(r, _)| r.clone()).collect(),
-            ttl: self.ttl,
-            wait: self.wait,
-            watchdog: self.watchdog,
-            amounts: self.amounts.clone(),
-            seed: self.seed,
-        };
+        let settings = self.callers_of(0, self.callers);
         let stall = Stall::freezing();
         let stop = CancellationToken::new();
         // Stops the callers if this future is dropped mid-run.
         let _stop_on_drop = stop.clone().drop_guard();
-        let mut callers =
-            isolated::start(&settings, self.callers, lock, &stop, &stall, setup, write);
+        let mut callers = isolated::start(&settings, lock, &stop, &stall, setup, write);
         let ready = callers.ready().await;
         if !ready {
             // A caller failed before the run: stop the others, report it.

@@ -29,7 +29,6 @@
 //! (a restart or network fault), its driver may live on a caller's
 //! runtime; a pause of that caller then also delays the others' requests.
 
-use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -38,26 +37,16 @@ use leasehold::{AcquireOptions, CancellationToken, Error, FencingToken};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use tokio::sync::watch;
 
-use crate::callers::{Call, Lock, Stall, cause_name, label, lock_key};
+use crate::callers::{Call, Callers, Lock, Stall, cause_name, label, lock_key};
 use crate::history::Kind;
 use crate::outcome::{Outcome, Writes};
 use crate::recorder::Recorder;
 
-/// The settings every caller shares.
-#[derive(Debug, Clone)]
-pub(crate) struct Settings {
-    pub(crate) resources: Vec<String>,
-    pub(crate) ttl: Duration,
-    pub(crate) wait: Duration,
-    pub(crate) watchdog: bool,
-    pub(crate) amounts: RangeInclusive<i64>,
-    pub(crate) seed: u64,
-}
-
-/// What one caller thread runs with: the shared settings, the lock, the
+/// What one caller thread runs with: the callers' settings (worker 0's,
+/// [`Harness::callers_of`](crate::Harness::callers_of)), the lock, the
 /// run's stop and the pause point's stall.
 struct Context {
-    settings: Settings,
+    settings: Callers,
     lock: Lock,
     stop: CancellationToken,
     stall: Stall,
@@ -103,13 +92,12 @@ impl Drop for Ready {
     }
 }
 
-/// Starts `tasks` caller threads. Each builds its runtime, runs `setup`
+/// Starts `settings.tasks` caller threads. Each builds its runtime, runs `setup`
 /// (its state of its own, e.g. a database connection, opened on its own
 /// runtime), then waits for [`Started::go`]; from then until `stop` it
 /// runs `write` with that state.
 pub(crate) fn start<S, F, W>(
-    settings: &Settings,
-    tasks: u32,
+    settings: &Callers,
     lock: &Lock,
     stop: &CancellationToken,
     stall: &Stall,
@@ -124,7 +112,7 @@ where
     let writes = Arc::new(Mutex::new(Writes::default()));
     let (ready_tx, ready) = mpsc::channel();
     let (go, go_rx) = watch::channel(None::<Recorder>);
-    let handles = (0..tasks)
+    let handles = (0..settings.tasks)
         .map(|task| {
             let context = Context {
                 settings: settings.clone(),
@@ -245,7 +233,7 @@ where
         stop,
         stall,
     } = context;
-    let actor = format!("w0.t{task}");
+    let actor = format!("w{}.t{task}", settings.worker);
     let mut rng =
         StdRng::seed_from_u64(settings.seed ^ u64::from(task).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let opts = AcquireOptions::new()
