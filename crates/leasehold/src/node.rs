@@ -90,15 +90,26 @@ impl<C: RedisConnection> Node<C> {
         self.command_timeout
     }
 
-    /// A request's start (now) and deadline: the caller's, never later
-    /// than the command timeout from now.
-    fn bound(&self, deadline: Instant) -> (Instant, Instant) {
+    /// `request` ([`call::bounded`]), by the caller's `deadline` but never
+    /// later than the command timeout from now; the one clock read is also
+    /// the request's start.
+    fn bounded<T, F>(
+        &self,
+        op: &'static str,
+        key: &str,
+        deadline: Instant,
+        request: F,
+    ) -> impl Future<Output = Result<T>>
+    where
+        F: Future<Output = RedisResult<T>>,
+    {
         let now = Instant::now();
-        (now, deadline.min(now + self.command_timeout))
+        let deadline = deadline.min(now + self.command_timeout);
+        call::bounded_since(op, key, now, deadline, request)
     }
 
     /// Sends `cmd` and returns its reply (a server error as `Err`), for a
-    /// caller that bounds the request by [`bound`](Self::bound). On the
+    /// caller that bounds the request by [`bounded`](Self::bounded). On the
     /// library's own [`Connection`] the request goes out with that one
     /// timer ([`Connection::send_within`]); on any other connection as
     /// redis-rs sends it.
@@ -139,8 +150,9 @@ impl<C: RedisConnection> Node<C> {
             // looking busy forever.
             cmd.arg("GET");
         }
-        let (start, deadline) = self.bound(deadline);
-        let reply = call::bounded_since("acquire", key, start, deadline, self.send(&cmd)).await;
+        let reply = self
+            .bounded("acquire", key, deadline, self.send(&cmd))
+            .await;
         let reply = match reply {
             Err(Error::Redis { source, .. })
                 if with_get && source.code() == Some("ERR") && is_syntax_error(&source) =>
@@ -176,15 +188,14 @@ impl<C: RedisConnection> Node<C> {
             .arg(token)
             .arg(px)
             .arg(self.fence_ttl_ms);
-        let (start, bounded) = self.bound(deadline);
-        let reply = call::bounded_since(
-            "acquire",
-            keys.lock(),
-            start,
-            bounded,
-            invocation.invoke_async::<Value>(&mut conn),
-        )
-        .await;
+        let reply = self
+            .bounded(
+                "acquire",
+                keys.lock(),
+                deadline,
+                invocation.invoke_async::<Value>(&mut conn),
+            )
+            .await;
         match reply {
             Ok(Value::Int(fence)) => match u64::try_from(fence) {
                 Ok(fence) if fence > 0 => Ok(Attempt::Won(FencingToken::new(fence))),
@@ -222,16 +233,16 @@ impl<C: RedisConnection> Node<C> {
     ) -> Result<bool> {
         let path = self.path(key, deadline).await;
         let sent = step.cmd(path, key, token);
-        let (start, bounded) = self.bound(deadline);
-        let reply = call::bounded_since(step.op(), key, start, bounded, async {
-            match self.send(&sent).await {
-                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    self.send(&step.eval_cmd(key, token)).await
+        let reply = self
+            .bounded(step.op(), key, deadline, async {
+                match self.send(&sent).await {
+                    Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        self.send(&step.eval_cmd(key, token)).await
+                    }
+                    other => other,
                 }
-                other => other,
-            }
-        })
-        .await;
+            })
+            .await;
         match reply {
             Ok(reply) => step.acted(path, &reply),
             Err(Error::Redis { source, .. })
