@@ -428,7 +428,7 @@ pub const ACL_USER: &str = "locker";
 /// The README's minimal rules for a lock user, every mode's commands (its
 /// "Redis ACL" section), after `ACL SETUSER locker on >PASSWORD`
 /// (`tests/acl_rules.rs` checks that the two stay the same).
-pub const ACL_RULES: [&str; 28] = [
+pub const ACL_RULES: [&str; 27] = [
     "resetkeys",
     "~lock:*",
     "~fence:*",
@@ -440,7 +440,6 @@ pub const ACL_RULES: [&str; 28] = [
     "+del",
     "+pexpire",
     "+pttl",
-    "+incr",
     "+type",
     "+time",
     "+zadd",

@@ -28,6 +28,22 @@ pub enum Error {
         source: tokio_postgres::Error,
     },
 
+    /// A table this crate needs exists in an earlier version's shape (a
+    /// column is missing, SQLSTATE 42703): [`FENCES`](crate::FENCES)
+    /// before it recorded holders. [`setup`](crate::setup) migrates it in
+    /// place.
+    #[error(
+        "table {table} predates this version: migrate it with {}",
+        setup_for(table)
+    )]
+    TableOutdated {
+        /// The table.
+        table: &'static str,
+        /// The server's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
     /// PostgreSQL could not be reached, or the connection was lost (refused,
     /// reset, closed, timed out).
     #[error("postgresql unreachable")]
@@ -172,6 +188,12 @@ impl Error {
                     WALLETS
                 };
                 return Error::TableMissing { table, source: err };
+            }
+            if *code == SqlState::UNDEFINED_COLUMN && db.message().contains("holder") {
+                return Error::TableOutdated {
+                    table: crate::tables::FENCES,
+                    source: err,
+                };
             }
             if *code == SqlState::INSUFFICIENT_PRIVILEGE {
                 return Error::PermissionDenied(err);

@@ -2,26 +2,33 @@
 //!
 //! # What it does
 //!
-//! One small table, [`FENCES`] (`leasehold_fences (resource, fence)`), holds
-//! the highest fencing token that has written each resource. The guard is
-//! one statement, run first in the caller's own transaction:
+//! One small table, [`FENCES`] (`leasehold_fences (resource, fence,
+//! holder)`), holds for each resource the highest fencing token that has
+//! written it and the holder that wrote it (a [`HolderId`]: derived from
+//! the lease's token, not the secret token itself). The guard is one
+//! statement, run first in the caller's own transaction:
 //!
 //! ```sql
-//! INSERT INTO leasehold_fences (resource, fence) VALUES ($1, $2)
-//! ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence
-//!   WHERE leasehold_fences.fence <= EXCLUDED.fence
+//! INSERT INTO leasehold_fences (resource, fence, holder) VALUES ($1, $2, $3)
+//! ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence, holder = EXCLUDED.holder
+//!   WHERE leasehold_fences.fence < EXCLUDED.fence
+//!      OR (leasehold_fences.fence = EXCLUDED.fence
+//!          AND leasehold_fences.holder = EXCLUDED.holder)
 //! RETURNING fence;
 //! -- no row returned: refused; then
-//! SELECT fence FROM leasehold_fences WHERE resource = $1;  -- the newer fence
+//! SELECT fence, holder FROM leasehold_fences WHERE resource = $1;  -- who beat us
 //! ```
 //!
-//! It raises the resource's row to our token if ours is at least as new,
-//! and either way leaves the row locked by our transaction until it ends
-//! (`ON CONFLICT DO UPDATE` locks the conflicting row even when its `WHERE`
-//! is false). **Accepted**: go on with any reads and writes, on any tables,
-//! as many as you like, and commit. **Refused**: a holder with a newer token
-//! has written; nothing was written by the guard; roll back. Users of other
-//! drivers or languages can run exactly these two statements.
+//! It raises the resource's row to our token if ours is newer, or keeps it
+//! if ours is the same token *from the same holder* (one lease, several
+//! transactions), and either way leaves the row locked by our transaction
+//! until it ends (`ON CONFLICT DO UPDATE` locks the conflicting row even
+//! when its `WHERE` is false). **Accepted**: go on with any reads and
+//! writes, on any tables, as many as you like, and commit. **Refused**: a
+//! newer token, or the same token from another holder, has written;
+//! nothing was written by the guard; roll back. Users of other drivers or
+//! languages can run exactly these two statements, with `$3` the lease's
+//! [`Lease::holder`] (`lease.holder().as_str()`).
 //!
 //! # Why it is enough (the serialization argument)
 //!
@@ -38,11 +45,12 @@
 //!    previous guarded transactions wrote: a read-modify-write cannot be
 //!    lost, whatever the lock in Redis did. (This is what check-and-set
 //!    gave the tutorial, without a version column.)
-//! 3. Once a token has committed, every lower token is refused: a holder
-//!    paused past its lease cannot write after its successor did. Equal
-//!    tokens are accepted (one lease, several transactions); two holders
-//!    that got the same token (Redis reissued it after losing increments)
-//!    are still serialized by points 1 and 2.
+//! 3. Once a token has committed, every lower token is refused, and the
+//!    same token is accepted only from the holder that committed it: a
+//!    holder paused past its lease cannot write after its successor did,
+//!    **even if Redis issued both the same token**. This rule needs no
+//!    clock and no assumption about Redis: the stored fence and holder
+//!    only move forward, under the row lock of point 1.
 //!
 //! Under `REPEATABLE READ` or `SERIALIZABLE`, a guard that waited for a
 //! concurrent guarded transaction fails with a serialization failure
@@ -62,12 +70,21 @@
 //!
 //! # When Redis loses the counter
 //!
-//! A restart without persistence, a failover to a lagging replica or an
-//! evicted fence key restarts the counter below what [`FENCES`] has seen:
-//! every new token would be refused. [`guard`] heals it: on a refusal it
-//! raises the Redis counter to the fence it found
-//! ([`Lease::raise_fence`]), so the next lease's token is newer and wins.
-//! At most one refused write per resource, then writes succeed again.
+//! Redis issues a token as `max(counter + 1, its clock in microseconds)`
+//! (see [`FencingToken`]): a counter lost to a restart without persistence,
+//! `FLUSHALL`, eviction or expiry, or set back by a failover to a lagging
+//! replica, restarts above every token issued before, so the guard has
+//! nothing to refuse. That rests on one assumption: the server that issues
+//! next does not read its clock earlier than the one that issued the lost
+//! tokens (its clock is not behind by more than the time between the
+//! two). Where it fails, tokens go backwards or repeat, and the guard is
+//! what catches it: a lower token is refused; a repeated token is refused
+//! from every holder but the first to write with it (point 3).
+//!
+//! [`guard`] also heals the counter: on a refusal it raises the Redis
+//! counter to the fence it found ([`Lease::raise_fence`]), so the next
+//! lease's token is newer and wins. At most one refused write per
+//! resource, then writes succeed again.
 //!
 //! Run the guard **first**, before the expensive part of the work (a slow
 //! query, a call to another service): then a caller holding a token below
@@ -75,61 +92,85 @@
 //! statement, and the counter is healed at that point, before any work is
 //! done and thrown away. The README's recommended example does this inside
 //! `with_lock`.
+//!
+//! # Upgrading a fence table
+//!
+//! [`setup`] creates the table, or migrates one created by an earlier
+//! version (which had no `holder` column) in place: it adds the column,
+//! serialized by the same advisory lock, and returns [`Setup::Migrated`]
+//! naming the change (and logs it at INFO). `ADD COLUMN` of a nullable
+//! column rewrites no rows, but it takes the table's `ACCESS EXCLUSIVE`
+//! lock for a moment: it waits for running guarded transactions and
+//! holds new ones until it commits. A row written before the migration
+//! has no holder, so its fence is accepted again only from a newer token:
+//! a lease that wrote before the upgrade and writes again after it is
+//! refused once. Writers of an earlier version still accept an equal token
+//! from anyone: upgrade every writer.
 
-use leasehold::{FencingToken, Lease};
+use leasehold::{FencingToken, HolderId, Lease};
 use tokio_postgres::GenericClient;
 
 use crate::error::{Error, Result};
 
+pub use crate::ddl::{FENCES_DDL, Setup};
 pub use crate::tables::FENCES;
 
-/// The fence table's DDL; `IF NOT EXISTS` makes [`setup`] idempotent.
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS leasehold_fences (
-    resource text PRIMARY KEY CHECK (resource <> ''),
-    fence    bigint NOT NULL CHECK (fence > 0)
-);
-";
-
-/// Creates [`FENCES`], the one table the guard needs, if it does not exist;
-/// nothing else (the tutorial's wallet tables are
-/// [`setup_wallets`](crate::setup_wallets)'). One transaction serialized by
-/// an advisory lock, so concurrent callers (every replica of a service at
-/// start-up) are safe. Users who manage their schema with migrations can
-/// run the `CREATE TABLE` in the [module docs](self) instead.
+/// Creates [`FENCES`], the one table the guard needs, or brings one made
+/// by an earlier version up to date (see [Upgrading a fence
+/// table](self#upgrading-a-fence-table)); nothing else (the tutorial's
+/// wallet tables are [`setup_wallets`](crate::setup_wallets)'). One
+/// transaction serialized by an advisory lock, so concurrent callers
+/// (every replica of a service at start-up) are safe. Says what it did,
+/// and logs a creation or a migration at INFO. Users who manage their
+/// schema with migrations can run [`FENCES_DDL`] instead.
 ///
 /// Works on a client (its own transaction) or inside the caller's
 /// transaction (a savepoint).
 ///
 /// # Errors
 /// [`Error::Unreachable`], [`Error::Auth`] or [`Error::Postgres`] (for
-/// example, no permission to create tables).
+/// example, no permission to create or alter tables).
 ///
 /// # Cancel safety
 /// Cancel safe: if dropped before the commit, the transaction is rolled
-/// back and nothing is created.
-pub async fn setup<C: GenericClient>(client: &mut C) -> Result<()> {
-    crate::ddl::create(client, SCHEMA).await
+/// back and nothing is created or changed.
+pub async fn setup<C: GenericClient>(client: &mut C) -> Result<Setup> {
+    let done = crate::ddl::setup_fences(client).await?;
+    match &done {
+        Setup::Created => tracing::info!(table = FENCES, "created the fence table"),
+        Setup::Migrated(changes) => {
+            for change in changes {
+                tracing::info!(table = FENCES, change, "migrated the fence table");
+            }
+        }
+        Setup::Unchanged => {}
+    }
+    Ok(done)
 }
 
 /// What the guard found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a refused guard means the transaction must be rolled back"]
 pub enum Guard {
-    /// Our token is the newest the resource has seen (or equal to it): the
-    /// resource's fence is now ours and its row is locked by this
-    /// transaction until it ends. Go on, then commit.
+    /// Our token is newer than any the resource has seen, or the same
+    /// token from the same holder: the resource's fence is now ours and its
+    /// row is locked by this transaction until it ends. Go on, then commit.
     Accepted,
-    /// A newer token has written `resource`: roll back. `current` is the
-    /// fence found; `healed` says whether the Redis counter was raised to
-    /// it (by [`guard`]), so that the next lease gets a newer token.
+    /// A newer token, or the same token from another holder, has written
+    /// `resource`: roll back. `healed` says whether the Redis counter was
+    /// raised to `current` (by [`guard`]), so that the next lease gets a
+    /// newer token.
     Refused {
         /// The resource that refused.
         resource: String,
         /// Our token.
         token: FencingToken,
-        /// The newer fence the resource has seen.
+        /// The fence the resource has seen: above `token`, or equal to it
+        /// when another holder wrote with the same token.
         current: FencingToken,
+        /// The holder that wrote `current` (`None` for a row written
+        /// before the table recorded holders).
+        writer: Option<String>,
         /// Whether the Redis counter was raised past `current`.
         healed: bool,
     },
@@ -142,17 +183,18 @@ impl Guard {
     }
 }
 
-/// Guards `resource` with `token` in the caller's transaction `tx` (see the
-/// [module docs](self)): the one statement above, then, if refused, the
-/// fence found. Does not touch Redis; see [`guard`] for the healing one.
+/// Guards `resource` with `token`, written by `holder`, in the caller's
+/// transaction `tx` (see the [module docs](self)): the one statement
+/// above, then, if refused, the fence and holder found. Does not touch
+/// Redis; see [`guard`] for the healing one, which takes both from a lease.
 ///
 /// # Errors
 /// [`Error::InvalidResource`] for an empty name, [`Error::InvalidToken`]
 /// for token 0, [`Error::TokenOutOfRange`] beyond `i64`, all before any
 /// statement; [`Error::TableMissing`] when [`FENCES`] does not exist
-/// ([`setup`] creates it); [`Error::PermissionDenied`];
-/// [`Error::Postgres`] (a serialization failure under `REPEATABLE READ`
-/// is retryable).
+/// ([`setup`] creates it), or has no `holder` column ([`setup`] adds it);
+/// [`Error::PermissionDenied`]; [`Error::Postgres`] (a serialization
+/// failure under `REPEATABLE READ` is retryable).
 ///
 /// # Cancel safety
 /// If the future is dropped, the statement may or may not have run; roll
@@ -161,16 +203,23 @@ pub async fn guard_token<C: GenericClient>(
     tx: &C,
     resource: &str,
     token: FencingToken,
+    holder: &HolderId,
 ) -> Result<Guard> {
-    traced(resource, token, guard_statement(tx, resource, token)).await
+    traced(
+        resource,
+        token,
+        guard_statement(tx, resource, token, holder),
+    )
+    .await
 }
 
-/// The guard statement (and, if refused, the read of the newer fence),
+/// The guard statement (and, if refused, the read of what beat us),
 /// untraced.
 async fn guard_statement<C: GenericClient>(
     tx: &C,
     resource: &str,
     token: FencingToken,
+    holder: &HolderId,
 ) -> Result<Guard> {
     if resource.is_empty() {
         return Err(Error::InvalidResource {
@@ -183,30 +232,33 @@ async fn guard_statement<C: GenericClient>(
     let fence = i64::try_from(token.get()).map_err(|_| Error::TokenOutOfRange { token })?;
     let raised = tx
         .query_opt(
-            "INSERT INTO leasehold_fences (resource, fence) VALUES ($1, $2)
-             ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence
-               WHERE leasehold_fences.fence <= EXCLUDED.fence
+            "INSERT INTO leasehold_fences (resource, fence, holder) VALUES ($1, $2, $3)
+             ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence, holder = EXCLUDED.holder
+               WHERE leasehold_fences.fence < EXCLUDED.fence
+                  OR (leasehold_fences.fence = EXCLUDED.fence
+                      AND leasehold_fences.holder = EXCLUDED.holder)
              RETURNING fence",
-            &[&resource, &fence],
+            &[&resource, &fence, &holder.as_str()],
         )
         .await
         .map_err(Error::from_pg)?;
     if raised.is_some() {
         return Ok(Guard::Accepted);
     }
-    let current: i64 = tx
+    let row = tx
         .query_one(
-            "SELECT fence FROM leasehold_fences WHERE resource = $1",
+            "SELECT fence, holder FROM leasehold_fences WHERE resource = $1",
             &[&resource],
         )
         .await
-        .map_err(Error::from_pg)?
-        .try_get(0)
         .map_err(Error::from_pg)?;
+    let current: i64 = row.try_get(0).map_err(Error::from_pg)?;
+    let writer: Option<String> = row.try_get(1).map_err(Error::from_pg)?;
     Ok(Guard::Refused {
         resource: resource.to_owned(),
         token,
         current: FencingToken::new(u64::try_from(current).unwrap_or(0)),
+        writer,
         healed: false,
     })
 }
@@ -227,22 +279,26 @@ async fn guard_statement<C: GenericClient>(
 /// # Cancel safety
 /// As [`guard_token`].
 pub async fn guard<C: GenericClient>(tx: &C, lease: &Lease) -> Result<Guard> {
-    let mut fenced: Vec<(String, &str, FencingToken)> = lease
+    let mut fenced: Vec<(String, &str, FencingToken, HolderId)> = lease
         .keys()
         .filter_map(|key| {
             let fence = lease.fence_for(key)?;
             let resource = lease.fence_key_for(key)?;
-            Some((resource.to_owned(), key, fence))
+            let holder = lease.holder_for(key)?;
+            Some((resource.to_owned(), key, fence, holder))
         })
         .collect();
     if fenced.is_empty() {
         return Err(Error::NotFenced);
     }
     fenced.sort();
-    for (resource, key, token) in fenced {
+    for (resource, key, token, holder) in fenced {
         let guarded = async {
-            let found = guard_statement(tx, &resource, token).await?;
-            let Guard::Refused { current, .. } = found else {
+            let found = guard_statement(tx, &resource, token, &holder).await?;
+            let Guard::Refused {
+                current, writer, ..
+            } = found
+            else {
                 return Ok(found);
             };
             let healed = match lease.raise_fence_for(key, current).await {
@@ -256,6 +312,7 @@ pub async fn guard<C: GenericClient>(tx: &C, lease: &Lease) -> Result<Guard> {
                 resource: resource.clone(),
                 token,
                 current,
+                writer,
                 healed,
             })
         };
@@ -300,15 +357,27 @@ async fn traced(
             let current = current.get();
             span.record("current", current);
             span.record("healed", healed);
-            tracing::warn!(
-                parent: &span,
-                resource,
-                token,
-                current,
-                healed,
-                outcome = "refused",
-                "write refused: a newer fencing token has written"
-            );
+            if current == token {
+                tracing::warn!(
+                    parent: &span,
+                    resource,
+                    token,
+                    current,
+                    healed,
+                    outcome = "refused",
+                    "write refused: another holder has written with the same fencing token"
+                );
+            } else {
+                tracing::warn!(
+                    parent: &span,
+                    resource,
+                    token,
+                    current,
+                    healed,
+                    outcome = "refused",
+                    "write refused: a newer fencing token has written"
+                );
+            }
             "refused"
         }
         Err(err) => {

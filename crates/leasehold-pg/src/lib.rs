@@ -13,11 +13,13 @@
 //! transaction with the lease, then read and write whatever you like and
 //! commit. It keeps one row per resource in [`FENCES`] (no version column
 //! on your tables, any number of writes per lease), refuses a holder whose
-//! token is older than one that has written ([`Guard::Refused`]: roll back),
+//! token is older than one that has written, or equal to it from another
+//! holder ([`Guard::Refused`]: roll back),
 //! and, when Redis has lost the fence counter, raises it so that the next
 //! lease wins again after at most one refused write. The [`guard`](mod@guard)
 //! module states the serialization argument (what every writer must do, and
-//! what it does not cover) and the plain SQL, for other drivers.
+//! what it does not cover), the plain SQL for other drivers, and how
+//! [`setup`] migrates a fence table of an earlier version.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -80,9 +82,10 @@
 //! keeps the balance right on its own; a failing lock costs refused writes
 //! (which the caller may retry), never a wrong balance.
 //!
-//! These helpers keep the fence in the wallet row. If Redis loses the fence
-//! counter (a restart, a failover, an expired counter), they refuse every
-//! write until the counter passes the stored fence: on
+//! These helpers keep the fence in the wallet row. A fence counter that
+//! Redis lost restarts at the server's clock, above the stored fence (see
+//! [`FencingToken`]); if a counter is ever behind the stored fence all the
+//! same, they refuse every write until it passes it: on
 //! [`Outcome::StaleToken`] or [`Outcome::StaleRead`], call
 //! `lease.raise_fence(FencingToken::new(fence))` with the fence it reports
 //! (as [`guard()`] does by itself), and the next lease's writes land.
@@ -139,10 +142,11 @@
 //! | level | target | what | fields |
 //! |---|---|---|---|
 //! | DEBUG | `leasehold_pg::write` | span `leasehold_pg.debit`, one per [`debit_fenced`] / [`debit_check_and_set`] | `wallet`, `check` (`token` / `token_and_version`), `token`, `outcome` (`applied` / `stale_token` / `stale_read` / `insufficient_funds` / `error`), `current` (the fence that beat us, when refused) |
-//! | DEBUG | `leasehold_pg::guard` | span `leasehold_pg.guard`, one per resource guarded ([`guard()`], [`guard_token`]) | `resource`, `token`, `outcome` (`accepted` / `refused` / `error`), `current` and `healed` (when refused) |
+//! | DEBUG | `leasehold_pg::guard` | span `leasehold_pg.guard`, one per resource guarded ([`guard()`], [`guard_token`]) | `resource`, `token`, `outcome` (`accepted` / `refused` / `error`), `current` and `healed` (when refused; `current` equal to `token`: another holder wrote with it) |
 //! | DEBUG | both | the event ending each span: `fenced write`, `fenced write failed`, `guard accepted`, `guard failed` | as the span, and `error` |
 //! | **WARN** | both | **`write refused: ...`**: a write refused as stale. A lease failed (expired under a slow holder, lost in a failover) and the database caught it: the money alarm | `wallet` or `resource`, `token`, `current`, `outcome`; `healed` for the guard |
 //! | WARN | `leasehold_pg::guard` | `could not raise the fence counter` | `resource`, `error` |
+//! | INFO | `leasehold_pg::guard` | `created the fence table`, `migrated the fence table` (one per change) | `table`, `change` |
 //!
 //! Wallet ids, resources and fencing tokens are logged; connection URLs,
 //! passwords and lease tokens never are.
@@ -178,7 +182,7 @@ mod write;
 
 pub use connect::{config, connect};
 pub use error::{Error, Result};
-pub use guard::{Guard, guard, guard_token, setup};
+pub use guard::{FENCES_DDL, Guard, Setup, guard, guard_token, setup};
 pub use leasehold::FencingToken;
 pub use schema::{reset_wallet, setup_wallets};
 pub use tables::{FENCES, LEDGER, WALLETS};

@@ -3,8 +3,10 @@
 //! them).
 
 /// The table of fences, one row per resource: `leasehold_fences (resource
-/// text PRIMARY KEY, fence bigint)`. The one table the fence guard needs;
-/// created by [`setup`](crate::setup).
+/// text PRIMARY KEY, fence bigint, holder text)`: the highest fencing
+/// token that has written the resource, and the holder that wrote it. The
+/// one table the fence guard needs; created (or migrated) by
+/// [`setup`](crate::setup).
 pub const FENCES: &str = "leasehold_fences";
 
 /// The tutorial's wallet table: `id bigint PRIMARY KEY`, `balance bigint

@@ -71,6 +71,8 @@ fn writes_are_counted_by_outcome_and_stale_ones_refused_once() -> TestResult {
             let id = 8_001;
             leasehold_pg::reset_wallet(&db, id, 15).await?;
             let token = FencingToken::new;
+            let holder =
+                leasehold::HolderId::parse("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa").ok_or("holder")?;
 
             let before = leasehold_pg::read_wallet(&db, id).await?;
             let debit = leasehold_pg::debit_check_and_set(&db, &before, 10, token(2)).await?;
@@ -90,16 +92,20 @@ fn writes_are_counted_by_outcome_and_stale_ones_refused_once() -> TestResult {
 
             let tx = db.transaction().await?;
             assert_eq!(
-                leasehold_pg::guard_token(&tx, "metrics:r", token(9)).await?,
+                leasehold_pg::guard_token(&tx, "metrics:r", token(9), &holder).await?,
                 Guard::Accepted
             );
             tx.commit().await?;
             let tx = db.transaction().await?;
-            let refused = leasehold_pg::guard_token(&tx, "metrics:r", token(8)).await?;
+            let refused = leasehold_pg::guard_token(&tx, "metrics:r", token(8), &holder).await?;
             assert!(!refused.is_accepted());
             tx.rollback().await?;
             let tx = db.transaction().await?;
-            assert!(leasehold_pg::guard_token(&tx, "", token(8)).await.is_err());
+            assert!(
+                leasehold_pg::guard_token(&tx, "", token(8), &holder)
+                    .await
+                    .is_err()
+            );
             Ok::<_, Box<dyn std::error::Error>>(())
         })
     })?;

@@ -296,15 +296,14 @@ async fn the_job_runner_loses_nothing_when_redis_restarts_empty() -> TestResult 
         "callers were told {committed} commits, the database holds {in_db}: {tally:?}"
     );
     let refused = tally.refused.lock().map_err(|_| "poisoned")?.clone();
-    // The restart lost every counter: each job's first run after it is
-    // refused, before its work, and heals the counter for the next.
+    // The restart lost every counter, and the next tokens come from the
+    // server's clock, above every token issued before: a job is refused
+    // only when a run in flight across the restart comes to write after
+    // its successor did, at most once (a lost counter used to cost every
+    // job one refusal).
     for (job, n) in &refused {
         assert!(*n <= 1, "{job} was refused {n} times: {tally:?}");
     }
-    assert!(
-        !refused.is_empty(),
-        "the lost counters were never noticed: {tally:?}"
-    );
     Ok(())
 }
 

@@ -22,6 +22,10 @@ use tracing_subscriber::registry::LookupSpan;
 mod common;
 use common::server;
 
+/// A token far above any the server's clock gives (a counter that ran
+/// ahead of it).
+const AHEAD: u64 = FencingToken::MAX.get() - 1;
+
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 type Fields = BTreeMap<String, String>;
 
@@ -149,14 +153,16 @@ async fn fenced_and_guarded_writes_are_traced_and_stale_ones_warn() -> TestResul
     let stale_read = leasehold_pg::debit_check_and_set(&db, &before, 10, token(35)).await?;
     assert_eq!(stale_read, Outcome::StaleRead { fence: 34 });
 
-    // Guarded: a resource written by token 1000, then a lease whose token
-    // is far below: refused, and the Redis counter healed.
+    // Guarded: a resource written by a token far above the clock's (a
+    // counter that ran ahead), then a lease whose token is below it:
+    // refused, and the Redis counter healed.
     let redis = RedisServer::start_with(RedisOptions::default().password(REDIS_PASSWORD))?;
     let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
     let keys = FencedKeys::for_resource("pg:trace")?;
     let resource = "fence:{pg:trace}";
+    let holder = leasehold::HolderId::parse("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa").ok_or("holder")?;
     let tx = db.transaction().await?;
-    let first = leasehold_pg::guard_token(&tx, resource, token(1000)).await?;
+    let first = leasehold_pg::guard_token(&tx, resource, token(AHEAD), &holder).await?;
     assert_eq!(first, Guard::Accepted);
     tx.commit().await?;
     let lease = locker.acquire(&keys, Duration::from_secs(5)).await?;
@@ -198,7 +204,7 @@ async fn fenced_and_guarded_writes_are_traced_and_stale_ones_warn() -> TestResul
         &guards[0],
         &fields(&[
             ("resource", resource),
-            ("token", "1000"),
+            ("token", &AHEAD.to_string()),
             ("outcome", "accepted")
         ])
     ));
@@ -208,7 +214,7 @@ async fn fenced_and_guarded_writes_are_traced_and_stale_ones_warn() -> TestResul
             &fields(&[
                 ("resource", resource),
                 ("outcome", "refused"),
-                ("current", "1000"),
+                ("current", &AHEAD.to_string()),
                 ("healed", "true")
             ])
         ),

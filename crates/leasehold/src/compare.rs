@@ -94,9 +94,19 @@ impl Step {
         }
     }
 
-    /// The command this step is sent as on `path`.
-    pub(crate) fn cmd(self, path: Path, key: &str, token: &LeaseToken) -> Cmd {
-        match (self, path) {
+    /// The command this step is sent as on `path`. `fence`, for a refresh
+    /// of a fenced lock, is its counter's key and how long the counter lives
+    /// after this use (ms, not 0): the refresh then keeps it alive too,
+    /// which only the script can (so `path` must be [`Path::Lua`]; see
+    /// [`Step::path`]).
+    pub(crate) fn cmd(
+        self,
+        path: Path,
+        key: &str,
+        token: &LeaseToken,
+        fence: Option<(&str, u64)>,
+    ) -> Cmd {
+        match (self, self.path(path, fence)) {
             (Step::Release, Path::Commands) => {
                 let mut cmd = sized("DELEX", key);
                 cmd.arg(key).arg("IFEQ").arg(token);
@@ -115,25 +125,46 @@ impl Step {
             (_, Path::Lua) => {
                 let mut cmd = sized("EVALSHA", key);
                 cmd.arg(self.script().0.get_hash());
-                self.lua_args(&mut cmd, key, token);
+                self.lua_args(&mut cmd, key, token, fence);
                 cmd
             }
         }
     }
 
+    /// The path this step takes on a node that settled on `path`: a
+    /// refresh that keeps a fence counter alive is the script's alone.
+    pub(crate) fn path(self, path: Path, fence: Option<(&str, u64)>) -> Path {
+        match (self, fence) {
+            (Step::Refresh { .. }, Some(_)) => Path::Lua,
+            _ => path,
+        }
+    }
+
     /// `EVAL` of the script's source, for a server whose script cache does
     /// not have it (`NOSCRIPT`). `EVAL` also caches it for the next call.
-    pub(crate) fn eval_cmd(self, key: &str, token: &LeaseToken) -> Cmd {
+    pub(crate) fn eval_cmd(self, key: &str, token: &LeaseToken, fence: Option<(&str, u64)>) -> Cmd {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(self.script().1);
-        self.lua_args(&mut cmd, key, token);
+        self.lua_args(&mut cmd, key, token, fence);
         cmd
     }
 
-    fn lua_args(self, cmd: &mut Cmd, key: &str, token: &LeaseToken) {
-        cmd.arg(1).arg(key).arg(token);
-        if let Step::Refresh { ttl } = self {
-            cmd.arg(ttl_millis(ttl));
+    fn lua_args(self, cmd: &mut Cmd, key: &str, token: &LeaseToken, fence: Option<(&str, u64)>) {
+        match (self, fence) {
+            (Step::Refresh { ttl }, Some((fence_key, fence_ttl_ms))) => {
+                cmd.arg(2)
+                    .arg(key)
+                    .arg(fence_key)
+                    .arg(token)
+                    .arg(ttl_millis(ttl))
+                    .arg(fence_ttl_ms);
+            }
+            (Step::Refresh { ttl }, None) => {
+                cmd.arg(1).arg(key).arg(token).arg(ttl_millis(ttl));
+            }
+            (Step::Release, _) => {
+                cmd.arg(1).arg(key).arg(token);
+            }
         }
     }
 
@@ -190,7 +221,7 @@ mod tests {
     #[test]
     fn release_on_redis_8_4_is_delex_ifeq() {
         let t = token();
-        let cmd = Step::Release.cmd(Path::Commands, "lock:a", &t);
+        let cmd = Step::Release.cmd(Path::Commands, "lock:a", &t, None);
         assert_eq!(args(&cmd), ["DELEX", "lock:a", "IFEQ", t.as_str()]);
     }
 
@@ -200,7 +231,7 @@ mod tests {
         let step = Step::Refresh {
             ttl: Duration::from_micros(1500),
         };
-        let cmd = step.cmd(Path::Commands, "lock:a", &t);
+        let cmd = step.cmd(Path::Commands, "lock:a", &t, None);
         assert_eq!(
             args(&cmd),
             ["SET", "lock:a", t.as_str(), "IFEQ", t.as_str(), "PX", "2"]
@@ -216,7 +247,7 @@ mod tests {
     #[test]
     fn lua_path_sends_evalsha_with_one_key_then_eval_of_the_source() {
         let t = token();
-        let cmd = Step::Release.cmd(Path::Lua, "lock:a", &t);
+        let cmd = Step::Release.cmd(Path::Lua, "lock:a", &t, None);
         assert_eq!(
             args(&cmd),
             [
@@ -230,7 +261,7 @@ mod tests {
         let refresh = Step::Refresh {
             ttl: Duration::from_secs(2),
         };
-        let cmd = refresh.cmd(Path::Lua, "lock:a", &t);
+        let cmd = refresh.cmd(Path::Lua, "lock:a", &t, None);
         assert_eq!(
             args(&cmd),
             [
@@ -242,7 +273,7 @@ mod tests {
                 "2000"
             ]
         );
-        let eval = refresh.eval_cmd("lock:a", &t);
+        let eval = refresh.eval_cmd("lock:a", &t, None);
         assert_eq!(
             args(&eval),
             [
@@ -254,6 +285,24 @@ mod tests {
                 "2000"
             ]
         );
+        // A fenced refresh keeps its counter alive: the script, on every
+        // server, with both keys.
+        let fenced = Some(("fence:a", 86_400_000));
+        for path in [Path::Commands, Path::Lua] {
+            assert_eq!(
+                args(&refresh.cmd(path, "lock:a", &t, fenced)),
+                [
+                    "EVALSHA",
+                    scripts::REFRESH.get_hash(),
+                    "2",
+                    "lock:a",
+                    "fence:a",
+                    t.as_str(),
+                    "2000",
+                    "86400000"
+                ]
+            );
+        }
         // The refresh script extends; it never deletes.
         assert!(scripts::REFRESH_LUA.contains("PEXPIRE"));
         assert!(!scripts::REFRESH_LUA.contains("\"DEL\""));

@@ -189,10 +189,12 @@ pub enum Error {
         fence_slot: u16,
     },
 
-    /// The fence key holds something other than a positive integer counter
-    /// (another type, text, a number out of range, or zero or less), so no
-    /// fencing token could be issued. The lock was not left taken.
-    #[error("fence key {key:?} does not hold a positive integer counter")]
+    /// The fence key holds something other than an integer counter below
+    /// 2^53 (another type, text, a negative number or one out of range),
+    /// or the token would pass [`FencingToken::MAX`](crate::FencingToken::MAX)
+    /// (also a raise to beyond it), so no fencing token could be issued.
+    /// The lock was not left taken.
+    #[error("fence key {key:?} does not hold an integer counter below 2^53")]
     InvalidFence {
         /// The fence key.
         key: String,

@@ -19,8 +19,8 @@ use crate::error::{Error, Result};
 /// Nothing the holder checks *before* writing can rule this out, because the
 /// pause can fall between the check and the write. Only the storage, which
 /// sees every write in order, can refuse it. A fenced acquire therefore
-/// hands out, with every lease, a [`FencingToken`] one higher than
-/// the previous one; the write carries it, and the storage refuses a token at
+/// hands out, with every lease, a [`FencingToken`] higher than the
+/// previous one; the write carries it, and the storage refuses a token at
 /// or below the highest it has accepted (`... WHERE fence < $token`, see the
 /// `leasehold-pg` crate).
 ///
@@ -33,27 +33,48 @@ use crate::error::{Error, Result};
 /// requires the fence it read to be unchanged (`... AND fence = $read`).
 /// Because every accepted write raises the fence, a version never repeats.
 ///
-/// # Where the counter lives, and what that costs
+/// # Where the counter lives, and why a lost one does not repeat tokens
 ///
-/// The counter is a plain Redis key (`INCR`), so it is only as durable as
-/// Redis: a failover to a replica that missed recent increments, or a restart
-/// without `appendfsync always`, can lose increments and **reissue tokens**.
-/// The strict `fence < $token` limits the damage: a reissued token can win
-/// at most once, and every token at or below the stored fence is refused
-/// until the counter passes it again. Those refusals are errors the caller
-/// can retry, never a wrong balance, *provided* the write also checks the
-/// version it read (`fence = $read`): that check is what keeps the balance
-/// right when two holders reuse a token or overlap.
+/// The counter is a plain Redis key, so it is only as durable as Redis: a
+/// restart without persistence, `FLUSHALL`, an evicted or expired key or a
+/// failover to a replica that missed the last increments loses it or sets
+/// it back. So a token is not `counter + 1` alone: it is
+///
+/// ```text
+/// token = max(counter + 1, the Redis server's clock in microseconds)
+/// ```
+///
+/// issued and stored back in one script (on a quorum, each node votes
+/// `max(counter, clock)` and the token is one more than the highest vote).
+/// A counter that survives only grows. A counter that is lost or behind
+/// restarts at the server's clock, which is above every token issued
+/// before, **as long as** the server that issues next does not read its
+/// clock earlier than the one that issued the lost tokens read its own
+/// (its clock is not behind by more than the time between the two, a
+/// failover's seconds in practice), and one resource gets fewer than one
+/// token per microsecond on average. Tokens are therefore large numbers
+/// (about 1.8 x 10^15 in 2026) and grow by at least one per lease; they
+/// stay below [`FencingToken::MAX`] (2^53 - 1: exact in a Lua number and in
+/// PostgreSQL's `bigint`) until the year 2255.
+///
+/// What still rests on that clock assumption is covered where the write
+/// happens: a token that went backwards is refused by the strict
+/// `fence < $token`, and the `leasehold-pg` fence guard accepts a token
+/// equal to the stored one only from the holder that wrote it (see
+/// [`HolderId`](crate::HolderId)), so even a repeated token never lets two
+/// holders write.
 ///
 /// **Healing.** When the storage refuses a write because it has seen a
 /// fence at least as high as ours, [`Lease::raise_fence`](crate::Lease::raise_fence)
-/// raises the counter past it, so the next lease's token wins: a lost
-/// counter costs at most one refused write per resource. The
-/// `leasehold-pg` fence guard does it for you. That is also why a counter
-/// may expire: it lives [`DEFAULT_FENCE_TTL`](crate::DEFAULT_FENCE_TTL) (30
-/// days, [configurable](crate::LockerBuilder::fence_ttl)) after the last
-/// lease that used it, so idle resources do not keep a key each forever.
-/// An `allkeys-*` eviction policy can still evict a *lock* key under a
+/// raises the counter to it, so the next lease's token (above the counter
+/// and the clock) wins: a counter set back past the clock's floor costs at
+/// most one refused write per resource. The `leasehold-pg` fence guard
+/// does it for you. A counter lives
+/// [`DEFAULT_FENCE_TTL`](crate::DEFAULT_FENCE_TTL) (30 days,
+/// [configurable](crate::LockerBuilder::fence_ttl)) after the last lease
+/// that took or refreshed it, so idle resources do not keep a key each
+/// forever; its expiry costs nothing, the clock takes over. An
+/// `allkeys-*` eviction policy can still evict a *lock* key under a
 /// holder: keep such policies off any Redis that holds locks.
 ///
 /// # Keys and Redis Cluster
@@ -68,6 +89,11 @@ use crate::error::{Error, Result};
 pub struct FencingToken(u64);
 
 impl FencingToken {
+    /// The highest token Redis issues: 2^53 - 1, exact in a Lua number (a
+    /// double) and within PostgreSQL's `bigint`. An acquire refuses to
+    /// issue a token beyond it ([`Error::InvalidFence`]).
+    pub const MAX: FencingToken = FencingToken((1 << 53) - 1);
+
     /// A token with the given value, for tests and for tokens read back from
     /// storage.
     pub const fn new(value: u64) -> FencingToken {

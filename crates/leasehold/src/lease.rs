@@ -19,7 +19,7 @@ use tracing::Instrument;
 use crate::error::{Error, Result};
 use crate::fencing::FencingToken;
 use crate::metrics;
-use crate::token::LeaseToken;
+use crate::token::{HolderId, LeaseToken};
 use crate::watchdog::{self, LostCause, Margin, Shared};
 
 /// The longest TTL a lease may have: 24 hours. A lease longer than that is
@@ -225,6 +225,22 @@ impl Lease {
         &self.parts[0].token
     }
 
+    /// This holder's public name on [`key`](Self::key): derived from its
+    /// token, safe to log and store (see [`HolderId`]). The `leasehold-pg`
+    /// fence guard records it with the fence it accepts.
+    pub fn holder(&self) -> HolderId {
+        self.parts[0].token.holder()
+    }
+
+    /// This holder's public name on `key`, for a lease on several keys;
+    /// `None` if the lease does not hold `key`.
+    pub fn holder_for(&self, key: &str) -> Option<HolderId> {
+        self.parts
+            .iter()
+            .find(|p| p.key == key)
+            .map(|p| p.token.holder())
+    }
+
     /// The fencing token issued with the lock on [`key`](Self::key), if it
     /// was taken with [`FencedKeys`](crate::FencedKeys); `None` for a plain
     /// lock. Send it with every write the lease protects, and have the
@@ -246,13 +262,14 @@ impl Lease {
     /// Raises the fence counter of the lock on [`key`](Self::key) to at
     /// least `at_least`, never lowering it: what to do when the storage
     /// refused a write because it has seen a fence at least as high as ours.
-    /// That happens when Redis lost increments (a restart without
-    /// persistence, a failover to a lagging replica, an evicted or expired
-    /// fence key): the counter restarted below what the storage has seen, so
-    /// every new token would be refused. Raised to the fence the storage
-    /// reported, the counter issues the next lease a token above it, and
-    /// writes succeed again after at most one refusal. This lease's own
-    /// token stays what it was (it was refused; take a new lease to write).
+    /// A lost counter restarts at the server's clock, above every token
+    /// issued before, so that happens only when the clock assumption of
+    /// [`FencingToken`] fails (a counter that ran ahead of the clock of the
+    /// server that issues next), or when another holder wrote with our
+    /// token. Raised to the fence the storage reported, the counter issues
+    /// the next lease a token above it, and writes succeed again after at
+    /// most one refusal. This lease's own token stays what it was (it was
+    /// refused; take a new lease to write).
     ///
     /// The `leasehold-pg` fence guard calls it for you when it refuses a
     /// write. Bounded by the command (or node) timeout.

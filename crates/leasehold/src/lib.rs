@@ -246,7 +246,7 @@ pub use retry::{RetryStrategy, Waits};
 pub use sentinel::Sentinel;
 pub use stats::LockerStats;
 pub use tls_failure::CertificateProblem;
-pub use token::LeaseToken;
+pub use token::{HolderId, LeaseToken};
 
 /// Re-exported so callers can name the connection and cancellation types
 /// without adding matching versions of these crates themselves.

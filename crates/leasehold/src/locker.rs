@@ -28,8 +28,8 @@ use crate::{call, rounds};
 /// deadline: 1 s.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// How long a fence counter lives after the last lease that used it: 30
-/// days ([`LockerBuilder::fence_ttl`]).
+/// How long a fence counter lives after the last lease that took or
+/// refreshed it: 30 days ([`LockerBuilder::fence_ttl`]).
 pub const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 
 /// Rejects a zero fence TTL (use `None` for "forever"). No I/O.
@@ -139,13 +139,13 @@ impl LockerBuilder {
     }
 
     /// How long a fence counter lives after the last lease that used it
-    /// (every fenced acquire, grant and relay resets its expiry); `None`
-    /// keeps counters forever. A counter that expired restarts below what
-    /// the storage has seen: the first write after that is refused, and the
-    /// `leasehold-pg` fence guard raises the counter
-    /// ([`Lease::raise_fence`]) so that the next one lands. So counters of
-    /// idle resources can go away: a service that locks millions of
-    /// distinct resources does not keep a key for each forever.
+    /// (every fenced acquire, grant, relay and refresh resets its expiry,
+    /// so a long term keeps its counter); `None` keeps counters forever. A
+    /// counter that expired restarts at the server's clock, above every
+    /// token issued before (see [`FencingToken`](crate::FencingToken)), so
+    /// counters of idle resources can go away: a service that locks
+    /// millions of distinct resources does not keep a key for each
+    /// forever.
     ///
     /// Defaults to [`DEFAULT_FENCE_TTL`] (30 days).
     pub fn fence_ttl(mut self, ttl: Option<Duration>) -> Self {
@@ -308,7 +308,8 @@ impl<C: RedisConnection> Locker<C> {
     /// fresh 128-bit token, retried while the key is busy, as `opts` says.
     /// Given [`FencedKeys`](crate::FencedKeys), one script takes the lock
     /// and, only if that worked, issues the next [`FencingToken`] from the
-    /// fence counter (`INCR`): only a holder gets a token.
+    /// fence counter (above the counter and the server's clock, see
+    /// [`FencingToken`]): only a holder gets a token.
     ///
     /// The lease's validity is counted from the moment the winning request
     /// was *sent*, so the holder's idea of its remaining time is never longer
@@ -324,7 +325,7 @@ impl<C: RedisConnection> Locker<C> {
     ///   [`Error::Unreachable`], [`Error::Auth`], [`Error::WrongType`] (the
     ///   key holds a non-string value), returned at once without retrying;
     /// - [`Error::InvalidFence`] when the fence key holds anything but a
-    ///   positive integer counter (the lock is not left taken);
+    ///   integer counter below 2^53 (the lock is not left taken);
     /// - [`Error::InvalidOptions`] when [`AcquireOptions::watchdog`] is set
     ///   but there is no tokio runtime to run it on (the lease just taken is
     ///   then released in the background);
@@ -472,7 +473,7 @@ impl<C: RedisConnection> Way for Locker<C> {
             |deadline| {
                 let (key, token) = (&target.lock, &token);
                 async move {
-                    node.token_checked(Step::Release, key, token, deadline)
+                    node.token_checked(Step::Release, key, None, token, deadline)
                         .await
                         .map(drop)
                 }
@@ -510,11 +511,17 @@ impl<C: RedisConnection> Backend for Node<C> {
     }
 
     fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
-        Box::pin(self.token_checked(Step::Refresh { ttl }, &part.key, &part.token, deadline))
+        Box::pin(self.token_checked(
+            Step::Refresh { ttl },
+            &part.key,
+            part.fence_key.as_deref(),
+            &part.token,
+            deadline,
+        ))
     }
 
     fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool> {
-        Box::pin(self.token_checked(Step::Release, &part.key, &part.token, deadline))
+        Box::pin(self.token_checked(Step::Release, &part.key, None, &part.token, deadline))
     }
 
     fn raise_fence<'a>(

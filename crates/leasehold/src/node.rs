@@ -198,7 +198,9 @@ impl<C: RedisConnection> Node<C> {
             .await;
         match reply {
             Ok(Value::Int(fence)) => match u64::try_from(fence) {
-                Ok(fence) if fence > 0 => Ok(Attempt::Won(FencingToken::new(fence))),
+                Ok(fence) if fence > 0 && fence <= FencingToken::MAX.get() => {
+                    Ok(Attempt::Won(FencingToken::new(fence)))
+                }
                 _ => Err(Error::UnexpectedReply { op: "acquire" }),
             },
             Ok(Value::Nil) => Ok(Attempt::Busy),
@@ -211,33 +213,42 @@ impl<C: RedisConnection> Node<C> {
     /// one atomic step: `Ok(true)` if it acted, `Ok(false)` when the key did
     /// not hold our token. Sent as a Redis 8.4 command or a Lua script, as
     /// detected (see the `compare` module).
+    ///
+    /// `fence_key`, the lock's fence counter if it is fenced: a refresh
+    /// keeps it alive for the node's fence TTL too.
     pub(crate) async fn token_checked(
         &self,
         step: Step,
         key: &str,
+        fence_key: Option<&str>,
         token: &LeaseToken,
         deadline: Instant,
     ) -> Result<bool> {
         if step == Step::Release {
             self.counters.release_request();
         }
-        self.checked(step, key, token, deadline).await
+        let fence = fence_key
+            .filter(|_| self.fence_ttl_ms > 0)
+            .map(|fence_key| (fence_key, self.fence_ttl_ms));
+        self.checked(step, key, fence, token, deadline).await
     }
 
     async fn checked(
         &self,
         step: Step,
         key: &str,
+        fence: Option<(&str, u64)>,
         token: &LeaseToken,
         deadline: Instant,
     ) -> Result<bool> {
-        let path = self.path(key, deadline).await;
-        let sent = step.cmd(path, key, token);
+        let detected = self.path(key, deadline).await;
+        let path = step.path(detected, fence);
+        let sent = step.cmd(path, key, token, fence);
         let reply = self
             .bounded(step.op(), key, deadline, async {
                 match self.send(&sent).await {
                     Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                        self.send(&step.eval_cmd(key, token)).await
+                        self.send(&step.eval_cmd(key, token, fence)).await
                     }
                     other => other,
                 }
@@ -252,7 +263,7 @@ impl<C: RedisConnection> Node<C> {
                     "server claims redis 8.4 but refused the command; using lua from now on"
                 );
                 self.compare.set(Path::Lua);
-                Box::pin(self.checked(step, key, token, deadline)).await
+                Box::pin(self.checked(step, key, fence, token, deadline)).await
             }
             Err(err) => Err(err),
         }
@@ -394,7 +405,7 @@ mod tests {
             ttl: Duration::from_secs(9),
         };
         assert!(
-            node.token_checked(refresh, "t:detect", &token, deadline)
+            node.token_checked(refresh, "t:detect", None, &token, deadline)
                 .await?
         );
         assert_eq!(node.detected_path(), Some(Path::Lua));
@@ -404,12 +415,12 @@ mod tests {
             .await?;
         assert!(pttl > 5000, "refresh did not extend: {pttl}");
         assert!(
-            node.token_checked(Step::Release, "t:detect", &token, deadline)
+            node.token_checked(Step::Release, "t:detect", None, &token, deadline)
                 .await?
         );
         assert!(
             !node
-                .token_checked(Step::Release, "t:detect", &token, deadline)
+                .token_checked(Step::Release, "t:detect", None, &token, deadline)
                 .await?
         );
         Ok(())

@@ -33,8 +33,8 @@
 //!
 //! A quorum lease also gets a fencing token, in two rounds:
 //!
-//! 1. each yes vote carries that node's fence counter; the token is
-//!    `max(counters) + 1`;
+//! 1. each yes vote carries `max(that node's fence counter, its clock in
+//!    microseconds)`; the token is one more than the highest vote;
 //! 2. the token is written to every node (`counter = max(counter, token)`),
 //!    and the write *counts* only on nodes where our lock still holds our
 //!    token; a majority must count, or the attempt fails.
@@ -46,18 +46,22 @@
 //! lock-checked write of `t1` on `w`. So L2 reads a counter of at least `t1`
 //! from `w`, and `t2 >= t1 + 1`: tokens increase with every lease.
 //!
-//! **Its limits.** The argument needs `w` to still remember `t1`. A node that
-//! restarts with an empty dataset (no persistence, or `appendfsync` other
-//! than `always`) or fails over to a stale replica breaks it: if every node
-//! of W1 that L2 reaches lost its data, `t2` can be at or below `t1`. Writing
-//! the token to all reachable nodes (not only the majority) makes that rarer,
-//! not impossible. Like Redlock itself, the token also assumes that the
+//! **When the nodes forget.** The argument needs `w` to still remember
+//! `t1`. A node that restarts with an empty dataset (no persistence, or
+//! `appendfsync` other than `always`) or fails over to a stale replica
+//! breaks it, and that is what the clock in each vote is for: `t1` came
+//! from votes no later than the clocks of the nodes that cast them when
+//! L1 took the lock, so a node that forgot votes its clock now, which is
+//! above `t1` as long as the nodes' clocks differ by less than the time
+//! between the two acquires (see [`FencingToken`] for the whole
+//! assumption). Like Redlock itself, the token also assumes that the
 //! holder's pauses and clock rates stay small relative to the TTL. That is
 //! why the token is checked where the write happens: with the database's
 //! strict `fence < $token`, a token that went backwards is *refused*
-//! (availability suffers, the balance does not), and the check-and-set on
-//! the version read (`fence = $read`) keeps the balance right even when two
-//! holders overlap.
+//! (availability suffers, the balance does not), the `leasehold-pg` guard
+//! accepts a repeated token only from its first writer, and the
+//! check-and-set on the version read (`fence = $read`) keeps the balance
+//! right even when two holders overlap.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -439,6 +443,9 @@ impl<C: RedisConnection> QuorumInner<C> {
         let node_deadline = deadline.min(started + self.node_timeout);
         let px = ttl_millis(ttl);
         let fenced = target.fenced();
+        // A node whose counter is no counter (NOTFENCE): reported as such
+        // when it costs the majority, not as a missing vote to retry.
+        let mut not_a_counter = None;
         let (yes, failed, counter) = match &fenced {
             Some(keys) => {
                 let votes: Vec<Result<Option<u64>>> = self
@@ -452,8 +459,14 @@ impl<C: RedisConnection> QuorumInner<C> {
                     )
                     .await;
                 let failed = votes.iter().filter(|v| v.is_err()).count();
-                let counters: Vec<u64> =
-                    votes.into_iter().filter_map(|v| v.ok().flatten()).collect();
+                let mut counters = Vec::new();
+                for vote in votes {
+                    match vote {
+                        Ok(Some(counter)) => counters.push(counter),
+                        Ok(None) => {}
+                        Err(err) => not_a_counter = not_a_counter.or(bad_fence(err, keys)),
+                    }
+                }
                 let max = counters.iter().copied().max().unwrap_or(0);
                 (counters.len(), failed, Some(max))
             }
@@ -481,11 +494,16 @@ impl<C: RedisConnection> QuorumInner<C> {
         if yes >= self.needed() && validity(ttl, started.elapsed()).is_some() {
             match (&fenced, counter) {
                 (Some(keys), Some(max)) => {
+                    // Each vote is at most FencingToken::MAX (its script
+                    // refuses a counter beyond), so this stays in range or
+                    // the script recording it refuses it.
                     let fence = max.saturating_add(1);
-                    let confirmed = self.record_fence(keys, token, fence, deadline).await;
+                    let (confirmed, refused) =
+                        self.record_fence(keys, token, fence, deadline).await;
                     if confirmed >= self.needed() && validity(ttl, started.elapsed()).is_some() {
                         return Ok(Attempt::Won(Some(FencingToken::new(fence))));
                     }
+                    not_a_counter = not_a_counter.or(refused);
                 }
                 _ => return Ok(Attempt::Won(None)),
             }
@@ -493,31 +511,43 @@ impl<C: RedisConnection> QuorumInner<C> {
         // Undo every yes vote, including any from nodes that timed out.
         self.release_all(&target.lock, token, |deleted| *deleted)
             .await;
-        Ok(Attempt::Busy)
+        match not_a_counter {
+            Some(err) => Err(err),
+            None => Ok(Attempt::Busy),
+        }
     }
 
-    /// Writes `fence` to every node's counter; how many nodes counted it
-    /// (our lock still held there).
+    /// Writes `fence` to every node's counter: how many nodes counted it
+    /// (our lock still held there), and a node's refusal of the counter
+    /// (not one, or `fence` out of range), if any.
     async fn record_fence(
         &self,
         keys: &FencedKeys,
         token: &LeaseToken,
         fence: u64,
         deadline: Instant,
-    ) -> usize {
+    ) -> (usize, Option<Error>) {
         let node_deadline = deadline.min(Instant::now() + self.node_timeout);
-        self.script_on_every_node::<i64>(
-            NodeStep::Fence,
-            keys,
-            token,
-            fence,
-            node_deadline,
-            |counted| *counted == 1,
-        )
-        .await
-        .into_iter()
-        .filter(|counted| matches!(counted, Ok(1)))
-        .count()
+        let outcomes = self
+            .script_on_every_node::<i64>(
+                NodeStep::Fence,
+                keys,
+                token,
+                fence,
+                node_deadline,
+                |counted| *counted == 1,
+            )
+            .await;
+        let mut counted = 0;
+        let mut refused = None;
+        for outcome in outcomes {
+            match outcome {
+                Ok(1) => counted += 1,
+                Ok(_) => {}
+                Err(err) => refused = refused.or(bad_fence(err, keys)),
+            }
+        }
+        (counted, refused)
     }
 
     /// Runs one of the quorum scripts on every node.
@@ -560,10 +590,12 @@ impl<C: RedisConnection> QuorumInner<C> {
     }
 
     /// Runs `step` (release or refresh) on every node: (acted, failed).
+    /// `fence_key`: the lock's counter, which a refresh keeps alive.
     async fn checked_on_every_node(
         &self,
         step: Step,
         key: &str,
+        fence_key: Option<&str>,
         token: &LeaseToken,
         enough: impl Fn(&bool) -> bool,
     ) -> (usize, usize) {
@@ -572,7 +604,11 @@ impl<C: RedisConnection> QuorumInner<C> {
             .on_every_node(
                 |node| {
                     let (key, token) = (key.to_owned(), token.clone());
-                    async move { node.token_checked(step, &key, &token, node_deadline).await }
+                    let fence_key = fence_key.map(str::to_owned);
+                    async move {
+                        node.token_checked(step, &key, fence_key.as_deref(), &token, node_deadline)
+                            .await
+                    }
                 },
                 enough,
             )
@@ -589,7 +625,7 @@ impl<C: RedisConnection> QuorumInner<C> {
         token: &LeaseToken,
         enough: impl Fn(&bool) -> bool,
     ) -> (usize, usize) {
-        self.checked_on_every_node(Step::Release, key, token, enough)
+        self.checked_on_every_node(Step::Release, key, None, token, enough)
             .await
     }
 
@@ -678,7 +714,13 @@ impl<C: RedisConnection> Backend for QuorumInner<C> {
         Box::pin(async move {
             let step = Step::Refresh { ttl };
             let (extended, failed) = self
-                .checked_on_every_node(step, &part.key, &part.token, |extended| *extended)
+                .checked_on_every_node(
+                    step,
+                    &part.key,
+                    part.fence_key.as_deref(),
+                    &part.token,
+                    |extended| *extended,
+                )
                 .await;
             self.verdict(&part.key, extended, failed)
         })
@@ -794,6 +836,15 @@ impl<C: RedisConnection> Lessor for Quorum<C> {
         opts: &AcquireOptions,
     ) -> impl Future<Output = Result<Lease>> + Send {
         Quorum::acquire_all(self, keys, ttl, opts)
+    }
+}
+
+/// `err` as [`Error::InvalidFence`] when a node refused the counter
+/// (`NOTFENCE`); `None` for any other failure (a missing vote).
+fn bad_fence(err: Error, keys: &FencedKeys) -> Option<Error> {
+    match crate::node::not_a_fence(err, keys.fence()) {
+        err @ Error::InvalidFence { .. } => Some(err),
+        _ => None,
     }
 }
 

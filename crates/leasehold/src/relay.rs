@@ -34,7 +34,7 @@
 //!   [`NotHeld`](crate::Error::NotHeld) and the head goes to Redis as a
 //!   unit of its own. So every holder was confirmed by Redis at its
 //!   hand-over, and has a token no other holder had. A fenced head gets its
-//!   own fencing token (`INCR`) in the same step.
+//!   own fencing token in the same step.
 //! - **Checkpoint.** After `limit` relays in a row the pass runs the release
 //!   script in "pass" mode instead: if a live waiter sits in Redis's queue (another process,
 //!   or one of ours), the lock goes to it as in a plain hand-off and the

@@ -159,6 +159,80 @@ impl LeaseToken {
     }
 }
 
+impl LeaseToken {
+    /// This holder's public name (see [`HolderId`]).
+    pub fn holder(&self) -> HolderId {
+        HolderId::of(self)
+    }
+}
+
+/// A public name for one holder of one lock, derived from its secret
+/// [`LeaseToken`]: the first 128 bits of the token's SHA-256, as 32
+/// lowercase hex characters.
+///
+/// Safe to log and to store: it cannot release, refresh or pass the
+/// lease (only the token can, and the hash cannot be turned back into
+/// it). Yet it is a function of the token alone, so whoever sees the token
+/// (the lock key in Redis, the holder's own process) can tell which
+/// holder a stored `HolderId` names. The `leasehold-pg` fence guard stores
+/// it beside the fence it accepted, and accepts the same fence again only
+/// from the same holder: a token that Redis issued twice never lets two
+/// holders write.
+///
+/// ```
+/// # async fn f(lease: &leasehold::Lease) {
+/// let holder = lease.holder();
+/// assert_eq!(holder, lease.token().holder());
+/// assert_eq!(holder.as_str().len(), 32);
+/// # }
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HolderId([u8; 32]);
+
+impl HolderId {
+    fn of(token: &LeaseToken) -> HolderId {
+        use sha2::Digest;
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let digest = sha2::Sha256::digest(token.0);
+        let mut out = [0u8; 32];
+        for (i, b) in digest.iter().take(16).enumerate() {
+            out[2 * i] = HEX[usize::from(b >> 4)];
+            out[2 * i + 1] = HEX[usize::from(b & 0x0f)];
+        }
+        HolderId(out)
+    }
+
+    /// An identifier as [`as_str`](Self::as_str) gives it (read back from
+    /// storage, or made up for a test): exactly 32 lowercase hex
+    /// characters, else `None`. An identifier is a name, not a capability:
+    /// it proves nothing to Redis.
+    pub fn parse(text: &str) -> Option<HolderId> {
+        let bytes: [u8; 32] = text.as_bytes().try_into().ok()?;
+        bytes
+            .iter()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            .then_some(HolderId(bytes))
+    }
+
+    /// The identifier as stored: 32 lowercase hex characters.
+    pub fn as_str(&self) -> &str {
+        // Only ASCII hex digits are ever written into the array.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for HolderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for HolderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HolderId({})", self.as_str())
+    }
+}
+
 impl fmt::Display for LeaseToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -290,6 +364,26 @@ mod tests {
         });
         let distinct: std::collections::HashSet<_> = drawn.iter().collect();
         assert_eq!(distinct.len(), drawn.len());
+    }
+
+    #[test]
+    fn a_holder_id_is_the_tokens_hash_not_the_token() {
+        // `printf %s 0123456789abcdef0123456789abcdef | sha256sum`, its
+        // first 16 bytes.
+        let token = LeaseToken(*b"0123456789abcdef0123456789abcdef");
+        assert_eq!(token.holder().as_str(), "3eb1bd439947eb762998e566ccc2e099");
+        assert_eq!(
+            format!("{:?}", token.holder()),
+            "HolderId(3eb1bd439947eb762998e566ccc2e099)"
+        );
+        let a = LeaseToken::generate().expect("os rng");
+        let b = LeaseToken::generate().expect("os rng");
+        assert_eq!(a.holder(), a.clone().holder());
+        assert_ne!(a.holder(), b.holder());
+        assert_ne!(a.holder().as_str(), a.as_str());
+        assert_eq!(HolderId::parse(a.holder().as_str()), Some(a.holder()));
+        assert_eq!(HolderId::parse("3EB1BD439947EB762998E566CCC2E099"), None);
+        assert_eq!(HolderId::parse("3eb1bd"), None);
     }
 
     #[test]

@@ -65,15 +65,22 @@ enum Op {
 /// need it.
 const NEEDED_BY: &[(&str, &[Op])] = &[
     ("set", &[Op::Acquire, Op::FencedAcquire]),
-    ("get", &[Op::Refresh, Op::Release, Op::RaiseFence]),
+    (
+        "get",
+        &[
+            Op::Refresh,
+            Op::Release,
+            Op::FencedAcquire,
+            Op::HandoffAcquireFenced,
+        ],
+    ),
     ("del", &[Op::Release]),
-    ("pexpire", &[Op::Refresh, Op::FencedAcquire]),
+    ("pexpire", &[Op::Refresh, Op::RaiseFence]),
     ("evalsha", &[Op::Release, Op::FencedAcquire]),
     ("eval", &[Op::Release]),
     ("script|load", &[Op::FencedAcquire]),
-    ("incr", &[Op::FencedAcquire, Op::HandoffAcquireFenced]),
     ("type", &[Op::FencedAcquireBusy, Op::HandoffAcquire]),
-    ("time", &[Op::HandoffAcquire]),
+    ("time", &[Op::FencedAcquire, Op::HandoffAcquire]),
     ("zadd", &[Op::HandoffAcquireBusy]),
     ("zrange", &[Op::HandoffAcquire]),
     ("zrem", &[Op::HandoffAcquire]),

@@ -12,9 +12,11 @@ use common::*;
 async fn tokens_increase_with_every_acquisition() -> TestResult {
     let (_server, mut conn, locker) = setup().await?;
     let keys = FencedKeys::for_resource("t:inc")?;
-    let () = conn.set(keys.fence(), 32).await?;
+    // A counter ahead of the server's clock counts up by one.
+    let ahead = FencingToken::MAX.get() - 100;
+    let () = conn.set(keys.fence(), ahead).await?;
     let mut last = FencingToken::new(0);
-    for expected in 33..=37 {
+    for expected in ahead + 1..=ahead + 5 {
         let lease = locker.acquire(&keys, 30 * SECOND).await?;
         let fence = lease.fence().ok_or("a fenced lease has a fence")?;
         assert_eq!(fence, FencingToken::new(expected));
@@ -24,8 +26,17 @@ async fn tokens_increase_with_every_acquisition() -> TestResult {
         assert_eq!(stored, lease.token().as_str());
         lease.release().await?;
     }
-    let counter: i64 = conn.get(keys.fence()).await?;
-    assert_eq!(counter, 37);
+    let counter: u64 = conn.get(keys.fence()).await?;
+    assert_eq!(counter, ahead + 5);
+    // A counter behind it (or none) jumps to the clock, then grows.
+    let () = conn.set(keys.fence(), 32).await?;
+    let (seconds, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+    let lease = locker.acquire(&keys, 30 * SECOND).await?;
+    let fence = lease.fence().ok_or("a fenced lease has a fence")?;
+    assert!(fence.get() >= seconds * 1_000_000 + micros, "{fence}");
+    let counter: u64 = conn.get(keys.fence()).await?;
+    assert_eq!(counter, fence.get());
+    lease.release().await?;
     Ok(())
 }
 
@@ -34,14 +45,18 @@ async fn busy_lock_issues_no_token() -> TestResult {
     let (_server, mut conn, locker) = setup().await?;
     let keys = FencedKeys::for_resource("t:busy")?;
     let held = locker.acquire(&keys, 30 * SECOND).await?;
-    assert_eq!(held.fence(), Some(FencingToken::new(1)));
+    let fence = held.fence().ok_or("a fenced lease has a fence")?;
     let opts = leasehold::AcquireOptions::new()
         .retry(leasehold::RetryStrategy::none())
         .wait(SECOND);
     let err = locker.acquire_with(&keys, 30 * SECOND, &opts).await.err();
     assert!(matches!(err, Some(Error::NotAcquired { .. })), "{err:?}");
-    let counter: i64 = conn.get(keys.fence()).await?;
-    assert_eq!(counter, 1, "a refused acquire must not consume a token");
+    let counter: u64 = conn.get(keys.fence()).await?;
+    assert_eq!(
+        counter,
+        fence.get(),
+        "a refused acquire must not consume a token"
+    );
     held.release().await?;
     Ok(())
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::Context;
 use deadpool_postgres::Object;
 use hdrhistogram::Histogram;
-use leasehold::FencingToken;
+use leasehold::{FencingToken, HolderId};
 use leasehold_pg::tokio_postgres::Client;
 use serde_json::json;
 use tokio::time::Instant;
@@ -137,7 +137,11 @@ async fn debit(db: &mut Client, mode: Mode, id: i64) -> anyhow::Result<()> {
     let tx = db.transaction().await?;
     if mode == Mode::Guarded {
         let resource = format!("bench:{id}");
-        let guard = leasehold_pg::guard_token(&tx, &resource, FencingToken::new(1)).await?;
+        // The one holder of every guarded debit (a name: the bench holds no
+        // lease).
+        let holder = HolderId::parse("0123456789abcdef0123456789abcdef").context("holder id")?;
+        let guard =
+            leasehold_pg::guard_token(&tx, &resource, FencingToken::new(1), &holder).await?;
         anyhow::ensure!(guard.is_accepted(), "the bench's guard was refused");
     }
     let read = if mode == Mode::ForUpdate {

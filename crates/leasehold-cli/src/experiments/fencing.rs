@@ -14,8 +14,9 @@ use crate::env::{Database, Env};
 use crate::ledger::{self, RESOURCE, WALLET_ID, WriteCheck};
 use crate::report::Report;
 
-/// The tutorial's figures: tokens 33 and 34, a 100 ms lease, a 250 ms pause.
-const FIRST_TOKEN: i64 = 33;
+/// The tutorial's figures: a 100 ms lease, a 250 ms pause. (Its tokens,
+/// 33 and 34, are this server's clock in microseconds here: a token is
+/// `max(counter + 1, clock)`, see `leasehold::FencingToken`.)
 const TTL: Duration = Duration::from_millis(100);
 const PAUSE: Duration = Duration::from_millis(250);
 const INITIAL: i64 = 100;
@@ -27,10 +28,6 @@ pub(crate) async fn run(env: &Env, db: &Database, args: &FencingArgs) -> anyhow:
     leasehold_pg::reset_wallet(&**db, WALLET_ID, INITIAL).await?;
     let keys = FencedKeys::for_resource(RESOURCE)?;
     let mut conn = env.redis.clone();
-    let () = conn
-        .set(keys.fence(), FIRST_TOKEN - 1)
-        .await
-        .context("seeding the fence counter")?;
     let () = conn
         .del(keys.lock())
         .await

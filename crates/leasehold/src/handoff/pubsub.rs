@@ -78,10 +78,20 @@ pub(super) async fn route<C: RedisConnection>(
                     continue;
                 };
                 let signal = match kind {
-                    "g" => {
-                        let fence = parts.next().and_then(|f| f.parse().ok()).unwrap_or(0);
-                        Signal::Granted(fence)
-                    }
+                    "g" => match parts.next().map(str::parse::<u64>) {
+                        Some(Ok(fence)) => Signal::Granted(fence),
+                        None => Signal::Granted(0),
+                        // Never a fenced lease without its token: the
+                        // waiter learns of the grant from its queue entry
+                        // ("granted <fence>") when it checks again.
+                        Some(Err(_)) => {
+                            tracing::warn!(
+                                key,
+                                "ignored a grant whose fencing token is not a number"
+                            );
+                            continue;
+                        }
+                    },
                     "w" => Signal::Woken,
                     _ => continue,
                 };

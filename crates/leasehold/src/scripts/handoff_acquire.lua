@@ -20,8 +20,8 @@
 -- had already been handed to us (or taken by an earlier request of ours
 -- whose reply was lost: then a fenced lock gets a fresh fence), {0, pttl, 0} when we wait (pttl: the
 -- holder's remaining TTL in ms, or -1 when the lock is free but handed to a
--- waiter ahead of us). fence is our fencing token (INCR of KEYS[4], issued
--- in the step that gave us the lock), 0 when unfenced.
+-- waiter ahead of us). fence is our fencing token (issued from KEYS[4] in
+-- the step that gave us the lock, see prelude.lua), 0 when unfenced.
 --
 -- Stale entries (past their owner's deadline) are dropped as they reach the
 -- head of the queue. Serving a waiter ahead of us means: SPUBLISH
@@ -32,7 +32,7 @@
 -- the next one is tried. A fenced waiter ahead of an unfenced caller is
 -- woken instead ("w <token> <lock key>") and takes the lock itself.
 --
--- Errors: NOTFENCE when KEYS[4] holds no positive integer counter;
+-- Errors: NOTFENCE when KEYS[4] holds no integer counter below 2^53;
 -- WRONGTYPE when the lock key is not a string. Nothing is changed. NOPERM
 -- when the ACL refuses a command (see prelude.lua).
 local time = call("TIME")
@@ -45,17 +45,18 @@ if kind ~= "string" and kind ~= "none" then
   return redis.error_reply("WRONGTYPE lock key holds a " .. kind)
 end
 if fence_key then
-  local current = call("GET", fence_key)
-  if current and not (tonumber(current) and tonumber(current) >= 0) then
-    return redis.error_reply("NOTFENCE fence key does not hold an integer counter")
+  local _, err = read_fence(fence_key)
+  if err then
+    return err
   end
 end
 
--- Issues the next fencing token.
+-- Issues the next fencing token (see prelude.lua); the counter was read
+-- above, so only an ACL refusal can fail it now.
 local function issue()
-  local fence = call("INCR", fence_key)
-  if tonumber(ARGV[5]) > 0 then
-    call("PEXPIRE", fence_key, ARGV[5])
+  local fence, err = issue_fence(fence_key, ARGV[5])
+  if err then
+    error(err)
   end
   return fence
 end
@@ -110,10 +111,10 @@ if not holder then
       if fenced then
         fence = issue()
       end
-      if tell(channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
+      if tell(channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence_text(fence)) > 0 then
         call("SET", KEYS[1], head, "PX", ttl)
         if fenced then
-          call("HSET", KEYS[3], head, "granted " .. fence)
+          call("HSET", KEYS[3], head, "granted " .. fence_text(fence))
         end
         break
       end
@@ -121,7 +122,7 @@ if not holder then
     head, ttl, fenced, channel = next_live()
   end
   if head == nil or head == ARGV[1] then
-    -- The token first: if the ACL refuses INCR, the lock is not taken.
+    -- The token first: if the ACL refuses it, the lock is not taken.
     local fence = 0
     if fence_key then
       fence = issue()

@@ -11,7 +11,7 @@
 -- use the smaller relay.lua.)
 --
 -- Fencing: every holder of a fenced lock gets its own fencing token, issued
--- (INCR of KEYS[4]) in the same step that hands it the lock. A queued
+-- from KEYS[4] (see prelude.lua) in the same step that hands it the lock. A queued
 -- waiter's entry says whether it is fenced; a fenced waiter granted the
 -- lock keeps its entry as "granted <fence>", so that it learns its token
 -- even if the pub/sub message is lost. Without KEYS[4] (the caller's lock
@@ -57,24 +57,26 @@
 -- is the fencing token issued to that local waiter or to ARGV[6] (0: none;
 -- -1: the waiter was woken, not granted, and must take the lock itself).
 --
--- Errors: NOTFENCE when KEYS[4] holds no positive integer counter (nothing
--- was changed); NOPERM when the ACL refuses a command (see prelude.lua).
+-- Errors: NOTFENCE when KEYS[4] holds no integer counter below 2^53
+-- (nothing was changed); NOPERM when the ACL refuses a command (see prelude.lua).
 local time = call("TIME")
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local grant = ARGV[2] == "grant"
 local fence_key = KEYS[4]
 
 if fence_key then
-  local current = call("GET", fence_key)
-  if current and not (tonumber(current) and tonumber(current) >= 0) then
-    return redis.error_reply("NOTFENCE fence key does not hold an integer counter")
+  local _, err = read_fence(fence_key)
+  if err then
+    return err
   end
 end
 
+-- Issues the next fencing token (see prelude.lua); the counter was read
+-- above, so only an ACL refusal can fail it now.
 local function issue()
-  local fence = call("INCR", fence_key)
-  if tonumber(ARGV[8]) > 0 then
-    call("PEXPIRE", fence_key, ARGV[8])
+  local fence, err = issue_fence(fence_key, ARGV[8])
+  if err then
+    error(err)
   end
   return fence
 end
@@ -130,10 +132,10 @@ local function serve()
       if fenced then
         fence = issue()
       end
-      if mine or tell(channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence) > 0 then
+      if mine or tell(channel, "g " .. head .. " " .. KEYS[1] .. " " .. fence_text(fence)) > 0 then
         call("SET", KEYS[1], head, "PX", ttl)
         if fenced then
-          call("HSET", KEYS[3], head, "granted " .. fence)
+          call("HSET", KEYS[3], head, "granted " .. fence_text(fence))
         else
           call("HDEL", KEYS[3], head)
         end

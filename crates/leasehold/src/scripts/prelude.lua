@@ -64,3 +64,103 @@ local function tell(channel, message)
   end
   return call("SPUBLISH", channel, message)
 end
+
+-- Fencing tokens: every script that issues one, reads a counter or raises
+-- one goes through the functions below.
+--
+-- A token is max(counter + 1, this server's clock in microseconds since
+-- the Unix epoch), and the counter is set to it. The clock is the floor a
+-- lost counter restarts from: a counter that is gone (a restart without
+-- persistence, FLUSHALL, eviction, expiry) or behind (a failover to a
+-- replica that missed the last increments) issues next a token at least
+-- the server's time, which is above every token issued before, as long
+-- as (1) the server that issues next does not read its clock earlier
+-- than the one that issued the lost tokens read its own, and (2) one
+-- resource is given fewer than one token per microsecond on average (a
+-- burst is absorbed by the +1). A counter that survives needs neither:
+-- it only grows. Tokens stay below 2^53, exact in a Lua number (a double)
+-- and in PostgreSQL's bigint; the clock reaches that in the year 2255.
+local FENCE_LIMIT = 9007199254740992 -- 2^53
+
+-- redis.pcall(command, ...): its reply, or nil and the error reply (an ACL
+-- refusal named as call() names it), returned instead of raised.
+local function try(command, ...)
+  local reply = redis.pcall(command, ...)
+  if type(reply) == "table" and reply["err"] then
+    return nil, refusal(command, reply) or reply
+  end
+  return reply
+end
+
+local function not_a_counter()
+  return redis.error_reply("NOTFENCE fence key does not hold an integer counter below 2^53")
+end
+
+-- The fence counter `key`: its value, 0 when absent; or nil and the error
+-- reply: NOTFENCE when it holds anything but a decimal integer below 2^53,
+-- NOPERM when the ACL refuses.
+local function read_fence(key)
+  local current, err = try("GET", key)
+  if err then
+    if string.find(err["err"], "WRONGTYPE", 1, true) then
+      return nil, not_a_counter()
+    end
+    return nil, err
+  end
+  if not current then
+    return 0
+  end
+  if not string.match(current, "^%d+$") or #current > 16 or tonumber(current) >= FENCE_LIMIT then
+    return nil, not_a_counter()
+  end
+  return tonumber(current)
+end
+
+-- The lowest token this server may issue now: its clock in microseconds;
+-- or nil and the error reply.
+local function fence_floor()
+  local time, err = try("TIME")
+  if err then
+    return nil, err
+  end
+  return tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
+-- A token as text: every digit (Lua's own `..` would print a token above
+-- 10^14 in exponent notation, which no reader parses as the token).
+local function fence_text(fence)
+  return string.format("%d", fence)
+end
+
+-- Sets the counter `key` to `value`, living `ttl` ms after this use (0:
+-- forever); nil and the error reply on failure.
+local function store_fence(key, value, ttl)
+  if value >= FENCE_LIMIT then
+    return nil, redis.error_reply("NOTFENCE fence counter would reach 2^53")
+  end
+  local text = fence_text(value)
+  if tonumber(ttl) > 0 then
+    return try("SET", key, text, "PX", ttl)
+  end
+  return try("SET", key, text)
+end
+
+-- Issues the next token of the counter `key` (see above), which lives
+-- `ttl` ms after this use (0: forever): the token, or nil and the error
+-- reply, with nothing changed.
+local function issue_fence(key, ttl)
+  local current, err = read_fence(key)
+  if err then
+    return nil, err
+  end
+  local floor, clock_err = fence_floor()
+  if clock_err then
+    return nil, clock_err
+  end
+  local fence = math.max(current + 1, floor)
+  local _, store_err = store_fence(key, fence, ttl)
+  if store_err then
+    return nil, store_err
+  end
+  return fence
+end

@@ -5,18 +5,23 @@
 -- ARGV[1]  the holder's token
 -- ARGV[2]  the TTL in milliseconds
 --
--- Takes the lock with SET NX PX and, only if that worked, returns this node's
--- current fence counter (0 when absent), which the client combines with the
--- other votes. Returns false when the lock is held by someone else.
+-- Takes the lock with SET NX PX and, only if that worked, returns the
+-- lowest token this node would accept as above everything it has issued:
+-- max(its fence counter (0 when absent), its clock in microseconds) (see
+-- prelude.lua). The client takes one more than the highest vote. Returns
+-- false when the lock is held by someone else.
+--
+-- Errors, with nothing changed: NOTFENCE when KEYS[2] holds no integer
+-- counter below 2^53; NOPERM when the ACL refuses a command.
+local current, err = read_fence(KEYS[2])
+if err then
+  return err
+end
+local floor, clock_err = fence_floor()
+if clock_err then
+  return clock_err
+end
 if not call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
   return false
 end
-local fence = call("GET", KEYS[2])
-if not fence then
-  return 0
-end
-local n = tonumber(fence)
-if not n then
-  return redis.error_reply("ERR fence counter is not an integer")
-end
-return n
+return math.max(current, floor)

@@ -3,7 +3,7 @@
 -- KEYS[1]  the lock key
 -- KEYS[2]  the resource's fence counter on this node
 -- ARGV[1]  the holder's token
--- ARGV[2]  the fencing token chosen for the lease
+-- ARGV[2]  the fencing token chosen for the lease (below 2^53)
 -- ARGV[3]  how long the fence counter lives after its last use (ms; 0:
 --          forever)
 --
@@ -11,14 +11,20 @@
 -- whether or not we hold the lock here: a higher counter on more nodes only
 -- helps the next acquirer. Returns 1 if this node's lock still holds our
 -- token (the write counts towards the quorum), else 0.
-local current = tonumber(call("GET", KEYS[2]) or "0")
-if not current then
-  return redis.error_reply("ERR fence counter is not an integer")
+--
+-- Errors: NOTFENCE when KEYS[2] holds no integer counter below 2^53 or
+-- ARGV[2] is out of range (nothing changed); NOPERM when the ACL refuses.
+local current, err = read_fence(KEYS[2])
+if err then
+  return err
 end
-if current < tonumber(ARGV[2]) then
-  call("SET", KEYS[2], ARGV[2])
-end
-if tonumber(ARGV[3]) > 0 then
+local want = tonumber(ARGV[2])
+if current < want then
+  local _, store_err = store_fence(KEYS[2], want, ARGV[3])
+  if store_err then
+    return store_err
+  end
+elseif tonumber(ARGV[3]) > 0 then
   call("PEXPIRE", KEYS[2], ARGV[3])
 end
 if call("GET", KEYS[1]) == ARGV[1] then

@@ -19,21 +19,18 @@
 -- Returns {1, fence} when the lock moved (fence 0 when unfenced), {0, 0}
 -- when it did not hold ARGV[1] (nothing changed).
 --
--- Errors: NOTFENCE when KEYS[2] holds no positive integer counter (nothing
--- changed); NOPERM when the ACL refuses a command (see prelude.lua).
+-- Errors: NOTFENCE when KEYS[2] holds no integer counter below 2^53
+-- (nothing changed); NOPERM when the ACL refuses a command (see prelude.lua).
 if call("GET", KEYS[1]) ~= ARGV[1] then
   return {0, 0}
 end
 local fence = 0
 if KEYS[2] then
-  local current = call("GET", KEYS[2])
-  if current and not (tonumber(current) and tonumber(current) >= 0) then
-    return redis.error_reply("NOTFENCE fence key does not hold an integer counter")
+  local issued, err = issue_fence(KEYS[2], ARGV[4])
+  if err then
+    return err
   end
-  fence = call("INCR", KEYS[2])
-  if tonumber(ARGV[4]) > 0 then
-    call("PEXPIRE", KEYS[2], ARGV[4])
-  end
+  fence = issued
 end
 call("SET", KEYS[1], ARGV[2], "PX", ARGV[3])
 return {1, fence}

@@ -65,7 +65,6 @@ pub const LOCK_USER_ACL: &[&str] = &[
     "+del",
     "+pexpire",
     "+pttl",
-    "+incr",
     "+type",
     "+time",
     "+zadd",
