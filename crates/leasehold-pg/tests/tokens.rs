@@ -75,8 +75,41 @@ fn fence(lease: &Lease) -> Result<FencingToken, &'static str> {
     lease.fence().ok_or("a fenced lease without a fence")
 }
 
+/// How Redis loses the lock and its counter.
+#[derive(Debug, Clone, Copy)]
+enum Cause {
+    /// A restart without persistence (or a failover to an empty replica).
+    RestartEmpty,
+    /// `FLUSHALL`.
+    FlushAll,
+    /// Both keys evicted (`DEL`).
+    Evicted,
+    /// Both keys expired.
+    Expired,
+}
+
+impl Cause {
+    fn apply(self, servers: &mut [RedisServer], keys: &FencedKeys) -> TestResult {
+        for server in servers {
+            match self {
+                Cause::RestartEmpty => server.restart_empty()?,
+                Cause::FlushAll => drop(server.redis_cli(&["FLUSHALL"])?),
+                Cause::Evicted => drop(server.redis_cli(&["DEL", keys.lock(), keys.fence()])?),
+                Cause::Expired => {
+                    server.redis_cli(&["PEXPIRE", keys.lock(), "1"])?;
+                    server.redis_cli(&["PEXPIRE", keys.fence(), "1"])?;
+                    while server.redis_cli(&["EXISTS", keys.lock(), keys.fence()])? != "0" {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_redis_restarts_empty_the_new_holder_writes_and_the_old_one_is_refused_every_way()
+async fn after_redis_loses_the_counter_the_new_holder_writes_and_the_old_one_is_refused_every_way()
 -> TestResult {
     let pg = server()?;
     let mut db = leasehold_pg::connect(&pg.url()).await?;
@@ -86,29 +119,48 @@ async fn after_redis_restarts_empty_the_new_holder_writes_and_the_old_one_is_ref
             Kind::Quorum => RedisServer::start_many(3)?,
             _ => vec![RedisServer::start()?],
         };
-        let keys = FencedKeys::for_resource(&format!("tokens:restart:{kind:?}"))?;
-        let a = Way::open(kind, &servers).await?.take(&keys).await?;
-        assert_eq!(write(&mut db, &a).await?, Guard::Accepted, "{kind:?}");
-        // Every server loses everything, A's lock and the counter with it.
-        for server in &mut servers {
-            server.restart_empty()?;
+        for cause in [
+            Cause::RestartEmpty,
+            Cause::FlushAll,
+            Cause::Evicted,
+            Cause::Expired,
+        ] {
+            let keys = FencedKeys::for_resource(&format!("tokens:{cause:?}:{kind:?}"))?;
+            let a = Way::open(kind, &servers).await?.take(&keys).await?;
+            assert_eq!(
+                write(&mut db, &a).await?,
+                Guard::Accepted,
+                "{kind:?} {cause:?}"
+            );
+            // Every node has A's lock and token (a quorum finishes its last
+            // node in the background); then every node loses them.
+            for server in &servers {
+                while server.redis_cli(&["EXISTS", keys.lock()])? != "1" {
+                    tokio::task::yield_now().await;
+                }
+            }
+            cause.apply(&mut servers, &keys)?;
+            let b = Way::open(kind, &servers).await?.take(&keys).await?;
+            assert!(
+                fence(&b)? > fence(&a)?,
+                "{kind:?} {cause:?}: {:?} after {:?}",
+                b.fence(),
+                a.fence()
+            );
+            assert_eq!(
+                write(&mut db, &b).await?,
+                Guard::Accepted,
+                "{kind:?} {cause:?}"
+            );
+            // A, paused through all of it, wakes up and writes again.
+            let late = write(&mut db, &a).await?;
+            assert!(
+                matches!(&late, Guard::Refused { current, .. } if *current == fence(&b)?),
+                "{kind:?} {cause:?}: the old holder was {late:?}"
+            );
+            let _ = b.release().await;
+            drop(a);
         }
-        let b = Way::open(kind, &servers).await?.take(&keys).await?;
-        assert!(
-            fence(&b)? > fence(&a)?,
-            "{kind:?}: {:?} after {:?}",
-            b.fence(),
-            a.fence()
-        );
-        assert_eq!(write(&mut db, &b).await?, Guard::Accepted, "{kind:?}");
-        // A, paused through all of it, wakes up and writes again.
-        let late = write(&mut db, &a).await?;
-        assert!(
-            matches!(&late, Guard::Refused { current, .. } if *current == fence(&b)?),
-            "{kind:?}: the old holder was {late:?}"
-        );
-        let _ = b.release().await;
-        drop(a);
     }
     Ok(())
 }
