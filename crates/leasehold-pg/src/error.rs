@@ -45,7 +45,11 @@ pub enum Error {
     },
 
     /// PostgreSQL could not be reached, or the connection was lost (refused,
-    /// reset, closed, timed out).
+    /// reset, closed, timed out), or the server is not serving: starting
+    /// up or shutting down (`57P03` "the database system is starting up",
+    /// `57P01` admin shutdown, `57P02` crash shutdown) or a connection
+    /// failure it reported (SQLSTATE class `08`). Retryable: a restart or a
+    /// failover of PostgreSQL passes.
     #[error("postgresql unreachable")]
     Unreachable(#[source] tokio_postgres::Error),
 
@@ -161,14 +165,19 @@ pub enum Error {
 
 impl Error {
     /// True when the same call may succeed later: the server was
-    /// unreachable, or it aborted the transaction for a serialization
-    /// failure or a deadlock.
+    /// unreachable, starting up or shutting down ([`Error::Unreachable`]),
+    /// had no connection slot left (`53300`), or aborted the transaction
+    /// for a serialization failure or a deadlock.
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Unreachable(_) => true,
             Error::Postgres(err) => matches!(
                 err.code(),
-                Some(&SqlState::T_R_SERIALIZATION_FAILURE | &SqlState::T_R_DEADLOCK_DETECTED)
+                Some(
+                    &SqlState::T_R_SERIALIZATION_FAILURE
+                        | &SqlState::T_R_DEADLOCK_DETECTED
+                        | &SqlState::TOO_MANY_CONNECTIONS
+                )
             ),
             _ => false,
         }
@@ -188,6 +197,9 @@ impl Error {
                     WALLETS
                 };
                 return Error::TableMissing { table, source: err };
+            }
+            if is_not_serving(code) {
+                return Error::Unreachable(err);
             }
             if *code == SqlState::UNDEFINED_COLUMN && db.message().contains("holder") {
                 return Error::TableOutdated {
@@ -229,6 +241,15 @@ impl From<tokio_postgres::Error> for Error {
     fn from(err: tokio_postgres::Error) -> Self {
         Error::from_pg(err)
     }
+}
+
+/// Whether the server said it is not serving: starting up, shutting down,
+/// or a connection failure (SQLSTATE class `08`).
+fn is_not_serving(code: &SqlState) -> bool {
+    *code == SqlState::CANNOT_CONNECT_NOW
+        || *code == SqlState::ADMIN_SHUTDOWN
+        || *code == SqlState::CRASH_SHUTDOWN
+        || code.code().starts_with("08")
 }
 
 /// True for errors of the client's connect, I/O and timeout kinds, which

@@ -412,6 +412,20 @@ pub enum Error {
         master: String,
     },
 
+    /// Redis is out of memory (`maxmemory` reached under the `noeviction`
+    /// policy, `OOM`): it refuses writes until memory frees. Retryable: an
+    /// acquire rides it out within its wait, and returns it when the wait
+    /// runs out during it (so a full server never looks like contention).
+    #[error("redis out of memory during {op}: maxmemory reached, writes refused")]
+    OutOfMemory {
+        /// The operation that failed.
+        op: &'static str,
+        /// The server's reply (the reply alone: a `redis::RedisError`
+        /// would say it twice, once itself and once as its source).
+        #[source]
+        source: redis::ServerError,
+    },
+
     /// Any other error from Redis or the client.
     #[error("redis error during {op}")]
     Redis {
@@ -452,7 +466,8 @@ impl Error {
             | Error::QuorumNotReached { .. }
             | Error::NotReplicated { .. }
             | Error::SentinelUnreachable { .. }
-            | Error::NoPrimary { .. } => true,
+            | Error::NoPrimary { .. }
+            | Error::OutOfMemory { .. } => true,
             Error::Redis { source, .. } => {
                 source.is_io_error()
                     || source.is_timeout()
@@ -508,6 +523,16 @@ impl Error {
                 };
             }
             Some("NOAUTH" | "WRONGPASS") => return Error::Auth(err),
+            Some("OOM") => {
+                if let Some(source) = std::error::Error::source(&err)
+                    .and_then(|source| source.downcast_ref::<redis::ServerError>())
+                {
+                    return Error::OutOfMemory {
+                        op,
+                        source: source.clone(),
+                    };
+                }
+            }
             Some("NOPERM") => {
                 return Error::NoPermission {
                     op,

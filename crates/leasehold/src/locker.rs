@@ -320,10 +320,14 @@ impl<C: RedisConnection> Locker<C> {
     ///   [`Error::InvalidOptions`] (a zero replica wait) before any I/O;
     /// - [`Error::NotAcquired`] when the key stayed busy, with the reason:
     ///   retries exhausted, deadline expired, or cancelled;
-    /// - [`Error::Timeout`] when Redis did not answer in time (each request
-    ///   is bounded by the deadline and the command timeout),
-    ///   [`Error::Unreachable`], [`Error::Auth`], [`Error::WrongType`] (the
-    ///   key holds a non-string value), returned at once without retrying;
+    /// - [`Error::Timeout`] (each request is bounded by the deadline and the
+    ///   command timeout), [`Error::Unreachable`], [`Error::Auth`],
+    ///   [`Error::OutOfMemory`] and the other retryable faults
+    ///   ([`Error::is_retryable`]) are retried within the wait, and
+    ///   returned when it runs out during them (see the guide's table,
+    ///   "Which errors an acquire rides out");
+    /// - [`Error::WrongType`] (the key holds a non-string value) and
+    ///   [`Error::NoPermission`], returned at once without retrying;
     /// - [`Error::InvalidFence`] when the fence key holds anything but a
     ///   integer counter below 2^53 (the lock is not left taken);
     /// - [`Error::InvalidOptions`] when [`AcquireOptions::watchdog`] is set

@@ -446,6 +446,8 @@ impl<C: RedisConnection> QuorumInner<C> {
         // A node whose counter is no counter (NOTFENCE): reported as such
         // when it costs the majority, not as a missing vote to retry.
         let mut not_a_counter = None;
+        // Nodes that refused for memory (`OOM`), and one such refusal.
+        let mut full = (0, None);
         let (yes, failed, counter) = match &fenced {
             Some(keys) => {
                 let votes: Vec<Result<Option<u64>>> = self
@@ -464,6 +466,9 @@ impl<C: RedisConnection> QuorumInner<C> {
                     match vote {
                         Ok(Some(counter)) => counters.push(counter),
                         Ok(None) => {}
+                        Err(err @ Error::OutOfMemory { .. }) => {
+                            full = (full.0 + 1, Some(err));
+                        }
                         Err(err) => not_a_counter = not_a_counter.or(bad_fence(err, keys)),
                     }
                 }
@@ -485,9 +490,25 @@ impl<C: RedisConnection> QuorumInner<C> {
                     .await;
                 let failed = votes.iter().filter(|v| v.is_err()).count();
                 let yes = votes.iter().filter(|v| matches!(v, Ok(true))).count();
+                for vote in votes {
+                    if let Err(err @ Error::OutOfMemory { .. }) = vote {
+                        full = (full.0 + 1, Some(err));
+                    }
+                }
                 (yes, failed, None)
             }
         };
+        // Every node that failed was full, and that cost the majority: a
+        // full server, which the acquire rides out (and names if its wait
+        // runs out), not a quorum lost to unreachable nodes.
+        if let (oom, Some(err)) = full
+            && oom == failed
+            && self.nodes.len() - failed < self.needed()
+        {
+            self.release_all(&target.lock, token, |deleted| *deleted)
+                .await;
+            return Err(err);
+        }
         if let Ok(mut round) = last_round.lock() {
             *round = Round { votes: yes, failed };
         }

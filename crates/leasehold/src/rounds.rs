@@ -323,6 +323,10 @@ fn during_acquire(err: Error) -> Error {
             op: "acquire",
             source,
         },
+        Error::OutOfMemory { source, .. } => Error::OutOfMemory {
+            op: "acquire",
+            source,
+        },
         other => other,
     }
 }
@@ -330,7 +334,7 @@ fn during_acquire(err: Error) -> Error {
 /// The error an acquire that gives up returns: the transient fault it was
 /// riding out, if any (Redis, not contention, kept it from the lock),
 /// unless the caller cancelled.
-fn prefer_fault(err: Error, transient: Option<Error>) -> Error {
+pub(crate) fn prefer_fault(err: Error, transient: Option<Error>) -> Error {
     match (&err, transient) {
         (Error::NotAcquired { reason, .. }, Some(fault)) if *reason != GiveUpReason::Cancelled => {
             fault

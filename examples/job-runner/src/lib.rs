@@ -58,13 +58,20 @@ pub enum Ran {
 }
 
 /// Creates the runner's tables (`jobs`, `job_log`) and the guard's
-/// (`leasehold_fences`).
+/// (`leasehold_fences`). Safe from many processes at once: one transaction
+/// serialized by an advisory lock (two concurrent `CREATE TABLE IF NOT
+/// EXISTS` of one table can otherwise fail with a unique violation in the
+/// catalog).
 ///
 /// # Errors
 /// When a statement fails.
 pub async fn setup(db: &mut Client) -> Result<(), Error> {
     leasehold_pg::setup(db).await?;
-    db.batch_execute(
+    let tx = db.transaction().await?;
+    // Any constant of the service's own; this one spells "jobrun".
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&0x6a6f_6272_756e_i64])
+        .await?;
+    tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS jobs (
              id bigserial PRIMARY KEY,
              queue text NOT NULL,
@@ -78,6 +85,7 @@ pub async fn setup(db: &mut Client) -> Result<(), Error> {
          );",
     )
     .await?;
+    tx.commit().await?;
     Ok(())
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::call;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fencing::FencingToken;
 use crate::lease::{Backend, Part, Reply, release_runtime, spawn_dropped_release};
 use crate::node::{Node, RedisConnection, not_a_fence, ttl_millis};
@@ -272,6 +272,13 @@ async fn serve<C: RedisConnection>(
                 }
                 tell_served(key, backend, &served);
                 return Ok(confirmed || served.code != 0);
+            }
+            // A full server refuses the pass (it writes the next holder's
+            // token): give the lock back in Redis instead, which needs no
+            // memory, and send the waiter there.
+            Err(Error::OutOfMemory { .. }) => {
+                relay.pass_place(key, Some(queued));
+                next = Next::Nobody;
             }
             Err(err) => {
                 relay.pass_place(key, Some(queued));
