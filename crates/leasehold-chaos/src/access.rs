@@ -15,6 +15,8 @@
 //! | [`Fault::ScriptFlush`] | `SCRIPT FLUSH` | `+script\|flush` |
 //! | [`Fault::ConnKill`] | `CLIENT KILL TYPE normal` | `+client\|kill` |
 //! | [`Fault::RedisStall`] | `CLIENT PAUSE <window> ALL` | `+client\|pause` |
+//! | [`Fault::ClientPauseWrite`] | `CLIENT PAUSE <window> WRITE` | `+client\|pause` |
+//! | [`Fault::PubsubKill`] | `CLIENT KILL TYPE pubsub` | `+client\|kill` |
 //!
 //! The lab's own connection to a single Redis skips redis-rs's `CLIENT
 //! SETINFO` (a cluster client's connections may send it; redis-rs ignores
@@ -60,7 +62,8 @@ impl Fault {
             Fault::EarlyExpiry => &["pexpire"],
             Fault::ScriptFlush => &["script|flush"],
             Fault::ConnKill => &["client|kill"],
-            Fault::RedisStall => &["client|pause"],
+            Fault::RedisStall | Fault::ClientPauseWrite => &["client|pause"],
+            Fault::PubsubKill => &["client|kill"],
             Fault::Mixed => &[
                 "del",
                 "pexpire",

@@ -89,6 +89,30 @@ pub enum Fault {
     /// node); throwaway servers only (it changes the server's
     /// configuration); not on a Redis Cluster. Mixed in.
     Eviction,
+    /// Redis stops serving writes while reads go on (`CLIENT PAUSE <window>
+    /// WRITE`, as a failover's coordinated pause or an operator does):
+    /// every acquire, refresh and release waits until the window ends.
+    /// Every mode (on a quorum, the first node); not on a Redis Cluster;
+    /// not mixed in.
+    ClientPauseWrite,
+    /// Every pub/sub connection killed by Redis (`CLIENT KILL TYPE pubsub`,
+    /// every 300 ms through the window): hand-off's subscriber loses its
+    /// subscription, reconnects and subscribes again. Every mode (on a
+    /// quorum, the first node); not on a Redis Cluster; not mixed in.
+    PubsubKill,
+    /// Redis full: `maxmemory` set to 1 byte under `noeviction` through the
+    /// window, so every write that needs memory is refused with `OOM`
+    /// (acquires, grants, passes), while deletes and expiries still work;
+    /// restored at its end. Every mode (on a quorum, the first node);
+    /// throwaway servers only (it changes the server's configuration); not
+    /// on a Redis Cluster; not mixed in.
+    Oom,
+    /// `FLUSHALL` at the window's start: every lock, fence counter and
+    /// hand-off queue gone at once, as a wiped server (an operator's
+    /// mistake, a demotion to the replica of an empty server) would leave
+    /// them. Every mode (on a quorum, the first node); throwaway servers
+    /// only; not on a Redis Cluster; not mixed in.
+    Flushall,
     /// PostgreSQL restarted: a fast shutdown (every session cut, open
     /// transactions rolled back, what was committed kept) and started again
     /// on its port at the window's end: writes fail meanwhile, and a
@@ -116,7 +140,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 23] = [
+    pub const ALL: [Fault; 27] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -136,6 +160,10 @@ impl Fault {
         Fault::RedisStall,
         Fault::AclReset,
         Fault::Eviction,
+        Fault::ClientPauseWrite,
+        Fault::PubsubKill,
+        Fault::Oom,
+        Fault::Flushall,
         Fault::PostgresRestart,
         Fault::SentinelFailover,
         Fault::SentinelKill,
@@ -188,6 +216,10 @@ impl Fault {
             Fault::RedisStall => "redis-stall",
             Fault::AclReset => "acl-reset",
             Fault::Eviction => "eviction",
+            Fault::ClientPauseWrite => "client-pause-write",
+            Fault::PubsubKill => "pubsub-kill",
+            Fault::Oom => "oom",
+            Fault::Flushall => "flushall",
             Fault::PostgresRestart => "postgres-restart",
             Fault::SentinelFailover => "sentinel-failover",
             Fault::SentinelKill => "sentinel-kill",
@@ -219,6 +251,7 @@ impl Fault {
             || matches!(
                 self,
                 Fault::RedisRestart
+                    | Fault::Flushall
                     | Fault::Failover
                     | Fault::SentinelFailover
                     | Fault::SentinelKill
@@ -239,6 +272,8 @@ impl Fault {
             Fault::RedisPause
                 | Fault::AclReset
                 | Fault::Eviction
+                | Fault::Oom
+                | Fault::Flushall
                 | Fault::RedisRestart
                 | Fault::RedisRestartAof
                 | Fault::Failover
@@ -279,6 +314,7 @@ impl Fault {
             self,
             Fault::RedisPause
                 | Fault::RedisStall
+                | Fault::ClientPauseWrite
                 | Fault::AclReset
                 | Fault::RedisRestart
                 | Fault::RedisRestartAof
@@ -298,6 +334,7 @@ impl Fault {
                 | Fault::EarlyExpiry
                 | Fault::ScriptFlush
                 | Fault::ConnKill
+                | Fault::PubsubKill
                 | Fault::Eviction
         )
     }

@@ -1163,6 +1163,24 @@ impl Lab {
                 self.repeat(fault, keys)?;
                 format!("redis memory ({limit} bytes, allkeys-lru)")
             }
+            Fault::Oom => {
+                let primary = own(&mut servers.primary, fault)?;
+                for args in [
+                    &["CONFIG", "SET", "maxmemory-policy", "noeviction"][..],
+                    &["CONFIG", "SET", "maxmemory", "1"],
+                ] {
+                    primary
+                        .command(args)
+                        .map_err(server("filling redis's memory"))?;
+                }
+                "redis memory (1 byte, noeviction)".to_owned()
+            }
+            Fault::Flushall => {
+                own(&mut servers.primary, fault)?
+                    .command(&["FLUSHALL"])
+                    .map_err(server("flushing redis"))?;
+                "redis dataset".to_owned()
+            }
             Fault::AclReset => {
                 let primary = own(&mut servers.primary, fault)?;
                 if self.acl_password.is_none() {
@@ -1217,14 +1235,24 @@ impl Lab {
                 *old = Some(port);
                 format!("primary :{port} (killed)")
             }
-            Fault::RedisStall => {
+            Fault::RedisStall | Fault::ClientPauseWrite => {
                 // Redis ends the pause by itself at the window's end (no
                 // command, `CLIENT UNPAUSE` included, gets through it).
                 let ms = window.length.as_millis().max(1).to_string();
+                let what = if fault == Fault::RedisStall {
+                    "ALL"
+                } else {
+                    "WRITE"
+                };
                 servers
                     .primary
-                    .command(&["CLIENT", "PAUSE", &ms, "ALL"], "stalling redis")?;
+                    .command(&["CLIENT", "PAUSE", &ms, what], "stalling redis")?;
                 "redis".to_owned()
+            }
+            Fault::PubsubKill => {
+                drop(servers);
+                self.repeat(fault, keys)?;
+                "redis pub/sub connections".to_owned()
             }
         };
         Ok(target)
@@ -1249,6 +1277,7 @@ impl Lab {
             // Every client but this one (`SKIPME yes` is the default) and
             // the replicas.
             Fault::ConnKill => redis.command(&["CLIENT", "KILL", "TYPE", "normal"], &what),
+            Fault::PubsubKill => redis.command(&["CLIENT", "KILL", "TYPE", "pubsub"], &what),
             Fault::NetCut => {
                 self.proxy(fault)?.cut();
                 Ok(())
@@ -1373,6 +1402,11 @@ impl Lab {
                         .map_err(server("ending the eviction"))?;
                 }
             }
+            Fault::Oom => {
+                own(&mut servers.primary, fault)?
+                    .command(&["CONFIG", "SET", "maxmemory", "0"])
+                    .map_err(server("ending the memory limit"))?;
+            }
             Fault::AclReset => {
                 if let Some(password) = &self.acl_password {
                     set_acl_user(own(&mut servers.primary, fault)?, password)?;
@@ -1385,6 +1419,9 @@ impl Lab {
             | Fault::EarlyExpiry
             | Fault::ScriptFlush
             | Fault::ConnKill
+            | Fault::PubsubKill
+            | Fault::Flushall
+            | Fault::ClientPauseWrite
             | Fault::RedisStall => {}
         }
         Ok(())
@@ -1597,6 +1634,7 @@ fn period(fault: Fault) -> Duration {
     match fault {
         Fault::KeyLoss | Fault::EarlyExpiry => Duration::from_millis(5),
         Fault::NetCut | Fault::ConnKill => Duration::from_millis(100),
+        Fault::PubsubKill => Duration::from_millis(300),
         _ => Duration::from_millis(50),
     }
 }
