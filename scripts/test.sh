@@ -35,6 +35,15 @@ if cargo tree --locked -d -e normal -p leasehold -p leasehold-pg --depth 0 --pre
   exit 1
 fi
 cargo test --workspace --locked
+# The same lease, fencing and hand-off suites, and the matrix's core rows,
+# on Valkey 8.1 (a Redis-compatible server managed offerings run).
+valkey=$(scripts/valkey.sh)
+LEASEHOLD_REDIS_SERVER="$valkey" cargo test -p leasehold --locked \
+  --test lease --test fencing --test tokens --test paths --test handoff \
+  --test memory --test watchdog --test faults --test acl
+LEASEHOLD_REDIS_SERVER="$valkey" cargo run -p leasehold-cli --locked --quiet -- chaos \
+  --modes cas,guard,handoff,quorum --faults none,holder-pause,key-loss,redis-restart,oom \
+  --duration 2s
 # Package leasehold and leasehold-pg as crates.io would get them, build the
 # packages, and check the MSRV (it prints which kind of check ran).
 scripts/package.sh

@@ -23,7 +23,9 @@
 //! # Ok::<(), leasehold_testkit::Error>(())
 //! ```
 //!
-//! The binaries are looked up on `PATH`; PostgreSQL's also in
+//! The binaries are looked up on `PATH` (the Redis server may be another
+//! one: [`SERVER_ENV`], `LEASEHOLD_REDIS_SERVER`, names a Redis-compatible
+//! server binary such as Valkey's `valkey-server`); PostgreSQL's also in
 //! `/usr/lib/postgresql/<version>/bin` (newest first), where Debian installs
 //! them. PostgreSQL refuses to run as root, so when this process is root it
 //! runs `initdb` and `postgres` as the `postgres` system user.
@@ -53,6 +55,6 @@ pub use faults::{
 pub use postgres::PostgresServer;
 pub use process::free_port;
 pub use proxy::{Direction, FaultProxy, Faults};
-pub use redis::{AclRefusal, RedisOptions, RedisServer};
+pub use redis::{AclRefusal, RedisOptions, RedisServer, SERVER_ENV};
 pub use resp::Reply;
 pub use sentinel::{RedisSentinel, SENTINEL_DOWN_AFTER, SENTINEL_FAILOVER_TIMEOUT};

@@ -15,8 +15,35 @@ use crate::certs::{ClientAuth, ServerTls};
 use crate::process::{self, ChildProcess, HOST, POLL_INTERVAL, PORT_ATTEMPTS};
 use crate::resp::{self, Reply};
 
-/// The binary this module starts.
+/// The binary this module starts, found on `PATH`.
 const REDIS_SERVER: &str = "redis-server";
+
+/// The environment variable naming another server binary to start instead
+/// of `redis-server`: a Redis-compatible server such as Valkey's
+/// `valkey-server` (`scripts/install-deps.sh` fetches Valkey 8.1, and
+/// `scripts/test.sh` runs the lease, fencing and hand-off suites on it).
+pub const SERVER_ENV: &str = "LEASEHOLD_REDIS_SERVER";
+
+/// The server binary to start: [`SERVER_ENV`]'s path if set, else
+/// `redis-server` from `PATH`.
+fn server_binary() -> Result<PathBuf, Error> {
+    match std::env::var_os(SERVER_ENV) {
+        Some(path) if !path.is_empty() => {
+            let path = PathBuf::from(path);
+            if process::is_executable(&path) {
+                Ok(path)
+            } else {
+                Err(Error::BinaryNotFound {
+                    name: path.display().to_string(),
+                    install_hint: format!(
+                        "scripts/install-deps.sh, or unset {SERVER_ENV} to use redis-server"
+                    ),
+                })
+            }
+        }
+        _ => process::find_binary(REDIS_SERVER, REDIS_SERVER, &[]),
+    }
+}
 
 /// How long [`RedisServer::redis_cli`] waits for a connection or a reply.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -618,7 +645,7 @@ impl RedisServer {
     /// Creates the directory, picks a port and spawns the process without
     /// waiting for it.
     fn spawn(options: RedisOptions) -> Result<Self, Error> {
-        let binary = process::find_binary(REDIS_SERVER, REDIS_SERVER, &[])?;
+        let binary = server_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("leasehold-redis-")
             .tempdir()
