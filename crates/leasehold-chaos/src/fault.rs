@@ -100,6 +100,13 @@ pub enum Fault {
     /// subscription, reconnects and subscribes again. Every mode (on a
     /// quorum, the first node); not on a Redis Cluster; not mixed in.
     PubsubKill,
+    /// Redis demoted: made the replica of an empty server (`REPLICAOF`)
+    /// through the window, then promoted back (`REPLICAOF NO ONE`): writes
+    /// are refused with `READONLY`, and the full sync from the empty
+    /// server wipes every lock, fence counter and queue. Every mode (on a
+    /// quorum, the first node); throwaway servers without a password or
+    /// TLS only; not on a Redis Cluster; not mixed in.
+    Demotion,
     /// Redis full: `maxmemory` set to 1 byte under `noeviction` through the
     /// window, so every write that needs memory is refused with `OOM`
     /// (acquires, grants, passes), while deletes and expiries still work;
@@ -140,7 +147,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 27] = [
+    pub const ALL: [Fault; 28] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -162,6 +169,7 @@ impl Fault {
         Fault::Eviction,
         Fault::ClientPauseWrite,
         Fault::PubsubKill,
+        Fault::Demotion,
         Fault::Oom,
         Fault::Flushall,
         Fault::PostgresRestart,
@@ -218,6 +226,7 @@ impl Fault {
             Fault::Eviction => "eviction",
             Fault::ClientPauseWrite => "client-pause-write",
             Fault::PubsubKill => "pubsub-kill",
+            Fault::Demotion => "demotion",
             Fault::Oom => "oom",
             Fault::Flushall => "flushall",
             Fault::PostgresRestart => "postgres-restart",
@@ -252,6 +261,7 @@ impl Fault {
                 self,
                 Fault::RedisRestart
                     | Fault::Flushall
+                    | Fault::Demotion
                     | Fault::Failover
                     | Fault::SentinelFailover
                     | Fault::SentinelKill
@@ -274,6 +284,7 @@ impl Fault {
                 | Fault::Eviction
                 | Fault::Oom
                 | Fault::Flushall
+                | Fault::Demotion
                 | Fault::RedisRestart
                 | Fault::RedisRestartAof
                 | Fault::Failover
@@ -315,6 +326,7 @@ impl Fault {
             Fault::RedisPause
                 | Fault::RedisStall
                 | Fault::ClientPauseWrite
+                | Fault::Demotion
                 | Fault::AclReset
                 | Fault::RedisRestart
                 | Fault::RedisRestartAof

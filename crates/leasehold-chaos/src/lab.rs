@@ -373,6 +373,8 @@ struct Servers {
     replica: Option<RedisServer>,
     /// Servers killed by a failover, kept for their logs until the lab goes.
     retired: Vec<RedisServer>,
+    /// The empty server the primary replicates during a demotion.
+    demoter: Option<RedisServer>,
     nodes: Vec<RedisServer>,
     postgres: Option<Arc<PostgresServer>>,
     workers: Vec<u32>,
@@ -391,6 +393,7 @@ impl Servers {
             primary,
             replica: None,
             retired: Vec::new(),
+            demoter: None,
             nodes: Vec::new(),
             postgres: options.postgres.clone(),
             workers: Vec::new(),
@@ -1181,6 +1184,21 @@ impl Lab {
                     .map_err(server("flushing redis"))?;
                 "redis dataset".to_owned()
             }
+            Fault::Demotion => {
+                if !self.node_auth.is_empty() || self.tls.is_some() {
+                    return Err(LabError::Unsupported {
+                        fault,
+                        needs: "a throwaway redis without a password or tls (the demoted server replicates an empty one)",
+                    });
+                }
+                let empty = RedisServer::start().map_err(server("starting an empty redis"))?;
+                let port = empty.port().to_string();
+                own(&mut servers.primary, fault)?
+                    .command(&["REPLICAOF", empty.host(), &port])
+                    .map_err(server("demoting redis"))?;
+                servers.demoter = Some(empty);
+                format!("redis (the replica of an empty redis :{port})")
+            }
             Fault::AclReset => {
                 let primary = own(&mut servers.primary, fault)?;
                 if self.acl_password.is_none() {
@@ -1406,6 +1424,14 @@ impl Lab {
                 own(&mut servers.primary, fault)?
                     .command(&["CONFIG", "SET", "maxmemory", "0"])
                     .map_err(server("ending the memory limit"))?;
+            }
+            Fault::Demotion => {
+                own(&mut servers.primary, fault)?
+                    .command(&["REPLICAOF", "NO", "ONE"])
+                    .map_err(server("promoting redis back"))?;
+                if let Some(empty) = servers.demoter.take() {
+                    servers.retired.push(empty);
+                }
             }
             Fault::AclReset => {
                 if let Some(password) = &self.acl_password {

@@ -851,7 +851,7 @@ pub(crate) struct MatrixArgs {
     /// failover, slot-migration, cluster-failover, net-latency, net-cut,
     /// net-blackhole, postgres-pause, key-loss, early-expiry,
     /// script-flush, conn-kill, redis-stall, acl-reset, eviction,
-    /// client-pause-write, pubsub-kill, oom, flushall, postgres-restart,
+    /// client-pause-write, pubsub-kill, demotion, oom, flushall, postgres-restart,
     /// sentinel-failover, sentinel-kill, mixed.
     /// Each runs on the topology it needs: a single redis-server behind a
     /// fault proxy (for acl-reset the workers connect as the README's

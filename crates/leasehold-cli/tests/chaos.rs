@@ -278,21 +278,22 @@ fn killed_connections_and_a_stalled_redis_reach_no_caller() -> TestResult {
 /// A full Redis (`maxmemory 1` under `noeviction`: every write that needs
 /// memory refused with `OOM`), a wiped one (`FLUSHALL`: every lock, fence
 /// counter and queue gone), one that pauses writes (`CLIENT PAUSE ...
-/// WRITE`) and one that cuts every pub/sub connection (hand-off's
-/// subscriber): the safe write paths hold and no caller is returned an
-/// error. Before, a full server returned hundreds of `OOM` errors per run
+/// WRITE`), one that cuts every pub/sub connection (hand-off's
+/// subscriber) and one demoted to the replica of an empty server
+/// (`READONLY`, then wiped): the safe write paths hold and no caller is
+/// returned an error. Before, a full server returned hundreds of `OOM` errors per run
 /// in every mode.
 #[test]
-fn a_full_wiped_write_paused_or_unsubscribed_redis_reaches_no_caller() -> TestResult {
+fn a_full_wiped_demoted_write_paused_or_unsubscribed_redis_reaches_no_caller() -> TestResult {
     let rows = matrix(&[
         "--modes",
         "cas,guard,handoff,quorum",
         "--faults",
-        "oom,flushall,client-pause-write,pubsub-kill",
+        "oom,flushall,client-pause-write,pubsub-kill,demotion",
         "--duration",
         "2s",
     ])?;
-    assert_eq!(rows.len(), 16, "{rows:?}");
+    assert_eq!(rows.len(), 20, "{rows:?}");
     for row in &rows {
         assert_eq!(row["status"], "ok", "{row}");
         assert_eq!(row["errors"], "ok", "{row}");
