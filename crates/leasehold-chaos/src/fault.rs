@@ -100,6 +100,12 @@ pub enum Fault {
     /// subscription, reconnects and subscribes again. Every mode (on a
     /// quorum, the first node); not on a Redis Cluster; not mixed in.
     PubsubKill,
+    /// Redis out of connections: every caller's connection killed and
+    /// `maxclients` set to 1 through the window, so every reconnect is
+    /// refused ("max number of clients reached"); restored at its end.
+    /// Every mode (on a quorum, the first node); throwaway servers only;
+    /// not on a Redis Cluster; not mixed in.
+    Maxclients,
     /// Redis demoted: made the replica of an empty server (`REPLICAOF`)
     /// through the window, then promoted back (`REPLICAOF NO ONE`): writes
     /// are refused with `READONLY`, and the full sync from the empty
@@ -147,7 +153,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 28] = [
+    pub const ALL: [Fault; 29] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -169,6 +175,7 @@ impl Fault {
         Fault::Eviction,
         Fault::ClientPauseWrite,
         Fault::PubsubKill,
+        Fault::Maxclients,
         Fault::Demotion,
         Fault::Oom,
         Fault::Flushall,
@@ -226,6 +233,7 @@ impl Fault {
             Fault::Eviction => "eviction",
             Fault::ClientPauseWrite => "client-pause-write",
             Fault::PubsubKill => "pubsub-kill",
+            Fault::Maxclients => "maxclients",
             Fault::Demotion => "demotion",
             Fault::Oom => "oom",
             Fault::Flushall => "flushall",
@@ -285,6 +293,7 @@ impl Fault {
                 | Fault::Oom
                 | Fault::Flushall
                 | Fault::Demotion
+                | Fault::Maxclients
                 | Fault::RedisRestart
                 | Fault::RedisRestartAof
                 | Fault::Failover
@@ -327,6 +336,7 @@ impl Fault {
                 | Fault::RedisStall
                 | Fault::ClientPauseWrite
                 | Fault::Demotion
+                | Fault::Maxclients
                 | Fault::AclReset
                 | Fault::RedisRestart
                 | Fault::RedisRestartAof

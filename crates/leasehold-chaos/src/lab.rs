@@ -375,6 +375,9 @@ struct Servers {
     retired: Vec<RedisServer>,
     /// The empty server the primary replicates during a demotion.
     demoter: Option<RedisServer>,
+    /// The lab's own connection through a `maxclients` window: the only
+    /// one Redis lets in, kept to lift the limit at the window's end.
+    limiter: Option<redis::Connection>,
     nodes: Vec<RedisServer>,
     postgres: Option<Arc<PostgresServer>>,
     workers: Vec<u32>,
@@ -394,6 +397,7 @@ impl Servers {
             replica: None,
             retired: Vec::new(),
             demoter: None,
+            limiter: None,
             nodes: Vec::new(),
             postgres: options.postgres.clone(),
             workers: Vec::new(),
@@ -1184,6 +1188,27 @@ impl Lab {
                     .map_err(server("flushing redis"))?;
                 "redis dataset".to_owned()
             }
+            Fault::Maxclients => {
+                let url = own(&mut servers.primary, fault)?.url();
+                // The lab's own connection stays (Redis closes none over
+                // the limit) and lifts it at the end; every caller's is
+                // cut and cannot come back meanwhile.
+                let mut conn = redis::Client::open(url)
+                    .and_then(|client| client.get_connection_with_timeout(LIMITER_TIMEOUT))
+                    .map_err(limiter_err)?;
+                for args in [
+                    &["CONFIG", "SET", "maxclients", "1"][..],
+                    &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"],
+                    &["CLIENT", "KILL", "TYPE", "pubsub"],
+                ] {
+                    redis::cmd(args[0])
+                        .arg(&args[1..])
+                        .exec(&mut conn)
+                        .map_err(limiter_err)?;
+                }
+                servers.limiter = Some(conn);
+                "redis connections (maxclients 1)".to_owned()
+            }
             Fault::Demotion => {
                 if !self.node_auth.is_empty() || self.tls.is_some() {
                     return Err(LabError::Unsupported {
@@ -1425,6 +1450,22 @@ impl Lab {
                     .command(&["CONFIG", "SET", "maxmemory", "0"])
                     .map_err(server("ending the memory limit"))?;
             }
+            Fault::Maxclients => {
+                let lifted = match servers.limiter.take() {
+                    Some(mut conn) => redis::cmd("CONFIG")
+                        .arg(&["SET", "maxclients", "10000"])
+                        .exec(&mut conn)
+                        .map_err(limiter_err),
+                    None => Ok(()),
+                };
+                if lifted.is_err() {
+                    // The held connection broke: a new one may get in now
+                    // that the callers' attempts were refused.
+                    own(&mut servers.primary, fault)?
+                        .command(&["CONFIG", "SET", "maxclients", "10000"])
+                        .map_err(server("ending the connection limit"))?;
+                }
+            }
             Fault::Demotion => {
                 own(&mut servers.primary, fault)?
                     .command(&["REPLICAOF", "NO", "ONE"])
@@ -1503,6 +1544,18 @@ fn own(primary: &mut Primary, fault: Fault) -> Result<&mut RedisServer, LabError
             needs: "a single redis-server the lab started (it controls the process)",
         }),
     }
+}
+
+/// How long the lab waits to connect for a `maxclients` window.
+const LIMITER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A failure of the lab's own connection for a `maxclients` window.
+fn limiter_err(err: redis::RedisError) -> LabError {
+    LabError::Options(if err.is_io_error() {
+        "could not hold a connection to redis for the maxclients window"
+    } else {
+        "redis refused the maxclients window's commands"
+    })
 }
 
 /// How long a Sentinel fault's window waits, at most, for every sentinel

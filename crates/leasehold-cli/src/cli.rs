@@ -851,8 +851,8 @@ pub(crate) struct MatrixArgs {
     /// failover, slot-migration, cluster-failover, net-latency, net-cut,
     /// net-blackhole, postgres-pause, key-loss, early-expiry,
     /// script-flush, conn-kill, redis-stall, acl-reset, eviction,
-    /// client-pause-write, pubsub-kill, demotion, oom, flushall, postgres-restart,
-    /// sentinel-failover, sentinel-kill, mixed.
+    /// client-pause-write, pubsub-kill, maxclients, demotion, oom, flushall,
+    /// postgres-restart, sentinel-failover, sentinel-kill, mixed.
     /// Each runs on the topology it needs: a single redis-server behind a
     /// fault proxy (for acl-reset the workers connect as the README's
     /// minimal lock user); with a replica for failover; a cluster of 3

@@ -279,9 +279,10 @@ fn killed_connections_and_a_stalled_redis_reach_no_caller() -> TestResult {
 /// memory refused with `OOM`), a wiped one (`FLUSHALL`: every lock, fence
 /// counter and queue gone), one that pauses writes (`CLIENT PAUSE ...
 /// WRITE`), one that cuts every pub/sub connection (hand-off's
-/// subscriber) and one demoted to the replica of an empty server
-/// (`READONLY`, then wiped): the safe write paths hold and no caller is
-/// returned an error. Before, a full server returned hundreds of `OOM` errors per run
+/// subscriber), one demoted to the replica of an empty server
+/// (`READONLY`, then wiped) and one that refuses every reconnect
+/// (`maxclients`): the safe write paths hold and no caller is returned an
+/// error. Before, a full server returned hundreds of `OOM` errors per run
 /// in every mode.
 #[test]
 fn a_full_wiped_demoted_write_paused_or_unsubscribed_redis_reaches_no_caller() -> TestResult {
@@ -289,11 +290,11 @@ fn a_full_wiped_demoted_write_paused_or_unsubscribed_redis_reaches_no_caller() -
         "--modes",
         "cas,guard,handoff,quorum",
         "--faults",
-        "oom,flushall,client-pause-write,pubsub-kill,demotion",
+        "oom,flushall,client-pause-write,pubsub-kill,demotion,maxclients",
         "--duration",
         "2s",
     ])?;
-    assert_eq!(rows.len(), 20, "{rows:?}");
+    assert_eq!(rows.len(), 24, "{rows:?}");
     for row in &rows {
         assert_eq!(row["status"], "ok", "{row}");
         assert_eq!(row["errors"], "ok", "{row}");
