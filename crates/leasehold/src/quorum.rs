@@ -443,9 +443,11 @@ impl<C: RedisConnection> QuorumInner<C> {
         let node_deadline = deadline.min(started + self.node_timeout);
         let px = ttl_millis(ttl);
         let fenced = target.fenced();
-        // A node whose counter is no counter (NOTFENCE): reported as such
-        // when it costs the majority, not as a missing vote to retry.
-        let mut not_a_counter = None;
+        // Nodes whose counter is no counter (NOTFENCE), and one such
+        // refusal: reported as such when they cost the majority (the lock
+        // cannot be taken until the counters are fixed), not as missing
+        // votes to retry.
+        let mut not_a_counter = (0, None);
         // Nodes that refused for memory (`OOM`), and one such refusal.
         let mut full = (0, None);
         let (yes, failed, counter) = match &fenced {
@@ -469,7 +471,11 @@ impl<C: RedisConnection> QuorumInner<C> {
                         Err(err @ Error::OutOfMemory { .. }) => {
                             full = (full.0 + 1, Some(err));
                         }
-                        Err(err) => not_a_counter = not_a_counter.or(bad_fence(err, keys)),
+                        Err(err) => {
+                            if let Some(err) = bad_fence(err, keys) {
+                                not_a_counter = (not_a_counter.0 + 1, Some(err));
+                            }
+                        }
                     }
                 }
                 let max = counters.iter().copied().max().unwrap_or(0);
@@ -524,7 +530,9 @@ impl<C: RedisConnection> QuorumInner<C> {
                     if confirmed >= self.needed() && validity(ttl, started.elapsed()).is_some() {
                         return Ok(Attempt::Won(Some(FencingToken::new(fence))));
                     }
-                    not_a_counter = not_a_counter.or(refused);
+                    if let (n, Some(err)) = refused {
+                        not_a_counter = (not_a_counter.0.max(n), Some(err));
+                    }
                 }
                 _ => return Ok(Attempt::Won(None)),
             }
@@ -533,21 +541,21 @@ impl<C: RedisConnection> QuorumInner<C> {
         self.release_all(&target.lock, token, |deleted| *deleted)
             .await;
         match not_a_counter {
-            Some(err) => Err(err),
-            None => Ok(Attempt::Busy),
+            (n, Some(err)) if self.nodes.len() - n < self.needed() => Err(err),
+            _ => Ok(Attempt::Busy),
         }
     }
 
     /// Writes `fence` to every node's counter: how many nodes counted it
-    /// (our lock still held there), and a node's refusal of the counter
-    /// (not one, or `fence` out of range), if any.
+    /// (our lock still held there), and how many refused the counter (not
+    /// one, or `fence` out of range) with one such refusal.
     async fn record_fence(
         &self,
         keys: &FencedKeys,
         token: &LeaseToken,
         fence: u64,
         deadline: Instant,
-    ) -> (usize, Option<Error>) {
+    ) -> (usize, (usize, Option<Error>)) {
         let node_deadline = deadline.min(Instant::now() + self.node_timeout);
         let outcomes = self
             .script_on_every_node::<i64>(
@@ -560,12 +568,16 @@ impl<C: RedisConnection> QuorumInner<C> {
             )
             .await;
         let mut counted = 0;
-        let mut refused = None;
+        let mut refused = (0, None);
         for outcome in outcomes {
             match outcome {
                 Ok(1) => counted += 1,
                 Ok(_) => {}
-                Err(err) => refused = refused.or(bad_fence(err, keys)),
+                Err(err) => {
+                    if let Some(err) = bad_fence(err, keys) {
+                        refused = (refused.0 + 1, Some(err));
+                    }
+                }
             }
         }
         (counted, refused)

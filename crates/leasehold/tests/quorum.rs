@@ -271,3 +271,23 @@ async fn refresh_extends_the_lease_on_the_quorum() -> TestResult {
     assert_eq!(servers[1].redis_cli(&["GET", "lock:{wallet:8}"])?, "other");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_broken_counter_on_a_minority_neither_stops_nor_fails_the_acquire() -> TestResult {
+    let servers = RedisServer::start_many(3)?;
+    let quorum = quorum_over(&servers).await?;
+    let keys = keys("wallet:7")?;
+    servers[0].redis_cli(&["SET", keys.fence(), "not a counter"])?;
+    // Two good nodes are a majority: the lock and a token.
+    let lease = quorum.acquire_with(&keys, TTL, &once()).await?;
+    assert!(lease.fence().is_some());
+    // Busy on the good nodes: contention (retried), not InvalidFence.
+    let err = quorum.acquire_with(&keys, TTL, &once()).await.err();
+    assert!(matches!(err, Some(Error::NotAcquired { .. })), "{err:?}");
+    lease.release().await?;
+    // A majority broken: the counter, named, not a quorum to wait for.
+    servers[1].redis_cli(&["SET", keys.fence(), "not a counter"])?;
+    let err = quorum.acquire_with(&keys, TTL, &once()).await.err();
+    assert!(matches!(err, Some(Error::InvalidFence { .. })), "{err:?}");
+    Ok(())
+}
