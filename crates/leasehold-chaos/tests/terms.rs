@@ -225,6 +225,7 @@ async fn run(
     name: &str,
     fault: Fault,
     check: Check,
+    seed: u64,
 ) -> Result<RunReport, Box<dyn std::error::Error>> {
     let client = lab.client()?;
     let ahead = FencingToken::MAX.get() / 2;
@@ -240,7 +241,7 @@ async fn run(
         .ttl(Duration::from_millis(100))
         .wait(Duration::from_secs(2))
         .duration(Duration::from_secs(10))
-        .seed(11)
+        .seed(seed)
         .fault(fault)
         .control(check == Check::AnyHolder)
         .negative_control(NegativeControl::Off)
@@ -256,25 +257,32 @@ async fn run(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_term_under_redis_restarts_never_shares_a_token_with_another_holder() -> TestResult {
     let (lab, url) = lab().await?;
-    let control = run(
-        &lab,
-        &url,
-        "terms:restart:any",
-        Fault::RedisRestart,
-        Check::AnyHolder,
-    )
-    .await?;
-    eprintln!("any holder: {}", control.summary());
-    assert!(control.caught(), "{}", control.summary());
-    let report = run(
-        &lab,
-        &url,
-        "terms:restart",
-        Fault::RedisRestart,
-        Check::Guard,
-    )
-    .await?
-    .with_control(control);
+    // Whether a restart lands while a slow term holds a token nobody has
+    // written is timing: the control may miss in one run (seen once in
+    // CI), so up to three seeds, and the guard runs on the one that caught.
+    let mut caught = None;
+    for seed in [11, 12, 13] {
+        let name = format!("terms:restart:any:{seed}");
+        let control = run(
+            &lab,
+            &url,
+            &name,
+            Fault::RedisRestart,
+            Check::AnyHolder,
+            seed,
+        )
+        .await?;
+        eprintln!("any holder, seed {seed}: {}", control.summary());
+        if control.caught() {
+            caught = Some((seed, control));
+            break;
+        }
+    }
+    let (seed, control) = caught.ok_or("the guard as it was was caught in none of 3 seeds")?;
+    let name = format!("terms:restart:{seed}");
+    let report = run(&lab, &url, &name, Fault::RedisRestart, Check::Guard, seed)
+        .await?
+        .with_control(control);
     eprintln!("guard: {}", report.summary());
     assert!(matches!(report.control, ControlVerdict::Caught { .. }));
     assert!(report.holds(), "{}", report.summary());
@@ -317,12 +325,13 @@ async fn a_term_under_lost_lock_keys_never_shares_a_token_with_another_holder() 
         "terms:keys:any",
         Fault::KeyLoss,
         Check::AnyHolder,
+        11,
     )
     .await?;
     eprintln!("any holder: {}", control.summary());
     assert_eq!(repeated_tokens(&control), 0, "{}", control.summary());
     assert!(!control.caught(), "{}", control.summary());
-    let report = run(&lab, &url, "terms:keys", Fault::KeyLoss, Check::Guard).await?;
+    let report = run(&lab, &url, "terms:keys", Fault::KeyLoss, Check::Guard, 11).await?;
     eprintln!("guard: {}", report.summary());
     assert_eq!(repeated_tokens(&report), 0);
     assert!(report.check.holds(), "{}", report.summary());
