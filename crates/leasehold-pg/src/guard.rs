@@ -357,27 +357,20 @@ async fn traced(
             let current = current.get();
             span.record("current", current);
             span.record("healed", healed);
-            if current == token {
-                tracing::warn!(
-                    parent: &span,
-                    resource,
-                    token,
-                    current,
-                    healed,
-                    outcome = "refused",
-                    "write refused: another holder has written with the same fencing token"
-                );
+            let why = if current == token {
+                "another holder has written with the same fencing token"
             } else {
-                tracing::warn!(
-                    parent: &span,
-                    resource,
-                    token,
-                    current,
-                    healed,
-                    outcome = "refused",
-                    "write refused: a newer fencing token has written"
-                );
-            }
+                "a newer fencing token has written"
+            };
+            tracing::warn!(
+                parent: &span,
+                resource,
+                token,
+                current,
+                healed,
+                outcome = "refused",
+                "write refused: {why}"
+            );
             "refused"
         }
         Err(err) => {

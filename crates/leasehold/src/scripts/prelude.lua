@@ -145,6 +145,27 @@ local function store_fence(key, value, ttl)
   return try("SET", key, text)
 end
 
+-- Raises the counter `key` to `want` if it is lower (never lowers it),
+-- and keeps it alive `ttl` ms (0: forever): its value afterwards, or nil
+-- and the error reply, with nothing changed.
+local function raise_fence_to(key, want, ttl)
+  local current, err = read_fence(key)
+  if err then
+    return nil, err
+  end
+  if current < want then
+    local _, store_err = store_fence(key, want, ttl)
+    if store_err then
+      return nil, store_err
+    end
+    return want
+  end
+  if tonumber(ttl) > 0 then
+    call("PEXPIRE", key, ttl)
+  end
+  return current
+end
+
 -- Issues the next token of the counter `key` (see above), which lives
 -- `ttl` ms after this use (0: forever): the token, or nil and the error
 -- reply, with nothing changed.

@@ -14,18 +14,9 @@
 --
 -- Errors: NOTFENCE when KEYS[2] holds no integer counter below 2^53 or
 -- ARGV[2] is out of range (nothing changed); NOPERM when the ACL refuses.
-local current, err = read_fence(KEYS[2])
+local _, err = raise_fence_to(KEYS[2], tonumber(ARGV[2]), ARGV[3])
 if err then
   return err
-end
-local want = tonumber(ARGV[2])
-if current < want then
-  local _, store_err = store_fence(KEYS[2], want, ARGV[3])
-  if store_err then
-    return store_err
-  end
-elseif tonumber(ARGV[3]) > 0 then
-  call("PEXPIRE", KEYS[2], ARGV[3])
 end
 if call("GET", KEYS[1]) == ARGV[1] then
   return 1

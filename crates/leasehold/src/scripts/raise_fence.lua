@@ -15,19 +15,8 @@
 -- Errors: NOTFENCE when KEYS[1] holds anything but an integer below 2^53,
 -- or ARGV[1] is not below 2^53 (nothing changed); NOPERM when the ACL
 -- refuses a command (see prelude.lua).
-local n, err = read_fence(KEYS[1])
+local n, err = raise_fence_to(KEYS[1], tonumber(ARGV[1]), ARGV[2])
 if err then
   return err
-end
-local want = tonumber(ARGV[1])
-if n < want then
-  local _, store_err = store_fence(KEYS[1], want, ARGV[2])
-  if store_err then
-    return store_err
-  end
-  return want
-end
-if tonumber(ARGV[2]) > 0 then
-  call("PEXPIRE", KEYS[1], ARGV[2])
 end
 return n
