@@ -328,7 +328,9 @@ impl Callers {
     /// Runs the callers until `stop` is cancelled, then lets each finish
     /// the write it is in (a write is never cut short by the stop) and
     /// release. Concurrent on the current task, so `write` need not be
-    /// `Send`.
+    /// `Send`. With [`watchdog`](Self::watchdog), a write whose lease is
+    /// found lost is dropped where it is and recorded unknown (a write of
+    /// this process may have landed as it was cut).
     pub async fn run<W>(
         &self,
         lock: &Lock,
@@ -339,21 +341,56 @@ impl Callers {
     ) where
         W: AsyncFn(Call<'_>) -> Written,
     {
-        let callers =
-            (0..self.tasks).map(|task| self.caller(task, lock, recorder, stop, stall, write));
+        let callers = (0..self.tasks).map(|task| {
+            let write = async |call: Call<'_>| self.cut_when_lost(call, write).await;
+            self.caller(task, lock, recorder, stop, stall, write)
+        });
         futures_util::future::join_all(callers).await;
     }
 
-    async fn caller<W>(
+    /// `write(call)`, dropped and recorded unknown if the watchdog finds
+    /// the call's lease lost first.
+    async fn cut_when_lost<W>(&self, call: Call<'_>, write: &W) -> Written
+    where
+        W: AsyncFn(Call<'_>) -> Written,
+    {
+        let lost = match (call.lease, self.watchdog) {
+            (Some(lease), true) => lease.watch().ok(),
+            _ => None,
+        };
+        match lost {
+            Some(lost) => {
+                tokio::select! {
+                    biased;
+                    () = lost.cancelled() => Written::with_detail(
+                        WriteOutcome::Unknown,
+                        "the watchdog stopped the write: lease lost",
+                    ),
+                    written = write(call) => written,
+                }
+            }
+            None => write(call).await,
+        }
+    }
+
+    /// Caller `task`: takes the lock on a random resource, writes once
+    /// through `write`, releases, until `stop`; records each step, and
+    /// every error the lock returned that contention does not explain
+    /// ([`Kind::CallerError`]: an acquire that failed other than
+    /// `NotAcquired`, a release other than `NotHeld` / `LeaseLost`, a lease
+    /// the watchdog gave up on as unreachable). The one caller loop of both
+    /// the worker processes ([`run`](Self::run)) and the
+    /// [`Harness`](crate::Harness)'s threads.
+    pub(crate) async fn caller<W>(
         &self,
         task: u32,
         lock: &Lock,
         recorder: &Recorder,
         stop: &CancellationToken,
         stall: &Stall,
-        write: &W,
+        mut write: W,
     ) where
-        W: AsyncFn(Call<'_>) -> Written,
+        W: AsyncFnMut(Call<'_>) -> Written,
     {
         let actor = format!("w{}.t{task}", self.worker);
         let mut rng = StdRng::seed_from_u64(
@@ -371,7 +408,7 @@ impl Callers {
             let amount = rng.random_range(self.amounts.clone());
             let key = lock_key(resource);
             op += 1;
-            let mut lease = match lock
+            let lease = match lock
                 .acquire_recorded(recorder, &actor, op, resource, self.ttl, &opts)
                 .await
             {
@@ -389,10 +426,6 @@ impl Callers {
                 }
             };
             op += 1;
-            let lost = match (&mut lease, self.watchdog) {
-                (Some(lease), true) => lease.watch().ok(),
-                _ => None,
-            };
             let started_us = recorder.now_us();
             let call = Call {
                 actor: &actor,
@@ -402,19 +435,7 @@ impl Callers {
                 stall,
             };
             let fence = call.fence().map(FencingToken::get);
-            let written = match lost {
-                Some(lost) => {
-                    tokio::select! {
-                        biased;
-                        () = lost.cancelled() => Written::with_detail(
-                            WriteOutcome::Unknown,
-                            "the watchdog stopped the write: lease lost",
-                        ),
-                        written = write(call) => written,
-                    }
-                }
-                None => write(call).await,
-            };
+            let written = write(call).await;
             recorder.record(
                 &actor,
                 Kind::Write {
@@ -433,51 +454,58 @@ impl Callers {
                 },
             );
             if let Some(lease) = lease {
-                let token = label(&lease);
-                if let Some(cause) = lease.lost() {
-                    recorder.record(
-                        &actor,
-                        Kind::Lost {
-                            key: key.clone(),
-                            token: token.clone(),
-                            cause: cause_name(cause).to_owned(),
-                        },
-                    );
-                    if cause == leasehold::LostCause::Unreachable {
-                        recorder.record(
-                            &actor,
-                            Kind::CallerError {
-                                call: "refresh".to_owned(),
-                                key: key.clone(),
-                                error: "lease_lost_unreachable".to_owned(),
-                                detail: cause.to_string(),
-                            },
-                        );
-                    }
-                }
-                // Stamped when the holder lets go: it writes nothing after,
-                // and Redis may hand the lock on before the reply is back.
-                let released_at = recorder.now_us();
-                let outcome = match lease.release().await {
-                    Ok(()) => "released",
-                    Err(Error::NotHeld { .. } | Error::LeaseLost { .. }) => "not_held",
-                    Err(err) => {
-                        recorder.record(&actor, caller_error("release", &key, &err));
-                        "error"
-                    }
-                };
-                recorder.record_at(
-                    released_at,
-                    &actor,
-                    Kind::Released {
-                        key,
-                        token,
-                        outcome: outcome.to_owned(),
-                    },
-                );
+                release_recorded(recorder, &actor, key, lease).await;
             }
         }
     }
+}
+
+/// Records how `lease` ended: lost (and, when the watchdog gave it up as
+/// unreachable, a refresh [`Kind::CallerError`]), then its release and any
+/// release error.
+async fn release_recorded(recorder: &Recorder, actor: &str, key: String, lease: Lease) {
+    let token = label(&lease);
+    if let Some(cause) = lease.lost() {
+        recorder.record(
+            actor,
+            Kind::Lost {
+                key: key.clone(),
+                token: token.clone(),
+                cause: cause_name(cause).to_owned(),
+            },
+        );
+        if cause == leasehold::LostCause::Unreachable {
+            recorder.record(
+                actor,
+                Kind::CallerError {
+                    call: "refresh".to_owned(),
+                    key: key.clone(),
+                    error: "lease_lost_unreachable".to_owned(),
+                    detail: cause.to_string(),
+                },
+            );
+        }
+    }
+    // Stamped when the holder lets go: it writes nothing after, and Redis
+    // may hand the lock on before the reply is back.
+    let released_at = recorder.now_us();
+    let outcome = match lease.release().await {
+        Ok(()) => "released",
+        Err(Error::NotHeld { .. } | Error::LeaseLost { .. }) => "not_held",
+        Err(err) => {
+            recorder.record(actor, caller_error("release", &key, &err));
+            "error"
+        }
+    };
+    recorder.record_at(
+        released_at,
+        actor,
+        Kind::Released {
+            key,
+            token,
+            outcome: outcome.to_owned(),
+        },
+    );
 }
 
 /// A short label of a lease's token: its first 8 hex digits, enough to
@@ -527,7 +555,7 @@ fn with_sources(err: &Error) -> String {
     text
 }
 
-pub(crate) fn cause_name(cause: leasehold::LostCause) -> &'static str {
+fn cause_name(cause: leasehold::LostCause) -> &'static str {
     match cause {
         leasehold::LostCause::Expired => "expired",
         leasehold::LostCause::Unreachable => "unreachable",

@@ -189,6 +189,30 @@ impl CallerErrors {
     pub fn summary(&self) -> String {
         format!("{}/{}/{}", self.acquire, self.release, self.refresh)
     }
+
+    /// The judgement in a word: `FAILED` when a judged count is not zero,
+    /// `ok` when judged, `not judged` otherwise.
+    #[must_use]
+    pub fn judgement(&self) -> &'static str {
+        match (self.holds(), self.judged) {
+            (false, _) => "FAILED",
+            (true, true) => "ok",
+            (true, false) => "not judged",
+        }
+    }
+}
+
+/// `errors to callers (acquire/release/refresh) 0/0/0: ok`, as the
+/// harness's summary and `leasehold chaos` print it.
+impl fmt::Display for CallerErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "errors to callers (acquire/release/refresh) {}: {}",
+            self.summary(),
+            self.judgement()
+        )
+    }
 }
 
 impl RunCheck {

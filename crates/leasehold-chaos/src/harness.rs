@@ -21,6 +21,15 @@
 //!   holder's watchdog stops refreshing its lease too, the lease expires
 //!   and another caller writes (see the `isolated` module's docs, in the
 //!   source, for why and what it does not freeze).
+//! - **Every error the lock returns is recorded.** The callers run the
+//!   one caller loop `leasehold chaos`'s workers run: an acquire that
+//!   failed other than `NotAcquired`, a release other than `NotHeld` /
+//!   `LeaseLost`, a lease the watchdog gave up on as unreachable, each is a
+//!   [`Kind::CallerError`] in the history. With the run's wait recorded,
+//!   they are judged as in the matrix ([`CallerErrors`](crate::CallerErrors):
+//!   a fault shorter than the wait must return none), and the summary says
+//!   `errors to callers (acquire/release/refresh) 0/0/0: ok` or `FAILED`
+//!   (`report.check.errors.holds()`).
 //! - **A negative control runs first.** The same callers, lock, TTL,
 //!   watchdog, fault and seed drive a blind read-modify-write of a counter
 //!   in memory (read, a 1 ms round trip, [`Call::pause_point`], write back
@@ -464,6 +473,14 @@ impl Harness {
         let t0 = Instant::now();
         let recorder = Recorder::in_memory(start);
         recorder.record("coordinator", self.header());
+        // The callers' budget: with it, the errors they were returned are
+        // judged (see `check`), as in `leasehold chaos`.
+        recorder.record(
+            "coordinator",
+            Kind::Budget {
+                wait_ms: u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX),
+            },
+        );
         let windows = schedule(self.fault, self.seed, self.duration, self.ttl, self.callers);
         let keys: Vec<String> = self.resources.iter().map(|(r, _)| lock_key(r)).collect();
         let stopped = Arc::new(AtomicBool::new(false));
@@ -671,6 +688,7 @@ impl RunReport {
         for violation in &self.check.violations {
             out.push_str(&format!("\n  violation: {violation}"));
         }
+        out.push_str(&format!("\n  {}", self.check.errors));
         out.push_str(&match &self.control {
             ControlVerdict::NotRun if self.check.is_control() => {
                 "\n  this run is a negative control: it must be caught".to_owned()

@@ -31,14 +31,11 @@
 
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
-use leasehold::{AcquireOptions, CancellationToken, Error, FencingToken};
-use rand::{RngExt, SeedableRng, rngs::StdRng};
+use leasehold::CancellationToken;
 use tokio::sync::watch;
 
-use crate::callers::{Call, Callers, Lock, Stall, cause_name, label, lock_key};
-use crate::history::Kind;
+use crate::callers::{Call, Callers, Lock, Stall, Written};
 use crate::outcome::{Outcome, Writes};
 use crate::recorder::Recorder;
 
@@ -213,10 +210,10 @@ impl Started {
     }
 }
 
-/// One caller: takes the lock on a random resource, writes once through
-/// `write` (with the caller's `state`), releases, until `stop`; the write is
-/// never cut short by the harness (the write path decides, see
-/// [`Call::run`]).
+/// One caller: [`Callers::caller`] (the loop the worker processes run
+/// too, recording every caller error) with `write` given the caller's
+/// `state`; what it wrote is tallied. The write is never cut short by the
+/// harness (the write path decides, see [`Call::run`]).
 async fn caller<S, W>(
     context: &Context,
     task: u32,
@@ -233,93 +230,15 @@ where
         stop,
         stall,
     } = context;
-    let actor = format!("w{}.t{task}", settings.worker);
-    let mut rng =
-        StdRng::seed_from_u64(settings.seed ^ u64::from(task).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    let opts = AcquireOptions::new()
-        .wait(settings.wait)
-        .watchdog(settings.watchdog)
-        .cancel(stop.clone());
     let mut writes = Writes::default();
-    let mut op = 0u64;
-    while !stop.is_cancelled() && !settings.resources.is_empty() {
-        let resource = &settings.resources[rng.random_range(0..settings.resources.len())];
-        let amount = rng.random_range(settings.amounts.clone());
-        let key = lock_key(resource);
-        op += 1;
-        let lease = match lock
-            .acquire_recorded(recorder, &actor, op, resource, settings.ttl, &opts)
-            .await
-        {
-            Ok(lease) => lease,
-            Err(err) => {
-                if !matches!(err, Error::NotAcquired { .. }) {
-                    tokio::select! {
-                        () = stop.cancelled() => {}
-                        () = tokio::time::sleep(Duration::from_millis(20)) => {}
-                    }
-                }
-                continue;
-            }
-        };
-        op += 1;
-        let started_us = recorder.now_us();
-        let call = Call {
-            actor: &actor,
-            resource,
-            amount,
-            lease: lease.as_ref(),
-            stall,
-        };
-        let fence = call.fence().map(FencingToken::get);
+    let tallied = async |call: Call<'_>| {
+        let (resource, amount) = (call.resource.to_owned(), call.amount);
         let outcome = write(state, call).await;
-        writes.add(resource, amount, &outcome);
-        let (recorded, detail) = outcome.recorded();
-        recorder.record(
-            &actor,
-            Kind::Write {
-                op,
-                started_us,
-                key: if lease.is_some() {
-                    key.clone()
-                } else {
-                    String::new()
-                },
-                resource: resource.clone(),
-                amount,
-                fence,
-                outcome: recorded,
-                detail,
-            },
-        );
-        if let Some(lease) = lease {
-            let token = label(&lease);
-            if let Some(cause) = lease.lost() {
-                recorder.record(
-                    &actor,
-                    Kind::Lost {
-                        key: key.clone(),
-                        token: token.clone(),
-                        cause: cause_name(cause).to_owned(),
-                    },
-                );
-            }
-            let released_at = recorder.now_us();
-            let outcome = match lease.release().await {
-                Ok(()) => "released",
-                Err(Error::NotHeld { .. } | Error::LeaseLost { .. }) => "not_held",
-                Err(_) => "error",
-            };
-            recorder.record_at(
-                released_at,
-                &actor,
-                Kind::Released {
-                    key,
-                    token,
-                    outcome: outcome.to_owned(),
-                },
-            );
-        }
-    }
+        writes.add(&resource, amount, &outcome);
+        Written::from(outcome)
+    };
+    settings
+        .caller(task, lock, recorder, stop, stall, tallied)
+        .await;
     writes
 }

@@ -16,7 +16,7 @@ use std::future::Future;
 
 use leasehold::LostCause;
 
-use crate::callers::Call;
+use crate::callers::{Call, Written};
 use crate::history::{Kind, WriteOutcome};
 
 /// What your write path says one write did.
@@ -70,6 +70,13 @@ impl Outcome {
             Outcome::Stopped => (WriteOutcome::Failed, Some(STOPPED.to_owned())),
             Outcome::Unknown(why) => (WriteOutcome::Unknown, Some(why.clone())),
         }
+    }
+}
+
+impl From<Outcome> for Written {
+    fn from(outcome: Outcome) -> Written {
+        let (outcome, detail) = outcome.recorded();
+        Written { outcome, detail }
     }
 }
 

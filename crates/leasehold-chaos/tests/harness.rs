@@ -237,6 +237,51 @@ fn a_resource_judged_by_its_own_invariant_needs_no_balance() {
     ));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_the_lock_returns_to_a_caller_is_recorded_and_fails_the_errors_figure()
+-> TestResult {
+    let lab = lab().await?;
+    // A lock over a Redis that is gone for the whole run (killed after the
+    // locker connected): every acquire fails with an error that is not
+    // `NotAcquired`, and no fault window excuses it.
+    let mut gone = tokio::task::spawn_blocking(leasehold_testkit::RedisServer::start).await??;
+    let client = redis::Client::open(gone.url())?;
+    let locker = Locker::builder()
+        .command_timeout(Duration::from_millis(100))
+        .connect(&client)
+        .await?;
+    gone.kill()?;
+    let lock = Lock::new(locker, true);
+    let write = async |_call: Call<'_>| Outcome::Committed;
+    let report = Harness::new("unreachable")
+        .callers(2)
+        .wait(Duration::from_millis(200))
+        .duration(Duration::from_millis(600))
+        .negative_control(NegativeControl::Off)
+        .run(&lab, &lock, write, async |writes: &Writes| {
+            vec![writes.check_counter("account:1", 0, 0)]
+        })
+        .await?;
+    let errors = &report.check.errors;
+    assert!(errors.acquire > 0, "{}", report.summary());
+    assert!(errors.judged, "{}", report.summary());
+    assert!(!errors.holds(), "{}", report.summary());
+    assert!(
+        report.events.iter().any(|e| matches!(
+            &e.kind,
+            leasehold_chaos::Kind::CallerError { call, .. } if call == "acquire"
+        )),
+        "no acquire error in the history"
+    );
+    let summary = report.summary();
+    assert!(
+        summary.contains("errors to callers (acquire/release/refresh) ")
+            && summary.contains(": FAILED"),
+        "{summary}"
+    );
+    Ok(())
+}
+
 /// One caller's own state, as `run_with`'s setup makes it.
 struct CallerState {
     caller: u32,

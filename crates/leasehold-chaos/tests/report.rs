@@ -277,7 +277,7 @@ fn errors_are_judged_only_under_faults_shorter_than_a_known_wait() {
     // Longer than the wait: counted, not judged.
     let long = errored("redis-pause", 2_500_000, true, &[("acquire", "timeout")]);
     assert!(!long.errors.judged && long.errors.holds());
-    // No budget recorded (an older history, the library harness): not judged.
+    // No budget recorded (an older history): not judged.
     let unknown = errored("redis-restart", 300_000, false, &[("release", "timeout")]);
     assert!(!unknown.errors.judged);
     let rows = rows(&[long, unknown]);

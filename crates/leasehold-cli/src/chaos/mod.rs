@@ -348,18 +348,12 @@ fn one_line(check: &leasehold_chaos::RunCheck) -> String {
         ),
         (false, false, false) => format!("BROKEN ({} violations)", check.violations.len()),
     };
-    let errors = &check.errors;
-    let judged = match (errors.holds(), errors.judged) {
-        (false, _) => "FAILED",
-        (true, true) => "ok",
-        (true, false) => "not judged",
-    };
     format!(
-        "{} accepted, {} refused stale, {} unknown, {} double holders: {verdict}; errors to callers (acquire/release/refresh) {}: {judged}",
+        "{} accepted, {} refused stale, {} unknown, {} double holders: {verdict}; {}",
         writes.accepted,
         writes.refused_stale,
         writes.unknown,
         check.overlaps.len(),
-        errors.summary(),
+        check.errors,
     )
 }
