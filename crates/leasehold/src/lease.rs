@@ -77,6 +77,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
         deadline: Instant,
     ) -> Reply<'a, ()>;
 
+    /// Writes the leader record `record_key` (`body`) of an election whose
+    /// lock `part` is, if its key still holds our token (on a majority, for
+    /// a quorum): `Ok(false)` when it does not.
+    fn announce<'a>(
+        &'a self,
+        part: &'a Part,
+        record_key: &'a str,
+        body: &'a str,
+        deadline: Instant,
+    ) -> Reply<'a, bool>;
+
     /// Notes that the lease sharing `shared` now holds `key` (a lease on
     /// several keys took in another lock).
     fn held(&self, _key: &str, _shared: &Arc<Shared>) {}
@@ -203,7 +214,6 @@ impl Lease {
     }
 
     /// What the lease shares with its watchdog (its validity).
-    #[cfg(feature = "handoff")]
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
@@ -359,6 +369,22 @@ impl Lease {
     /// found it gone; `None` while it is believed held.
     pub fn lost(&self) -> Option<LostCause> {
         self.shared.lost()
+    }
+
+    /// Marks the lease lost because a newer holder exists: the database
+    /// refused a write of ours as stale (the `leasehold-pg` guard's
+    /// `Guard::Refused`), so whatever Redis says, this lease no longer
+    /// protects anything. The watchdog stops, the [`watch`](Self::watch)
+    /// token is cancelled (work under [`run`](Self::run) stops at its next
+    /// `.await`, [`shield`](Self::shield)ed sections first), and
+    /// [`lost`](Self::lost) is [`LostCause::Superseded`]. A lease already
+    /// lost keeps its first cause. The lock is not given back here:
+    /// [`release`](Self::release) still does that, token-checked.
+    ///
+    /// A leadership [`Term`](crate::Term) ends this way; the guard does not
+    /// call it for you.
+    pub fn mark_superseded(&self) {
+        self.shared.lose(LostCause::Superseded);
     }
 
     /// Whether a watchdog is keeping this lease.
@@ -599,6 +625,25 @@ impl Lease {
         Error::LeaseLost {
             key: self.key().to_owned(),
             cause,
+        }
+    }
+
+    /// The bound on one request to whatever granted the lease.
+    pub(crate) fn command_timeout(&self) -> Duration {
+        self.backend.command_timeout()
+    }
+
+    /// Writes an election's leader record (`body`) on every key's server,
+    /// if the lock still holds our token: `Ok(false)` when it does not.
+    pub(crate) async fn announce(&self, record_key: &str, body: &str) -> Result<bool> {
+        let deadline = Instant::now() + self.backend.command_timeout();
+        match self.parts.first() {
+            Some(part) => {
+                self.backend
+                    .announce(part, record_key, body, deadline)
+                    .await
+            }
+            None => Ok(false),
         }
     }
 
@@ -935,6 +980,15 @@ mod tests {
         }
         fn raise_fence<'a>(&'a self, _: &'a str, _: FencingToken, _: Instant) -> Reply<'a, ()> {
             Box::pin(async { Ok(()) })
+        }
+        fn announce<'a>(
+            &'a self,
+            _: &'a Part,
+            _: &'a str,
+            _: &'a str,
+            _: Instant,
+        ) -> Reply<'a, bool> {
+            Box::pin(async { Ok(false) })
         }
         fn release_dropped(self: Arc<Self>, _: Part, _: Instant) {}
     }

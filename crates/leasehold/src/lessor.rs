@@ -139,7 +139,20 @@ pub trait Lessor: sealed::Sealed + Clone + Send + Sync + 'static {
     }
 }
 
-/// The seal: implemented by the three ways, in their own modules.
+/// The seal: implemented by the three ways, in their own modules, with
+/// what an [`Election`](crate::Election) reads that a lease does not carry.
 pub(crate) mod sealed {
-    pub trait Sealed {}
+    use crate::lease::Reply;
+
+    pub trait Sealed {
+        /// The leader record of the election whose lock is `key` and
+        /// record `record_key`, with the lock's time to live in ms, when
+        /// the lock's current holder wrote it (as a majority see it, for a
+        /// quorum); bounded by the command (or node) timeout.
+        fn leader_record<'a>(
+            &'a self,
+            key: &'a str,
+            record_key: &'a str,
+        ) -> Reply<'a, Option<(String, i64)>>;
+    }
 }

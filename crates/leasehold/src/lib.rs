@@ -115,6 +115,17 @@
 //! before any I/O. And they take leases with the same four calls, the
 //! [`Lessor`] trait: code that works with any way is generic over it.
 //!
+//! # Leadership
+//!
+//! An [`Election`] runs a singleton (a scheduler, a migration, a consumer)
+//! over any of the three: candidates [`campaign`](Election::campaign), the
+//! winner gets a [`Term`] (its lease under the watchdog, and a fencing
+//! token greater than every earlier term's), a leader that stops is
+//! replaced within its TTL and one that [resigns](Term::resign) at once,
+//! and [`Election::observe`] reports who leads. The [`election`] module
+//! says what a term protects and what it does not (side effects outside
+//! the guarded database).
+//!
 //! # Tracing
 //!
 //! Through the `tracing` facade (no subscriber is installed by the
@@ -135,6 +146,7 @@
 //! | DEBUG | `leasehold::handoff` | `handed the lock by a release`: a waiter of ours got the lease without its own `SET` | `key`, `via` (`grant` / `recheck` / `relay`), `fence` |
 //! | DEBUG | `leasehold::handoff` | a release passed the lock on: `passed the lock to a waiter of this locker` (relay), `handed the lock to the next waiter in the queue` | `key`, `fence`, `checkpoint`, `local` |
 //! | WARN / INFO | `leasehold::handoff` | the pub/sub connection lost / back (one node); WARN `could not subscribe again to a moved shard channel`, `could not leave the wait queue`, `could not give back a lock passed to a waiter that left` | `channel`, `key`, `error` |
+//! | INFO | `leasehold::election` | `elected`, `term ended` (an [`Election`]'s terms); WARN when a new leader could not name itself | `election`, `candidate`, `fence`; at the end `end` (`resigned` / `expired` / `unreachable` / `superseded` / `dropped`), `held_ms` |
 //! | WARN | `leasehold::replicas` | `could not release an unreplicated lease` | `key`, `error` |
 //!
 //! In `leasehold-pg`, a write refused as stale is a WARN (the money alarm);
@@ -189,6 +201,7 @@ mod token;
 mod lease;
 pub mod watchdog;
 // The ways of taking a lease.
+pub mod election;
 #[cfg(feature = "handoff")]
 mod handoff;
 mod lessor;
@@ -223,6 +236,10 @@ pub mod sentinel;
 mod give_up_tests;
 
 pub use connection::Connection;
+pub use election::{
+    DEFAULT_FAULT_BUDGET, DEFAULT_OBSERVE_EVERY, DEFAULT_TERM_TTL, Election, ElectionBuilder,
+    Leader, Observer, Term, TermOutcome,
+};
 pub use endpoint::Endpoint;
 pub use error::{Error, GiveUpReason, Result, TlsFileRole};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};

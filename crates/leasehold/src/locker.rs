@@ -540,6 +540,23 @@ impl<C: RedisConnection> Backend for Node<C> {
         })
     }
 
+    fn announce<'a>(
+        &'a self,
+        part: &'a Part,
+        record_key: &'a str,
+        body: &'a str,
+        deadline: Instant,
+    ) -> Reply<'a, bool> {
+        Box::pin(Node::announce(
+            self,
+            &part.key,
+            record_key,
+            &part.token,
+            body,
+            deadline,
+        ))
+    }
+
     fn release_dropped(self: Arc<Self>, part: Part, until: Instant) {
         spawn_release(self, part.key, part.token, until);
     }
@@ -570,7 +587,16 @@ pub(crate) fn spawn_release<C: RedisConnection>(
     });
 }
 
-impl<C: RedisConnection> crate::lessor::sealed::Sealed for Locker<C> {}
+impl<C: RedisConnection> crate::lessor::sealed::Sealed for Locker<C> {
+    fn leader_record<'a>(
+        &'a self,
+        key: &'a str,
+        record_key: &'a str,
+    ) -> Reply<'a, Option<(String, i64)>> {
+        let deadline = Instant::now() + self.node.command_timeout();
+        Box::pin(self.node.leader(key, record_key, deadline))
+    }
+}
 
 /// The same calls as the inherent methods.
 impl<C: RedisConnection> Lessor for Locker<C> {

@@ -14,6 +14,12 @@ pub enum LostCause {
     /// until the lease's confirmed deadline passed, so it may have expired
     /// and been taken.
     Unreachable,
+    /// The service marked it superseded ([`Lease::mark_superseded`]): the
+    /// database refused a write of this holder's as stale, so a newer
+    /// holder exists, whatever Redis says.
+    ///
+    /// [`Lease::mark_superseded`]: crate::Lease::mark_superseded
+    Superseded,
 }
 
 impl LostCause {
@@ -22,6 +28,7 @@ impl LostCause {
         match self {
             LostCause::Expired => "expired",
             LostCause::Unreachable => "unreachable",
+            LostCause::Superseded => "superseded",
         }
     }
 }
@@ -31,6 +38,7 @@ impl std::fmt::Display for LostCause {
         f.write_str(match self {
             LostCause::Expired => "the lease expired or changed hands",
             LostCause::Unreachable => "redis could not confirm it before the lease's deadline",
+            LostCause::Superseded => "the database refused it as stale: a newer holder exists",
         })
     }
 }

@@ -22,6 +22,8 @@
 //! | [`RELEASES_TOTAL`] | counter | `outcome`, `trigger` | lock keys given back; `outcome="not_held"` is a **stale release**: the lease had expired or changed hands while held |
 //! | [`REFRESHES_TOTAL`] | counter | `by`, `outcome` | refreshes of a lease (all its keys), by the watchdog or the caller |
 //! | [`HANDOFFS_TOTAL`] | counter | `via` | leases a waiter of this process was handed by a release instead of taking them with its own `SET` (hand-off mode) |
+//! | [`TERMS_TOTAL`] | counter | | leadership terms this process won ([`Election`](crate::Election)) |
+//! | [`TERM_SECONDS`] | histogram (s) | `end` | how long each term of this process lasted, when it ended |
 //! | [`HANDOFF_WAITERS`] | gauge | `queue` | callers of this process waiting in hand-off mode right now: in Redis's queue, or queued in process behind another task |
 //!
 //! Label values:
@@ -36,7 +38,8 @@
 //! - `reason`: `retries_exhausted`, `deadline_expired`, `cancelled`
 //!   ([`GiveUpReason`](crate::GiveUpReason)).
 //! - `cause`: `expired` (the key no longer held our token), `unreachable`
-//!   (Redis could not confirm the lease before its deadline)
+//!   (Redis could not confirm the lease before its deadline), `superseded`
+//!   (marked so after the database refused it as stale)
 //!   ([`LostCause`](crate::LostCause)).
 //! - `outcome` of a release: `released`, `not_held`, `error` (Redis could
 //!   not be asked; the TTL ends the lease). `trigger`: `release`
@@ -49,6 +52,9 @@
 //!   `recheck` (our re-check found it handed to us), `relay` (a task of
 //!   this locker passed it on in process).
 //! - `queue`: `redis`, `process`.
+//! - `end` of a term: `resigned`, `expired`, `unreachable`, `superseded`
+//!   ([`LostCause`](crate::LostCause)), `dropped` (the term was dropped
+//!   without resigning).
 //!
 //! A lease on several keys (`acquire_all`) records one acquire per key and
 //! one release per key.
@@ -87,6 +93,17 @@ pub const HANDOFFS_TOTAL: &str = "leasehold_handoffs_total";
 
 /// Gauge: callers of this process waiting in hand-off mode. Label `queue`.
 pub const HANDOFF_WAITERS: &str = "leasehold_handoff_waiters";
+
+/// Counter: leadership terms won by this process
+/// ([`Election`](crate::Election)). No labels.
+pub const TERMS_TOTAL: &str = "leasehold_terms_total";
+
+/// Histogram, seconds: how long a term of this process lasted, counted
+/// when it ends. Label `end`.
+pub const TERM_SECONDS: &str = "leasehold_term_seconds";
+
+/// Label: how a leadership term ended.
+pub const LABEL_END: &str = "end";
 
 /// Label: how the lease is taken (`poll`, `handoff`, `quorum`).
 pub const LABEL_MODE: &str = "mode";
@@ -142,6 +159,12 @@ pub fn describe() {
         HANDOFFS_TOTAL,
         Unit::Count,
         "leases handed to a waiter of this process"
+    );
+    describe_counter!(TERMS_TOTAL, Unit::Count, "leadership terms won");
+    describe_histogram!(
+        TERM_SECONDS,
+        Unit::Seconds,
+        "how long a leadership term lasted"
     );
     describe_gauge!(
         HANDOFF_WAITERS,
@@ -309,6 +332,20 @@ mod fixed {
 pub(crate) fn refresh(by: &'static str, outcome: &'static str) {
     #[cfg(feature = "metrics")]
     ::metrics::counter!(REFRESHES_TOTAL, LABEL_BY => by, LABEL_OUTCOME => outcome).increment(1);
+}
+
+/// This process won a leadership term.
+pub(crate) fn term_started() {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(TERMS_TOTAL).increment(1);
+}
+
+/// A term of this process ended (`end`: `resigned`, a lost cause,
+/// `dropped`) after `held`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn term_ended(end: &'static str, held: Duration) {
+    #[cfg(feature = "metrics")]
+    ::metrics::histogram!(TERM_SECONDS, LABEL_END => end).record(held.as_secs_f64());
 }
 
 /// A waiter of this process was handed a lease (`via`: `grant`,

@@ -320,6 +320,54 @@ impl<C: RedisConnection> Node<C> {
         .map_err(|err| not_a_fence(err, fence_key))
     }
 
+    /// Writes an election's leader record `record_key` (`body`, after the
+    /// hash of `token`) if the lock `key` holds `token`; `Ok(false)` when it
+    /// does not (nothing written). The record lives as long as a fence
+    /// counter after its last use.
+    pub(crate) async fn announce(
+        &self,
+        key: &str,
+        record_key: &str,
+        token: &LeaseToken,
+        body: &str,
+        deadline: Instant,
+    ) -> Result<bool> {
+        let mut conn = self.conn.clone();
+        let mut invocation = crate::scripts::ANNOUNCE.key(key);
+        invocation
+            .key(record_key)
+            .arg(token)
+            .arg(body)
+            .arg(self.fence_ttl_ms);
+        call::bounded(
+            "announce",
+            key,
+            deadline,
+            invocation.invoke_async::<bool>(&mut conn),
+        )
+        .await
+    }
+
+    /// The leader record of the election whose lock is `key`, with the
+    /// lock's time to live in ms, when the lock's holder wrote it.
+    pub(crate) async fn leader(
+        &self,
+        key: &str,
+        record_key: &str,
+        deadline: Instant,
+    ) -> Result<Option<(String, i64)>> {
+        let mut conn = self.conn.clone();
+        let mut invocation = crate::scripts::LEADER.key(key);
+        invocation.key(record_key);
+        call::bounded(
+            "read leader",
+            key,
+            deadline,
+            invocation.invoke_async::<Option<(String, i64)>>(&mut conn),
+        )
+        .await
+    }
+
     /// `WAIT replicas timeout` on this connection: how many replicas
     /// acknowledged every write it sent so far.
     pub(crate) async fn wait_replicas(

@@ -805,6 +805,34 @@ impl<C: RedisConnection> Backend for QuorumInner<C> {
         })
     }
 
+    fn announce<'a>(
+        &'a self,
+        part: &'a Part,
+        record_key: &'a str,
+        body: &'a str,
+        _deadline: Instant,
+    ) -> Reply<'a, bool> {
+        Box::pin(async move {
+            let node_deadline = Instant::now() + self.node_timeout;
+            let outcomes = self
+                .on_every_node(
+                    |node| {
+                        let (key, record_key) = (part.key.clone(), record_key.to_owned());
+                        let (token, body) = (part.token.clone(), body.to_owned());
+                        async move {
+                            node.announce(&key, &record_key, &token, &body, node_deadline)
+                                .await
+                        }
+                    },
+                    |written| *written,
+                )
+                .await;
+            let written = outcomes.iter().filter(|o| matches!(o, Ok(true))).count();
+            let failed = outcomes.iter().filter(|o| o.is_err()).count();
+            self.verdict(&part.key, written, failed)
+        })
+    }
+
     fn release_dropped(self: Arc<Self>, part: Part, _until: Instant) {
         self.spawn_release_all(&part.key, &part.token);
     }
@@ -841,7 +869,54 @@ struct Round {
     failed: usize,
 }
 
-impl<C: RedisConnection> crate::lessor::sealed::Sealed for Quorum<C> {}
+/// An election's leader as a majority of the nodes see it: the record a
+/// majority agree on (with the shortest time to live they report), none
+/// when a majority answered but do not agree on one.
+impl<C: RedisConnection> crate::lessor::sealed::Sealed for Quorum<C> {
+    fn leader_record<'a>(
+        &'a self,
+        key: &'a str,
+        record_key: &'a str,
+    ) -> Reply<'a, Option<(String, i64)>> {
+        let quorum = &self.inner;
+        Box::pin(async move {
+            let node_deadline = Instant::now() + quorum.node_timeout;
+            let outcomes = quorum
+                .on_every_node(
+                    |node| {
+                        let (key, record_key) = (key.to_owned(), record_key.to_owned());
+                        async move { node.leader(&key, &record_key, node_deadline).await }
+                    },
+                    |_| false,
+                )
+                .await;
+            let answered: Vec<&Option<(String, i64)>> =
+                outcomes.iter().filter_map(|o| o.as_ref().ok()).collect();
+            let needed = quorum.needed();
+            if answered.len() < needed {
+                return Err(Error::QuorumNotReached {
+                    key: key.to_owned(),
+                    got: answered.len(),
+                    needed,
+                    failed_nodes: outcomes.len() - answered.len(),
+                });
+            }
+            for (body, _) in answered.iter().copied().flatten() {
+                let agreeing = answered
+                    .iter()
+                    .copied()
+                    .flatten()
+                    .filter(|(other, _)| other == body);
+                let (count, pttl) =
+                    agreeing.fold((0, i64::MAX), |(n, ttl), (_, t)| (n + 1, ttl.min(*t)));
+                if count >= needed {
+                    return Ok(Some((body.clone(), pttl)));
+                }
+            }
+            Ok(None)
+        })
+    }
+}
 
 /// The same calls as the inherent methods.
 impl<C: RedisConnection> Lessor for Quorum<C> {

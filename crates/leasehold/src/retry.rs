@@ -137,6 +137,12 @@ impl RetryStrategy {
         self
     }
 
+    /// Whether the strategy stops retrying before the deadline (one
+    /// attempt, or a number of them).
+    pub(crate) const fn gives_up_early(&self) -> bool {
+        matches!(self.base, Base::None) || self.max_attempts.is_some()
+    }
+
     /// The waits, seeded from this thread's jitter generator (itself
     /// seeded once from the operating system, or from the clock if that
     /// fails: jitter needs no secrecy, only spread, and never panics).

@@ -71,3 +71,10 @@ pub(crate) static RELAY: LazyLock<Script> = LazyLock::new(|| Script::new(source!
 /// Raise a fence counter, never lowering it: see `scripts/raise_fence.lua`.
 pub(crate) static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(source!("raise_fence.lua")));
+
+/// A leader names itself: see `scripts/announce.lua`.
+pub(crate) static ANNOUNCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(source!("announce.lua")));
+
+/// Who leads an election: see `scripts/leader.lua`.
+pub(crate) static LEADER: LazyLock<Script> = LazyLock::new(|| Script::new(source!("leader.lua")));

@@ -723,7 +723,15 @@ impl<C: RedisConnection> HandoffLocker<C> {
     }
 }
 
-impl<C: RedisConnection> crate::lessor::sealed::Sealed for HandoffLocker<C> {}
+impl<C: RedisConnection> crate::lessor::sealed::Sealed for HandoffLocker<C> {
+    fn leader_record<'a>(
+        &'a self,
+        key: &'a str,
+        record_key: &'a str,
+    ) -> crate::lease::Reply<'a, Option<(String, i64)>> {
+        crate::lessor::sealed::Sealed::leader_record(&self.inner.locker, key, record_key)
+    }
+}
 
 /// The same calls as the inherent methods.
 impl<C: RedisConnection> Lessor for HandoffLocker<C> {

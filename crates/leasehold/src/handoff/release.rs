@@ -103,6 +103,16 @@ impl<C: RedisConnection> Backend for HandoffBackend<C> {
         Backend::raise_fence(&*self.node, fence_key, at_least, deadline)
     }
 
+    fn announce<'a>(
+        &'a self,
+        part: &'a Part,
+        record_key: &'a str,
+        body: &'a str,
+        deadline: Instant,
+    ) -> Reply<'a, bool> {
+        Backend::announce(&*self.node, part, record_key, body, deadline)
+    }
+
     fn held(&self, key: &str, shared: &Arc<Shared>) {
         if let Some(relay) = &self.local.relay {
             relay.hold(key, shared);
