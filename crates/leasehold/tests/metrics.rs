@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use leasehold::metrics::{
     ACQUIRE_ATTEMPTS, ACQUIRE_SECONDS, ACQUIRE_WAIT_SECONDS, GIVE_UPS_TOTAL, HANDOFF_WAITERS,
-    HANDOFFS_TOTAL, LEASES_LOST_TOTAL, REFRESHES_TOTAL, RELEASES_TOTAL,
+    HANDOFFS_TOTAL, LEASES_LOST_TOTAL, REFRESHES_TOTAL, RELEASES_TOTAL, TERM_SECONDS, TERMS_TOTAL,
 };
 use leasehold::{AcquireOptions, CancellationToken, HandoffLocker, Locker, Quorum, RetryStrategy};
 use leasehold_testkit::RedisServer;
@@ -331,6 +331,29 @@ fn handoff_waiters_are_gauged_and_handoffs_counted() -> TestResult {
         assert_eq!(m.counter(HANDOFFS_TOTAL, &[("via", "grant")]), 1);
         assert_eq!(m.gauge(HANDOFF_WAITERS, &[("queue", "process")]), 0.0);
         assert_eq!(m.gauge(HANDOFF_WAITERS, &[("queue", "redis")]), 0.0);
+        Ok(())
+    })
+}
+
+#[test]
+fn terms_are_counted_and_timed_by_how_they_end() -> TestResult {
+    with_recorder(async |mut m| {
+        let server = RedisServer::start()?;
+        let client = redis::Client::open(server.url())?;
+        let election = leasehold::Election::builder(Locker::connect(&client).await?, "m:terms")
+            .ttl(TTL)
+            .build()?;
+        election.campaign().await?.resign().await?;
+        let superseded = election.campaign().await?;
+        superseded.mark_superseded();
+        superseded.resign().await?;
+        drop(election.campaign().await?);
+
+        assert_eq!(m.counter(TERMS_TOTAL, &[]), 3);
+        for end in ["resigned", "superseded", "dropped"] {
+            assert_eq!(m.samples(TERM_SECONDS, &[("end", end)]).len(), 1, "{end}");
+        }
+        assert_eq!(m.counter(LEASES_LOST_TOTAL, &[("cause", "superseded")]), 1);
         Ok(())
     })
 }
