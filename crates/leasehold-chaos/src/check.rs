@@ -3,8 +3,9 @@
 //!
 //! # Safety: what the database must show
 //!
-//! Each resource (wallet) starts at the balance in the run's header and is
-//! only ever debited by writes the history records. At the end the checker
+//! Each resource (a wallet, in `leasehold chaos`) starts at the value in
+//! the run's header and is only ever changed by writes the history
+//! records. At the end the checker
 //! reads every resource's balance and ledger ([`Kind::Final`]). With
 //! `accepted` the sum of the accepted debits of a resource, these must
 //! hold, or the run has a [`Violation`]:
@@ -118,6 +119,7 @@ use serde::Serialize;
 
 use crate::fault::Fault;
 use crate::history::{Event, Kind, WriteOutcome};
+use crate::verdicts::{ControlVerdict, Runs, Verdict};
 
 /// How far before a fault's start its pre-fault rate is measured, at most:
 /// 2 s.
@@ -220,6 +222,40 @@ impl RunCheck {
     #[must_use]
     pub fn holds(&self) -> bool {
         self.violations.is_empty()
+    }
+
+    /// True when the run's write path met the lock failing: two callers
+    /// held it at once, or the run took no lock at all and wrote (every
+    /// write then met the others).
+    #[must_use]
+    pub fn exercised(&self) -> bool {
+        !self.overlaps.is_empty() || (self.counts.acquires == 0 && self.counts.writes.total() > 0)
+    }
+
+    /// The run's [`Verdict`], checked alone: no control ran (see
+    /// [`verdict_with`](Self::verdict_with)).
+    #[must_use]
+    pub fn verdict(&self) -> Verdict {
+        self.verdict_with(&ControlVerdict::NotRun)
+    }
+
+    /// The run's [`Verdict`], given what its negative control showed.
+    #[must_use]
+    pub fn verdict_with(&self, control: &ControlVerdict) -> Verdict {
+        Verdict::judge(&self.runs(), control)
+    }
+
+    /// What [`Verdict::judge`] reads of this run.
+    pub(crate) fn runs(&self) -> Runs {
+        Runs {
+            control: self.is_control(),
+            reported_only: self.is_reported_only(),
+            runs: 1,
+            runs_with_violation: u64::from(!self.holds()),
+            violations: self.violations.len() as u64,
+            double_holders: self.overlaps.len() as u64,
+            exercised: self.exercised(),
+        }
     }
 
     /// True when the run is a negative control (a mode expected to break
@@ -438,17 +474,17 @@ impl fmt::Display for Violation {
             } => {
                 write!(
                     f,
-                    "lost update on {resource}: the balance is {balance}, but {initial} minus \
-                     the accepted debits ({accepted}) is {expected}"
+                    "lost: {resource} is {balance}, but {initial} less its committed writes \
+                     ({accepted}) is {expected}"
                 )?;
                 if *unknown_writes > 0 {
                     write!(
                         f,
-                        ", and no subset of the {unknown_writes} debits of unknown outcome \
+                        ", and no subset of its {unknown_writes} writes of unknown outcome \
                          (totalling {unknown_sum}) explains the difference"
                     )?;
                 }
-                Ok(())
+                f.write_str(": a committed write is missing from the final state")
             }
             Violation::DuplicatedDebit {
                 resource,
@@ -457,8 +493,8 @@ impl fmt::Display for Violation {
                 unknown,
             } => write!(
                 f,
-                "duplicated debit on {resource}: the ledger has {ledger_rows} rows for \
-                 {accepted} accepted debits and {unknown} of unknown outcome"
+                "duplicate: {resource} records {ledger_rows} writes for {accepted} committed \
+                 and {unknown} of unknown outcome: a write applied twice"
             ),
             Violation::LostDebit {
                 resource,
@@ -466,8 +502,9 @@ impl fmt::Display for Violation {
                 accepted,
             } => write!(
                 f,
-                "lost debit on {resource}: the ledger has {ledger_rows} rows for {accepted} \
-                 accepted debits"
+                "missing: {resource} records {ledger_rows} writes for {accepted} committed: \
+                 {} committed writes missing from the final state",
+                accepted.saturating_sub(*ledger_rows)
             ),
             Violation::LedgerMismatch {
                 resource,
@@ -476,12 +513,12 @@ impl fmt::Display for Violation {
                 ledger_sum,
             } => write!(
                 f,
-                "ledger mismatch on {resource}: the balance is {balance}, but {initial} minus \
-                 the ledger's sum ({ledger_sum}) is {}",
+                "mismatch: {resource} is {balance}, but {initial} less the writes it records \
+                 ({ledger_sum}) is {}",
                 initial.saturating_sub(*ledger_sum)
             ),
             Violation::NegativeBalance { resource, balance } => {
-                write!(f, "negative balance on {resource}: {balance}")
+                write!(f, "below zero: {resource} is {balance}")
             }
             Violation::InvariantFailed { actor, detail } => {
                 write!(f, "invariant failed (checked by {actor}): {detail}")

@@ -1,7 +1,7 @@
 //! The harness for your own write path: N callers, any TTL and lock, your
 //! write and your invariant, under the same faults and with the same
-//! report and timeline as `leasehold chaos`, and a negative control that
-//! proves the run could have caught a lost update.
+//! report, verdict and timeline as `leasehold chaos`, and a negative
+//! control that proves the run could have caught a broken write path.
 //!
 //! # An honest verdict
 //!
@@ -34,10 +34,18 @@
 //!   watchdog, fault and seed drive a blind read-modify-write of a counter
 //!   in memory (read, a 1 ms round trip, [`Call::pause_point`], write back
 //!   plus one, under [`Call::run`]): your path with its database check
-//!   removed. If that loses no update, the fault and the settings cannot
-//!   show one, and the run is **inconclusive**: [`RunReport::holds`] is
-//!   false and [`RunReport::summary`] says why. You can give your own
-//!   control instead ([`RunReport::with_control`]).
+//!   removed. If that breaks no invariant, the fault and the settings
+//!   cannot show a broken path, and a run with double holders is
+//!   **inconclusive**: [`RunReport::holds`] is false and
+//!   [`RunReport::summary`] says why. You can give your own control
+//!   instead ([`RunReport::with_control`]).
+//! - **The verdict says what was exercised.** [`RunReport::verdict`]:
+//!   *held* (N double holders absorbed; the control caught, or no control
+//!   ran), *never broke* (no two callers held the lock at once: nothing
+//!   was exercised, which is not a failure, so a fault that never breaks
+//!   the lock can be asserted with [`RunReport::holds`]), *inconclusive*
+//!   or *broken*, in the words `leasehold chaos` prints for a cell (the
+//!   [`verdicts`](mod@crate::verdicts) module).
 //!
 //! # Where the pause point goes
 //!
@@ -144,6 +152,8 @@ use crate::lab::{Lab, LabError, run_nemesis};
 use crate::outcome::{Outcome, STOPPED, Writes};
 use crate::recorder::Recorder;
 use crate::timeline;
+pub use crate::verdicts::ControlVerdict;
+use crate::verdicts::Verdict;
 
 /// Which negative control a [`Harness`] runs before your write path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -568,28 +578,6 @@ fn read_counter(
         .unwrap_or(0)
 }
 
-/// What the negative control showed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ControlVerdict {
-    /// No control ran ([`NegativeControl::Off`], or this run is a control
-    /// itself): the report cannot say whether the run could catch a lost
-    /// update.
-    NotRun,
-    /// The control lost updates (`violations` of them): this fault and
-    /// these settings can show a broken write path.
-    Caught {
-        /// How many violations the control's check found.
-        violations: usize,
-    },
-    /// The control lost nothing in `writes` writes: this run could not
-    /// have caught a broken write path, so its verdict means nothing.
-    CaughtNothing {
-        /// How many writes the control made.
-        writes: u64,
-    },
-}
-
 /// A run's history and its check, and its negative control's.
 #[derive(Debug, Clone)]
 pub struct RunReport {
@@ -635,12 +623,28 @@ impl RunReport {
         self
     }
 
-    /// True when no invariant was violated **and** the run could have
-    /// caught a violation: false when the negative control caught nothing
-    /// (see [`summary`](Self::summary)). Without a control
-    /// ([`ControlVerdict::NotRun`]) it is the check alone.
+    /// What the run showed, given its negative control: held (with how
+    /// many double holders were absorbed, and whether the control was
+    /// caught or none ran), never broke (nothing exercised), inconclusive
+    /// (double holders, but the control caught nothing) or broken; for a
+    /// run that is a control itself, caught or missed. The same
+    /// [`Verdict`] `leasehold chaos` prints for a matrix cell (see the
+    /// [`verdicts`](mod@crate::verdicts) module).
+    #[must_use]
+    pub fn verdict(&self) -> Verdict {
+        self.check.verdict_with(&self.control)
+    }
+
+    /// True when no invariant was violated and the run is not
+    /// inconclusive ([`verdict`](Self::verdict)): what to assert in CI.
+    /// A run whose lock never broke holds (nothing failed, though nothing
+    /// was exercised: [`Verdict::NeverBroke`]), so a fault that never
+    /// breaks the lock can be asserted too; a run that is a negative
+    /// control holds when it caught nothing (assert [`caught`](Self::caught)
+    /// instead). The errors returned to the callers are judged apart:
+    /// `check.errors.holds()`.
     pub fn holds(&self) -> bool {
-        self.check.holds() && !matches!(self.control, ControlVerdict::CaughtNothing { .. })
+        self.check.holds() && !matches!(self.verdict(), Verdict::Inconclusive { .. })
     }
 
     /// For a run that is a negative control itself: true when its check
@@ -658,26 +662,16 @@ impl RunReport {
             .count() as u64
     }
 
-    /// The verdict in a few lines: `HOLDS`, `BROKEN` or `INCONCLUSIVE`
-    /// (for a run that is a control itself, `CAUGHT` or `NOT CAUGHT`), the
-    /// write counts, the violations, and what the control showed.
+    /// The verdict in a few lines: the [`verdict`](Self::verdict) (`held:
+    /// ...`, `never broke: ...`, `INCONCLUSIVE: ...`, `BROKEN: ...`, for a
+    /// control `control caught: ...` or `FAILED: control missed ...`), the
+    /// write counts, the violations, the errors returned to the callers,
+    /// and what the control showed.
     pub fn summary(&self) -> String {
         let w = &self.check.counts.writes;
-        let verdict = if self.check.is_control() {
-            if self.caught() {
-                "CAUGHT"
-            } else {
-                "NOT CAUGHT"
-            }
-        } else if !self.check.holds() {
-            "BROKEN"
-        } else if self.holds() {
-            "HOLDS"
-        } else {
-            "INCONCLUSIVE"
-        };
         let mut out = format!(
-            "{verdict}: {} committed, {} refused, {} not written ({} stopped by the watchdog), {} unknown; {} double holders",
+            "{}\n  writes: {} committed, {} refused, {} not written ({} stopped by the watchdog), {} unknown; {} double holders",
+            self.verdict(),
             w.accepted,
             w.refused_stale,
             w.failed + w.insufficient,
@@ -693,12 +687,12 @@ impl RunReport {
             ControlVerdict::NotRun if self.check.is_control() => {
                 "\n  this run is a negative control: it must be caught".to_owned()
             }
-            ControlVerdict::NotRun => "\n  no negative control ran: this run cannot say whether it could catch a lost update".to_owned(),
+            ControlVerdict::NotRun => "\n  no negative control ran: this run cannot say whether it could catch a broken write path".to_owned(),
             ControlVerdict::Caught { violations } => format!(
-                "\n  negative control: the write path without its check was caught ({violations} violations): the test can detect a lost update"
+                "\n  negative control: the write path without its check was caught ({violations} violations): the test can detect a broken write path"
             ),
             ControlVerdict::CaughtNothing { writes } => format!(
-                "\n  negative control caught NOTHING in {writes} writes: under this fault and these settings a write path without its check loses no update, so this run proves nothing; use a fault that breaks the lock (holder-pause, key-loss, early-expiry), a shorter TTL, a longer run, or a pause point between the read and the write"
+                "\n  negative control caught NOTHING in {writes} writes: under this fault and these settings a write path without its check breaks no invariant, so double holders here prove nothing; use a fault that breaks the lock (holder-pause, key-loss, early-expiry), a shorter TTL, a longer run, or a pause point between the read and the write"
             ),
         });
         out
@@ -706,7 +700,7 @@ impl RunReport {
 
     /// The run's timeline: one self-contained HTML page with an SVG.
     pub fn timeline_html(&self) -> String {
-        timeline::render_html(&self.events, &self.check)
+        timeline::render_html_judged(&self.events, &self.check, self.verdict())
     }
 
     /// Writes the history as JSON lines (re-check it with

@@ -20,8 +20,10 @@
 //! [`Kind::ResourceCheck`], e.g. [`Writes::check_counter`]);
 //! [`Harness::run_with`] also gives each caller state of its own (its
 //! database connection), set up before the run. The harness
-//! runs a negative control first and calls a run that could not have
-//! caught a lost update inconclusive (the [`harness`] module: an honest
+//! runs a negative control first, and its [`Verdict`] says what was
+//! exercised: held (double holders absorbed, the control caught), never
+//! broke, inconclusive (the control caught nothing) or broken, in the
+//! words `leasehold chaos` prints (the [`verdicts`] module; the [`harness`] module: an honest
 //! verdict, where the pause point goes, your own TLS Redis and ACL user); see
 //! `examples/own_write_path.rs`. The `leasehold chaos` command is this
 //! crate driven from worker processes, one run per mode and fault.
@@ -30,6 +32,7 @@ pub mod check;
 pub mod history;
 pub mod report;
 pub mod timeline;
+pub mod verdicts;
 
 mod access;
 mod callers;
@@ -44,10 +47,11 @@ pub use access::HARNESS_ACL_RULES;
 pub use callers::{Call, Callers, Lock, Stall, Written, label, lock_key};
 pub use check::{CallerErrors, RunCheck, Violation, check};
 pub use fault::{Fault, UnknownFault, Window, schedule};
-pub use harness::{ControlVerdict, Harness, HarnessError, NegativeControl, RunReport};
+pub use harness::{Harness, HarnessError, NegativeControl, RunReport};
 pub use history::{Event, Kind, WriteOutcome};
 pub use lab::{ACL_RULES, ACL_USER, Lab, LabError, LabOptions, Pauser, run_nemesis};
 pub use outcome::{Outcome, Stopped, Tally, Writes};
 pub use recorder::{Recorder, start_from_micros, start_to_micros};
-pub use report::{Row, Verdict, check_file, rows, verdict};
+pub use report::{MatrixVerdict, Row, check_file, rows, verdict};
 pub use timeline::render_html;
+pub use verdicts::{ControlVerdict, Verdict};

@@ -182,9 +182,10 @@ impl Writes {
     /// The check of a counter that each committed write to `resource` adds
     /// one to, from `initial`: it holds when `value - initial` is the
     /// number of committed writes plus any number of the unknown ones.
-    /// Fewer is a lost update (two holders read the same value and both
-    /// wrote it plus one), more a write counted twice or one reported not
-    /// written that landed.
+    /// Fewer is a lost write (two holders read the same value and both
+    /// wrote it plus one: one of the two committed writes is missing),
+    /// more a duplicate (a write applied twice, or one reported not
+    /// written that landed).
     pub fn check_counter(&self, resource: &str, initial: i64, value: i64) -> Kind {
         let tally = self.of(resource);
         let done = value.saturating_sub(initial);
@@ -198,9 +199,16 @@ impl Writes {
             if ok {
                 String::new()
             } else if done < low {
-                format!(": {} lost", low - done)
+                format!(
+                    ": lost: {} committed writes missing from the final state",
+                    low - done
+                )
             } else {
-                format!(": {} more than written", done - high)
+                format!(
+                    ": duplicate: {} more than the writes made (a write applied twice, or \
+                     one reported not written that landed)",
+                    done - high
+                )
             }
         );
         Kind::ResourceCheck {

@@ -1,13 +1,20 @@
 //! The fault matrix: many [`RunCheck`]s folded into one row per lock mode
 //! and fault, a text table, JSON rows, and the verdict.
 //!
-//! A row holds when none of its runs has a violation. A *negative control*
-//! row (a mode expected to break under its fault, e.g. a lock with no
-//! database check under a process pause) holds the other way round: it
-//! must show a violation in at least [`CONTROL_CATCH_PERCENT`]% of its
-//! runs. A control that comes out clean does not mean the mode is safe; it
-//! means the fault did not bite or the checker did not look, and then the
-//! clean rows prove nothing either. So a missed control fails the verdict.
+//! Each row's status is a [`Verdict`], as for one run of the harness (the
+//! [`verdicts`](mod@crate::verdicts) module): a row of a safe mode *held* when
+//! its runs had double holders and no violation, and the control rows under
+//! the same fault were caught (*held, no control ran* when the matrix has
+//! none under that fault); it *never broke* when no run had a double
+//! holder (nothing exercised: not a failure); it is *inconclusive* when the
+//! control under its fault missed, and *broken* on any violation. A
+//! *negative control* row (a mode expected to break under its fault, e.g. a
+//! lock with no database check under a process pause) holds the other way
+//! round: it must show a violation in at least [`CONTROL_CATCH_PERCENT`]%
+//! of its runs. A control that comes out clean does not mean the mode is
+//! safe; it means the fault did not bite or the checker did not look, and
+//! then the clean rows prove nothing either. So a missed control fails the
+//! matrix.
 //!
 //! Recovery times are reported but do not enter the verdict: how fast is
 //! fast enough depends on the TTL and the fault.
@@ -26,10 +33,8 @@ use serde::Serialize;
 
 use crate::check::{RunCheck, check};
 use crate::history::{Event, HistoryError, read_jsonl};
-
-/// The share of its runs in which a control row must show a violation:
-/// 90%.
-pub const CONTROL_CATCH_PERCENT: u64 = 90;
+pub use crate::verdicts::CONTROL_CATCH_PERCENT;
+use crate::verdicts::{ControlVerdict, Runs, Verdict};
 
 /// What stands in for the mode and fault of a run without a header.
 const UNKNOWN: &str = "?";
@@ -85,8 +90,12 @@ pub struct Row {
     pub runs_with_errors: u64,
     /// The errors judgement.
     pub errors: ErrorsStatus,
-    /// Whether the row holds (safety).
-    pub status: RowStatus,
+    /// What the row showed (safety), given the control rows under its
+    /// fault; in JSON its [`name`](Verdict::name).
+    pub status: Verdict,
+    /// Whether some run met the lock failing ([`RunCheck::exercised`]).
+    #[serde(skip)]
+    exercised: bool,
 }
 
 /// Whether a row's callers were returned no error they should not have
@@ -110,48 +119,6 @@ impl fmt::Display for ErrorsStatus {
             ErrorsStatus::Ok => "ok",
             ErrorsStatus::Failed => "FAILED",
             ErrorsStatus::NotJudged => "-",
-        })
-    }
-}
-
-/// Whether a row holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum RowStatus {
-    /// No run showed a violation.
-    Ok,
-    /// Some run showed a violation.
-    Broken,
-    /// A control row that showed a violation in enough of its runs: the
-    /// checker and the fault work.
-    ControlCaught,
-    /// A control row that did not: the checker or the fault is not working.
-    ControlMissed,
-    /// A row whose mode makes no safety claim under its fault: what it
-    /// showed is reported, not judged.
-    Reported,
-}
-
-impl RowStatus {
-    /// True for [`RowStatus::Ok`] and [`RowStatus::ControlCaught`].
-    #[must_use]
-    pub fn is_ok(self) -> bool {
-        matches!(
-            self,
-            RowStatus::Ok | RowStatus::ControlCaught | RowStatus::Reported
-        )
-    }
-}
-
-impl fmt::Display for RowStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            RowStatus::Ok => "ok",
-            RowStatus::Broken => "BROKEN",
-            RowStatus::ControlCaught => "ok (control caught)",
-            RowStatus::ControlMissed => "FAILED (control missed: checker or fault not working)",
-            RowStatus::Reported => "reported (no safety claim)",
         })
     }
 }
@@ -181,7 +148,8 @@ impl Row {
             errors_judged: 0,
             runs_with_errors: 0,
             errors: ErrorsStatus::NotJudged,
-            status: RowStatus::Ok,
+            status: Verdict::NeverBroke,
+            exercised: false,
         }
     }
 
@@ -195,6 +163,7 @@ impl Row {
         self.violations += run.violations.len() as u64;
         self.runs_with_violation += u64::from(!run.holds());
         self.overlaps += run.overlaps.len() as u64;
+        self.exercised |= run.exercised();
         self.acquire_errors += run.errors.acquire;
         self.release_errors += run.errors.release;
         self.refresh_errors += run.errors.refresh;
@@ -213,18 +182,20 @@ impl Row {
             (0, _) => ErrorsStatus::Ok,
             _ => ErrorsStatus::Failed,
         };
-        self.status = match (self.control, self.violations) {
-            _ if self.reported_only && !self.control => RowStatus::Reported,
-            (false, 0) => RowStatus::Ok,
-            (false, _) => RowStatus::Broken,
-            (true, _)
-                if self.runs > 0
-                    && self.runs_with_violation * 100 >= self.runs * CONTROL_CATCH_PERCENT =>
-            {
-                RowStatus::ControlCaught
-            }
-            (true, _) => RowStatus::ControlMissed,
-        };
+        self.status = Verdict::judge(&self.totals(), &ControlVerdict::NotRun);
+    }
+
+    /// What [`Verdict::judge`] reads of this row.
+    fn totals(&self) -> Runs {
+        Runs {
+            control: self.control,
+            reported_only: self.reported_only,
+            runs: self.runs,
+            runs_with_violation: self.runs_with_violation,
+            violations: self.violations,
+            double_holders: self.overlaps,
+            exercised: self.exercised,
+        }
     }
 
     /// Why the row fails, a sentence per failed judgement (safety, errors);
@@ -257,17 +228,49 @@ impl Row {
     fn safety_failure(&self) -> Option<String> {
         let name = format!("{} under {}", self.mode, self.fault);
         match self.status {
-            RowStatus::Ok | RowStatus::ControlCaught | RowStatus::Reported => None,
-            RowStatus::Broken => Some(format!(
+            Verdict::Broken { .. } => Some(format!(
                 "{name}: safety judgement failed: {} violations in {} of {} runs",
                 self.violations, self.runs_with_violation, self.runs
             )),
-            RowStatus::ControlMissed => Some(format!(
+            Verdict::ControlMissed => Some(format!(
                 "{name} is a negative control but showed a violation in only {} of {} runs \
                  (needs {CONTROL_CATCH_PERCENT}%): the checker or the fault is not working, \
                  so the other rows prove nothing",
                 self.runs_with_violation, self.runs
             )),
+            Verdict::Inconclusive { double_holders } => Some(format!(
+                "{name}: inconclusive: {double_holders} double holders and no violation, but \
+                 the control under {} caught nothing, so these runs could not have caught a \
+                 broken write path",
+                self.fault
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// What the control rows under `fault` showed, for the other rows under
+/// it: [`ControlVerdict::Caught`] when every one was caught,
+/// [`ControlVerdict::CaughtNothing`] when one missed,
+/// [`ControlVerdict::NotRun`] when there is none.
+#[must_use]
+pub fn control_for(rows: &[Row], fault: &str) -> ControlVerdict {
+    let controls: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.control && r.fault == fault)
+        .collect();
+    if controls.is_empty() {
+        ControlVerdict::NotRun
+    } else if controls
+        .iter()
+        .all(|r| matches!(r.status, Verdict::ControlCaught { .. }))
+    {
+        ControlVerdict::Caught {
+            violations: controls.iter().map(|r| r.violations as usize).sum(),
+        }
+    } else {
+        ControlVerdict::CaughtNothing {
+            writes: controls.iter().map(|r| r.accepted).sum(),
         }
     }
 }
@@ -306,62 +309,71 @@ pub fn rows(checks: &[RunCheck]) -> Vec<Row> {
             }
         }
     }
-    rows.into_iter()
+    let mut rows: Vec<Row> = rows
+        .into_iter()
         .map(|(mut row, mut recovered)| {
             row.settle(&mut recovered);
             row
         })
-        .collect()
+        .collect();
+    let controls: Vec<ControlVerdict> = rows.iter().map(|r| control_for(&rows, &r.fault)).collect();
+    for (row, control) in rows.iter_mut().zip(controls) {
+        row.status = Verdict::judge(&row.totals(), &control);
+    }
+    rows
 }
 
-/// The matrix's verdict.
+/// The matrix's verdict: what `leasehold chaos` (and `chaos check`)
+/// exit with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]
 #[non_exhaustive]
-pub enum Verdict {
-    /// Every row holds: no violation outside the controls, and every control
-    /// caught.
+pub enum MatrixVerdict {
+    /// Every row passes: no violation outside the controls, no
+    /// inconclusive row, every control caught, and no judged error
+    /// returned to a caller.
     Ok,
-    /// Some row does not hold (or there is none).
+    /// Some row fails (or there is none).
     Failed {
         /// One sentence per failing row.
         reasons: Vec<String>,
     },
 }
 
-impl Verdict {
-    /// True for [`Verdict::Ok`].
+impl MatrixVerdict {
+    /// True for [`MatrixVerdict::Ok`].
     #[must_use]
     pub fn is_ok(&self) -> bool {
-        matches!(self, Verdict::Ok)
+        matches!(self, MatrixVerdict::Ok)
     }
 }
 
-impl fmt::Display for Verdict {
+impl fmt::Display for MatrixVerdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Verdict::Ok => f.write_str("OK"),
-            Verdict::Failed { reasons } => write!(f, "FAILED: {}", reasons.join("; ")),
+            MatrixVerdict::Ok => f.write_str("OK"),
+            MatrixVerdict::Failed { reasons } => write!(f, "FAILED: {}", reasons.join("; ")),
         }
     }
 }
 
-/// The verdict on `rows`: [`Verdict::Ok`] when every non-control row has no
-/// violation and every control row showed a violation in at least
-/// [`CONTROL_CATCH_PERCENT`]% of its runs. No rows at all is a failure
-/// (nothing was checked).
+/// The verdict on `rows`: [`MatrixVerdict::Ok`] when every row's
+/// [`Verdict`] passes ([`Verdict::passes`]: no violation outside the
+/// controls, no inconclusive row, every control row caught in at least
+/// [`CONTROL_CATCH_PERCENT`]% of its runs) and no row's errors judgement
+/// failed. No rows at all is a failure (nothing was checked).
 #[must_use]
-pub fn verdict(rows: &[Row]) -> Verdict {
+pub fn verdict(rows: &[Row]) -> MatrixVerdict {
     if rows.is_empty() {
-        return Verdict::Failed {
+        return MatrixVerdict::Failed {
             reasons: vec!["no run was checked".to_owned()],
         };
     }
     let reasons: Vec<String> = rows.iter().filter_map(Row::failure).collect();
     if reasons.is_empty() {
-        Verdict::Ok
+        MatrixVerdict::Ok
     } else {
-        Verdict::Failed { reasons }
+        MatrixVerdict::Failed { reasons }
     }
 }
 

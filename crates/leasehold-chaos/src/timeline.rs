@@ -69,6 +69,7 @@ use std::fmt::{self, Write};
 
 use crate::check::{self, LeaseEnd, LeaseSpan, RunCheck};
 use crate::history::{Event, Kind, WriteOutcome};
+use crate::verdicts::Verdict;
 
 /// The width of the lane labels, in pixels.
 const LABEL_W: f64 = 120.0;
@@ -364,9 +365,15 @@ const SCRIPT: &str = r##"
 /// Renders `events` and their `check` as one HTML page.
 #[must_use]
 pub fn render_html(events: &[Event], check: &RunCheck) -> String {
+    render_html_judged(events, check, check.verdict())
+}
+
+/// [`render_html`] with the run's `verdict` given (the harness's, which
+/// knows its control).
+pub(crate) fn render_html_judged(events: &[Event], check: &RunCheck, verdict: Verdict) -> String {
     let mut out = String::new();
     // Writing to a String cannot fail.
-    let _ = Page::new(events, check, None).write(&mut out);
+    let _ = Page::new(events, check, None, verdict).write(&mut out);
     out
 }
 
@@ -386,7 +393,7 @@ pub fn render_html_between(
 ) -> String {
     let mut out = String::new();
     // Writing to a String cannot fail.
-    let _ = Page::new(events, check, Some(range)).write(&mut out);
+    let _ = Page::new(events, check, Some(range), check.verdict()).write(&mut out);
     out
 }
 
@@ -568,6 +575,8 @@ fn layout_fault_labels(spans: &[(f64, f64)], full: &[(usize, String)]) -> (Vec<F
 
 struct Page<'a> {
     check: &'a RunCheck,
+    /// The run's verdict, as its report says it.
+    verdict: Verdict,
     /// When the run ended.
     duration_us: u64,
     /// The time the chart shows.
@@ -584,7 +593,12 @@ struct Page<'a> {
 }
 
 impl<'a> Page<'a> {
-    fn new(events: &[Event], check: &'a RunCheck, range: Option<std::ops::Range<u64>>) -> Page<'a> {
+    fn new(
+        events: &[Event],
+        check: &'a RunCheck,
+        range: Option<std::ops::Range<u64>>,
+        verdict: Verdict,
+    ) -> Page<'a> {
         let duration_us = events
             .iter()
             .map(|e| e.at_us)
@@ -615,6 +629,7 @@ impl<'a> Page<'a> {
         actors.sort_by_cached_key(|a| natural_key(a));
         let mut page = Page {
             check,
+            verdict,
             duration_us,
             from_us,
             to_us,
@@ -884,30 +899,15 @@ impl<'a> Page<'a> {
     }
 
     fn write_verdict(&self, out: &mut String) -> fmt::Result {
-        let n = self.check.violations.len();
-        let (class, text) = match (self.check.holds(), self.check.is_control()) {
-            (true, false) => ("ok", "OK: no violation".to_owned()),
-            (true, true) => (
-                "broken",
-                "FAILED: a negative control with no violation (the checker or the fault did \
-                 not work)"
-                    .to_owned(),
-            ),
-            (false, false) if self.check.is_reported_only() => (
-                "expected",
-                format!(
-                    "{n} violations (reported: this mode makes no safety claim under this fault)"
-                ),
-            ),
-            (false, false) => ("broken", format!("BROKEN: {n} violations")),
-            (false, true) => (
-                "expected",
-                format!("BROKEN, as a negative control should be: {n} violations"),
-            ),
+        let class = match self.verdict {
+            Verdict::ControlCaught { .. } | Verdict::Reported { .. } => "expected",
+            verdict if verdict.passes() => "ok",
+            _ => "broken",
         };
         writeln!(
             out,
-            "<p class=\"verdict {class}\" id=\"verdict\">{text}</p>"
+            "<p class=\"verdict {class}\" id=\"verdict\">{}</p>",
+            esc(&self.verdict.to_string())
         )
     }
 

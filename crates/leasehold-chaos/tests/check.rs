@@ -64,7 +64,8 @@ fn two_holders_writing_blind_lose_an_update() {
     );
     assert_eq!(
         lost.to_string(),
-        "lost update on wallet:1: the balance is 90, but 100 minus the accepted debits (20) is 80"
+        "lost: wallet:1 is 90, but 100 less its committed writes (20) is 80: a committed write \
+         is missing from the final state"
     );
     assert_eq!(run.overlaps.len(), 1);
 }
@@ -87,7 +88,7 @@ fn more_ledger_rows_than_debits_is_a_duplicated_debit() {
     assert!(
         duplicated
             .to_string()
-            .starts_with("duplicated debit on wallet:1: the ledger has 2 rows")
+            .starts_with("duplicate: wallet:1 records 2 writes for 1 committed")
     );
     // The balance follows the ledger, so it is also off the accepted debits.
     assert!(
@@ -199,7 +200,7 @@ fn unknown_writes_count_either_way_but_nothing_else() {
     assert!(
         run.violations[0]
             .to_string()
-            .contains("no subset of the 2 debits of unknown outcome")
+            .contains("no subset of its 2 writes of unknown outcome")
     );
     let run = with(55, 4);
     assert!(

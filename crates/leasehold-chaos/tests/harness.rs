@@ -1,7 +1,9 @@
 //! The harness against a user's own write path (in memory), under real
 //! faults on a throwaway Redis: a blind write is caught with the watchdog
 //! on, writes the watchdog stopped count as not written, a check-and-set
-//! path holds, and a control that catches nothing makes the run fail.
+//! path holds, a run whose lock never broke says so, a control that
+//! catches nothing makes a run with double holders fail, and an error the
+//! lock returns to a caller is recorded and judged.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,7 +11,7 @@ use std::time::Duration;
 use leasehold::{Locker, redis};
 use leasehold_chaos::{
     Call, ControlVerdict, Fault, Harness, Lab, LabOptions, Lock, NegativeControl, Outcome,
-    RunReport, Writes,
+    RunReport, Verdict, Writes,
 };
 
 mod common;
@@ -92,6 +94,16 @@ async fn a_check_and_set_path_holds_under_holder_pause_in_every_run() -> TestRes
             report.summary()
         );
         assert_eq!(report.control, ControlVerdict::NotRun);
+        // Held, and it says that no control ran.
+        assert!(
+            matches!(
+                report.verdict(),
+                Verdict::Held { double_holders, control_caught: false } if double_holders > 0
+            ),
+            "seed {seed}: {}",
+            report.summary()
+        );
+        assert!(report.summary().contains("no control ran"));
         assert!(report.summary().contains("no negative control ran"));
     }
     Ok(())
@@ -118,17 +130,30 @@ async fn writes_the_watchdog_stopped_count_as_not_written_and_the_control_catche
         report.summary()
     );
     assert!(report.holds(), "{}", report.summary());
-    assert!(report.summary().starts_with("HOLDS"));
+    assert!(
+        matches!(
+            report.verdict(),
+            Verdict::Held {
+                control_caught: true,
+                ..
+            }
+        ),
+        "{}",
+        report.summary()
+    );
+    assert!(report.summary().starts_with("held: "));
     let html = report.timeline_html();
     assert!(html.contains("key-loss"), "the fault is not drawn");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_control_that_catches_nothing_makes_the_run_fail_and_says_why() -> TestResult {
+async fn a_run_whose_lock_never_broke_holds_and_says_nothing_was_exercised() -> TestResult {
     let lab = lab().await?;
     // No fault and a TTL far longer than a write: no lease ever fails, so
-    // not even a blind path can lose an update.
+    // not even a blind path can lose a write, and the path's check is
+    // never exercised. Not a failure (a fault that never breaks the lock
+    // is asserted this way), and the summary says what was not shown.
     let lock = lock(&lab, true).await?;
     let account = account();
     let state = account.clone();
@@ -139,15 +164,47 @@ async fn a_control_that_catches_nothing_makes_the_run_fail_and_says_why() -> Tes
         .duration(Duration::from_millis(500))
         .run(&lab, &lock, account_path(account, true, MS), check)
         .await?;
-    assert!(report.check.holds(), "{}", report.summary());
+    assert!(report.check.overlaps.is_empty(), "{}", report.summary());
     assert!(
         matches!(report.control, ControlVerdict::CaughtNothing { writes } if writes > 0),
         "{:?}",
         report.control
     );
+    assert_eq!(report.verdict(), Verdict::NeverBroke);
+    assert!(report.holds(), "{}", report.summary());
+    let summary = report.summary();
+    assert!(
+        summary.starts_with("never broke: no double holder, nothing exercised"),
+        "{summary}"
+    );
+    assert!(summary.contains("caught NOTHING"), "{summary}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn double_holders_with_a_control_that_caught_nothing_are_inconclusive() -> TestResult {
+    let lab = lab().await?;
+    // The check-and-set path under holder pauses has double holders and
+    // absorbs them; its control here is one that could not fail (the same
+    // path, checked, under no fault), so the run proves nothing.
+    let harness = Harness::new("cas")
+        .seed(1)
+        .fault(Fault::HolderPause)
+        .negative_control(NegativeControl::Off);
+    let report = run_account(&lab, harness, true, MS).await?;
+    let blunt = Harness::new("cas/blunt-control")
+        .control(true)
+        .duration(Duration::from_millis(300));
+    let control = run_account(&lab, blunt, true, MS).await?;
+    assert!(!control.caught(), "{}", control.summary());
+    let report = report.with_control(control);
+    let double_holders = report.check.overlaps.len() as u64;
+    assert!(double_holders > 0, "{}", report.summary());
+    assert!(report.check.holds(), "{}", report.summary());
+    assert_eq!(report.verdict(), Verdict::Inconclusive { double_holders });
     assert!(!report.holds(), "an inconclusive run passed");
     let summary = report.summary();
-    assert!(summary.starts_with("INCONCLUSIVE"), "{summary}");
+    assert!(summary.starts_with("INCONCLUSIVE: "), "{summary}");
     assert!(summary.contains("caught NOTHING"), "{summary}");
     Ok(())
 }

@@ -5,10 +5,8 @@ mod common;
 use common::{History, WALLET, dip};
 use leasehold_chaos::check::{RunCheck, check};
 use leasehold_chaos::history::write_jsonl;
-use leasehold_chaos::report::{
-    ErrorsStatus, FileError, RowStatus, Verdict, render_json_lines, render_table,
-};
-use leasehold_chaos::{Kind, WriteOutcome, check_file, rows, verdict};
+use leasehold_chaos::report::{ErrorsStatus, FileError, render_json_lines, render_table};
+use leasehold_chaos::{Kind, MatrixVerdict, Verdict, WriteOutcome, check_file, rows, verdict};
 
 /// A negative control that broke: two blind writers lost an update.
 fn control_broken() -> RunCheck {
@@ -43,19 +41,28 @@ fn runs_fold_into_one_row_per_mode_and_fault() {
         ("fenced-cas", "none", false)
     );
     assert_eq!((none.runs, none.operations, none.accepted), (2, 8, 4));
+    // No double holder under no fault: nothing exercised, not a failure.
     assert_eq!(
         (none.violations, none.overlaps, none.status),
-        (0, 0, RowStatus::Ok)
+        (0, 0, Verdict::NeverBroke)
     );
     let pause = &rows[1];
     assert_eq!(pause.fault, "process-pause");
     assert_eq!((pause.runs, pause.overlaps, pause.refused_stale), (2, 2, 2));
-    assert_eq!(pause.status, RowStatus::Ok);
+    // Two double holders absorbed, and the control under the same fault
+    // (though it ran later) was caught.
+    assert_eq!(
+        pause.status,
+        Verdict::Held {
+            double_holders: 2,
+            control_caught: true
+        }
+    );
     let control = &rows[2];
     assert!(control.control);
     assert_eq!((control.runs, control.runs_with_violation), (1, 1));
-    assert_eq!(control.status, RowStatus::ControlCaught);
-    assert_eq!(verdict(&rows), Verdict::Ok);
+    assert_eq!(control.status, Verdict::ControlCaught { violations: 2 });
+    assert_eq!(verdict(&rows), MatrixVerdict::Ok);
 }
 
 #[test]
@@ -65,7 +72,7 @@ fn a_violation_outside_the_controls_fails_the_verdict() {
     broken.final_state(1_000, WALLET, 90, 20, 2);
     let rows = rows(&[check(&History::clean().events), check(&broken.events)]);
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].status, RowStatus::Broken);
+    assert_eq!(rows[0].status, Verdict::Broken { violations: 2 });
     assert_eq!((rows[0].runs_with_violation, rows[0].runs), (1, 2));
     let v = verdict(&rows);
     assert!(!v.is_ok());
@@ -78,8 +85,8 @@ fn a_violation_outside_the_controls_fails_the_verdict() {
 #[test]
 fn a_control_without_a_violation_fails_the_verdict() {
     let rows = rows(&[check(&History::clean().events), control_clean()]);
-    assert_eq!(rows[1].status, RowStatus::ControlMissed);
-    let Verdict::Failed { reasons } = verdict(&rows) else {
+    assert_eq!(rows[1].status, Verdict::ControlMissed);
+    let MatrixVerdict::Failed { reasons } = verdict(&rows) else {
         panic!("a control that caught nothing must fail the verdict");
     };
     assert_eq!(reasons.len(), 1);
@@ -90,7 +97,7 @@ fn a_control_without_a_violation_fails_the_verdict() {
     );
     let table = render_table(&rows);
     assert!(
-        table.contains("control missed: checker or fault not working"),
+        table.contains("FAILED: control missed (the checker or the fault is not working)"),
         "{table}"
     );
 }
@@ -99,11 +106,14 @@ fn a_control_without_a_violation_fails_the_verdict() {
 fn a_control_must_catch_in_nine_runs_of_ten() {
     let mut runs: Vec<RunCheck> = (0..9).map(|_| control_broken()).collect();
     runs.push(control_clean());
-    assert_eq!(rows(&runs)[0].status, RowStatus::ControlCaught);
+    assert_eq!(
+        rows(&runs)[0].status,
+        Verdict::ControlCaught { violations: 18 }
+    );
     runs[0] = control_clean();
     let rows = rows(&runs);
     assert_eq!((rows[0].runs_with_violation, rows[0].runs), (8, 10));
-    assert_eq!(rows[0].status, RowStatus::ControlMissed);
+    assert_eq!(rows[0].status, Verdict::ControlMissed);
     assert!(!verdict(&rows).is_ok());
 }
 
@@ -118,7 +128,7 @@ fn runs_without_a_header_form_a_failing_row() {
     h.final_state(1_000, WALLET, 100, 0, 0);
     let rows = rows(&[check(&h.events)]);
     assert_eq!((rows[0].mode.as_str(), rows[0].fault.as_str()), ("?", "?"));
-    assert_eq!(rows[0].status, RowStatus::Broken);
+    assert_eq!(rows[0].status, Verdict::Broken { violations: 1 });
 }
 
 #[test]
@@ -155,7 +165,12 @@ fn the_table_is_fixed_width() {
     // starts at one offset.
     let status_at: Vec<usize> = lines
         .iter()
-        .zip(["status", "ok", "ok", "ok (control caught)"])
+        .zip([
+            "status",
+            "never broke",
+            "held: 1 double holders",
+            "control caught",
+        ])
         .map(|(line, status)| line.rfind(status).expect("a status"))
         .collect();
     assert!(status_at.windows(2).all(|w| w[0] == w[1]), "{table}");
@@ -176,7 +191,9 @@ fn rows_are_json_lines() -> Result<(), serde_json::Error> {
     assert_eq!(parsed.len(), 2);
     assert_eq!(parsed[0]["mode"], "fenced-cas");
     assert_eq!(parsed[0]["refused_stale"], 1);
-    assert_eq!(parsed[0]["status"], "ok");
+    // The control under process-pause missed: the fenced row's double
+    // holder proves nothing.
+    assert_eq!(parsed[0]["status"], "inconclusive");
     assert_eq!(parsed[1]["status"], "control_missed");
     assert_eq!(parsed[1]["control"], true);
     let v = serde_json::to_value(verdict(&rows))?;
@@ -253,9 +270,9 @@ fn an_error_returned_under_a_fault_shorter_than_the_wait_fails_its_row() {
     assert!(!run.errors.holds());
     let rows = rows(&[run]);
     let row = &rows[0];
-    assert_eq!(row.status, RowStatus::Ok, "safety held");
+    assert!(row.status.passes(), "safety held: {}", row.status);
     assert_eq!(row.errors, ErrorsStatus::Failed);
-    let Verdict::Failed { reasons } = verdict(&rows) else {
+    let MatrixVerdict::Failed { reasons } = verdict(&rows) else {
         panic!("an error under a short fault must fail the verdict");
     };
     assert!(
@@ -282,7 +299,7 @@ fn errors_are_judged_only_under_faults_shorter_than_a_known_wait() {
     assert!(!unknown.errors.judged);
     let rows = rows(&[long, unknown]);
     assert!(rows.iter().all(|r| r.errors == ErrorsStatus::NotJudged));
-    assert_eq!(verdict(&rows), Verdict::Ok);
+    assert_eq!(verdict(&rows), MatrixVerdict::Ok);
     // A refresh error (a lease given up as unreachable) is judged only
     // where Redis keeps answering: under key loss, it fails.
     let refresh = errored(

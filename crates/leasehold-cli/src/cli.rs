@@ -283,8 +283,10 @@ failover and redlock change (see their --help):
     /// PostgreSQL: it pauses, kills and fails them over. Or, with
     /// --redis-url, runs the faults that need no control of the process
     /// against your own Redis (rediss:// with a CA and client certificates,
-    /// an ACL user, a chosen proxy port or none). Exits 0 when every safe
-    /// mode held and every negative control was caught.
+    /// an ACL user, a chosen proxy port or none). Each cell says what was
+    /// exercised (held with N double holders absorbed, never broke,
+    /// inconclusive, broken). Exits 0 when no safe cell is broken or
+    /// inconclusive and every negative control was caught.
     #[command(after_help = concat!(
         "What it changes:
   Servers: without --redis-url, none of yours: its own throwaway
@@ -295,7 +297,8 @@ failover and redlock change (see their --help):
     With --report DIR, writes one .jsonl history and one .html timeline
     per run into DIR.
   Exit code 1: a safe mode showed a violation, or a negative control
-    showed none (the checker would not be trusted), or a run returned an
+    showed none (the checker would not be trusted, and a safe cell with
+    double holders under its fault is inconclusive), or a run returned an
     error to a caller under faults shorter than the wait (any mode: the
     errors column).
 
@@ -795,7 +798,9 @@ pub(crate) struct ChaosArgs {
 #[derive(Debug, Subcommand)]
 pub(crate) enum ChaosAction {
     /// Re-checks a saved history (a `.jsonl` file of `--report DIR`) and
-    /// prints what it shows; exits 1 if it shows a violation.
+    /// prints what it shows; exits 1 where `chaos` would have for that run
+    /// (a violation, a negative control that caught nothing, an error
+    /// returned to a caller under faults shorter than the wait).
     Check {
         /// The history file.
         file: PathBuf,

@@ -118,7 +118,8 @@ fn the_matrix_runs_over_tls_with_client_certificates_as_the_harness_acl_user() -
         (&row["mode"], &row["fault"]),
         (&Value::from("cas"), &Value::from("key-loss"))
     );
-    assert_eq!(row["status"], "ok", "{row}");
+    // Double holders absorbed; no blind control ran beside it.
+    assert_eq!(row["status"], "held_no_control", "{row}");
     assert_eq!(row["violations"], 0, "{row}");
     assert!(row["accepted"].as_u64() > Some(0), "{row}");
     // The faults really hit: double holders, their stale writes refused.
@@ -184,7 +185,10 @@ fn without_the_proxy_the_network_faults_are_skipped_and_a_missing_acl_rule_is_na
     );
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["fault"], "early-expiry", "{rows:?}");
-    assert_eq!(rows[0]["status"], "ok", "{rows:?}");
+    assert!(
+        rows[0]["status"] == "held_no_control" || rows[0]["status"] == "never_broke",
+        "{rows:?}"
+    );
     assert!(rows[0]["accepted"].as_u64() > Some(0), "{rows:?}");
 
     let tls = tls_flags(&certs);

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use leasehold_chaos::{Fault, Lab, RunReport, lock_key};
+use leasehold_chaos::{ControlVerdict, Fault, Lab, RunCheck, RunReport, lock_key, report};
 use leasehold_testkit::PostgresServer;
 
 mod modes;
@@ -32,18 +32,24 @@ pub(crate) async fn run(args: &ChaosArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `chaos check FILE`: the run's line and its violations, then the
+/// verdict `chaos` would have given a matrix of this one run, which is
+/// also the exit status (a violation, a control that caught nothing, a
+/// judged error returned to a caller: 1).
 fn check(file: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let report = leasehold_chaos::check_file(file)
         .with_context(|| format!("checking {}", file.display()))?;
+    let verdict = leasehold_chaos::verdict(&leasehold_chaos::rows(std::slice::from_ref(&report)));
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        println!("{}", one_line(&report));
+        println!("{}", one_line(&report, &ControlVerdict::NotRun));
         for violation in &report.violations {
             println!("  violation: {violation}");
         }
+        println!("{verdict}");
     }
-    Ok(if report.holds() {
+    Ok(if verdict.is_ok() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(crate::exit::BROKEN)
@@ -115,6 +121,9 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         .flat_map(|&mode| faults.iter().map(move |&fault| (mode, fault)))
         .filter(|(mode, fault)| mode.supports(*fault))
         .collect();
+    // The negative controls first, as the harness runs its own: each run's
+    // line then says whether the control under its fault was caught.
+    cells.sort_by_key(|(mode, fault)| mode.expect(*fault) != modes::Expect::Breaks);
     if args.redis_url.is_some() {
         let (run, skipped): (Vec<_>, Vec<_>) = cells.into_iter().partition(|(mode, fault)| {
             // On a cluster the callers reach the nodes directly (no proxy),
@@ -171,11 +180,12 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
                 save(dir, mode, fault, seed, &report)?;
             }
             if !json {
+                let control = report::control_for(&leasehold_chaos::rows(&results), fault.name());
                 note!(
                     "chaos: {} x {} seed {seed}: {}",
                     mode.name(),
                     fault,
-                    one_line(&report.check)
+                    one_line(&report.check, &control)
                 );
             }
             results.push(report.check);
@@ -188,7 +198,7 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string(row)?);
         }
     } else {
-        print!("{}", leasehold_chaos::report::render_table(&rows));
+        print!("{}", report::render_table(&rows));
     }
     let verdict = leasehold_chaos::verdict(&rows);
     if !json {
@@ -335,25 +345,18 @@ async fn pool(postgres: &PostgresServer) -> anyhow::Result<deadpool_postgres::Po
     Ok(pool)
 }
 
-/// One run in a line: its writes, double holders and verdict.
-fn one_line(check: &leasehold_chaos::RunCheck) -> String {
+/// One run in a line: its writes, double holders, its verdict given what
+/// the control under its fault showed, and the errors returned to its
+/// callers.
+fn one_line(check: &RunCheck, control: &ControlVerdict) -> String {
     let writes = &check.counts.writes;
-    let verdict = match (check.holds(), check.is_control(), check.is_reported_only()) {
-        (true, false, _) => "OK".to_owned(),
-        (true, true, _) => "control NOT caught".to_owned(),
-        (false, true, _) => format!("control caught ({} violations)", check.violations.len()),
-        (false, false, true) => format!(
-            "{} violations (reported, no safety claim)",
-            check.violations.len()
-        ),
-        (false, false, false) => format!("BROKEN ({} violations)", check.violations.len()),
-    };
     format!(
-        "{} accepted, {} refused stale, {} unknown, {} double holders: {verdict}; {}",
+        "{} accepted, {} refused stale, {} unknown, {} double holders: {}; {}",
         writes.accepted,
         writes.refused_stale,
         writes.unknown,
         check.overlaps.len(),
+        check.verdict_with(control),
         check.errors,
     )
 }
