@@ -697,6 +697,29 @@ pub(crate) enum Bench {
         exit_codes!()
     ))]
     Guard(GuardArgs),
+    /// How soon a new leader takes over an election: 3 candidate processes
+    /// per way (polling, hand-off, quorum); the leader resigns, or is
+    /// stopped (SIGSTOP) and replaced when its term's lease runs out.
+    ///
+    /// Always starts its own throwaway redis-servers; it takes no
+    /// --redis-url.
+    #[command(after_help = concat!(
+        "What it changes:
+  Redis: none of yours: its own throwaway redis-servers (3 with the quorum
+    way, else 1; stopped at the end) hold lock:{leader:bench-<way>}, its
+    fence:{leader:bench-<way>} counter and leader record (the hand-off way
+    also its :waitq and :waiters keys).
+  Processes: its own candidate processes (this binary), stopped with
+    SIGSTOP and killed.
+
+",
+        exit_codes!()
+    ))]
+    Leader(LeaderArgs),
+    /// A candidate process (started by `bench leader` itself; reads its
+    /// spec on stdin).
+    #[command(hide = true)]
+    LeaderCandidate,
 }
 
 impl Bench {
@@ -706,8 +729,68 @@ impl Bench {
             Bench::Contention(args) => args.output,
             Bench::Uncontended(args) => args.output,
             Bench::Guard(args) => args.output,
+            // The leases are taken in candidate processes, whose metrics
+            // it does not gather.
+            Bench::Leader(args) => OutputFlags {
+                json: args.json,
+                metrics_addr: None,
+            },
+            Bench::LeaderCandidate => OutputFlags::default(),
         }
     }
+}
+
+/// Flags of `bench leader`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct LeaderArgs {
+    /// The term's TTL (at least 100ms): a stopped leader is replaced
+    /// within it.
+    #[arg(long, default_value = "1s", value_parser = parse_term_ttl)]
+    pub(crate) ttl: Duration,
+    /// Rounds; each measures a resign and a stopped leader of every way.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) rounds: u32,
+    /// The ways of taking the term's lease, comma-separated [default: all]
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub(crate) ways: Vec<LeaderWay>,
+    /// Print JSON (one object per way, then the ratios) instead of text;
+    /// no progress bar.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// A way of taking an election's lease, as `bench leader` measures it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum LeaderWay {
+    /// A `Locker`: followers poll (5 to 15 ms apart).
+    Poll,
+    /// A `HandoffLocker`: followers queue in Redis; a resign hands over.
+    Handoff,
+    /// A `Quorum` of 3 independent servers: followers poll every node.
+    Quorum,
+}
+
+impl LeaderWay {
+    pub(crate) const ALL: [LeaderWay; 3] = [LeaderWay::Poll, LeaderWay::Handoff, LeaderWay::Quorum];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            LeaderWay::Poll => "poll",
+            LeaderWay::Handoff => "handoff",
+            LeaderWay::Quorum => "quorum",
+        }
+    }
+}
+
+/// A term's TTL: a lease TTL of at least 100 ms (a shorter one leaves the
+/// watchdog, every ttl/3, too little room on a loaded machine).
+fn parse_term_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = parse_ttl(text)?;
+    if ttl < Duration::from_millis(100) {
+        return Err(format!("term ttl {text}: must be at least 100ms"));
+    }
+    Ok(ttl)
 }
 
 /// Flags of `bench guard`.

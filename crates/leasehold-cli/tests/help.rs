@@ -129,6 +129,11 @@ const EXPECTED: &[Expect] = &[
         uses: &["--database-url", "--json"],
         changes: &["bench_accounts", "leasehold_fences", "bench:<id>"],
     },
+    Expect {
+        subcommand: &["bench", "leader"],
+        uses: &["--json"],
+        changes: &["none of yours", "lock:{leader:bench-<way>}", "SIGSTOP"],
+    },
 ];
 
 /// The subcommand names a `--help` lists under `Commands:`.
@@ -162,10 +167,10 @@ fn each_subcommand_lists_only_the_flags_it_uses() -> TestResult {
     for expect in EXPECTED {
         let help = help(expect.subcommand)?;
         for flag in SHARED_FLAGS {
-            // Every subcommand but chaos (whose leases are taken in worker
-            // processes) can serve its metrics.
-            let uses = expect.uses.contains(flag)
-                || (*flag == "--metrics-addr" && expect.subcommand != ["chaos"]);
+            // Every subcommand but chaos and bench leader (whose leases are
+            // taken in processes of their own) can serve its metrics.
+            let own_processes = [&["chaos"][..], &["bench", "leader"]].contains(&expect.subcommand);
+            let uses = expect.uses.contains(flag) || (*flag == "--metrics-addr" && !own_processes);
             let listed = help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n"));
             assert_eq!(
                 listed, uses,

@@ -10,11 +10,13 @@ use crate::progress::Progress;
 
 pub(crate) mod contention;
 pub(crate) mod guard;
+pub(crate) mod leader;
 pub(crate) mod site;
 pub(crate) mod uncontended;
 
 /// Runs the bench; its figures are printed, not judged, so it exits 0
-/// unless a server fails.
+/// unless a server fails (or `bench leader` sees a term's fencing token
+/// not above the last: exit 1).
 pub(crate) async fn run(bench: Bench) -> anyhow::Result<ExitCode> {
     match bench {
         Bench::Contention(args) => {
@@ -30,6 +32,8 @@ pub(crate) async fn run(bench: Bench) -> anyhow::Result<ExitCode> {
             let db = Database::new(&args.database);
             guard::run(&db, &args, args.output.json).await?;
         }
+        Bench::Leader(args) => return leader::run(&args).await,
+        Bench::LeaderCandidate => leader::candidate::run().await?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,747 @@
+//! `bench leader`: how soon a new leader takes over an election.
+//!
+//! Issue 27's targets: a leader that stops is replaced within its term's
+//! TTL + 100 ms, one that resigns within 50 ms, measured with 3 processes.
+//! Per way (poll: a `Locker`; handoff: a `HandoffLocker`; quorum: a
+//! `Quorum` of 3 servers) three candidate processes of this binary
+//! ([`candidate`]) campaign in a loop on one election on throwaway
+//! redis-servers, and report each term on stdout. Every round, for every
+//! way (in an order that rotates by round):
+//!
+//! - **resigned**: the leader is told to resign; measured from just before
+//!   its `Term::resign` call to the moment another process's `campaign`
+//!   returned (both read from the wall clock, in their processes);
+//! - **stopped**: the leader's process is stopped (SIGSTOP) at a random
+//!   moment of its watchdog's period; measured from just before the stop
+//!   to another process's election, and reported as the excess over the
+//!   TTL (negative: replaced before a whole TTL had passed since the stop,
+//!   because the lease had been refreshed up to ttl/3 before it). Also
+//!   from the lock's expiry (its `PTTL` read right after the stop; the
+//!   quorum's: when a majority of its nodes have let it go) to the
+//!   election: the time followers take to notice. Then the stopped
+//!   process is killed and a fresh candidate takes its place.
+//!
+//! Before each measurement the team settles for 200 ms, so the last leader
+//! campaigns again (queued, or polling) before anything happens. A round
+//! whose leader lost its term on its own first is measured again (the
+//! count is reported). Every term's fencing token must be above the last
+//! one of its election: if not, the bench says BROKEN and exits 1.
+//!
+//! The figures are medians with the 10th..90th percentiles over rounds;
+//! the ratios handoff / poll are of the medians. All the ways' candidates
+//! run for the whole bench, so an idle way's followers (polling ones every
+//! 5 to 15 ms) share the machine with the way being measured.
+
+use std::process::{ExitCode, Stdio};
+use std::time::Duration;
+
+use anyhow::Context;
+use leasehold::FencedKeys;
+use leasehold_testkit::RedisServer;
+use rand::RngExt;
+use redis::aio::MultiplexedConnection;
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use self::candidate::{Event, Spec, now_us};
+use super::{Measurements, median, round3};
+use crate::cli::{LeaderArgs, LeaderWay};
+use crate::exit;
+use crate::progress::note;
+
+pub(crate) mod candidate;
+
+/// Candidate processes per way.
+const CANDIDATES: usize = 3;
+
+/// How long a team settles before each measurement.
+const SETTLE: Duration = Duration::from_millis(200);
+
+/// How long a candidate may take to start and connect.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Measurements spoiled in a row (a term lost on its own each time)
+/// before the bench gives up.
+const SPOILED_IN_A_ROW: u32 = 5;
+
+/// Issue 27's targets.
+const RESIGN_TARGET_MS: f64 = 50.0;
+const STOP_TARGET_EXCESS_MS: f64 = 100.0;
+
+pub(crate) async fn run(args: &LeaderArgs) -> anyhow::Result<ExitCode> {
+    let mut ways: Vec<LeaderWay> = Vec::new();
+    for way in if args.ways.is_empty() {
+        &LeaderWay::ALL[..]
+    } else {
+        &args.ways
+    } {
+        if !ways.contains(way) {
+            ways.push(*way);
+        }
+    }
+    let nodes = if ways.contains(&LeaderWay::Quorum) {
+        3
+    } else {
+        1
+    };
+    let servers = tokio::task::spawn_blocking(move || RedisServer::start_many(nodes))
+        .await
+        .context("starting throwaway redis-servers")?
+        .context("starting throwaway redis-servers")?;
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    note!(
+        "leasehold: started {} at {}",
+        if nodes == 1 {
+            "a throwaway redis-server".to_owned()
+        } else {
+            format!("{nodes} throwaway redis-servers")
+        },
+        urls.join(", ")
+    );
+    let mut teams = Vec::new();
+    for &way in &ways {
+        let urls = if way == LeaderWay::Quorum {
+            urls.clone()
+        } else {
+            vec![urls[0].clone()]
+        };
+        teams.push(Team::start(way, urls, args.ttl).await?);
+    }
+    let len = u64::from(args.rounds) * teams.len() as u64 * 2;
+    let progress = Measurements::new("bench leader", len, args.json);
+    for round in 1..=args.rounds {
+        let n = teams.len();
+        let order: Vec<usize> = (0..n).map(|i| (i + round as usize) % n).collect();
+        for &i in &order {
+            progress.start(format!(
+                "round {round}/{}: {}, resign",
+                args.rounds,
+                teams[i].way.name()
+            ));
+            teams[i].resign_round(round).await?;
+        }
+        for &i in &order {
+            progress.start(format!(
+                "round {round}/{}: {}, stop",
+                args.rounds,
+                teams[i].way.name()
+            ));
+            teams[i].stop_round(round).await?;
+        }
+    }
+    drop(progress);
+    report(&teams, args);
+    let mut broken = false;
+    for team in &teams {
+        for violation in &team.violations {
+            note!("leasehold: BROKEN: {}: {violation}", team.way.name());
+            broken = true;
+        }
+    }
+    drop(teams);
+    drop(servers);
+    Ok(if broken {
+        ExitCode::from(exit::BROKEN)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// A figure over rounds.
+#[derive(Debug, Clone, Copy)]
+struct Spread {
+    min: f64,
+    p10: f64,
+    median: f64,
+    p90: f64,
+    max: f64,
+}
+
+impl Spread {
+    fn of(values: &[f64]) -> Spread {
+        Spread {
+            min: quantile(values, 0.0),
+            p10: quantile(values, 0.1),
+            median: median(values),
+            p90: quantile(values, 0.9),
+            max: quantile(values, 1.0),
+        }
+    }
+
+    fn json(self) -> serde_json::Value {
+        json!({
+            "min": round3(self.min),
+            "p10": round3(self.p10),
+            "median": round3(self.median),
+            "p90": round3(self.p90),
+            "max": round3(self.max),
+        })
+    }
+
+    fn text(self) -> String {
+        format!("{:.1} ({:.1}..{:.1})", self.median, self.p10, self.p90)
+    }
+}
+
+/// The `q` quantile of `values`, interpolated between the nearest two.
+fn quantile(values: &[f64], q: f64) -> f64 {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let at = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
+    let (low, high) = (at.floor() as usize, at.ceil() as usize);
+    v[low] + (v[high] - v[low]) * (at - low as f64)
+}
+
+/// A way's figures, in milliseconds.
+struct Figures {
+    resign: Spread,
+    stop_excess: Spread,
+    stop: Spread,
+    expiry: Spread,
+}
+
+impl Team {
+    fn figures(&self) -> Figures {
+        let ttl_ms = self.ttl.as_secs_f64() * 1e3;
+        let excess: Vec<f64> = self.stop_ms.iter().map(|ms| ms - ttl_ms).collect();
+        Figures {
+            resign: Spread::of(&self.resign_ms),
+            stop_excess: Spread::of(&excess),
+            stop: Spread::of(&self.stop_ms),
+            expiry: Spread::of(&self.expiry_ms),
+        }
+    }
+}
+
+fn met(met: bool) -> &'static str {
+    if met { "met" } else { "MISSED" }
+}
+
+fn report(teams: &[Team], args: &LeaderArgs) {
+    let ttl_ms = args.ttl.as_secs_f64() * 1e3;
+    let figures: Vec<Figures> = teams.iter().map(Team::figures).collect();
+    let by_way = |way| teams.iter().position(|t| t.way == way).map(|i| &figures[i]);
+    let ratios = by_way(LeaderWay::Poll)
+        .zip(by_way(LeaderWay::Handoff))
+        .map(|(poll, handoff)| {
+            (
+                handoff.resign.median / poll.resign.median,
+                handoff.stop.median / poll.stop.median,
+                handoff.expiry.median / poll.expiry.median,
+            )
+        });
+    if args.json {
+        for (team, f) in teams.iter().zip(&figures) {
+            println!(
+                "{}",
+                json!({
+                    "bench": "leader",
+                    "way": team.way.name(),
+                    "candidates": CANDIDATES,
+                    "rounds": args.rounds,
+                    "ttl_ms": ttl_ms,
+                    "resign_ms": f.resign.json(),
+                    "stop_excess_ms": f.stop_excess.json(),
+                    "expiry_to_elected_ms": f.expiry.json(),
+                    "resign_target_met": f.resign.median <= RESIGN_TARGET_MS,
+                    "stop_target_met": f.stop_excess.median <= STOP_TARGET_EXCESS_MS,
+                    "redone": team.redone,
+                    "fences": team.fences,
+                    "handovers": team.handovers.iter().map(Handover::json).collect::<Vec<_>>(),
+                })
+            );
+        }
+        if let Some((resign, stop, expiry)) = ratios {
+            println!(
+                "{}",
+                json!({
+                    "bench": "leader",
+                    "ratio": "handoff/poll",
+                    "resign": round3(resign),
+                    "stop": round3(stop),
+                    "expiry_to_elected": round3(expiry),
+                })
+            );
+        }
+        return;
+    }
+    println!(
+        "bench leader: {CANDIDATES} candidate processes per way, term TTL {}, {} rounds (ms: median (p10..p90))",
+        humantime::format_duration(args.ttl),
+        args.rounds
+    );
+    println!(
+        "{:<8} {:>22} {:>26} {:>22}",
+        "way", "resigned -> elected", "stopped -> elected - TTL", "expiry -> elected"
+    );
+    for (team, f) in teams.iter().zip(&figures) {
+        println!(
+            "{:<8} {:>22} {:>26} {:>22}",
+            team.way.name(),
+            f.resign.text(),
+            f.stop_excess.text(),
+            f.expiry.text()
+        );
+    }
+    if let Some((resign, stop, expiry)) = ratios {
+        println!(
+            "handoff / poll (of the medians): resigned {resign:.3}, stopped {stop:.3}, expiry -> elected {expiry:.3}"
+        );
+    }
+    for (team, f) in teams.iter().zip(&figures) {
+        println!(
+            "{}: resigned leader replaced in {:.1} ms (target 50 ms: {}); stopped leader in TTL {:+.1} ms (target TTL + 100 ms: {})",
+            team.way.name(),
+            f.resign.median,
+            met(f.resign.median <= RESIGN_TARGET_MS),
+            f.stop_excess.median,
+            met(f.stop_excess.median <= STOP_TARGET_EXCESS_MS)
+        );
+        if team.redone > 0 {
+            println!(
+                "{}: {} measurements redone (the leader lost its term on its own first)",
+                team.way.name(),
+                team.redone
+            );
+        }
+    }
+}
+
+/// One measured change of leader.
+struct Handover {
+    round: u32,
+    kind: &'static str,
+    from: u32,
+    to: u32,
+    from_fence: u64,
+    to_fence: u64,
+}
+
+impl Handover {
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "round": self.round,
+            "kind": self.kind,
+            "from": format!("c{}", self.from),
+            "to": format!("c{}", self.to),
+            "from_fence": self.from_fence,
+            "to_fence": self.to_fence,
+        })
+    }
+}
+
+/// What a candidate's stdout says: an event, or that it closed.
+enum Line {
+    Event(Event),
+    Closed,
+}
+
+/// A candidate process.
+struct Member {
+    id: u32,
+    child: Child,
+    stdin: ChildStdin,
+    /// The last lines of its stderr, once it closes.
+    stderr: JoinHandle<String>,
+}
+
+/// One way's candidates, and what was measured of them.
+struct Team {
+    way: LeaderWay,
+    spec: Spec,
+    ttl: Duration,
+    /// The election's lock key.
+    lock: String,
+    /// A connection to each of the way's servers, to read the lock's PTTL.
+    nodes: Vec<MultiplexedConnection>,
+    members: Vec<Member>,
+    sender: mpsc::UnboundedSender<(u32, Line)>,
+    events: mpsc::UnboundedReceiver<(u32, Line)>,
+    next_id: u32,
+    /// Who leads, as the events say, with its term's fence.
+    leader: Option<(u32, u64)>,
+    /// Every term's fence, in order.
+    fences: Vec<u64>,
+    handovers: Vec<Handover>,
+    resign_ms: Vec<f64>,
+    stop_ms: Vec<f64>,
+    expiry_ms: Vec<f64>,
+    redone: u32,
+    violations: Vec<String>,
+}
+
+impl Team {
+    async fn start(way: LeaderWay, urls: Vec<String>, ttl: Duration) -> anyhow::Result<Team> {
+        let election = format!("bench-{}", way.name());
+        let lock = FencedKeys::for_resource(&format!("leader:{election}"))?
+            .lock()
+            .to_owned();
+        let mut nodes = Vec::new();
+        for url in &urls {
+            let client = redis::Client::open(url.as_str())?;
+            nodes.push(
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .with_context(|| format!("connecting to {url}"))?,
+            );
+        }
+        let (sender, events) = mpsc::unbounded_channel();
+        let mut team = Team {
+            way,
+            spec: Spec {
+                way,
+                urls,
+                election,
+                candidate: String::new(),
+                ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            },
+            ttl,
+            lock,
+            nodes,
+            members: Vec::new(),
+            sender,
+            events,
+            next_id: 0,
+            leader: None,
+            fences: Vec::new(),
+            handovers: Vec::new(),
+            resign_ms: Vec::new(),
+            stop_ms: Vec::new(),
+            expiry_ms: Vec::new(),
+            redone: 0,
+            violations: Vec::new(),
+        };
+        let mut waiting = Vec::new();
+        for _ in 0..CANDIDATES {
+            waiting.push(team.spawn().await?);
+        }
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !waiting.is_empty() {
+            if let (id, Event::Ready) = team.next_event(deadline).await? {
+                waiting.retain(|w| *w != id);
+            }
+        }
+        team.wait_for_leader().await?;
+        Ok(team)
+    }
+
+    /// How long any one awaited event may take: a hang detector, not a
+    /// measurement.
+    fn hang(&self) -> Duration {
+        self.ttl * 3 + Duration::from_secs(10)
+    }
+
+    /// Starts a candidate process; returns its id.
+    async fn spawn(&mut self) -> anyhow::Result<u32> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let spec = Spec {
+            candidate: format!("c{id}"),
+            ..self.spec.clone()
+        };
+        let exe = std::env::current_exe().context("finding the leasehold binary")?;
+        let mut child = tokio::process::Command::new(exe)
+            .args(["bench", "leader-candidate"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting a candidate process")?;
+        let mut stdin = child.stdin.take().context("the candidate's stdin")?;
+        let mut line = serde_json::to_vec(&spec)?;
+        line.push(b'\n');
+        stdin
+            .write_all(&line)
+            .await
+            .context("sending the candidate its spec")?;
+        let stdout = child.stdout.take().context("the candidate's stdout")?;
+        let stderr = child.stderr.take().context("the candidate's stderr")?;
+        let sender = self.sender.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(event) = Event::parse(&line) {
+                    let _ = sender.send((id, Line::Event(event)));
+                }
+            }
+            let _ = sender.send((id, Line::Closed));
+        });
+        let stderr = tokio::spawn(async move {
+            let mut tail = std::collections::VecDeque::new();
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if tail.len() == 10 {
+                    tail.pop_front();
+                }
+                tail.push_back(line);
+            }
+            tail.into_iter().collect::<Vec<_>>().join("\n")
+        });
+        self.members.push(Member {
+            id,
+            child,
+            stdin,
+            stderr,
+        });
+        Ok(id)
+    }
+
+    /// The next event of a live candidate before `until`, if any, with the
+    /// team's view of who leads updated. A candidate that exits is an
+    /// error (those the bench kills are no longer members).
+    async fn pump(&mut self, until: Instant) -> anyhow::Result<Option<(u32, Event)>> {
+        loop {
+            let Ok(received) = tokio::time::timeout_at(until, self.events.recv()).await else {
+                return Ok(None);
+            };
+            let (id, line) = received.context("the candidates' event channel closed")?;
+            let Some(at) = self.members.iter().position(|m| m.id == id) else {
+                continue;
+            };
+            let event = match line {
+                Line::Closed => {
+                    let member = self.members.remove(at);
+                    let stderr = member.stderr.await.unwrap_or_default();
+                    anyhow::bail!("{} candidate c{id} exited: {stderr}", self.way.name());
+                }
+                Line::Event(event) => event,
+            };
+            self.observe(id, &event);
+            return Ok(Some((id, event)));
+        }
+    }
+
+    fn observe(&mut self, id: u32, event: &Event) {
+        match *event {
+            Event::Elected { fence, .. } => {
+                if let Some(&last) = self.fences.last()
+                    && fence <= last
+                {
+                    self.violations.push(format!(
+                        "c{id} was elected with fence {fence}, not above the last term's {last}"
+                    ));
+                }
+                self.fences.push(fence);
+                self.leader = Some((id, fence));
+            }
+            Event::Resigned { .. } | Event::Lost { .. } => {
+                if self.leader.is_some_and(|(leader, _)| leader == id) {
+                    self.leader = None;
+                }
+            }
+            Event::Ready => {}
+        }
+    }
+
+    async fn next_event(&mut self, deadline: Instant) -> anyhow::Result<(u32, Event)> {
+        self.pump(deadline).await?.with_context(|| {
+            format!(
+                "{}: no candidate event within {:?}",
+                self.way.name(),
+                self.hang()
+            )
+        })
+    }
+
+    async fn wait_for_leader(&mut self) -> anyhow::Result<(u32, u64)> {
+        let deadline = Instant::now() + self.hang();
+        loop {
+            if let Some(leader) = self.leader {
+                return Ok(leader);
+            }
+            self.next_event(deadline).await?;
+        }
+    }
+
+    /// Lets `SETTLE + extra` pass, taking the events meanwhile; returns who
+    /// leads then.
+    async fn settle(&mut self, extra: Duration) -> anyhow::Result<(u32, u64)> {
+        let until = Instant::now() + SETTLE + extra;
+        while self.pump(until).await?.is_some() {}
+        self.wait_for_leader().await
+    }
+
+    async fn send(&mut self, id: u32, line: &str) -> anyhow::Result<()> {
+        let member = self
+            .members
+            .iter_mut()
+            .find(|m| m.id == id)
+            .context("no such candidate")?;
+        member
+            .stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .with_context(|| format!("telling candidate c{id} to {line}"))
+    }
+
+    fn redo(&mut self, spoiled: &mut u32) -> anyhow::Result<()> {
+        self.redone += 1;
+        *spoiled += 1;
+        anyhow::ensure!(
+            *spoiled < SPOILED_IN_A_ROW,
+            "{}: the leader lost its term on its own {SPOILED_IN_A_ROW} times in a row (is the machine overloaded for this TTL?)",
+            self.way.name()
+        );
+        Ok(())
+    }
+
+    /// The leader resigns; another takes over.
+    async fn resign_round(&mut self, round: u32) -> anyhow::Result<()> {
+        let mut spoiled = 0;
+        loop {
+            let (leader, fence) = self.settle(Duration::ZERO).await?;
+            self.send(leader, &format!("resign {fence}")).await?;
+            let deadline = Instant::now() + self.hang();
+            let (mut resigned, mut elected, mut lost) = (None, None, false);
+            while !lost && (resigned.is_none() || elected.is_none()) {
+                match self.next_event(deadline).await? {
+                    (id, Event::Resigned { before_us, .. }) if id == leader => {
+                        resigned = Some(before_us);
+                    }
+                    (id, Event::Lost { .. }) if id == leader => lost = true,
+                    (id, Event::Elected { fence, at_us }) if id != leader && elected.is_none() => {
+                        elected = Some((id, fence, at_us));
+                    }
+                    _ => {}
+                }
+            }
+            // A candidate still campaigning ignores it.
+            self.send(leader, "campaign").await?;
+            let (Some(before_us), Some((to, to_fence, at_us)), false) = (resigned, elected, lost)
+            else {
+                self.redo(&mut spoiled)?;
+                continue;
+            };
+            self.resign_ms.push(micros_between(before_us, at_us));
+            self.handovers.push(Handover {
+                round,
+                kind: "resign",
+                from: leader,
+                to,
+                from_fence: fence,
+                to_fence,
+            });
+            return Ok(());
+        }
+    }
+
+    /// The leader is stopped at a random moment of its watchdog's period;
+    /// another takes over when its lease runs out. Then the stopped one is
+    /// killed and a fresh candidate joins.
+    async fn stop_round(&mut self, round: u32) -> anyhow::Result<()> {
+        let mut spoiled = 0;
+        loop {
+            let phase = rand::rng().random_range(Duration::ZERO..self.ttl / 3);
+            let (leader, fence) = self.settle(phase).await?;
+            let pid = self
+                .members
+                .iter()
+                .find(|m| m.id == leader)
+                .and_then(|m| m.child.id())
+                .context("the leader's process id")?;
+            let stopped_us = now_us();
+            tokio::task::spawn_blocking(move || leasehold_testkit::pause_process(pid))
+                .await
+                .context("stopping the leader")?
+                .context("stopping the leader")?;
+            let expiry_us = self.lock_expiry().await?;
+            let deadline = Instant::now() + self.hang();
+            let (mut elected, mut lost) = (None, false);
+            while elected.is_none() {
+                match self.next_event(deadline).await? {
+                    // Printed before the stop: the term was over already.
+                    (id, Event::Lost { .. }) if id == leader => lost = true,
+                    (id, Event::Elected { fence, at_us }) if id != leader => {
+                        elected = Some((id, fence, at_us));
+                    }
+                    _ => {}
+                }
+            }
+            self.replace(leader).await?;
+            let Some((to, to_fence, at_us)) = elected.filter(|_| !lost) else {
+                self.redo(&mut spoiled)?;
+                continue;
+            };
+            self.stop_ms.push(micros_between(stopped_us, at_us));
+            self.expiry_ms.push(micros_between(expiry_us, at_us));
+            self.handovers.push(Handover {
+                round,
+                kind: "stop",
+                from: leader,
+                to,
+                from_fence: fence,
+                to_fence,
+            });
+            return Ok(());
+        }
+    }
+
+    /// Kills candidate `id` (stopped) and starts a fresh one.
+    async fn replace(&mut self, id: u32) -> anyhow::Result<()> {
+        if let Some(at) = self.members.iter().position(|m| m.id == id) {
+            let mut member = self.members.remove(at);
+            member
+                .child
+                .kill()
+                .await
+                .context("killing a stopped candidate")?;
+        }
+        let fresh = self.spawn().await?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let (id, Event::Ready) = self.next_event(deadline).await?
+                && id == fresh
+            {
+                return Ok(());
+            }
+        }
+    }
+
+    /// When the election's lock expires, in microseconds since the epoch,
+    /// as its `PTTL` says now; for a quorum, when a majority of nodes have
+    /// let it go.
+    async fn lock_expiry(&mut self) -> anyhow::Result<u64> {
+        let mut expiries = Vec::new();
+        for node in &mut self.nodes {
+            let asked = now_us();
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(&self.lock)
+                .query_async(node)
+                .await
+                .context("reading the lock's PTTL")?;
+            expiries.push(asked + u64::try_from(pttl.max(0)).unwrap_or(0) * 1000);
+        }
+        expiries.sort_unstable();
+        Ok(expiries[expiries.len() / 2])
+    }
+}
+
+/// Milliseconds from `from` to `to`, both in microseconds since the epoch.
+fn micros_between(from: u64, to: u64) -> f64 {
+    (to as f64 - from as f64) / 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_interpolate() {
+        let v = [3.0, 1.0, 2.0, 4.0, 5.0];
+        assert_eq!(quantile(&v, 0.0), 1.0);
+        assert_eq!(quantile(&v, 1.0), 5.0);
+        assert_eq!(quantile(&v, 0.5), 3.0);
+        assert!((quantile(&v, 0.1) - 1.4).abs() < 1e-9);
+        assert!(quantile(&[], 0.5).is_nan());
+        assert_eq!(quantile(&[7.0], 0.9), 7.0);
+    }
+}
