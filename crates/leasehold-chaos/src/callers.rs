@@ -302,7 +302,9 @@ impl From<WriteOutcome> for Written {
 }
 
 /// The callers of one process: `tasks` concurrent loops, each taking the
-/// lock on a random resource, writing once, and releasing, until stopped.
+/// lock on a random resource, writing once (or, in terms, up to
+/// [`writes_per_lease`](Self::writes_per_lease) times), and releasing,
+/// until stopped.
 #[derive(Debug, Clone)]
 pub struct Callers {
     /// This process's worker index (the `w` of `w{worker}.t{task}`).
@@ -322,6 +324,13 @@ pub struct Callers {
     pub amounts: RangeInclusive<i64>,
     /// The workload's seed (each caller draws from its own stream).
     pub seed: u64,
+    /// Writes per lease: 1, a lock per write; more, a **term**: the
+    /// caller keeps one lease for up to this many writes on its resource,
+    /// as a leader does, so that a pause or a fault falls inside the term.
+    /// The term ends early when the lease is found lost, or when the
+    /// database refuses a write as stale (the caller then marks the lease
+    /// superseded, as a leader must). At least 1.
+    pub writes_per_lease: u32,
 }
 
 impl Callers {
@@ -425,34 +434,55 @@ impl Callers {
                     continue;
                 }
             };
-            op += 1;
-            let started_us = recorder.now_us();
-            let call = Call {
-                actor: &actor,
-                resource,
-                amount,
-                lease: lease.as_ref(),
-                stall,
-            };
-            let fence = call.fence().map(FencingToken::get);
-            let written = write(call).await;
-            recorder.record(
-                &actor,
-                Kind::Write {
-                    op,
-                    started_us,
-                    key: if lease.is_some() {
-                        key.clone()
-                    } else {
-                        String::new()
-                    },
-                    resource: resource.clone(),
+            let mut amount = amount;
+            for nth in 0..self.writes_per_lease.max(1) {
+                // A term's later writes: while it lasts, and not past the
+                // stop (the first write always runs, as a lock's does).
+                if nth > 0 {
+                    if stop.is_cancelled() || lease.as_ref().is_some_and(|l| l.lost().is_some()) {
+                        break;
+                    }
+                    amount = rng.random_range(self.amounts.clone());
+                }
+                op += 1;
+                let started_us = recorder.now_us();
+                let call = Call {
+                    actor: &actor,
+                    resource,
                     amount,
-                    fence,
-                    outcome: written.outcome,
-                    detail: written.detail,
-                },
-            );
+                    lease: lease.as_ref(),
+                    stall,
+                };
+                let fence = call.fence().map(FencingToken::get);
+                let written = write(call).await;
+                let refused = written.outcome == WriteOutcome::RefusedStale;
+                recorder.record(
+                    &actor,
+                    Kind::Write {
+                        op,
+                        started_us,
+                        key: if lease.is_some() {
+                            key.clone()
+                        } else {
+                            String::new()
+                        },
+                        resource: resource.clone(),
+                        amount,
+                        fence,
+                        outcome: written.outcome,
+                        detail: written.detail,
+                    },
+                );
+                if refused {
+                    // A newer holder has written: this one's term is over.
+                    if let Some(lease) = &lease
+                        && self.writes_per_lease > 1
+                    {
+                        lease.mark_superseded();
+                    }
+                    break;
+                }
+            }
             if let Some(lease) = lease {
                 release_recorded(recorder, &actor, key, lease).await;
             }
@@ -559,6 +589,7 @@ fn cause_name(cause: leasehold::LostCause) -> &'static str {
     match cause {
         leasehold::LostCause::Expired => "expired",
         leasehold::LostCause::Unreachable => "unreachable",
+        leasehold::LostCause::Superseded => "superseded",
         _ => "other",
     }
 }

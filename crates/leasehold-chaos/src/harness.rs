@@ -183,6 +183,19 @@ pub enum HarnessError {
     /// A caller panicked: in your write path, or taking the lock.
     #[error("a caller panicked (the write path or the lock)")]
     CallerPanicked,
+    /// The run is too short for one window of its fault (a window lasts
+    /// three TTLs, at least 300 ms, starts after a quarter of the run and
+    /// is followed by a quiet gap of four TTLs, at least 1 s): it would
+    /// inject nothing and say nothing. Lengthen the run or shorten the TTL.
+    #[error("a {duration:?} run with a {ttl:?} ttl has no window for fault {fault}")]
+    NoFaultWindow {
+        /// The fault asked for.
+        fault: Fault,
+        /// The run's duration.
+        duration: Duration,
+        /// The lease TTL.
+        ttl: Duration,
+    },
 }
 
 impl From<CallerFailure> for HarnessError {
@@ -217,6 +230,7 @@ pub struct Harness {
     negative: NegativeControl,
     resources: Vec<(String, i64)>,
     amounts: std::ops::RangeInclusive<i64>,
+    writes_per_lease: u32,
 }
 
 impl Harness {
@@ -236,6 +250,7 @@ impl Harness {
             negative: NegativeControl::Builtin,
             resources: vec![("account:1".to_owned(), 1_000_000)],
             amounts: 1..=9,
+            writes_per_lease: 1,
         }
     }
 
@@ -314,6 +329,22 @@ impl Harness {
         self
     }
 
+    /// Each lease a **term** of up to `writes` writes on its resource, as a
+    /// leader holds one lease for many jobs: a pause (the holder-pause
+    /// fault stalls a caller at its [`Call::pause_point`]) or a fault then
+    /// falls inside a term, and a holder that wakes up writes again with
+    /// its old lease until it learns the lease is lost. A term ends early
+    /// when the lease is found lost or a write comes back
+    /// [`Outcome::Refused`] (the caller then marks the lease superseded,
+    /// [`Lease::mark_superseded`](leasehold::Lease::mark_superseded), as a
+    /// leader must). The negative control runs in terms too.
+    ///
+    /// Defaults to 1: a lock per write. 0 counts as 1.
+    pub fn term(mut self, writes: u32) -> Self {
+        self.writes_per_lease = writes.max(1);
+        self
+    }
+
     /// Runs the negative control (unless off, or this run is one), then
     /// the callers with `lock` against your `write` for the duration, under
     /// the fault's schedule on `lab`; then asks `check_state` for your
@@ -384,6 +415,13 @@ impl Harness {
         W: AsyncFn(&mut S, Call<'_>) -> Outcome + Send + Sync + 'static,
         C: AsyncFnOnce(&Writes) -> Vec<Kind>,
     {
+        if self.fault != Fault::None && self.windows(self.callers).is_empty() {
+            return Err(HarnessError::NoFaultWindow {
+                fault: self.fault,
+                duration: self.duration,
+                ttl: self.ttl,
+            });
+        }
         self.check_lab(lab).await?;
         let control = if self.control || self.negative == NegativeControl::Off {
             None
@@ -547,6 +585,7 @@ impl Harness {
             watchdog: self.watchdog,
             amounts: self.amounts.clone(),
             seed: self.seed,
+            writes_per_lease: self.writes_per_lease,
         }
     }
 

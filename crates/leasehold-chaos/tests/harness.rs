@@ -450,3 +450,117 @@ async fn a_setup_that_panics_stops_the_run_before_it_starts() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_too_short_for_its_fault_is_refused_before_it_starts() -> TestResult {
+    let lab = lab().await?;
+    let harness = Harness::new("short")
+        .ttl(Duration::from_secs(1))
+        .duration(Duration::from_secs(4))
+        .fault(Fault::RedisRestart);
+    let account = account();
+    let state = account.clone();
+    let check = async |_: &Writes| final_state(&state);
+    let refused = harness
+        .run(
+            &lab,
+            &lock(&lab, true).await?,
+            account_path(account, true, MS),
+            check,
+        )
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(leasehold_chaos::HarnessError::NoFaultWindow { .. })
+        ),
+        "{refused:?}"
+    );
+    Ok(())
+}
+
+/// In terms, a caller keeps one lease for many writes, and its term ends
+/// at the first write the path refused (a newer holder has written): it
+/// never writes again under that lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_keeps_one_lease_for_many_writes_and_ends_at_a_refusal() -> TestResult {
+    use leasehold::HolderId;
+    use leasehold_chaos::{Kind, WriteOutcome};
+    let lab = lab().await?;
+    // An in-memory guard, as leasehold-pg's: a token above the last
+    // writer's, or equal to it from the same holder.
+    let last: Arc<Mutex<(u64, Option<HolderId>, i64)>> = Arc::new(Mutex::new((0, None, 0)));
+    let state = last.clone();
+    let write = async move |call: Call<'_>| {
+        let Some(lease) = call.lease else {
+            return Outcome::NotWritten("no lease".into());
+        };
+        let work = async {
+            let (token, holder) = (call.fence().map_or(0, |f| f.get()), lease.holder());
+            let seen = {
+                let mut s = state.lock().expect("state");
+                if token < s.0 || (token == s.0 && s.1 != Some(holder)) {
+                    return Outcome::Refused;
+                }
+                (s.0, s.1) = (token, Some(holder));
+                s.2
+            };
+            call.pause_point().await;
+            let mut s = state.lock().expect("state");
+            if s.0 != token || s.1 != Some(holder) {
+                return Outcome::Refused;
+            }
+            s.2 = seen + 1;
+            Outcome::Committed
+        };
+        match call.run(work).await {
+            Ok(outcome) => outcome,
+            Err(stopped) => stopped.into(),
+        }
+    };
+    let check = async |writes: &Writes| {
+        let value = last.lock().expect("state").2;
+        vec![writes.check_counter("account:1", 0, value)]
+    };
+    let report = Harness::new("terms")
+        .seed(3)
+        .callers(6)
+        .ttl(Duration::from_millis(40))
+        .duration(Duration::from_secs(2))
+        .watchdog(true)
+        .fault(Fault::HolderPause)
+        .negative_control(NegativeControl::Off)
+        .resources(vec![("account:1".to_owned(), 0)])
+        .term(20)
+        .run(&lab, &lock(&lab, true).await?, write, check)
+        .await?;
+    assert!(report.holds(), "{}", report.summary());
+    let (mut leases, mut writes, mut refused) = (0, 0, 0);
+    // Per actor: whether its current lease has seen a refused write.
+    let mut after_refusal = std::collections::HashMap::<&str, bool>::new();
+    for event in &report.events {
+        match &event.kind {
+            Kind::Acquired { .. } => {
+                leases += 1;
+                after_refusal.insert(&event.actor, false);
+            }
+            Kind::Write { outcome, .. } => {
+                writes += 1;
+                let ended = after_refusal.entry(&event.actor).or_default();
+                assert!(
+                    !*ended,
+                    "{} wrote after a refusal in the same term",
+                    event.actor
+                );
+                if *outcome == WriteOutcome::RefusedStale {
+                    refused += 1;
+                    *ended = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(writes > 5 * leases, "{writes} writes under {leases} leases");
+    assert!(refused > 0, "no refusal exercised: {}", report.summary());
+    Ok(())
+}
