@@ -949,7 +949,7 @@ pub(crate) struct MatrixArgs {
     /// primary, a replica and 3
     /// sentinels for sentinel-failover and sentinel-kill, the workers
     /// connecting with its redis+sentinel:// URL (modes blind, fenced, cas,
-    /// guard, handoff); 3 independent servers for the quorum mode
+    /// guard, leader, handoff); 3 independent servers for the quorum mode
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     pub(crate) faults: Vec<leasehold_chaos::Fault>,
     /// Worker processes per run.
@@ -972,7 +972,7 @@ pub(crate) struct MatrixArgs {
     #[arg(long, default_value = "5ms", value_parser = humantime::parse_duration)]
     pub(crate) work: Duration,
     /// Refresh leases with the watchdog and stop writes whose lease was
-    /// lost.
+    /// lost (always on for the leader mode).
     #[arg(long)]
     pub(crate) watchdog: bool,
     /// Redis servers in the quorum mode's Redlock quorum.
@@ -1072,6 +1072,11 @@ pub(crate) enum ChaosMode {
     /// A fenced lease and the fence guard (`leasehold_pg::guard`) first in a
     /// transaction, then a plain read-modify-write.
     Guard,
+    /// Terms, a leader's shape: a fenced lease kept for up to 20 debits
+    /// under its watchdog (always on here, as an election's), the fence
+    /// guard first in each debit's transaction; a term ends when the lease
+    /// is lost or the guard refuses it.
+    Leader,
     /// A fenced hand-off lease and a check-and-set write.
     Handoff,
     /// A fenced Redlock lease on 3 independent servers (faults hit one) and
@@ -1083,11 +1088,12 @@ pub(crate) enum ChaosMode {
 }
 
 impl ChaosMode {
-    pub(crate) const ALL: [ChaosMode; 7] = [
+    pub(crate) const ALL: [ChaosMode; 8] = [
         ChaosMode::Blind,
         ChaosMode::Fenced,
         ChaosMode::Cas,
         ChaosMode::Guard,
+        ChaosMode::Leader,
         ChaosMode::Handoff,
         ChaosMode::Quorum,
         ChaosMode::Db,
@@ -1099,6 +1105,7 @@ impl ChaosMode {
             ChaosMode::Fenced => "fenced",
             ChaosMode::Cas => "cas",
             ChaosMode::Guard => "guard",
+            ChaosMode::Leader => "leader",
             ChaosMode::Handoff => "handoff",
             ChaosMode::Quorum => "quorum",
             ChaosMode::Db => "db",

@@ -25,21 +25,22 @@ fn assert_passed_without_control(row: &Value) {
     assert_eq!(row["violations"], 0, "{row}");
 }
 
-/// The safe write paths of every way of locking, under a holder paused past
-/// its lease and a Redis restarted empty: no violation, writes land. The
+/// The safe write paths of every way of locking (the leader's terms
+/// included), under a holder paused past its lease and a Redis restarted
+/// empty: no violation, writes land. The
 /// blind control is caught under the pause: the worker process really
 /// stopped between a read and its write, and the others wrote meanwhile.
 #[test]
 fn every_safe_mode_holds_under_a_paused_holder_and_an_empty_restart() -> TestResult {
     let rows = matrix(&[
         "--modes",
-        "blind,cas,guard,handoff,quorum,db",
+        "blind,cas,guard,leader,handoff,quorum,db",
         "--faults",
         "holder-pause,redis-restart",
         "--duration",
         "3s",
     ])?;
-    assert_eq!(rows.len(), 12, "{rows:?}");
+    assert_eq!(rows.len(), 14, "{rows:?}");
     for row in &rows {
         // Both faults are shorter than the wait: no caller saw an error.
         assert_eq!(row["errors"], "ok", "{row}");

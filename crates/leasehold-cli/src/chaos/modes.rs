@@ -51,6 +51,11 @@ impl ChaosMode {
         }
     }
 
+    /// Debits per lease: a term of 20 for the leader mode, one otherwise.
+    pub(crate) fn writes_per_lease(self) -> u32 {
+        if self == ChaosMode::Leader { 20 } else { 1 }
+    }
+
     /// Whether the mode can run under `fault` at all.
     pub(crate) fn supports(self, fault: Fault) -> bool {
         match fault {
@@ -230,7 +235,7 @@ impl ChaosMode {
                 tx.commit().await.map_err(during)?;
                 Ok(written(outcome))
             }
-            ChaosMode::Guard => {
+            ChaosMode::Guard | ChaosMode::Leader => {
                 let lease = call
                     .lease
                     .ok_or_else(|| Step::Before("guard mode takes a lease".into()))?;

@@ -148,7 +148,9 @@ pub(crate) async fn run_one(
             ttl_ms: millis(plan.ttl),
             wait_ms: millis(plan.wait),
             work_ms: millis(plan.work),
-            watchdog: plan.watchdog,
+            // A leader keeps its term under the watchdog (an Election
+            // always does): a term outlasts one TTL.
+            watchdog: plan.watchdog || mode == ChaosMode::Leader,
             seed: seed ^ u64::from(worker).wrapping_mul(0x2545_f491_4f6c_dd1d),
             duration_ms: millis(plan.duration),
         };

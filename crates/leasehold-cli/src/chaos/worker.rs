@@ -146,7 +146,7 @@ pub(crate) async fn run() -> anyhow::Result<()> {
         watchdog: spec.watchdog,
         amounts: 1..=9,
         seed: spec.seed,
-        writes_per_lease: 1,
+        writes_per_lease: spec.mode.writes_per_lease(),
     };
     let stop = CancellationToken::new();
     let end = start + Duration::from_millis(spec.duration_ms);
