@@ -154,5 +154,11 @@ pub(crate) mod sealed {
             key: &'a str,
             record_key: &'a str,
         ) -> Reply<'a, Option<(String, i64)>>;
+
+        /// Whether a release hands the lock to a waiter in the same step
+        /// (hand-off): then a resigned candidate need not stand back.
+        fn hands_over(&self) -> bool {
+            false
+        }
     }
 }

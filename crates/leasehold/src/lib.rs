@@ -237,8 +237,8 @@ mod give_up_tests;
 
 pub use connection::Connection;
 pub use election::{
-    DEFAULT_FAULT_BUDGET, DEFAULT_OBSERVE_EVERY, DEFAULT_TERM_TTL, Election, ElectionBuilder,
-    Leader, Observer, Term, TermOutcome,
+    DEFAULT_FAULT_BUDGET, DEFAULT_OBSERVE_EVERY, DEFAULT_STEP_DOWN, DEFAULT_TERM_TTL, Election,
+    ElectionBuilder, Leader, Observer, Term, TermOutcome,
 };
 pub use endpoint::Endpoint;
 pub use error::{Error, GiveUpReason, Result, TlsFileRole};

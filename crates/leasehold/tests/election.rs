@@ -462,3 +462,44 @@ async fn an_election_runs_under_the_minimal_acl() -> TestResult {
     lead_once(quorum(&urls, SECOND).await?, "acl-quorum").await?;
     Ok(())
 }
+
+/// On a polling way, a leader that resigns and campaigns again at once
+/// stands back for its step-down, so the follower waiting leads next
+/// (without it, the resigner's own `SET` usually comes first).
+#[tokio::test]
+async fn a_resigned_leader_that_campaigns_again_at_once_hands_over_on_a_polling_way() -> TestResult
+{
+    let servers = RedisServer::start_many(3)?;
+    let urls = urls(&servers);
+    async fn stands_back<L: Lessor>(name: &str, open: impl AsyncFn() -> Made<L>) -> TestResult {
+        let ttl = Duration::from_secs(60);
+        // A step-down far above any scheduling delay: the follower polls
+        // every 5 to 15 ms.
+        let make = async |candidate: &str| -> Made<Election<L>> {
+            Ok(Election::builder(open().await?, name)
+                .candidate(candidate)
+                .ttl(ttl)
+                .step_down(Duration::from_secs(2))
+                .build()?)
+        };
+        let (leader, follower) = (make("leader").await?, make("follower").await?);
+        let term = leader.campaign().await?;
+        let waiting = tokio::spawn(async move { follower.campaign().await });
+        term.resign().await?;
+        let again = tokio::spawn({
+            let leader = leader.clone();
+            async move { leader.campaign().await }
+        });
+        let next = tokio::time::timeout(HUNG, waiting).await???;
+        assert_eq!(next.candidate(), "follower", "{name}");
+        next.resign().await?;
+        let back = tokio::time::timeout(HUNG, again).await???;
+        assert_eq!(back.candidate(), "leader", "{name}");
+        back.resign().await?;
+        Ok(())
+    }
+    stands_back("standback-poll", async || polling(&urls, SECOND).await).await?;
+    stands_back("standback-quorum", async || quorum(&urls, SECOND).await).await?;
+    stands_back("standback-handoff", async || handoff(&urls, SECOND).await).await?;
+    Ok(())
+}

@@ -731,6 +731,10 @@ impl<C: RedisConnection> crate::lessor::sealed::Sealed for HandoffLocker<C> {
     ) -> crate::lease::Reply<'a, Option<(String, i64)>> {
         crate::lessor::sealed::Sealed::leader_record(&self.inner.locker, key, record_key)
     }
+
+    fn hands_over(&self) -> bool {
+        self.inner.backend.style == HandoffStyle::Grant
+    }
 }
 
 /// The same calls as the inherent methods.
