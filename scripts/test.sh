@@ -40,9 +40,9 @@ cargo test --workspace --locked
 valkey=$(scripts/valkey.sh)
 LEASEHOLD_REDIS_SERVER="$valkey" cargo test -p leasehold --locked \
   --test lease --test fencing --test tokens --test paths --test handoff \
-  --test memory --test watchdog --test faults --test acl
+  --test memory --test watchdog --test faults --test acl --test election
 LEASEHOLD_REDIS_SERVER="$valkey" cargo run -p leasehold-cli --locked --quiet -- chaos \
-  --modes cas,guard,handoff,quorum --faults none,holder-pause,key-loss,redis-restart,oom \
+  --modes cas,guard,leader,handoff,quorum --faults none,holder-pause,key-loss,redis-restart,oom \
   --duration 2s
 # Package leasehold and leasehold-pg as crates.io would get them, build the
 # packages, and check the MSRV (it prints which kind of check ran).

@@ -19,7 +19,8 @@
 //! final state ([`Kind::Final`] for a balance and its ledger, or
 //! [`Kind::ResourceCheck`], e.g. [`Writes::check_counter`]);
 //! [`Harness::run_with`] also gives each caller state of its own (its
-//! database connection), set up before the run. The harness
+//! database connection), set up before the run; [`Harness::term`] makes
+//! each lease a leader's term of many writes. The harness
 //! runs a negative control first, and its [`Verdict`] says what was
 //! exercised: held (double holders absorbed, the control caught), never
 //! broke, inconclusive (the control caught nothing) or broken, in the
