@@ -159,7 +159,10 @@ pub enum Guard {
     /// A newer token, or the same token from another holder, has written
     /// `resource`: roll back. `healed` says whether the Redis counter was
     /// raised to `current` (by [`guard`]), so that the next lease gets a
-    /// newer token.
+    /// newer token. The lease no longer protects anything: in a
+    /// leadership term, end it (`term.mark_superseded()`, or
+    /// `lease.mark_superseded()` for any lease kept for more writes), so
+    /// its work stops and the process campaigns again.
     Refused {
         /// The resource that refused.
         resource: String,
