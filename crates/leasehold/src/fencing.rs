@@ -85,6 +85,15 @@ use crate::error::{Error, Result};
 /// (`lock:{wallet:42}`, `fence:{wallet:42}`); a pair given by hand with
 /// [`FencedKeys::new`] is checked before any I/O and refused with
 /// [`Error::KeysInDifferentSlots`] when the slots differ.
+///
+/// # In SQL
+///
+/// A token fits PostgreSQL's `bigint`: `i64::try_from(token)` and
+/// `FencingToken::try_from(value)` check the range both ways
+/// ([`TokenRange`]). With the feature `postgres` (on in `leasehold-pg`) a
+/// token binds and reads as a `bigint` in tokio-postgres
+/// (`ToSql` / `FromSql`, range checked, `bigint` only), so a fenced write
+/// needs no cast: `tx.execute("... WHERE fence < $1", &[&token])`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(u64);
 

@@ -194,6 +194,8 @@ mod options;
 mod retry;
 mod scripts;
 mod sentinel_fault;
+#[cfg(feature = "postgres")]
+mod sql;
 mod stats;
 mod tls_failure;
 mod token;

@@ -151,6 +151,7 @@ macro_rules! unless_cancelled {
         }
     }};
 }
+#[cfg(feature = "handoff")]
 pub(crate) use unless_cancelled;
 
 tokio::task_local! {
