@@ -158,6 +158,19 @@ pub enum Error {
     #[error("permission denied")]
     PermissionDenied(#[source] tokio_postgres::Error),
 
+    /// The transaction was aborted by an earlier statement's error (one
+    /// the work did not pass on), so PostgreSQL would have rolled it back
+    /// at `COMMIT` and called that a success: rolled back, nothing written
+    /// ([`guarded`](crate::guarded())).
+    #[error("the transaction was aborted by an earlier error: rolled back, nothing written")]
+    Aborted(#[source] tokio_postgres::Error),
+
+    /// The `COMMIT` got no answer (the connection broke while it was out):
+    /// whether it landed is not known. Read the state back before acting
+    /// on it ([`guarded`](crate::guarded())).
+    #[error("the commit got no answer: whether it landed is unknown")]
+    CommitUnknown(#[source] tokio_postgres::Error),
+
     /// Any other error from PostgreSQL or the client.
     #[error("postgresql error")]
     Postgres(#[source] tokio_postgres::Error),

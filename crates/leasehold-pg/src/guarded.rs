@@ -1,0 +1,169 @@
+//! The safe path in one call: [`guarded`] begins a transaction, runs the
+//! fence guard first, runs your work in the transaction under the lease's
+//! watchdog, and commits, the commit shielded from the watchdog; it says
+//! what happened in a [`Guarded`].
+//!
+//! ```no_run
+//! use leasehold::Lease;
+//! use leasehold_pg::{Guarded, tokio_postgres::Client};
+//!
+//! /// Pays 10 out of alice's account, if the lease still protects it.
+//! async fn pay(db: &mut Client, lease: &Lease) -> Result<Guarded<i64>, leasehold_pg::Error> {
+//!     leasehold_pg::guarded(db, lease, async |tx| {
+//!         let row = tx
+//!             .query_one("SELECT balance FROM accounts WHERE name = 'alice'", &[])
+//!             .await?;
+//!         let left = row.get::<_, i64>(0) - 10;
+//!         tx.execute("UPDATE accounts SET balance = $1 WHERE name = 'alice'", &[&left])
+//!             .await?;
+//!         Ok(left)
+//!     })
+//!     .await
+//! }
+//! ```
+//!
+//! What each answer means for the data:
+//!
+//! - `Ok(Guarded::Committed(output))`: the guard accepted the lease, the
+//!   work ran to its end and the transaction committed.
+//! - `Ok(Guarded::Refused { .. })`: a newer holder (or another holder of
+//!   the same token) has written; the work did not run, nothing was
+//!   written. The Redis counter was healed; retry with a new lease.
+//! - `Ok(Guarded::Lost(cause))`: the lease was found lost before the work
+//!   finished; the work was stopped at an `.await` and its transaction
+//!   rolled back. Nothing was written.
+//! - `Err(err)` from the work: rolled back, nothing written. Your error
+//!   type takes this crate's ([`Error`]) too.
+//! - `Err(Error::Aborted)`: a statement failed inside the work and the
+//!   work went on to return `Ok` (PostgreSQL would have rolled the
+//!   transaction back at `COMMIT` and called it a success): rolled back,
+//!   nothing written.
+//! - `Err(Error::CommitUnknown)`: the `COMMIT` got no answer; whether it
+//!   landed is unknown. Every other error means nothing was written.
+
+use leasehold::{FencingToken, Lease, LostCause};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, Transaction};
+
+use crate::error::Error;
+use crate::guard::{Guard, guard};
+
+/// What a [`guarded`] transaction came to (see the [module docs](self)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+#[must_use = "a refused or lost transaction wrote nothing: retry it, or say so"]
+pub enum Guarded<T> {
+    /// The work ran and the transaction committed: its output.
+    Committed(T),
+    /// The guard refused the lease: nothing written, the work did not run.
+    Refused {
+        /// The resource that refused (the lease's fence key).
+        resource: String,
+        /// The lease's token.
+        token: FencingToken,
+        /// The fence the resource has seen: above `token`, or equal to it
+        /// from another holder.
+        current: FencingToken,
+        /// Whether the Redis counter was raised past `current`.
+        healed: bool,
+    },
+    /// The lease was found lost before the work finished: stopped, rolled
+    /// back, nothing written.
+    Lost(LostCause),
+}
+
+impl<T> Guarded<T> {
+    /// The output of a committed transaction; `None` when nothing was
+    /// written.
+    pub fn committed(self) -> Option<T> {
+        match self {
+            Guarded::Committed(output) => Some(output),
+            _ => None,
+        }
+    }
+}
+
+/// Runs `work` in one transaction on `db`, fenced by `lease`: `BEGIN`, the
+/// guard ([`guard()`]), the work, `COMMIT`. The whole runs under the
+/// lease's watchdog ([`Lease::run`]): a lease found lost stops the work at
+/// its next `.await`, before the commit, and the transaction is rolled
+/// back. The commit itself is shielded ([`Lease::shield`]), so its answer
+/// is never dropped. The guard's statement and the commit's check add no
+/// round trip of their own beyond the guard's one.
+///
+/// # Errors
+/// What `work` returned (rolled back); this crate's errors through
+/// `E: From<Error>`: connecting or the guard failing
+/// ([`Error::NotFenced`] for a lease with no fenced lock,
+/// [`Error::TableMissing`] before [`setup`](crate::setup()), ...),
+/// [`Error::Aborted`] when a statement failed inside a work that then
+/// returned `Ok`, [`Error::CommitUnknown`] when the commit got no answer;
+/// nothing was written in any case but the last.
+///
+/// # Cancel safety
+/// Dropping the future drops the transaction where it is: rolled back,
+/// unless the `COMMIT` was already sent.
+pub async fn guarded<T, E>(
+    db: &mut Client,
+    lease: &Lease,
+    work: impl AsyncFnOnce(&Transaction<'_>) -> Result<T, E>,
+) -> Result<Guarded<T>, E>
+where
+    E: From<Error>,
+{
+    let ran = lease
+        .run(async {
+            let tx = db.transaction().await.map_err(Error::from_pg)?;
+            if let Guard::Refused {
+                resource,
+                token,
+                current,
+                healed,
+                ..
+            } = guard(&tx, lease).await?
+            {
+                return Ok(Guarded::Refused {
+                    resource,
+                    token,
+                    current,
+                    healed,
+                });
+            }
+            let output = work(&tx).await?;
+            lease.shield(commit(tx)).await?;
+            Ok(Guarded::Committed(output))
+        })
+        .await;
+    match ran {
+        Ok(outcome) => outcome,
+        Err(leasehold::Error::LeaseLost { cause, .. }) => Ok(Guarded::Lost(cause)),
+        // The lease could not run the work at all (no runtime for the
+        // watchdog): nothing ran.
+        Err(_) => Err(E::from(Error::NotFenced)),
+    }
+}
+
+/// Commits `tx`, refusing to call a transaction an earlier error aborted
+/// committed: `SELECT 1` and `COMMIT` in one batch (one round trip); in an
+/// aborted transaction the `SELECT` fails and the `COMMIT` never runs.
+async fn commit(tx: Transaction<'_>) -> Result<(), Error> {
+    match tx.batch_execute("SELECT 1; COMMIT").await {
+        Ok(()) => {
+            // The COMMIT ended the transaction; the handle's drop would
+            // send a ROLLBACK that only draws a warning from the server.
+            std::mem::forget(tx);
+            Ok(())
+        }
+        Err(err) if err.code() == Some(&SqlState::IN_FAILED_SQL_TRANSACTION) => {
+            drop(tx); // rolled back
+            Err(Error::Aborted(err))
+        }
+        Err(err) if err.as_db_error().is_some() => {
+            // The server refused the COMMIT (a deferred constraint, a
+            // serialization failure): it rolled the transaction back.
+            std::mem::forget(tx);
+            Err(Error::from_pg(err))
+        }
+        Err(err) => Err(Error::CommitUnknown(err)),
+    }
+}

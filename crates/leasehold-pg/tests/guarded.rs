@@ -1,0 +1,188 @@
+//! `guarded`, the safe path in one call, against a real PostgreSQL and
+//! Redis: committed, refused (the work never runs), the work's error and a
+//! swallowed statement error rolled back, a lease lost mid-work rolled
+//! back, a plain lease refused; and `FencingToken` as a `bigint`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use leasehold::{FencedKeys, FencingToken, Locker, LostCause};
+use leasehold_pg::tokio_postgres::Client;
+use leasehold_pg::{Error, Guarded};
+use leasehold_testkit::RedisServer;
+
+mod common;
+use common::server;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// A database with the fence table and a one-row table of the test's own.
+async fn db(
+    table: &str,
+) -> Result<(Client, std::sync::Arc<leasehold_testkit::PostgresServer>), Box<dyn std::error::Error>>
+{
+    let server = server()?;
+    let mut db = leasehold_pg::connect(&server.url()).await?;
+    leasehold_pg::setup(&mut db).await?;
+    db.batch_execute(&format!(
+        "CREATE TABLE {table} (id int PRIMARY KEY, n bigint NOT NULL, fence bigint);
+         INSERT INTO {table} VALUES (1, 0, NULL);"
+    ))
+    .await?;
+    Ok((db, server))
+}
+
+async fn value(db: &Client, table: &str) -> Result<i64, Box<dyn std::error::Error>> {
+    Ok(db
+        .query_one(&format!("SELECT n FROM {table} WHERE id = 1"), &[])
+        .await?
+        .get(0))
+}
+
+/// `UPDATE table SET n = n + 1`, returning the new value.
+async fn bump(
+    tx: &leasehold_pg::tokio_postgres::Transaction<'_>,
+    table: &str,
+) -> Result<i64, Error> {
+    let row = tx
+        .query_one(
+            &format!("UPDATE {table} SET n = n + 1 WHERE id = 1 RETURNING n"),
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_outcome_says_what_the_database_holds() -> TestResult {
+    let redis = RedisServer::start()?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let (mut db, _server) = db("guarded_outcomes").await?;
+    let table = "guarded_outcomes";
+    let keys = FencedKeys::for_resource("guarded:outcomes")?;
+
+    // Committed: the output, and the row.
+    let lease = locker.acquire(&keys, TTL).await?;
+    let done = leasehold_pg::guarded(&mut db, &lease, async |tx| bump(tx, table).await).await?;
+    assert_eq!(done, Guarded::Committed(1));
+    assert_eq!(value(&db, table).await?, 1);
+
+    // The work's error: rolled back.
+    let failed: Result<Guarded<i64>, Error> = leasehold_pg::guarded(&mut db, &lease, async |tx| {
+        bump(tx, table).await?;
+        Err(Error::NotFenced)
+    })
+    .await;
+    assert!(matches!(failed, Err(Error::NotFenced)), "{failed:?}");
+    assert_eq!(value(&db, table).await?, 1);
+
+    // A statement error the work swallowed: PostgreSQL would roll back at
+    // COMMIT and report success; guarded says so instead.
+    let swallowed = leasehold_pg::guarded(&mut db, &lease, async |tx| {
+        bump(tx, table).await?;
+        let _ = tx
+            .execute("SELECT no_such_column FROM guarded_outcomes", &[])
+            .await;
+        Ok::<_, Error>(7)
+    })
+    .await;
+    assert!(matches!(swallowed, Err(Error::Aborted(_))), "{swallowed:?}");
+    assert_eq!(value(&db, table).await?, 1);
+    // The connection is usable afterwards (the aborted transaction ended).
+    assert_eq!(
+        leasehold_pg::guarded(&mut db, &lease, async |tx| bump(tx, table).await).await?,
+        Guarded::Committed(2)
+    );
+
+    // The lease lost mid-work: stopped before its commit, rolled back.
+    let lost = leasehold_pg::guarded(&mut db, &lease, async |tx| {
+        bump(tx, table).await?;
+        lease.mark_superseded();
+        // The next `.await` is where the watchdog stops the work.
+        tokio::task::yield_now().await;
+        Ok::<_, Error>(0)
+    })
+    .await?;
+    assert_eq!(lost, Guarded::Lost(LostCause::Superseded));
+    assert_eq!(value(&db, table).await?, 2);
+    let _ = lease.release().await;
+
+    // A holder whose lock was lost under it (its key deleted), while a
+    // newer holder took the lock and wrote: the old token is refused, and
+    // the work never runs.
+    let old = locker.acquire(&keys, TTL).await?;
+    let mut conn = locker.connection().clone();
+    leasehold::redis::cmd("DEL")
+        .arg(keys.lock())
+        .query_async::<()>(&mut conn)
+        .await?;
+    let newer = locker.acquire(&keys, TTL).await?;
+    assert_eq!(
+        leasehold_pg::guarded(&mut db, &newer, async |tx| bump(tx, table).await).await?,
+        Guarded::Committed(3)
+    );
+    let ran = AtomicBool::new(false);
+    let stale = leasehold_pg::guarded(&mut db, &old, async |tx| {
+        ran.store(true, Ordering::SeqCst);
+        bump(tx, table).await
+    })
+    .await?;
+    let first = old.fence().ok_or("fenced")?;
+    assert!(
+        matches!(&stale, Guarded::Refused { token, current, .. } if *token == first && *current > first),
+        "{stale:?}"
+    );
+    assert!(!ran.load(Ordering::SeqCst), "the work ran after a refusal");
+    assert_eq!(value(&db, table).await?, 3);
+    assert_eq!(stale.committed(), None);
+    drop(old);
+    newer.release().await?;
+
+    // A plain lease has no fence to guard with: a typed error, nothing run.
+    let plain = locker.acquire("lock:guarded:plain", TTL).await?;
+    let refused = leasehold_pg::guarded(&mut db, &plain, async |tx| bump(tx, table).await).await;
+    assert!(matches!(refused, Err(Error::NotFenced)), "{refused:?}");
+    assert_eq!(value(&db, table).await?, 3);
+    plain.release().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fencing_token_binds_and_reads_as_a_bigint() -> TestResult {
+    let (db, _server) = db("guarded_tokens").await?;
+    let token = FencingToken::new(1 << 50);
+    db.execute(
+        "UPDATE guarded_tokens SET fence = $1 WHERE id = 1",
+        &[&token],
+    )
+    .await?;
+    let read: FencingToken = db
+        .query_one("SELECT fence FROM guarded_tokens WHERE id = 1", &[])
+        .await?
+        .get(0);
+    assert_eq!(read, token);
+    // Beyond bigint: refused at bind time, nothing written.
+    let too_big = db
+        .execute(
+            "UPDATE guarded_tokens SET fence = $1 WHERE id = 1",
+            &[&FencingToken::new(u64::MAX)],
+        )
+        .await;
+    assert!(too_big.is_err());
+    let still: FencingToken = db
+        .query_one("SELECT fence FROM guarded_tokens WHERE id = 1", &[])
+        .await?
+        .get(0);
+    assert_eq!(still, token);
+    // Not a token: 0 does not read as one.
+    db.execute("UPDATE guarded_tokens SET fence = 0 WHERE id = 1", &[])
+        .await?;
+    let zero = db
+        .query_one("SELECT fence FROM guarded_tokens WHERE id = 1", &[])
+        .await?
+        .try_get::<_, FencingToken>(0);
+    assert!(zero.is_err());
+    Ok(())
+}
