@@ -165,6 +165,12 @@ pub enum Error {
     #[error("the transaction was aborted by an earlier error: rolled back, nothing written")]
     Aborted(#[source] tokio_postgres::Error),
 
+    /// The lease could not run the work ([`guarded`](crate::guarded())):
+    /// it was not taken on a tokio runtime, so no watchdog can keep it.
+    /// Nothing ran.
+    #[error("the lease could not run the work")]
+    Lease(#[source] leasehold::Error),
+
     /// The `COMMIT` got no answer (the connection broke while it was out):
     /// whether it landed is not known. Read the state back before acting
     /// on it ([`guarded`](crate::guarded())).

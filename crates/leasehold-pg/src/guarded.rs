@@ -139,7 +139,7 @@ where
         Err(leasehold::Error::LeaseLost { cause, .. }) => Ok(Guarded::Lost(cause)),
         // The lease could not run the work at all (no runtime for the
         // watchdog): nothing ran.
-        Err(_) => Err(E::from(Error::NotFenced)),
+        Err(err) => Err(E::from(Error::Lease(err))),
     }
 }
 
