@@ -233,16 +233,20 @@ impl fmt::Debug for HolderId {
     }
 }
 
+/// The first 8 hex digits and `..`: enough to correlate log lines, not
+/// enough to release or refresh someone's lease. The whole token is
+/// [`as_str`](LeaseToken::as_str), for code that must send it, never for
+/// a log line.
 impl fmt::Display for LeaseToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        write!(f, "{}..", &self.as_str()[..8])
     }
 }
 
+/// As [`Display`](fmt::Display): never the whole token.
 impl fmt::Debug for LeaseToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Enough to correlate log lines, not enough to release someone's lease.
-        write!(f, "LeaseToken({}..)", &self.as_str()[..8])
+        write!(f, "LeaseToken({self})")
     }
 }
 
@@ -258,6 +262,21 @@ impl redis::ToRedisArgs for LeaseToken {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_is_never_printed_whole() -> Result<(), getrandom::Error> {
+        let token = LeaseToken::generate()?;
+        let whole = token.as_str();
+        for shown in [
+            format!("{token}"),
+            format!("{token:?}"),
+            format!("{token:#?}"),
+        ] {
+            assert!(!shown.contains(whole), "{shown}");
+            assert!(shown.contains(&whole[..8]), "{shown}");
+        }
+        Ok(())
+    }
 
     #[test]
     fn tokens_are_32_hex_chars_and_distinct() {
