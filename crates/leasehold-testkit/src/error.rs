@@ -22,6 +22,17 @@ pub enum Error {
         install_hint: String,
     },
 
+    /// A shared library the testkit preloads into a server (libfaketime,
+    /// for [`RedisOptions::fake_clock`](crate::RedisOptions::fake_clock))
+    /// is in none of the directories distributions install it in.
+    #[error("{name} not found in the usual library directories; install it with: {install_hint}")]
+    LibraryNotFound {
+        /// The library looked for, e.g. `libfaketimeMT.so.1`.
+        name: String,
+        /// How to install it.
+        install_hint: String,
+    },
+
     /// Binding a loopback socket to find a free port failed.
     #[error("failed to find a free loopback port")]
     FreePort(#[source] io::Error),
@@ -181,6 +192,35 @@ pub enum Error {
     RedisReply {
         /// The error reply, e.g. `ERR unknown command 'FOO'`.
         message: String,
+    },
+
+    /// A server started with
+    /// [`RedisOptions::fake_clock`](crate::RedisOptions::fake_clock) does
+    /// not follow libfaketime's clock: it hung at start (Debian's
+    /// jemalloc-linked `redis-server` does), or its `TIME` ignored the
+    /// offset set (a static binary ignores `LD_PRELOAD`). It has been
+    /// killed. A libc-malloc build follows (`scripts/valkey.sh`'s Valkey).
+    #[error("{server} ({}) does not follow libfaketime's clock: {detail}", binary.display())]
+    ClockNotDriven {
+        /// Which server, e.g. `redis-server 127.0.0.1:6379`.
+        server: String,
+        /// The binary started.
+        binary: PathBuf,
+        /// What was seen, with the log's last lines if it hung.
+        detail: String,
+    },
+
+    /// A request to move a server's clock that cannot be carried out: the
+    /// server runs on the machine's clock (not started with
+    /// [`RedisOptions::fake_clock`](crate::RedisOptions::fake_clock)), a
+    /// jump was asked while the clock runs at another rate than 1
+    /// (libfaketime ignores it), or the rate is not a positive number.
+    #[error("cannot move the clock of {server}: {reason}")]
+    FakeClock {
+        /// Which server, e.g. `redis-server 127.0.0.1:6379`.
+        server: String,
+        /// Why not.
+        reason: &'static str,
     },
 
     /// A [`FaultProxy`](crate::FaultProxy) could not start its thread.

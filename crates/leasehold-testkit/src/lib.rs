@@ -7,7 +7,10 @@
 //! `SIGSTOP`, [`RedisServer::kill`] and [`RedisServer::restart`] simulate a
 //! crash and a recovery (with the data if [`RedisOptions::appendonly`] kept
 //! it; [`RedisServer::restart_empty`] loses it), and [`RedisServer::promote`]
-//! a failover; [`RedisSentinel`] is a primary, a replica and three
+//! a failover; [`RedisOptions::fake_clock`] starts a server whose wall
+//! clock [`RedisServer::jump_clock`] steps forward and
+//! [`RedisServer::set_clock_rate`] runs fast (libfaketime);
+//! [`RedisSentinel`] is a primary, a replica and three
 //! sentinels, with `SENTINEL FAILOVER` and a killed primary. [`FaultProxy`] puts latency, partitions and cut connections
 //! between clients and a server, and [`pause_process`] freezes any process,
 //! such as a worker holding a lease. [`connection`] opens an async
@@ -34,6 +37,7 @@
 //! printed to stderr as the handle is dropped.
 
 mod certs;
+mod clock;
 mod cluster;
 mod connection;
 mod error;

@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tempfile::TempDir;
 
 use crate::Error;
 use crate::certs::{ClientAuth, ServerTls};
+use crate::clock::FakeClock;
 use crate::process::{self, ChildProcess, HOST, POLL_INTERVAL, PORT_ATTEMPTS};
 use crate::resp::{self, Reply};
 
@@ -76,6 +77,7 @@ pub struct RedisOptions {
     args: Vec<String>,
     ready_timeout: Duration,
     tls: Option<ServerTls>,
+    fake_clock: bool,
 }
 
 impl Default for RedisOptions {
@@ -87,6 +89,7 @@ impl Default for RedisOptions {
             args: Vec::new(),
             ready_timeout: Duration::from_secs(10),
             tls: None,
+            fake_clock: false,
         }
     }
 }
@@ -174,6 +177,46 @@ impl RedisOptions {
     pub fn tls(mut self, tls: ServerTls) -> Self {
         self.tls = Some(tls);
         self
+    }
+
+    /// Runs the server on a wall clock the test can move: under
+    /// libfaketime (preloaded, its setting in a file of the server's
+    /// directory, re-read on every call), so that
+    /// [`RedisServer::jump_clock`] steps it forward and
+    /// [`RedisServer::set_clock_rate`] makes it run fast, which moves
+    /// when Redis expires keys. The server's monotonic clock is left
+    /// alone. A [restart](RedisServer::restart) keeps the offset and rate
+    /// last set.
+    ///
+    /// The start checks that the server follows: its `TIME` must show a
+    /// one-day offset set for a moment, then the real time again. Not
+    /// every binary does: Debian's `redis-server` (linked with jemalloc)
+    /// hangs at start under libfaketime; a libc-malloc build such as
+    /// `scripts/valkey.sh`'s Valkey follows (select it with
+    /// [`SERVER_ENV`]).
+    ///
+    /// Needs libfaketime (`scripts/install-deps.sh`, Debian's
+    /// `libfaketime` package). Defaults to off: the machine's clock.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use leasehold_testkit::{RedisOptions, RedisServer};
+    ///
+    /// let server = RedisServer::start_with(RedisOptions::default().fake_clock())?;
+    /// server.redis_cli(&["SET", "lease", "t", "PX", "5000"])?;
+    /// server.jump_clock(Duration::from_secs(10))?;
+    /// assert_eq!(server.redis_cli(&["GET", "lease"])?, "(nil)");
+    /// # Ok::<(), leasehold_testkit::Error>(())
+    /// ```
+    #[must_use]
+    pub fn fake_clock(mut self) -> Self {
+        self.fake_clock = true;
+        self
+    }
+
+    /// Whether [`fake_clock`](Self::fake_clock) is on.
+    pub fn get_fake_clock(&self) -> bool {
+        self.fake_clock
     }
 
     /// The password set with [`password`](Self::password), if any.
@@ -335,6 +378,8 @@ pub struct RedisServer {
     /// Where this run's output starts in the (appended-to) log file.
     log_offset: u64,
     paused: AtomicBool,
+    /// The libfaketime file of a [fake clock](RedisOptions::fake_clock).
+    clock: Option<FakeClock>,
     /// Declared last so it is removed after the process is gone.
     dir: TempDir,
 }
@@ -665,8 +710,13 @@ impl RedisServer {
                 fs::write(&path, pem).map_err(process::io_err(&path))?;
             }
         }
+        let clock = if options.fake_clock {
+            Some(FakeClock::new(dir.path())?)
+        } else {
+            None
+        };
         let port = process::free_port()?;
-        let process = spawn_process(&binary, &options, port, dir.path(), &log_path)?;
+        let process = spawn_process(&binary, &options, port, dir.path(), &log_path, &clock)?;
         Ok(Self {
             process,
             port,
@@ -675,6 +725,7 @@ impl RedisServer {
             log_path,
             log_offset: 0,
             paused: AtomicBool::new(false),
+            clock,
             dir,
         })
     }
@@ -688,6 +739,7 @@ impl RedisServer {
             self.port,
             self.dir.path(),
             &self.log_path,
+            &self.clock,
         )?;
         self.paused.store(false, Ordering::SeqCst);
         Ok(())
@@ -698,7 +750,15 @@ impl RedisServer {
     fn finish_start(mut self) -> Result<Self, Error> {
         for attempt in 1..=PORT_ATTEMPTS {
             match self.wait_ready() {
-                Ok(()) => return Ok(self),
+                Ok(()) => {
+                    if self.clock.is_some()
+                        && let Err(err) = self.check_clock()
+                    {
+                        self.process.kill()?;
+                        return Err(err);
+                    }
+                    return Ok(self);
+                }
                 Err(StartFailure::Fatal(err)) => return Err(err),
                 Err(StartFailure::PortTaken(_)) if attempt < PORT_ATTEMPTS => {
                     self.port = process::free_port()?;
@@ -732,9 +792,23 @@ impl RedisServer {
                     StartFailure::Fatal(err)
                 });
             }
+            if self.clock.is_some() && self.run_log().contains("libfaketime:") {
+                // It does not recover: libfaketime says why, then it hangs.
+                self.process.kill()?;
+                return Err(StartFailure::Fatal(self.not_driven(format!(
+                    "it hung at start under libfaketime (a jemalloc-linked redis-server does); log tail:\n{}",
+                    process::tail(&self.run_log(), ERROR_LOG_LINES)
+                ))));
+            }
             let now = Instant::now();
             if now >= deadline {
                 self.process.kill()?;
+                if self.clock.is_some() {
+                    return Err(StartFailure::Fatal(self.not_driven(format!(
+                        "it did not answer within {timeout:?} under libfaketime; log tail:\n{}",
+                        process::tail(&self.run_log(), ERROR_LOG_LINES)
+                    ))));
+                }
                 return Err(StartFailure::Fatal(Error::NotReady {
                     server: self.name(),
                     timeout,
@@ -775,6 +849,153 @@ impl RedisServer {
             .find_map(|line| line.strip_prefix("process_id:"))
             .and_then(|pid| pid.trim().parse().ok())
     }
+}
+
+/// The offset a [fake clock](RedisOptions::fake_clock)'s start check sets
+/// for a moment: one day, in milliseconds.
+const PROBE_OFFSET_MS: i64 = 86_400_000;
+
+/// How far the server's `TIME` may land from what the start check set (a
+/// round trip, and a loaded machine's stalls, are far below).
+const PROBE_SLACK_MS: i64 = 60_000;
+
+/// A [fake clock](RedisOptions::fake_clock): reading it, stepping it,
+/// speeding it up.
+impl RedisServer {
+    /// The server's wall clock, as its `TIME` says.
+    ///
+    /// # Errors
+    ///
+    /// As for [`command`](Self::command); [`Error::Resp`] if the reply is
+    /// not two integers.
+    pub fn time(&self) -> Result<SystemTime, Error> {
+        let reply = self.command(&["TIME"])?;
+        parse_time(&reply).ok_or_else(|| Error::Resp {
+            addr: self.addr().to_string(),
+            source: std::io::Error::other(format!("TIME answered {reply}")),
+        })
+    }
+
+    /// Steps the server's wall clock `by` forward, from where it is now
+    /// (measured with `TIME`, to within half a round trip): every key whose
+    /// deadline falls in the step expires. The clock goes on at its rate
+    /// from there; the step is not undone.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::FakeClock`] if the server was not started with
+    /// [`RedisOptions::fake_clock`], or while its clock runs at another
+    /// rate than 1 ([`set_clock_rate`](Self::set_clock_rate) it back
+    /// first); as for [`time`](Self::time); [`Error::Io`] if the file
+    /// cannot be written.
+    pub fn jump_clock(&self, by: Duration) -> Result<(), Error> {
+        let clock = self.fake_clock()?;
+        if clock.setting().rate != 1.0 {
+            return Err(Error::FakeClock {
+                server: self.name(),
+                reason: "a jump while it runs at another rate than 1 (libfaketime would ignore it)",
+            });
+        }
+        let offset_ms = self.clock_offset_ms()?;
+        let by_ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        clock.set_offset(offset_ms.saturating_add(by_ms))
+    }
+
+    /// Makes the server's wall clock run `rate` times as fast as this
+    /// machine's (`3.0`: three seconds a second; `1.0`: at its rate again),
+    /// from the time it shows now: no step. Time a fast clock gained stays
+    /// when it slows down.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::FakeClock`] if the server was not started with
+    /// [`RedisOptions::fake_clock`] or `rate` is not a positive number;
+    /// [`Error::Io`] if the file cannot be written.
+    pub fn set_clock_rate(&self, rate: f64) -> Result<(), Error> {
+        let clock = self.fake_clock()?;
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(Error::FakeClock {
+                server: self.name(),
+                reason: "its rate must be a positive number",
+            });
+        }
+        if clock.setting().rate == rate {
+            return Ok(());
+        }
+        clock.set_rate(rate)
+    }
+
+    /// The rate of the server's [fake clock](RedisOptions::fake_clock)
+    /// (1.0 unless [`set_clock_rate`](Self::set_clock_rate) changed it);
+    /// `None` on the machine's clock.
+    pub fn clock_rate(&self) -> Option<f64> {
+        self.clock.as_ref().map(|clock| clock.setting().rate)
+    }
+
+    fn fake_clock(&self) -> Result<&FakeClock, Error> {
+        self.clock.as_ref().ok_or_else(|| Error::FakeClock {
+            server: self.name(),
+            reason: "it runs on the machine's clock (start it with RedisOptions::fake_clock)",
+        })
+    }
+
+    /// How far the server's clock is ahead of this machine's, in
+    /// milliseconds (negative: behind): its `TIME` against the middle of
+    /// the round trip.
+    fn clock_offset_ms(&self) -> Result<i64, Error> {
+        let before = SystemTime::now();
+        let server = self.time()?;
+        let after = SystemTime::now();
+        let middle = before + after.duration_since(before).unwrap_or_default() / 2;
+        Ok(match server.duration_since(middle) {
+            Ok(ahead) => i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX),
+            Err(behind) => -i64::try_from(behind.duration().as_millis()).unwrap_or(i64::MAX),
+        })
+    }
+
+    /// The start check of a fake clock: its `TIME` follows a one-day
+    /// offset, then comes back to the real time.
+    fn check_clock(&self) -> Result<(), Error> {
+        let clock = self.fake_clock()?;
+        for mark in [PROBE_OFFSET_MS, 0] {
+            clock.set_offset(mark)?;
+            let seen = self.clock_offset_ms()?;
+            if (seen - mark).abs() > PROBE_SLACK_MS {
+                return Err(self.not_driven(format!(
+                    "with an offset of {mark} ms set, its TIME was {seen} ms from this machine's"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn not_driven(&self, detail: String) -> Error {
+        Error::ClockNotDriven {
+            server: self.name(),
+            binary: self.binary.clone(),
+            detail,
+        }
+    }
+}
+
+/// `TIME`'s reply (seconds and microseconds) as a point in time.
+fn parse_time(reply: &Reply) -> Option<SystemTime> {
+    let Reply::Array(parts) = reply else {
+        return None;
+    };
+    let [seconds, micros] = parts.as_slice() else {
+        return None;
+    };
+    let number = |part: &Reply| match part {
+        Reply::Bulk(bytes) => std::str::from_utf8(bytes).ok()?.parse::<u64>().ok(),
+        Reply::Integer(n) => u64::try_from(*n).ok(),
+        _ => None,
+    };
+    Some(
+        SystemTime::UNIX_EPOCH
+            + Duration::from_secs(number(seconds)?)
+            + Duration::from_micros(number(micros)?),
+    )
 }
 
 /// Files `redis-server` persists data in, under their default names.
@@ -860,6 +1081,7 @@ fn spawn_process(
     port: u16,
     dir: &Path,
     log_path: &Path,
+    clock: &Option<FakeClock>,
 ) -> Result<ChildProcess, Error> {
     // redis-server reports command-line and config errors on stderr, before
     // it opens its log file, so stdout and stderr go to that same file too
@@ -870,7 +1092,15 @@ fn spawn_process(
         .open(log_path)
         .map_err(process::io_err(log_path))?;
     let log_copy = log.try_clone().map_err(process::io_err(log_path))?;
-    let child = Command::new(binary)
+    let mut command = Command::new(binary);
+    if let Some(clock) = clock {
+        let (set, remove) = clock.env();
+        command.envs(set);
+        for name in remove {
+            command.env_remove(name);
+        }
+    }
+    let child = command
         .args(options.command_line(port, dir, log_path))
         .current_dir(dir)
         .stdin(Stdio::null())
