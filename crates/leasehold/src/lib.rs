@@ -1,7 +1,8 @@
 // The README (the repository's, linked here) is the crate's front page; its
-// example is a doctest that runs against throwaway servers. It uses every
-// way of taking a lease, so without them the crate docs are a pointer to it
-// (and its doctests build in every feature set).
+// examples compile as doctests, and tests/readme.rs checks that each is a
+// file of examples/ shown whole and runs it against throwaway servers. It
+// uses every way of taking a lease, so without them the crate docs are a
+// pointer to it (and its doctests build in every feature set).
 #![cfg_attr(
     all(feature = "quorum", feature = "handoff"),
     doc = include_str!("../README.md")
@@ -196,6 +197,8 @@ mod scripts;
 mod sentinel_fault;
 #[cfg(feature = "postgres")]
 mod sql;
+#[cfg(feature = "sqlx")]
+mod sqlx;
 mod stats;
 mod tls_failure;
 mod token;

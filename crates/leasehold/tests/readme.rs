@@ -1,0 +1,70 @@
+//! The README's examples are files in `examples/`, shown whole (no hidden
+//! lines): this checks that each block is its file, byte for byte, and
+//! runs each against throwaway servers.
+#![cfg(all(feature = "quorum", feature = "handoff"))]
+
+use leasehold_testkit::{PostgresServer, RedisServer};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const README: &str = include_str!("../../../README.md");
+
+// Each example, as a module: its `pub` items are what the tests call.
+#[allow(dead_code, unreachable_pub)]
+#[path = "../examples/plain.rs"]
+mod plain;
+#[allow(dead_code, unreachable_pub)]
+#[path = "../examples/recommended.rs"]
+mod recommended;
+
+/// Whether the README shows `source` whole, as one `rust,no_run` block.
+fn shown_whole(source: &str) -> bool {
+    README.contains(&format!("```rust,no_run\n{source}```\n"))
+}
+
+#[test]
+fn every_rust_block_of_the_readme_is_an_example_shown_whole() {
+    let examples = [
+        include_str!("../examples/plain.rs"),
+        include_str!("../examples/recommended.rs"),
+        include_str!("../examples/leader.rs"),
+    ];
+    for example in examples {
+        assert!(
+            shown_whole(example),
+            "not in the README as it is:\n{example}"
+        );
+    }
+    // No other Rust block, and no hidden line in any.
+    assert_eq!(README.matches("```rust").count(), examples.len());
+    assert!(
+        !README
+            .lines()
+            .any(|line| line.starts_with("# ") && line.contains(';')),
+        "a rustdoc-hidden line in the README"
+    );
+}
+
+#[test]
+fn the_ten_line_lock_runs() -> TestResult {
+    use plain::report;
+    let redis = RedisServer::start()?;
+    tokio::runtime::Runtime::new()?.block_on(report(&redis.url()))?;
+    Ok(())
+}
+
+#[test]
+fn the_recommended_path_debits_once() -> TestResult {
+    use recommended::{Debit, run};
+    let (redis, pg) = (RedisServer::start()?, PostgresServer::start()?);
+    let runtime = tokio::runtime::Runtime::new()?;
+    assert_eq!(
+        runtime.block_on(run(&redis.url(), &pg.url()))?,
+        Debit::Done(70)
+    );
+    assert_eq!(
+        runtime.block_on(run(&redis.url(), &pg.url()))?,
+        Debit::Done(40)
+    );
+    Ok(())
+}
