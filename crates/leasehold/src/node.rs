@@ -13,7 +13,7 @@ use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 use tokio::time::Instant;
 
 use crate::call;
-use crate::compare::{Detected, Path, Step, supports_commands};
+use crate::compare::{Detected, Fallback, Path, Paths, Step};
 use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::fencing::{FencedKeys, FencingToken};
@@ -48,7 +48,8 @@ pub(crate) struct Node<C> {
     command_timeout: Duration,
     /// `SET ... NX GET` needs Redis 7.0; older servers get plain `SET NX`.
     set_nx_get: AtomicBool,
-    /// Whether release and refresh use Redis 8.4 commands or Lua.
+    /// How release and refresh are sent: a command where the server has
+    /// one (Redis 8.4, Valkey 8.1 and 9.0), else Lua.
     compare: Detected,
     /// How long a fence counter lives after its last use, in ms (0: forever).
     fence_ttl_ms: u64,
@@ -211,8 +212,8 @@ impl<C: RedisConnection> Node<C> {
 
     /// Runs `step` (release or refresh) for `key` if it holds `token`, in
     /// one atomic step: `Ok(true)` if it acted, `Ok(false)` when the key did
-    /// not hold our token. Sent as a Redis 8.4 command or a Lua script, as
-    /// detected (see the `compare` module).
+    /// not hold our token. Sent as a command (Redis 8.4, Valkey 8.1 and
+    /// 9.0) or a Lua script, as detected (see the `compare` module).
     ///
     /// `fence_key`, the lock's fence counter if it is fenced: a refresh
     /// keeps it alive for the node's fence TTL too.
@@ -241,8 +242,41 @@ impl<C: RedisConnection> Node<C> {
         token: &LeaseToken,
         deadline: Instant,
     ) -> Result<bool> {
-        let detected = self.path(key, deadline).await;
-        let path = step.path(detected, fence);
+        let path = step.path(self.paths(key, deadline).await, fence);
+        match self
+            .send_step(step, path, key, fence, token, deadline)
+            .await
+        {
+            Err(err) if path != Path::Lua => {
+                let Some(fallback) = Fallback::of(&err) else {
+                    return Err(err);
+                };
+                if fallback == Fallback::ForGood {
+                    tracing::debug!(
+                        error = %err,
+                        op = step.op(),
+                        "the server refused the command; using lua for this step from now on"
+                    );
+                    self.compare.fall_back(step);
+                }
+                self.send_step(step, Path::Lua, key, fence, token, deadline)
+                    .await
+            }
+            outcome => outcome,
+        }
+    }
+
+    /// Sends `step` on `path` and maps the reply (a script the server's
+    /// cache lacks is sent again as `EVAL` of its source).
+    async fn send_step(
+        &self,
+        step: Step,
+        path: Path,
+        key: &str,
+        fence: Option<(&str, u64)>,
+        token: &LeaseToken,
+        deadline: Instant,
+    ) -> Result<bool> {
         let sent = step.cmd(path, key, token, fence);
         let reply = self
             .bounded(step.op(), key, deadline, async {
@@ -253,26 +287,14 @@ impl<C: RedisConnection> Node<C> {
                     other => other,
                 }
             })
-            .await;
-        match reply {
-            Ok(reply) => step.acted(path, &reply),
-            Err(Error::Redis { source, .. })
-                if path == Path::Commands && is_unknown_syntax(&source) =>
-            {
-                tracing::debug!(
-                    "server claims redis 8.4 but refused the command; using lua from now on"
-                );
-                self.compare.set(Path::Lua);
-                Box::pin(self.checked(step, key, fence, token, deadline)).await
-            }
-            Err(err) => Err(err),
-        }
+            .await?;
+        step.acted(path, &reply)
     }
 
-    /// The path this node uses, detecting it on first use.
-    async fn path(&self, key: &str, deadline: Instant) -> Path {
-        if let Some(path) = self.compare.get() {
-            return path;
+    /// The paths this node uses, detecting them on first use.
+    async fn paths(&self, key: &str, deadline: Instant) -> Paths {
+        if let Some(paths) = self.compare.get() {
+            return paths;
         }
         let mut conn = self.conn.clone();
         let info = call::bounded(
@@ -284,19 +306,19 @@ impl<C: RedisConnection> Node<C> {
                 .query_async::<String>(&mut conn),
         )
         .await;
-        let path = match info {
-            Ok(info) if supports_commands(&info) == Some(true) => Path::Commands,
-            Ok(_) => Path::Lua,
+        let paths = match info {
+            Ok(info) => Paths::from_info(&info).unwrap_or(Paths::LUA),
             // Transient: ask again next time; this call uses Lua.
-            Err(Error::Timeout { .. } | Error::Unreachable { .. }) => return Path::Lua,
+            Err(Error::Timeout { .. } | Error::Unreachable { .. }) => return Paths::LUA,
             // Refused or unparseable: Lua is correct everywhere.
             Err(err) => {
                 tracing::debug!(error = %err, "could not detect the server version; using lua");
-                Path::Lua
+                Paths::LUA
             }
         };
-        self.compare.set(path);
-        path
+        self.compare.settle(paths);
+        // A step that fell back meanwhile stays on Lua.
+        self.compare.get().unwrap_or(paths)
     }
 
     /// Raises the counter `fence_key` to at least `at_least` (never
@@ -390,9 +412,9 @@ impl<C: RedisConnection> Node<C> {
         .await
     }
 
-    /// The path this node has settled on, if it has decided (test hook).
+    /// The paths this node has settled on, if it has decided (test hook).
     #[cfg(test)]
-    pub(crate) fn detected_path(&self) -> Option<Path> {
+    pub(crate) fn detected_paths(&self) -> Option<Paths> {
         self.compare.get()
     }
 }
@@ -410,14 +432,6 @@ pub(crate) fn not_a_fence(err: Error, fence_key: &str) -> Error {
 
 fn is_syntax_error(err: &redis::RedisError) -> bool {
     err.detail().is_some_and(|d| d.contains("syntax error"))
-}
-
-fn is_unknown_syntax(err: &redis::RedisError) -> bool {
-    err.code() == Some("ERR")
-        && err.detail().is_some_and(|d| {
-            let d = d.to_ascii_lowercase();
-            d.contains("unknown command") || d.contains("syntax error")
-        })
 }
 
 #[cfg(test)]
@@ -439,14 +453,48 @@ mod tests {
         Ok(Node::new(conn, Duration::from_secs(1), None))
     }
 
+    type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+    const NATIVE_REDIS: Paths = Paths {
+        release: Path::Delex,
+        refresh: Path::SetIfeq,
+    };
+    const NATIVE_VALKEY: Paths = Paths {
+        release: Path::Delifeq,
+        refresh: Path::SetIfeq,
+    };
+
+    /// The paths of the servers these tests run on (Debian's Redis 7,
+    /// `scripts/valkey.sh`'s Valkey 8.1), as their docs and a try on them
+    /// say; `None` for another server.
+    fn known_paths(server: &leasehold_testkit::RedisServer) -> Option<Paths> {
+        let info = server.redis_cli(&["INFO", "server"]).ok()?;
+        if info.contains("valkey_version:8.1.") {
+            Some(Paths {
+                release: Path::Lua,
+                refresh: Path::SetIfeq,
+            })
+        } else if !info.contains("valkey_version") && info.contains("redis_version:7.") {
+            Some(Paths::LUA)
+        } else {
+            None
+        }
+    }
+
+    fn pttl(
+        server: &leasehold_testkit::RedisServer,
+        key: &str,
+    ) -> std::result::Result<i64, Box<dyn std::error::Error>> {
+        Ok(server.redis_cli(&["PTTL", key])?.parse()?)
+    }
+
     #[tokio::test]
-    async fn redis_7_is_detected_as_lua_and_steps_work()
-    -> std::result::Result<(), Box<dyn std::error::Error>> {
+    async fn the_server_is_detected_and_steps_work() -> TestResult {
         let server = leasehold_testkit::RedisServer::start()?;
         let node = node(&server).await?;
         let token = LeaseToken::generate()?;
         let deadline = Instant::now() + Duration::from_secs(1);
-        assert_eq!(node.detected_path(), None);
+        assert_eq!(node.detected_paths(), None);
         let won = node.set_nx("t:detect", &token, 5000, deadline).await?;
         assert!(matches!(won, Attempt::Won(())));
         let refresh = Step::Refresh {
@@ -456,12 +504,11 @@ mod tests {
             node.token_checked(refresh, "t:detect", None, &token, deadline)
                 .await?
         );
-        assert_eq!(node.detected_path(), Some(Path::Lua));
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg("t:detect")
-            .query_async(&mut node.conn())
-            .await?;
-        assert!(pttl > 5000, "refresh did not extend: {pttl}");
+        let detected = node.detected_paths().ok_or("not detected")?;
+        if let Some(known) = known_paths(&server) {
+            assert_eq!(detected, known);
+        }
+        assert!(pttl(&server, "t:detect")? > 5000, "refresh did not extend");
         assert!(
             node.token_checked(Step::Release, "t:detect", None, &token, deadline)
                 .await?
@@ -470,6 +517,168 @@ mod tests {
             !node
                 .token_checked(Step::Release, "t:detect", None, &token, deadline)
                 .await?
+        );
+        // Nothing fell back on the way.
+        assert_eq!(node.detected_paths(), Some(detected));
+        Ok(())
+    }
+
+    /// The invariants on every path, forced, on whatever server runs the
+    /// tests: a command it lacks falls back to the script, which must keep
+    /// them too.
+    #[tokio::test]
+    async fn every_path_acts_only_on_our_token_and_refresh_never_creates_a_key() -> TestResult {
+        let server = leasehold_testkit::RedisServer::start()?;
+        let refresh = Step::Refresh {
+            ttl: Duration::from_secs(60),
+        };
+        let forced = [
+            Paths::LUA,
+            Paths {
+                release: Path::Lua,
+                refresh: Path::SetIfeq,
+            },
+            NATIVE_REDIS,
+            NATIVE_VALKEY,
+        ];
+        for (n, paths) in forced.into_iter().enumerate() {
+            let node = node(&server).await?;
+            node.compare.settle(paths);
+            let ours = LeaseToken::generate()?;
+            let theirs = LeaseToken::generate()?;
+            let key = format!("t:paths:{n}");
+            let deadline = Instant::now() + Duration::from_secs(1);
+            let checked = |step| node.token_checked(step, &key, None, &ours, deadline);
+
+            // Gone: a refresh does not bring it back.
+            assert!(!checked(refresh).await?, "{paths:?}");
+            assert_eq!(server.redis_cli(&["EXISTS", &key])?, "0", "{paths:?}");
+            assert!(!checked(Step::Release).await?, "{paths:?}");
+
+            // Someone else's: left as it is.
+            server.redis_cli(&["SET", &key, theirs.as_str(), "PX", "5000"])?;
+            assert!(!checked(refresh).await?, "{paths:?}");
+            assert!(!checked(Step::Release).await?, "{paths:?}");
+            assert_eq!(
+                server.redis_cli(&["GET", &key])?,
+                theirs.as_str(),
+                "{paths:?}"
+            );
+            assert!(pttl(&server, &key)? <= 5000, "{paths:?}: extended theirs");
+
+            // Ours: extended, then deleted.
+            server.redis_cli(&["SET", &key, ours.as_str(), "PX", "5000"])?;
+            assert!(checked(refresh).await?, "{paths:?}");
+            assert!(pttl(&server, &key)? > 5000, "{paths:?}: not extended");
+            assert_eq!(
+                server.redis_cli(&["GET", &key])?,
+                ours.as_str(),
+                "{paths:?}"
+            );
+            assert!(checked(Step::Release).await?, "{paths:?}");
+            assert_eq!(server.redis_cli(&["EXISTS", &key])?, "0", "{paths:?}");
+
+            // A wrong-type key is reported, on every path, and kept.
+            server.redis_cli(&["DEL", &key])?;
+            server.redis_cli(&["HSET", &key, "f", "v"])?;
+            for step in [refresh, Step::Release] {
+                let err = checked(step).await.err();
+                assert!(
+                    matches!(err, Some(Error::WrongType { .. })),
+                    "{paths:?}: {err:?}"
+                );
+            }
+            assert_eq!(server.redis_cli(&["TYPE", &key])?, "hash", "{paths:?}");
+
+            // Each step is on its own path or fell back to Lua.
+            let now = node.detected_paths().ok_or("undecided")?;
+            assert!([paths.release, Path::Lua].contains(&now.release), "{now:?}");
+            assert!([paths.refresh, Path::Lua].contains(&now.refresh), "{now:?}");
+            if let Some(known) = known_paths(&server) {
+                let kept = |forced: Path, has: Path| if forced == has { forced } else { Path::Lua };
+                assert_eq!(now.release, kept(paths.release, known.release), "{paths:?}");
+                assert_eq!(now.refresh, kept(paths.refresh, known.refresh), "{paths:?}");
+            }
+        }
+        Ok(())
+    }
+
+    /// A user with the README's minimal ACL and `+info` (so detection
+    /// works) but not the command: `NOPERM` once, then the script, which
+    /// needs only what that ACL grants.
+    #[tokio::test]
+    async fn a_command_the_acl_refuses_falls_back_to_lua_for_good() -> TestResult {
+        let server = leasehold_testkit::RedisServer::start()?;
+        // No +set (a lock taken by another user), +delex, +delifeq.
+        let rules = [
+            "~t:*", "+get", "+del", "+pexpire", "+evalsha", "+eval", "+info",
+        ];
+        server.set_acl_user("without-set", "pw", &rules)?;
+        let client = redis::Client::open(format!(
+            "redis://without-set:pw@{}:{}",
+            server.host(),
+            server.port()
+        ))?;
+        let conn = redis::aio::ConnectionManager::new(client).await?;
+        let node = Node::new(conn, Duration::from_secs(1), None);
+        node.compare.settle(NATIVE_VALKEY);
+        let token = LeaseToken::generate()?;
+        server.redis_cli(&["SET", "t:acl", token.as_str(), "PX", "5000"])?;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let refresh = Step::Refresh {
+            ttl: Duration::from_secs(60),
+        };
+        for _ in 0..2 {
+            assert!(
+                node.token_checked(refresh, "t:acl", None, &token, deadline)
+                    .await?
+            );
+        }
+        assert!(pttl(&server, "t:acl")? > 5000);
+        assert_eq!(node.detected_paths().map(|p| p.refresh), Some(Path::Lua));
+        // SET was refused once: the second refresh went straight to Lua.
+        // (redis-rs's CLIENT SETINFO on connect may be refused too.)
+        let refused: Vec<_> = server
+            .acl_log()?
+            .into_iter()
+            .filter(|r| r.reason == "command" && !r.object.starts_with("client|"))
+            .map(|r| (r.object, r.count))
+            .collect();
+        assert_eq!(refused, [("set".to_owned(), 1)]);
+        assert!(
+            node.token_checked(Step::Release, "t:acl", None, &token, deadline)
+                .await?
+        );
+        assert_eq!(node.detected_paths(), Some(Paths::LUA));
+        Ok(())
+    }
+
+    /// `SET` is refused under `maxmemory` where the script's `PEXPIRE` is
+    /// not: that refresh goes through Lua, and the next one tries `SET`
+    /// again.
+    #[tokio::test]
+    async fn out_of_memory_sends_that_refresh_as_the_script() -> TestResult {
+        let server = leasehold_testkit::RedisServer::start()?;
+        let node = node(&server).await?;
+        node.compare.settle(NATIVE_VALKEY);
+        let token = LeaseToken::generate()?;
+        server.redis_cli(&["SET", "t:oom", token.as_str(), "PX", "5000"])?;
+        server.redis_cli(&["CONFIG", "SET", "maxmemory", "1"])?;
+        let full = server.redis_cli(&["SET", "t:other", "x"]).err();
+        assert!(full.is_some_and(|e| e.to_string().contains("OOM")));
+        let refresh = Step::Refresh {
+            ttl: Duration::from_secs(60),
+        };
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let refreshed = node
+            .token_checked(refresh, "t:oom", None, &token, deadline)
+            .await;
+        server.redis_cli(&["CONFIG", "SET", "maxmemory", "0"])?;
+        assert!(refreshed?);
+        assert!(pttl(&server, "t:oom")? > 5000);
+        assert_eq!(
+            node.detected_paths().map(|p| p.refresh),
+            Some(Path::SetIfeq)
         );
         Ok(())
     }
@@ -481,11 +690,11 @@ mod tests {
         let node = node(&server).await?;
         server.pause()?;
         let path = node
-            .path("t:x", Instant::now() + Duration::from_millis(50))
+            .paths("t:x", Instant::now() + Duration::from_millis(50))
             .await;
         server.resume()?;
-        assert_eq!(path, Path::Lua);
-        assert_eq!(node.detected_path(), None);
+        assert_eq!(path, Paths::LUA);
+        assert_eq!(node.detected_paths(), None);
         Ok(())
     }
 }
