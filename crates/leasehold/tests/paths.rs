@@ -345,3 +345,154 @@ async fn fence_counters_expire_after_their_last_use_every_way() -> TestResult {
     assert!(matches!(zero, Some(Error::InvalidOptions(_))), "{zero:?}");
     Ok(())
 }
+
+/// How a token-checked step reached a server: its own command, or one of
+/// the Lua scripts (`EVALSHA`, or `EVAL` when the cache was empty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Set,
+    Delex,
+    Delifeq,
+    Script,
+}
+
+/// What refresh and release are sent as on the server `info` (`INFO
+/// server`) describes, from the servers' docs (and, for Valkey 8.1 and
+/// Redis 7, a try on them): `None` for a server not in the table.
+fn sent_on(info: &str) -> Option<(Sent, Sent)> {
+    let version = |name: &str| -> Option<(u32, u32)> {
+        let value = info.lines().find_map(|l| l.trim().strip_prefix(name))?;
+        let mut parts = value.split('.');
+        Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+    };
+    match (version("valkey_version:"), version("redis_version:")) {
+        (Some(v), _) if v >= (9, 0) => Some((Sent::Set, Sent::Delifeq)),
+        (Some(v), _) if v >= (8, 1) => Some((Sent::Set, Sent::Script)),
+        (Some(_), _) => Some((Sent::Script, Sent::Script)),
+        (None, Some(v)) if v >= (8, 4) => Some((Sent::Set, Sent::Delex)),
+        (None, Some(_)) => Some((Sent::Script, Sent::Script)),
+        (None, None) => None,
+    }
+}
+
+/// Each server's count of the commands a token-checked step can be sent
+/// as (`INFO commandstats`).
+async fn sent_counts(
+    conns: &mut [redis::aio::ConnectionManager],
+) -> Result<Vec<[u64; 4]>, Box<dyn std::error::Error>> {
+    let mut counts = Vec::new();
+    for conn in conns {
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(conn)
+            .await?;
+        let calls = |command: &str| -> u64 {
+            stats
+                .lines()
+                .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+                .and_then(|rest| rest.split(',').next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        counts.push([
+            calls("set"),
+            calls("delex"),
+            calls("delifeq"),
+            calls("evalsha") + calls("eval"),
+        ]);
+    }
+    Ok(counts)
+}
+
+/// Asserts that between `before` and `after` every server saw the step
+/// only as `sent` (a command once).
+fn assert_sent(what: &str, sent: Sent, before: &[[u64; 4]], after: &[[u64; 4]]) {
+    let column = [Sent::Set, Sent::Delex, Sent::Delifeq, Sent::Script];
+    for (node, (b, a)) in before.iter().zip(after).enumerate() {
+        for (i, as_) in column.iter().enumerate() {
+            let delta = a[i] - b[i];
+            if *as_ == sent && sent == Sent::Script {
+                // EVALSHA, then EVAL of it when the cache is empty; and a
+                // quorum's fence step may land on a minority late.
+                assert!(delta >= 1, "{what}, node {node}: no script");
+            } else if *as_ == sent {
+                assert_eq!(delta, 1, "{what}, node {node}: {as_:?}");
+            } else {
+                assert_eq!(delta, 0, "{what}, node {node}: {as_:?}, expected {sent:?}");
+            }
+        }
+    }
+}
+
+/// Refresh and release take the server's own commands where it has them
+/// (detected from `INFO server`), each step on its own: on Valkey 8.1 a
+/// refresh is `SET ... IFEQ` and a release the script; on Redis 7 both
+/// are scripts. A fenced refresh is the script everywhere (it keeps the
+/// counter alive), and a hand-off release is its own script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_step_is_sent_as_the_servers_command_or_the_script_every_way() -> TestResult {
+    for kind in KINDS {
+        let servers = servers_for(kind)?;
+        let info = servers[0].redis_cli(&["INFO", "server"])?;
+        let Some((refresh_as, release_as)) = sent_on(&info) else {
+            eprintln!("no expectation for this server; skipped:\n{info}");
+            return Ok(());
+        };
+        let release_as = match kind {
+            Kind::Handoff | Kind::Wake | Kind::Relay => Sent::Script,
+            Kind::Polling | Kind::Quorum => release_as,
+        };
+        let mut conns = Vec::new();
+        for server in &servers {
+            let client = redis::Client::open(server.url())?;
+            conns.push(leasehold_testkit::connection(&client, SECOND).await?);
+        }
+        let way = Way::open(kind, &servers).await?;
+        let fenced = FencedKeys::for_resource("wallet:sent")?;
+        for plain in [true, false] {
+            let key = if plain {
+                "wallet:sent:plain"
+            } else {
+                fenced.lock()
+            };
+            let lease = if plain {
+                match &way {
+                    Way::Polling(l) => l.acquire(key, 10 * SECOND).await?,
+                    Way::Handoff(h) => h.acquire(key, 10 * SECOND).await?,
+                    Way::Quorum(q) => q.acquire(key, 10 * SECOND).await?,
+                }
+            } else {
+                way.acquire_with(&fenced, 10 * SECOND, &AcquireOptions::new())
+                    .await?
+            };
+            // A quorum answers once a majority did: wait for every node
+            // (and for the acquire's stragglers) before counting.
+            let settled = async |conns: &mut Vec<redis::aio::ConnectionManager>,
+                                 done: &dyn Fn(i64) -> bool| {
+                tokio::time::timeout(HUNG, async {
+                    for conn in conns.iter_mut() {
+                        while !done(conn.pttl::<_, i64>(key).await?) {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                    Ok::<_, redis::RedisError>(())
+                })
+                .await
+            };
+            settled(&mut conns, &|pttl| pttl > 0).await??;
+            let before = sent_counts(&mut conns).await?;
+            lease.refresh(60 * SECOND).await?;
+            settled(&mut conns, &|pttl| pttl > 10_000).await??;
+            let after = sent_counts(&mut conns).await?;
+            let what = format!("{kind:?} refresh, plain {plain}");
+            let expected = if plain { refresh_as } else { Sent::Script };
+            assert_sent(&what, expected, &before, &after);
+
+            lease.release().await?;
+            settled(&mut conns, &|pttl| pttl == -2).await??;
+            let last = sent_counts(&mut conns).await?;
+            let what = format!("{kind:?} release, plain {plain}");
+            assert_sent(&what, release_as, &after, &last);
+        }
+    }
+    Ok(())
+}
