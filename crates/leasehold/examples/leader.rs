@@ -1,3 +1,5 @@
+//! One leader at a time: the scheduler runs wherever this process leads.
+
 use std::time::Duration;
 
 use leasehold::{Election, HandoffLocker, TermOutcome};

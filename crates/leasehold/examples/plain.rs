@@ -1,3 +1,5 @@
+//! A lock in ten lines: one process at a time runs the report.
+
 use std::time::Duration;
 
 use leasehold::Locker;

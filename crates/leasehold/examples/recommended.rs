@@ -1,3 +1,6 @@
+//! The recommended path: a fenced lease, the work under its watchdog,
+//! the fence guard first in the work's own transaction.
+
 use std::time::Duration;
 
 use leasehold::{AcquireOptions, FencedKeys, Locker};
