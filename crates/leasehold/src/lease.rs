@@ -394,7 +394,8 @@ impl Lease {
 
     /// Resets the lease's TTL to `ttl` on every key, if each still holds our
     /// token: one token-checked request per key (`SET key token IFEQ token
-    /// PX ttl` on Redis 8.4+, a Lua `GET` + `PEXPIRE` before; on a majority
+    /// PX ttl` on Redis 8.4+ and Valkey 8.1+, a Lua `GET` + `PEXPIRE`
+    /// elsewhere and for a fenced lease; on a majority
     /// of a quorum's nodes). On success the confirmed deadline becomes the
     /// send time of the first request plus `ttl`, and `ttl` is what a
     /// running watchdog uses from then on.
@@ -655,7 +656,8 @@ impl Lease {
 
     /// Stops the watchdog, cancels the [`watch`](Self::watch) token, and
     /// gives every lock back if its key still holds our token (`DELEX key
-    /// IFEQ token` on Redis 8.4+, a Lua script before; in hand-off mode the
+    /// IFEQ token` on Redis 8.4+, `DELIFEQ key token` on Valkey 9.0+, a Lua
+    /// script elsewhere; in hand-off mode the
     /// lock passes to the next waiter in the same atomic step; on every
     /// node of a quorum).
     ///

@@ -49,8 +49,10 @@
 //! - **Honest release.** Release and refresh act only if the key still holds
 //!   our token, in one atomic step, and return [`Error::NotHeld`] whenever
 //!   it does not: a late holder never deletes or extends its successor's
-//!   lock, and never hears that all is well. On Redis 8.4+ they are the
-//!   `DELEX ... IFEQ` and `SET ... IFEQ` commands, before that Lua scripts.
+//!   lock, and never hears that all is well. Where the server has them
+//!   (detected, per step) they are its native commands: `SET ... IFEQ` for
+//!   a refresh on Redis 8.4+ and Valkey 8.1+, `DELEX ... IFEQ` (Redis
+//!   8.4+) or `DELIFEQ` (Valkey 9.0+) for a release; Lua scripts elsewhere.
 //! - **One token per holder.** Every holder gets 128 fresh bits from a
 //!   CSPRNG seeded by the OS (a ChaCha12 generator per thread, reseeded
 //!   from the OS in a forked child before its first token, each draw mixed
