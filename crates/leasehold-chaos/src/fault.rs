@@ -126,6 +126,28 @@ pub enum Fault {
     /// them. Every mode (on a quorum, the first node); throwaway servers
     /// only; not on a Redis Cluster; not mixed in.
     Flushall,
+    /// The Redis server's wall clock steps 10 s forward ([`CLOCK_JUMP`]):
+    /// every lease on it expires at once, while its holders, counting on
+    /// their own clocks, believe they hold it. Repeated every 25 ms
+    /// through the window, as [`Fault::KeyLoss`] is, so that steps meet
+    /// leases actually held (one step a window caught the control in 1 of
+    /// 3 runs). The steps are not undone (an NTP step or an operator's
+    /// `date -s` forward is not stepped back; a backward step would be
+    /// another fault): the clock stays ahead. Every mode (on a quorum, the
+    /// first node); a throwaway server whose clock libfaketime can drive
+    /// only ([`LabOptions::fake_clock`](crate::LabOptions::fake_clock): a
+    /// libc-malloc build such as Valkey's, not Debian's jemalloc-linked
+    /// `redis-server`, on which the row says it is unsupported); not on a
+    /// Redis Cluster or Sentinel; not mixed in.
+    ClockJump,
+    /// The Redis server's wall clock runs 3 times as fast as the
+    /// holders' ([`CLOCK_RATE`]) through the window: a lease expires on
+    /// the server after a third of its TTL, and a watchdog refreshing at
+    /// a third of the TTL of its own clock meets a lease at the end of
+    /// its life. At the window's end it runs at the real rate again,
+    /// keeping the time it gained (twice the window's length). On the
+    /// servers [`Fault::ClockJump`] runs on; not mixed in.
+    ClockFast,
     /// PostgreSQL restarted: a fast shutdown (every session cut, open
     /// transactions rolled back, what was committed kept) and started again
     /// on its port at the window's end: writes fail meanwhile, and a
@@ -153,7 +175,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 29] = [
+    pub const ALL: [Fault; 31] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -179,6 +201,8 @@ impl Fault {
         Fault::Demotion,
         Fault::Oom,
         Fault::Flushall,
+        Fault::ClockJump,
+        Fault::ClockFast,
         Fault::PostgresRestart,
         Fault::SentinelFailover,
         Fault::SentinelKill,
@@ -237,6 +261,8 @@ impl Fault {
             Fault::Demotion => "demotion",
             Fault::Oom => "oom",
             Fault::Flushall => "flushall",
+            Fault::ClockJump => "clock-jump",
+            Fault::ClockFast => "clock-fast",
             Fault::PostgresRestart => "postgres-restart",
             Fault::SentinelFailover => "sentinel-failover",
             Fault::SentinelKill => "sentinel-kill",
@@ -256,7 +282,7 @@ impl Fault {
     pub const fn breaks_the_lock(self) -> bool {
         matches!(
             self,
-            Fault::HolderPause | Fault::KeyLoss | Fault::EarlyExpiry
+            Fault::HolderPause | Fault::KeyLoss | Fault::EarlyExpiry | Fault::ClockJump
         )
     }
 
@@ -277,6 +303,7 @@ impl Fault {
                     | Fault::Mixed
                     | Fault::NetLatency
                     | Fault::PostgresPause
+                    | Fault::ClockFast
             )
     }
 
@@ -292,6 +319,8 @@ impl Fault {
                 | Fault::Eviction
                 | Fault::Oom
                 | Fault::Flushall
+                | Fault::ClockJump
+                | Fault::ClockFast
                 | Fault::Demotion
                 | Fault::Maxclients
                 | Fault::RedisRestart
@@ -310,6 +339,13 @@ impl Fault {
     /// `redis+sentinel://` URL.
     pub const fn needs_sentinel(self) -> bool {
         matches!(self, Fault::SentinelFailover | Fault::SentinelKill)
+    }
+
+    /// True for the faults of the server's clock, which run on a throwaway
+    /// server whose clock libfaketime can drive
+    /// ([`LabOptions::fake_clock`](crate::LabOptions::fake_clock)).
+    pub const fn needs_fake_clock(self) -> bool {
+        matches!(self, Fault::ClockJump | Fault::ClockFast)
     }
 
     /// True for the faults of a Redis Cluster, which run on a throwaway
@@ -358,6 +394,7 @@ impl Fault {
                 | Fault::ConnKill
                 | Fault::PubsubKill
                 | Fault::Eviction
+                | Fault::ClockJump
         )
     }
 }
@@ -367,6 +404,14 @@ impl fmt::Display for Fault {
         f.write_str(self.name())
     }
 }
+
+/// How far [`Fault::ClockJump`] steps the server's clock forward: far
+/// past any lease the matrix or the harness takes.
+pub const CLOCK_JUMP: Duration = Duration::from_secs(10);
+
+/// How many times as fast as the holders' the server's clock runs under
+/// [`Fault::ClockFast`].
+pub const CLOCK_RATE: f64 = 3.0;
 
 /// A fault name that is not one of [`Fault::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

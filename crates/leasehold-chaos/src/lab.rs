@@ -46,7 +46,7 @@ use leasehold_testkit::{
 };
 
 use crate::callers::{Stall, lock_key};
-use crate::fault::{Fault, Window};
+use crate::fault::{CLOCK_JUMP, CLOCK_RATE, Fault, Window};
 use crate::history::Kind;
 use crate::recorder::Recorder;
 
@@ -142,7 +142,11 @@ pub struct LabOptions {
     proxy_port: Option<u16>,
     proxy_host: Option<String>,
     redis_options: Option<RedisOptions>,
+    fake_clock: bool,
 }
+
+/// What the clock faults need, for [`LabError::Unsupported`].
+const NEEDS_FAKE_CLOCK: &str = "a throwaway redis server whose clock libfaketime can drive (a libc-malloc build such as scripts/valkey.sh's Valkey, selected with LEASEHOLD_REDIS_SERVER; Debian's jemalloc-linked redis-server hangs under libfaketime)";
 
 impl LabOptions {
     /// A replica of the primary, for [`Fault::Failover`]. Defaults to none.
@@ -325,9 +329,27 @@ impl LabOptions {
         self
     }
 
+    /// The throwaway primary runs on a clock the lab can move
+    /// ([`RedisOptions::fake_clock`]: libfaketime), for
+    /// [`Fault::ClockJump`] and [`Fault::ClockFast`]. When the server
+    /// binary cannot be driven (Debian's `redis-server`, linked with
+    /// jemalloc, hangs under libfaketime; select a libc-malloc build such
+    /// as `scripts/valkey.sh`'s Valkey with `LEASEHOLD_REDIS_SERVER`), or
+    /// libfaketime is not installed, the primary starts on the machine's
+    /// clock and those faults are [`LabError::Unsupported`] before the
+    /// run ([`Lab::check_fault`]), never injected into a clock that does
+    /// not move; [`Lab::logs`] says why. Throwaway single servers only
+    /// ([`LabError::Options`] with a Redis given by URL, a cluster or a
+    /// Sentinel setup). Defaults to off.
+    pub fn fake_clock(mut self, on: bool) -> Self {
+        self.fake_clock = on;
+        self
+    }
+
     /// The options a fault needs on top of these.
     pub fn for_fault(self, fault: Fault) -> Self {
         match fault {
+            Fault::ClockJump | Fault::ClockFast => self.fake_clock(true),
             Fault::SentinelFailover | Fault::SentinelKill => self.sentinel(true),
             Fault::Failover => self.replica(true),
             Fault::SlotMigration | Fault::ClusterFailover => self.cluster(true),
@@ -427,6 +449,9 @@ pub struct Lab {
     /// The TLS files of the callers (and of the lab's own connection to a
     /// Redis given by URL).
     tls: Option<TlsFiles>,
+    /// Why the primary runs on the machine's clock though a fake one was
+    /// asked for.
+    clock_note: Option<String>,
 }
 
 /// The ACL user the callers connect as with [`LabOptions::acl_user`].
@@ -520,6 +545,7 @@ impl LabOptions {
     /// refused on a cluster or a Sentinel setup.
     fn check_single(&self, lab: &'static str) -> Result<(), LabError> {
         if self.tls.is_some()
+            || self.fake_clock
             || self.no_proxy
             || self.proxy_port.is_some()
             || self.proxy_host.is_some()
@@ -538,6 +564,16 @@ impl LabOptions {
             ));
         }
         Ok(())
+    }
+
+    /// The primary's options without the fake clock, for a server binary
+    /// libfaketime cannot drive.
+    fn primary_options_on_real_clock(&self) -> Result<RedisOptions, LabError> {
+        LabOptions {
+            fake_clock: false,
+            ..self.clone()
+        }
+        .primary_options()
     }
 
     /// The throwaway single primary's options: the user's, checked, with
@@ -564,6 +600,9 @@ impl LabOptions {
         if self.aof {
             options = options.appendonly();
         }
+        if self.fake_clock {
+            options = options.fake_clock();
+        }
         Ok(options)
     }
 }
@@ -588,13 +627,13 @@ impl Lab {
         }
         if options.cluster {
             options.check_single(
-                "tls, proxy and redis options do not apply to a cluster lab (no proxy, the testkit's cluster)",
+                "tls, proxy, redis options and a fake clock do not apply to a cluster lab (no proxy, the testkit's cluster)",
             )?;
             return Self::start_cluster(options);
         }
         if options.sentinel {
             options.check_single(
-                "tls, proxy and redis options do not apply to a sentinel lab (no proxy, the testkit's sentinel setup)",
+                "tls, proxy, redis options and a fake clock do not apply to a sentinel lab (no proxy, the testkit's sentinel setup)",
             )?;
             return Self::start_sentinel(options);
         }
@@ -602,7 +641,19 @@ impl Lab {
         let redis = options.primary_options()?;
         let aof = redis.get_appendonly();
         let user_options = options.redis_options.clone().unwrap_or_default();
-        let primary = RedisServer::start_with(redis).map_err(server("starting redis"))?;
+        let (primary, clock_note) = match RedisServer::start_with(redis.clone()) {
+            Err(
+                err @ (leasehold_testkit::Error::ClockNotDriven { .. }
+                | leasehold_testkit::Error::LibraryNotFound { .. }),
+            ) if redis.get_fake_clock() => {
+                // The clock faults will say so before their run; the
+                // others need no fake clock.
+                let plain = RedisServer::start_with(options.primary_options_on_real_clock()?)
+                    .map_err(server("starting redis"))?;
+                (plain, Some(err.to_string()))
+            }
+            started => (started.map_err(server("starting redis"))?, None),
+        };
         let replica = if options.replica {
             let replica = RedisServer::start_with(
                 user_options
@@ -662,6 +713,7 @@ impl Lab {
         lab.acl_password = acl_password;
         lab.node_auth = node_auth;
         lab.tls = options.tls.clone();
+        lab.clock_note = clock_note;
         Ok(lab)
     }
 
@@ -719,7 +771,7 @@ impl Lab {
             ));
         }
         options.check_single(
-            "tls, proxy and redis options do not apply to a redis cluster given by url (the lab has no tls cluster client, and no proxy there)",
+            "tls, proxy, redis options and a fake clock do not apply to a redis cluster given by url (the lab has no tls cluster client, and no proxy there)",
         )?;
         let client = redis::cluster::ClusterClient::builder(options.cluster_urls.clone())
             .connection_timeout(EXTERNAL_TIMEOUT)
@@ -760,9 +812,10 @@ impl Lab {
             || options.acl_user
             || options.sentinel
             || options.redis_options.is_some()
+            || options.fake_clock
         {
             return Err(LabError::Options(
-                "a replica, an append-only file, extra nodes, an acl user, redis options or a sentinel setup need throwaway servers",
+                "a replica, an append-only file, extra nodes, an acl user, redis options, a fake clock or a sentinel setup need throwaway servers",
             ));
         }
         options.check_proxy()?;
@@ -844,6 +897,7 @@ impl Lab {
             acl_password: None,
             node_auth: String::new(),
             tls: None,
+            clock_note: None,
         }
     }
 
@@ -952,6 +1006,9 @@ impl Lab {
         for (i, old) in servers.retired.iter().enumerate() {
             out.push_str(&format!("\n--- redis (retired {i}) ---\n{}", old.log()));
         }
+        if let Some(note) = &self.clock_note {
+            out.push_str(&format!("\n--- redis on the machine's clock ---\n{note}"));
+        }
         if let Some(pg) = &servers.postgres {
             out.push_str(&format!("\n--- postgresql ---\n{}", pg.log()));
         }
@@ -981,6 +1038,14 @@ impl Lab {
             });
         }
         let servers = self.servers();
+        if fault.needs_fake_clock()
+            && !matches!(&servers.primary, Primary::Own(primary) if primary.clock_rate().is_some())
+        {
+            return Err(LabError::Unsupported {
+                fault,
+                needs: NEEDS_FAKE_CLOCK,
+            });
+        }
         let external = matches!(
             servers.primary,
             Primary::External { .. } | Primary::ExternalCluster { .. }
@@ -1188,6 +1253,17 @@ impl Lab {
                     .map_err(server("flushing redis"))?;
                 "redis dataset".to_owned()
             }
+            Fault::ClockJump => {
+                drop(servers);
+                self.repeat(fault, keys)?;
+                format!("redis clock (+{} s a step)", CLOCK_JUMP.as_secs())
+            }
+            Fault::ClockFast => {
+                own(&mut servers.primary, fault)?
+                    .set_clock_rate(CLOCK_RATE)
+                    .map_err(server("speeding redis's clock up"))?;
+                format!("redis clock (x{CLOCK_RATE})")
+            }
             Fault::Maxclients => {
                 let url = own(&mut servers.primary, fault)?.url();
                 // The lab's own connection stays (Redis closes none over
@@ -1321,6 +1397,13 @@ impl Lab {
             // the replicas.
             Fault::ConnKill => redis.command(&["CLIENT", "KILL", "TYPE", "normal"], &what),
             Fault::PubsubKill => redis.command(&["CLIENT", "KILL", "TYPE", "pubsub"], &what),
+            Fault::ClockJump => match redis {
+                Primary::Own(primary) => primary.jump_clock(CLOCK_JUMP).map_err(server_err(&what)),
+                _ => Err(LabError::Unsupported {
+                    fault,
+                    needs: NEEDS_FAKE_CLOCK,
+                }),
+            },
             Fault::NetCut => {
                 self.proxy(fault)?.cut();
                 Ok(())
@@ -1450,6 +1533,11 @@ impl Lab {
                     .command(&["CONFIG", "SET", "maxmemory", "0"])
                     .map_err(server("ending the memory limit"))?;
             }
+            Fault::ClockFast => {
+                own(&mut servers.primary, fault)?
+                    .set_clock_rate(1.0)
+                    .map_err(server("slowing redis's clock down"))?;
+            }
             Fault::Maxclients => {
                 let lifted = match servers.limiter.take() {
                     Some(mut conn) => redis::cmd("CONFIG")
@@ -1488,6 +1576,8 @@ impl Lab {
             | Fault::ConnKill
             | Fault::PubsubKill
             | Fault::Flushall
+            // The step stays (see Fault::ClockJump).
+            | Fault::ClockJump
             | Fault::ClientPauseWrite
             | Fault::RedisStall => {}
         }
@@ -1504,10 +1594,13 @@ impl Lab {
         for pid in &servers.workers {
             let _ = leasehold_testkit::resume_process(*pid);
         }
-        if let Primary::Own(primary) = &servers.primary
-            && primary.is_paused()
-        {
-            let _ = primary.resume();
+        if let Primary::Own(primary) = &servers.primary {
+            if primary.is_paused() {
+                let _ = primary.resume();
+            }
+            if primary.clock_rate().is_some_and(|rate| rate != 1.0) {
+                let _ = primary.set_clock_rate(1.0);
+            }
         }
         if let Some(replica) = &servers.replica
             && replica.is_paused()
@@ -1714,6 +1807,7 @@ fn period(fault: Fault) -> Duration {
         Fault::KeyLoss | Fault::EarlyExpiry => Duration::from_millis(5),
         Fault::NetCut | Fault::ConnKill => Duration::from_millis(100),
         Fault::PubsubKill => Duration::from_millis(300),
+        Fault::ClockJump => Duration::from_millis(25),
         _ => Duration::from_millis(50),
     }
 }

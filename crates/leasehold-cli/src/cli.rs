@@ -940,7 +940,8 @@ pub(crate) struct MatrixArgs {
     /// net-blackhole, postgres-pause, key-loss, early-expiry,
     /// script-flush, conn-kill, redis-stall, acl-reset, eviction,
     /// client-pause-write, pubsub-kill, maxclients, demotion, oom, flushall,
-    /// postgres-restart, sentinel-failover, sentinel-kill, mixed.
+    /// clock-jump, clock-fast, postgres-restart, sentinel-failover,
+    /// sentinel-kill, mixed.
     /// Each runs on the topology it needs: a single redis-server behind a
     /// fault proxy (for acl-reset the workers connect as the README's
     /// minimal lock user); with a replica for failover; a cluster of 3
@@ -949,7 +950,11 @@ pub(crate) struct MatrixArgs {
     /// primary, a replica and 3
     /// sentinels for sentinel-failover and sentinel-kill, the workers
     /// connecting with its redis+sentinel:// URL (modes blind, fenced, cas,
-    /// guard, leader, handoff); 3 independent servers for the quorum mode
+    /// guard, leader, handoff); 3 independent servers for the quorum mode;
+    /// for clock-jump and clock-fast a server whose clock libfaketime can
+    /// drive (LEASEHOLD_REDIS_SERVER naming a libc-malloc build such as
+    /// scripts/valkey.sh's Valkey; on Debian's redis-server their rows say
+    /// unsupported)
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     pub(crate) faults: Vec<leasehold_chaos::Fault>,
     /// Worker processes per run.

@@ -463,6 +463,78 @@ fn a_full_wiped_demoted_write_paused_or_unsubscribed_redis_reaches_no_caller() -
     Ok(())
 }
 
+/// The server's clock stepped 10 s forward (`clock-jump`: every lease on
+/// it expires at once) and running 3 times as fast (`clock-fast`), on a
+/// server libfaketime can drive (`scripts/test.sh` names Valkey's
+/// libc-malloc build in `LEASEHOLD_REDIS_SERVER`): the safe write paths
+/// hold, the control is caught under the step, and both faults, shorter
+/// than the wait, return no error to a caller. On a server it cannot
+/// drive (Debian's jemalloc-linked `redis-server`, which hangs under
+/// libfaketime), every row says it is unsupported, and the matrix fails:
+/// nothing was checked.
+#[test]
+fn a_clock_stepped_forward_or_running_fast_reaches_no_caller() -> TestResult {
+    let out = leasehold(&[
+        "chaos",
+        "--json",
+        "--modes",
+        "blind,cas,guard,handoff,quorum",
+        "--faults",
+        "clock-jump,clock-fast",
+        "--duration",
+        "3s",
+    ])?;
+    let stdout = String::from_utf8(out.stdout)?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let rows: Vec<Value> = stdout
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(rows.len(), 10, "{stdout}\n{stderr}");
+    if rows.iter().any(|row| row["status"] == "unsupported") {
+        // A server named there is there to be driven.
+        assert!(
+            std::env::var_os("LEASEHOLD_REDIS_SERVER").is_none(),
+            "{stdout}\n{stderr}"
+        );
+        for row in &rows {
+            assert_eq!(row["status"], "unsupported", "{row}");
+            assert!(
+                row["needs"]
+                    .as_str()
+                    .is_some_and(|needs| needs.contains("libfaketime")),
+                "{row}"
+            );
+        }
+        assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+        return Ok(());
+    }
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    for row in &rows {
+        assert_eq!(row["errors"], "ok", "{row}");
+        for call in ["acquire_errors", "release_errors", "refresh_errors"] {
+            assert_eq!(row[call], 0, "{call}: {row}");
+        }
+        assert!(row["accepted"].as_u64() > Some(0), "{row}");
+        match (row["mode"].as_str(), row["fault"].as_str()) {
+            (Some("blind"), Some("clock-jump")) => {
+                assert_eq!(row["status"], "control_caught", "{row}")
+            }
+            // The blind write makes no safety claim under a fast clock.
+            (Some("blind"), _) => {}
+            (_, Some("clock-jump")) => {
+                assert!(
+                    row["status"] == "held" || row["status"] == "never_broke",
+                    "{row}"
+                );
+                assert_eq!(row["violations"], 0, "{row}");
+            }
+            _ => assert_passed_without_control(row),
+        }
+    }
+    Ok(())
+}
+
 /// The Sentinel topology (a primary, a replica, three sentinels): the
 /// workers connect with its `redis+sentinel://` URL and follow the
 /// primary through a `SENTINEL FAILOVER` and a killed primary. The safe

@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use leasehold_chaos::{ControlVerdict, Fault, Lab, RunCheck, RunReport, lock_key, report};
+use leasehold_chaos::{
+    ControlVerdict, Fault, Lab, LabError, RunCheck, RunReport, lock_key, report,
+};
 use leasehold_testkit::PostgresServer;
 
 mod modes;
@@ -169,13 +171,34 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     let pool = pool(&postgres).await?;
     let progress = Progress::new("chaos", cells.len() as u64 * u64::from(runs));
     let mut results = Vec::new();
+    let mut unsupported = Vec::new();
     for &(mode, fault) in &cells {
         for i in 0..runs {
             let seed = args.seed.wrapping_add(u64::from(i));
             progress.start(format!("{} x {fault} seed {seed}", mode.name()));
-            let report = run::run_one(&plan, mode, fault, seed, &postgres, &pool)
-                .await
-                .with_context(|| format!("run {mode:?} under {fault} (seed {seed})"))?;
+            let report = match run::run_one(&plan, mode, fault, seed, &postgres, &pool).await {
+                Ok(report) => report,
+                Err(err) => match err.downcast_ref::<LabError>() {
+                    Some(LabError::Unsupported { needs, .. }) => {
+                        // Said in its row, never skipped in silence.
+                        if !json {
+                            note!("chaos: {} x {fault}: unsupported: {err}", mode.name());
+                        }
+                        unsupported.push(Unsupported {
+                            mode: mode.name(),
+                            fault: fault.name(),
+                            status: "unsupported",
+                            needs,
+                        });
+                        break;
+                    }
+                    _ => {
+                        return Err(
+                            err.context(format!("run {mode:?} under {fault} (seed {seed})"))
+                        );
+                    }
+                },
+            };
             if let Some(dir) = &args.report {
                 save(dir, mode, fault, seed, &report)?;
             }
@@ -197,8 +220,17 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         for row in &rows {
             println!("{}", serde_json::to_string(row)?);
         }
+        for cell in &unsupported {
+            println!("{}", serde_json::to_string(cell)?);
+        }
     } else {
         print!("{}", report::render_table(&rows));
+        for cell in &unsupported {
+            println!(
+                "{} x {}: unsupported, not run: needs {}",
+                cell.mode, cell.fault, cell.needs
+            );
+        }
     }
     let verdict = leasehold_chaos::verdict(&rows);
     if !json {
@@ -209,6 +241,17 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(crate::exit::BROKEN)
     })
+}
+
+/// A cell of the matrix that could not run: its fault needs a server the
+/// lab does not have (a clock libfaketime can drive). Printed after the
+/// table, and in JSON as a row whose status is `unsupported`.
+#[derive(serde::Serialize)]
+struct Unsupported {
+    mode: &'static str,
+    fault: &'static str,
+    status: &'static str,
+    needs: &'static str,
 }
 
 /// Checks the flags that say how to reach the user's Redis (`seeds`: its

@@ -112,10 +112,21 @@ pub(crate) async fn run_one(
         .for_fault(fault)
         .nodes(mode.nodes(plan.quorum_nodes))
         .postgres(postgres.clone());
-    let lab = tokio::task::spawn_blocking(move || Lab::start(&options))
-        .await
-        .context("starting the lab")??;
     let resources = plan.resources();
+    let keys: Vec<String> = resources.iter().map(|(r, _)| lock_key(r)).collect();
+    // A fault this lab cannot inject (a clock fault on a server
+    // libfaketime cannot drive) is LabError::Unsupported here, before any
+    // worker starts: the matrix reports the cell as such.
+    let lab = tokio::task::spawn_blocking({
+        let keys = keys.clone();
+        move || {
+            let lab = Lab::start(&options)?;
+            lab.check_fault(fault, &keys)?;
+            Ok::<_, LabError>(lab)
+        }
+    })
+    .await
+    .context("starting the lab")??;
     reset(pool, &resources).await?;
 
     let header = Kind::Run {
@@ -207,7 +218,6 @@ pub(crate) async fn run_one(
     }));
 
     let windows = schedule(fault, seed, plan.duration, plan.ttl, plan.workers);
-    let keys: Vec<String> = resources.iter().map(|(r, _)| lock_key(r)).collect();
     let stopped = Arc::new(AtomicBool::new(false));
     let nemesis = Nemesis {
         thread: Some({
