@@ -200,7 +200,7 @@ pub enum Error {
         key: String,
         /// The script's error reply.
         #[source]
-        source: redis::RedisError,
+        source: ClientError,
     },
 
     /// An option combination that cannot work, such as a deadline already in
@@ -225,7 +225,7 @@ pub enum Error {
         op: &'static str,
         /// The underlying client error.
         #[source]
-        source: redis::RedisError,
+        source: ClientError,
     },
 
     /// Redis refused our credentials (wrong password, unknown or disabled
@@ -239,7 +239,7 @@ pub enum Error {
     /// the same way every time: [`Locker::connect`](crate::Locker::connect)
     /// reports them at startup, and a caller's deadline ends its retries.
     #[error("redis authentication failed")]
-    Auth(#[source] redis::RedisError),
+    Auth(#[source] ClientError),
 
     /// The Redis user may not run a command (or touch a key or channel)
     /// that `op` needs: its ACL is missing something (the README lists the
@@ -253,7 +253,7 @@ pub enum Error {
         command: String,
         /// The server's error.
         #[source]
-        source: redis::RedisError,
+        source: ClientError,
     },
 
     /// The lock key exists but does not hold a string, so it is not a lock
@@ -264,7 +264,7 @@ pub enum Error {
         key: String,
         /// The server's WRONGTYPE reply.
         #[source]
-        source: redis::RedisError,
+        source: ClientError,
     },
 
     /// The server lacks a command this mode needs, such as the sharded
@@ -279,7 +279,7 @@ pub enum Error {
         needs: &'static str,
         /// The server's error.
         #[source]
-        source: redis::RedisError,
+        source: ClientError,
     },
 
     /// Redis answered with a reply we did not expect.
@@ -300,7 +300,7 @@ pub enum Error {
     /// not quote the URL; the source is the client's error, which does not
     /// either.
     #[error("invalid redis url")]
-    InvalidUrl(#[source] redis::RedisError),
+    InvalidUrl(#[source] ClientError),
 
     /// A TLS file given to [`tls::client`](crate::tls::client) cannot be
     /// used: it cannot be read, holds no PEM certificate (CA, certificate)
@@ -331,7 +331,7 @@ pub enum Error {
         problem: CertificateProblem,
         /// The client's error.
         #[source]
-        source: redis::RedisError,
+        source: ClientError,
     },
 
     /// A `rediss://` URL, but the port serves plain Redis: it answered the
@@ -349,7 +349,7 @@ pub enum Error {
         /// The client's error, when it got one (none when the handshake
         /// timed out).
         #[source]
-        source: Option<redis::RedisError>,
+        source: Option<ClientError>,
     },
 
     /// A plain `redis://` URL, but the server on that port expects TLS (it
@@ -363,7 +363,7 @@ pub enum Error {
         op: &'static str,
         /// The client's error from the plain attempt.
         #[source]
-        source: redis::RedisError,
+        source: ClientError,
     },
 
     /// The server refused our TLS client certificate (not signed by a CA
@@ -376,7 +376,7 @@ pub enum Error {
         op: &'static str,
         /// The client's error.
         #[source]
-        source: redis::RedisError,
+        source: ClientError,
     },
 
     /// Through Redis Sentinel: every sentinel that answered knows no
@@ -433,7 +433,7 @@ pub enum Error {
         op: &'static str,
         /// The underlying client error.
         #[source]
-        source: redis::RedisError,
+        source: ClientError,
     },
 }
 
@@ -519,10 +519,10 @@ impl Error {
             Some("WRONGTYPE") => {
                 return Error::WrongType {
                     key: key.to_owned(),
-                    source: err,
+                    source: err.into(),
                 };
             }
-            Some("NOAUTH" | "WRONGPASS") => return Error::Auth(err),
+            Some("NOAUTH" | "WRONGPASS") => return Error::Auth(err.into()),
             Some("OOM") => {
                 if let Some(source) = std::error::Error::source(&err)
                     .and_then(|source| source.downcast_ref::<redis::ServerError>())
@@ -537,7 +537,7 @@ impl Error {
                 return Error::NoPermission {
                     op,
                     command: refused_command(err.detail().unwrap_or_default()),
-                    source: err,
+                    source: err.into(),
                 };
             }
             _ => {}
@@ -546,11 +546,11 @@ impl Error {
             return Error::NoPermission {
                 op,
                 command: refused_command(err.detail().unwrap_or_default()),
-                source: err,
+                source: err.into(),
             };
         }
         if err.kind() == ErrorKind::AuthenticationFailed {
-            return Error::Auth(err);
+            return Error::Auth(err.into());
         }
         #[cfg(feature = "tls")]
         if let Some(failure) = crate::tls_failure::classify(&err) {
@@ -559,19 +559,28 @@ impl Error {
                 Failure::Certificate(problem) => Error::TlsCertificate {
                     op,
                     problem,
-                    source: err,
+                    source: err.into(),
                 },
                 Failure::NotTls => Error::NotTls {
                     op,
-                    source: Some(err),
+                    source: Some(err.into()),
                 },
-                Failure::ClientCertRejected => Error::ClientCertRejected { op, source: err },
+                Failure::ClientCertRejected => Error::ClientCertRejected {
+                    op,
+                    source: err.into(),
+                },
             };
         }
         if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
-            return Error::Unreachable { op, source: err };
+            return Error::Unreachable {
+                op,
+                source: err.into(),
+            };
         }
-        Error::Redis { op, source: err }
+        Error::Redis {
+            op,
+            source: err.into(),
+        }
     }
 }
 
@@ -634,6 +643,48 @@ mod tests {
         match reply {
             Err(err) => err,
             Ok(value) => panic!("{text} parsed as {value:?}"),
+        }
+    }
+
+    /// Every link of an error's chain, `Display`ed.
+    fn chain(err: &Error) -> Vec<String> {
+        let mut links = vec![err.to_string()];
+        let mut source = std::error::Error::source(err);
+        while let Some(inner) = source {
+            links.push(inner.to_string());
+            source = inner.source();
+        }
+        links
+    }
+
+    /// A server's reply or an I/O error appears once in an error's chain
+    /// of sources (redis-rs gives it as its message and again as its
+    /// source).
+    #[test]
+    fn an_error_chain_says_each_thing_once() {
+        let replies = [
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "NOPERM this user has no permissions to run the 'set' command",
+            "LOADING Redis is loading the dataset in memory",
+            "READONLY You can't write against a read only replica.",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "WRONGPASS invalid username-password pair or user is disabled.",
+        ];
+        let io =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let errors = replies
+            .iter()
+            .map(|text| Error::from_redis("acquire", "lock:k", server_error(text)))
+            .chain([Error::from_redis("acquire", "lock:k", io)]);
+        for err in errors {
+            let links = chain(&err);
+            assert!(links.len() >= 2, "{links:?}");
+            for (i, link) in links.iter().enumerate().skip(1) {
+                let said = &link[link.find(' ').map_or(0, |at| at + 1)..];
+                for earlier in &links[1..i] {
+                    assert!(!earlier.contains(said), "said twice: {links:?}");
+                }
+            }
         }
     }
 
@@ -706,6 +757,62 @@ mod tests {
                 other => panic!("{reply}: {other:?}"),
             }
             assert!(!err.is_retryable(), "{reply}");
+        }
+    }
+}
+
+/// What the Redis client reported, as the source of an [`Error`], said
+/// once.
+///
+/// redis-rs puts a server's reply (`WRONGTYPE ...`, `LOADING ...`) or an
+/// I/O error in its error's message **and** returns it again as the
+/// error's source, so a chain of sources (`{:#}` in `anyhow`, a log
+/// line's causes) said it twice. This wrapper keeps the client's message
+/// and skips a source whose text the message already holds. It
+/// dereferences to the client's error ([`code`](redis::RedisError::code),
+/// [`kind`](redis::RedisError::kind), ...).
+#[derive(Debug)]
+pub struct ClientError(redis::RedisError);
+
+impl ClientError {
+    /// The client's error.
+    pub fn get_ref(&self) -> &redis::RedisError {
+        &self.0
+    }
+
+    /// The client's error, owned.
+    pub fn into_inner(self) -> redis::RedisError {
+        self.0
+    }
+}
+
+impl From<redis::RedisError> for ClientError {
+    fn from(err: redis::RedisError) -> ClientError {
+        ClientError(err)
+    }
+}
+
+impl std::ops::Deref for ClientError {
+    type Target = redis::RedisError;
+
+    fn deref(&self) -> &redis::RedisError {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for ClientError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let inner = std::error::Error::source(&self.0)?;
+        if self.0.to_string().contains(&inner.to_string()) {
+            inner.source()
+        } else {
+            Some(inner)
         }
     }
 }

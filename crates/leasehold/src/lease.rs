@@ -974,7 +974,8 @@ mod tests {
                         op: "release",
                         source: redis::RedisError::from(std::io::Error::from(
                             std::io::ErrorKind::ConnectionReset,
-                        )),
+                        ))
+                        .into(),
                     });
                 }
                 Ok(false)

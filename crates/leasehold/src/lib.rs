@@ -248,7 +248,7 @@ pub use election::{
     ElectionBuilder, Leader, Observer, Term, TermOutcome,
 };
 pub use endpoint::Endpoint;
-pub use error::{Error, GiveUpReason, Result, TlsFileRole};
+pub use error::{ClientError, Error, GiveUpReason, Result, TlsFileRole};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 #[cfg(feature = "handoff")]
 #[cfg_attr(docsrs, doc(cfg(feature = "handoff")))]

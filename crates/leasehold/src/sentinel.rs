@@ -175,7 +175,7 @@ impl Sentinel {
             .into_iter()
             .map(IntoConnectionInfo::into_connection_info)
             .collect::<RedisResult<Vec<_>>>()
-            .map_err(Error::InvalidUrl)?;
+            .map_err(|err| Error::InvalidUrl(err.into()))?;
         if sentinels.is_empty() {
             return Err(invalid("no sentinel address"));
         }
@@ -189,7 +189,7 @@ impl Sentinel {
             Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node)),
             SentinelServerType::Master,
         )
-        .map_err(Error::InvalidUrl)?;
+        .map_err(|err| Error::InvalidUrl(err.into()))?;
         Ok(Sentinel {
             inner: Arc::new(Inner {
                 client: tokio::sync::Mutex::new(client),
@@ -408,7 +408,7 @@ struct SentinelUrl {
 }
 
 fn invalid(why: &'static str) -> Error {
-    Error::InvalidUrl(RedisError::from((ErrorKind::InvalidClientConfig, why)))
+    Error::InvalidUrl(RedisError::from((ErrorKind::InvalidClientConfig, why)).into())
 }
 
 impl SentinelUrl {

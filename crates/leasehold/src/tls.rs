@@ -162,14 +162,16 @@ impl TlsFiles {
 ///   certificate (CA, certificate) or private key (key), or whose contents
 ///   do not parse, or a key that does not match its certificate.
 pub fn client(url: &str, files: &TlsFiles) -> Result<redis::Client> {
-    let info = url.into_connection_info().map_err(Error::InvalidUrl)?;
+    let info = url
+        .into_connection_info()
+        .map_err(|err| Error::InvalidUrl(err.into()))?;
     if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
         if !files.is_empty() {
             return Err(Error::InvalidOptions(
                 "tls files given for a url without tls: use rediss://",
             ));
         }
-        return redis::Client::open(info).map_err(Error::InvalidUrl);
+        return redis::Client::open(info).map_err(|err| Error::InvalidUrl(err.into()));
     }
     let (client_tls, ca) = read_files(files)?;
     install_provider();
@@ -180,7 +182,7 @@ pub fn client(url: &str, files: &TlsFiles) -> Result<redis::Client> {
             root_cert: ca,
         },
     )
-    .map_err(Error::InvalidUrl)
+    .map_err(|err| Error::InvalidUrl(err.into()))
 }
 
 /// Reads and checks `files`: the client certificate and key (PEM), the CA

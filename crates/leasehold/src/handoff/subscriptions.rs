@@ -307,7 +307,7 @@ fn subscribe_error(err: redis::RedisError) -> Error {
         return Error::Unsupported {
             what: "sharded pub/sub (SSUBSCRIBE), which hand-off waits on",
             needs: "7.0",
-            source: err,
+            source: err.into(),
         };
     }
     Error::from_redis("subscribe", "", err)
