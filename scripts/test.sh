@@ -15,7 +15,7 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The library without its default features (quorum, handoff, cluster, tls, sentinel),
 # and with each feature alone (metrics too); all of them is the workspace run above.
-for features in "" quorum handoff cluster tls sentinel metrics postgres; do
+for features in "" quorum handoff cluster tls sentinel metrics postgres sqlx; do
   cargo clippy -p leasehold --no-default-features ${features:+--features "$features"} \
     --all-targets --locked -- -D warnings
 done

@@ -93,7 +93,10 @@ use crate::error::{Error, Result};
 /// ([`TokenRange`]). With the feature `postgres` (on in `leasehold-pg`) a
 /// token binds and reads as a `bigint` in tokio-postgres
 /// (`ToSql` / `FromSql`, range checked, `bigint` only), so a fenced write
-/// needs no cast: `tx.execute("... WHERE fence < $1", &[&token])`.
+/// needs no cast: `tx.execute("... WHERE fence < $1", &[&token])`. With
+/// the feature `sqlx` (on in `leasehold-pg`'s `sqlx`) the same in sqlx 0.8
+/// (`Type`, `Encode`, `Decode` for `Postgres`, `INT8` only, range checked):
+/// `sqlx::query("... WHERE fence < $1").bind(token)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(u64);
 
