@@ -2,21 +2,16 @@
 
 use tokio_postgres::GenericClient;
 
+use crate::client::OnClient;
 use crate::error::{Error, Result};
-
-/// An arbitrary constant naming this crate's advisory lock: concurrent
-/// `CREATE TABLE IF NOT EXISTS` of the same table can otherwise fail with a
-/// unique violation in the catalog.
-const SETUP_LOCK: i64 = 0x6c65_6173_6568_6f6c; // "leasehol"
+use crate::statements::{FENCES_EXIST, FENCES_HAVE_COLUMN, SETUP_LOCK, Statements};
 
 /// Runs `ddl` (idempotent `CREATE ... IF NOT EXISTS` statements) in one
-/// transaction serialized by an advisory lock, on a client (its own
-/// transaction) or inside the caller's transaction (a savepoint).
+/// transaction serialized by the setup's advisory lock, on a client (its
+/// own transaction) or inside the caller's transaction (a savepoint).
 pub(crate) async fn create<C: GenericClient>(client: &mut C, ddl: &str) -> Result<()> {
     let tx = client.transaction().await.map_err(Error::from_pg)?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SETUP_LOCK])
-        .await
-        .map_err(Error::from_pg)?;
+    tx.batch_execute(SETUP_LOCK).await.map_err(Error::from_pg)?;
     tx.batch_execute(ddl).await.map_err(Error::from_pg)?;
     tx.commit().await.map_err(Error::from_pg)
 }
@@ -51,47 +46,34 @@ const FENCE_MIGRATIONS: &[(&str, &str, &str)] = &[(
     "added column holder (text): the holder that wrote each fence; a fence written before has none and is accepted again only from a newer token",
 )];
 
-/// Creates the fence table, or migrates an earlier version's in place,
-/// in one transaction serialized by the advisory lock.
+/// Creates the fence table, or migrates an earlier version's in place, in
+/// the transaction `tx` the driver began (the caller's, or a savepoint of
+/// it), serialized by the advisory lock; the driver commits.
+pub(crate) async fn setup_in<S: Statements>(tx: &mut S) -> Result<Setup> {
+    tx.batch(SETUP_LOCK).await?;
+    if !tx.flag(FENCES_EXIST, None).await? {
+        tx.batch(FENCES_DDL).await?;
+        return Ok(Setup::Created);
+    }
+    let mut changes = Vec::new();
+    for (column, statement, change) in FENCE_MIGRATIONS {
+        if !tx.flag(FENCES_HAVE_COLUMN, Some(column)).await? {
+            tx.batch(statement).await?;
+            changes.push(*change);
+        }
+    }
+    Ok(if changes.is_empty() {
+        Setup::Unchanged
+    } else {
+        Setup::Migrated(changes)
+    })
+}
+
+/// [`setup_in`] on tokio-postgres: its own transaction on a client, a
+/// savepoint in a transaction.
 pub(crate) async fn setup_fences<C: GenericClient>(client: &mut C) -> Result<Setup> {
     let tx = client.transaction().await.map_err(Error::from_pg)?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SETUP_LOCK])
-        .await
-        .map_err(Error::from_pg)?;
-    let exists: bool = tx
-        .query_one("SELECT to_regclass('leasehold_fences') IS NOT NULL", &[])
-        .await
-        .map_err(Error::from_pg)?
-        .try_get(0)
-        .map_err(Error::from_pg)?;
-    let done = if exists {
-        let mut changes = Vec::new();
-        for (column, statement, change) in FENCE_MIGRATIONS {
-            let present: bool = tx
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM pg_attribute
-                       WHERE attrelid = 'leasehold_fences'::regclass
-                         AND attname = $1 AND NOT attisdropped)",
-                    &[column],
-                )
-                .await
-                .map_err(Error::from_pg)?
-                .try_get(0)
-                .map_err(Error::from_pg)?;
-            if !present {
-                tx.batch_execute(statement).await.map_err(Error::from_pg)?;
-                changes.push(*change);
-            }
-        }
-        if changes.is_empty() {
-            Setup::Unchanged
-        } else {
-            Setup::Migrated(changes)
-        }
-    } else {
-        tx.batch_execute(FENCES_DDL).await.map_err(Error::from_pg)?;
-        Setup::Created
-    };
+    let done = setup_in(&mut OnClient(&tx)).await?;
     tx.commit().await.map_err(Error::from_pg)?;
     Ok(done)
 }

@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 
 use leasehold::{CertificateProblem, FencingToken, TlsFileRole};
-use tokio_postgres::error::SqlState;
 
 /// Everything that can go wrong talking to PostgreSQL about a wallet.
 ///
@@ -25,7 +24,7 @@ pub enum Error {
         table: &'static str,
         /// The server's error.
         #[source]
-        source: tokio_postgres::Error,
+        source: DriverError,
     },
 
     /// A table this crate needs exists in an earlier version's shape (a
@@ -41,7 +40,7 @@ pub enum Error {
         table: &'static str,
         /// The server's error.
         #[source]
-        source: tokio_postgres::Error,
+        source: DriverError,
     },
 
     /// PostgreSQL could not be reached, or the connection was lost (refused,
@@ -51,11 +50,11 @@ pub enum Error {
     /// failure it reported (SQLSTATE class `08`). Retryable: a restart or a
     /// failover of PostgreSQL passes.
     #[error("postgresql unreachable")]
-    Unreachable(#[source] tokio_postgres::Error),
+    Unreachable(#[source] DriverError),
 
     /// PostgreSQL refused our credentials.
     #[error("postgresql authentication failed")]
-    Auth(#[source] tokio_postgres::Error),
+    Auth(#[source] DriverError),
 
     /// The connection URL could not be parsed. The parser's message is
     /// dropped because it can quote the URL, password included.
@@ -94,18 +93,18 @@ pub enum Error {
         problem: CertificateProblem,
         /// The client's error.
         #[source]
-        source: tokio_postgres::Error,
+        source: DriverError,
     },
 
     /// The URL requires TLS (`sslmode=require`, `verify-ca`,
     /// `verify-full`) but the server does not offer it (`ssl=off`).
     #[error("postgresql does not offer tls, which the url requires")]
-    TlsNotSupported(#[source] tokio_postgres::Error),
+    TlsNotSupported(#[source] DriverError),
 
     /// The server refused our TLS client certificate (`sslcert`) during
     /// the handshake: not signed by a CA it trusts, or expired.
     #[error("postgresql refused our tls client certificate")]
-    ClientCertRejected(#[source] tokio_postgres::Error),
+    ClientCertRejected(#[source] DriverError),
 
     /// No wallet row with this id.
     #[error("wallet {id} does not exist")]
@@ -156,14 +155,23 @@ pub enum Error {
 
     /// The database user may not read or write a table it needs.
     #[error("permission denied")]
-    PermissionDenied(#[source] tokio_postgres::Error),
+    PermissionDenied(#[source] DriverError),
 
-    /// The transaction was aborted by an earlier statement's error (one
-    /// the work did not pass on), so PostgreSQL would have rolled it back
-    /// at `COMMIT` and called that a success: rolled back, nothing written
-    /// ([`guarded`](crate::guarded())).
-    #[error("the transaction was aborted by an earlier error: rolled back, nothing written")]
-    Aborted(#[source] tokio_postgres::Error),
+    /// The transaction was aborted by an earlier statement's error
+    /// (SQLSTATE `25P02`): nothing in it can be written. From
+    /// [`guarded`](crate::guarded()), an error the work did not pass on
+    /// (PostgreSQL would have rolled the transaction back at `COMMIT` and
+    /// called that a success): rolled back, nothing written. From a guard
+    /// run in such a transaction: roll it back.
+    #[error("the transaction was aborted by an earlier error: nothing written")]
+    Aborted(#[source] DriverError),
+
+    /// `leasehold_pg::sqlx::guarded` was given a connection already in a
+    /// transaction (`&mut *tx`): its `COMMIT` would only release a
+    /// savepoint, and the outer transaction would decide what is written.
+    /// Nothing ran; pass a connection that is not in a transaction.
+    #[error("the connection is already in a transaction: guarded needs its own")]
+    InTransaction,
 
     /// The lease could not run the work ([`guarded`](crate::guarded())):
     /// it was not taken on a tokio runtime, so no watchdog can keep it.
@@ -175,82 +183,78 @@ pub enum Error {
     /// whether it landed is not known. Read the state back before acting
     /// on it ([`guarded`](crate::guarded())).
     #[error("the commit got no answer: whether it landed is unknown")]
-    CommitUnknown(#[source] tokio_postgres::Error),
+    CommitUnknown(#[source] DriverError),
 
     /// Any other error from PostgreSQL or the client.
     #[error("postgresql error")]
-    Postgres(#[source] tokio_postgres::Error),
+    Postgres(#[source] DriverError),
 }
 
 impl Error {
     /// True when the same call may succeed later: the server was
     /// unreachable, starting up or shutting down ([`Error::Unreachable`]),
     /// had no connection slot left (`53300`), or aborted the transaction
-    /// for a serialization failure or a deadlock.
+    /// for a serialization failure (`40001`) or a deadlock (`40P01`).
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Unreachable(_) => true,
-            Error::Postgres(err) => matches!(
-                err.code(),
-                Some(
-                    &SqlState::T_R_SERIALIZATION_FAILURE
-                        | &SqlState::T_R_DEADLOCK_DETECTED
-                        | &SqlState::TOO_MANY_CONNECTIONS
-                )
-            ),
+            Error::Postgres(err) => matches!(err.code(), Some("40001" | "40P01" | "53300")),
             _ => false,
         }
     }
 
-    /// Maps a client error to the variant that names its outcome.
+    /// Maps a tokio-postgres error to the variant that names its outcome.
     pub(crate) fn from_pg(err: tokio_postgres::Error) -> Error {
         if let Some(db) = err.as_db_error() {
-            let code = db.code();
-            if *code == SqlState::UNDEFINED_TABLE {
-                use crate::tables::{FENCES, LEDGER, WALLETS};
-                let table = if db.message().contains(FENCES) {
+            let (code, message) = (db.code().code().to_owned(), db.message().to_owned());
+            return Error::from_server(&code, &message, DriverError::from(err));
+        }
+        if let Some(failure) = crate::tls_failure::classify(&err) {
+            use crate::tls_failure::Failure;
+            let source = DriverError::from(err);
+            return match failure {
+                Failure::Certificate(problem) => Error::TlsCertificate { problem, source },
+                Failure::ClientCertRejected => Error::ClientCertRejected(source),
+                Failure::NotSupported => Error::TlsNotSupported(source),
+            };
+        }
+        if err.is_closed() || is_connection_failure(&err) {
+            return Error::Unreachable(err.into());
+        }
+        Error::Postgres(err.into())
+    }
+
+    /// Maps an error the server answered with (its SQLSTATE `code` and
+    /// `message`), from either driver, to the variant that names its
+    /// outcome: one classification for every driver.
+    pub(crate) fn from_server(code: &str, message: &str, source: DriverError) -> Error {
+        use crate::tables::{FENCES, LEDGER, WALLETS};
+        match code {
+            // undefined_table
+            "42P01" => {
+                let table = if message.contains(FENCES) {
                     FENCES
-                } else if db.message().contains(LEDGER) {
+                } else if message.contains(LEDGER) {
                     LEDGER
                 } else {
                     WALLETS
                 };
-                return Error::TableMissing { table, source: err };
+                Error::TableMissing { table, source }
             }
-            if is_not_serving(code) {
-                return Error::Unreachable(err);
-            }
-            if *code == SqlState::UNDEFINED_COLUMN && db.message().contains("holder") {
-                return Error::TableOutdated {
-                    table: crate::tables::FENCES,
-                    source: err,
-                };
-            }
-            if *code == SqlState::INSUFFICIENT_PRIVILEGE {
-                return Error::PermissionDenied(err);
-            }
-            if *code == SqlState::INVALID_PASSWORD
-                || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
-            {
-                return Error::Auth(err);
-            }
-            return Error::Postgres(err);
+            code if is_not_serving(code) => Error::Unreachable(source),
+            // undefined_column: the fence table before it recorded holders
+            "42703" if message.contains("holder") => Error::TableOutdated {
+                table: FENCES,
+                source,
+            },
+            // in_failed_sql_transaction
+            "25P02" => Error::Aborted(source),
+            // insufficient_privilege
+            "42501" => Error::PermissionDenied(source),
+            // invalid_password, invalid_authorization_specification
+            "28P01" | "28000" => Error::Auth(source),
+            _ => Error::Postgres(source),
         }
-        if let Some(failure) = crate::tls_failure::classify(&err) {
-            use crate::tls_failure::Failure;
-            return match failure {
-                Failure::Certificate(problem) => Error::TlsCertificate {
-                    problem,
-                    source: err,
-                },
-                Failure::ClientCertRejected => Error::ClientCertRejected(err),
-                Failure::NotSupported => Error::TlsNotSupported(err),
-            };
-        }
-        if err.is_closed() || is_connection_failure(&err) {
-            return Error::Unreachable(err);
-        }
-        Error::Postgres(err)
     }
 }
 
@@ -262,13 +266,11 @@ impl From<tokio_postgres::Error> for Error {
     }
 }
 
-/// Whether the server said it is not serving: starting up, shutting down,
-/// or a connection failure (SQLSTATE class `08`).
-fn is_not_serving(code: &SqlState) -> bool {
-    *code == SqlState::CANNOT_CONNECT_NOW
-        || *code == SqlState::ADMIN_SHUTDOWN
-        || *code == SqlState::CRASH_SHUTDOWN
-        || code.code().starts_with("08")
+/// Whether the server said it is not serving: starting up (`57P03`),
+/// shutting down (`57P01`, `57P02`), or a connection failure (SQLSTATE
+/// class `08`).
+fn is_not_serving(code: &str) -> bool {
+    matches!(code, "57P03" | "57P01" | "57P02") || code.starts_with("08")
 }
 
 /// True for errors of the client's connect, I/O and timeout kinds, which
@@ -281,6 +283,88 @@ fn is_connection_failure(err: &tokio_postgres::Error) -> bool {
             | "error communicating with the server"
             | "timeout waiting for server"
     )
+}
+
+/// The error of the PostgreSQL driver a call ran on: tokio-postgres's, or
+/// sqlx's (feature `sqlx`). The source of this crate's [`Error`]s that come
+/// from the driver; it shows as the driver's error does (its message and
+/// its source), so walking [`std::error::Error::source`] reads the same
+/// whichever driver ran.
+#[derive(Debug)]
+pub struct DriverError(Driver);
+
+#[derive(Debug)]
+enum Driver {
+    TokioPostgres(tokio_postgres::Error),
+    #[cfg(feature = "sqlx")]
+    Sqlx(sqlx::Error),
+}
+
+impl DriverError {
+    /// The SQLSTATE code when the server answered with an error (`"40001"`
+    /// for a serialization failure); `None` when it did not answer (the
+    /// connection failed, the client gave up).
+    pub fn code(&self) -> Option<&str> {
+        match &self.0 {
+            Driver::TokioPostgres(err) => err.code().map(tokio_postgres::error::SqlState::code),
+            #[cfg(feature = "sqlx")]
+            Driver::Sqlx(err) => err
+                .as_database_error()
+                .and_then(|db| db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>())
+                .map(sqlx::postgres::PgDatabaseError::code),
+        }
+    }
+
+    /// The tokio-postgres error, when the call ran on tokio-postgres.
+    pub fn as_tokio_postgres(&self) -> Option<&tokio_postgres::Error> {
+        match &self.0 {
+            Driver::TokioPostgres(err) => Some(err),
+            #[cfg(feature = "sqlx")]
+            Driver::Sqlx(_) => None,
+        }
+    }
+
+    /// The sqlx error, when the call ran on sqlx.
+    #[cfg(feature = "sqlx")]
+    pub fn as_sqlx(&self) -> Option<&sqlx::Error> {
+        match &self.0 {
+            Driver::Sqlx(err) => Some(err),
+            Driver::TokioPostgres(_) => None,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for DriverError {
+    fn from(err: tokio_postgres::Error) -> Self {
+        DriverError(Driver::TokioPostgres(err))
+    }
+}
+
+#[cfg(feature = "sqlx")]
+impl From<sqlx::Error> for DriverError {
+    fn from(err: sqlx::Error) -> Self {
+        DriverError(Driver::Sqlx(err))
+    }
+}
+
+impl std::fmt::Display for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Driver::TokioPostgres(err) => err.fmt(f),
+            #[cfg(feature = "sqlx")]
+            Driver::Sqlx(err) => err.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for DriverError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.0 {
+            Driver::TokioPostgres(err) => std::error::Error::source(err),
+            #[cfg(feature = "sqlx")]
+            Driver::Sqlx(err) => std::error::Error::source(err),
+        }
+    }
 }
 
 /// The crate's result type.

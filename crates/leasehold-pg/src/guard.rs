@@ -30,6 +30,20 @@
 //! languages can run exactly these two statements, with `$3` the lease's
 //! [`Lease::holder`] (`lease.holder().as_str()`).
 //!
+//! # On sqlx and other drivers
+//!
+//! With the crate feature `sqlx`, the module `leasehold_pg::sqlx` runs
+//! this guard, [`setup`] and [`guarded`](crate::guarded()) on a sqlx 0.8
+//! `PgConnection` or transaction: the same statements, the same answers
+//! and errors, the same invariant, tested alike. With diesel-async (or
+//! any other driver), run the two statements above first in your
+//! transaction, binding the resource (the fence key, `keys.fence()`), the
+//! token as a `bigint` and the holder, e.g. with `diesel::sql_query(..)`
+//! and `.bind::<Text, _>`, `.bind::<BigInt, _>`; no row back from the
+//! first is a refusal: read the second, roll back, and call
+//! `lease.raise_fence(current)` as [`guard`] does. Create the table with
+//! [`FENCES_DDL`] in a migration.
+//!
 //! # Why it is enough (the serialization argument)
 //!
 //! Rule for every writer of the protected data: **run the guard first in
@@ -110,7 +124,9 @@
 use leasehold::{FencingToken, HolderId, Lease};
 use tokio_postgres::GenericClient;
 
+use crate::client::OnClient;
 use crate::error::{Error, Result};
+use crate::statements::Statements;
 
 pub use crate::ddl::{FENCES_DDL, Setup};
 pub use crate::tables::FENCES;
@@ -136,7 +152,13 @@ pub use crate::tables::FENCES;
 /// back and nothing is created or changed.
 pub async fn setup<C: GenericClient>(client: &mut C) -> Result<Setup> {
     let done = crate::ddl::setup_fences(client).await?;
-    match &done {
+    logged(&done);
+    Ok(done)
+}
+
+/// Logs what a `setup` did (any driver's), at INFO.
+pub(crate) fn logged(done: &Setup) {
+    match done {
         Setup::Created => tracing::info!(table = FENCES, "created the fence table"),
         Setup::Migrated(changes) => {
             for change in changes {
@@ -145,7 +167,6 @@ pub async fn setup<C: GenericClient>(client: &mut C) -> Result<Setup> {
         }
         Setup::Unchanged => {}
     }
-    Ok(done)
 }
 
 /// What the guard found.
@@ -208,6 +229,16 @@ pub async fn guard_token<C: GenericClient>(
     token: FencingToken,
     holder: &HolderId,
 ) -> Result<Guard> {
+    guard_token_with(&mut OnClient(tx), resource, token, holder).await
+}
+
+/// [`guard_token`] on any driver's [`Statements`], traced.
+pub(crate) async fn guard_token_with<S: Statements>(
+    tx: &mut S,
+    resource: &str,
+    token: FencingToken,
+    holder: &HolderId,
+) -> Result<Guard> {
     traced(
         resource,
         token,
@@ -218,8 +249,8 @@ pub async fn guard_token<C: GenericClient>(
 
 /// The guard statement (and, if refused, the read of what beat us),
 /// untraced.
-async fn guard_statement<C: GenericClient>(
-    tx: &C,
+async fn guard_statement<S: Statements>(
+    tx: &mut S,
     resource: &str,
     token: FencingToken,
     holder: &HolderId,
@@ -232,31 +263,11 @@ async fn guard_statement<C: GenericClient>(
     if token.get() == 0 {
         return Err(Error::InvalidToken { token });
     }
-    let fence = i64::try_from(token.get()).map_err(|_| Error::TokenOutOfRange { token })?;
-    let raised = tx
-        .query_opt(
-            "INSERT INTO leasehold_fences (resource, fence, holder) VALUES ($1, $2, $3)
-             ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence, holder = EXCLUDED.holder
-               WHERE leasehold_fences.fence < EXCLUDED.fence
-                  OR (leasehold_fences.fence = EXCLUDED.fence
-                      AND leasehold_fences.holder = EXCLUDED.holder)
-             RETURNING fence",
-            &[&resource, &fence, &holder.as_str()],
-        )
-        .await
-        .map_err(Error::from_pg)?;
-    if raised.is_some() {
+    let fence = i64::try_from(token).map_err(|_| Error::TokenOutOfRange { token })?;
+    if tx.guard(resource, fence, holder.as_str()).await? {
         return Ok(Guard::Accepted);
     }
-    let row = tx
-        .query_one(
-            "SELECT fence, holder FROM leasehold_fences WHERE resource = $1",
-            &[&resource],
-        )
-        .await
-        .map_err(Error::from_pg)?;
-    let current: i64 = row.try_get(0).map_err(Error::from_pg)?;
-    let writer: Option<String> = row.try_get(1).map_err(Error::from_pg)?;
+    let (current, writer) = tx.fence_of(resource).await?;
     Ok(Guard::Refused {
         resource: resource.to_owned(),
         token,
@@ -282,6 +293,11 @@ async fn guard_statement<C: GenericClient>(
 /// # Cancel safety
 /// As [`guard_token`].
 pub async fn guard<C: GenericClient>(tx: &C, lease: &Lease) -> Result<Guard> {
+    guard_with(&mut OnClient(tx), lease).await
+}
+
+/// [`guard`] on any driver's [`Statements`].
+pub(crate) async fn guard_with<S: Statements>(tx: &mut S, lease: &Lease) -> Result<Guard> {
     let mut fenced: Vec<(String, &str, FencingToken, HolderId)> = lease
         .keys()
         .filter_map(|key| {
@@ -297,7 +313,7 @@ pub async fn guard<C: GenericClient>(tx: &C, lease: &Lease) -> Result<Guard> {
     fenced.sort();
     for (resource, key, token, holder) in fenced {
         let guarded = async {
-            let found = guard_statement(tx, &resource, token, &holder).await?;
+            let found = guard_statement(&mut *tx, &resource, token, &holder).await?;
             let Guard::Refused {
                 current, writer, ..
             } = found

@@ -114,26 +114,41 @@ where
     let ran = lease
         .run(async {
             let tx = db.transaction().await.map_err(Error::from_pg)?;
-            if let Guard::Refused {
-                resource,
-                token,
-                current,
-                healed,
-                ..
-            } = guard(&tx, lease).await?
-            {
-                return Ok(Guarded::Refused {
-                    resource,
-                    token,
-                    current,
-                    healed,
-                });
+            if let Some(refusal) = refused(guard(&tx, lease).await?) {
+                return Ok(refusal);
             }
             let output = work(&tx).await?;
             lease.shield(commit(tx)).await?;
             Ok(Guarded::Committed(output))
         })
         .await;
+    settle(ran)
+}
+
+/// The outcome of a refused guard; `None` when it accepted.
+pub(crate) fn refused<T>(found: Guard) -> Option<Guarded<T>> {
+    match found {
+        Guard::Accepted => None,
+        Guard::Refused {
+            resource,
+            token,
+            current,
+            healed,
+            ..
+        } => Some(Guarded::Refused {
+            resource,
+            token,
+            current,
+            healed,
+        }),
+    }
+}
+
+/// What a guarded transaction run under the lease's watchdog came to:
+/// its own outcome, [`Guarded::Lost`] when the watchdog stopped it.
+pub(crate) fn settle<T, E: From<Error>>(
+    ran: Result<Result<Guarded<T>, E>, leasehold::Error>,
+) -> Result<Guarded<T>, E> {
     match ran {
         Ok(outcome) => outcome,
         Err(leasehold::Error::LeaseLost { cause, .. }) => Ok(Guarded::Lost(cause)),
@@ -156,7 +171,7 @@ async fn commit(tx: Transaction<'_>) -> Result<(), Error> {
         }
         Err(err) if err.code() == Some(&SqlState::IN_FAILED_SQL_TRANSACTION) => {
             drop(tx); // rolled back
-            Err(Error::Aborted(err))
+            Err(Error::Aborted(err.into()))
         }
         Err(err) if err.as_db_error().is_some() => {
             // The server refused the COMMIT (a deferred constraint, a
@@ -164,6 +179,6 @@ async fn commit(tx: Transaction<'_>) -> Result<(), Error> {
             std::mem::forget(tx);
             Err(Error::from_pg(err))
         }
-        Err(err) => Err(Error::CommitUnknown(err)),
+        Err(err) => Err(Error::CommitUnknown(err.into())),
     }
 }

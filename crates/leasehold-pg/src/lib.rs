@@ -135,6 +135,18 @@
 //! All functions are generic over [`tokio_postgres::GenericClient`], so they
 //! run on a client or inside the caller's transaction.
 //!
+//! # sqlx
+//!
+//! With the crate feature `sqlx` (off by default), the `sqlx` module is
+//! the guard, [`setup`] and [`guarded()`] on sqlx 0.8:
+//! `leasehold_pg::sqlx::guarded(&mut conn, &lease, async |tx| ...)` with
+//! `tx` a `&mut PgConnection`, the same [`Guarded`] outcomes and [`Error`]s
+//! (the driver's error is the source, a [`DriverError`]), and
+//! [`FencingToken`] binds and reads as an `INT8` there. It adds sqlx with
+//! no TLS, macros or migrations (about 45 crates, most of them sqlx's
+//! own); users of diesel-async run the guard's two statements themselves
+//! (see [On sqlx and other drivers](mod@guard#on-sqlx-and-other-drivers)).
+//!
 //! # Tracing
 //!
 //! Through the `tracing` facade (no subscriber is installed):
@@ -169,6 +181,7 @@
 //! [`Error::TlsNotSupported`], [`Error::ClientCertRejected`],
 //! [`Error::TlsFile`], [`Error::InvalidTls`].
 
+mod client;
 mod connect;
 mod ddl;
 mod error;
@@ -176,13 +189,16 @@ pub mod guard;
 pub mod guarded;
 pub mod metrics;
 mod schema;
+#[cfg(feature = "sqlx")]
+pub mod sqlx;
+mod statements;
 mod tables;
 mod tls;
 mod tls_failure;
 mod write;
 
 pub use connect::{config, connect};
-pub use error::{Error, Result};
+pub use error::{DriverError, Error, Result};
 pub use guard::{FENCES_DDL, Guard, Setup, guard, guard_token, setup};
 pub use guarded::{Guarded, guarded};
 pub use leasehold::FencingToken;

@@ -327,7 +327,7 @@ fn during(err: impl Into<leasehold_pg::Error>) -> Step {
     // the connection failed mid-statement: it may have committed.
     let unanswered = match &err {
         leasehold_pg::Error::Unreachable(_) => true,
-        leasehold_pg::Error::Postgres(err) => err.as_db_error().is_none(),
+        leasehold_pg::Error::Postgres(err) => err.code().is_none(),
         _ => false,
     };
     if unanswered {

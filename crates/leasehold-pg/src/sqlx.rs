@@ -1,0 +1,279 @@
+//! The fence guard on sqlx 0.8 (feature `sqlx`): [`guard`],
+//! [`guard_token`], [`setup`] and [`guarded`], on a
+//! [`PgConnection`] or inside a sqlx transaction.
+//!
+//! The same statements as on tokio-postgres (said once, in the
+//! [`guard`](mod@crate::guard) module docs), the same [`Guard`], [`Setup`],
+//! [`Guarded`] and [`Error`] answers, the same invariant (a token above
+//! the resource's fence is accepted; an equal one only from the holder
+//! that wrote it; anything else is [`Guard::Refused`], and the Redis
+//! counter is healed), the same spans, events and metrics. This module
+//! only runs the statements and maps sqlx's errors: the server's by
+//! SQLSTATE, as for tokio-postgres ([`Error::TableMissing`],
+//! [`Error::TableOutdated`], [`Error::Unreachable`] for a server starting
+//! up or shutting down, a serialization failure
+//! [`is_retryable`](Error::is_retryable), ...), and sqlx's own I/O
+//! errors, its pool timing out and its worker crashing as
+//! [`Error::Unreachable`]. The sqlx error is the source
+//! ([`DriverError::as_sqlx`](crate::DriverError::as_sqlx)), and
+//! `From<sqlx::Error>` lets a work's `?` turn one into an [`Error`].
+//!
+//! [`FencingToken`] binds and reads as an `INT8`
+//! here too (`.bind(token)`, `row.try_get::<FencingToken, _>(0)`): range
+//! checked both ways, `INT8` only.
+//!
+//! ```no_run
+//! use leasehold::Lease;
+//! use leasehold_pg::{Guard, Guarded};
+//! use sqlx::{Connection, PgConnection};
+//!
+//! async fn pay(db: &mut PgConnection, lease: &Lease) -> Result<Guarded<i64>, leasehold_pg::Error> {
+//!     leasehold_pg::sqlx::setup(db).await?; // creates leasehold_fences
+//!
+//!     // The safe path in one call: BEGIN, the guard first, the work under
+//!     // the lease's watchdog, a checked and shielded COMMIT.
+//!     leasehold_pg::sqlx::guarded(db, lease, async |tx: &mut PgConnection| {
+//!         let left: i64 = sqlx::query_scalar(
+//!             "UPDATE accounts SET balance = balance - 10 WHERE name = 'alice' RETURNING balance",
+//!         )
+//!         .fetch_one(&mut *tx)
+//!         .await?;
+//!         Ok(left)
+//!     })
+//!     .await
+//! }
+//!
+//! /// The guard alone, in a transaction of your own.
+//! async fn by_hand(db: &mut PgConnection, lease: &Lease) -> Result<bool, leasehold_pg::Error> {
+//!     let mut tx = db.begin().await?;
+//!     match leasehold_pg::sqlx::guard(&mut tx, lease).await? {
+//!         Guard::Accepted => {
+//!             sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE name = 'alice'")
+//!                 .execute(&mut *tx)
+//!                 .await?;
+//!             tx.commit().await?;
+//!             Ok(true)
+//!         }
+//!         // A newer holder has written: nothing was written; retry.
+//!         Guard::Refused { .. } => Ok(false), // dropping `tx` rolls back
+//!     }
+//! }
+//! ```
+//!
+//! # The commit's check costs a round trip here
+//!
+//! [`guarded`] must not call a transaction committed that an error the
+//! work swallowed had aborted (PostgreSQL answers `COMMIT` there with a
+//! rollback, not an error). On tokio-postgres it sends `SELECT 1; COMMIT`
+//! in one batch; sqlx keeps its own count of the transactions it opened
+//! and must send the `COMMIT` itself, and its answer does not say whether
+//! it rolled back, so here the `SELECT 1` goes first, alone: one more
+//! round trip per transaction. It fails with SQLSTATE `25P02` in an aborted
+//! transaction, which is then rolled back and reported as
+//! [`Error::Aborted`].
+//!
+//! # Other drivers (diesel-async, ...)
+//!
+//! Run the two statements of the [`guard`](mod@crate::guard) module docs
+//! yourself, first in your transaction, with the resource's fence key
+//! (`keys.fence()` of its `FencedKeys`), the lease's token as a `bigint`
+//! (`lease.fence()`) and its holder (`lease.holder().as_str()`): with
+//! diesel-async,
+//! `diesel::sql_query(..).bind::<Text, _>(..).bind::<BigInt, _>(..)
+//! .bind::<Text, _>(..)` loaded into a row type with one `BigInt` field
+//! `fence` (no row back: refused), then the `SELECT fence, holder`; on a
+//! refusal call `lease.raise_fence(current)` as [`guard`] does. Create the
+//! table with [`FENCES_DDL`](crate::FENCES_DDL) in a migration. In this
+//! crate a driver is one small module: it runs the statements and maps its
+//! errors, and the guard, `setup` and `guarded` are written once.
+
+use ::sqlx::postgres::{PgConnection, Postgres};
+use ::sqlx::{Connection, Executor, Transaction};
+use leasehold::{FencingToken, HolderId, Lease};
+
+use crate::error::{Error, Result};
+use crate::guard::{Guard, Setup, guard_token_with, guard_with, logged};
+use crate::guarded::{Guarded, refused, settle};
+use crate::statements::{FENCE_OF, GUARD, Statements};
+
+impl Statements for PgConnection {
+    async fn guard(&mut self, resource: &str, fence: i64, holder: &str) -> Result<bool> {
+        let row = ::sqlx::query(GUARD)
+            .bind(resource)
+            .bind(fence)
+            .bind(holder)
+            .fetch_optional(&mut *self)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    async fn fence_of(&mut self, resource: &str) -> Result<(i64, Option<String>)> {
+        Ok(::sqlx::query_as(FENCE_OF)
+            .bind(resource)
+            .fetch_one(&mut *self)
+            .await?)
+    }
+
+    async fn flag(&mut self, sql: &'static str, arg: Option<&str>) -> Result<bool> {
+        let mut query = ::sqlx::query_scalar(sql);
+        if let Some(arg) = arg {
+            query = query.bind(arg);
+        }
+        Ok(query.fetch_one(&mut *self).await?)
+    }
+
+    async fn batch(&mut self, sql: &'static str) -> Result<()> {
+        // A query without arguments goes out as a simple query: several
+        // statements at once. (Not `raw_sql`: its future cannot be proven
+        // `Send` in a spawned task.)
+        self.execute(sql).await?;
+        Ok(())
+    }
+}
+
+impl From<::sqlx::Error> for Error {
+    /// Names the outcome as for tokio-postgres: the server's errors by
+    /// SQLSTATE ([`Error::TableMissing`], [`Error::TableOutdated`],
+    /// [`Error::Unreachable`], [`Error::PermissionDenied`],
+    /// [`Error::Auth`], [`Error::Aborted`]); sqlx's I/O errors, its pool
+    /// timing out and its worker crashing as [`Error::Unreachable`]; the
+    /// rest as [`Error::Postgres`].
+    fn from(err: ::sqlx::Error) -> Self {
+        if let Some(db) = err.as_database_error()
+            && let Some(code) = db.code()
+        {
+            let (code, message) = (code.into_owned(), db.message().to_owned());
+            return Error::from_server(&code, &message, err.into());
+        }
+        if matches!(
+            err,
+            ::sqlx::Error::Io(_) | ::sqlx::Error::PoolTimedOut | ::sqlx::Error::WorkerCrashed
+        ) {
+            return Error::Unreachable(err.into());
+        }
+        Error::Postgres(err.into())
+    }
+}
+
+/// [`setup`](crate::guard::setup) on sqlx: creates [`FENCES`](crate::FENCES)
+/// or migrates an earlier version's, in its own transaction on a
+/// connection (a savepoint inside the caller's transaction), serialized
+/// by the same advisory lock; says what it did and logs it.
+///
+/// # Errors
+/// As [`setup`](crate::guard::setup): [`Error::Unreachable`],
+/// [`Error::Auth`], [`Error::PermissionDenied`] or [`Error::Postgres`].
+///
+/// # Cancel safety
+/// Cancel safe: if dropped before the commit, the transaction is rolled
+/// back (sqlx sends the `ROLLBACK` with the connection's next use) and
+/// nothing is created or changed.
+pub async fn setup(db: &mut PgConnection) -> Result<Setup> {
+    let mut tx = db.begin().await?;
+    let done = crate::ddl::setup_in(&mut *tx).await?;
+    tx.commit().await?;
+    logged(&done);
+    Ok(done)
+}
+
+/// [`guard_token`](crate::guard::guard_token) on sqlx: guards `resource`
+/// with `token`, written by `holder`, in the caller's transaction
+/// (`&mut tx`, or `&mut *tx`). Does not touch Redis.
+///
+/// # Errors
+/// As [`guard_token`](crate::guard::guard_token).
+///
+/// # Cancel safety
+/// If the future is dropped, the statement may or may not have run; roll
+/// the transaction back (dropping it does).
+pub async fn guard_token(
+    tx: &mut PgConnection,
+    resource: &str,
+    token: FencingToken,
+    holder: &HolderId,
+) -> Result<Guard> {
+    guard_token_with(tx, resource, token, holder).await
+}
+
+/// [`guard`](crate::guard::guard()) on sqlx: guards every fenced lock of
+/// `lease` in the caller's transaction (`&mut tx`, or `&mut *tx`), in one
+/// order, and on a refusal heals the Redis counter
+/// ([`Lease::raise_fence_for`]) and returns [`Guard::Refused`]: roll back.
+///
+/// # Errors
+/// As [`guard`](crate::guard::guard()): [`Error::NotFenced`] for a lease
+/// with no fenced lock, [`Error::TableMissing`] before [`setup`],
+/// [`Error::TableOutdated`] for a table [`setup`] has not migrated,
+/// [`Error::Aborted`] in a transaction an earlier error aborted, ...
+///
+/// # Cancel safety
+/// As [`guard_token`].
+pub async fn guard(tx: &mut PgConnection, lease: &Lease) -> Result<Guard> {
+    guard_with(tx, lease).await
+}
+
+/// [`guarded`](crate::guarded()) on sqlx: runs `work` in one transaction
+/// on `db`, fenced by `lease`: `BEGIN`, the guard, the work (given the
+/// transaction's connection), the check and `COMMIT`, the whole under the
+/// lease's watchdog and the commit shielded from it. The same outcomes:
+/// [`Guarded::Committed`] with the work's output, [`Guarded::Refused`]
+/// (the work did not run, nothing written, the counter healed),
+/// [`Guarded::Lost`] (stopped and rolled back).
+///
+/// `db` is a connection that is not in a transaction (a pooled one is
+/// `&mut *pool.acquire().await?`): inside one, the `COMMIT` would only
+/// release a savepoint and the outer transaction would decide, so
+/// [`Error::InTransaction`] is returned and nothing runs.
+///
+/// # Errors
+/// What `work` returned (rolled back); this crate's errors through
+/// `E: From<Error>`: [`Error::InTransaction`], [`Error::NotFenced`],
+/// [`Error::TableMissing`], ..., [`Error::Aborted`] when a statement
+/// failed inside a work that then returned `Ok` (rolled back),
+/// [`Error::CommitUnknown`] when the `COMMIT` got no answer; nothing was
+/// written in any case but the last.
+///
+/// # Cancel safety
+/// Dropping the future drops the transaction where it is: rolled back
+/// (sqlx sends the `ROLLBACK` with the connection's next use), unless the
+/// `COMMIT` was already sent.
+pub async fn guarded<T, E>(
+    db: &mut PgConnection,
+    lease: &Lease,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+) -> Result<Guarded<T>, E>
+where
+    E: From<Error>,
+{
+    if db.is_in_transaction() {
+        return Err(E::from(Error::InTransaction));
+    }
+    let ran = lease
+        .run(async {
+            let mut tx = db.begin().await.map_err(Error::from)?;
+            if let Some(refusal) = refused(guard_with(&mut *tx, lease).await?) {
+                return Ok(refusal);
+            }
+            let output = work(&mut *tx).await?;
+            lease.shield(commit(tx)).await?;
+            Ok(Guarded::Committed(output))
+        })
+        .await;
+    settle(ran)
+}
+
+/// Commits `tx`, refusing to call a transaction an earlier error aborted
+/// committed: `SELECT 1` first (it fails in an aborted transaction, which
+/// is then rolled back), then sqlx's `COMMIT` (see [the module
+/// docs](self#the-commits-check-costs-a-round-trip-here)).
+async fn commit(mut tx: Transaction<'_, Postgres>) -> Result<()> {
+    // Dropped on an error: rolled back. `Error::Aborted` for 25P02.
+    tx.execute("SELECT 1").await?;
+    match tx.commit().await {
+        Ok(()) => Ok(()),
+        // The server refused the COMMIT (a deferred constraint, a
+        // serialization failure): it rolled the transaction back.
+        Err(err @ ::sqlx::Error::Database(_)) => Err(Error::from(err)),
+        Err(err) => Err(Error::CommitUnknown(err.into())),
+    }
+}

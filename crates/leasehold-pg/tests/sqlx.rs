@@ -1,0 +1,552 @@
+//! The fence guard, `setup` and `guarded` on sqlx (feature `sqlx`), against
+//! a real PostgreSQL and Redis: the same cases as on tokio-postgres
+//! (tests/guard.rs, tests/guarded.rs), the same answers; and
+//! `FencingToken` as an `INT8`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use leasehold::{FencedKeys, FencingToken, HolderId, Locker, LostCause};
+use leasehold_pg::{Error, FENCES, Guard, Guarded, Setup};
+use leasehold_testkit::{PostgresServer, RedisServer};
+use sqlx::{Connection, PgConnection};
+
+mod common;
+use common::server;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const TTL: Duration = Duration::from_secs(30);
+/// A hang detector, not a timing assertion.
+const HUNG: Duration = Duration::from_secs(30);
+
+/// A database of the test's own (so that `setup` finds it empty), and a
+/// sqlx connection to it.
+async fn fresh(
+    pg: &PostgresServer,
+    name: &str,
+) -> Result<(PgConnection, String), Box<dyn std::error::Error>> {
+    let mut admin = PgConnection::connect(&pg.url()).await?;
+    sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await?;
+    let url = pg.url().replace("/postgres", &format!("/{name}"));
+    Ok((PgConnection::connect(&url).await?, url))
+}
+
+/// A database with the fence table and a one-row table `counter`.
+async fn db(pg: &PostgresServer, name: &str) -> Result<PgConnection, Box<dyn std::error::Error>> {
+    let (mut db, _) = fresh(pg, name).await?;
+    assert_eq!(leasehold_pg::sqlx::setup(&mut db).await?, Setup::Created);
+    sqlx::raw_sql(
+        "CREATE TABLE counter (id int PRIMARY KEY, n bigint NOT NULL, fence bigint, small int);
+         INSERT INTO counter VALUES (1, 0, NULL, NULL);",
+    )
+    .execute(&mut db)
+    .await?;
+    Ok(db)
+}
+
+async fn value(db: &mut PgConnection) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT n FROM counter WHERE id = 1")
+        .fetch_one(db)
+        .await
+}
+
+/// `UPDATE counter SET n = n + 1`, returning the new value.
+async fn bump(tx: &mut PgConnection) -> Result<i64, Error> {
+    Ok(
+        sqlx::query_scalar("UPDATE counter SET n = n + 1 WHERE id = 1 RETURNING n")
+            .fetch_one(tx)
+            .await?,
+    )
+}
+
+async fn fence_of(db: &mut PgConnection, resource: &str) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT fence FROM leasehold_fences WHERE resource = $1")
+        .bind(resource)
+        .fetch_optional(db)
+        .await
+}
+
+/// Two made-up holders: names, not capabilities (see `HolderId`).
+fn holders() -> Result<(HolderId, HolderId), Box<dyn std::error::Error>> {
+    let a = HolderId::parse("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa").ok_or("holder a")?;
+    let b = HolderId::parse("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb").ok_or("holder b")?;
+    Ok((a, b))
+}
+
+/// One guard of `resource` with token `n` from `holder` in its own
+/// transaction, committed when accepted and `commit`.
+async fn guard_with(
+    db: &mut PgConnection,
+    resource: &str,
+    n: u64,
+    holder: &HolderId,
+    commit: bool,
+) -> Result<Guard, Box<dyn std::error::Error>> {
+    let mut tx = db.begin().await?;
+    let guard =
+        leasehold_pg::sqlx::guard_token(&mut tx, resource, FencingToken::new(n), holder).await?;
+    if commit && guard.is_accepted() {
+        tx.commit().await?;
+    } else {
+        tx.rollback().await?;
+    }
+    Ok(guard)
+}
+
+#[tokio::test]
+async fn a_newer_token_is_accepted_an_older_one_refused_and_an_equal_one_only_from_its_writer()
+-> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg, "sqlx_order").await?;
+    let resource = "t:sqlx:order";
+    let (a, b) = holders()?;
+    assert_eq!(
+        guard_with(&mut db, resource, 5, &a, true).await?,
+        Guard::Accepted
+    );
+    match guard_with(&mut db, resource, 4, &b, true).await? {
+        Guard::Refused {
+            token,
+            current,
+            writer,
+            healed,
+            ..
+        } => {
+            assert_eq!(
+                (token, current),
+                (FencingToken::new(4), FencingToken::new(5))
+            );
+            assert_eq!(writer.as_deref(), Some(a.as_str()));
+            assert!(!healed, "guard_token does not touch Redis");
+        }
+        accepted => return Err(format!("a stale token was {accepted:?}").into()),
+    }
+    // The same token: accepted from its writer (one lease, several
+    // transactions), refused from another holder.
+    assert_eq!(
+        guard_with(&mut db, resource, 5, &a, true).await?,
+        Guard::Accepted
+    );
+    match guard_with(&mut db, resource, 5, &b, true).await? {
+        Guard::Refused {
+            token,
+            current,
+            writer,
+            ..
+        } => {
+            assert_eq!(
+                (token, current),
+                (FencingToken::new(5), FencingToken::new(5))
+            );
+            assert_eq!(writer.as_deref(), Some(a.as_str()));
+        }
+        accepted => return Err(format!("a second holder of token 5 was {accepted:?}").into()),
+    }
+    // Accepted, then rolled back: the fence is not raised.
+    assert_eq!(
+        guard_with(&mut db, resource, 9, &b, false).await?,
+        Guard::Accepted
+    );
+    assert_eq!(fence_of(&mut db, resource).await?, Some(5));
+    assert_eq!(
+        guard_with(&mut db, resource, 6, &b, true).await?,
+        Guard::Accepted
+    );
+    assert_eq!(fence_of(&mut db, resource).await?, Some(6));
+    // a's token 5 is now older than b's 6.
+    assert!(
+        !guard_with(&mut db, resource, 5, &a, true)
+            .await?
+            .is_accepted()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_lease_heals_the_counter_and_the_next_lease_writes() -> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg, "sqlx_heal").await?;
+    let redis = RedisServer::start()?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let keys = FencedKeys::for_resource("sqlx:heal")?;
+    let lease = locker.acquire(&keys, TTL).await?;
+    let token = lease.fence().ok_or("fenced")?;
+    // A fence far above the Redis counter (a counter lost while it ran
+    // ahead of the server's clock, say), written by someone else.
+    let (a, _) = holders()?;
+    let ahead = token.get() + 1_000_000;
+    assert_eq!(
+        guard_with(&mut db, keys.fence(), ahead, &a, true).await?,
+        Guard::Accepted
+    );
+    let mut tx = db.begin().await?;
+    let refused = leasehold_pg::sqlx::guard(&mut tx, &lease).await?;
+    tx.rollback().await?;
+    assert!(
+        matches!(&refused, Guard::Refused { resource, token: t, current, healed: true, .. }
+            if resource == keys.fence() && *t == token && current.get() == ahead),
+        "{refused:?}"
+    );
+    lease.release().await?;
+    // Healed: the next lease's token is above the stored fence, and wins.
+    let next = locker.acquire(&keys, TTL).await?;
+    assert!(next.fence().ok_or("fenced")?.get() > ahead);
+    let mut tx = db.begin().await?;
+    assert_eq!(
+        leasehold_pg::sqlx::guard(&mut tx, &next).await?,
+        Guard::Accepted
+    );
+    tx.commit().await?;
+    next.release().await?;
+
+    // A plain lease has no fence to guard with.
+    let plain = locker.acquire("lock:sqlx:plain", TTL).await?;
+    let mut tx = db.begin().await?;
+    let err = leasehold_pg::sqlx::guard(&mut tx, &plain).await.err();
+    assert!(matches!(err, Some(Error::NotFenced)), "{err:?}");
+    tx.rollback().await?;
+    plain.release().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn setup_creates_and_migrates_the_fence_table_and_errors_are_classified_as_on_tokio_postgres()
+-> TestResult {
+    let pg = server()?;
+    let (a, b) = holders()?;
+
+    // Where setup never ran: the table is missing.
+    let (mut bare, _) = fresh(&pg, "sqlx_bare").await?;
+    let err = leasehold_pg::sqlx::guard_token(&mut bare, "r", FencingToken::new(1), &a)
+        .await
+        .err();
+    assert!(
+        matches!(&err, Some(Error::TableMissing { table, source })
+            if *table == FENCES && source.as_sqlx().is_some() && source.code() == Some("42P01")),
+        "{err:?}"
+    );
+    assert_eq!(leasehold_pg::sqlx::setup(&mut bare).await?, Setup::Created);
+    assert_eq!(
+        leasehold_pg::sqlx::setup(&mut bare).await?,
+        Setup::Unchanged
+    );
+
+    // The table as leasehold-pg created it before it recorded holders.
+    let (mut db, url) = fresh(&pg, "sqlx_migrate").await?;
+    sqlx::raw_sql(
+        "CREATE TABLE leasehold_fences (
+             resource text PRIMARY KEY CHECK (resource <> ''),
+             fence    bigint NOT NULL CHECK (fence > 0));
+         INSERT INTO leasehold_fences VALUES ('t:old', 40)",
+    )
+    .execute(&mut db)
+    .await?;
+    let mut tx = db.begin().await?;
+    let err = leasehold_pg::sqlx::guard_token(&mut tx, "t:old", FencingToken::new(41), &a)
+        .await
+        .err();
+    assert!(
+        matches!(err, Some(Error::TableOutdated { table, .. }) if table == FENCES),
+        "{err:?}"
+    );
+    tx.rollback().await?;
+    // Several services start at once: one migrates, the rest find it done.
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut db = PgConnection::connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            leasehold_pg::sqlx::setup(&mut db)
+                .await
+                .map_err(|e| e.to_string())
+        }));
+    }
+    let mut done = Vec::new();
+    for task in tasks {
+        done.push(tokio::time::timeout(HUNG, task).await???);
+    }
+    let migrated: Vec<_> = done
+        .iter()
+        .filter(|d| matches!(d, Setup::Migrated(_)))
+        .collect();
+    assert_eq!(migrated.len(), 1, "{done:?}");
+    assert!(
+        matches!(migrated[0], Setup::Migrated(changes) if changes.len() == 1 && changes[0].contains("holder")),
+        "{done:?}"
+    );
+    assert_eq!(done.iter().filter(|d| **d == Setup::Unchanged).count(), 2);
+    // Inside the caller's transaction: a savepoint, nothing to do.
+    let mut tx = db.begin().await?;
+    assert_eq!(leasehold_pg::sqlx::setup(&mut tx).await?, Setup::Unchanged);
+    tx.commit().await?;
+    // The old row is kept; its fence has no holder, so the same token is
+    // refused from anyone, and a newer one is accepted.
+    assert_eq!(fence_of(&mut db, "t:old").await?, Some(40));
+    for (n, holder, accepted) in [(40, &a, false), (40, &b, false), (41, &b, true)] {
+        let guard = guard_with(&mut db, "t:old", n, holder, true).await?;
+        assert_eq!(guard.is_accepted(), accepted, "token {n}: {guard:?}");
+    }
+
+    // Bad input: refused before any statement.
+    let mut tx = db.begin().await?;
+    for (resource, token, what) in [
+        ("", 1, "empty resource"),
+        ("r", 0, "token 0"),
+        ("r", u64::MAX, "token beyond i64"),
+    ] {
+        let err = leasehold_pg::sqlx::guard_token(&mut tx, resource, FencingToken::new(token), &a)
+            .await
+            .err();
+        assert!(
+            matches!(
+                err,
+                Some(
+                    Error::InvalidResource { .. }
+                        | Error::InvalidToken { .. }
+                        | Error::TokenOutOfRange { .. }
+                )
+            ),
+            "{what}: {err:?}"
+        );
+    }
+    // In a transaction an earlier error aborted: typed, nothing written.
+    let _ = sqlx::raw_sql("SELECT no_such_column FROM leasehold_fences")
+        .execute(&mut *tx)
+        .await;
+    let err = leasehold_pg::sqlx::guard_token(&mut tx, "t:aborted", FencingToken::new(1), &a)
+        .await
+        .err();
+    assert!(matches!(err, Some(Error::Aborted(_))), "{err:?}");
+    tx.rollback().await?;
+    assert_eq!(fence_of(&mut db, "t:aborted").await?, None);
+
+    // A user without rights on the fence table.
+    sqlx::raw_sql("CREATE ROLE sqlx_nobody LOGIN PASSWORD 'nobody'")
+        .execute(&mut db)
+        .await?;
+    let nobody_url = format!(
+        "postgres://sqlx_nobody:nobody@{}:{}/sqlx_migrate",
+        pg.host(),
+        pg.port()
+    );
+    let mut nobody = PgConnection::connect(&nobody_url).await?;
+    let err = leasehold_pg::sqlx::guard_token(&mut nobody, "r", FencingToken::new(1), &a)
+        .await
+        .err();
+    assert!(matches!(err, Some(Error::PermissionDenied(_))), "{err:?}");
+
+    // A serialization failure under REPEATABLE READ: retryable.
+    let mut other = PgConnection::connect(&url).await?;
+    let mut rr = db.begin().await?;
+    sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .execute(&mut *rr)
+        .await?;
+    assert_eq!(
+        guard_with(&mut other, "t:rr", 10, &a, true).await?,
+        Guard::Accepted
+    );
+    let err = leasehold_pg::sqlx::guard_token(&mut rr, "t:rr", FencingToken::new(11), &b)
+        .await
+        .err();
+    assert!(
+        matches!(&err, Some(err @ Error::Postgres(_)) if err.is_retryable()),
+        "{err:?}"
+    );
+    rr.rollback().await?;
+
+    // The connection killed under us (an administrator, a failover).
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut db)
+        .await?;
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .execute(&mut other)
+        .await?;
+    let err = leasehold_pg::sqlx::guard_token(&mut db, "t:gone", FencingToken::new(1), &a)
+        .await
+        .err();
+    assert!(
+        matches!(&err, Some(err @ Error::Unreachable(_)) if err.is_retryable()),
+        "{err:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_says_what_the_database_holds() -> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg, "sqlx_guarded").await?;
+    let redis = RedisServer::start()?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let keys = FencedKeys::for_resource("sqlx:guarded")?;
+
+    // Committed: the output, and the row.
+    let lease = locker.acquire(&keys, TTL).await?;
+    let done = leasehold_pg::sqlx::guarded(&mut db, &lease, bump).await?;
+    assert_eq!(done, Guarded::Committed(1));
+    assert_eq!(value(&mut db).await?, 1);
+
+    // The work's error after it wrote: rolled back.
+    let failed: Result<Guarded<i64>, Error> =
+        leasehold_pg::sqlx::guarded(&mut db, &lease, async |tx: &mut PgConnection| {
+            bump(tx).await?;
+            Err(Error::NotFenced)
+        })
+        .await;
+    assert!(matches!(failed, Err(Error::NotFenced)), "{failed:?}");
+    assert_eq!(value(&mut db).await?, 1);
+
+    // A statement error the work swallowed: PostgreSQL would roll back at
+    // COMMIT and report success; guarded says so instead.
+    let swallowed = leasehold_pg::sqlx::guarded(&mut db, &lease, async |tx: &mut PgConnection| {
+        bump(tx).await?;
+        let _ = sqlx::query("SELECT no_such_column FROM counter")
+            .execute(&mut *tx)
+            .await;
+        Ok::<_, Error>(7)
+    })
+    .await;
+    assert!(
+        matches!(&swallowed, Err(Error::Aborted(source)) if source.code() == Some("25P02")),
+        "{swallowed:?}"
+    );
+    assert_eq!(value(&mut db).await?, 1);
+    // The connection is usable afterwards (the aborted transaction ended),
+    // and the next transaction is a real one, not a savepoint.
+    assert!(!db.is_in_transaction());
+    assert_eq!(
+        leasehold_pg::sqlx::guarded(&mut db, &lease, bump).await?,
+        Guarded::Committed(2)
+    );
+    assert_eq!(
+        value(&mut PgConnection::connect(&url_of(&pg, "sqlx_guarded")).await?).await?,
+        2
+    );
+
+    // Inside the caller's transaction the COMMIT would only release a
+    // savepoint: refused, nothing run.
+    let ran = AtomicBool::new(false);
+    let mut outer = db.begin().await?;
+    let nested = leasehold_pg::sqlx::guarded(&mut outer, &lease, async |tx: &mut PgConnection| {
+        ran.store(true, Ordering::SeqCst);
+        bump(tx).await
+    })
+    .await;
+    assert!(matches!(nested, Err(Error::InTransaction)), "{nested:?}");
+    assert!(!ran.load(Ordering::SeqCst));
+    outer.rollback().await?;
+
+    // The lease lost mid-work: stopped before its commit, rolled back.
+    let lost = leasehold_pg::sqlx::guarded(&mut db, &lease, async |tx: &mut PgConnection| {
+        bump(tx).await?;
+        lease.mark_superseded();
+        // The next `.await` is where the watchdog stops the work.
+        tokio::task::yield_now().await;
+        Ok::<_, Error>(0)
+    })
+    .await?;
+    assert_eq!(lost, Guarded::Lost(LostCause::Superseded));
+    assert_eq!(value(&mut db).await?, 2);
+    let _ = lease.release().await;
+
+    // A holder whose lock was lost under it, while a newer holder took the
+    // lock and wrote: the old token is refused, and the work never runs.
+    let old = locker.acquire(&keys, TTL).await?;
+    let mut conn = locker.connection().clone();
+    leasehold::redis::cmd("DEL")
+        .arg(keys.lock())
+        .query_async::<()>(&mut conn)
+        .await?;
+    let newer = locker.acquire(&keys, TTL).await?;
+    assert_eq!(
+        leasehold_pg::sqlx::guarded(&mut db, &newer, bump).await?,
+        Guarded::Committed(3)
+    );
+    let stale = leasehold_pg::sqlx::guarded(&mut db, &old, async |tx: &mut PgConnection| {
+        ran.store(true, Ordering::SeqCst);
+        bump(tx).await
+    })
+    .await?;
+    let first = old.fence().ok_or("fenced")?;
+    assert!(
+        matches!(&stale, Guarded::Refused { token, current, healed: true, .. }
+            if *token == first && *current == newer.fence().ok_or("fenced")?),
+        "{stale:?}"
+    );
+    assert!(!ran.load(Ordering::SeqCst), "the work ran after a refusal");
+    assert_eq!(value(&mut db).await?, 3);
+    drop(old);
+    newer.release().await?;
+
+    // A plain lease has no fence to guard with: a typed error, nothing run.
+    let plain = locker.acquire("lock:sqlx:guarded:plain", TTL).await?;
+    let refused = leasehold_pg::sqlx::guarded(&mut db, &plain, bump).await;
+    assert!(matches!(refused, Err(Error::NotFenced)), "{refused:?}");
+    assert_eq!(value(&mut db).await?, 3);
+    plain.release().await?;
+    Ok(())
+}
+
+fn url_of(pg: &PostgresServer, name: &str) -> String {
+    pg.url().replace("/postgres", &format!("/{name}"))
+}
+
+#[tokio::test]
+async fn a_fencing_token_binds_and_reads_as_an_int8() -> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg, "sqlx_tokens").await?;
+    let token = FencingToken::new(1 << 50);
+    sqlx::query("UPDATE counter SET fence = $1 WHERE id = 1")
+        .bind(token)
+        .execute(&mut db)
+        .await?;
+    let read: FencingToken = sqlx::query_scalar("SELECT fence FROM counter WHERE id = 1")
+        .fetch_one(&mut db)
+        .await?;
+    assert_eq!(read, token);
+    // The largest bigint round-trips.
+    let max = FencingToken::new(i64::MAX as u64);
+    let back: FencingToken = sqlx::query_scalar("SELECT $1::bigint")
+        .bind(max)
+        .fetch_one(&mut db)
+        .await?;
+    assert_eq!(back, max);
+    // Beyond bigint: refused at bind time (nothing sent), nothing written.
+    let too_big = sqlx::query("UPDATE counter SET fence = $1 WHERE id = 1")
+        .bind(FencingToken::new(u64::MAX))
+        .execute(&mut db)
+        .await;
+    assert!(
+        matches!(too_big, Err(sqlx::Error::Encode(_))),
+        "{too_big:?}"
+    );
+    let still: FencingToken = sqlx::query_scalar("SELECT fence FROM counter WHERE id = 1")
+        .fetch_one(&mut db)
+        .await?;
+    assert_eq!(still, token);
+    // Not a token: 0 and negative numbers do not decode as one.
+    for value in [0_i64, -5] {
+        let read = sqlx::query_scalar::<_, FencingToken>("SELECT $1::bigint")
+            .bind(value)
+            .fetch_one(&mut db)
+            .await;
+        assert!(
+            matches!(read, Err(sqlx::Error::ColumnDecode { .. })),
+            "{value}: {read:?}"
+        );
+    }
+    // INT8 only: an int column is not read as a token.
+    sqlx::query("UPDATE counter SET small = 7 WHERE id = 1")
+        .execute(&mut db)
+        .await?;
+    let small = sqlx::query_scalar::<_, FencingToken>("SELECT small FROM counter WHERE id = 1")
+        .fetch_one(&mut db)
+        .await;
+    assert!(small.is_err(), "{small:?}");
+    Ok(())
+}
