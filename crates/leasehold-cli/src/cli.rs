@@ -699,16 +699,18 @@ pub(crate) enum Bench {
     Guard(GuardArgs),
     /// How soon a new leader takes over an election: 3 candidate processes
     /// per way (polling, hand-off, quorum); the leader resigns, or is
-    /// stopped (SIGSTOP) and replaced when its term's lease runs out.
+    /// stopped (SIGSTOP) and replaced when its term's lease runs out; under
+    /// a Redis restart and killed connections, no error may reach them.
     ///
     /// Always starts its own throwaway redis-servers; it takes no
     /// --redis-url.
     #[command(after_help = concat!(
         "What it changes:
-  Redis: none of yours: its own throwaway redis-servers (3 with the quorum
-    way, else 1; stopped at the end) hold lock:{leader:bench-<way>}, its
-    fence:{leader:bench-<way>} counter and leader record (the hand-off way
-    also its :waitq and :waiters keys).
+  Redis: none of yours: its own throwaway redis-servers (3 for the quorum
+    way, 1 for each other; stopped at the end) hold
+    lock:{leader:bench-<way>}, its fence:{leader:bench-<way>} counter and
+    leader record (the hand-off way also its :waitq and :waiters keys);
+    the fault rounds restart them and kill their clients' connections.
   Processes: its own candidate processes (this binary), stopped with
     SIGSTOP and killed.
 
@@ -753,6 +755,10 @@ pub(crate) struct LeaderArgs {
     /// The ways of taking the term's lease, comma-separated [default: all]
     #[arg(long, value_enum, value_delimiter = ',')]
     pub(crate) ways: Vec<LeaderWay>,
+    /// Skip the fault rounds (a Redis restart and killed connections each
+    /// round, counting the errors that reach the candidates).
+    #[arg(long)]
+    pub(crate) no_faults: bool,
     /// Print JSON (one object per way, then the ratios) instead of text;
     /// no progress bar.
     #[arg(long)]

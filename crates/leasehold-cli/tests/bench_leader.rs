@@ -1,7 +1,8 @@
 //! `bench leader`: a short run prints a row per way and the ratios, and
 //! every measured round handed the election to another process, whose term
-//! has a greater fencing token. No timing is asserted: only that each
-//! figure is there.
+//! has a greater fencing token; under the fault rounds (a Redis restart,
+//! killed connections) no error reaches a candidate. No timing is
+//! asserted: only that each figure is there.
 
 mod common;
 use common::leasehold;
@@ -82,6 +83,34 @@ fn every_round_hands_over_to_another_candidate_with_a_greater_fence() -> TestRes
             assert!(last <= from && from < to, "{handover} after fence {last}");
             last = to;
         }
+        // Faults shorter than the budget: no error returned to a candidate,
+        // in any round (a lost term is not an error).
+        assert_eq!(row["errors"], 0, "{row}");
+        assert_eq!(row["errors_target_met"], true, "{row}");
+        let rounds = row["fault_rounds"].as_array().ok_or("no fault_rounds")?;
+        let faults: Vec<(u64, &str)> = rounds
+            .iter()
+            .filter_map(|r| Some((r["round"].as_u64()?, r["fault"].as_str()?)))
+            .collect();
+        assert_eq!(
+            faults,
+            [
+                (1, "restart"),
+                (1, "connections"),
+                (2, "restart"),
+                (2, "connections")
+            ],
+            "{row}"
+        );
+        for round in rounds {
+            assert_eq!(round["errors"], 0, "{round}");
+            assert!(round["lost_terms"].is_u64(), "{round}");
+        }
+        for fault in ["restart", "connections"] {
+            let figures = &row["faults"][fault];
+            assert_eq!(figures["rounds"], 2, "{row}");
+            assert_eq!(figures["errors"], 0, "{row}");
+        }
     }
     let ratio = rows
         .iter()
@@ -107,6 +136,9 @@ fn text_shows_the_table_the_ratios_and_the_targets() -> TestResult {
         "handoff: resigned leader replaced in ",
         "poll: resigned leader replaced in ",
         "(target TTL + 100 ms: ",
+        "fault end -> elected",
+        "poll: 0 errors returned to the candidates in the whole run (target 0: met)",
+        "handoff: 0 errors returned to the candidates in the whole run (target 0: met)",
     ] {
         assert!(stdout.contains(line), "{line}: {stdout}");
     }

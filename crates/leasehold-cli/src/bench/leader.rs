@@ -4,8 +4,8 @@
 //! TTL + 100 ms, one that resigns within 50 ms, measured with 3 processes.
 //! Per way (poll: a `Locker`; handoff: a `HandoffLocker`; quorum: a
 //! `Quorum` of 3 servers) three candidate processes of this binary
-//! ([`candidate`]) campaign in a loop on one election on throwaway
-//! redis-servers, and report each term on stdout. Every round, for every
+//! ([`candidate`]) campaign in a loop on one election on the way's own
+//! throwaway redis-servers (5 in all, so that a fault reaches one way), and report each term on stdout. Every round, for every
 //! way (in an order that rotates by round):
 //!
 //! - **resigned**: the leader is told to resign; measured from just before
@@ -20,6 +20,24 @@
 //!   quorum's: when a majority of its nodes have let it go) to the
 //!   election: the time followers take to notice. Then the stopped
 //!   process is killed and a fresh candidate takes its place.
+//!
+//! Then (unless `--no-faults`), for every way, two fault rounds, each
+//! shorter than the election's budget (30 s), for issue 27's third target,
+//! "0 errors reach the service for faults shorter than its budget":
+//!
+//! - **restart**: the way's server is killed and started again, empty (no
+//!   persistence): the lock, the queue and the counter are gone; for the
+//!   quorum, one node (the round's number modulo 3);
+//! - **connections**: `CLIENT KILL TYPE normal` on each of the way's
+//!   servers, 4 times 300 ms apart.
+//!
+//! Each counts the errors the candidates' library calls returned to them
+//! (a campaign's, a resign's other than `NotHeld` or `LeaseLost`; the
+//! candidates print each one), the terms lost (not errors), and the time
+//! from the fault's end to the next election, read as a new `elected`
+//! event (negative: during the fault). A leader still leading one TTL +
+//! 500 ms after the fault's end kept its term: no election to time. Every
+//! error a candidate reports, in any round, counts in its way's total.
 //!
 //! Before each measurement the team settles for 200 ms, so the last leader
 //! campaigns again (queued, or polling) before anything happens. A round
@@ -68,6 +86,14 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// before the bench gives up.
 const SPOILED_IN_A_ROW: u32 = 5;
 
+/// How many times, and how far apart, the connections fault kills the
+/// clients.
+const KILLS: u32 = 4;
+const KILL_EVERY: Duration = Duration::from_millis(300);
+
+/// How long after a fault's end a leader still leading has kept its term.
+const KEPT_MARGIN: Duration = Duration::from_millis(500);
+
 /// Issue 27's targets.
 const RESIGN_TARGET_MS: f64 = 50.0;
 const STOP_TARGET_EXCESS_MS: f64 = 100.0;
@@ -83,12 +109,15 @@ pub(crate) async fn run(args: &LeaderArgs) -> anyhow::Result<ExitCode> {
             ways.push(*way);
         }
     }
-    let nodes = if ways.contains(&LeaderWay::Quorum) {
-        3
-    } else {
-        1
-    };
-    let servers = tokio::task::spawn_blocking(move || RedisServer::start_many(nodes))
+    // Each way its own servers, so that a fault round reaches one way.
+    let mut ranges = Vec::new();
+    let mut nodes = 0;
+    for &way in &ways {
+        let n = if way == LeaderWay::Quorum { 3 } else { 1 };
+        ranges.push(nodes..nodes + n);
+        nodes += n;
+    }
+    let mut servers = tokio::task::spawn_blocking(move || RedisServer::start_many(nodes))
         .await
         .context("starting throwaway redis-servers")?
         .context("starting throwaway redis-servers")?;
@@ -103,15 +132,11 @@ pub(crate) async fn run(args: &LeaderArgs) -> anyhow::Result<ExitCode> {
         urls.join(", ")
     );
     let mut teams = Vec::new();
-    for &way in &ways {
-        let urls = if way == LeaderWay::Quorum {
-            urls.clone()
-        } else {
-            vec![urls[0].clone()]
-        };
-        teams.push(Team::start(way, urls, args.ttl).await?);
+    for (&way, range) in ways.iter().zip(&ranges) {
+        teams.push(Team::start(way, urls[range.clone()].to_vec(), args.ttl).await?);
     }
-    let len = u64::from(args.rounds) * teams.len() as u64 * 2;
+    let faults: &[Fault] = if args.no_faults { &[] } else { &Fault::ALL };
+    let len = u64::from(args.rounds) * teams.len() as u64 * (2 + faults.len() as u64);
     let progress = Measurements::new("bench leader", len, args.json);
     for round in 1..=args.rounds {
         let n = teams.len();
@@ -132,8 +157,25 @@ pub(crate) async fn run(args: &LeaderArgs) -> anyhow::Result<ExitCode> {
             ));
             teams[i].stop_round(round).await?;
         }
+        for &i in &order {
+            for &fault in faults {
+                progress.start(format!(
+                    "round {round}/{}: {}, {}",
+                    args.rounds,
+                    teams[i].way.name(),
+                    fault.name()
+                ));
+                teams[i]
+                    .fault_round(round, fault, &mut servers[ranges[i].clone()])
+                    .await?;
+            }
+        }
     }
     drop(progress);
+    for team in &mut teams {
+        // What the candidates said since the team's last round.
+        while team.pump(Instant::now()).await?.is_some() {}
+    }
     report(&teams, args);
     let mut broken = false;
     for team in &teams {
@@ -220,6 +262,120 @@ impl Team {
     }
 }
 
+/// A fault, injected on a way's servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    Restart,
+    Connections,
+}
+
+impl Fault {
+    const ALL: [Fault; 2] = [Fault::Restart, Fault::Connections];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Restart => "restart",
+            Fault::Connections => "connections",
+        }
+    }
+
+    /// Injects the fault on `servers` (a way's); returns when it ended, in
+    /// microseconds since the epoch.
+    async fn inject(self, servers: &mut [RedisServer], round: u32) -> anyhow::Result<u64> {
+        match self {
+            Fault::Restart => {
+                let at = round as usize % servers.len();
+                tokio::task::block_in_place(|| servers[at].restart())
+                    .context("restarting a redis-server")?;
+            }
+            Fault::Connections => {
+                for kill in 0..KILLS {
+                    if kill > 0 {
+                        tokio::time::sleep(KILL_EVERY).await;
+                    }
+                    for server in servers.iter() {
+                        tokio::task::block_in_place(|| {
+                            server.command(&["CLIENT", "KILL", "TYPE", "normal"])
+                        })
+                        .context("killing a redis-server's connections")?;
+                    }
+                }
+            }
+        }
+        Ok(now_us())
+    }
+}
+
+/// One fault round's outcome.
+struct FaultRound {
+    round: u32,
+    fault: Fault,
+    /// Errors returned to the candidates during the round.
+    errors: usize,
+    /// The terms lost during the round, with their causes.
+    lost: Vec<String>,
+    /// From the fault's end to the next election; `None`: the leader kept
+    /// its term.
+    to_elected_ms: Option<f64>,
+}
+
+impl FaultRound {
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "round": self.round,
+            "fault": self.fault.name(),
+            "errors": self.errors,
+            "lost_terms": self.lost.len(),
+            "lost": self.lost,
+            "fault_end_to_elected_ms": self.to_elected_ms.map(round3),
+        })
+    }
+}
+
+/// A way's figures under one fault, over rounds.
+struct FaultFigures {
+    fault: Fault,
+    rounds: usize,
+    errors: usize,
+    lost_terms: usize,
+    kept: usize,
+    to_elected: Spread,
+}
+
+impl Team {
+    fn fault_figures(&self) -> Vec<FaultFigures> {
+        Fault::ALL
+            .iter()
+            .map(|&fault| {
+                let rounds: Vec<&FaultRound> =
+                    self.faults.iter().filter(|r| r.fault == fault).collect();
+                let elected: Vec<f64> = rounds.iter().filter_map(|r| r.to_elected_ms).collect();
+                FaultFigures {
+                    fault,
+                    rounds: rounds.len(),
+                    errors: rounds.iter().map(|r| r.errors).sum(),
+                    lost_terms: rounds.iter().map(|r| r.lost.len()).sum(),
+                    kept: rounds.len() - elected.len(),
+                    to_elected: Spread::of(&elected),
+                }
+            })
+            .filter(|f| f.rounds > 0)
+            .collect()
+    }
+}
+
+impl FaultFigures {
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "rounds": self.rounds,
+            "errors": self.errors,
+            "lost_terms": self.lost_terms,
+            "kept": self.kept,
+            "fault_end_to_elected_ms": self.to_elected.json(),
+        })
+    }
+}
+
 fn met(met: bool) -> &'static str {
     if met { "met" } else { "MISSED" }
 }
@@ -255,6 +411,16 @@ fn report(teams: &[Team], args: &LeaderArgs) {
                     "redone": team.redone,
                     "fences": team.fences,
                     "handovers": team.handovers.iter().map(Handover::json).collect::<Vec<_>>(),
+                    "errors": team.errors.len(),
+                    "error_texts": team.errors,
+                    "errors_target_met": team.errors.is_empty(),
+                    "lost_terms": team.lost.len(),
+                    "faults": team
+                        .fault_figures()
+                        .iter()
+                        .map(|f| (f.fault.name().to_owned(), f.json()))
+                        .collect::<serde_json::Map<_, _>>(),
+                    "fault_rounds": team.faults.iter().map(FaultRound::json).collect::<Vec<_>>(),
                 })
             );
         }
@@ -295,6 +461,26 @@ fn report(teams: &[Team], args: &LeaderArgs) {
             "handoff / poll (of the medians): resigned {resign:.3}, stopped {stop:.3}, expiry -> elected {expiry:.3}"
         );
     }
+    if teams.iter().any(|t| !t.faults.is_empty()) {
+        println!(
+            "{:<8} {:<12} {:>6} {:>6} {:>10} {:>5} {:>26}",
+            "way", "fault", "rounds", "errors", "lost terms", "kept", "fault end -> elected"
+        );
+        for team in teams {
+            for f in team.fault_figures() {
+                println!(
+                    "{:<8} {:<12} {:>6} {:>6} {:>10} {:>5} {:>26}",
+                    team.way.name(),
+                    f.fault.name(),
+                    f.rounds,
+                    f.errors,
+                    f.lost_terms,
+                    f.kept,
+                    f.to_elected.text()
+                );
+            }
+        }
+    }
     for (team, f) in teams.iter().zip(&figures) {
         println!(
             "{}: resigned leader replaced in {:.1} ms (target 50 ms: {}); stopped leader in TTL {:+.1} ms (target TTL + 100 ms: {})",
@@ -304,6 +490,16 @@ fn report(teams: &[Team], args: &LeaderArgs) {
             f.stop_excess.median,
             met(f.stop_excess.median <= STOP_TARGET_EXCESS_MS)
         );
+        println!(
+            "{}: {} errors returned to the candidates in the whole run (target 0: {}); {} terms lost",
+            team.way.name(),
+            team.errors.len(),
+            met(team.errors.is_empty()),
+            team.lost.len()
+        );
+        for error in &team.errors {
+            println!("{}: error: {error}", team.way.name());
+        }
         if team.redone > 0 {
             println!(
                 "{}: {} measurements redone (the leader lost its term on its own first)",
@@ -375,6 +571,11 @@ struct Team {
     expiry_ms: Vec<f64>,
     redone: u32,
     violations: Vec<String>,
+    /// Every error a candidate reported, as `c<id>: <call>: <error>`.
+    errors: Vec<String>,
+    /// Every term lost, in any round, as `c<id>: <cause>`.
+    lost: Vec<String>,
+    faults: Vec<FaultRound>,
 }
 
 impl Team {
@@ -383,16 +584,7 @@ impl Team {
         let lock = FencedKeys::for_resource(&format!("leader:{election}"))?
             .lock()
             .to_owned();
-        let mut nodes = Vec::new();
-        for url in &urls {
-            let client = redis::Client::open(url.as_str())?;
-            nodes.push(
-                client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .with_context(|| format!("connecting to {url}"))?,
-            );
-        }
+        let nodes = connect(&urls).await?;
         let (sender, events) = mpsc::unbounded_channel();
         let mut team = Team {
             way,
@@ -418,6 +610,9 @@ impl Team {
             expiry_ms: Vec::new(),
             redone: 0,
             violations: Vec::new(),
+            errors: Vec::new(),
+            lost: Vec::new(),
+            faults: Vec::new(),
         };
         let mut waiting = Vec::new();
         for _ in 0..CANDIDATES {
@@ -533,9 +728,14 @@ impl Team {
                 self.fences.push(fence);
                 self.leader = Some((id, fence));
             }
-            Event::Resigned { .. } | Event::Lost { .. } => {
+            Event::Resigned { .. } | Event::Lost { .. } | Event::Error { .. } => {
                 if self.leader.is_some_and(|(leader, _)| leader == id) {
                     self.leader = None;
+                }
+                match event {
+                    Event::Lost { cause, .. } => self.lost.push(format!("c{id}: {cause}")),
+                    Event::Error { text, .. } => self.errors.push(format!("c{id}: {text}")),
+                    _ => {}
                 }
             }
             Event::Ready => {}
@@ -607,7 +807,7 @@ impl Team {
                     (id, Event::Resigned { before_us, .. }) if id == leader => {
                         resigned = Some(before_us);
                     }
-                    (id, Event::Lost { .. }) if id == leader => lost = true,
+                    (id, Event::Lost { .. } | Event::Error { .. }) if id == leader => lost = true,
                     (id, Event::Elected { fence, at_us }) if id != leader && elected.is_none() => {
                         elected = Some((id, fence, at_us));
                     }
@@ -685,6 +885,51 @@ impl Team {
         }
     }
 
+    /// A fault on the way's `servers` while the leader leads and the others
+    /// campaign; then waits for the next election, or for the leader to
+    /// have kept its term.
+    async fn fault_round(
+        &mut self,
+        round: u32,
+        fault: Fault,
+        servers: &mut [RedisServer],
+    ) -> anyhow::Result<()> {
+        let (leader, fence) = self.settle(Duration::ZERO).await?;
+        let (errors, lost) = (self.errors.len(), self.lost.len());
+        let ended_us = fault.inject(servers, round).await?;
+        let kept_by = Instant::now() + self.ttl + KEPT_MARGIN;
+        let hang = Instant::now() + self.hang();
+        let elected_us = loop {
+            let leading = self.leader == Some((leader, fence));
+            if leading && Instant::now() >= kept_by {
+                break None;
+            }
+            match self.pump(if leading { kept_by } else { hang }).await? {
+                Some((_, Event::Elected { at_us, .. })) => break Some(at_us),
+                Some(_) => {}
+                None => anyhow::ensure!(
+                    leading,
+                    "{}: no leader elected within {:?} of a {} fault",
+                    self.way.name(),
+                    self.hang(),
+                    fault.name()
+                ),
+            }
+        };
+        // The old leader may find its term lost after another's election.
+        while self.pump(kept_by).await?.is_some() {}
+        // The fault ended the bench's own connections too.
+        self.nodes = connect(&self.spec.urls).await?;
+        self.faults.push(FaultRound {
+            round,
+            fault,
+            errors: self.errors.len() - errors,
+            lost: self.lost[lost..].to_vec(),
+            to_elected_ms: elected_us.map(|at_us| micros_between(ended_us, at_us)),
+        });
+        Ok(())
+    }
+
     /// Kills candidate `id` (stopped) and starts a fresh one.
     async fn replace(&mut self, id: u32) -> anyhow::Result<()> {
         if let Some(at) = self.members.iter().position(|m| m.id == id) {
@@ -723,6 +968,21 @@ impl Team {
         expiries.sort_unstable();
         Ok(expiries[expiries.len() / 2])
     }
+}
+
+/// A connection to each of `urls`.
+async fn connect(urls: &[String]) -> anyhow::Result<Vec<MultiplexedConnection>> {
+    let mut nodes = Vec::new();
+    for url in urls {
+        let client = redis::Client::open(url.as_str())?;
+        nodes.push(
+            client
+                .get_multiplexed_async_connection()
+                .await
+                .with_context(|| format!("connecting to {url}"))?,
+        );
+    }
+    Ok(nodes)
 }
 
 /// Milliseconds from `from` to `to`, both in microseconds since the epoch.

@@ -12,6 +12,11 @@
 //! campaigns again: a polling candidate that campaigned at once would often
 //! win its own lock back before a follower's next poll, and the bench
 //! measures the hand-over to another process. It exits when stdin closes.
+//!
+//! An error a library call returns to it (a campaign's, or a resign's
+//! other than `NotHeld` or `LeaseLost`, which say the term was lost) is
+//! printed as an [`Event::Error`] and the candidate goes on: it campaigns
+//! again, as a service would. The bench counts them.
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -45,6 +50,8 @@ pub(crate) enum Event {
     Resigned { before_us: u64, after_us: u64 },
     /// The term was lost (`Term::lost`, or a resign that found it gone).
     Lost { at_us: u64, cause: String },
+    /// A library call returned an error to the candidate: `call: error`.
+    Error { at_us: u64, text: String },
 }
 
 impl fmt::Display for Event {
@@ -57,6 +64,8 @@ impl fmt::Display for Event {
                 after_us,
             } => write!(f, "resigned {before_us} {after_us}"),
             Event::Lost { at_us, cause } => write!(f, "lost {at_us} {cause}"),
+            // One line: an error's chain may span several.
+            Event::Error { at_us, text } => write!(f, "error {at_us} {}", text.replace('\n', " ")),
         }
     }
 }
@@ -79,6 +88,10 @@ impl Event {
             "lost" => Event::Lost {
                 at_us: number(words.next())?,
                 cause: words.next().unwrap_or_default().to_owned(),
+            },
+            "error" => Event::Error {
+                at_us: number(words.next())?,
+                text: words.next().unwrap_or_default().to_owned(),
             },
             _ => return None,
         };
@@ -146,12 +159,22 @@ async fn campaign<L: Lessor>(
             tokio::pin!(campaign);
             loop {
                 tokio::select! {
-                    term = &mut campaign => break term?,
+                    term = &mut campaign => break term,
                     // Commands for a term that is over: ignored.
                     line = commands.next_line() => if line?.is_none() {
                         return Ok(());
                     },
                 }
+            }
+        };
+        let term = match term {
+            Ok(term) => term,
+            Err(err) => {
+                say(&Event::Error {
+                    at_us: now_us(),
+                    text: format!("campaign: {:#}", anyhow::Error::new(err)),
+                });
+                continue;
             }
         };
         let fence = term.fence().get();
@@ -188,9 +211,16 @@ async fn campaign<L: Lessor>(
                         before_us,
                         after_us,
                     },
-                    Err(err) => Event::Lost {
+                    Err(
+                        err @ (leasehold::Error::NotHeld { .. }
+                        | leasehold::Error::LeaseLost { .. }),
+                    ) => Event::Lost {
                         at_us: after_us,
                         cause: format!("resign: {err}"),
+                    },
+                    Err(err) => Event::Error {
+                        at_us: after_us,
+                        text: format!("resign: {:#}", anyhow::Error::new(err)),
                     },
                 });
                 loop {
@@ -224,6 +254,10 @@ mod tests {
             Event::Lost {
                 at_us: 5,
                 cause: "resign: lock not held".to_owned(),
+            },
+            Event::Error {
+                at_us: 6,
+                text: "campaign: redis: connection refused".to_owned(),
             },
         ] {
             assert_eq!(Event::parse(&event.to_string()), Some(event));
