@@ -51,6 +51,11 @@
 //! ms; target 50 ms); a stopped one (SIGSTOP) at 0.78 to 0.84 TTL after
 //! the stop, one TTL after its last refresh plus 2.5 ms (hand-off) or 4
 //! to 5 ms (polling), never later than TTL + 6 ms (target TTL + 100 ms).
+//! Under a Redis restart (empty; one node of a quorum) and killed
+//! connections, 10 rounds per way in each of two runs, 0 errors reached
+//! the candidates (target 0); terms were lost, not errors: a restart's
+//! empty server ends the term it held, and connections killed every
+//! 300 ms ended the leader's term in every round.
 //!
 //! A campaign rides out faults (Redis restarting, a killed connection, a
 //! full server, a failover) as the acquire does, round after round, and

@@ -476,7 +476,11 @@ fn report(teams: &[Team], args: &LeaderArgs) {
                     f.errors,
                     f.lost_terms,
                     f.kept,
-                    f.to_elected.text()
+                    if f.kept == f.rounds {
+                        "- (term kept)".to_owned()
+                    } else {
+                        f.to_elected.text()
+                    }
                 );
             }
         }
