@@ -251,3 +251,29 @@ async fn release_and_drop_stop_the_watchdog_and_cancel_its_token() -> TestResult
     again.release().await?;
     Ok(())
 }
+
+/// Connections killed more often than the watchdog refreshes (every 30
+/// ms against a 600 ms TTL, refreshed every 200 ms), with Redis up
+/// throughout: the request that finds its connection killed fails, the
+/// next goes out on a new one, and the lease outlives the kills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_keeps_a_lease_through_connections_killed_faster_than_it_refreshes()
+-> TestResult {
+    let (server, mut conn, locker) = setup().await?;
+    let opts = AcquireOptions::new().watchdog(true);
+    let lease = locker.acquire_with("t:killed", 600 * MS, &opts).await?;
+    for _ in 0..60 {
+        server.command(&["CLIENT", "KILL", "TYPE", "normal"])?;
+        tokio::time::sleep(30 * MS).await;
+    }
+    assert_eq!(lease.lost(), None);
+    // The test's own connection was killed too: its first request may
+    // fail, and the next goes out anew.
+    let stored: Option<String> = match conn.get("t:killed").await {
+        Ok(stored) => stored,
+        Err(_) => conn.get("t:killed").await?,
+    };
+    assert_eq!(stored.as_deref(), Some(lease.token().as_str()));
+    lease.release().await?;
+    Ok(())
+}
