@@ -495,10 +495,18 @@ impl Lease {
             ))?;
             self.watchdog.get_or_init(|| {
                 let (backend, parts) = (self.backend.clone(), self.parts.clone());
-                let refresh = move |ttl, deadline| {
+                // A fault that may pass (a killed connection: the request
+                // that finds it broken fails, the next reconnects) is
+                // retried within the refresh's own bound, not a period
+                // later.
+                let refresh = move |ttl, deadline: Instant| {
                     let (backend, parts) = (backend.clone(), parts.clone());
                     async move {
-                        let gone = refresh_all(&*backend, &parts, ttl, deadline).await?;
+                        let per_try = backend.command_timeout();
+                        let gone = crate::call::retrying(Instant::now(), deadline, per_try, |d| {
+                            refresh_all(&*backend, &parts, ttl, d)
+                        })
+                        .await?;
                         Ok(gone.is_none())
                     }
                 };
