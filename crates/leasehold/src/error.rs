@@ -443,8 +443,10 @@ impl Error {
     /// busy with a script, a cluster slot was moving (`TRYAGAIN`, or a
     /// `MOVED` / `ASK` redirect the cluster client stopped following while
     /// the nodes disagreed on the slot's owner: Redis ran nothing), or its
-    /// replicas did not acknowledge the lock in time, or it refused our
-    /// credentials. `Unreachable` and `Auth` count as
+    /// replicas did not acknowledge the lock in time, or its script cache
+    /// lacked a script (`NOSCRIPT`: a failover or restart emptied it, the
+    /// script did not run, and the next try loads it again), or it refused
+    /// our credentials. `Unreachable` and `Auth` count as
     /// retryable because the connection
     /// [`Locker::connect`](crate::Locker::connect) opens reconnects, and
     /// authenticates again with backoff until the server accepts it (other
@@ -483,6 +485,7 @@ impl Error {
                                 | "MASTERDOWN"
                                 | "READONLY"
                                 | "NOREPLICAS"
+                                | "NOSCRIPT"
                         )
                     )
             }
@@ -655,6 +658,19 @@ mod tests {
             source = inner.source();
         }
         links
+    }
+
+    /// A script missing from the cache (a failover emptied it) ran
+    /// nothing: a fault an acquire rides out.
+    #[test]
+    fn a_missing_script_is_retryable() {
+        let err = Error::from_redis(
+            "acquire",
+            "lock:k",
+            server_error("NOSCRIPT No matching script. Please use EVAL."),
+        );
+        assert!(err.is_retryable(), "{err:?}");
+        assert!(crate::call::fault_may_pass(&err));
     }
 
     /// A server's reply or an I/O error appears once in an error's chain
