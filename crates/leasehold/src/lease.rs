@@ -429,11 +429,12 @@ impl Lease {
         // A fault that may pass is retried while the lease can still be
         // saved (until its confirmed deadline). The new validity counts from
         // the first try's send time: never later than the one that landed.
-        let refreshed = crate::call::retrying(
+        let refreshed = refresh_retrying(
+            &*self.backend,
+            &self.parts,
+            ttl,
             sent_at,
             self.valid_until(),
-            self.backend.command_timeout(),
-            |deadline| refresh_all(&*self.backend, &self.parts, ttl, deadline),
         )
         .await;
         let key = self.key();
@@ -502,11 +503,9 @@ impl Lease {
                 let refresh = move |ttl, deadline: Instant| {
                     let (backend, parts) = (backend.clone(), parts.clone());
                     async move {
-                        let per_try = backend.command_timeout();
-                        let gone = crate::call::retrying(Instant::now(), deadline, per_try, |d| {
-                            refresh_all(&*backend, &parts, ttl, d)
-                        })
-                        .await?;
+                        let gone =
+                            refresh_retrying(&*backend, &parts, ttl, Instant::now(), deadline)
+                                .await?;
                         Ok(gone.is_none())
                     }
                 };
@@ -923,6 +922,23 @@ where
     runtime.spawn(async move {
         log_release(&key, &release.await, true);
     });
+}
+
+/// [`refresh_all`], with a fault that may pass retried from `start` until
+/// `until` (at least one command timeout): the one retry of a caller's
+/// refresh and the watchdog's. Each try is token-checked, so repeating one
+/// that may have landed is harmless.
+async fn refresh_retrying(
+    backend: &dyn Backend,
+    parts: &[Part],
+    ttl: Duration,
+    start: Instant,
+    until: Instant,
+) -> Result<Option<String>> {
+    crate::call::retrying(start, until, backend.command_timeout(), |deadline| {
+        refresh_all(backend, parts, ttl, deadline)
+    })
+    .await
 }
 
 /// Refreshes every part; `Some(key)` names the first whose key no longer
