@@ -15,7 +15,8 @@ use std::time::Duration;
 use job_runner::{Error, Ran, claim_and_run, enqueue, run_next, setup};
 use leasehold::Locker;
 use leasehold_chaos::{
-    Call, ControlVerdict, Fault, Harness, Kind, Lab, LabOptions, Lock, Outcome, RunReport, Writes,
+    Call, ControlVerdict, Fault, Harness, Kind, Lab, LabOptions, Lock, Outcome, RunReport, Verdict,
+    Writes,
 };
 use leasehold_pg::tokio_postgres::Client;
 use leasehold_testkit::PostgresServer;
@@ -218,8 +219,20 @@ async fn every_job_runs_once_with_a_one_millisecond_ttl() -> TestResult {
     eprintln!("1 ms ttl: {}", report.summary());
     assert!(report.holds(), "{}", report.summary());
     assert!(report.check.counts.writes.accepted > 0);
+    // The lock broke and the runner absorbed it, with a control that
+    // shows the test could have seen a break. Not "the guard refused
+    // some writes": a second holder that commits after the first finds
+    // the job already claimed, so the guard need not refuse anything,
+    // and how many it refuses depends on commit order (CI once saw 176
+    // double holders and 0 refusals).
     assert!(
-        report.check.counts.writes.refused_stale > 0,
+        matches!(
+            report.verdict(),
+            Verdict::Held {
+                double_holders: 1..,
+                control_caught: true
+            }
+        ),
         "{}",
         report.summary()
     );
