@@ -125,6 +125,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::budget::Budget;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::fencing::{FencedKeys, FencingToken};
 use crate::lease::Lease;
@@ -178,6 +179,14 @@ struct Inner<L> {
     step_down: Duration,
     /// When a term of this election last resigned (shared with its terms).
     resigned_at: Arc<Mutex<Option<Instant>>>,
+}
+
+impl<L> Inner<L> {
+    /// The fault budget of a run of faults: `faults`, started now at the
+    /// first fault of the run (`None`: no fault since the last answer).
+    fn fault_budget(&self, faults: &mut Option<Budget>) -> Budget {
+        *faults.get_or_insert_with(|| Budget::from_now(self.budget))
+    }
 }
 
 impl<L: Lessor> Clone for Election<L> {
@@ -421,9 +430,9 @@ impl<L: Lessor> Election<L> {
             }
         }
         let round = inner.budget.min(inner.ttl.max(MIN_ROUND));
-        // When the first round in a row that ended in a fault ended: a
-        // fault is reported once rounds have failed for the budget since.
-        let mut faulting_since: Option<Instant> = None;
+        // The fault budget, started when the first round in a row that
+        // ended in a fault ended: a fault is reported once it is spent.
+        let mut faults: Option<Budget> = None;
         loop {
             let started = Instant::now();
             let opts = inner.options.clone().wait(round);
@@ -434,11 +443,10 @@ impl<L: Lessor> Election<L> {
             {
                 Ok(lease) => return self.begin(lease).await,
                 Err(Error::NotAcquired { reason, .. }) if reason != GiveUpReason::Cancelled => {
-                    faulting_since = None;
+                    faults = None;
                 }
                 Err(err) if crate::call::fault_may_pass(&err) => {
-                    let since = *faulting_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= inner.budget {
+                    if inner.fault_budget(&mut faults).is_spent() {
                         return Err(err);
                     }
                     tracing::debug!(
@@ -812,11 +820,11 @@ impl<L: Lessor> Observer<L> {
     /// compares with the last state returned.
     pub async fn changed(&mut self) -> Result<Option<Leader>> {
         let inner = &*self.election.inner;
-        let mut failing_since: Option<Instant> = None;
+        let mut faults: Option<Budget> = None;
         loop {
             match self.election.leader().await {
                 Ok(leader) => {
-                    failing_since = None;
+                    faults = None;
                     let now = leader.as_ref().map(|l| (l.holder, l.fence));
                     if !self.started || now != self.last {
                         self.started = true;
@@ -825,8 +833,7 @@ impl<L: Lessor> Observer<L> {
                     }
                 }
                 Err(err) if crate::call::fault_may_pass(&err) => {
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= inner.budget {
+                    if inner.fault_budget(&mut faults).is_spent() {
                         return Err(err);
                     }
                 }

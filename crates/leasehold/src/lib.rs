@@ -185,6 +185,7 @@
 //! 4. The crate root: these docs and the `pub use` list.
 
 // Protocol: the connection, the scripts and the token-checked steps.
+mod budget;
 mod call;
 mod compare;
 mod connection;

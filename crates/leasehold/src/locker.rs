@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use std::future::Future;
 
+use crate::budget::Budget;
 use crate::compare::Step;
 use crate::connection::{Connection, RECONNECT_RETRIES};
 use crate::endpoint::Endpoint;
@@ -447,7 +448,7 @@ impl<C: RedisConnection> Way for Locker<C> {
         target: Target,
         ttl: Duration,
         opts: &AcquireOptions,
-        start: Instant,
+        budget: Budget,
     ) -> Result<Lease> {
         let token = LeaseToken::generate()?;
         let px = ttl_millis(ttl);
@@ -456,7 +457,7 @@ impl<C: RedisConnection> Way for Locker<C> {
         let (fence, sent_at) = rounds::acquire_rounds(
             &target.lock,
             opts,
-            start,
+            budget,
             node.command_timeout(),
             |deadline| {
                 node.counters.acquire_request();

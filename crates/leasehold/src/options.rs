@@ -5,6 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::Budget;
 use crate::error::{Error, Result};
 use crate::retry::RetryStrategy;
 
@@ -170,14 +171,6 @@ impl AcquireOptions {
         }
     }
 
-    /// The same options with the deadline fixed at the one they give from
-    /// `start`, so that several acquires share it.
-    pub(crate) fn fixed_from(&self, start: Instant) -> AcquireOptions {
-        let mut fixed = self.clone();
-        fixed.deadline = Deadline::At(self.deadline_from(start));
-        fixed
-    }
-
     /// Resolves when the caller's token is cancelled; never without one.
     pub(crate) async fn cancelled(&self) {
         match &self.cancel {
@@ -186,11 +179,14 @@ impl AcquireOptions {
         }
     }
 
-    pub(crate) fn deadline_from(&self, start: Instant) -> Instant {
-        match self.deadline {
+    /// The acquire's wait, resolved once at its entry (`start`, when the
+    /// checks passed): every layer below sees only this budget.
+    pub(crate) fn budget(&self, start: Instant) -> Budget {
+        let deadline = match self.deadline {
             Deadline::Default => start + DEFAULT_WAIT,
             Deadline::After(wait) => start + wait,
             Deadline::At(at) => at,
-        }
+        };
+        Budget::until(start, deadline)
     }
 }

@@ -71,6 +71,7 @@ use tokio::time::Instant;
 
 use std::future::Future;
 
+use crate::budget::Budget;
 use crate::compare::Step;
 use crate::connection::Connection;
 use crate::error::{Error, GiveUpReason, Result};
@@ -271,9 +272,9 @@ impl<C: RedisConnection> Way for Quorum<C> {
         target: Target,
         ttl: Duration,
         opts: &AcquireOptions,
-        start: Instant,
+        budget: Budget,
     ) -> Result<Lease> {
-        self.take_one(target, ttl, opts, start).await
+        self.take_one(target, ttl, opts, budget).await
     }
 
     fn command_timeout(&self) -> Duration {
@@ -364,7 +365,7 @@ impl<C: RedisConnection> Quorum<C> {
         target: Target,
         ttl: Duration,
         opts: &AcquireOptions,
-        start: Instant,
+        budget: Budget,
     ) -> Result<Lease> {
         let token = LeaseToken::generate()?;
         let last_round = std::sync::Mutex::new(Round::default());
@@ -372,7 +373,7 @@ impl<C: RedisConnection> Quorum<C> {
         let outcome = rounds::acquire_rounds(
             &target.lock,
             opts,
-            start,
+            budget,
             // Two rounds of votes plus a cleanup round per attempt.
             inner.node_timeout * 3,
             |deadline| inner.attempt(&target, &token, ttl, deadline, &last_round),

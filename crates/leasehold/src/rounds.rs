@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::budget::Budget;
 use crate::call::fault_may_pass;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::node::Attempt;
@@ -23,8 +24,7 @@ pub(crate) struct Rounds<'a> {
     key: &'a str,
     opts: &'a AcquireOptions,
     command_timeout: Duration,
-    start: Instant,
-    deadline: Instant,
+    budget: Budget,
     waits: Peekable<Waits>,
     attempts: u32,
     /// Whether the last attempt's request had less than the command
@@ -33,19 +33,19 @@ pub(crate) struct Rounds<'a> {
 }
 
 impl<'a> Rounds<'a> {
-    /// Rounds for an acquire of `key` that started at `start`.
+    /// Rounds for an acquire of `key` within `budget`, each request bounded
+    /// by `command_timeout` too.
     pub(crate) fn new(
         key: &'a str,
         opts: &'a AcquireOptions,
+        budget: Budget,
         command_timeout: Duration,
-        start: Instant,
     ) -> Self {
         Rounds {
             key,
             opts,
             command_timeout,
-            start,
-            deadline: opts.deadline_from(start),
+            budget,
             waits: opts.retry.waits().peekable(),
             attempts: 0,
             cut_short: false,
@@ -54,7 +54,13 @@ impl<'a> Rounds<'a> {
 
     /// When the caller stops waiting.
     pub(crate) fn deadline(&self) -> Instant {
-        self.deadline
+        self.budget.deadline()
+    }
+
+    /// When the acquire started.
+    #[cfg(feature = "handoff")]
+    pub(crate) fn start(&self) -> Instant {
+        self.budget.start()
     }
 
     /// The error for giving up now, for `reason`.
@@ -62,7 +68,7 @@ impl<'a> Rounds<'a> {
         Error::NotAcquired {
             key: self.key.to_owned(),
             attempts: self.attempts,
-            waited: self.start.elapsed(),
+            waited: self.budget.start().elapsed(),
             reason,
         }
     }
@@ -79,23 +85,30 @@ impl<'a> Rounds<'a> {
     /// counts it and returns its send time and the deadline of its request
     /// (the caller's, capped by the command timeout).
     pub(crate) fn attempt(&mut self) -> Result<(Instant, Instant)> {
-        self.check_cancelled()?;
-        let sent_at = Instant::now();
-        if sent_at >= self.deadline {
-            return Err(self.give_up(GiveUpReason::DeadlineExpired));
-        }
+        let sent_at = self.request()?;
         self.attempts = self.attempts.saturating_add(1);
         Progress::update(|p| p.attempt(self.attempts, sent_at));
-        let full = sent_at + self.command_timeout;
-        self.cut_short = self.deadline < full;
-        Ok((sent_at, self.deadline.min(full)))
+        let (deadline, cut_short) = self.budget.for_request(sent_at, self.command_timeout);
+        self.cut_short = cut_short;
+        Ok((sent_at, deadline))
+    }
+
+    /// Now, for a request about to be sent: gives up if cancelled or past
+    /// the deadline.
+    fn request(&self) -> Result<Instant> {
+        self.check_cancelled()?;
+        let now = Instant::now();
+        if now >= self.budget.deadline() {
+            return Err(self.give_up(GiveUpReason::DeadlineExpired));
+        }
+        Ok(now)
     }
 
     /// Whether the last attempt was a timeout only because the caller's
     /// deadline left it less than the command timeout, and that deadline
     /// has now passed.
     fn timed_out_at_the_deadline(&self, err: &Error) -> bool {
-        self.cut_short && matches!(err, Error::Timeout { .. }) && Instant::now() >= self.deadline
+        self.cut_short && matches!(err, Error::Timeout { .. }) && self.budget.is_spent()
     }
 
     /// Counts an attempt answered without a request (in process).
@@ -224,9 +237,10 @@ impl Progress {
     }
 }
 
-/// One `attempt` per round for an acquire that started at `start`, each
-/// bounded by the caller's deadline and `command_timeout` and raced against the caller's cancellation token, with
-/// waits from the retry strategy in between. Returns what the winning attempt
+/// One `attempt` per round for an acquire within `budget`, each bounded by
+/// the budget's deadline and `command_timeout` and raced against the
+/// caller's cancellation token, with waits from the retry strategy in
+/// between. Returns what the winning attempt
 /// returned and when it was sent.
 ///
 /// # Riding out transient faults
@@ -253,7 +267,7 @@ impl Progress {
 pub(crate) async fn acquire_rounds<T, F, Fut, U, UFut, A>(
     key: &str,
     opts: &AcquireOptions,
-    start: Instant,
+    budget: Budget,
     command_timeout: Duration,
     mut attempt: F,
     mut undo: U,
@@ -266,7 +280,7 @@ where
     UFut: Future<Output = Result<()>>,
     A: Fn(),
 {
-    let mut rounds = Rounds::new(key, opts, command_timeout, start);
+    let mut rounds = Rounds::new(key, opts, budget, command_timeout);
     // Whether an attempt of ours may have landed without our knowing: then
     // `abandon` runs if the acquire ends (or is dropped) before an undo.
     let owed = AtomicBool::new(false);
@@ -359,12 +373,8 @@ where
     UFut: Future<Output = Result<()>>,
 {
     if owed.load(Ordering::SeqCst) {
-        rounds.check_cancelled()?;
-        let now = Instant::now();
-        if now >= rounds.deadline() {
-            return Err(rounds.give_up(GiveUpReason::DeadlineExpired));
-        }
-        let deadline = rounds.deadline().min(now + rounds.command_timeout);
+        let now = rounds.request()?;
+        let (deadline, _) = rounds.budget.for_request(now, rounds.command_timeout);
         unless_cancelled!(rounds, undo(deadline))?.map_err(during_acquire)?;
         owed.store(false, Ordering::SeqCst);
     }

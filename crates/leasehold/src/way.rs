@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::budget::Budget;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::fencing::{LockKeys, Target};
 use crate::lease::{Lease, check_ttl};
@@ -42,15 +43,15 @@ pub(crate) trait Way {
     const MODE: &'static str;
 
     /// Takes the lease on one checked target, as `opts` says (the options
-    /// were checked against [`SUPPORTS`](Self::SUPPORTS)), for an acquire
-    /// that started at `start` (its wait counts from then), up to the win:
-    /// what follows a win is [`won`]'s, the same for every way.
+    /// were checked against [`SUPPORTS`](Self::SUPPORTS)), within `budget`
+    /// (the acquire's wait, resolved at its entry), up to the win: what
+    /// follows a win is [`won`]'s, the same for every way.
     fn take(
         &self,
         target: Target,
         ttl: Duration,
         opts: &AcquireOptions,
-        start: Instant,
+        budget: Budget,
     ) -> impl Future<Output = Result<Lease>>;
 
     /// The lease just won, once `opts`' replicas acknowledged it on the
@@ -72,7 +73,9 @@ pub(crate) trait Way {
     fn command_timeout(&self) -> Duration;
 }
 
-/// `acquire_with` of every way: checks (no I/O), then one lock.
+/// `acquire_with` of every way: checks (no I/O), then one lock, within the
+/// wait `opts` gives, resolved here into one [`Budget`] (the door: nothing
+/// below reads the options' wait again).
 pub(crate) async fn acquire_with<W: Way>(
     way: &W,
     keys: impl LockKeys,
@@ -82,18 +85,22 @@ pub(crate) async fn acquire_with<W: Way>(
     let target = Target::of(&keys)?;
     check_ttl(ttl)?;
     opts.check(W::SUPPORTS, way.command_timeout())?;
-    traced_take(way, target, ttl, opts).await
+    let budget = opts.budget(Instant::now());
+    traced_take(way, target, ttl, opts, budget).await
 }
 
-/// `way.take`, inside a `leasehold.acquire` span (key, mode, fenced; at
-/// the end attempts, waited_ms and outcome, on every path, a dropped future
-/// included), which ends with one DEBUG event saying how it went; the
-/// acquire's metrics are recorded at the same point.
+/// `way.take`, then what follows the win ([`won`]), inside a
+/// `leasehold.acquire` span (key, mode, fenced; at the end attempts,
+/// waited_ms and outcome, on every path, a dropped future included), which
+/// ends with one DEBUG event saying how it went; the acquire's metrics are
+/// recorded at the same point. With `wait_replicas`, through
+/// [`take_replicated`].
 async fn traced_take<W: Way>(
     way: &W,
     target: Target,
     ttl: Duration,
     opts: &AcquireOptions,
+    budget: Budget,
 ) -> Result<Lease> {
     use tracing::Instrument;
     use tracing::field::Empty;
@@ -106,16 +113,25 @@ async fn traced_take<W: Way>(
         waited_ms = Empty,
         outcome = Empty,
     );
-    let start = Instant::now();
     let mut pending = Pending {
         span: span.clone(),
         mode: W::MODE,
-        start,
+        start: budget.start(),
         progress: Arc::default(),
         reported: false,
     };
     let progress = pending.progress.clone();
-    let take = take_until_replicated(way, target, ttl, opts, start, &pending.progress);
+    let observed = &pending.progress;
+    let take = async move {
+        if opts.wait_replicas.is_none() {
+            let lease = way.take(target, ttl, opts, budget).await?;
+            return won(way, lease, opts, budget.deadline()).await;
+        }
+        // Boxed: only an acquire with `wait_replicas` runs it, and inline
+        // its state would enlarge every acquire's future (moved at every
+        // layer).
+        Box::pin(take_replicated(way, target, ttl, opts, budget, observed)).await
+    };
     // With no subscriber interested in the span, entering and leaving it
     // on every poll is work for nothing.
     let result = if span.is_disabled() {
@@ -127,48 +143,29 @@ async fn traced_take<W: Way>(
     result
 }
 
-/// `way.take`, then what follows the win ([`won`]). A win too few replicas
+/// `way.take` with `wait_replicas` set. A win too few replicas
 /// acknowledged ([`Error::NotReplicated`]: the lease was given back) is a
 /// fault that may pass, like a Redis restart: a replica reconnecting, a
 /// failover's new primary without its replica yet. So it is taken again,
-/// after the retry strategy's next wait, until `opts`' deadline (from
-/// `start`); if the strategy ends or the next try would start past the
-/// deadline, the caller gets the `NotReplicated`. Each try is a new lease
-/// with a new token, so no two tries share one.
-async fn take_until_replicated<W: Way>(
-    way: &W,
-    target: Target,
-    ttl: Duration,
-    opts: &AcquireOptions,
-    start: Instant,
-    progress: &Mutex<Progress>,
-) -> Result<Lease> {
-    if opts.wait_replicas.is_none() {
-        let lease = way.take(target, ttl, opts, start).await?;
-        return won(way, lease, opts, start).await;
-    }
-    // Boxed: only an acquire with `wait_replicas` runs it, and inline its
-    // state would enlarge every acquire's future (moved at every layer).
-    Box::pin(take_replicated(way, target, ttl, opts, start, progress)).await
-}
-
-/// [`take_until_replicated`] with `wait_replicas` set.
+/// after the retry strategy's next wait, within `budget`; if the strategy
+/// ends or the next try would start past the deadline, the caller gets the
+/// `NotReplicated`. Each try is a new lease with a new token, so no two
+/// tries share one.
 async fn take_replicated<W: Way>(
     way: &W,
     target: Target,
     ttl: Duration,
     opts: &AcquireOptions,
-    start: Instant,
+    budget: Budget,
     progress: &Mutex<Progress>,
 ) -> Result<Lease> {
-    let fixed = opts.fixed_from(start);
-    let deadline = fixed.deadline_from(start);
+    let deadline = budget.deadline();
     let mut waits = opts.retry.waits();
     // The last win too few replicas acknowledged, if any.
     let mut unreplicated: Option<Error> = None;
     loop {
         let lease = match (
-            way.take(target.clone(), ttl, &fixed, start).await,
+            way.take(target.clone(), ttl, opts, budget).await,
             unreplicated,
         ) {
             (Ok(lease), _) => lease,
@@ -184,7 +181,7 @@ async fn take_replicated<W: Way>(
             ) => return Err(err),
             (Err(err), _) => return Err(err),
         };
-        let err = match won(way, lease, &fixed, start).await {
+        let err = match won(way, lease, opts, deadline).await {
             Err(err @ Error::NotReplicated { .. }) => err,
             other => return other,
         };
@@ -203,7 +200,7 @@ async fn take_replicated<W: Way>(
                 return Err(Error::NotAcquired {
                     key: target.lock.clone(),
                     attempts: Progress::read(progress, Instant::now()).attempts,
-                    waited: start.elapsed(),
+                    waited: budget.start().elapsed(),
                     reason: GiveUpReason::Cancelled,
                 });
             }
@@ -214,16 +211,15 @@ async fn take_replicated<W: Way>(
 
 /// What follows a win, written once for every way and every path (each key
 /// of [`acquire_all`] included): the replicas confirm the lease, for a way
-/// that supports `wait_replicas`, by the deadline `opts` gives from `start`;
-/// then its watchdog starts if `opts` asks for one.
+/// that supports `wait_replicas`, by the acquire's `deadline`; then its
+/// watchdog starts if `opts` asks for one.
 async fn won<W: Way>(
     way: &W,
     lease: Lease,
     opts: &AcquireOptions,
-    start: Instant,
+    deadline: Instant,
 ) -> Result<Lease> {
     let lease = if W::SUPPORTS.wait_replicas && opts.wait_replicas.is_some() {
-        let deadline = opts.deadline_from(start);
         // Boxed, as `take_replicated`: a path most acquires never take.
         Box::pin(way.confirm_replicas(lease, opts, deadline)).await?
     } else {
@@ -322,7 +318,8 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// `acquire_all` of every way: checks (no I/O), then every lock in order.
+/// `acquire_all` of every way: checks (no I/O), then every lock in order,
+/// all within the wait `opts` gives, resolved here into one [`Budget`].
 pub(crate) async fn acquire_all_of<W: Way, K: LockKeys>(
     way: &W,
     keys: impl IntoIterator<Item = K>,
@@ -332,10 +329,14 @@ pub(crate) async fn acquire_all_of<W: Way, K: LockKeys>(
     let targets = targets(keys)?;
     check_ttl(ttl)?;
     opts.check(W::SUPPORTS, way.command_timeout())?;
-    acquire_all(targets, opts, |target, each| async move {
-        traced_take(way, target, ttl, &each).await
+    let budget = opts.budget(Instant::now());
+    // Each lock without its own watchdog: the merged lease gets one.
+    let each = opts.clone().watchdog(false);
+    let lease = acquire_all(targets, budget, |target, rest| {
+        traced_take(way, target, ttl, &each, rest)
     })
-    .await
+    .await?;
+    watched(lease, opts)
 }
 
 /// The targets of `keys`, sorted by lock key, duplicates dropped. No I/O.
@@ -365,23 +366,17 @@ pub(crate) fn targets<K: LockKeys>(keys: impl IntoIterator<Item = K>) -> Result<
     Ok(targets)
 }
 
-/// Takes every target in order through `one` (without a watchdog, all under
-/// one deadline), merging the leases into one; on failure, gives back what
-/// it took and returns the error. Starts the merged lease's watchdog if
-/// `opts` asks for one.
-pub(crate) async fn acquire_all<F, Fut>(
-    targets: Vec<Target>,
-    opts: &AcquireOptions,
-    mut one: F,
-) -> Result<Lease>
+/// Takes every target in order through `one`, each with what is left of
+/// `budget` (one deadline for all), merging the leases into one; on
+/// failure, gives back what it took and returns the error.
+async fn acquire_all<F, Fut>(targets: Vec<Target>, budget: Budget, mut one: F) -> Result<Lease>
 where
-    F: FnMut(Target, AcquireOptions) -> Fut,
+    F: FnMut(Target, Budget) -> Fut,
     Fut: Future<Output = Result<Lease>>,
 {
-    let each = opts.fixed_from(Instant::now()).watchdog(false);
     let mut held: Option<Lease> = None;
     for target in targets {
-        let part = match one(target, each.clone()).await {
+        let part = match one(target, budget.rest()).await {
             Ok(part) => part,
             Err(err) => {
                 if let Some(taken) = held {
@@ -398,11 +393,10 @@ where
             Some(lease) => lease.absorb(part),
         }
     }
-    let lease = held.ok_or(Error::InvalidKey {
+    held.ok_or(Error::InvalidKey {
         key: String::new(),
         reason: "no keys to lock",
-    })?;
-    watched(lease, opts)
+    })
 }
 
 #[cfg(test)]

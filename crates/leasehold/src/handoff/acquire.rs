@@ -7,15 +7,17 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::budget::Budget;
 use crate::call;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::fencing::{FencingToken, Target};
 use crate::lease::Lease;
 use crate::node::{RedisConnection, not_a_fence, ttl_millis};
-use crate::options::AcquireOptions;
+use crate::options::{AcquireOptions, Supports};
 use crate::relay::{Entry, Relay, Ticket, Turn};
 use crate::rounds::{Rounds, prefer_fault, unless_cancelled};
 use crate::token::LeaseToken;
+use crate::way::Way;
 
 use super::local::Signal;
 use super::release::{fence_of, queue_keys};
@@ -44,17 +46,29 @@ fn handed(key: &str, via: &'static str, fence: Option<FencingToken>) {
     tracing::debug!(target: TARGET, key, via, fence, "handed the lock by a release");
 }
 
-impl<C: RedisConnection> HandoffLocker<C> {
-    /// One checked target, queued from `start` (what follows the win is
-    /// [`Way`](crate::way::Way)'s, for every way).
-    pub(super) async fn take_checked(
+/// The hand-off way: its acquire queues for one checked target (what
+/// follows the win is [`Way`]'s, for every way).
+impl<C: RedisConnection> Way for HandoffLocker<C> {
+    /// A hand-off locker honours every option.
+    const SUPPORTS: Supports = Supports {
+        wait_replicas: true,
+    };
+
+    const MODE: &'static str = "handoff";
+
+    fn command_timeout(&self) -> Duration {
+        self.inner.locker.node.command_timeout()
+    }
+
+    async fn take(
         &self,
         target: Target,
         ttl: Duration,
         opts: &AcquireOptions,
-        start: Instant,
+        budget: Budget,
     ) -> Result<Lease> {
-        let lease = self.take(&target, ttl, opts, start).await?;
+        let mut rounds = Rounds::new(&target.lock, opts, budget, self.command_timeout());
+        let lease = self.wait_queued(&target, ttl, &mut rounds).await?;
         // A lease found handed over to us is counted from our last request
         // that saw the lock busy (the hand-over came later, at a time we do
         // not know): after a long wait in the queue it may arrive with
@@ -66,7 +80,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
         // caller's deadline; if it fails, the lease keeps its own (short,
         // hence safe) validity, or is marked lost if Redis says it is gone.
         if lease.remaining() < ttl / 2 {
-            let deadline = opts.deadline_from(start).max(Instant::now());
+            let deadline = budget.deadline().max(Instant::now());
             if let Ok(Err(err)) = tokio::time::timeout_at(deadline, lease.refresh(ttl)).await {
                 tracing::debug!(target: TARGET, key = lease.key(), error = %err, "could not confirm a lease handed over late");
             }
@@ -74,19 +88,28 @@ impl<C: RedisConnection> HandoffLocker<C> {
         Ok(lease)
     }
 
-    /// The waiting part of [`acquire_with`](Self::acquire_with), from
-    /// `start`: in process, then in Redis.
-    async fn take(
+    async fn confirm_replicas(
+        &self,
+        lease: Lease,
+        opts: &AcquireOptions,
+        deadline: Instant,
+    ) -> Result<Lease> {
+        crate::replicas::confirm(&self.inner.locker.node, lease, opts, deadline).await
+    }
+}
+
+impl<C: RedisConnection> HandoffLocker<C> {
+    /// The waiting part of an acquire, in `rounds`: in process, then in
+    /// Redis.
+    async fn wait_queued(
         &self,
         target: &Target,
         ttl: Duration,
-        opts: &AcquireOptions,
-        start: Instant,
+        rounds: &mut Rounds<'_>,
     ) -> Result<Lease> {
         let key = target.lock.as_str();
         let fence_key = target.fence.as_deref();
         let backend = &self.inner.backend;
-        let mut rounds = Rounds::new(key, opts, backend.node.command_timeout(), start);
         rounds.check_cancelled()?;
         let unit = match &backend.local.relay {
             None => None,
@@ -104,7 +127,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
                     Entry::Queued(ticket) => {
                         rounds.attempt_in_process();
                         rounds.next_wait()?;
-                        let waited = self.wait_in_process(relay, target, ttl, ticket, &rounds);
+                        let waited = self.wait_in_process(relay, target, ttl, ticket, rounds);
                         if let Some(lease) = waited.await? {
                             return Ok(lease);
                         }
@@ -128,7 +151,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
             .subs
             .use_channel(backend.subs.channels.for_key(key), key);
 
-        let mut last_busy = start;
+        let mut last_busy = rounds.start();
         // The last fault ridden out since Redis last answered: what a wait
         // that runs out during it returns (Redis, not contention, kept us
         // from the lock).
@@ -147,7 +170,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
                 lifetime,
                 call_deadline,
             );
-            let holder_left = match unless_cancelled!(&rounds, request)? {
+            let holder_left = match unless_cancelled!(rounds, request)? {
                 Ok(Found::TookIt(fence)) => return Ok(waiting.into_lease(sent_at, fence)),
                 Ok(Found::HandedOver(fence)) => {
                     handed(key, "recheck", fence_of(fence));

@@ -23,22 +23,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use std::future::Future;
 
 use crate::connection::Connection;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
-use crate::fencing::{LockKeys, Target};
+use crate::fencing::LockKeys;
 use crate::lease::Lease;
 use crate::lessor::Lessor;
 use crate::locker::{Locker, LockerBuilder};
 use crate::node::RedisConnection;
-use crate::options::{AcquireOptions, Supports};
+use crate::options::AcquireOptions;
 use crate::relay::Relay;
 use crate::token::LeaseToken;
-use crate::way::{self, Way};
+use crate::way;
 
 use self::local::{Local, Waiters};
 use self::pubsub::route;
@@ -571,38 +570,6 @@ impl HandoffLocker {
             style: HandoffStyle::default(),
             relay_limit: DEFAULT_RELAY_LIMIT,
         }
-    }
-}
-
-impl<C: RedisConnection> Way for HandoffLocker<C> {
-    /// A hand-off locker honours every option.
-    const SUPPORTS: Supports = Supports {
-        wait_replicas: true,
-    };
-
-    const MODE: &'static str = "handoff";
-
-    async fn take(
-        &self,
-        target: Target,
-        ttl: Duration,
-        opts: &AcquireOptions,
-        start: Instant,
-    ) -> Result<Lease> {
-        self.take_checked(target, ttl, opts, start).await
-    }
-
-    async fn confirm_replicas(
-        &self,
-        lease: Lease,
-        opts: &AcquireOptions,
-        deadline: Instant,
-    ) -> Result<Lease> {
-        crate::replicas::confirm(&self.inner.locker.node, lease, opts, deadline).await
-    }
-
-    fn command_timeout(&self) -> Duration {
-        self.inner.locker.node.command_timeout()
     }
 }
 
