@@ -217,8 +217,6 @@ mod locker;
 #[cfg(feature = "quorum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "quorum")))]
 pub mod quorum;
-#[cfg(feature = "handoff")]
-mod relay;
 mod replicas;
 mod rounds;
 mod way;

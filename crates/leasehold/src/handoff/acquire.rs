@@ -14,12 +14,12 @@ use crate::fencing::{FencingToken, Target};
 use crate::lease::Lease;
 use crate::node::{RedisConnection, not_a_fence, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
-use crate::relay::{Entry, Relay, Ticket, Turn};
 use crate::rounds::{Rounds, prefer_fault, unless_cancelled};
 use crate::token::LeaseToken;
 use crate::way::Way;
 
 use super::local::Signal;
+use super::relay::{Entry, Relay, Ticket, Turn};
 use super::release::{fence_of, queue_keys};
 use super::waiting::{LocalWaiting, Unit, Waiting};
 use super::{HandoffLocker, TARGET};

@@ -7,8 +7,9 @@ use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::mpsc;
 
-use crate::relay::Relay;
 use crate::token::LeaseToken;
+
+use super::relay::Relay;
 
 /// What a waiter's pub/sub message said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,16 +5,24 @@
 //!
 //! This file holds the public locker, its builder and its calls; the rest
 //! is in files with one job each, each using only the types declared here
-//! and the files listed before it: `local` (this locker's own waiters and
-//! the leases it holds), `release` (the release side: serving the next
-//! waiter, in process or in Redis's queue), `waiting` (a waiter's guards,
-//! until it wins or leaves), `acquire` (the acquire side: queuing in
-//! process, then in Redis) and `pubsub` (the subscription that routes
+//! and the files listed before it: `relay` (the in-process relay: this
+//! locker's waiters queued in process, and who is served next), `client`
+//! (the public [`HandoffClient`] the subscription is opened with),
+//! `subscriptions` (the sharded pub/sub connection and the channels its
+//! waiters need), `local` (this locker's own waiters and the leases it
+//! holds), `release` (the release side: serving the next waiter, in
+//! process or in Redis's queue), `waiting` (a waiter's guards, until it
+//! wins or leaves), `acquire` (the acquire side, the hand-off [`Way`]:
+//! queuing in process, then in Redis) and `pubsub` (the routing of
 //! messages to waiters).
+//!
+//! [`Way`]: crate::way::Way
 
 mod acquire;
+mod client;
 mod local;
 mod pubsub;
+mod relay;
 mod release;
 mod subscriptions;
 mod waiting;
@@ -35,16 +43,16 @@ use crate::lessor::Lessor;
 use crate::locker::{Locker, LockerBuilder};
 use crate::node::RedisConnection;
 use crate::options::AcquireOptions;
-use crate::relay::Relay;
 use crate::token::LeaseToken;
 use crate::way;
 
 use self::local::{Local, Waiters};
 use self::pubsub::route;
+use self::relay::Relay;
 use self::release::HandoffBackend;
 use self::subscriptions::{Channels, Subscriptions};
 
-pub use self::subscriptions::HandoffClient;
+pub use self::client::HandoffClient;
 
 #[cfg(doc)]
 use crate::fencing::FencingToken;

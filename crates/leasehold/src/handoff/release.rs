@@ -12,11 +12,11 @@ use crate::error::{Error, Result};
 use crate::fencing::FencingToken;
 use crate::lease::{Backend, Part, Reply, release_runtime, spawn_dropped_release};
 use crate::node::{Node, RedisConnection, not_a_fence, ttl_millis};
-use crate::relay::{Next, Turn};
 use crate::token::LeaseToken;
 use crate::watchdog::{Shared, Validity};
 
 use super::local::{Local, Signal};
+use super::relay::{Next, Turn};
 use super::subscriptions::Subscriptions;
 use super::{HandoffStyle, TARGET};
 
@@ -407,7 +407,7 @@ async fn relay_once<C: RedisConnection>(
     backend: &HandoffBackend<C>,
     part: &Part,
     next: &LeaseToken,
-    queued: &crate::relay::Queued,
+    queued: &super::relay::Queued,
     deadline: Instant,
 ) -> Result<Served> {
     let key = part.key.as_str();

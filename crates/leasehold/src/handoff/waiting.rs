@@ -12,12 +12,12 @@ use tokio::time::Instant;
 use crate::fencing::{FencingToken, Target};
 use crate::lease::{Lease, Part};
 use crate::node::RedisConnection;
-use crate::relay::{Relay, Ticket, Turn};
 use crate::token::LeaseToken;
 use crate::watchdog::Validity;
 
 use super::HandoffLocker;
 use super::local::{Signal, Waiter};
+use super::relay::{Relay, Ticket, Turn};
 use super::release::{fence_of, spawn_leave};
 
 impl<C: RedisConnection> HandoffLocker<C> {
