@@ -22,6 +22,9 @@ use crate::{call, scripts};
 
 use super::QuorumInner;
 
+/// The target of this file's tracing events: the module's.
+const TARGET: &str = "leasehold::quorum";
+
 /// The votes needed among `nodes`: a strict majority.
 pub(crate) const fn majority(nodes: usize) -> usize {
     nodes / 2 + 1
@@ -304,7 +307,7 @@ impl<C: RedisConnection> QuorumInner<C> {
         let (quorum, key, token) = (self.clone(), key.to_owned(), token.clone());
         runtime.spawn(async move {
             let (deleted, failed) = quorum.release_all(&key, &token, |deleted| *deleted).await;
-            tracing::debug!(key, deleted, failed, "released abandoned quorum lease");
+            tracing::debug!(target: TARGET, key, deleted, failed, "released abandoned quorum lease");
         });
     }
 

@@ -5,9 +5,16 @@
 //! watchdog and gives the locks back, and it talks to whatever granted it
 //! through one small interface, [`Backend`]. It knows nothing of retries,
 //! queues or quorums.
+//!
+//! This file holds the [`Lease`] type and its calls; `backend` the
+//! interface to what granted it, `retry` the retried release and refresh
+//! (and how a release is reported), `run` the work under the lease
+//! ([`Lease::run`], [`Lease::shield`], [`Finished`]).
 
-use std::future::Future;
-use std::pin::Pin;
+mod backend;
+mod retry;
+mod run;
+
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -20,7 +27,19 @@ use crate::error::{Error, Result};
 use crate::fencing::FencingToken;
 use crate::metrics;
 use crate::token::{HolderId, LeaseToken};
-use crate::watchdog::{self, LostCause, Margin, Shared};
+use crate::watchdog::{self, LostCause, Shared};
+
+pub(crate) use self::backend::{Backend, Part, Reply};
+pub(crate) use self::retry::{release_retrying, release_runtime, spawn_dropped_release};
+pub use self::run::Finished;
+pub(crate) use self::run::hold_while;
+
+use self::retry::{log_release, refresh_retrying};
+
+/// The target of the module's tracing events, whichever of its files sends
+/// them (the crate docs list them under it).
+const TARGET: &str = "leasehold::lease";
+use self::run::Shields;
 
 /// The longest TTL a lease may have: 24 hours. A lease longer than that is
 /// almost certainly a unit mistake (seconds passed as milliseconds), and a
@@ -33,72 +52,6 @@ pub(crate) fn check_ttl(ttl: Duration) -> Result<()> {
         return Err(Error::InvalidTtl { ttl, max: MAX_TTL });
     }
     Ok(())
-}
-
-/// One lock a lease holds: its key, the token the key carries for us, and,
-/// for a fenced lock, its fence counter's key and the fencing token issued
-/// with it.
-#[derive(Debug, Clone)]
-pub(crate) struct Part {
-    pub(crate) key: String,
-    pub(crate) token: LeaseToken,
-    pub(crate) fence_key: Option<String>,
-    pub(crate) fence: Option<FencingToken>,
-}
-
-/// A boxed reply future of a [`Backend`].
-pub(crate) type Reply<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
-
-/// What granted a lease, as the lease sees it: the token-checked steps on
-/// one lock. Implemented by each way of taking a lease.
-pub(crate) trait Backend: Send + Sync + 'static {
-    /// The bound on a release with no tighter deadline.
-    fn command_timeout(&self) -> Duration;
-
-    /// The clock-drift margin taken off every confirmed TTL.
-    fn margin(&self) -> Margin {
-        watchdog::no_margin
-    }
-
-    /// Resets `part`'s TTL to `ttl` if its key still holds our token:
-    /// `Ok(false)` when it does not. Never creates or deletes the key.
-    fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, deadline: Instant) -> Reply<'a, bool>;
-
-    /// Gives `part`'s lock back (deleted, or passed to the next waiter) if
-    /// its key still holds our token: `Ok(false)` when it does not.
-    fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool>;
-
-    /// Raises the fence counter `fence_key` to at least `at_least`, never
-    /// lowering it (on a majority, for a quorum).
-    fn raise_fence<'a>(
-        &'a self,
-        fence_key: &'a str,
-        at_least: FencingToken,
-        deadline: Instant,
-    ) -> Reply<'a, ()>;
-
-    /// Writes the leader record `record_key` (`body`) of an election whose
-    /// lock `part` is, if its key still holds our token (on a majority, for
-    /// a quorum): `Ok(false)` when it does not.
-    fn announce<'a>(
-        &'a self,
-        part: &'a Part,
-        record_key: &'a str,
-        body: &'a str,
-        deadline: Instant,
-    ) -> Reply<'a, bool>;
-
-    /// Notes that the lease sharing `shared` now holds `key` (a lease on
-    /// several keys took in another lock).
-    fn held(&self, _key: &str, _shared: &Arc<Shared>) {}
-
-    /// Gives back the lock of a lease dropped without
-    /// [`release`](Lease::release), valid until `until` (the lease's
-    /// confirmed deadline: faults that may pass are retried until then, so
-    /// the next holder need not wait out the TTL). Synchronous, never
-    /// blocks: bookkeeping happens here, Redis requests are spawned when a
-    /// runtime is at hand, and the TTL is the fallback.
-    fn release_dropped(self: Arc<Self>, part: Part, until: Instant);
 }
 
 /// A held lease on one or more lock keys.
@@ -142,27 +95,6 @@ pub struct Lease {
     /// the lease is lost ([`shield`](Lease::shield)).
     shields: Shields,
     released: bool,
-}
-
-/// How many [`shield`](Lease::shield)ed sections are running, and a signal
-/// when one ends.
-#[derive(Debug, Default)]
-struct Shields {
-    running: std::sync::atomic::AtomicUsize,
-    ended: tokio::sync::Notify,
-}
-
-/// One running shielded section; ends it when dropped (finished or
-/// cancelled).
-struct ShieldGuard<'a>(&'a Shields);
-
-impl Drop for ShieldGuard<'_> {
-    fn drop(&mut self) {
-        self.0
-            .running
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-        self.0.ended.notify_waiters();
-    }
 }
 
 impl std::fmt::Debug for Lease {
@@ -520,115 +452,6 @@ impl Lease {
         Ok(self.shared.signal())
     }
 
-    /// Runs `work` while the lease is held: starts the watchdog (as
-    /// [`watch`](Self::watch) does) and races `work` against it. `work`
-    /// may borrow the lease (its [`fence`](Self::fence), the `leasehold-pg`
-    /// guard in the same transaction):
-    ///
-    /// ```no_run
-    /// # async fn demo(lease: leasehold::Lease) -> leasehold::Result<()> {
-    /// let fence = lease.run(async { lease.fence() }).await?;
-    /// # let _ = fence;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// If the watchdog finds the lease lost before `work` finishes, `work` is
-    /// dropped at its current `.await` and never resumed, and the result is
-    /// [`Error::LeaseLost`]. Once `work` has finished, its output is always
-    /// returned, even if the loss was found in the same instant: the work
-    /// ran to its end and its effects happened, and hiding them from the
-    /// caller would lose them. Whether the lease was still ours then is
-    /// what [`lost`](Self::lost) and [`release`](Self::release) tell.
-    ///
-    /// The watchdog keeps running after `run` returns, until the lease is
-    /// released or dropped, so several `run`s can share one lease.
-    ///
-    /// Being cancelled is only as good as `work`'s cancellation points: code
-    /// between two `.await`s runs to the next one. And the watchdog notices
-    /// a loss up to one refresh period late, so `Ok` does not prove the
-    /// lease held throughout: a write inside `work` must still be fenced by
-    /// the database (the `leasehold-pg` guard), which is what makes it
-    /// correct. A transaction dropped before its commit is rolled back; one
-    /// dropped while its `COMMIT` is in flight may have committed: the
-    /// database knows, the caller does not.
-    ///
-    /// # Errors
-    /// - [`Error::LeaseLost`] with the [`LostCause`] when the lease was lost
-    ///   before `work` finished (or before it started);
-    /// - [`Error::InvalidOptions`] as for [`watch`](Self::watch).
-    ///
-    /// # Cancel safety
-    /// Dropping the returned future drops `work` at its current `.await`;
-    /// the lease and its watchdog are unaffected.
-    pub async fn run<F: Future>(&self, work: F) -> Result<F::Output> {
-        let lost = self.watch()?;
-        if let Some(cause) = self.lost() {
-            return Err(self.lost_error(cause));
-        }
-        self.race(&lost, work).await
-    }
-
-    /// Runs `section` to its end even if the watchdog finds the lease lost
-    /// meanwhile: inside [`run`](Self::run) (and `with_lock`), the work is
-    /// then stopped only once no shielded section is running. Made for the
-    /// **commit** of a guarded transaction, so that the caller always learns
-    /// whether it committed: `lease.shield(tx.commit()).await?` as the
-    /// work's last step (the `leasehold-pg` docs show it in full).
-    ///
-    /// Without it, a loss found while the `COMMIT` is in flight drops the
-    /// work there: the transaction may have committed, and the caller gets
-    /// [`Error::LeaseLost`] instead of the work's output. Shielding does not
-    /// make a write safer or less safe (a `COMMIT` already sent lands
-    /// whether or not its future is dropped; the fence guard is what
-    /// refuses a stale holder), it keeps the *answer*. Keep shielded
-    /// sections short: the watchdog cannot stop them.
-    ///
-    /// Outside `run`, it is just `section.await`.
-    ///
-    /// # Cancel safety
-    /// As `section`'s own; dropping the future ends the shield.
-    pub async fn shield<F: Future>(&self, section: F) -> F::Output {
-        self.shields
-            .running
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let _guard = ShieldGuard(&self.shields);
-        section.await
-    }
-
-    /// `work` raced against the loss of the lease (`lost` cancelled). The
-    /// work is polled first: an output it produced is never dropped; and
-    /// after a loss it goes on while a [`shield`](Self::shield)ed section
-    /// runs.
-    async fn race<F: Future>(&self, lost: &CancellationToken, work: F) -> Result<F::Output> {
-        let mut work = std::pin::pin!(work);
-        tokio::select! {
-            biased;
-            output = &mut work => return Ok(output),
-            () = lost.cancelled() => {}
-        }
-        loop {
-            let ended = self.shields.ended.notified();
-            let mut ended = std::pin::pin!(ended);
-            // Registered before the count is read, so an end between the
-            // two is not missed.
-            ended.as_mut().enable();
-            if self
-                .shields
-                .running
-                .load(std::sync::atomic::Ordering::SeqCst)
-                == 0
-            {
-                return Err(self.lost_error(self.lost().unwrap_or(LostCause::Expired)));
-            }
-            tokio::select! {
-                biased;
-                output = &mut work => return Ok(output),
-                () = &mut ended => {}
-            }
-        }
-    }
-
     fn lost_error(&self, cause: LostCause) -> Error {
         Error::LeaseLost {
             key: self.key().to_owned(),
@@ -740,223 +563,6 @@ impl Lease {
     }
 }
 
-/// Gives `part`'s lock back, retrying a fault that may pass until `until`
-/// (the lease's confirmed deadline: after it the TTL frees the key anyway),
-/// at least one `per_try`. A try that faulted may have landed, so if a later
-/// try then finds the key no longer ours, we cannot tell "released by that
-/// try" from "lost before": the fault is the outcome, never a `NotHeld` we
-/// do not know.
-pub(crate) async fn release_retrying(
-    backend: &dyn Backend,
-    part: &Part,
-    until: Instant,
-    per_try: Duration,
-) -> Result<bool> {
-    let start = Instant::now();
-    let faulted = std::sync::atomic::AtomicBool::new(false);
-    let released = crate::call::retrying(start, until, per_try, |deadline| {
-        let faulted = &faulted;
-        async move {
-            let tried = backend.release(part, deadline).await;
-            if matches!(&tried, Err(err) if crate::call::may_have_acted(err)) {
-                faulted.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            tried
-        }
-    })
-    .await;
-    let faulted = faulted.into_inner();
-    match released {
-        // No definite answer came for the try that may have acted, and a
-        // later try found the key gone while the lease was still valid:
-        // that try's delete, or the key lost (a restart, an eviction, a
-        // delete). We cannot tell which, and claim neither.
-        Ok(false) if faulted && Instant::now() < until => Err(Error::Timeout {
-            op: "release",
-            after: start.elapsed(),
-        }),
-        // The same once the lease ran out: whether our try deleted the key
-        // or its TTL ended it, nothing is left to give back and the lease
-        // is over, as below.
-        Ok(false) if faulted => {
-            tracing::debug!(
-                key = part.key,
-                "release unconfirmed until the lease ran out"
-            );
-            Err(Error::LeaseLost {
-                key: part.key.clone(),
-                cause: LostCause::Unreachable,
-            })
-        }
-        // Redis stayed out of reach until the lease ran out: there is
-        // nothing left to give back (its TTL has ended it, on the same
-        // conservative clock as `remaining`), and the lease is lost; the
-        // fault is not the caller's news. Never a success we cannot know.
-        Err(err) if crate::call::fault_may_pass(&err) && Instant::now() >= until => {
-            tracing::debug!(key = part.key, error = %err, "redis unreachable until the lease ran out");
-            Err(Error::LeaseLost {
-                key: part.key.clone(),
-                cause: LostCause::Unreachable,
-            })
-        }
-        released => released,
-    }
-}
-
-/// Reports how giving back the lock `key` went: one event (a WARN when the
-/// lease was found gone: it expired or changed hands while held) and the
-/// release metric. `dropped`: the lease was dropped without release.
-fn log_release(key: &str, released: &Result<bool>, dropped: bool) {
-    let outcome = match released {
-        Ok(true) => "released",
-        Ok(false) => "not_held",
-        Err(_) => "error",
-    };
-    metrics::release(outcome, dropped);
-    match (released, dropped) {
-        (Ok(true), false) => tracing::debug!(key, outcome, "released"),
-        (Ok(true), true) => tracing::debug!(key, outcome, "released dropped lease"),
-        (Ok(false), false) => tracing::warn!(
-            key,
-            outcome,
-            "release found the lease gone: it expired or changed hands while held"
-        ),
-        (Ok(false), true) => tracing::debug!(key, outcome, "dropped lease had already expired"),
-        (Err(err), false) => tracing::debug!(key, outcome, error = %err, "release failed"),
-        (Err(Error::LeaseLost { .. }), true) => tracing::debug!(
-            key,
-            outcome,
-            "dropped lease ran out before redis answered; its ttl ended it"
-        ),
-        (Err(err), true) => {
-            tracing::warn!(key, outcome, error = %err, "could not release dropped lease; the ttl will end it")
-        }
-    }
-}
-
-/// Holds `lease` while `work` runs with it: starts the watchdog, races the
-/// work against the loss of the lease, and releases it; the work's output
-/// comes back with the release's outcome. The common case of every way of
-/// taking a lease (`with_lock`).
-pub(crate) async fn hold_while<T>(
-    lease: Lease,
-    work: impl AsyncFnOnce(&Lease) -> T,
-) -> Result<Finished<T>> {
-    let output = match lease.run(work(&lease)).await {
-        Ok(output) => output,
-        Err(err) => {
-            // No output: the work was stopped (or never started). Give the
-            // lock back all the same; the error says why the work stopped.
-            if let Err(release) = lease.release().await {
-                tracing::debug!(error = %release, "release after a lost lease failed");
-            }
-            return Err(err);
-        }
-    };
-    let release = lease.release().await;
-    Ok(Finished { output, release })
-}
-
-/// What [`with_lock`](crate::Lessor::with_lock) returns when the work ran to
-/// its end: the work's output **and** how giving the lease back went. The
-/// output is never dropped because of the release: by the time the release
-/// runs, the work's effects (a committed transaction) have happened.
-///
-/// What the two say about the data:
-///
-/// - The **database decided** what the work wrote: a write guarded by the
-///   `leasehold-pg` fence guard (or a check-and-set) was committed or
-///   refused by the database, whatever the lease did. Put that answer in
-///   `output` (for example the guard's `Accepted` / `Refused`), and count
-///   committed work from it.
-/// - [`release`](Self::release) only says whether the lock was still ours
-///   when we gave it back: `Ok(())` it was, and is now free (or handed to
-///   the next waiter); [`Error::NotHeld`] or [`Error::LeaseLost`] it had
-///   expired or changed hands while the work ran (the fence guard is what
-///   kept the data right then); [`Error::Timeout`] / [`Error::Unreachable`]
-///   Redis could not be asked, and the TTL ends the lease. None of these
-///   undo or void what the work committed.
-#[must_use = "the work's output is inside; `release` says whether the lease was still held"]
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct Finished<T> {
-    /// What the work returned. It ran to its end.
-    pub output: T,
-    /// How giving the lease back went (see the type's docs).
-    pub release: Result<()>,
-}
-
-impl<T> Finished<T> {
-    /// The work's output, whatever the release said.
-    pub fn into_output(self) -> T {
-        self.output
-    }
-
-    /// Whether the lease was still ours when it was given back (the release
-    /// found our token on every key). `false` does not mean the work's
-    /// writes were lost or wrong: the database decided those.
-    pub fn was_held_at_release(&self) -> bool {
-        self.release.is_ok()
-    }
-}
-
-/// The runtime to spawn a dropped lease's release on; `None` (logged) when
-/// there is none, and the TTL ends the lease.
-pub(crate) fn release_runtime(key: &str) -> Option<tokio::runtime::Handle> {
-    let runtime = tokio::runtime::Handle::try_current().ok();
-    if runtime.is_none() {
-        tracing::debug!(
-            key,
-            "no tokio runtime to release a dropped lease; the ttl will end it"
-        );
-    }
-    runtime
-}
-
-/// Spawns `release` (the Redis part of giving back a dropped lease's lock
-/// `key`) on `runtime` and logs how it went; never blocks.
-pub(crate) fn spawn_dropped_release<F>(runtime: &tokio::runtime::Handle, key: String, release: F)
-where
-    F: Future<Output = Result<bool>> + Send + 'static,
-{
-    runtime.spawn(async move {
-        log_release(&key, &release.await, true);
-    });
-}
-
-/// [`refresh_all`], with a fault that may pass retried from `start` until
-/// `until` (at least one command timeout): the one retry of a caller's
-/// refresh and the watchdog's. Each try is token-checked, so repeating one
-/// that may have landed is harmless.
-async fn refresh_retrying(
-    backend: &dyn Backend,
-    parts: &[Part],
-    ttl: Duration,
-    start: Instant,
-    until: Instant,
-) -> Result<Option<String>> {
-    crate::call::retrying(start, until, backend.command_timeout(), |deadline| {
-        refresh_all(backend, parts, ttl, deadline)
-    })
-    .await
-}
-
-/// Refreshes every part; `Some(key)` names the first whose key no longer
-/// held our token (the rest are left as they are).
-async fn refresh_all(
-    backend: &dyn Backend,
-    parts: &[Part],
-    ttl: Duration,
-    deadline: Instant,
-) -> Result<Option<String>> {
-    for part in parts {
-        if !backend.refresh(part, ttl, deadline).await? {
-            return Ok(Some(part.key.clone()));
-        }
-    }
-    Ok(None)
-}
-
 impl Drop for Lease {
     fn drop(&mut self) {
         self.end();
@@ -972,94 +578,6 @@ impl Drop for Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A backend whose first release deletes the key but whose answer is
-    /// lost (a timeout, after `lost_for`), and whose later releases find
-    /// the key gone.
-    struct LostAnswer {
-        lost_for: Duration,
-        tries: std::sync::atomic::AtomicU32,
-    }
-
-    impl Backend for LostAnswer {
-        fn command_timeout(&self) -> Duration {
-            Duration::from_millis(100)
-        }
-        fn refresh<'a>(&'a self, _: &'a Part, _: Duration, _: Instant) -> Reply<'a, bool> {
-            Box::pin(async { Ok(false) })
-        }
-        fn release<'a>(&'a self, _: &'a Part, _: Instant) -> Reply<'a, bool> {
-            let first = self.tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
-            let lost_for = self.lost_for;
-            Box::pin(async move {
-                if first {
-                    tokio::time::sleep(lost_for).await;
-                    return Err(Error::Unreachable {
-                        op: "release",
-                        source: redis::RedisError::from(std::io::Error::from(
-                            std::io::ErrorKind::ConnectionReset,
-                        ))
-                        .into(),
-                    });
-                }
-                Ok(false)
-            })
-        }
-        fn raise_fence<'a>(&'a self, _: &'a str, _: FencingToken, _: Instant) -> Reply<'a, ()> {
-            Box::pin(async { Ok(()) })
-        }
-        fn announce<'a>(
-            &'a self,
-            _: &'a Part,
-            _: &'a str,
-            _: &'a str,
-            _: Instant,
-        ) -> Reply<'a, bool> {
-            Box::pin(async { Ok(false) })
-        }
-        fn release_dropped(self: Arc<Self>, _: Part, _: Instant) {}
-    }
-
-    fn part() -> Part {
-        Part {
-            key: "k".to_owned(),
-            token: LeaseToken::generate().unwrap_or_else(|_| unreachable!()),
-            fence_key: None,
-            fence: None,
-        }
-    }
-
-    /// The first try's connection broke with the request out (it may have
-    /// deleted the key), the retry finds the key gone: before the lease ran
-    /// out that is a timeout (the key may have been lost), after it the
-    /// lease is over (lost, unreachable). Never `Ok` and never `NotHeld`.
-    #[tokio::test(start_paused = true)]
-    async fn a_release_that_may_have_acted_never_claims_what_it_cannot_know() {
-        for (lost_for, lease_for, expired) in [
-            (Duration::from_millis(10), Duration::from_secs(5), false),
-            (Duration::from_millis(60), Duration::from_millis(50), true),
-        ] {
-            let backend = LostAnswer {
-                lost_for,
-                tries: Default::default(),
-            };
-            let until = Instant::now() + lease_for;
-            let outcome =
-                release_retrying(&backend, &part(), until, backend.command_timeout()).await;
-            match (&outcome, expired) {
-                (Err(Error::Timeout { op: "release", .. }), false)
-                | (
-                    Err(Error::LeaseLost {
-                        cause: LostCause::Unreachable,
-                        ..
-                    }),
-                    true,
-                ) => {}
-                _ => panic!("lease for {lease_for:?}: {outcome:?}"),
-            }
-            assert_eq!(backend.tries.load(std::sync::atomic::Ordering::SeqCst), 2);
-        }
-    }
 
     #[test]
     fn ttl_bounds() {

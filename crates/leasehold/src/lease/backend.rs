@@ -1,0 +1,84 @@
+//! What granted a lease, as the lease sees it: one [`Backend`] interface
+//! (the token-checked steps on one lock), implemented by each way of taking
+//! a lease, and the [`Part`] of a lease it acts on.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::Result;
+use crate::fencing::FencingToken;
+use crate::token::LeaseToken;
+use crate::watchdog::{self, Margin, Shared};
+
+#[cfg(doc)]
+use super::Lease;
+
+/// One lock a lease holds: its key, the token the key carries for us, and,
+/// for a fenced lock, its fence counter's key and the fencing token issued
+/// with it.
+#[derive(Debug, Clone)]
+pub(crate) struct Part {
+    pub(crate) key: String,
+    pub(crate) token: LeaseToken,
+    pub(crate) fence_key: Option<String>,
+    pub(crate) fence: Option<FencingToken>,
+}
+
+/// A boxed reply future of a [`Backend`].
+pub(crate) type Reply<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
+
+/// What granted a lease, as the lease sees it: the token-checked steps on
+/// one lock. Implemented by each way of taking a lease.
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// The bound on a release with no tighter deadline.
+    fn command_timeout(&self) -> Duration;
+
+    /// The clock-drift margin taken off every confirmed TTL.
+    fn margin(&self) -> Margin {
+        watchdog::no_margin
+    }
+
+    /// Resets `part`'s TTL to `ttl` if its key still holds our token:
+    /// `Ok(false)` when it does not. Never creates or deletes the key.
+    fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, deadline: Instant) -> Reply<'a, bool>;
+
+    /// Gives `part`'s lock back (deleted, or passed to the next waiter) if
+    /// its key still holds our token: `Ok(false)` when it does not.
+    fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool>;
+
+    /// Raises the fence counter `fence_key` to at least `at_least`, never
+    /// lowering it (on a majority, for a quorum).
+    fn raise_fence<'a>(
+        &'a self,
+        fence_key: &'a str,
+        at_least: FencingToken,
+        deadline: Instant,
+    ) -> Reply<'a, ()>;
+
+    /// Writes the leader record `record_key` (`body`) of an election whose
+    /// lock `part` is, if its key still holds our token (on a majority, for
+    /// a quorum): `Ok(false)` when it does not.
+    fn announce<'a>(
+        &'a self,
+        part: &'a Part,
+        record_key: &'a str,
+        body: &'a str,
+        deadline: Instant,
+    ) -> Reply<'a, bool>;
+
+    /// Notes that the lease sharing `shared` now holds `key` (a lease on
+    /// several keys took in another lock).
+    fn held(&self, _key: &str, _shared: &Arc<Shared>) {}
+
+    /// Gives back the lock of a lease dropped without
+    /// [`release`](Lease::release), valid until `until` (the lease's
+    /// confirmed deadline: faults that may pass are retried until then, so
+    /// the next holder need not wait out the TTL). Synchronous, never
+    /// blocks: bookkeeping happens here, Redis requests are spawned when a
+    /// runtime is at hand, and the TTL is the fallback.
+    fn release_dropped(self: Arc<Self>, part: Part, until: Instant);
+}
