@@ -13,6 +13,9 @@ use crate::lost::LostCause;
 
 use super::{Lease, TARGET};
 
+#[cfg(doc)]
+use crate::error::Error;
+
 /// How many [`shield`](Lease::shield)ed sections are running, and a signal
 /// when one ends.
 #[derive(Debug, Default)]

@@ -62,12 +62,10 @@
 //! accepts a repeated token only from its first writer, and the
 //! check-and-set on the version read (`fence = $read`) keeps the balance
 //! right even when two holders overlap.
-//!
-//! This file holds the public [`Quorum`], its builder and its calls; the
-//! fan-out to the nodes (one round of votes, the fence's second round, the
-//! steps of a held lease on every node, counted by majority) is
-//! `fanout`'s.
 
+// This file holds the public `Quorum`, its builder and its calls; the
+// fan-out to the nodes (one round of votes, the fence's second round, the
+// steps of a held lease on every node, counted by majority) is `fanout`'s.
 mod fanout;
 
 use std::future::Future;
@@ -87,6 +85,9 @@ use crate::token::LeaseToken;
 use crate::way::{self, Way};
 
 use self::fanout::Round;
+
+#[cfg(doc)]
+use crate::fencing::{FencedKeys, FencingToken};
 
 /// How long one node may take to answer one request when the caller's
 /// deadline is further away: 50 ms. Keep it well below the TTL, so that a
