@@ -11,6 +11,10 @@
 //! command the ACL refuses without the `NOPERM` code (and Redis 7.0 without
 //! the command's name), and `call()` gives the refusal the shape a direct
 //! one has, so that it maps to [`Error::NoPermission`] naming the command.
+//! The fence counter is written there once too: every script that issues
+//! a fencing token, votes for one, checks a counter or raises one calls the
+//! prelude's functions (`issue_fence`, `fence_vote`, `fence_issuer`,
+//! `raise_fence_to`); each script's header still states its KEYS and ARGV.
 //!
 //! [`Error::NoPermission`]: crate::Error::NoPermission
 

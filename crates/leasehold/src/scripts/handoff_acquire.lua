@@ -44,21 +44,10 @@ local kind = call("TYPE", KEYS[1])["ok"]
 if kind ~= "string" and kind ~= "none" then
   return redis.error_reply("WRONGTYPE lock key holds a " .. kind)
 end
-if fence_key then
-  local _, err = read_fence(fence_key)
-  if err then
-    return err
-  end
-end
-
--- Issues the next fencing token (see prelude.lua); the counter was read
--- above, so only an ACL refusal can fail it now.
-local function issue()
-  local fence, err = issue_fence(fence_key, ARGV[5])
-  if err then
-    error(err)
-  end
-  return fence
+-- Issues the next fencing token (see prelude.lua).
+local issue, fence_err = fence_issuer(fence_key, ARGV[5])
+if fence_err then
+  return fence_err
 end
 
 local function forget(token)

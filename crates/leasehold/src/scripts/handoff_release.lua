@@ -64,21 +64,10 @@ local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local grant = ARGV[2] == "grant"
 local fence_key = KEYS[4]
 
-if fence_key then
-  local _, err = read_fence(fence_key)
-  if err then
-    return err
-  end
-end
-
--- Issues the next fencing token (see prelude.lua); the counter was read
--- above, so only an ACL refusal can fail it now.
-local function issue()
-  local fence, err = issue_fence(fence_key, ARGV[8])
-  if err then
-    error(err)
-  end
-  return fence
+-- Issues the next fencing token (see prelude.lua).
+local issue, fence_err = fence_issuer(fence_key, ARGV[8])
+if fence_err then
+  return fence_err
 end
 
 -- Pops (grant) or peeks at (wake: the woken waiter keeps its place until it

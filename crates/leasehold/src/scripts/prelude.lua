@@ -166,10 +166,10 @@ local function raise_fence_to(key, want, ttl)
   return current
 end
 
--- Issues the next token of the counter `key` (see above), which lives
--- `ttl` ms after this use (0: forever): the token, or nil and the error
--- reply, with nothing changed.
-local function issue_fence(key, ttl)
+-- What every token of the counter `key` is made from: {counter = its
+-- value (0 when absent), floor = the lowest token this server may issue
+-- now (its clock)}; or nil and the error reply.
+local function fence_basis(key)
   local current, err = read_fence(key)
   if err then
     return nil, err
@@ -178,10 +178,55 @@ local function issue_fence(key, ttl)
   if clock_err then
     return nil, clock_err
   end
-  local fence = math.max(current + 1, floor)
+  return {counter = current, floor = floor}
+end
+
+-- Issues the next token of the counter `key` (see above):
+-- max(counter + 1, clock), and the counter is set to it, living `ttl` ms
+-- after this use (0: forever). The token, or nil and the error reply,
+-- with nothing changed.
+local function issue_fence(key, ttl)
+  local basis, err = fence_basis(key)
+  if err then
+    return nil, err
+  end
+  local fence = math.max(basis.counter + 1, basis.floor)
   local _, store_err = store_fence(key, fence, ttl)
   if store_err then
     return nil, store_err
   end
   return fence
+end
+
+-- A quorum node's vote for the next token of the counter `key`:
+-- max(counter, clock), nothing written (the client takes one more than
+-- the highest vote, and records it on every node with raise_fence_to);
+-- or nil and the error reply.
+local function fence_vote(key)
+  local basis, err = fence_basis(key)
+  if err then
+    return nil, err
+  end
+  return math.max(basis.counter, basis.floor)
+end
+
+-- For a script that issues a token only after changing other keys (a
+-- hand-off's grant): checks the counter `key` (if any) first, while
+-- nothing is changed, and returns the function that issues its next token
+-- (living `ttl` ms), raising on failure (after the check, only an ACL
+-- refusal can fail it); or nil and the error reply of the check.
+local function fence_issuer(key, ttl)
+  if key then
+    local _, err = read_fence(key)
+    if err then
+      return nil, err
+    end
+  end
+  return function()
+    local fence, err = issue_fence(key, ttl)
+    if err then
+      error(err)
+    end
+    return fence
+  end
 end

@@ -13,15 +13,11 @@
 --
 -- Errors, with nothing changed: NOTFENCE when KEYS[2] holds no integer
 -- counter below 2^53; NOPERM when the ACL refuses a command.
-local current, err = read_fence(KEYS[2])
+local vote, err = fence_vote(KEYS[2])
 if err then
   return err
-end
-local floor, clock_err = fence_floor()
-if clock_err then
-  return clock_err
 end
 if not call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
   return false
 end
-return math.max(current, floor)
+return vote
