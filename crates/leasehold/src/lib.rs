@@ -180,8 +180,10 @@
 //!    quorum.
 //! 3. **Ways of taking a lease**: polling ([`Locker`]), hand-off with its
 //!    relay ([`HandoffLocker`]), Redlock ([`Quorum`]); each implements the
-//!    backend, checks options in one place and shares one retry loop and
-//!    one routine for several keys.
+//!    backend, checks options in one place, turns the caller's wait into
+//!    one deadline at its entry (capped by the command timeout in one
+//!    place, for each request) and shares one retry loop and one routine
+//!    for several keys.
 //! 4. The crate root: these docs and the `pub use` list.
 
 // Protocol: the connection, the scripts and the token-checked steps.
