@@ -209,6 +209,7 @@ mod lease;
 pub mod watchdog;
 // The ways of taking a lease.
 pub mod election;
+mod erased;
 #[cfg(feature = "handoff")]
 mod handoff;
 mod lessor;
@@ -248,6 +249,7 @@ pub use election::{
     ElectionBuilder, Leader, Observer, Term, TermOutcome,
 };
 pub use endpoint::Endpoint;
+pub use erased::DynLessor;
 pub use error::{ClientError, Error, GiveUpReason, Result, TlsFileRole};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 #[cfg(feature = "handoff")]
