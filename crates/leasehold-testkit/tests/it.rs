@@ -10,6 +10,8 @@
 mod clock;
 #[path = "cluster.rs"]
 mod cluster;
+#[path = "etcd.rs"]
+mod etcd;
 #[path = "faults.rs"]
 mod faults;
 #[path = "postgres.rs"]
