@@ -13,12 +13,23 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 set -x
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# The library without its default features (quorum, handoff, cluster, tls, sentinel),
-# and with each feature alone (metrics too); all of them is the workspace run above.
+# The library without its default features (quorum, handoff), and with each
+# feature alone; all of them is the workspace run above. The library target
+# only: the tests' dev-dependencies turn every feature on. leasehold-pg
+# without and with tls (rustls only then), the same way.
 for features in "" quorum handoff cluster tls sentinel metrics postgres sqlx; do
   cargo clippy -p leasehold --no-default-features ${features:+--features "$features"} \
-    --all-targets --locked -- -D warnings
+    --lib --locked -- -D warnings
 done
+for features in "" tls; do
+  cargo clippy -p leasehold-pg --no-default-features ${features:+--features "$features"} \
+    --lib --locked -- -D warnings
+done
+if cargo tree --locked -e normal -p leasehold -p leasehold-pg --prefix none |
+  grep -E '^(rustls|aws-lc-rs) v'; then
+  echo "rustls in the default build of leasehold and leasehold-pg (above)" >&2
+  exit 1
+fi
 # Dependencies point one way: no import cycle among a crate's top-level
 # modules, and no module importing a name the crate root defines. The check
 # prints what it finds; any output fails.
