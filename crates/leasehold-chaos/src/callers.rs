@@ -1,29 +1,18 @@
 //! The callers: tasks that take the lock, write, and release, recording
 //! each step.
 
-use std::future::Future;
 use std::ops::RangeInclusive;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use leasehold::{
-    AcquireOptions, CancellationToken, Error, FencedKeys, FencingToken, Lease, Lessor,
+    AcquireOptions, CancellationToken, DynLessor, Error, FencedKeys, FencingToken, Lease, Lessor,
 };
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
 use crate::history::{Kind, WriteOutcome};
 use crate::recorder::Recorder;
-
-/// The future of one type-erased acquire.
-type LeaseFuture<'a> = Pin<Box<dyn Future<Output = leasehold::Result<Lease>> + Send + 'a>>;
-
-/// Takes the lease on a resource's keys from one lessor, fenced or not:
-/// its `acquire_with` with the lessor's type erased, so that the callers
-/// are the same code whatever the way.
-type Acquire =
-    dyn for<'a> Fn(&'a FencedKeys, Duration, &'a AcquireOptions) -> LeaseFuture<'a> + Send + Sync;
 
 /// How the callers take the lock before they write: from any way of taking
 /// a lease (a [`Lessor`]: polling, hand-off or a quorum, on one server or a
@@ -45,13 +34,16 @@ type Acquire =
 #[derive(Clone)]
 pub struct Lock {
     /// `None`: no Redis lock.
-    acquire: Option<Arc<Acquire>>,
+    lessor: Option<DynLessor>,
+    /// Whether a lease carries a fencing token.
+    fenced: bool,
 }
 
 impl std::fmt::Debug for Lock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lock")
             .field("none", &self.is_none())
+            .field("fenced", &self.fenced)
             .finish_non_exhaustive()
     }
 }
@@ -63,38 +55,23 @@ impl Lock {
     /// lease). The fence is a choice of keys, not of way: any way gives
     /// either.
     pub fn new(lessor: impl Lessor, fenced: bool) -> Lock {
-        fn typed<F>(acquire: F) -> Arc<Acquire>
-        where
-            F: for<'a> Fn(&'a FencedKeys, Duration, &'a AcquireOptions) -> LeaseFuture<'a>
-                + Send
-                + Sync
-                + 'static,
-        {
-            Arc::new(acquire)
-        }
-        let acquire = typed(move |keys, ttl, opts| {
-            let lessor = lessor.clone();
-            Box::pin(async move {
-                if fenced {
-                    lessor.acquire_with(keys, ttl, opts).await
-                } else {
-                    lessor.acquire_with(keys.lock(), ttl, opts).await
-                }
-            })
-        });
         Lock {
-            acquire: Some(acquire),
+            lessor: Some(DynLessor::new(lessor)),
+            fenced,
         }
     }
 
     /// No Redis lock: the database alone keeps the write right.
     pub fn none() -> Lock {
-        Lock { acquire: None }
+        Lock {
+            lessor: None,
+            fenced: false,
+        }
     }
 
     /// Whether this is [`Lock::none`]: the callers take no lease.
     pub fn is_none(&self) -> bool {
-        self.acquire.is_none()
+        self.lessor.is_none()
     }
 
     /// Takes the lock on `resource` (`lock:{resource}`, with
@@ -109,9 +86,10 @@ impl Lock {
         opts: &AcquireOptions,
     ) -> leasehold::Result<Option<Lease>> {
         let keys = FencedKeys::for_resource(resource)?;
-        match &self.acquire {
+        match &self.lessor {
             None => Ok(None),
-            Some(acquire) => acquire(&keys, ttl, opts).await.map(Some),
+            Some(lessor) if self.fenced => lessor.acquire_with(&keys, ttl, opts).await.map(Some),
+            Some(lessor) => lessor.acquire_with(keys.lock(), ttl, opts).await.map(Some),
         }
     }
 

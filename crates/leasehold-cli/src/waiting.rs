@@ -1,16 +1,14 @@
 //! How a caller waits for a busy lock, and what the lock was used for: the
 //! pieces `backoff` and `bench contention` share.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use leasehold::{
-    AcquireOptions, HandoffClient, HandoffLocker, HandoffStyle, Lease, Lessor, Locker, LockerStats,
-    RedisConnection, RetryStrategy,
+    AcquireOptions, DynLessor, HandoffClient, HandoffLocker, HandoffStyle, Lease, Lessor, Locker,
+    LockerStats, RedisConnection, RetryStrategy,
 };
 use tokio::time::Instant;
 
@@ -53,30 +51,6 @@ impl Mode {
     }
 }
 
-/// The future of one type-erased acquire.
-type LeaseFuture<'a> = Pin<Box<dyn Future<Output = leasehold::Result<Lease>> + Send + 'a>>;
-
-/// Takes the lease on a key from one lessor: its `acquire_with`, with the
-/// lessor's type erased, so that a run is the same code whatever the way.
-type Acquire =
-    dyn for<'a> Fn(&'a str, Duration, &'a AcquireOptions) -> LeaseFuture<'a> + Send + Sync;
-
-fn erase(lessor: impl Lessor) -> Box<Acquire> {
-    fn typed<F>(acquire: F) -> Box<Acquire>
-    where
-        F: for<'a> Fn(&'a str, Duration, &'a AcquireOptions) -> LeaseFuture<'a>
-            + Send
-            + Sync
-            + 'static,
-    {
-        Box::new(acquire)
-    }
-    typed(move |key, ttl, opts| {
-        let lessor = lessor.clone();
-        Box::pin(async move { lessor.acquire_with(key, ttl, opts).await })
-    })
-}
-
 /// A connected way of waiting: the lessors of one way (one for polling;
 /// one or more hand-off lockers, each caller always using the same one, as
 /// a task of one process would), over one [`Locker`] whose stats count
@@ -85,7 +59,7 @@ fn erase(lessor: impl Lessor) -> Box<Acquire> {
 pub(crate) struct Waiter {
     /// The one locker's [`Locker::stats`].
     stats: Arc<dyn Fn() -> LockerStats + Send + Sync>,
-    lessors: Arc<[Box<Acquire>]>,
+    lessors: Arc<[DynLessor]>,
     /// Polling's strategy, set on the options of every acquire; `None`
     /// keeps the options' own (a hand-off waiter sleeps until it is handed
     /// the lock).
@@ -144,7 +118,7 @@ impl Waiter {
     ) -> Waiter {
         Waiter {
             stats: Arc::new(move || locker.stats()),
-            lessors: lessors.into_iter().map(erase).collect(),
+            lessors: lessors.into_iter().map(DynLessor::new).collect(),
             retry,
         }
     }
@@ -167,8 +141,9 @@ impl Waiter {
             Some(strategy) => opts.retry(strategy),
             None => opts,
         };
-        let acquire = &self.lessors[caller % self.lessors.len()];
-        acquire(key, ttl, &opts).await
+        self.lessors[caller % self.lessors.len()]
+            .acquire_with(key, ttl, &opts)
+            .await
     }
 }
 

@@ -3,32 +3,35 @@
 use std::time::Duration;
 
 use tokio_postgres::{Client, Config};
-use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::connector::Connector;
 use crate::error::{Error, Result};
-use crate::tls;
+use crate::params;
 
 /// How long [`connect`] waits for the server when the URL sets no
 /// `connect_timeout`: 5 s.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What [`connect`] connects with, for a pool: the parsed `url` (with the
-/// 5 s `connect_timeout` when it sets none) and the TLS connector its
+/// 5 s `connect_timeout` when it sets none) and the [`Connector`] its
 /// `sslmode`, `sslrootcert`, `sslcert` and `sslkey` ask for, as
 /// [`connect`] describes them. Give both to your pool, e.g.
 /// `deadpool_postgres::Manager::from_config(config, connector, ..)`.
 ///
 /// # Errors
-/// [`Error::InvalidUrl`], [`Error::InvalidTls`] and [`Error::TlsFile`], as
-/// for [`connect`]; nothing is connected yet.
-pub fn config(url: &str) -> Result<(Config, MakeRustlsConnect)> {
-    let (rest, params) = tls::split(url)?;
+/// [`Error::InvalidUrl`], [`Error::TlsNotEnabled`], [`Error::InvalidTls`]
+/// and [`Error::TlsFile`], as for [`connect`]; nothing is connected yet.
+pub fn config(url: &str) -> Result<(Config, Connector)> {
+    let (rest, params) = params::split(url)?;
     let mut config: Config = rest.parse().map_err(|_| Error::InvalidUrl)?;
-    config.ssl_mode(params.ssl_mode());
+    config.ssl_mode(params.ssl_mode(cfg!(feature = "tls"))?);
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
     }
-    let connector = MakeRustlsConnect::new(params.client_config()?);
+    #[cfg(feature = "tls")]
+    let connector = Connector::rustls(crate::tls::client_config(&params)?);
+    #[cfg(not(feature = "tls"))]
+    let connector = Connector::plain();
     Ok((config, connector))
 }
 
@@ -37,9 +40,9 @@ pub fn config(url: &str) -> Result<(Config, MakeRustlsConnect)> {
 ///
 /// `url` is a libpq connection string, as a URL
 /// (`postgres://user:password@host:port/db?sslmode=verify-full&sslrootcert=/etc/ca.pem`)
-/// or `key=value` pairs. TLS follows libpq's parameters, over rustls (TLS
-/// 1.2 and 1.3, the `aws-lc-rs` provider, SCRAM channel binding when the
-/// server offers it):
+/// or `key=value` pairs. With the crate feature `tls` (off by default),
+/// TLS follows libpq's parameters, over rustls (TLS 1.2 and 1.3, the
+/// `aws-lc-rs` provider, SCRAM channel binding when the server offers it):
 ///
 /// | `sslmode` | TLS | the server's certificate |
 /// |---|---|---|
@@ -57,11 +60,19 @@ pub fn config(url: &str) -> Result<(Config, MakeRustlsConnect)> {
 /// are taken out of the string before tokio-postgres parses the rest
 /// (its parser knows none of them but `sslmode`, and not all its values).
 ///
+/// Without the `tls` feature this crate speaks no TLS, as libpq built
+/// without SSL: `disable`, `allow` and `prefer` (libpq's default, so a URL
+/// with no `sslmode` too) connect in plain text, never asking the server
+/// for TLS; `require`, `verify-ca`, `verify-full`, or any of `sslrootcert`,
+/// `sslcert`, `sslkey`, are refused with [`Error::TlsNotEnabled`] before
+/// any connection is tried.
+///
 /// # Errors
 /// - [`Error::InvalidUrl`] (the parser's message is dropped, since it can
-///   quote the password), [`Error::InvalidTls`] for an unknown `sslmode`
-///   or half a client certificate, [`Error::TlsFile`] for a file that
-///   cannot be used (all before connecting);
+///   quote the password), [`Error::TlsNotEnabled`] for a URL that needs
+///   TLS in a build without the `tls` feature, [`Error::InvalidTls`] for
+///   an unknown `sslmode` or half a client certificate, [`Error::TlsFile`]
+///   for a file that cannot be used (all before connecting);
 /// - [`Error::Unreachable`] when nothing answers within the URL's
 ///   `connect_timeout` (default 5 s), [`Error::Auth`] for wrong
 ///   credentials;

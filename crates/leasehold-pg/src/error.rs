@@ -66,6 +66,23 @@ pub enum Error {
     #[error("invalid tls setting: {0}")]
     InvalidTls(&'static str),
 
+    /// The connection URL asks for TLS (`sslmode=require`, `verify-ca`,
+    /// `verify-full`, or a `sslrootcert`, `sslcert` or `sslkey` file) and
+    /// this build leaves it out: turn on the crate feature `tls`
+    /// (`leasehold-pg = { version = "...", features = ["tls"] }`).
+    /// Found before connecting. Without the feature, `sslmode=disable`,
+    /// `allow` and `prefer` (the default) connect in plain text, as libpq
+    /// built without SSL does.
+    #[error(
+        "the url asks for tls ({setting}), which this build leaves out: enable leasehold-pg's tls feature"
+    )]
+    TlsNotEnabled {
+        /// The setting that asks for it: `sslmode=require`,
+        /// `sslmode=verify-ca`, `sslmode=verify-full`, `sslrootcert`,
+        /// `sslcert` or `sslkey` (never its value).
+        setting: &'static str,
+    },
+
     /// A TLS file named by the URL (`sslrootcert`, `sslcert`, `sslkey`)
     /// cannot be used: it cannot be read, holds no PEM certificate or key,
     /// holds one that does not parse, or the key does not match the
@@ -209,19 +226,68 @@ impl Error {
             let (code, message) = (db.code().code().to_owned(), db.message().to_owned());
             return Error::from_server(&code, &message, DriverError::from(err));
         }
-        if let Some(failure) = crate::tls_failure::classify(&err) {
-            use crate::tls_failure::Failure;
-            let source = DriverError::from(err);
-            return match failure {
-                Failure::Certificate(problem) => Error::TlsCertificate { problem, source },
-                Failure::ClientCertRejected => Error::ClientCertRejected(source),
-                Failure::NotSupported => Error::TlsNotSupported(source),
-            };
-        }
+        let err = match Error::from_tls(err) {
+            Ok(error) => return error,
+            Err(err) => err,
+        };
         if err.is_closed() || is_connection_failure(&err) {
             return Error::Unreachable(err.into());
         }
         Error::Postgres(err.into())
+    }
+
+    /// Maps a TLS failure inside a tokio-postgres error, if that is what
+    /// it is; gives the error back otherwise. The failures are read as
+    /// `leasehold`'s [`tls::classify`](leasehold::tls::classify) reads them
+    /// (feature `tls`), except the server's refusal of TLS, which
+    /// tokio-postgres reports in its message only.
+    fn from_tls(err: tokio_postgres::Error) -> Result<Error, tokio_postgres::Error> {
+        let source = std::error::Error::source(&err);
+        if source.is_some_and(|source| source.to_string() == NOT_SUPPORTED) {
+            return Ok(Error::TlsNotSupported(err.into()));
+        }
+        // A handshake asked of a build without TLS: an explicit
+        // `Config::ssl_mode` beside `config`'s connector.
+        if source.is_some_and(|source| source.is::<tokio_postgres::tls::NoTlsError>()) {
+            return Ok(Error::TlsNotEnabled { setting: "sslmode" });
+        }
+        #[cfg(feature = "tls")]
+        {
+            use leasehold::tls::TlsFailure;
+            match leasehold::tls::classify(&err) {
+                Some(TlsFailure::Certificate(problem)) => {
+                    return Ok(Error::TlsCertificate {
+                        problem,
+                        source: err.into(),
+                    });
+                }
+                Some(TlsFailure::ClientCertRejected) => {
+                    return Ok(Error::ClientCertRejected(err.into()));
+                }
+                _ => {}
+            }
+        }
+        Err(err)
+    }
+
+    /// The [`Error::TlsFile`] of `leasehold`'s TLS loading as this crate's
+    /// (any other error it gives, which it does not, as a bad setting).
+    #[cfg(feature = "tls")]
+    pub(crate) fn from_tls_file(err: leasehold::Error) -> Error {
+        match err {
+            leasehold::Error::TlsFile {
+                role,
+                path,
+                problem,
+                source,
+            } => Error::TlsFile {
+                role,
+                path,
+                problem,
+                source,
+            },
+            _ => Error::InvalidTls("a tls file cannot be used"),
+        }
     }
 
     /// Maps an error the server answered with (its SQLSTATE `code` and
@@ -265,6 +331,10 @@ impl From<tokio_postgres::Error> for Error {
         Error::from_pg(err)
     }
 }
+
+/// The message tokio-postgres gives when the server answers `N` to the
+/// TLS request and TLS is required (it has no error kind for it).
+const NOT_SUPPORTED: &str = "server does not support TLS";
 
 /// Whether the server said it is not serving: starting up (`57P03`),
 /// shutting down (`57P01`, `57P02`), or a connection failure (SQLSTATE

@@ -172,39 +172,55 @@
 //!
 //! # TLS
 //!
-//! [`connect()`] speaks TLS as libpq does, from the URL's `sslmode`,
-//! `sslrootcert`, `sslcert` and `sslkey`:
-//! `postgres://app@db/app?sslmode=verify-full&sslrootcert=/etc/ca.pem`
+//! With the crate feature `tls` (off by default; it turns on `leasehold`'s
+//! `tls` too, whose [`tls`](leasehold::tls) module reads the certificate
+//! files and names the failures for both crates), [`connect()`] speaks TLS
+//! as libpq does, from the URL's `sslmode`, `sslrootcert`, `sslcert` and
+//! `sslkey`: `postgres://app@db/app?sslmode=verify-full&sslrootcert=/etc/ca.pem`
 //! verifies the server against that CA and its host name. Each failure
 //! has its own error: [`Error::TlsCertificate`] (with the
 //! [`CertificateProblem`](leasehold::CertificateProblem)),
 //! [`Error::TlsNotSupported`], [`Error::ClientCertRejected`],
 //! [`Error::TlsFile`], [`Error::InvalidTls`].
+//!
+//! Without the feature, no rustls is built, and the crate behaves as libpq
+//! built without SSL: `sslmode=prefer` (the default), `allow` and `disable`
+//! connect in plain text, and a URL that needs TLS (`require`,
+//! `verify-ca`, `verify-full`, or a `sslrootcert`, `sslcert` or `sslkey`
+//! file) is [`Error::TlsNotEnabled`], before any connection. [`config()`]
+//! returns the same [`Connector`] type either way, so turning the feature
+//! on breaks no code that names it.
+
+// The TLS docs link `leasehold::tls`, which a build without the `tls`
+// feature leaves out; checked where it is on (docs.rs, the workspace).
+#![cfg_attr(not(feature = "tls"), allow(rustdoc::broken_intra_doc_links))]
 
 mod client;
 mod connect;
+pub mod connector;
 mod ddl;
 mod error;
 pub mod guard;
 pub mod guarded;
 pub mod metrics;
+mod params;
 mod schema;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
 mod statements;
 mod tables;
+#[cfg(feature = "tls")]
 mod tls;
-mod tls_failure;
 mod write;
 
 pub use connect::{config, connect};
+pub use connector::Connector;
 pub use error::{DriverError, Error, Result};
 pub use guard::{FENCES_DDL, Guard, Setup, guard, guard_token, setup};
 pub use guarded::{Guarded, guarded};
 pub use leasehold::FencingToken;
 pub use schema::{reset_wallet, setup_wallets};
 pub use tables::{FENCES, LEDGER, WALLETS};
-pub use tokio_postgres_rustls::MakeRustlsConnect;
 pub use write::{
     Audit, LockedWallet, Outcome, Snapshot, audit, debit_check_and_set, debit_conditional,
     debit_fenced, debit_for_update, lock_for_update, read_wallet,

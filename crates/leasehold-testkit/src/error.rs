@@ -223,6 +223,44 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// A request to an etcd member's HTTP/JSON gateway got no reply:
+    /// connecting failed, the connection broke, the time ran out (a member
+    /// that cannot reach a quorum does not answer a write or a
+    /// linearizable read), or the reply was not what was asked for.
+    #[error("request to etcd at {url} failed")]
+    EtcdRequest {
+        /// The request's URL.
+        url: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// An etcd member answered a request with an error status.
+    #[error("etcd at {url} replied with status {status}: {body}")]
+    EtcdReply {
+        /// The request's URL.
+        url: String,
+        /// The HTTP status, e.g. 503.
+        status: u16,
+        /// The reply's body (etcd's error, as JSON).
+        body: String,
+    },
+
+    /// No etcd member named a leader in time.
+    #[error("the etcd cluster had no leader within {timeout:?}")]
+    NoLeader {
+        /// How long it was given.
+        timeout: Duration,
+    },
+
+    /// An etcd cluster of this many members cannot be started.
+    #[error("an etcd cluster needs at least one member, not {members}")]
+    EtcdClusterSize {
+        /// The number asked for.
+        members: usize,
+    },
+
     /// A [`FaultProxy`](crate::FaultProxy) could not start its thread.
     #[error("failed to start a fault proxy thread")]
     ProxyThread(#[source] io::Error),

@@ -33,6 +33,18 @@
 //! them. PostgreSQL refuses to run as root, so when this process is root it
 //! runs `initdb` and `postgres` as the `postgres` system user.
 //!
+//! [`EtcdCluster`] starts a real etcd cluster (three members, or one) on
+//! free loopback ports with small raft timers (a 50 ms heartbeat, a 500 ms
+//! election timeout, so a lost leader is replaced within about a second),
+//! and waits until it has a leader. Any member, or the
+//! [leader](EtcdCluster::leader), can be stopped and restarted on its data
+//! ([`EtcdMember::stop`], [`EtcdMember::start`]), paused, or
+//! [cut off](EtcdMember::cut_off) from its peers in both directions (and
+//! from its clients) and healed: each member's peer and client ports sit
+//! behind small gates that know which member dialled. `etcd` comes from
+//! `PATH` (Debian's `etcd-server`, 3.4.23) unless [`ETCD_ENV`],
+//! `LEASEHOLD_ETCD`, names another binary.
+//!
 //! When a test panics while a server handle is alive, the server's log is
 //! printed to stderr as the handle is dropped.
 
@@ -41,6 +53,7 @@ mod clock;
 mod cluster;
 mod connection;
 mod error;
+mod etcd;
 mod faults;
 mod postgres;
 mod process;
@@ -53,6 +66,10 @@ pub use certs::{ClientAuth, ServerTls, TestCerts};
 pub use cluster::{CLUSTER_SLOTS, Failover, RedisCluster};
 pub use connection::connection;
 pub use error::Error;
+pub use etcd::{
+    ETCD_ELECTION_TIMEOUT, ETCD_ENV, ETCD_HEARTBEAT_INTERVAL, EtcdCluster, EtcdMember,
+    EtcdMemberStatus,
+};
 pub use faults::{
     descendants, is_process_paused, pause_process, resume_process, stop_this_process,
 };

@@ -162,7 +162,9 @@ impl Sentinel {
     ///
     /// # Errors
     /// [`Error::InvalidUrl`] when a sentinel address does not parse, the
-    /// list is empty, or the master name is empty.
+    /// list is empty, or the master name is empty;
+    /// [`Error::TlsNotEnabled`] for a `rediss://` sentinel address when
+    /// redis-rs was built without TLS.
     pub fn new<T: IntoConnectionInfo>(
         sentinels: Vec<T>,
         master: &str,
@@ -175,7 +177,7 @@ impl Sentinel {
             .into_iter()
             .map(IntoConnectionInfo::into_connection_info)
             .collect::<RedisResult<Vec<_>>>()
-            .map_err(|err| Error::InvalidUrl(err.into()))?;
+            .map_err(Error::from_url)?;
         if sentinels.is_empty() {
             return Err(invalid("no sentinel address"));
         }
@@ -189,7 +191,7 @@ impl Sentinel {
             Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node)),
             SentinelServerType::Master,
         )
-        .map_err(|err| Error::InvalidUrl(err.into()))?;
+        .map_err(Error::from_url)?;
         Ok(Sentinel {
             inner: Arc::new(Inner {
                 client: tokio::sync::Mutex::new(client),

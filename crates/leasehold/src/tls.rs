@@ -59,9 +59,21 @@
 //! # }
 //! ```
 //!
-//! This module exists with the crate feature `tls` (on by default), which
+//! This module exists with the crate feature `tls` (off by default), which
 //! also enables redis-rs's rustls support; TLS uses rustls with the `aws-lc-rs`
-//! crypto provider, installed as the process default if none is.
+//! crypto provider, installed as the process default if none is. Without
+//! the feature, [`client`](crate::client()) refuses a `rediss://` URL with
+//! [`Error::TlsNotEnabled`].
+//!
+//! # For other clients
+//!
+//! The loading and the classification `client` uses are public, so that a
+//! crate that speaks TLS to another server (`leasehold-pg`'s `tls` feature,
+//! for PostgreSQL) reads files and names failures the same way:
+//! [`ca_roots`], [`system_roots`] and [`client_identity`] read and check
+//! the files (each problem an [`Error::TlsFile`] naming the file), and
+//! [`classify`] reads a [`TlsFailure`] out of any client's error. They use
+//! [`rustls`] 0.23's types, re-exported here, and the [`provider`].
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -76,6 +88,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result, TlsFileRole};
+pub use crate::tls_failure::{TlsFailure, classify};
+/// Re-exported: the types [`ca_roots`], [`system_roots`] and
+/// [`client_identity`] return, at the version this crate uses.
+pub use rustls;
 
 /// The files a TLS connection uses, built with consuming setters; every
 /// one is optional.
@@ -155,16 +171,15 @@ impl TlsFiles {
 ///
 /// # Errors
 /// - [`Error::InvalidUrl`] when `url` does not parse (the message never
-///   quotes it);
+///   quotes it), [`Error::TlsNotEnabled`] when redis-rs was built without
+///   TLS all the same;
 /// - [`Error::InvalidOptions`] for files with a `redis://` URL, or a
 ///   client certificate without its key (or the other way round);
 /// - [`Error::TlsFile`] for a file that cannot be read, holds no PEM
 ///   certificate (CA, certificate) or private key (key), or whose contents
 ///   do not parse, or a key that does not match its certificate.
 pub fn client(url: &str, files: &TlsFiles) -> Result<redis::Client> {
-    let info = url
-        .into_connection_info()
-        .map_err(|err| Error::InvalidUrl(err.into()))?;
+    let info = url.into_connection_info().map_err(Error::from_url)?;
     if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
         if !files.is_empty() {
             return Err(Error::InvalidOptions(
@@ -186,25 +201,10 @@ pub fn client(url: &str, files: &TlsFiles) -> Result<redis::Client> {
 }
 
 /// Reads and checks `files`: the client certificate and key (PEM), the CA
-/// (PEM).
+/// (PEM), as redis-rs takes them.
 fn read_files(files: &TlsFiles) -> Result<(Option<redis::ClientTlsConfig>, Option<Vec<u8>>)> {
-    let provider = rustls::crypto::aws_lc_rs::default_provider();
     let ca = match &files.ca {
-        Some(path) => {
-            let pem = read(TlsFileRole::Ca, path)?;
-            let certs = certificates(TlsFileRole::Ca, path, &pem)?;
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in certs {
-                roots.add(cert).map_err(|_| {
-                    file_err(
-                        TlsFileRole::Ca,
-                        path,
-                        "holds a certificate that does not parse",
-                    )
-                })?;
-            }
-            Some(pem)
-        }
+        Some(path) => Some(load_ca(path)?.0),
         None => None,
     };
     let client_tls = match (&files.cert, &files.key) {
@@ -220,36 +220,7 @@ fn read_files(files: &TlsFiles) -> Result<(Option<redis::ClientTlsConfig>, Optio
             ));
         }
         (Some(cert_path), Some(key_path)) => {
-            let cert_pem = read(TlsFileRole::Cert, cert_path)?;
-            let chain = certificates(TlsFileRole::Cert, cert_path, &cert_pem)?;
-            let key_pem = read(TlsFileRole::Key, key_path)?;
-            let key = PrivateKeyDer::from_pem_slice(&key_pem)
-                .map_err(|_| file_err(TlsFileRole::Key, key_path, "holds no PEM private key"))?;
-            let signing_key = provider.key_provider.load_private_key(key).map_err(|_| {
-                file_err(
-                    TlsFileRole::Key,
-                    key_path,
-                    "holds a key of an unsupported kind",
-                )
-            })?;
-            match rustls::sign::CertifiedKey::new(chain, signing_key).keys_match() {
-                Ok(())
-                | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
-                Err(rustls::Error::InconsistentKeys(_)) => {
-                    return Err(file_err(
-                        TlsFileRole::Key,
-                        key_path,
-                        "does not match the client certificate",
-                    ));
-                }
-                Err(_) => {
-                    return Err(file_err(
-                        TlsFileRole::Cert,
-                        cert_path,
-                        "holds a certificate that does not parse",
-                    ));
-                }
-            }
+            let (cert_pem, key_pem, _) = load_identity(cert_path, key_path)?;
             Some(redis::ClientTlsConfig {
                 client_cert: cert_pem,
                 client_key: key_pem,
@@ -257,6 +228,123 @@ fn read_files(files: &TlsFiles) -> Result<(Option<redis::ClientTlsConfig>, Optio
         }
     };
     Ok((client_tls, ca))
+}
+
+/// The CA certificates in the PEM file at `path`, as roots to verify a
+/// server against.
+///
+/// # Errors
+/// [`Error::TlsFile`] (role [`TlsFileRole::Ca`]) when the file cannot be
+/// read, holds no PEM certificate, or holds one that does not parse.
+pub fn ca_roots(path: &Path) -> Result<rustls::RootCertStore> {
+    load_ca(path).map(|(_, roots)| roots)
+}
+
+/// The system's trusted roots (the platform's store, through
+/// `rustls-native-certs`): the certificates it could read; none when it
+/// has none. [`client`] verifies a server against these when given no CA
+/// file.
+pub fn system_roots() -> rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+    roots
+}
+
+/// A client certificate (the leaf first, then its chain) and its private
+/// key, read from PEM files and checked to match: what a server that asks
+/// for a client certificate is shown. Made by [`client_identity`].
+pub struct ClientIdentity {
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+}
+
+impl ClientIdentity {
+    /// The certificate chain and the key, as rustls's
+    /// `ConfigBuilder::with_client_auth_cert` takes them.
+    pub fn into_parts(self) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+        (self.chain, self.key)
+    }
+}
+
+impl std::fmt::Debug for ClientIdentity {
+    /// The number of certificates; never the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientIdentity")
+            .field("certificates", &self.chain.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads the client certificate at `cert` and its private key at `key`
+/// (PEM; the key in PKCS#8, PKCS#1 or SEC1 form), and checks that the key
+/// is of a kind the [`provider`] signs with and matches the certificate.
+///
+/// # Errors
+/// [`Error::TlsFile`] naming the file: it cannot be read, holds no PEM
+/// certificate (or key), holds one that does not parse, a key of an
+/// unsupported kind, or a key that does not match the certificate.
+pub fn client_identity(cert: &Path, key: &Path) -> Result<ClientIdentity> {
+    load_identity(cert, key).map(|(_, _, identity)| identity)
+}
+
+/// The crypto provider every TLS connection of this crate uses: rustls's
+/// `aws-lc-rs` provider.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// The CA file at `path`: its PEM and the roots it holds.
+fn load_ca(path: &Path) -> Result<(Vec<u8>, rustls::RootCertStore)> {
+    let pem = read(TlsFileRole::Ca, path)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in certificates(TlsFileRole::Ca, path, &pem)? {
+        roots.add(cert).map_err(|_| {
+            file_err(
+                TlsFileRole::Ca,
+                path,
+                "holds a certificate that does not parse",
+            )
+        })?;
+    }
+    Ok((pem, roots))
+}
+
+/// The client certificate and key files: their PEM, and the identity they
+/// make, checked.
+fn load_identity(cert_path: &Path, key_path: &Path) -> Result<(Vec<u8>, Vec<u8>, ClientIdentity)> {
+    let cert_pem = read(TlsFileRole::Cert, cert_path)?;
+    let chain = certificates(TlsFileRole::Cert, cert_path, &cert_pem)?;
+    let key_pem = read(TlsFileRole::Key, key_path)?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|_| file_err(TlsFileRole::Key, key_path, "holds no PEM private key"))?;
+    let signing_key = provider()
+        .key_provider
+        .load_private_key(key.clone_key())
+        .map_err(|_| {
+            file_err(
+                TlsFileRole::Key,
+                key_path,
+                "holds a key of an unsupported kind",
+            )
+        })?;
+    match rustls::sign::CertifiedKey::new(chain.clone(), signing_key).keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
+        Err(rustls::Error::InconsistentKeys(_)) => {
+            return Err(file_err(
+                TlsFileRole::Key,
+                key_path,
+                "does not match the client certificate",
+            ));
+        }
+        Err(_) => {
+            return Err(file_err(
+                TlsFileRole::Cert,
+                cert_path,
+                "holds a certificate that does not parse",
+            ));
+        }
+    }
+    Ok((cert_pem, key_pem, ClientIdentity { chain, key }))
 }
 
 fn read(role: TlsFileRole, path: &Path) -> Result<Vec<u8>> {
@@ -376,13 +464,11 @@ async fn speaks_tls(host: &str, port: u16) -> io::Result<bool> {
         Err(_) => ServerName::try_from(host.to_owned())
             .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?,
     };
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::aws_lc_rs::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(io::Error::other)?
-    .with_root_certificates(rustls::RootCertStore::empty())
-    .with_no_client_auth();
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(io::Error::other)?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
     let mut conn =
         rustls::ClientConnection::new(Arc::new(config), name).map_err(io::Error::other)?;
     let mut hello = Vec::new();

@@ -1,6 +1,7 @@
-//! What a TLS failure inside a redis-rs error says: a leaf module (no
+//! What a TLS failure inside a client's error says: a leaf module (no
 //! dependency on the rest of the crate), so that [`crate::error`] can name
-//! the failure and [`crate::tls`] can build on both.
+//! the failure and [`crate::tls`] can build on both (and publish the
+//! classification, which `leasehold-pg` uses for PostgreSQL's errors).
 
 /// Why a server's TLS certificate was refused ([`Error::TlsCertificate`](crate::Error::TlsCertificate)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -43,22 +44,30 @@ mod classify {
 
     use super::CertificateProblem;
 
-    /// What a TLS failure inside a client error says.
-    pub(crate) enum Failure {
+    /// What a TLS failure inside a client's error says: read by
+    /// [`classify`](crate::tls::classify), for Redis and PostgreSQL alike.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[non_exhaustive]
+    pub enum TlsFailure {
         /// We refused the server's certificate.
         Certificate(CertificateProblem),
         /// The server answered our TLS handshake with something that is not
-        /// TLS.
+        /// TLS (a plain port).
         NotTls,
-        /// The server refused our client certificate, or wanted one.
+        /// The server refused our client certificate, or wanted one we did
+        /// not send.
         ClientCertRejected,
     }
 
-    /// Reads the TLS failure, if any, inside a client error.
-    pub(crate) fn classify(err: &redis::RedisError) -> Option<Failure> {
+    /// The TLS failure, if any, inside `err`: a client's error (redis-rs's,
+    /// tokio-postgres's, ...) whose cause is a rustls error, found through
+    /// `source()` chains, `io::Error` payloads and the `Arc` redis-rs
+    /// keeps its causes in. `None` for anything else (a refused
+    /// connection, a timeout, a TLS failure none of these name).
+    pub fn classify(err: &(dyn StdError + 'static)) -> Option<TlsFailure> {
         use rustls::{AlertDescription as Alert, CertificateError as Cert};
         Some(match find_rustls(err)? {
-            rustls::Error::InvalidCertificate(problem) => Failure::Certificate(match problem {
+            rustls::Error::InvalidCertificate(problem) => TlsFailure::Certificate(match problem {
                 Cert::UnknownIssuer => CertificateProblem::UnknownIssuer,
                 Cert::Expired | Cert::ExpiredContext { .. } => CertificateProblem::Expired,
                 Cert::NotValidYet | Cert::NotValidYetContext { .. } => {
@@ -70,7 +79,7 @@ mod classify {
                 Cert::Revoked => CertificateProblem::Revoked,
                 _ => CertificateProblem::Invalid,
             }),
-            rustls::Error::InvalidMessage(_) => Failure::NotTls,
+            rustls::Error::InvalidMessage(_) => TlsFailure::NotTls,
             rustls::Error::AlertReceived(
                 Alert::CertificateRequired
                 | Alert::BadCertificate
@@ -80,7 +89,7 @@ mod classify {
                 | Alert::CertificateUnknown
                 | Alert::UnknownCA
                 | Alert::AccessDenied,
-            ) => Failure::ClientCertRejected,
+            ) => TlsFailure::ClientCertRejected,
             _ => return None,
         })
     }
@@ -109,4 +118,4 @@ mod classify {
 }
 
 #[cfg(feature = "tls")]
-pub(crate) use classify::{Failure, classify};
+pub use classify::{TlsFailure, classify};

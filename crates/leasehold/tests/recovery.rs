@@ -4,7 +4,7 @@
 //! BENCHMARKS.md):
 //!
 //! ```sh
-//! cargo test --release -p leasehold --test recovery -- --ignored --nocapture
+//! cargo test --release -p leasehold --test deployments -- recovery:: --ignored --nocapture
 //! ```
 #![cfg(feature = "handoff")]
 

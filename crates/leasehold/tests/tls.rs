@@ -278,6 +278,53 @@ fn unusable_files_are_named_before_any_io() -> TestResult {
     Ok(())
 }
 
+/// The loading `leasehold-pg` shares (`tls::ca_roots`, `client_identity`):
+/// the same files give the same answers as through `tls::client`, and
+/// `classify` names no failure in an error that is not TLS.
+#[test]
+fn the_shared_loading_reads_and_refuses_as_the_client_does() -> TestResult {
+    let certs = TestCerts::generate()?;
+    assert_eq!(tls::ca_roots(&certs.ca())?.len(), 1);
+    let (chain, _key) =
+        tls::client_identity(&certs.client_cert(), &certs.client_key())?.into_parts();
+    assert!(!chain.is_empty());
+    let err = tls::ca_roots(&certs.client_key()).expect_err("a key is no ca");
+    assert!(
+        matches!(
+            err,
+            Error::TlsFile {
+                role: TlsFileRole::Ca,
+                problem: "holds no PEM certificate",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = tls::client_identity(&certs.client_cert(), &certs.server_key())
+        .expect_err("another certificate's key");
+    assert!(
+        matches!(
+            err,
+            Error::TlsFile {
+                role: TlsFileRole::Key,
+                problem: "does not match the client certificate",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+    assert_eq!(tls::classify(&refused), None);
+    let certificate = std::io::Error::other(tls::rustls::Error::InvalidCertificate(
+        tls::rustls::CertificateError::Expired,
+    ));
+    assert_eq!(
+        tls::classify(&certificate),
+        Some(tls::TlsFailure::Certificate(CertificateProblem::Expired))
+    );
+    Ok(())
+}
+
 #[test]
 fn files_need_a_tls_url_and_a_certificate_needs_its_key() -> TestResult {
     let certs = TestCerts::generate()?;

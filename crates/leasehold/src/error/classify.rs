@@ -61,18 +61,18 @@ impl Error {
         }
         #[cfg(feature = "tls")]
         if let Some(failure) = crate::tls_failure::classify(&err) {
-            use crate::tls_failure::Failure;
+            use crate::tls_failure::TlsFailure;
             return match failure {
-                Failure::Certificate(problem) => Error::TlsCertificate {
+                TlsFailure::Certificate(problem) => Error::TlsCertificate {
                     op,
                     problem,
                     source: err.into(),
                 },
-                Failure::NotTls => Error::NotTls {
+                TlsFailure::NotTls => Error::NotTls {
                     op,
                     source: Some(err.into()),
                 },
-                Failure::ClientCertRejected => Error::ClientCertRejected {
+                TlsFailure::ClientCertRejected => Error::ClientCertRejected {
                     op,
                     source: err.into(),
                 },
@@ -129,6 +129,24 @@ fn refused_command(detail: &str) -> String {
         None => format!("a command on one of its {what}"),
     }
 }
+
+impl Error {
+    /// A URL the client refused: [`Error::TlsNotEnabled`] when it asks for
+    /// TLS and the client was built without it (redis-rs says so in its
+    /// message only), [`Error::InvalidUrl`] otherwise.
+    pub(crate) fn from_url(err: redis::RedisError) -> Error {
+        if err.kind() == redis::ErrorKind::InvalidClientConfig
+            && err.to_string().starts_with(TLS_NOT_BUILT)
+        {
+            return Error::TlsNotEnabled;
+        }
+        Error::InvalidUrl(err.into())
+    }
+}
+
+/// How redis-rs built without TLS refuses a `rediss://` URL (its
+/// `InvalidClientConfig` error's description; there is no kind of its own).
+const TLS_NOT_BUILT: &str = "can't connect with TLS, the feature is not enabled";
 
 #[cfg(test)]
 mod tests {
@@ -269,5 +287,28 @@ mod tests {
             }
             assert!(!err.is_retryable(), "{reply}");
         }
+    }
+
+    /// What redis-rs built without TLS says of a `rediss://` URL (it is
+    /// built with TLS here, so the error is made as it makes it) is
+    /// `TlsNotEnabled`, naming the feature; any other refused URL stays
+    /// `InvalidUrl`; neither quotes the URL.
+    #[test]
+    fn a_url_asking_for_tls_the_build_lacks_names_the_feature() {
+        let err = Error::from_url(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            TLS_NOT_BUILT,
+        )));
+        assert!(matches!(err, Error::TlsNotEnabled), "{err:?}");
+        assert!(err.to_string().contains("tls feature"), "{err}");
+        let err = Error::from_url(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "Invalid database number",
+        )));
+        assert!(matches!(err, Error::InvalidUrl(_)), "{err:?}");
+        let parsed = redis::IntoConnectionInfo::into_connection_info("redis://:secret@h:6379/x");
+        let err = Error::from_url(parsed.expect_err("bad database"));
+        assert!(matches!(err, Error::InvalidUrl(_)), "{err:?}");
+        assert!(!format!("{err:?} {err}").contains("secret"));
     }
 }

@@ -301,12 +301,20 @@ pub enum Error {
     #[error("os random source unavailable")]
     Random(#[source] getrandom::Error),
 
-    /// The Redis URL does not parse (or names something this build cannot
-    /// do, such as `rediss://` without the `tls` feature). The message does
-    /// not quote the URL; the source is the client's error, which does not
-    /// either.
+    /// The Redis URL does not parse. The message does not quote the URL;
+    /// the source is the client's error, which does not either.
     #[error("invalid redis url")]
     InvalidUrl(#[source] ClientError),
+
+    /// A `rediss://` URL, in a build without the crate feature `tls`:
+    /// turn it on (`leasehold = { version = "...", features = ["tls"] }`)
+    /// or use a `redis://` URL. From [`client`](crate::client) and
+    /// [`Sentinel::new`](crate::Sentinel::new) (with the `sentinel`
+    /// feature), before any I/O. The message does not quote the URL.
+    #[error(
+        "a rediss:// url needs tls, which this build leaves out: enable leasehold's tls feature"
+    )]
+    TlsNotEnabled,
 
     /// A TLS file given to [`tls::client`](crate::tls::client) cannot be
     /// used: it cannot be read, holds no PEM certificate (CA, certificate)

@@ -1,0 +1,24 @@
+//! The fence guard, fenced and check-and-set writes, against a throwaway PostgreSQL.
+//!
+//! One test binary for several test files (each a module, as it was a
+//! binary before): fewer binaries to link, less disk. Each module keeps
+//! its own `mod common;`, so each still reads alone and keeps its own
+//! shared servers, as when it was a binary.
+#![allow(clippy::duplicate_mod)]
+
+#[path = "guard.rs"]
+mod guard;
+#[path = "guarded.rs"]
+mod guarded;
+#[path = "pg.rs"]
+mod pg;
+#[path = "recommended.rs"]
+mod recommended;
+#[path = "restart.rs"]
+mod restart;
+#[path = "sqlx.rs"]
+mod sqlx;
+#[path = "tls.rs"]
+mod tls;
+#[path = "tokens.rs"]
+mod tokens;
