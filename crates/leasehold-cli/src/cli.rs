@@ -812,6 +812,10 @@ pub(crate) struct GuardArgs {
     /// own account.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=60))]
     pub(crate) tasks: u32,
+    /// Round-trip time the proxied runs add (a TCP proxy delaying each
+    /// direction by half); 0 skips them.
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub(crate) latency: Duration,
     #[command(flatten)]
     pub(crate) output: OutputFlags,
     #[command(flatten)]

@@ -170,10 +170,21 @@ impl Database {
             .await?;
         Ok(&pg.pool)
     }
+
+    /// The URL of the PostgreSQL [`postgres`](Self::postgres) connects
+    /// to (a throwaway server's, if it started one).
+    pub(crate) async fn postgres_url(&self) -> anyhow::Result<&str> {
+        let pg = self
+            .postgres
+            .get_or_try_init(|| open_postgres(self.url.clone()))
+            .await?;
+        Ok(&pg.url)
+    }
 }
 
 struct Postgres {
     pool: Pool,
+    url: String,
     /// Declared after the pool, so it is stopped after the pool is gone.
     _throwaway: Option<PostgresServer>,
 }
@@ -275,6 +286,7 @@ async fn open_postgres(url: Option<String>) -> anyhow::Result<Postgres> {
         .with_context(|| format!("setting up the wallet tables at {shown}"))?;
     Ok(Postgres {
         pool,
+        url,
         _throwaway: throwaway,
     })
 }

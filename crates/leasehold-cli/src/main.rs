@@ -19,6 +19,7 @@ use crate::report::Report;
 
 mod bench;
 mod chaos;
+mod child;
 mod cli;
 mod demo;
 mod env;

@@ -268,7 +268,7 @@ fn bench_contention_refuses_a_tls_cluster_seed_before_starting_anything() -> Tes
 }
 
 #[test]
-fn bench_guard_smoke_prints_one_line_per_mode() -> TestResult {
+fn bench_guard_smoke_prints_one_line_per_link_and_mode() -> TestResult {
     let stdout = succeeded(&[
         "bench",
         "guard",
@@ -284,8 +284,16 @@ fn bench_guard_smoke_prints_one_line_per_mode() -> TestResult {
         .lines()
         .map(serde_json::from_str)
         .collect::<Result<_, _>>()?;
-    let modes: Vec<&str> = lines.iter().filter_map(|r| r["mode"].as_str()).collect();
-    assert_eq!(modes, ["unguarded", "guarded", "for-update"]);
+    let modes: Vec<(&str, &str)> = lines
+        .iter()
+        .filter_map(|r| Some((r["link"].as_str()?, r["mode"].as_str()?)))
+        .collect();
+    let each = ["unguarded", "guarded-term", "guarded-new", "for-update"];
+    let expected: Vec<(&str, &str)> = ["direct", "proxied"]
+        .into_iter()
+        .flat_map(|link| each.map(|mode| (link, mode)))
+        .collect();
+    assert_eq!(modes, expected);
     for r in &lines {
         for key in [
             "sequential_debits_per_s",
@@ -293,6 +301,20 @@ fn bench_guard_smoke_prints_one_line_per_mode() -> TestResult {
             "p50_us",
         ] {
             assert!(r[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {r}");
+        }
+        for key in ["sequential_ratio", "concurrent_ratio"] {
+            assert!(
+                r[key]["median"].as_f64().is_some_and(|x| x > 0.0),
+                "{key} in {r}"
+            );
+        }
+        // Counted through the proxy only: BEGIN, the read (the guard
+        // pipelined with it), the update, COMMIT at least.
+        let round_trips = r["round_trips_per_debit"].as_f64();
+        if r["link"] == "proxied" {
+            assert!(round_trips.is_some_and(|n| n >= 4.0), "{r}");
+        } else {
+            assert_eq!(round_trips, None, "{r}");
         }
     }
     Ok(())

@@ -2,33 +2,36 @@
 //! `setup`'s statements on a client or a transaction.
 
 use tokio_postgres::GenericClient;
+use tokio_postgres::types::Type;
 
 use crate::error::{Error, Result};
-use crate::statements::{FENCE_OF, GUARD, Statements};
+use crate::statements::{GUARD, Statements, Verdict};
 
 /// A tokio-postgres client or transaction, running this crate's statements.
 pub(crate) struct OnClient<'a, C>(pub(crate) &'a C);
 
 impl<C: GenericClient> Statements for OnClient<'_, C> {
-    async fn guard(&mut self, resource: &str, fence: i64, holder: &str) -> Result<bool> {
+    async fn guard(&mut self, resource: &str, fence: i64, holder: &str) -> Result<Verdict> {
+        // Typed: parse, bind and execute go out at once, with no prepare
+        // first (one round trip), and they are sent when the future is
+        // first polled, so a statement issued after it pipelines.
         let row = self
             .0
-            .query_opt(GUARD, &[&resource, &fence, &holder])
+            .query_typed_one(
+                GUARD,
+                &[
+                    (&resource, Type::TEXT),
+                    (&fence, Type::INT8),
+                    (&holder, Type::TEXT),
+                ],
+            )
             .await
             .map_err(Error::from_pg)?;
-        Ok(row.is_some())
-    }
-
-    async fn fence_of(&mut self, resource: &str) -> Result<(i64, Option<String>)> {
-        let row = self
-            .0
-            .query_one(FENCE_OF, &[&resource])
-            .await
-            .map_err(Error::from_pg)?;
-        Ok((
-            row.try_get(0).map_err(Error::from_pg)?,
-            row.try_get(1).map_err(Error::from_pg)?,
-        ))
+        Ok(Verdict {
+            accepted: row.try_get(0).map_err(Error::from_pg)?,
+            fence: row.try_get(1).map_err(Error::from_pg)?,
+            holder: row.try_get(2).map_err(Error::from_pg)?,
+        })
     }
 
     async fn flag(&mut self, sql: &'static str, arg: Option<&str>) -> Result<bool> {

@@ -29,8 +29,9 @@ pub enum Error {
 
     /// A table this crate needs exists in an earlier version's shape (a
     /// column is missing, SQLSTATE 42703): [`FENCES`](crate::FENCES)
-    /// before it recorded holders. [`setup`](crate::setup) migrates it in
-    /// place.
+    /// before it recorded holders, or without the guard's function
+    /// (`leasehold_guard`, SQLSTATE 42883). [`setup`](crate::setup)
+    /// migrates it in place.
     #[error(
         "table {table} predates this version: migrate it with {}",
         setup_for(table)
@@ -308,8 +309,13 @@ impl Error {
                 Error::TableMissing { table, source }
             }
             code if is_not_serving(code) => Error::Unreachable(source),
-            // undefined_column: the fence table before it recorded holders
+            // undefined_column: the fence table before it recorded holders;
+            // undefined_function: before the guard ran as one function
             "42703" if message.contains("holder") => Error::TableOutdated {
+                table: FENCES,
+                source,
+            },
+            "42883" if message.contains("leasehold_guard") => Error::TableOutdated {
                 table: FENCES,
                 source,
             },

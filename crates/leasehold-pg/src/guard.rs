@@ -9,26 +9,92 @@
 //! statement, run first in the caller's own transaction:
 //!
 //! ```sql
-//! INSERT INTO leasehold_fences (resource, fence, holder) VALUES ($1, $2, $3)
-//! ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence, holder = EXCLUDED.holder
-//!   WHERE leasehold_fences.fence < EXCLUDED.fence
-//!      OR (leasehold_fences.fence = EXCLUDED.fence
-//!          AND leasehold_fences.holder = EXCLUDED.holder)
-//! RETURNING fence;
-//! -- no row returned: refused; then
-//! SELECT fence, holder FROM leasehold_fences WHERE resource = $1;  -- who beat us
+//! WITH fences AS (SELECT FROM leasehold_fences)
+//! SELECT accepted, fence, holder FROM leasehold_guard($1, $2, $3);
+//! -- $1 resource, $2 token (bigint), $3 holder;
+//! -- accepted false: refused, and (fence, holder) is who beat us
 //! ```
 //!
-//! It raises the resource's row to our token if ours is newer, or keeps it
-//! if ours is the same token *from the same holder* (one lease, several
-//! transactions), and either way leaves the row locked by our transaction
-//! until it ends (`ON CONFLICT DO UPDATE` locks the conflicting row even
-//! when its `WHERE` is false). **Accepted**: go on with any reads and
-//! writes, on any tables, as many as you like, and commit. **Refused**: a
-//! newer token, or the same token from another holder, has written;
-//! nothing was written by the guard; roll back. Users of other drivers or
-//! languages can run exactly these two statements, with `$3` the lease's
-//! [`Lease::holder`] (`lease.holder().as_str()`).
+//! `leasehold_guard` is a small PL/pgSQL function that [`setup`] installs
+//! beside the table ([`FENCES_DDL`] holds both). It locks the resource's
+//! row (`SELECT ... FOR UPDATE`; it inserts the row if there is none)
+//! and then decides, in the database, in every transaction:
+//!
+//! - our token is **newer** than the row's: the row is raised to our
+//!   token and holder; accepted;
+//! - the **same token from the same holder** (one lease, several
+//!   transactions: a leader's term): accepted, and the row is left as it
+//!   is: the transaction pays a row lock, not a new row version;
+//! - anything else (an older token, the same token from another holder,
+//!   or from a row written before the table recorded holders): refused,
+//!   nothing written, and the function returns the row's fence and holder.
+//!
+//! Either way the row stays locked by our transaction until it ends.
+//! Nothing is remembered in the client between transactions: each one
+//! asks the database, which compares with the row as last committed:
+//! under `READ COMMITTED` each statement of the function takes a new
+//! snapshot, and a `FOR UPDATE` that waited for a rival's transaction
+//! reads the version the rival committed, not the one its snapshot saw.
+//! (That is why it is a function: in one plain statement, an `INSERT ...
+//! ON CONFLICT DO UPDATE ... WHERE fence < $2` locks the row without
+//! rewriting it but returns nothing, and a `SELECT` beside it sees the
+//! statement's snapshot, which after a wait can be a version the rival
+//! has since replaced: the equal-token hole again.)
+//! **Accepted**: go on with any reads and writes, on any tables, as many
+//! as you like, and commit. **Refused**: a newer token, or the same token
+//! from another holder, has written; nothing was written by the guard;
+//! roll back. Users of other drivers or languages can run exactly this
+//! statement, with `$3` the lease's [`Lease::holder`]
+//! (`lease.holder().as_str()`).
+//!
+//! (The unused `WITH` names the table before the function, so that a
+//! database without it answers "no such table", reported as
+//! [`Error::TableMissing`], and one set up by an earlier version "no such
+//! function", reported as [`Error::TableOutdated`]: run [`setup`].)
+//!
+//! # Round trips
+//!
+//! The guard is one statement and, on tokio-postgres, one round trip: it
+//! goes out typed (parse, bind and execute at once, no prepare first). It
+//! is sent when its future is first polled, so a statement started with it
+//! shares its round trip: pipeline it with the transaction's first read,
+//! and a guarded transaction makes as many round trips as an unguarded
+//! one.
+//!
+//! ```no_run
+//! # async fn debit(tx: &leasehold_pg::tokio_postgres::Transaction<'_>, lease: &leasehold::Lease)
+//! # -> Result<(), Box<dyn std::error::Error>> {
+//! let read = tx.prepare("SELECT balance FROM accounts WHERE id = $1").await?;
+//! // The guard first, the read second, in one round trip: the server runs
+//! // them in order, so the read is made after the guard locked the row.
+//! let (guard, row) = tokio::try_join!(
+//!     leasehold_pg::guard(tx, lease),
+//!     async { Ok::<_, leasehold_pg::Error>(tx.query_one(&read, &[&42_i64]).await?) },
+//! )?;
+//! if !guard.is_accepted() {
+//!     return Ok(()); // drop `row` and roll back: nothing is written
+//! }
+//! # let _ = row; Ok(()) }
+//! ```
+//!
+//! This is safe because the read is executed by the server after the
+//! guard, in the same transaction (point 2 below); only its answer is
+//! waited for together. Do nothing with the read's answer before the
+//! guard's: on a refusal, discard it and roll back. It holds for a lease
+//! on one fenced lock (or one [`guard_token`]): [`guard`] guards several
+//! locks one after the other, each once the previous one answered, so a
+//! read pipelined with it would overtake the later ones; await it first
+//! there. Neither `BEGIN` nor a
+//! later statement is needed by the guard. [`guarded`](crate::guarded())
+//! cannot pipeline the guard with `BEGIN` on tokio-postgres: a
+//! `Transaction` is only made by `Client::transaction`, which sends
+//! `BEGIN` and waits for its answer with the client borrowed, so there
+//! the guard costs one round trip of its own (the work's first statement
+//! must wait for the guard's answer: the work does not run when it is
+//! refused). sqlx 0.8 waits for each statement's answer before it sends
+//! the next, so it pipelines nothing: there too the guard is one round
+//! trip of its own (one statement, prepared once per connection by sqlx's
+//! cache).
 //!
 //! # On sqlx and other drivers
 //!
@@ -36,13 +102,13 @@
 //! this guard, [`setup`] and [`guarded`](crate::guarded()) on a sqlx 0.8
 //! `PgConnection` or transaction: the same statements, the same answers
 //! and errors, the same invariant, tested alike. With diesel-async (or
-//! any other driver), run the two statements above first in your
+//! any other driver), run the statement above first in your
 //! transaction, binding the resource (the fence key, `keys.fence()`), the
 //! token as a `bigint` and the holder, e.g. with `diesel::sql_query(..)`
-//! and `.bind::<Text, _>`, `.bind::<BigInt, _>`; no row back from the
-//! first is a refusal: read the second, roll back, and call
-//! `lease.raise_fence(current)` as [`guard`] does. Create the table with
-//! [`FENCES_DDL`] in a migration.
+//! and `.bind::<Text, _>`, `.bind::<BigInt, _>`; `accepted` false is a
+//! refusal: roll back, and call `lease.raise_fence(fence)` as [`guard`]
+//! does. Create the table and the function with [`FENCES_DDL`] in a
+//! migration.
 //!
 //! # Why it is enough (the serialization argument)
 //!
@@ -109,10 +175,15 @@
 //!
 //! # Upgrading a fence table
 //!
-//! [`setup`] creates the table, or migrates one created by an earlier
-//! version (which had no `holder` column) in place: it adds the column,
-//! serialized by the same advisory lock, and returns [`Setup::Migrated`]
-//! naming the change (and logs it at INFO). `ADD COLUMN` of a nullable
+//! [`setup`] creates the table and the guard's function, or migrates what
+//! an earlier version created in place: it adds the `holder` column if
+//! missing, then installs `leasehold_guard` (`CREATE OR REPLACE FUNCTION`)
+//! if it is missing or its body is not this version's, serialized by the
+//! same advisory lock, and returns [`Setup::Migrated`] naming each change
+//! (and logs them at INFO). Replacing the function does not wait for
+//! guarded transactions; writers of the earlier version (which ran the
+//! check as an `INSERT ... ON CONFLICT` statement) and of this one can run
+//! side by side: both lock the same row and apply the same rule. `ADD COLUMN` of a nullable
 //! column rewrites no rows, but it takes the table's `ACCESS EXCLUSIVE`
 //! lock for a moment: it waits for running guarded transactions and
 //! holds new ones until it commits. A row written before the migration
@@ -131,8 +202,8 @@ use crate::statements::Statements;
 pub use crate::ddl::{FENCES_DDL, Setup};
 pub use crate::tables::FENCES;
 
-/// Creates [`FENCES`], the one table the guard needs, or brings one made
-/// by an earlier version up to date (see [Upgrading a fence
+/// Creates [`FENCES`], the one table the guard needs, and its function
+/// `leasehold_guard`, or brings what an earlier version made up to date (see [Upgrading a fence
 /// table](self#upgrading-a-fence-table)); nothing else (the tutorial's
 /// wallet tables are [`setup_wallets`](crate::setup_wallets)'). One
 /// transaction serialized by an advisory lock, so concurrent callers
@@ -145,7 +216,7 @@ pub use crate::tables::FENCES;
 ///
 /// # Errors
 /// [`Error::Unreachable`], [`Error::Auth`] or [`Error::Postgres`] (for
-/// example, no permission to create or alter tables).
+/// example, no permission to create or alter tables or functions).
 ///
 /// # Cancel safety
 /// Cancel safe: if dropped before the commit, the transaction is rolled
@@ -264,15 +335,15 @@ async fn guard_statement<S: Statements>(
         return Err(Error::InvalidToken { token });
     }
     let fence = i64::try_from(token).map_err(|_| Error::TokenOutOfRange { token })?;
-    if tx.guard(resource, fence, holder.as_str()).await? {
+    let verdict = tx.guard(resource, fence, holder.as_str()).await?;
+    if verdict.accepted {
         return Ok(Guard::Accepted);
     }
-    let (current, writer) = tx.fence_of(resource).await?;
     Ok(Guard::Refused {
         resource: resource.to_owned(),
         token,
-        current: FencingToken::new(u64::try_from(current).unwrap_or(0)),
-        writer,
+        current: FencingToken::new(u64::try_from(verdict.fence).unwrap_or(0)),
+        writer: verdict.holder,
         healed: false,
     })
 }

@@ -144,7 +144,7 @@
 //! (the driver's error is the source, a [`DriverError`]), and
 //! [`FencingToken`] binds and reads as an `INT8` there. It adds sqlx with
 //! no TLS, macros or migrations (about 45 crates, most of them sqlx's
-//! own); users of diesel-async run the guard's two statements themselves
+//! own); users of diesel-async run the guard's one statement themselves
 //! (see [On sqlx and other drivers](mod@guard#on-sqlx-and-other-drivers)).
 //!
 //! # Tracing

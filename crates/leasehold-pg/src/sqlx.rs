@@ -74,18 +74,20 @@
 //!
 //! # Other drivers (diesel-async, ...)
 //!
-//! Run the two statements of the [`guard`](mod@crate::guard) module docs
+//! Run the statement of the [`guard`](mod@crate::guard) module docs
 //! yourself, first in your transaction, with the resource's fence key
 //! (`keys.fence()` of its `FencedKeys`), the lease's token as a `bigint`
 //! (`lease.fence()`) and its holder (`lease.holder().as_str()`): with
 //! diesel-async,
 //! `diesel::sql_query(..).bind::<Text, _>(..).bind::<BigInt, _>(..)
-//! .bind::<Text, _>(..)` loaded into a row type with one `BigInt` field
-//! `fence` (no row back: refused), then the `SELECT fence, holder`; on a
-//! refusal call `lease.raise_fence(current)` as [`guard`] does. Create the
-//! table with [`FENCES_DDL`](crate::FENCES_DDL) in a migration. In this
-//! crate a driver is one small module: it runs the statements and maps its
-//! errors, and the guard, `setup` and `guarded` are written once.
+//! .bind::<Text, _>(..)` loaded into a row type with the fields
+//! `accepted` (`Bool`), `fence` (`BigInt`) and `holder`
+//! (`Nullable<Text>`); `accepted` false is a refusal: roll back and call
+//! `lease.raise_fence(fence)` as [`guard`] does. Create the table and the
+//! guard's function with [`FENCES_DDL`](crate::FENCES_DDL) in a
+//! migration. In this crate a driver is one small module: it runs the
+//! statements and maps its errors, and the guard, `setup` and `guarded`
+//! are written once.
 
 use ::sqlx::postgres::{PgConnection, Postgres};
 use ::sqlx::{Connection, Executor, Transaction};
@@ -94,24 +96,21 @@ use leasehold::{FencingToken, HolderId, Lease};
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Setup, guard_token_with, guard_with, logged};
 use crate::guarded::{Guarded, refused, settle};
-use crate::statements::{FENCE_OF, GUARD, Statements};
+use crate::statements::{GUARD, Statements, Verdict};
 
 impl Statements for PgConnection {
-    async fn guard(&mut self, resource: &str, fence: i64, holder: &str) -> Result<bool> {
-        let row = ::sqlx::query(GUARD)
+    async fn guard(&mut self, resource: &str, fence: i64, holder: &str) -> Result<Verdict> {
+        let (accepted, fence, holder) = ::sqlx::query_as(GUARD)
             .bind(resource)
             .bind(fence)
             .bind(holder)
-            .fetch_optional(&mut *self)
-            .await?;
-        Ok(row.is_some())
-    }
-
-    async fn fence_of(&mut self, resource: &str) -> Result<(i64, Option<String>)> {
-        Ok(::sqlx::query_as(FENCE_OF)
-            .bind(resource)
             .fetch_one(&mut *self)
-            .await?)
+            .await?;
+        Ok(Verdict {
+            accepted,
+            fence,
+            holder,
+        })
     }
 
     async fn flag(&mut self, sql: &'static str, arg: Option<&str>) -> Result<bool> {

@@ -10,19 +10,80 @@
 use crate::error::Result;
 
 /// The guard statement (see the [`guard`](mod@crate::guard) module docs):
-/// `$1` resource, `$2` token (`bigint`), `$3` holder. A row back:
-/// accepted; none: refused.
-pub(crate) const GUARD: &str =
-    "INSERT INTO leasehold_fences (resource, fence, holder) VALUES ($1, $2, $3)
- ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence, holder = EXCLUDED.holder
-   WHERE leasehold_fences.fence < EXCLUDED.fence
-      OR (leasehold_fences.fence = EXCLUDED.fence
-          AND leasehold_fences.holder = EXCLUDED.holder)
- RETURNING fence";
+/// `$1` resource, `$2` token (`bigint`), `$3` holder; one row: whether it
+/// was accepted, and the resource's fence and holder as they stand (the
+/// holder `NULL` for a row written before the table recorded holders).
+/// The unused `WITH` names the table before the function, so that a
+/// database without the table answers "no such table" (`42P01`), and one
+/// whose table predates the function "no such function" (`42883`).
+pub(crate) const GUARD: &str = "WITH fences AS (SELECT FROM leasehold_fences)
+SELECT accepted, fence, holder FROM leasehold_guard($1, $2, $3)";
 
-/// After a refusal, who beat us: `$1` resource; `fence bigint, holder
-/// text` (NULL for a row written before the table recorded holders).
-pub(crate) const FENCE_OF: &str = "SELECT fence, holder FROM leasehold_fences WHERE resource = $1";
+/// The body of [`GUARD`]'s function (see `guard_function!`): what
+/// `setup` compares with the installed one's (`pg_proc.prosrc`) to know
+/// whether to replace it.
+macro_rules! guard_body {
+    () => {
+        "
+BEGIN
+  LOOP
+    -- Locks the row; under READ COMMITTED, after waiting for a concurrent
+    -- writer, this reads the version it committed, not the snapshot's.
+    SELECT f.fence, f.holder INTO fence, holder
+      FROM leasehold_fences f WHERE f.resource = p_resource FOR UPDATE;
+    IF FOUND THEN
+      IF fence < p_fence THEN
+        UPDATE leasehold_fences f SET fence = p_fence, holder = p_holder
+          WHERE f.resource = p_resource;
+        accepted := true;
+        fence := p_fence;
+        holder := p_holder;
+      ELSE
+        -- The same token is accepted only from the holder that wrote it;
+        -- the row is kept as it is, locked, not rewritten.
+        accepted := fence = p_fence AND coalesce(holder = p_holder, false);
+      END IF;
+      RETURN;
+    END IF;
+    INSERT INTO leasehold_fences (resource, fence, holder)
+      VALUES (p_resource, p_fence, p_holder)
+      ON CONFLICT (resource) DO NOTHING;
+    IF FOUND THEN
+      accepted := true;
+      fence := p_fence;
+      holder := p_holder;
+      RETURN;
+    END IF;
+    -- Another transaction inserted the row first: lock and judge it.
+  END LOOP;
+END
+"
+    };
+}
+
+/// The guard's function, as `setup` creates it: `CREATE OR REPLACE
+/// FUNCTION leasehold_guard(text, bigint, text)` in PL/pgSQL, security
+/// invoker, resolving `leasehold_fences` through the caller's
+/// `search_path`.
+macro_rules! guard_function {
+    () => {
+        concat!(
+            "CREATE OR REPLACE FUNCTION leasehold_guard(
+    p_resource text, p_fence bigint, p_holder text,
+    OUT accepted boolean, OUT fence bigint, OUT holder text)
+LANGUAGE plpgsql VOLATILE AS $leasehold$",
+            guard_body!(),
+            "$leasehold$"
+        )
+    };
+}
+pub(crate) use {guard_body, guard_function};
+
+/// Whether [`GUARD`]'s function exists with this version's body (one
+/// `bool`); `$1` is the body.
+pub(crate) const GUARD_FUNCTION_CURRENT: &str = "SELECT EXISTS (SELECT 1 FROM pg_proc
+   WHERE oid = to_regprocedure('leasehold_guard(text, bigint, text)')
+     AND prosrc = $1)";
 
 /// Serializes `setup`s (concurrent `CREATE TABLE IF NOT EXISTS` of one
 /// table can otherwise fail with a unique violation in the catalog): the
@@ -37,16 +98,27 @@ pub(crate) const FENCES_HAVE_COLUMN: &str = "SELECT EXISTS (SELECT 1 FROM pg_att
    WHERE attrelid = 'leasehold_fences'::regclass
      AND attname = $1 AND NOT attisdropped)";
 
+/// [`GUARD`]'s row: whether the guard accepted, and the resource's fence
+/// and holder as they stand after it.
+#[derive(Debug)]
+pub(crate) struct Verdict {
+    /// Accepted.
+    pub(crate) accepted: bool,
+    /// The resource's fence.
+    pub(crate) fence: i64,
+    /// The holder that wrote it (`None`: written before the table
+    /// recorded holders).
+    pub(crate) holder: Option<String>,
+}
+
 /// Runs this crate's statements in the caller's transaction: what a
 /// driver implements (a few lines each) so that the guard and `setup`
 /// run on it unchanged. Every method maps the driver's errors to
 /// [`Error`](crate::Error) with the shared classification.
 pub(crate) trait Statements {
-    /// [`GUARD`] with its three parameters: whether a row came back.
-    async fn guard(&mut self, resource: &str, fence: i64, holder: &str) -> Result<bool>;
-
-    /// [`FENCE_OF`]: the fence and holder stored for `resource`.
-    async fn fence_of(&mut self, resource: &str) -> Result<(i64, Option<String>)>;
+    /// [`GUARD`] with its three parameters, in one round trip (no
+    /// separate prepare): its one row.
+    async fn guard(&mut self, resource: &str, fence: i64, holder: &str) -> Result<Verdict>;
 
     /// A statement that returns one `bool`, with no parameter or one text
     /// parameter (`$1`).

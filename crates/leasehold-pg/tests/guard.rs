@@ -229,7 +229,8 @@ async fn setup_migrates_an_earlier_fence_table_in_place_and_says_so() -> TestRes
         .collect();
     assert_eq!(migrated.len(), 1, "{done:?}");
     assert!(
-        matches!(migrated[0], Setup::Migrated(changes) if changes.len() == 1 && changes[0].contains("holder")),
+        matches!(migrated[0], Setup::Migrated(changes)
+            if changes.len() == 2 && changes[0].contains("holder") && changes[1].contains("leasehold_guard")),
         "{done:?}"
     );
     assert_eq!(done.iter().filter(|d| **d == Setup::Unchanged).count(), 2);
@@ -568,5 +569,214 @@ async fn a_failover_to_a_replica_that_missed_increments_costs_no_refused_write()
         balance(&db, "failover").await?,
         1_000 - 40 + i64::from(refused)
     );
+    Ok(())
+}
+
+/// Where the resource's row version lies and which transaction wrote it:
+/// a new version moves one or the other.
+async fn row_version(
+    db: &Client,
+    resource: &str,
+) -> Result<(String, String), Box<dyn std::error::Error>> {
+    let row = db
+        .query_one(
+            "SELECT ctid::text, xmin::text FROM leasehold_fences WHERE resource = $1",
+            &[&resource],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// Guards `resource` with `n` from `holder` in a transaction of its own,
+/// committed.
+async fn guard_once(
+    db: &mut Client,
+    resource: &str,
+    n: u64,
+    holder: &HolderId,
+) -> Result<Guard, Error> {
+    let tx = db.transaction().await?;
+    let guard = leasehold_pg::guard_token(&tx, resource, FencingToken::new(n), holder).await?;
+    tx.commit().await?;
+    Ok(guard)
+}
+
+/// A second connection, and its server process's id.
+async fn other_session(pg: &PostgresServer) -> Result<(Client, i32), Box<dyn std::error::Error>> {
+    let other = leasehold_pg::connect(&pg.url()).await?;
+    let pid = other
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
+    Ok((other, pid))
+}
+
+/// Waits until the server process `pid` is blocked on a lock (bounded by
+/// [`HUNG`]: a hang detector).
+async fn until_waiting(db: &Client, pid: i32) -> TestResult {
+    let deadline = tokio::time::Instant::now() + HUNG;
+    loop {
+        let waiting: bool = db
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                  WHERE pid = $1 AND wait_event_type = 'Lock')",
+                &[&pid],
+            )
+            .await?
+            .get(0);
+        if waiting {
+            return Ok(());
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{pid} never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_token_its_holder_already_wrote_locks_the_row_without_rewriting_it() -> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg).await?;
+    let resource = "t:guard:term";
+    let (a, b) = holders()?;
+    assert!(guard_once(&mut db, resource, 7, &a).await?.is_accepted());
+    let written = row_version(&db, resource).await?;
+    // A term: the same token from the same holder, transaction after
+    // transaction, each asking the database: no new row version.
+    for _ in 0..3 {
+        assert!(guard_once(&mut db, resource, 7, &a).await?.is_accepted());
+    }
+    assert_eq!(row_version(&db, resource).await?, written);
+    // The row is locked all the same: a second transaction of the term
+    // waits for the first.
+    let tx = db.transaction().await?;
+    let first = leasehold_pg::guard_token(&tx, resource, FencingToken::new(7), &a).await?;
+    assert!(first.is_accepted());
+    let (mut other, pid) = other_session(&pg).await?;
+    let holder = a;
+    let second = tokio::spawn(async move { guard_once(&mut other, resource, 7, &holder).await });
+    let watcher = leasehold_pg::connect(&pg.url()).await?;
+    until_waiting(&watcher, pid).await?;
+    assert!(!second.is_finished());
+    tx.commit().await?;
+    let second = tokio::time::timeout(HUNG, second)
+        .await??
+        .map_err(|e| e.to_string())?;
+    assert!(second.is_accepted(), "{second:?}");
+    assert_eq!(row_version(&db, resource).await?, written);
+    // The same token from another holder: refused, nothing written.
+    let refused = guard_once(&mut db, resource, 7, &b).await?;
+    assert!(
+        matches!(&refused, Guard::Refused { current, writer: Some(w), .. }
+            if current.get() == 7 && w.as_str() == a.as_str()),
+        "{refused:?}"
+    );
+    assert_eq!(row_version(&db, resource).await?, written);
+    // A newer token writes a new version.
+    assert!(guard_once(&mut db, resource, 8, &b).await?.is_accepted());
+    assert_ne!(row_version(&db, resource).await?, written);
+    assert_eq!(fence_of(&db, resource).await?, Some(8));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_guard_that_waited_judges_the_row_its_rival_committed_not_its_snapshot() -> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg).await?;
+    let watcher = leasehold_pg::connect(&pg.url()).await?;
+    let (a, b) = holders()?;
+    let c = HolderId::parse("cccccccccccccccccccccccccccccccc").ok_or("holder c")?;
+    // (waiting holder, its token, what the rival wrote first, whether the
+    // waiting one is accepted)
+    let cases = [
+        // b wrote 5; c raises to 6 while b's equal token waits: b must be
+        // refused, although the row b's statement started from was its own.
+        ("t:guard:wait:equal", &b, 5, Some((5, &b)), (6, &c), false),
+        // The first write of a resource, two holders of one token: the
+        // second is refused (the equal-token hole), its own holder is not.
+        ("t:guard:wait:insert", &b, 9, None, (9, &a), false),
+        ("t:guard:wait:insert-same", &a, 9, None, (9, &a), true),
+        // A newer token waits for an older one, and raises the row.
+        ("t:guard:wait:newer", &b, 12, Some((10, &a)), (11, &c), true),
+    ];
+    for (resource, waiter, token, before, (rival_token, rival), accepted) in cases {
+        if let Some((n, holder)) = before {
+            assert!(
+                guard_once(&mut db, resource, n, holder)
+                    .await?
+                    .is_accepted()
+            );
+        }
+        let tx = db.transaction().await?;
+        let first =
+            leasehold_pg::guard_token(&tx, resource, FencingToken::new(rival_token), rival).await?;
+        assert!(first.is_accepted(), "{resource}: {first:?}");
+        let (mut other, pid) = other_session(&pg).await?;
+        let holder = *waiter;
+        let waiting =
+            tokio::spawn(async move { guard_once(&mut other, resource, token, &holder).await });
+        until_waiting(&watcher, pid).await?;
+        tx.commit().await?;
+        let found = tokio::time::timeout(HUNG, waiting)
+            .await??
+            .map_err(|e| e.to_string())?;
+        assert_eq!(found.is_accepted(), accepted, "{resource}: {found:?}");
+        if let Guard::Refused {
+            current, writer, ..
+        } = &found
+        {
+            assert_eq!(current.get(), rival_token, "{resource}");
+            assert_eq!(writer.as_deref(), Some(rival.as_str()), "{resource}");
+        }
+        let expected = if accepted { token } else { rival_token };
+        assert_eq!(
+            fence_of(&db, resource).await?,
+            Some(i64::try_from(expected)?),
+            "{resource}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_guard_pipelined_with_the_first_read_makes_no_round_trip_of_its_own() -> TestResult {
+    let pg = server()?;
+    drop(db(&pg).await?);
+    let proxy = leasehold_testkit::FaultProxy::start(pg.addr())?;
+    let url = pg
+        .url()
+        .replace(&format!(":{}/", pg.port()), &format!(":{}/", proxy.port()));
+    let mut db = leasehold_pg::connect(&url).await?;
+    open_account(&db, "rt", 100).await?;
+    let (a, _) = holders()?;
+    let read = db
+        .prepare("SELECT balance FROM accounts WHERE name = $1")
+        .await?;
+    let update = db
+        .prepare("UPDATE accounts SET balance = $2 WHERE name = $1")
+        .await?;
+    let mut trips = Vec::new();
+    // Unguarded; guarded with a first token (a new row, then a raised
+    // row); guarded with the token the row holds (a term).
+    for token in [None, Some(3), Some(4), Some(4)] {
+        let before = proxy.round_trips();
+        let tx = db.transaction().await?;
+        let balance: i64 = match token {
+            None => tx.query_one(&read, &[&"rt"]).await?.get(0),
+            Some(n) => {
+                let (guard, row) = tokio::try_join!(
+                    leasehold_pg::guard_token(&tx, "rt", FencingToken::new(n), &a),
+                    async { Ok::<_, Error>(tx.query_one(&read, &[&"rt"]).await?) },
+                )?;
+                assert!(guard.is_accepted(), "{guard:?}");
+                row.get(0)
+            }
+        };
+        tx.execute(&update, &[&"rt", &(balance - 1)]).await?;
+        tx.commit().await?;
+        trips.push(proxy.round_trips() - before);
+    }
+    // BEGIN, the read (with the guard), the update, COMMIT.
+    assert_eq!(trips, [4, 4, 4, 4]);
+    assert_eq!(balance(&db, "rt").await?, 96);
     Ok(())
 }

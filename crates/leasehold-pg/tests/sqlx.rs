@@ -276,7 +276,8 @@ async fn setup_creates_and_migrates_the_fence_table_and_errors_are_classified_as
         .collect();
     assert_eq!(migrated.len(), 1, "{done:?}");
     assert!(
-        matches!(migrated[0], Setup::Migrated(changes) if changes.len() == 1 && changes[0].contains("holder")),
+        matches!(migrated[0], Setup::Migrated(changes)
+            if changes.len() == 2 && changes[0].contains("holder") && changes[1].contains("leasehold_guard")),
         "{done:?}"
     );
     assert_eq!(done.iter().filter(|d| **d == Setup::Unchanged).count(), 2);

@@ -33,6 +33,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
@@ -91,6 +92,9 @@ pub struct Faults {
 /// | [`cut`](Self::cut) | every open connection is closed; new ones are accepted |
 /// | [`refuse`](Self::refuse) | new connections are closed as soon as they are accepted |
 /// | [`heal`](Self::heal) | all of the above switched off |
+///
+/// It also counts the [`round_trips`](Self::round_trips) its clients
+/// make, whatever the faults.
 ///
 /// # Guarantees
 ///
@@ -203,6 +207,19 @@ impl FaultProxy {
         self.shared.lock().faults
     }
 
+    /// How many round trips clients have made through the proxy since it
+    /// started, over all connections: on each connection, every run of
+    /// bytes from the client that follows bytes from the server (or
+    /// opens the connection) counts one. For a request/response protocol
+    /// whose client waits for each answer, that is the number of requests;
+    /// requests a client pipelines (sends before the answer to the first
+    /// has come back) count once together, as they share one round trip.
+    /// "Follows" is judged by what the proxy has delivered to the client
+    /// (after any latency) when it reads the client's bytes.
+    pub fn round_trips(&self) -> u64 {
+        self.shared.round_trips.load(Ordering::Relaxed)
+    }
+
     /// How many client connections are open through the proxy (accepted
     /// and neither closed by both sides nor cut).
     pub fn connections(&self) -> usize {
@@ -284,6 +301,8 @@ struct Shared {
     state: Mutex<State>,
     /// Notified whenever the faults or the set of connections change.
     changed: Condvar,
+    /// See [`FaultProxy::round_trips`].
+    round_trips: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -352,6 +371,10 @@ impl Shared {
 struct Registration {
     shared: Arc<Shared>,
     id: u64,
+    /// Whether the client has sent bytes since the proxy last delivered
+    /// it some: its next bytes then extend the same round trip (it cannot
+    /// be answering what it has not received).
+    client_spoke_last: AtomicBool,
 }
 
 impl Drop for Registration {
@@ -399,6 +422,7 @@ fn accept_loop(listener: &TcpListener, upstream: SocketAddr, shared: &Arc<Shared
         let registration = Arc::new(Registration {
             shared: Arc::clone(shared),
             id,
+            client_spoke_last: AtomicBool::new(false),
         });
         // On failure the closure, holding the registration and the client,
         // is dropped, which closes the connection.
@@ -485,7 +509,7 @@ fn pump(
     };
     let writer = {
         let registration = Arc::clone(registration);
-        move || write_side(&to, &inbox, &registration)
+        move || write_side(&to, direction, &inbox, &registration)
     };
     thread::Builder::new()
         .name(format!("fault-proxy-read-{id}"))
@@ -511,6 +535,11 @@ fn read_side(
             Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => break Message::Failed,
         };
+        if direction != Direction::Downstream
+            && !registration.client_spoke_last.swap(true, Ordering::Relaxed)
+        {
+            shared.round_trips.fetch_add(1, Ordering::Relaxed);
+        }
         let faults = shared.faults();
         let latency = match direction {
             Direction::Downstream => faults.latency_downstream,
@@ -528,7 +557,12 @@ fn read_side(
     let _ = outbox.send(end);
 }
 
-fn write_side(mut to: &TcpStream, inbox: &Receiver<Message>, registration: &Registration) {
+fn write_side(
+    mut to: &TcpStream,
+    direction: Direction,
+    inbox: &Receiver<Message>,
+    registration: &Registration,
+) {
     let shared = &registration.shared;
     let id = registration.id;
     loop {
@@ -546,6 +580,13 @@ fn write_side(mut to: &TcpStream, inbox: &Receiver<Message>, registration: &Regi
                 // it does not lose them from a connection that lives on.
                 if !shared.wait_out_blackhole(id) {
                     return;
+                }
+                // Marked before the write: once the bytes are out, the
+                // client may answer them before this thread runs again.
+                if direction == Direction::Downstream {
+                    registration
+                        .client_spoke_last
+                        .store(false, Ordering::Relaxed);
                 }
                 if to.write_all(&bytes).is_ok() {
                     continue;
@@ -646,6 +687,27 @@ mod tests {
             thread::sleep(POLL_INTERVAL);
         }
         assert_eq!(proxy.connections(), 0);
+        Ok(())
+    }
+
+    #[test]
+    fn counts_round_trips_and_pipelined_requests_once() -> Result<(), Box<dyn std::error::Error>> {
+        let proxy = FaultProxy::start(echo_server()?)?;
+        let mut client = TcpStream::connect(proxy.addr())?;
+        for _ in 0..3 {
+            assert_eq!(echo(&mut client, b"ping", Duration::from_secs(5))?, b"ping");
+        }
+        assert_eq!(proxy.round_trips(), 3);
+        // Two requests written before the first answer is delivered: one
+        // round trip.
+        proxy.set_latency(Direction::Downstream, Duration::from_millis(50));
+        client.write_all(b"a")?;
+        client.write_all(b"b")?;
+        let mut buf = [0u8; 2];
+        client.set_read_timeout(Some(Duration::from_secs(5)))?;
+        client.read_exact(&mut buf)?;
+        assert_eq!(&buf, b"ab");
+        assert_eq!(proxy.round_trips(), 4);
         Ok(())
     }
 

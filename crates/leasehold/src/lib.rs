@@ -249,6 +249,11 @@ pub mod tls;
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub mod sentinel;
+// etcd's v3 API over gRPC (protocol layer; groundwork for leases on
+// etcd, hidden until the etcd way is built).
+#[cfg(feature = "etcd")]
+#[doc(hidden)]
+pub mod etcd;
 
 #[cfg(test)]
 mod give_up_tests;

@@ -50,7 +50,7 @@
 //! run for the whole bench, so an idle way's followers (polling ones every
 //! 5 to 15 ms) share the machine with the way being measured.
 
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -67,6 +67,7 @@ use tokio::time::Instant;
 
 use self::candidate::{Event, Spec, now_us};
 use super::{Measurements, median, round3};
+use crate::child;
 use crate::cli::{LeaderArgs, LeaderWay};
 use crate::exit;
 use crate::progress::note;
@@ -646,24 +647,8 @@ impl Team {
             candidate: format!("c{id}"),
             ..self.spec.clone()
         };
-        let exe = std::env::current_exe().context("finding the leasehold binary")?;
-        let mut child = tokio::process::Command::new(exe)
-            .args(["bench", "leader-candidate"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting a candidate process")?;
-        let mut stdin = child.stdin.take().context("the candidate's stdin")?;
-        let mut line = serde_json::to_vec(&spec)?;
-        line.push(b'\n');
-        stdin
-            .write_all(&line)
-            .await
-            .context("sending the candidate its spec")?;
-        let stdout = child.stdout.take().context("the candidate's stdout")?;
-        let stderr = child.stderr.take().context("the candidate's stderr")?;
+        let child = child::spawn(&["bench", "leader-candidate"], "candidate", &spec).await?;
+        let stdout = child.stdout;
         let sender = self.sender.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
@@ -674,22 +659,11 @@ impl Team {
             }
             let _ = sender.send((id, Line::Closed));
         });
-        let stderr = tokio::spawn(async move {
-            let mut tail = std::collections::VecDeque::new();
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if tail.len() == 10 {
-                    tail.pop_front();
-                }
-                tail.push_back(line);
-            }
-            tail.into_iter().collect::<Vec<_>>().join("\n")
-        });
         self.members.push(Member {
             id,
-            child,
-            stdin,
-            stderr,
+            child: child.process,
+            stdin: child.stdin,
+            stderr: child.stderr,
         });
         Ok(id)
     }

@@ -1,7 +1,6 @@
 //! One run of the matrix: a lab, the worker processes, the nemesis, and
 //! the final state of every wallet.
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -18,6 +17,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::modes::Expect;
 use super::worker::Spec;
+use crate::child;
 use crate::cli::ChaosMode;
 use crate::env::TlsFlags;
 
@@ -358,24 +358,8 @@ struct Worker {
 
 /// Starts one worker process and hands it its spec on stdin.
 async fn spawn_worker(spec: &Spec) -> anyhow::Result<Worker> {
-    let exe = std::env::current_exe().context("finding the leasehold binary")?;
-    let mut child = tokio::process::Command::new(exe)
-        .args(["chaos", "worker"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting a worker process")?;
-    let mut stdin = child.stdin.take().context("the worker's stdin")?;
-    let mut line = serde_json::to_vec(spec)?;
-    line.push(b'\n');
-    stdin
-        .write_all(&line)
-        .await
-        .context("sending the worker its spec")?;
-    let stdout = child.stdout.take().context("the worker's stdout")?;
-    let stderr = child.stderr.take().context("the worker's stderr")?;
+    let child = child::spawn(&["chaos", "worker"], "worker", spec).await?;
+    let stdout = child.stdout;
     let (said_ready, ready) = tokio::sync::oneshot::channel();
     let history = tokio::spawn(async move {
         let mut lines = BufReader::new(stdout).lines();
@@ -392,22 +376,11 @@ async fn spawn_worker(spec: &Spec) -> anyhow::Result<Worker> {
         }
         events
     });
-    let stderr = tokio::spawn(async move {
-        let mut tail = std::collections::VecDeque::new();
-        let mut lines = BufReader::new(stderr).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if tail.len() == 10 {
-                tail.pop_front();
-            }
-            tail.push_back(line);
-        }
-        tail.into_iter().collect::<Vec<_>>().join("\n")
-    });
     Ok(Worker {
-        child,
-        stdin: Some(stdin),
+        child: child.process,
+        stdin: Some(child.stdin),
         ready,
         history,
-        stderr,
+        stderr: child.stderr,
     })
 }

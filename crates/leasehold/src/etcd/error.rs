@@ -1,0 +1,182 @@
+//! What can go wrong talking to etcd, and which failures may be retried.
+
+use tonic::Status;
+
+/// An error of the etcd client.
+///
+/// The variants say what is known of the request's outcome:
+/// [`OutcomeUnknown`](Self::OutcomeUnknown) is the one that matters for a
+/// write: etcd may have applied it. Every other variant means the request
+/// was not applied, or (for [`Rejected`](Self::Rejected) and the other
+/// refusals) that etcd refused it.
+///
+/// No variant carries a password or an auth token: credentials are never
+/// part of an error's text or its `Debug` output.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EtcdError {
+    /// The client was given no endpoint.
+    #[error("no etcd endpoint given")]
+    NoEndpoints,
+
+    /// An endpoint is not a URL the client can dial (`http://host:port`).
+    #[error("invalid etcd endpoint {endpoint:?}")]
+    InvalidEndpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// Why it is invalid.
+        #[source]
+        source: tonic::transport::Error,
+    },
+
+    /// The caller's deadline passed (or had passed when the request came
+    /// in) before any member answered. Nothing was applied: a write whose
+    /// outcome is unknown is [`OutcomeUnknown`](Self::OutcomeUnknown)
+    /// instead.
+    #[error("the deadline passed before etcd answered (after {attempts} attempts)")]
+    DeadlineExceeded {
+        /// How many members were tried (0 if the deadline had passed).
+        attempts: u32,
+        /// The last attempt's failure, if there was one.
+        #[source]
+        last: Option<Box<EtcdError>>,
+    },
+
+    /// A write reached a member (or may have) and no answer came: the
+    /// connection broke, or the deadline passed while the member worked
+    /// on it. etcd may have applied it, or may apply it later; the client
+    /// does not resend it. Read what the write was meant to change to
+    /// learn its outcome. The next request goes to another member.
+    #[error("etcd at {endpoint} may or may not have applied the write")]
+    OutcomeUnknown {
+        /// The member the write went to.
+        endpoint: String,
+        /// The failure, or `None` if the deadline passed first.
+        #[source]
+        source: Option<Status>,
+    },
+
+    /// Connecting to a member failed (nothing was sent).
+    #[error("could not connect to etcd at {endpoint}")]
+    Connect {
+        /// The member.
+        endpoint: String,
+        /// The transport's error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+
+    /// A member did not answer within the attempt's time (a read, or the
+    /// check a new connection makes before it carries a request).
+    #[error("etcd at {endpoint} did not answer in time")]
+    AttemptTimedOut {
+        /// The member.
+        endpoint: String,
+    },
+
+    /// A member failed a request that is safe to send again (a read, or a
+    /// request etcd refused before applying it, such as `no leader`).
+    #[error("etcd at {endpoint} failed the request")]
+    Unavailable {
+        /// The member.
+        endpoint: String,
+        /// etcd's or the transport's status.
+        #[source]
+        source: Status,
+    },
+
+    /// The lease does not exist: it expired, was revoked, or never was.
+    #[error("etcd lease {lease:x} not found (expired or revoked)")]
+    LeaseNotFound {
+        /// The lease ID.
+        lease: i64,
+    },
+
+    /// etcd refused the user name or password (or authentication is not
+    /// enabled on the cluster).
+    #[error("etcd refused to authenticate user {user:?}")]
+    AuthFailed {
+        /// The user name (never the password).
+        user: String,
+        /// etcd's status.
+        #[source]
+        source: Status,
+    },
+
+    /// A watch asked for revisions etcd has compacted away: restart from
+    /// a fresh read, not from the same revision.
+    #[error("etcd compacted the revisions from {revision} on (oldest kept: {compact_revision})")]
+    Compacted {
+        /// The revision the watch asked for.
+        revision: i64,
+        /// The oldest revision etcd still has.
+        compact_revision: i64,
+    },
+
+    /// A watch stream ended or broke (its member stopped, lost its leader,
+    /// or the connection broke): open a new one from
+    /// [`WatchStream::next_revision`](super::WatchStream::next_revision).
+    #[error("the watch on etcd at {endpoint} ended")]
+    WatchLost {
+        /// The member the watch ran on.
+        endpoint: String,
+        /// The status it ended with, if any.
+        #[source]
+        source: Option<Status>,
+    },
+
+    /// etcd canceled a watch for a reason of its own.
+    #[error("etcd canceled the watch: {reason}")]
+    WatchCanceled {
+        /// etcd's reason.
+        reason: String,
+    },
+
+    /// etcd refused the request (a bad argument, a permission, a full
+    /// database, ...): sending it again would not help.
+    #[error("etcd refused the request")]
+    Rejected {
+        /// etcd's status.
+        #[source]
+        source: Status,
+    },
+}
+
+impl EtcdError {
+    /// Whether the request may have been applied: a write that failed this
+    /// way must be checked (by reading what it changes), not resent
+    /// blindly.
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, Self::OutcomeUnknown { .. })
+    }
+
+    /// Whether the same request may succeed if sent again with a new
+    /// deadline (the cluster was unreachable or busy); `false` for a
+    /// refusal, for bad input, and for an unknown outcome (which needs a
+    /// read first).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::DeadlineExceeded { .. }
+            | Self::Connect { .. }
+            | Self::AttemptTimedOut { .. }
+            | Self::Unavailable { .. }
+            | Self::WatchLost { .. } => true,
+            Self::NoEndpoints
+            | Self::InvalidEndpoint { .. }
+            | Self::OutcomeUnknown { .. }
+            | Self::LeaseNotFound { .. }
+            | Self::AuthFailed { .. }
+            | Self::Compacted { .. }
+            | Self::WatchCanceled { .. }
+            | Self::Rejected { .. } => false,
+        }
+    }
+
+    /// etcd's status if etcd refused the request with one.
+    pub(crate) fn rejected_message(&self) -> Option<&str> {
+        match self {
+            Self::Rejected { source } => Some(source.message()),
+            _ => None,
+        }
+    }
+}
