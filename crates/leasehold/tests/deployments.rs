@@ -1,4 +1,5 @@
-//! Beyond one server: Redlock, Redis Cluster, Sentinel, replicas, recovery after a restart, TLS.
+//! Beyond one server: Redlock, Redis Cluster, Sentinel, replicas, recovery after a restart, TLS,
+//! and the etcd client on a real etcd cluster.
 //!
 //! One test binary for several test files (each a module, as it was a
 //! binary before): fewer binaries to link, less disk. Each module keeps
@@ -8,6 +9,8 @@
 
 #[path = "cluster.rs"]
 mod cluster;
+#[path = "etcd.rs"]
+mod etcd;
 #[path = "handoff_cluster.rs"]
 mod handoff_cluster;
 #[path = "quorum.rs"]
