@@ -220,3 +220,57 @@ impl Lessor for DynLessor {
         DynLessor::acquire_all(self, keys, ttl, opts)
     }
 }
+
+#[cfg(all(test, feature = "handoff"))]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{Election, FencedKeys, HandoffLocker, Locker};
+
+    type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+    /// Each way behind a `DynLessor` takes and gives back leases as
+    /// itself, tells an election what it would (the record, whether a
+    /// release hands over), and an election runs on it.
+    #[tokio::test]
+    async fn a_dyn_lessor_is_its_way() -> TestResult {
+        let server = leasehold_testkit::RedisServer::start()?;
+        let client = redis::Client::open(server.url())?;
+        let ways = [
+            (DynLessor::new(Locker::connect(&client).await?), false),
+            (DynLessor::new(HandoffLocker::connect(&client).await?), true),
+        ];
+        let ttl = Duration::from_secs(5);
+        let opts = AcquireOptions::new().wait(Duration::from_secs(2));
+        for (i, (lock, hands_over)) in ways.iter().enumerate() {
+            assert_eq!(Sealed::hands_over(lock), *hands_over);
+            let keys = FencedKeys::for_resource(&format!("dyn:{i}"))?;
+            let lease = lock.acquire(&keys, ttl).await?;
+            let first = lease.fence().ok_or("a fenced lease without a fence")?;
+            lease.release().await?;
+            let done =
+                Lessor::with_lock(lock, &keys, ttl, &opts, async |lease| lease.fence()).await?;
+            assert!(done.output.is_some_and(|fence| fence > first));
+            done.release?;
+            let plain = [format!("lock:{{dyn:{i}}}:a"), format!("lock:{{dyn:{i}}}:b")];
+            lock.acquire_all(&plain, ttl, &opts)
+                .await?
+                .release()
+                .await?;
+
+            let election = Election::builder(lock.clone(), format!("dyn-{i}"))
+                .candidate("c1")
+                .ttl(ttl)
+                .build()?;
+            let term = election.campaign().await?;
+            let leader = election.leader().await?.ok_or("no leader recorded")?;
+            assert_eq!(
+                (leader.candidate.as_str(), leader.fence),
+                ("c1", term.fence())
+            );
+            term.resign().await?;
+        }
+        Ok(())
+    }
+}
