@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use leasehold::etcd::{
-    Cmp, Compare, EtcdClient, EtcdError, EventKind, Op, OpResult, Range, Txn, WatchKeys,
+    Cmp, Compare, Credentials, EtcdClient, EtcdError, EventKind, Op, OpResult, Range, Txn,
+    WatchKeys,
 };
 use leasehold_testkit::EtcdCluster;
 use tokio::time::{Instant, timeout};
@@ -373,4 +374,150 @@ async fn a_request_to_a_cut_off_member_errors_by_the_deadline_then_another_membe
     assert!(Instant::now() <= deadline + SLACK);
     assert_ne!(read.header.member_id, leader_id);
     assert_eq!(read.kvs[0].value, b"bob");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_broken_by_a_stopped_member_resumes_on_another_from_its_revision() {
+    let cluster = start(3);
+    let leader = cluster.wait_for_leader(PATIENT).expect("leader");
+    // A follower: stopping it needs no election.
+    let follower = (leader + 1) % cluster.len();
+    let etcd = client(starting_at(&cluster, follower));
+    let put = etcd
+        .txn(&Txn::new().then(Op::put("queue/1", "w1", 0)), patient())
+        .await
+        .expect("put");
+    let mut watch = etcd
+        .watch(&WatchKeys::prefix("queue/"), put.header.revision, patient())
+        .await
+        .expect("watch");
+    assert_eq!(watch.endpoint(), cluster.member(follower).endpoint());
+    let batch = timeout(PATIENT, watch.next())
+        .await
+        .expect("no event")
+        .expect("watch");
+    assert_eq!(batch.events[0].kv.key, b"queue/1");
+
+    cluster.member(follower).stop().expect("stop the member");
+    let ended = timeout(Duration::from_secs(30), async {
+        loop {
+            match watch.next().await {
+                // Progress notifications may come first.
+                Ok(batch) if batch.events.is_empty() => {}
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the watch did not notice its member stopped");
+    assert!(
+        matches!(ended, Err(EtcdError::WatchLost { .. })),
+        "{ended:?}"
+    );
+
+    let missed = etcd
+        .txn(&Txn::new().then(Op::put("queue/2", "w2", 0)), patient())
+        .await
+        .expect("put on the others");
+    let mut resumed = etcd
+        .watch(
+            &WatchKeys::prefix("queue/"),
+            watch.next_revision(),
+            patient(),
+        )
+        .await
+        .expect("watch again");
+    assert_ne!(resumed.endpoint(), cluster.member(follower).endpoint());
+    let batch = timeout(PATIENT, resumed.next())
+        .await
+        .expect("no event")
+        .expect("watch");
+    assert_eq!(batch.events.len(), 1, "{batch:?}");
+    assert_eq!(batch.events[0].kv.key, b"queue/2");
+    assert_eq!(batch.events[0].kv.mod_revision, missed.header.revision);
+}
+
+/// One JSON request to a member's HTTP gateway, past its gate; the reply's
+/// body.
+fn gateway(member: &leasehold_testkit::EtcdMember, path: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(member.client_addr()).expect("connect");
+    stream
+        .set_read_timeout(Some(PATIENT))
+        .expect("read timeout");
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: etcd\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).expect("read");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{path}: {reply}");
+    reply
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_authenticate_and_a_password_never_shows_in_an_error() {
+    const PASSWORD: &str = "correct-horse-battery";
+    const WRONG: &str = "wrong-staple-secret";
+    let cluster = start(1);
+    let member = cluster.member(0);
+    gateway(member, "/v3/auth/role/add", r#"{"name":"root"}"#);
+    gateway(
+        member,
+        "/v3/auth/user/add",
+        &format!(r#"{{"name":"root","password":"{PASSWORD}"}}"#),
+    );
+    gateway(
+        member,
+        "/v3/auth/user/grant",
+        r#"{"user":"root","role":"root"}"#,
+    );
+    gateway(member, "/v3/auth/enable", "{}");
+
+    let root = EtcdClient::builder(cluster.endpoints())
+        .credentials(Credentials::new("root", PASSWORD))
+        .build()
+        .expect("client");
+    let put = root
+        .txn(&Txn::new().then(Op::put("k", "v", 0)), patient())
+        .await
+        .expect("an authenticated write");
+    let read = root.range(&Range::key("k"), patient()).await.expect("read");
+    assert_eq!(read.kvs[0].mod_revision, put.header.revision);
+
+    let anonymous = client(cluster.endpoints());
+    let refused = anonymous.range(&Range::key("k"), patient()).await;
+    assert!(
+        matches!(refused, Err(EtcdError::Rejected { .. })),
+        "{refused:?}"
+    );
+
+    let wrong = EtcdClient::builder(cluster.endpoints())
+        .credentials(Credentials::new("root", WRONG))
+        .build()
+        .expect("client");
+    let started = Instant::now();
+    let err = wrong
+        .range(&Range::key("k"), patient())
+        .await
+        .expect_err("a wrong password was let in");
+    assert!(
+        matches!(err, EtcdError::AuthFailed { ref user, .. } if user == "root"),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "a refusal was retried"
+    );
+    let mut text = format!("{err} {err:?} {wrong:?}");
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        text.push_str(&format!(" {cause} {cause:?}"));
+        source = cause.source();
+    }
+    assert!(!text.contains(WRONG), "{text}");
+    assert!(!text.contains(PASSWORD), "{text}");
 }

@@ -11,7 +11,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use tonic::{Code, Status};
 
 use super::error::EtcdError;
-use super::member::{Credentials, Member, Session};
+use super::member::{Credentials, Member, Session, SessionLost};
 
 /// How long one attempt of a retry-safe request may take before the
 /// client tries the next member. Defaults to this.
@@ -40,6 +40,9 @@ pub(crate) enum Verdict {
     /// Refused before anything was applied: safe to send to another
     /// member, even a write.
     NotApplied,
+    /// Not sent: the session's connection had broken (it is never
+    /// redialled behind the client's back). Safe to send elsewhere.
+    NotSent,
     /// The auth token was refused (not applied): authenticate again.
     BadToken,
     /// The answer was lost (transport error, timeout on etcd's side):
@@ -51,11 +54,15 @@ pub(crate) enum Verdict {
 ///
 /// etcd's own refusals before a proposal: `no leader` (the `hasleader`
 /// check of every request, or no leader to forward to), `not capable`,
-/// `too many requests` (the apply loop lags). tonic's `Service was not
-/// ready` is the stub's failure before sending. `request timed out`,
-/// `leader changed` and transport errors are `Lost`: a proposal may still
-/// commit.
+/// `too many requests` (the apply loop lags). Not sent at all: tonic's
+/// `Service was not ready` (the stub's failure before sending) and
+/// [`SessionLost`] (a request on a session whose connection had broken,
+/// which is never redialled). `request timed out`, `leader changed` and
+/// other transport errors are `Lost`: a proposal may still commit.
 pub(crate) fn verdict(status: &Status) -> Verdict {
+    if SessionLost::caused(status) {
+        return Verdict::NotSent;
+    }
     let message = status.message();
     match status.code() {
         Code::Unauthenticated if message.contains("invalid auth token") => Verdict::BadToken,
@@ -66,7 +73,7 @@ pub(crate) fn verdict(status: &Status) -> Verdict {
         {
             Verdict::NotApplied
         }
-        Code::Unknown if message.starts_with("Service was not ready") => Verdict::NotApplied,
+        Code::Unknown if message.starts_with("Service was not ready") => Verdict::NotSent,
         Code::Unavailable
         | Code::DeadlineExceeded
         | Code::Cancelled
@@ -99,7 +106,9 @@ pub(crate) fn verdict(status: &Status) -> Verdict {
 /// - **Writes** (a txn that puts or deletes): sent again only when the
 ///   first one is known not to have been applied: the connection could
 ///   not be made or did not prove itself (every new connection asks the
-///   member for its status first), or etcd refused it before proposing
+///   member for its status first), the session's connection had already
+///   broken (a session is one connection, never redialled behind the
+///   client's back, so nothing was sent), or etcd refused it before proposing
 ///   (`no leader`, which the `hasleader` flag on every request makes a
 ///   member without a leader answer at once, `not capable`, `too many
 ///   requests`). A write that went out and got no answer (the connection
@@ -292,6 +301,10 @@ impl EtcdClient {
                 Verdict::Answer => return Err(EtcdError::Rejected { source: status }),
                 Verdict::BadToken => member.forget(&session),
                 Verdict::NotApplied => self.advance(index),
+                Verdict::NotSent => {
+                    member.forget(&session);
+                    self.advance(index);
+                }
                 Verdict::Lost => {
                     member.forget(&session);
                     self.advance(index);
@@ -327,8 +340,14 @@ mod tests {
         );
         assert_eq!(
             verdict(&Status::unknown("Service was not ready: transport error")),
-            Verdict::NotApplied
+            Verdict::NotSent
         );
+        let mut lost = Status::unavailable("error trying to connect");
+        lost.set_source(std::sync::Arc::new(std::io::Error::new(
+            std::io::ErrorKind::NotConnected,
+            SessionLost,
+        )));
+        assert_eq!(verdict(&lost), Verdict::NotSent);
     }
 
     #[test]

@@ -2,12 +2,20 @@
 //! (a connection proven to answer, with its auth token) it keeps to it.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout_at};
 use tonic::Request;
+use tonic::codegen::Service;
+use tonic::codegen::http::Uri;
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 
@@ -21,6 +29,74 @@ use super::error::EtcdError;
 /// that vanished without closing its connections is noticed within about
 /// twice this even with no request in flight.
 const KEEP_ALIVE: Duration = Duration::from_secs(5);
+
+/// etcd's client port, for an endpoint that names none.
+const DEFAULT_PORT: u16 = 2379;
+
+/// The failure of a request on a session whose connection broke: nothing
+/// was sent (see [`OneConnection`]).
+#[derive(Debug, thiserror::Error)]
+#[error("the session's connection was lost; nothing was sent")]
+pub(crate) struct SessionLost;
+
+impl SessionLost {
+    /// Whether `status` is this failure (somewhere in its sources).
+    pub(crate) fn caused(status: &tonic::Status) -> bool {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> =
+            std::error::Error::source(status);
+        while let Some(error) = cause {
+            if error.is::<SessionLost>()
+                || error
+                    .downcast_ref::<io::Error>()
+                    .and_then(io::Error::get_ref)
+                    .is_some_and(|inner| inner.is::<SessionLost>())
+            {
+                return true;
+            }
+            cause = error.source();
+        }
+        false
+    }
+}
+
+/// The connector of one session: it dials the member once. Any later dial
+/// (tonic reconnects a channel whose connection broke, on the next
+/// request) fails at once, before anything is sent: a new connection
+/// must prove itself first (see [`Member::session`]), and only a new
+/// session does that. So a request on a broken session fails as not
+/// sent (`Service was not ready`), which is safe to retry, even a write.
+#[derive(Clone, Default)]
+struct OneConnection {
+    dialled: Arc<AtomicBool>,
+}
+
+impl Service<Uri> for OneConnection {
+    type Response = TokioIo<TcpStream>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let first = !self.dialled.swap(true, Ordering::Relaxed);
+        Box::pin(async move {
+            if !first {
+                return Err(io::Error::new(io::ErrorKind::NotConnected, SessionLost));
+            }
+            let host = uri.host().unwrap_or("localhost");
+            let host = host
+                .strip_prefix('[')
+                .and_then(|host| host.strip_suffix(']'))
+                .unwrap_or(host);
+            let port = uri.port_u16().unwrap_or(DEFAULT_PORT);
+            let stream = TcpStream::connect((host, port)).await?;
+            stream.set_nodelay(true)?;
+            Ok(TokioIo::new(stream))
+        })
+    }
+}
 
 /// A user name and password for etcd's authentication.
 ///
@@ -61,11 +137,17 @@ impl fmt::Debug for Credentials {
 #[derive(Clone)]
 pub(crate) struct Session {
     pub(crate) channel: Channel,
+    endpoint: Arc<str>,
     token: Option<AsciiMetadataValue>,
     generation: u64,
 }
 
 impl Session {
+    /// The member's endpoint, as given.
+    pub(crate) fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
     /// `message` as a request on this session: with the auth token, and
     /// with `hasleader`, so that a member that knows no leader (cut off
     /// from its peers, or in an election) refuses at once, before applying
@@ -84,7 +166,7 @@ impl Session {
 /// One member: where it is, and the session to it, made when first needed
 /// and forgotten when it fails.
 pub(crate) struct Member {
-    url: String,
+    url: Arc<str>,
     endpoint: Endpoint,
     session: Mutex<Option<Session>>,
     generations: AtomicU64,
@@ -104,12 +186,11 @@ impl Member {
                 endpoint: url.to_owned(),
                 source,
             })?
-            .tcp_nodelay(true)
             .http2_keep_alive_interval(KEEP_ALIVE)
             .keep_alive_timeout(KEEP_ALIVE)
             .keep_alive_while_idle(true);
         Ok(Self {
-            url: url.to_owned(),
+            url: url.into(),
             endpoint,
             session: Mutex::new(None),
             generations: AtomicU64::new(0),
@@ -135,17 +216,21 @@ impl Member {
             return Ok(session);
         }
         let timed_out = || EtcdError::AttemptTimedOut {
-            endpoint: self.url.clone(),
+            endpoint: self.url.to_string(),
         };
-        let channel = timeout_at(deadline, self.endpoint.connect())
+        let connect = self
+            .endpoint
+            .connect_with_connector(OneConnection::default());
+        let channel = timeout_at(deadline, connect)
             .await
             .map_err(|_| timed_out())?
             .map_err(|source| EtcdError::Connect {
-                endpoint: self.url.clone(),
+                endpoint: self.url.to_string(),
                 source,
             })?;
         let mut session = Session {
             channel,
+            endpoint: self.url.clone(),
             token: None,
             generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
         };
@@ -162,7 +247,7 @@ impl Member {
         .await
         .map_err(|_| timed_out())?
         .map_err(|source| EtcdError::Unavailable {
-            endpoint: self.url.clone(),
+            endpoint: self.url.to_string(),
             source,
         })?;
         if let Some(credentials) = credentials {
@@ -187,7 +272,7 @@ impl Member {
         let reply = timeout_at(deadline, auth.authenticate(request))
             .await
             .map_err(|_| EtcdError::AttemptTimedOut {
-                endpoint: self.url.clone(),
+                endpoint: self.url.to_string(),
             })?
             .map_err(|source| match source.code() {
                 tonic::Code::InvalidArgument
@@ -198,7 +283,7 @@ impl Member {
                     source,
                 },
                 _ => EtcdError::Unavailable {
-                    endpoint: self.url.clone(),
+                    endpoint: self.url.to_string(),
                     source,
                 },
             })?

@@ -131,16 +131,17 @@ impl EtcdClient {
             progress_notify: true,
             ..WatchCreateRequest::default()
         };
-        let (replies, created) = self
+        let (replies, created, endpoint) = self
             .call(deadline, Retry::Safe, |session| {
                 let request = session.request(requests(create.clone()));
+                let endpoint = session.endpoint().to_owned();
                 async move {
                     let mut replies = WatchClient::new(session.channel)
                         .watch(request)
                         .await?
                         .into_inner();
                     match replies.message().await? {
-                        Some(created) => Ok((replies, created)),
+                        Some(created) => Ok((replies, created, endpoint)),
                         None => Err(tonic::Status::unavailable(
                             "the watch stream ended before the watch was created",
                         )),
@@ -148,7 +149,6 @@ impl EtcdClient {
                 }
             })
             .await?;
-        let endpoint = self.current_endpoint().to_owned();
         if created.compact_revision != 0 {
             return Err(EtcdError::Compacted {
                 revision: from,
@@ -178,6 +178,11 @@ impl WatchStream {
     /// last revision this stream delivered (or reported as progress).
     pub fn next_revision(&self) -> i64 {
         self.next_revision
+    }
+
+    /// The endpoint of the member the watch runs on.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
     }
 
     /// The next events (or a progress notification, with none).
