@@ -521,3 +521,74 @@ async fn credentials_authenticate_and_a_password_never_shows_in_an_error() {
     assert!(!text.contains(WRONG), "{text}");
     assert!(!text.contains(PASSWORD), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_member_costs_a_read_one_attempt_timeout_and_a_write_its_deadline() {
+    let cluster = start(3);
+    let leader = cluster.wait_for_leader(PATIENT).expect("leader");
+    let follower = (leader + 1) % cluster.len();
+    let follower_id = cluster.member(follower).id();
+    let etcd = client(starting_at(&cluster, follower));
+    let put = etcd
+        .txn(&Txn::new().then(Op::put("k", "v", 0)), patient())
+        .await
+        .expect("put");
+    assert_eq!(put.header.member_id, follower_id);
+
+    // A frozen member keeps its connections and answers nothing.
+    cluster.member(follower).pause().expect("pause");
+    let deadline = Instant::now() + Duration::from_millis(700);
+    let write = etcd
+        .txn(&Txn::new().then(Op::put("k", "w", 0)), deadline)
+        .await;
+    assert!(
+        matches!(write, Err(EtcdError::OutcomeUnknown { .. })),
+        "{write:?}"
+    );
+    assert!(Instant::now() <= deadline + SLACK);
+
+    // A fresh client starting there: the new connection's check times out
+    // after one attempt timeout (1 s), and the read moves on.
+    let fresh = client(starting_at(&cluster, follower));
+    let started = Instant::now();
+    let read = fresh
+        .range(&Range::key("k"), patient())
+        .await
+        .expect("read");
+    assert_ne!(read.header.member_id, follower_id);
+    assert!(
+        started.elapsed() < leasehold::etcd::DEFAULT_ATTEMPT_TIMEOUT + SLACK * 2,
+        "{:?}",
+        started.elapsed()
+    );
+    cluster.member(follower).resume().expect("resume");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_carries_on_after_the_whole_cluster_restarts() {
+    let cluster = start(3);
+    let etcd = client(cluster.endpoints());
+    let lease = etcd
+        .grant(Duration::from_secs(60), patient())
+        .await
+        .expect("grant");
+    let put = Txn::new().then(Op::put("k", "v", lease.id));
+    let put = etcd.txn(&put, patient()).await.expect("put");
+
+    cluster.restart().expect("restart every member");
+    // Every session's connection broke: each request finds that out
+    // before sending, and connects afresh.
+    let read = etcd.range(&Range::key("k"), patient()).await.expect("read");
+    assert_eq!(read.kvs[0].mod_revision, put.header.revision);
+    assert!(
+        etcd.keep_alive_once(lease.id, patient())
+            .await
+            .expect("keep-alive")
+            > 0
+    );
+    let write = etcd
+        .txn(&Txn::new().then(Op::put("k", "w", lease.id)), patient())
+        .await
+        .expect("write after the restart");
+    assert!(write.header.revision > put.header.revision);
+}
