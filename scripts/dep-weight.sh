@@ -23,6 +23,7 @@ sets=(
   "both, the former defaults (tls, cluster, sentinel on)|$lh, features = [\"tls\", \"cluster\", \"sentinel\"] }|$pg, features = [\"tls\"] }"
   "leasehold defaults alone|$lh }|"
   "leasehold without default features alone|$lh, default-features = false }|"
+  "leasehold defaults with etcd alone (tonic, prost)|$lh, features = [\"etcd\"] }|"
   "redis-rs alone (the baseline: tokio-comp, script)|redis = { version = \"1.8\", default-features = false, features = [\"tokio-comp\", \"script\"] }|"
 )
 

@@ -123,9 +123,10 @@ impl Range {
         self
     }
 
-    /// A serializable read: the member's own store, possibly stale, which
-    /// a member without a quorum still serves. Defaults to linearizable
-    /// (the leader confirms it is current).
+    /// A serializable read: the member's own store, possibly stale, served
+    /// without asking the leader. (Every request of this client carries
+    /// `hasleader`, so a member that knows no leader refuses even this.)
+    /// Defaults to linearizable (the leader confirms it is current).
     pub fn serializable(mut self) -> Self {
         self.request.serializable = true;
         self

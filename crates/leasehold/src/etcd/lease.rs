@@ -1,12 +1,12 @@
 //! etcd leases: grant, revoke, one keep-alive, time to live.
 //!
 //! A keep-alive's success says only that etcd renewed the lease: not that
-//! a key attached to it still exists (an operator may have deleted it, or
-//! a lock may have been taken over after the lease expired and a new one
-//! was granted), and, on etcd before 3.4.38 and 3.5.x's fix, not even
-//! that the lease was not revoked meanwhile. A lock is held while its key
-//! is there, under the holder's lease, with the holder's value: check the
-//! key, never the keep-alive alone.
+//! a key attached to it still exists (an operator may have deleted it; a
+//! put whose outcome was unknown may never have been applied), and, on
+//! etcd 3.4 before 3.4.38 (Debian's 3.4.23 among them), not even that the
+//! lease was not revoked meanwhile. A lock is held while its key is there,
+//! under the holder's lease, with the holder's value: check the key, never
+//! the keep-alive alone.
 
 use std::time::Duration;
 

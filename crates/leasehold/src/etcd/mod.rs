@@ -2,9 +2,11 @@
 //!
 //! # Why a client of our own
 //!
-//! The `etcd-client` crate needs `protoc` to build, does not bound every
-//! request by a deadline, and does not recover its keep-alive and watch
-//! streams after a member restarts. Here the gRPC messages and stubs are
+//! The `etcd-client` crate (0.21) needs `protoc` to build, and does not
+//! reconnect its keep-alive and watch streams after an etcd restart (its
+//! issue 54); what a lock needs of the transport (a deadline on every
+//! request, and knowing whether a failed write may have been applied) is
+//! the small part written here. The gRPC messages and stubs are
 //! generated once from etcd's `.proto` files (trimmed to what is used,
 //! vendored in `proto/etcd/`) by `scripts/gen-etcd-proto.sh` and
 //! committed (`api.rs`), so building needs no `protoc`; tonic and prost
@@ -25,6 +27,10 @@
 //!   token ([`Credentials`]' `Debug` hides the password).
 //! - A keep-alive's success does not prove a lock is held: see
 //!   [`EtcdClient::keep_alive_once`]. Ownership is the lock key itself.
+//!
+//! The `.proto` files are etcd 3.5.33's; the calls used are the same in
+//! 3.4 (the tests run on the 3.4.23 the test kit finds, or on the binary
+//! `LEASEHOLD_ETCD` names), and no field newer than 3.4 is sent.
 //!
 //! This layer knows nothing of `Lease`: the etcd way of taking a lease
 //! builds on it.
