@@ -28,7 +28,7 @@
 //!
 //! # async fn run(locker: Locker) -> Result<(), Box<dyn std::error::Error>> {
 //! let mut db = leasehold_pg::connect("postgres://app@127.0.0.1/app").await?;
-//! leasehold_pg::setup(&mut db).await?; // creates leasehold_fences
+//! leasehold_pg::setup(&mut db).await?; // creates leasehold_fences and its guard function
 //!
 //! let keys = FencedKeys::for_resource("account:alice")?;
 //! let lease = locker.acquire(&keys, Duration::from_secs(2)).await?;

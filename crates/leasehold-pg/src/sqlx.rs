@@ -28,7 +28,7 @@
 //! use sqlx::{Connection, PgConnection};
 //!
 //! async fn pay(db: &mut PgConnection, lease: &Lease) -> Result<Guarded<i64>, leasehold_pg::Error> {
-//!     leasehold_pg::sqlx::setup(db).await?; // creates leasehold_fences
+//!     leasehold_pg::sqlx::setup(db).await?; // creates leasehold_fences and its guard function
 //!
 //!     // The safe path in one call: BEGIN, the guard first, the work under
 //!     // the lease's watchdog, a checked and shielded COMMIT.

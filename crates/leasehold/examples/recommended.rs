@@ -64,7 +64,7 @@ pub async fn debit(
 pub async fn run(redis_url: &str, database_url: &str) -> Result<Debit, Box<dyn std::error::Error>> {
     let locker = Locker::connect(&leasehold::redis::Client::open(redis_url)?).await?;
     let mut db = leasehold_pg::connect(database_url).await?;
-    leasehold_pg::setup(&mut db).await?; // creates leasehold_fences, nothing else
+    leasehold_pg::setup(&mut db).await?; // the fence table and its function, nothing else
     db.batch_execute(
         "CREATE TABLE IF NOT EXISTS accounts (name text PRIMARY KEY, balance bigint NOT NULL);
          INSERT INTO accounts VALUES ('alice', 100) ON CONFLICT DO NOTHING",
