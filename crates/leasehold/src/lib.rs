@@ -222,6 +222,10 @@ pub mod watchdog;
 // The ways of taking a lease.
 pub mod election;
 mod erased;
+// Leases on etcd (experimental, hidden from the docs until verified under
+// faults).
+#[cfg(feature = "etcd")]
+mod etcd_locker;
 #[cfg(feature = "handoff")]
 mod handoff;
 mod lessor;
@@ -267,6 +271,9 @@ pub use election::{
 pub use endpoint::Endpoint;
 pub use erased::DynLessor;
 pub use error::{ClientError, Error, GiveUpReason, Result, TlsFileRole};
+#[cfg(feature = "etcd")]
+#[doc(hidden)]
+pub use etcd_locker::{DEFAULT_ETCD_PREFIX, EtcdLocker, EtcdLockerBuilder};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 #[cfg(feature = "handoff")]
 #[cfg_attr(docsrs, doc(cfg(feature = "handoff")))]

@@ -159,7 +159,7 @@ impl AcquireOptions {
     pub(crate) fn check(&self, supports: Supports, command_timeout: Duration) -> Result<()> {
         match self.wait_replicas {
             Some(_) if !supports.wait_replicas => Err(Error::InvalidOptions(
-                "wait_replicas does not apply to a quorum: its servers are independent",
+                "wait_replicas does not apply to a quorum (its servers are independent) or to etcd (a write is committed on a majority before it is acknowledged)",
             )),
             Some(wait) if wait.timeout.is_zero() => Err(Error::InvalidOptions(
                 "wait_replicas: the timeout must be positive",

@@ -1,0 +1,318 @@
+//! What an etcd lease is to the [`Lease`](crate::Lease) it backs: the
+//! etcd side of refresh, release, the leader record and a dropped lease,
+//! each confirmed by the lock key itself (still there, created at our
+//! revision, under our etcd lease), never by a keep-alive alone.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::etcd::{Cmp, Compare, EtcdClient, EtcdError, KeyValue, Op, Range, Txn};
+use crate::fencing::FencingToken;
+use crate::lease::{
+    Backend, Part, Reply, release_retrying, release_runtime, spawn_dropped_release,
+};
+use crate::token::LeaseToken;
+
+/// One lock this process holds (or is queued for) on etcd: the etcd lease
+/// its key lives under, the key, and the key's creation revision (its
+/// place in the queue, and the fencing token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Held {
+    pub(super) lease: i64,
+    pub(super) key: String,
+    pub(super) revision: i64,
+    /// The TTL the lease was taken with: a keep-alive renews the etcd
+    /// lease to its granted TTL (at least this), never to a longer one.
+    pub(super) ttl: Duration,
+}
+
+impl Held {
+    /// Whether `kv` is our key as we created it: same creation revision,
+    /// under our lease.
+    pub(super) fn is(&self, kv: &KeyValue) -> bool {
+        kv.key == self.key.as_bytes()
+            && kv.create_revision == self.revision
+            && kv.lease == self.lease
+    }
+
+    /// The conditions of a write that acts only while our key is ours.
+    fn still_ours(&self, txn: Txn) -> Txn {
+        txn.when(Compare::create_revision(
+            self.key.as_str(),
+            Cmp::Equal,
+            self.revision,
+        ))
+        .when(Compare::lease(self.key.as_str(), Cmp::Equal, self.lease))
+    }
+}
+
+/// The etcd side of every lease an [`EtcdLocker`](super::EtcdLocker) and its
+/// clones grant.
+#[derive(Debug)]
+pub(crate) struct EtcdBackend {
+    pub(super) client: EtcdClient,
+    pub(super) command_timeout: Duration,
+    /// Every key starts with it (ends with `/`).
+    pub(super) prefix: String,
+    /// What each lease part holds on etcd, by its token (a [`Part`] carries
+    /// the lock key and token; the etcd lease and revision live here until
+    /// the part is given back).
+    held: Mutex<HashMap<LeaseToken, Held>>,
+}
+
+/// `text` with `%` and `/` escaped, so that one lock's keys are never
+/// under another lock's prefix (`a/` would otherwise hold `a/b`'s).
+fn escaped(text: &str) -> String {
+    text.replace('%', "%25").replace('/', "%2F")
+}
+
+impl EtcdBackend {
+    pub(super) fn new(client: EtcdClient, command_timeout: Duration, prefix: String) -> Self {
+        EtcdBackend {
+            client,
+            command_timeout,
+            prefix,
+            held: Mutex::default(),
+        }
+    }
+
+    /// The prefix of lock `lock`'s queue: every waiter's key starts with it.
+    pub(super) fn queue(&self, lock: &str) -> String {
+        format!("{}lock/{}/", self.prefix, escaped(lock))
+    }
+
+    /// The key of the waiter holding etcd lease `lease` in `lock`'s queue.
+    pub(super) fn waiter_key(&self, lock: &str, lease: i64) -> String {
+        format!("{}{:016x}", self.queue(lock), lease)
+    }
+
+    /// The etcd key of an election's leader record.
+    fn record_key(&self, record_key: &str) -> String {
+        format!("{}record/{}", self.prefix, escaped(record_key))
+    }
+
+    pub(super) fn hold(&self, token: &LeaseToken, held: Held) {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(token.clone(), held);
+    }
+
+    fn held(&self, token: &LeaseToken) -> Option<Held> {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(token)
+            .cloned()
+    }
+
+    fn forget(&self, token: &LeaseToken) {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(token);
+    }
+
+    /// Whether our key is still ours, by a linearizable read of the key.
+    pub(super) async fn is_ours(&self, held: &Held, deadline: Instant) -> Result<bool> {
+        let read = self
+            .client
+            .range(&Range::key(held.key.as_str()), deadline)
+            .await
+            .map_err(|source| Error::Etcd {
+                op: "refresh",
+                source,
+            })?;
+        Ok(read.kvs.first().is_some_and(|kv| held.is(kv)))
+    }
+
+    /// Revokes etcd lease `lease` (its keys go with it), by `deadline`; a
+    /// failure is logged, and the lease's TTL ends it.
+    pub(super) async fn revoke(&self, lease: i64, deadline: Instant) {
+        if let Err(err) = self.client.revoke(lease, deadline).await {
+            tracing::debug!(lease = format_args!("{lease:x}"), error = %err, "could not revoke an etcd lease; its ttl will end it");
+        }
+    }
+
+    /// A keep-alive of our etcd lease, then a read of our key: the lease is
+    /// ours only if both say so (on etcd before 3.4.38 a keep-alive may
+    /// report a lease renewed after it was revoked).
+    async fn refresh_part(&self, part: &Part, ttl: Duration, deadline: Instant) -> Result<bool> {
+        let Some(held) = self.held(&part.token) else {
+            return Ok(false);
+        };
+        if ttl > held.ttl {
+            return Err(Error::InvalidOptions(
+                "an etcd lease keeps the ttl it was granted: refresh with at most the acquire's ttl",
+            ));
+        }
+        match self.client.keep_alive_once(held.lease, deadline).await {
+            Ok(_) => {}
+            Err(EtcdError::LeaseNotFound { .. }) => return Ok(false),
+            Err(source) => {
+                return Err(Error::Etcd {
+                    op: "refresh",
+                    source,
+                });
+            }
+        }
+        self.is_ours(&held, deadline).await
+    }
+
+    /// Deletes our key if it is still ours, then revokes our etcd lease
+    /// (whatever the delete found: nothing of ours should outlive the
+    /// release). A delete whose outcome is unknown is an error, never a
+    /// success or a `NotHeld` we cannot know.
+    async fn release_part(&self, part: &Part, deadline: Instant) -> Result<bool> {
+        let Some(held) = self.held(&part.token) else {
+            return Ok(false);
+        };
+        let txn = held
+            .still_ours(Txn::new())
+            .then(Op::delete(held.key.as_str()));
+        let deleted = self.client.txn(&txn, deadline).await;
+        if !matches!(&deleted, Err(err) if err.is_retryable()) {
+            // Definite, or unknown: either way the lease goes, so the lock
+            // is free at once (a retry would find nothing to learn from).
+            let revoke_by = deadline.max(Instant::now() + self.command_timeout);
+            self.revoke(held.lease, revoke_by).await;
+            self.forget(&part.token);
+        }
+        match deleted {
+            Ok(txn) => Ok(txn.succeeded),
+            Err(source) => Err(Error::Etcd {
+                op: "release",
+                source,
+            }),
+        }
+    }
+
+    /// Writes the leader record under our etcd lease, if our key is still
+    /// ours.
+    async fn announce_part(
+        &self,
+        part: &Part,
+        record_key: &str,
+        body: &str,
+        deadline: Instant,
+    ) -> Result<bool> {
+        let Some(held) = self.held(&part.token) else {
+            return Ok(false);
+        };
+        let txn = held.still_ours(Txn::new()).then(Op::put(
+            self.record_key(record_key),
+            body,
+            held.lease,
+        ));
+        match self.client.txn(&txn, deadline).await {
+            Ok(txn) => Ok(txn.succeeded),
+            Err(source) => Err(Error::Etcd {
+                op: "announce",
+                source,
+            }),
+        }
+    }
+
+    /// The leader record of the election whose lock is `lock`, if the
+    /// lock's owner wrote it (the record lives under the owner's etcd
+    /// lease), with the owner's lease's time to live in ms (etcd counts it
+    /// in whole seconds).
+    pub(super) async fn leader_record(
+        &self,
+        lock: &str,
+        record_key: &str,
+    ) -> Result<Option<(String, i64)>> {
+        let deadline = Instant::now() + self.command_timeout;
+        let read = Txn::new()
+            .then(Op::range(
+                Range::prefix(self.queue(lock)).oldest_first().limit(1),
+            ))
+            .then(Op::range(Range::key(self.record_key(record_key))));
+        let read = self
+            .client
+            .txn(&read, deadline)
+            .await
+            .map_err(|source| Error::Etcd {
+                op: "leader",
+                source,
+            })?;
+        let mut ranges = read.results.into_iter().filter_map(|result| match result {
+            crate::etcd::OpResult::Range(kvs) => Some(kvs),
+            _ => None,
+        });
+        let (owner, record) = (
+            ranges.next().unwrap_or_default(),
+            ranges.next().unwrap_or_default(),
+        );
+        let (Some(owner), Some(record)) = (owner.first(), record.first()) else {
+            return Ok(None);
+        };
+        if record.lease != owner.lease {
+            return Ok(None);
+        }
+        let body = String::from_utf8(record.value.clone())
+            .map_err(|_| Error::UnexpectedReply { op: "leader" })?;
+        let ttl = self
+            .client
+            .time_to_live(owner.lease, deadline)
+            .await
+            .map_err(|source| Error::Etcd {
+                op: "leader",
+                source,
+            })?;
+        Ok(ttl.map(|ttl| (body, ttl.ttl.saturating_mul(1000))))
+    }
+}
+
+impl Backend for EtcdBackend {
+    fn command_timeout(&self) -> Duration {
+        self.command_timeout
+    }
+
+    fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(self.refresh_part(part, ttl, deadline))
+    }
+
+    fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(self.release_part(part, deadline))
+    }
+
+    /// An etcd fencing token is its key's creation revision, which no
+    /// request can raise: refused (the `leasehold-pg` guard then reports
+    /// the refusal unhealed, which is the outcome either way).
+    fn raise_fence<'a>(
+        &'a self,
+        _fence_key: &'a str,
+        _at_least: FencingToken,
+        _deadline: Instant,
+    ) -> Reply<'a, ()> {
+        Box::pin(std::future::ready(Err(Error::InvalidOptions(
+            "an etcd fencing token is its lock key's revision, which cannot be raised",
+        ))))
+    }
+
+    fn announce<'a>(
+        &'a self,
+        part: &'a Part,
+        record_key: &'a str,
+        body: &'a str,
+        deadline: Instant,
+    ) -> Reply<'a, bool> {
+        Box::pin(self.announce_part(part, record_key, body, deadline))
+    }
+
+    fn release_dropped(self: Arc<Self>, part: Part, until: Instant) {
+        let Some(runtime) = release_runtime(&part.key) else {
+            self.forget(&part.token);
+            return;
+        };
+        spawn_dropped_release(&runtime, part.key.clone(), async move {
+            let per_try = self.command_timeout;
+            release_retrying(&*self, &part, until, per_try).await
+        });
+    }
+}

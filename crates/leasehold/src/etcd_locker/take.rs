@@ -1,0 +1,301 @@
+//! Taking one lock on etcd: join the lock's queue (a key under an etcd
+//! lease of our own, created only if absent), wait by watch for the key
+//! just before ours to go, and confirm by the key itself before the lease
+//! is handed over. See the [module docs](super) for why each step is safe.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::budget::Budget;
+use crate::error::{Error, GiveUpReason, Result};
+use crate::etcd::{
+    Cmp, Compare, EtcdError, EventKind, KeyValue, Op, Range, RangeResult, Txn, WatchKeys,
+};
+use crate::fencing::{FencingToken, Target};
+use crate::lease::{Lease, Part};
+use crate::options::AcquireOptions;
+use crate::rounds::Rounds;
+use crate::token::LeaseToken;
+
+use super::backend::{EtcdBackend, Held};
+
+/// Our place in a lock's queue until the lease is handed over: dropped
+/// before that (an error, giving up, the caller dropping the acquire), it
+/// revokes our etcd lease, and our key goes with it.
+struct Queued {
+    backend: Arc<EtcdBackend>,
+    lease: i64,
+    armed: bool,
+}
+
+impl Queued {
+    /// Leaves the queue now: revokes our etcd lease (bounded by the command
+    /// timeout), so no key of ours is left once the caller hears we gave
+    /// up (unless etcd could not be reached: then the lease's TTL ends it).
+    async fn leave(mut self) {
+        self.armed = false;
+        let deadline = Instant::now() + self.backend.command_timeout;
+        self.backend.revoke(self.lease, deadline).await;
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (backend, lease) = (self.backend.clone(), self.lease);
+        runtime.spawn(async move {
+            let deadline = Instant::now() + backend.command_timeout;
+            backend.revoke(lease, deadline).await;
+        });
+    }
+}
+
+/// The error of an etcd request made while taking a lock.
+fn failed(source: EtcdError) -> Error {
+    Error::Etcd {
+        op: "acquire",
+        source,
+    }
+}
+
+/// Takes the lock on `target` for `ttl` within `budget`, as `opts` says.
+pub(super) async fn take(
+    backend: &Arc<EtcdBackend>,
+    target: Target,
+    ttl: Duration,
+    opts: &AcquireOptions,
+    budget: Budget,
+) -> Result<Lease> {
+    let token = LeaseToken::generate()?;
+    let mut rounds = Rounds::new(&target.lock, opts, budget, backend.command_timeout);
+    let (sent_at, deadline) = rounds.attempt()?;
+    let client = &backend.client;
+    let grant = client.grant(ttl, deadline).await.map_err(failed)?;
+    let queued = Queued {
+        backend: backend.clone(),
+        lease: grant.id,
+        armed: true,
+    };
+    let waiting = async {
+        let key = backend.waiter_key(&target.lock, grant.id);
+        let held = join(backend, &key, grant.id, ttl, budget).await?;
+        let won = wait_turn(backend, &target, &held, ttl, &mut rounds).await?;
+        Ok::<_, Error>((held, won))
+    };
+    let (held, won) = match waiting.await {
+        Ok(taken) => taken,
+        Err(err) => {
+            queued.leave().await;
+            return Err(err);
+        }
+    };
+    // The lease counts from the send time of the request that proved it
+    // ours: the grant's when we were first in line (the create's reply
+    // proved it), else the keep-alive before the confirming read.
+    let confirmed_at = match won {
+        Won::AtOnce => sent_at,
+        Won::After { confirmed_at } => confirmed_at,
+    };
+    let fence = match target.fence {
+        Some(_) => Some(fence_of(held.revision)?),
+        None => None,
+    };
+    let part = Part {
+        key: target.lock,
+        token,
+        // Its own resource name in a fence table: an etcd revision is not
+        // comparable with a Redis counter (see the module docs).
+        fence_key: target.fence.map(|fence| format!("etcd:{fence}")),
+        fence,
+    };
+    let mut queued = queued;
+    queued.armed = false;
+    backend.hold(&part.token, held);
+    Ok(Lease::new(backend.clone(), part, ttl, confirmed_at))
+}
+
+/// The fencing token of a key created at `revision`.
+fn fence_of(revision: i64) -> Result<FencingToken> {
+    FencingToken::try_from(revision).map_err(|_| Error::UnexpectedReply { op: "acquire" })
+}
+
+/// How we got to the head of the queue.
+enum Won {
+    /// First in line when our key was created.
+    AtOnce,
+    /// After waiting; confirmed by a keep-alive sent at `confirmed_at` and
+    /// a read of our key after it.
+    After { confirmed_at: Instant },
+}
+
+/// Creates our key `key` under etcd lease `lease`, if absent: our place in
+/// the queue, at the key's creation revision.
+async fn join(
+    backend: &EtcdBackend,
+    key: &str,
+    lease: i64,
+    ttl: Duration,
+    budget: Budget,
+) -> Result<Held> {
+    let client = &backend.client;
+    let (deadline, _) = budget.for_request(Instant::now(), backend.command_timeout);
+    let create = Txn::new()
+        .when(Compare::create_revision(key, Cmp::Equal, 0))
+        .then(Op::put(key, "", lease))
+        .otherwise(Op::range(Range::key(key)));
+    let created = match client.txn(&create, deadline).await {
+        Ok(txn) if txn.succeeded => Some(txn.header.revision),
+        // The key exists: ours (our lease's ID is in its name) only if
+        // under our lease, which an answer lost earlier could have made.
+        Ok(txn) => txn
+            .first_range()
+            .first()
+            .filter(|kv| kv.lease == lease)
+            .map(|kv| kv.create_revision),
+        Err(err) if err.is_outcome_unknown() => {
+            // The create may or may not have landed: the key says.
+            let (deadline, _) = budget.for_request(Instant::now(), backend.command_timeout);
+            let read = client
+                .range(&Range::key(key), deadline)
+                .await
+                .map_err(failed)?;
+            read.kvs
+                .first()
+                .filter(|kv| kv.lease == lease)
+                .map(|kv| kv.create_revision)
+        }
+        Err(err) => return Err(failed(err)),
+    };
+    let revision = created.ok_or_else(|| failed(EtcdError::LeaseNotFound { lease }))?;
+    Ok(Held {
+        lease,
+        key: key.to_owned(),
+        revision,
+        ttl,
+    })
+}
+
+/// Where we stand in the queue, as read at one revision.
+enum Place {
+    /// Our key is the oldest: we hold the lock.
+    First,
+    /// `ahead` is the key just before ours.
+    Behind { ahead: KeyValue },
+    /// Our key is gone (our etcd lease ended while we waited).
+    Gone,
+}
+
+fn place(queue: &RangeResult, held: &Held) -> Place {
+    let Some(mine) = queue.kvs.iter().position(|kv| held.is(kv)) else {
+        return Place::Gone;
+    };
+    match mine.checked_sub(1) {
+        None => Place::First,
+        Some(before) => Place::Behind {
+            ahead: queue.kvs[before].clone(),
+        },
+    }
+}
+
+/// Waits, by watch, until our key is the oldest in the queue, keeping our
+/// etcd lease alive meanwhile; gives up at the budget's deadline or when
+/// the caller cancels.
+async fn wait_turn(
+    backend: &EtcdBackend,
+    target: &Target,
+    held: &Held,
+    ttl: Duration,
+    rounds: &mut Rounds<'_>,
+) -> Result<Won> {
+    let client = &backend.client;
+    let queue = Range::prefix(backend.queue(&target.lock)).oldest_first();
+    let keep_every = (ttl / 3).max(Duration::from_millis(1));
+    let mut waited = false;
+    let mut next_keep_alive = Instant::now() + keep_every;
+    loop {
+        let (_, deadline) = rounds.attempt()?;
+        let read = client.range(&queue, deadline).await.map_err(failed)?;
+        let ahead = match place(&read, held) {
+            Place::First if !waited => return Ok(Won::AtOnce),
+            Place::First => return confirm(backend, held, rounds).await,
+            Place::Gone => return Err(failed(EtcdError::LeaseNotFound { lease: held.lease })),
+            Place::Behind { ahead } => ahead,
+        };
+        if !waited {
+            // A strategy with no wait (one attempt) gives up at once.
+            rounds.next_wait()?;
+            waited = true;
+        }
+        // The key ahead of ours can only go: wait for its delete, from
+        // the revision just after the read that saw it.
+        let mut from = read.header.revision + 1;
+        'watch: loop {
+            let (_, deadline) = rounds.attempt()?;
+            let mut watch = match client
+                .watch(&WatchKeys::key(ahead.key.clone()), from, deadline)
+                .await
+            {
+                Ok(watch) => watch,
+                Err(EtcdError::Compacted { .. }) => break 'watch,
+                Err(err) => return Err(failed(err)),
+            };
+            loop {
+                tokio::select! {
+                    biased;
+                    () = rounds.cancelled() => return Err(rounds.give_up(GiveUpReason::Cancelled)),
+                    () = tokio::time::sleep_until(rounds.deadline()) => {
+                        return Err(rounds.give_up(GiveUpReason::DeadlineExpired));
+                    }
+                    () = tokio::time::sleep_until(next_keep_alive) => {
+                        let (_, deadline) = rounds.attempt()?;
+                        client.keep_alive_once(held.lease, deadline).await.map_err(failed)?;
+                        next_keep_alive = Instant::now() + keep_every;
+                    }
+                    batch = watch.next() => match batch {
+                        Ok(batch) if batch.events.iter().any(|e| e.kind == EventKind::Delete) => {
+                            break 'watch;
+                        }
+                        Ok(_) => {}
+                        Err(EtcdError::WatchLost { .. }) => {
+                            from = watch.next_revision();
+                            continue 'watch;
+                        }
+                        Err(EtcdError::Compacted { .. }) => break 'watch,
+                        Err(err) => return Err(failed(err)),
+                    },
+                }
+            }
+        }
+    }
+}
+
+/// Confirms, after a wait, that the lock is ours: a keep-alive of our etcd
+/// lease, then a linearizable read of our key (still there, at our
+/// revision, under our lease). The lease counts from the keep-alive's send
+/// time: etcd renewed it then or later, and the read after it proves it
+/// was not revoked meanwhile.
+async fn confirm(backend: &EtcdBackend, held: &Held, rounds: &mut Rounds<'_>) -> Result<Won> {
+    let (confirmed_at, deadline) = rounds.attempt()?;
+    backend
+        .client
+        .keep_alive_once(held.lease, deadline)
+        .await
+        .map_err(failed)?;
+    let read = backend
+        .client
+        .range(&Range::key(held.key.as_str()), deadline)
+        .await
+        .map_err(failed)?;
+    if read.kvs.first().is_some_and(|kv| held.is(kv)) {
+        Ok(Won::After { confirmed_at })
+    } else {
+        Err(failed(EtcdError::LeaseNotFound { lease: held.lease }))
+    }
+}

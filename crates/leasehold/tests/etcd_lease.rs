@@ -1,0 +1,297 @@
+//! The etcd way of taking a lease (`EtcdLocker`, feature `etcd`) against a
+//! real 3-member etcd cluster: acquire and release; waiters woken by watch
+//! in FIFO order; fencing tokens (key revisions) strictly increasing across
+//! holders; refresh; a lease revoked behind the holder's back is reported
+//! lost (refresh, the watchdog, release); giving up leaves no key behind;
+//! a stopped leader costs a held lease nothing; the fence guard orders
+//! etcd holders.
+#![cfg(feature = "etcd")]
+
+use std::time::Duration;
+
+use leasehold::etcd::{EtcdClient, EventKind, KeyValue, Range, WatchKeys, WatchStream};
+use leasehold::{AcquireOptions, Error, EtcdLocker, FencedKeys, GiveUpReason, Lease};
+use leasehold_testkit::EtcdCluster;
+use tokio::time::{Instant, timeout};
+
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// Long enough to ride out an election (about a second with the test
+/// kit's timers); a test that waits this long has failed.
+const PATIENT: Duration = Duration::from_secs(15);
+
+fn start() -> EtcdCluster {
+    EtcdCluster::start(3).expect("etcd cluster (scripts/install-deps.sh installs etcd)")
+}
+
+fn patient() -> Instant {
+    Instant::now() + PATIENT
+}
+
+/// A locker on `cluster` whose keys are all under `prefix`.
+async fn locker(cluster: &EtcdCluster, prefix: &str) -> Result<EtcdLocker, Error> {
+    EtcdLocker::builder(cluster.endpoints())
+        .prefix(prefix)
+        .command_timeout(Duration::from_secs(3))
+        .connect()
+        .await
+}
+
+/// A raw client, to look at (and meddle with) what the locker wrote.
+fn raw(cluster: &EtcdCluster) -> EtcdClient {
+    EtcdClient::builder(cluster.endpoints())
+        .build()
+        .expect("client")
+}
+
+/// The waiter keys of `lock` under `prefix`, oldest first.
+async fn queue(etcd: &EtcdClient, prefix: &str, lock: &str) -> Vec<KeyValue> {
+    let range = Range::prefix(format!("{prefix}lock/{lock}/")).oldest_first();
+    etcd.range(&range, patient()).await.expect("read queue").kvs
+}
+
+/// A watch on `lock`'s queue from now: tells when a waiter joins.
+async fn watch_queue(etcd: &EtcdClient, prefix: &str, lock: &str) -> WatchStream {
+    etcd.watch(
+        &WatchKeys::prefix(format!("{prefix}lock/{lock}/")),
+        0,
+        patient(),
+    )
+    .await
+    .expect("watch queue")
+}
+
+/// Waits (by watch) for the next waiter to join the queue.
+async fn joined(watch: &mut WatchStream) {
+    timeout(PATIENT, async {
+        loop {
+            let batch = watch.next().await.expect("watch");
+            if batch
+                .events
+                .iter()
+                .any(|e| e.kind == EventKind::Put && e.kv.version == 1)
+            {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("a waiter joined the queue");
+}
+
+fn fence(lease: &Lease) -> u64 {
+    lease.fence().expect("a fenced lease").get()
+}
+
+/// Revokes, behind the holder's back, the etcd lease of the key at the
+/// head of `lock`'s queue (an operator's `etcdctl lease revoke`).
+async fn revoke_head(etcd: &EtcdClient, prefix: &str, lock: &str) {
+    let head = queue(etcd, prefix, lock).await;
+    let lease = head.first().expect("a holder").lease;
+    assert!(etcd.revoke(lease, patient()).await.expect("revoke"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_is_taken_given_back_and_leaves_nothing_behind() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-basic/", raw(&cluster));
+    let locker = locker(&cluster, prefix).await?;
+    let keys = FencedKeys::for_resource("w1")?;
+    let lease = locker.acquire(&keys, Duration::from_secs(5)).await?;
+    let held = queue(&etcd, prefix, "lock:{w1}").await;
+    assert_eq!(held.len(), 1);
+    assert_eq!(fence(&lease), u64::try_from(held[0].create_revision)?);
+    assert_eq!(lease.fence_key_for("lock:{w1}"), Some("etcd:fence:{w1}"));
+    assert!(lease.remaining() > Duration::from_secs(3));
+    lease.release().await?;
+    assert!(queue(&etcd, prefix, "lock:{w1}").await.is_empty());
+    // Tokens strictly increase across holders.
+    let mut last = 0;
+    for _ in 0..5 {
+        let lease = locker.acquire(&keys, Duration::from_secs(5)).await?;
+        assert!(fence(&lease) > last, "{} after {last}", fence(&lease));
+        last = fence(&lease);
+        lease.release().await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_by_watch_in_the_order_they_queued() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-fifo/", raw(&cluster));
+    let locker = locker(&cluster, prefix).await?;
+    let keys = FencedKeys::for_resource("w2")?;
+    let ttl = Duration::from_secs(5);
+    let holder = locker.acquire(&keys, ttl).await?;
+    let mut joins = watch_queue(&etcd, prefix, "lock:{w2}").await;
+    let (won, mut wins) = tokio::sync::mpsc::unbounded_channel();
+    let opts = AcquireOptions::new().wait(PATIENT);
+    let mut waiters = Vec::new();
+    for name in ["a", "b"] {
+        let (locker, keys, opts, won) = (locker.clone(), keys.clone(), opts.clone(), won.clone());
+        waiters.push(tokio::spawn(async move {
+            let lease = locker.acquire_with(&keys, ttl, &opts).await?;
+            let _ = won.send((name, lease));
+            Ok::<_, Error>(())
+        }));
+        // The next waiter starts only once this one is in the queue.
+        joined(&mut joins).await;
+    }
+    assert_eq!(queue(&etcd, prefix, "lock:{w2}").await.len(), 3);
+    assert!(
+        wins.try_recv().is_err(),
+        "a waiter won while the lock was held"
+    );
+    let first_fence = fence(&holder);
+    holder.release().await?;
+    let (name, a) = timeout(PATIENT, wins.recv()).await?.expect("a winner");
+    assert_eq!(name, "a");
+    assert!(fence(&a) > first_fence);
+    assert!(wins.try_recv().is_err(), "b won while a held the lock");
+    let a_fence = fence(&a);
+    a.release().await?;
+    let (name, b) = timeout(PATIENT, wins.recv()).await?.expect("a winner");
+    assert_eq!(name, "b");
+    assert!(fence(&b) > a_fence);
+    b.release().await?;
+    for waiter in waiters {
+        waiter.await??;
+    }
+    assert!(queue(&etcd, prefix, "lock:{w2}").await.is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn giving_up_on_a_held_lock_leaves_no_key_behind() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-give-up/", raw(&cluster));
+    let locker = locker(&cluster, prefix).await?;
+    let holder = locker.acquire("busy", Duration::from_secs(5)).await?;
+    let opts = AcquireOptions::new().wait(Duration::from_millis(300));
+    let started = Instant::now();
+    match locker
+        .acquire_with("busy", Duration::from_secs(5), &opts)
+        .await
+    {
+        Err(Error::NotAcquired {
+            reason: GiveUpReason::DeadlineExpired,
+            ..
+        }) => {}
+        other => panic!("expected NotAcquired, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // Only the holder is queued: the waiter's key went with its lease.
+    assert_eq!(queue(&etcd, prefix, "busy").await.len(), 1);
+    // One look, no wait: given up at once.
+    let once = AcquireOptions::new().retry(leasehold::RetryStrategy::none());
+    assert!(matches!(
+        locker
+            .acquire_with("busy", Duration::from_secs(5), &once)
+            .await,
+        Err(Error::NotAcquired {
+            reason: GiveUpReason::RetriesExhausted,
+            ..
+        })
+    ));
+    holder.release().await?;
+    assert!(queue(&etcd, prefix, "busy").await.is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_extends_the_lease_and_a_revoked_lease_is_reported_lost() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-refresh/", raw(&cluster));
+    let locker = locker(&cluster, prefix).await?;
+    let ttl = Duration::from_secs(5);
+    let lease = locker.acquire("r", ttl).await?;
+    let before = lease.valid_until();
+    lease.refresh(ttl).await?;
+    assert!(lease.valid_until() > before);
+    assert!(matches!(
+        lease.refresh(ttl * 2).await,
+        Err(Error::InvalidOptions(_))
+    ));
+    revoke_head(&etcd, prefix, "r").await;
+    assert!(matches!(
+        lease.refresh(ttl).await,
+        Err(Error::NotHeld { .. })
+    ));
+    assert!(lease.lost().is_some());
+    assert!(matches!(lease.release().await, Err(Error::NotHeld { .. })));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_stops_the_work_when_the_lease_is_revoked() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-watchdog/", raw(&cluster));
+    let locker = locker(&cluster, prefix).await?;
+    let lease = locker.acquire("wd", Duration::from_secs(3)).await?;
+    let (started, mut running) = tokio::sync::oneshot::channel();
+    let work = lease.run(async move {
+        let _ = started.send(());
+        std::future::pending::<()>().await;
+    });
+    let meddle = async {
+        (&mut running).await.expect("work started");
+        revoke_head(&etcd, prefix, "wd").await;
+    };
+    let (ran, ()) = timeout(PATIENT, async { tokio::join!(work, meddle) }).await?;
+    assert!(matches!(ran, Err(Error::LeaseLost { .. })), "{ran:?}");
+    assert!(matches!(lease.release().await, Err(Error::NotHeld { .. })));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lease_survives_its_leader_stopping() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-leader/", raw(&cluster));
+    let locker = locker(&cluster, prefix).await?;
+    let ttl = Duration::from_secs(8);
+    let lease = locker.acquire("l", ttl).await?;
+    let leader = cluster.wait_for_leader(PATIENT)?;
+    cluster.member(leader).stop()?;
+    let before = lease.valid_until();
+    lease.refresh(ttl).await?;
+    assert!(lease.valid_until() > before);
+    assert!(lease.lost().is_none());
+    // Still held: another acquirer does not get it.
+    let opts = AcquireOptions::new().wait(Duration::from_millis(500));
+    assert!(matches!(
+        locker.acquire_with("l", ttl, &opts).await,
+        Err(Error::NotAcquired { .. })
+    ));
+    lease.release().await?;
+    assert!(queue(&etcd, prefix, "l").await.is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_accepts_the_newer_etcd_holder_and_refuses_the_older() -> TestResult {
+    let cluster = start();
+    let pg = leasehold_testkit::PostgresServer::start()?;
+    let mut db = leasehold_pg::connect(&pg.url()).await?;
+    leasehold_pg::setup(&mut db).await?;
+    let (prefix, etcd) = ("t-guard/", raw(&cluster));
+    let locker = locker(&cluster, prefix).await?;
+    let keys = FencedKeys::for_resource("g")?;
+    let ttl = Duration::from_secs(5);
+    let old = locker.acquire(&keys, ttl).await?;
+    // The old holder's lease ends behind its back (it is paused, say),
+    // and a newer holder takes the lock.
+    revoke_head(&etcd, prefix, "lock:{g}").await;
+    let new = locker.acquire(&keys, ttl).await?;
+    assert!(fence(&new) > fence(&old));
+    let tx = db.transaction().await?;
+    assert!(leasehold_pg::guard(&tx, &new).await?.is_accepted());
+    tx.commit().await?;
+    let tx = db.transaction().await?;
+    let refused = leasehold_pg::guard(&tx, &old).await?;
+    assert!(!refused.is_accepted(), "{refused:?}");
+    tx.rollback().await?;
+    new.release().await?;
+    assert!(matches!(old.release().await, Err(Error::NotHeld { .. })));
+    Ok(())
+}
