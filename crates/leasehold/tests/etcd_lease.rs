@@ -1,10 +1,12 @@
 //! The etcd way of taking a lease (`EtcdLocker`, feature `etcd`) against a
 //! real 3-member etcd cluster: acquire and release; waiters woken by watch
 //! in FIFO order; fencing tokens (key revisions) strictly increasing across
-//! holders; refresh; a lease revoked behind the holder's back is reported
-//! lost (refresh, the watchdog, release); giving up leaves no key behind;
-//! a stopped leader costs a held lease nothing; the fence guard orders
-//! etcd holders.
+//! holders; refresh; a lease revoked (or its key deleted) behind the
+//! holder's back is reported lost (refresh, the watchdog, release), a
+//! keep-alive's success notwithstanding; giving up (deadline, one look,
+//! cancel) leaves no key behind; a stopped leader costs a held lease
+//! nothing; several locks in one lease; an election; the fence guard
+//! orders etcd holders.
 #![cfg(feature = "etcd")]
 
 use std::time::Duration;
@@ -293,5 +295,132 @@ async fn the_guard_accepts_the_newer_etcd_holder_and_refuses_the_older() -> Test
     tx.rollback().await?;
     new.release().await?;
     assert!(matches!(old.release().await, Err(Error::NotHeld { .. })));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiter_leaves_the_queue_and_bad_options_are_refused() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-cancel/", raw(&cluster));
+    let locker = locker(&cluster, prefix).await?;
+    let ttl = Duration::from_secs(5);
+    let holder = locker.acquire("c", ttl).await?;
+    let mut joins = watch_queue(&etcd, prefix, "c").await;
+    let cancel = leasehold::CancellationToken::new();
+    let opts = AcquireOptions::new().wait(PATIENT).cancel(cancel.clone());
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move { locker.acquire_with("c", ttl, &opts).await })
+    };
+    joined(&mut joins).await;
+    assert_eq!(queue(&etcd, prefix, "c").await.len(), 2);
+    cancel.cancel();
+    match timeout(PATIENT, waiter).await?? {
+        Err(Error::NotAcquired {
+            reason: GiveUpReason::Cancelled,
+            ..
+        }) => {}
+        other => panic!("expected a cancelled acquire, got {other:?}"),
+    }
+    assert_eq!(queue(&etcd, prefix, "c").await.len(), 1);
+    holder.release().await?;
+    // etcd commits on a majority: there are no replicas to wait for.
+    let replicas = AcquireOptions::new().wait_replicas(1, Duration::from_millis(100));
+    assert!(matches!(
+        locker.acquire_with("c", ttl, &replicas).await,
+        Err(Error::InvalidOptions(_))
+    ));
+    assert!(queue(&etcd, prefix, "c").await.is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_locks_are_taken_as_one_lease_and_kept_by_one_watchdog() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-all/", raw(&cluster));
+    let locker = locker(&cluster, prefix).await?;
+    let (a, b) = (
+        FencedKeys::for_resource("x")?,
+        FencedKeys::for_resource("y")?,
+    );
+    let ttl = Duration::from_secs(3);
+    let opts = AcquireOptions::new().watchdog(true);
+    let lease = locker.acquire_all([&b, &a], ttl, &opts).await?;
+    assert_eq!(lease.keys().collect::<Vec<_>>(), ["lock:{x}", "lock:{y}"]);
+    let (fx, fy) = (
+        lease.fence_for("lock:{x}").expect("fenced"),
+        lease.fence_for("lock:{y}").expect("fenced"),
+    );
+    assert!(fx < fy, "taken in key order");
+    // Past the TTL (etcd would have ended both etcd leases), kept by the
+    // one watchdog.
+    let first = lease.valid_until();
+    tokio::time::sleep_until(first + Duration::from_secs(1)).await;
+    assert!(lease.valid_until() > first);
+    assert!(lease.lost().is_none());
+    assert_eq!(queue(&etcd, prefix, "lock:{x}").await.len(), 1);
+    assert_eq!(queue(&etcd, prefix, "lock:{y}").await.len(), 1);
+    // Another caller does not get either.
+    let once = AcquireOptions::new().retry(leasehold::RetryStrategy::none());
+    assert!(locker.acquire_with(&a, ttl, &once).await.is_err());
+    lease.release().await?;
+    assert!(queue(&etcd, prefix, "lock:{x}").await.is_empty());
+    assert!(queue(&etcd, prefix, "lock:{y}").await.is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_over_etcd_names_its_leader_and_hands_over_on_resign() -> TestResult {
+    let cluster = start();
+    let locker = locker(&cluster, "t-election/").await?;
+    let election = |name: &str| {
+        leasehold::Election::builder(locker.clone(), "jobs")
+            .candidate(name)
+            .ttl(Duration::from_secs(3))
+            .build()
+    };
+    let (one, two) = (election("one")?, election("two")?);
+    assert!(one.leader().await?.is_none());
+    let term = one.campaign().await?;
+    let leader = one.leader().await?.expect("a leader");
+    assert_eq!(leader.candidate, "one");
+    assert_eq!(leader.fence, term.fence());
+    assert!(leader.expires_within > Duration::ZERO);
+    let second = tokio::spawn(async move {
+        let term = two.campaign().await?;
+        let leader = two.leader().await?;
+        Ok::<_, Error>((term, leader))
+    });
+    let first_fence = term.fence();
+    term.resign().await?;
+    let (term, leader) = timeout(PATIENT, second).await???;
+    assert!(term.fence() > first_fence);
+    assert_eq!(leader.expect("a leader").candidate, "two");
+    term.resign().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_checks_the_key_not_just_the_keep_alive() -> TestResult {
+    use leasehold::etcd::{Op, Txn};
+    let cluster = start();
+    let (prefix, etcd) = ("t-key-loss/", raw(&cluster));
+    let locker = locker(&cluster, prefix).await?;
+    let ttl = Duration::from_secs(5);
+    let lease = locker.acquire("k", ttl).await?;
+    // An operator deletes the lock key; its etcd lease lives on, so a
+    // keep-alive alone would still succeed.
+    let head = queue(&etcd, prefix, "k").await;
+    let key = head.first().expect("a holder").key.clone();
+    etcd.txn(&Txn::new().then(Op::delete(key)), patient())
+        .await?;
+    assert!(etcd.keep_alive_once(head[0].lease, patient()).await? > 0);
+    assert!(matches!(
+        lease.refresh(ttl).await,
+        Err(Error::NotHeld { .. })
+    ));
+    assert!(matches!(lease.release().await, Err(Error::NotHeld { .. })));
+    // The release revoked the etcd lease all the same.
+    assert!(etcd.time_to_live(head[0].lease, patient()).await?.is_none());
     Ok(())
 }
