@@ -32,7 +32,14 @@ fn patient() -> Instant {
 
 /// A locker on `cluster` whose keys are all under `prefix`.
 async fn locker(cluster: &EtcdCluster, prefix: &str) -> Result<EtcdLocker, Error> {
-    EtcdLocker::builder(cluster.endpoints())
+    locker_at(cluster, prefix, 0).await
+}
+
+/// [`locker`], sending to member `first` first.
+async fn locker_at(cluster: &EtcdCluster, prefix: &str, first: usize) -> Result<EtcdLocker, Error> {
+    let mut endpoints = cluster.endpoints();
+    endpoints.swap(0, first);
+    EtcdLocker::builder(endpoints)
         .prefix(prefix)
         .command_timeout(Duration::from_secs(3))
         .connect()
@@ -250,10 +257,11 @@ async fn the_watchdog_stops_the_work_when_the_lease_is_revoked() -> TestResult {
 async fn a_held_lease_survives_its_leader_stopping() -> TestResult {
     let cluster = start();
     let (prefix, etcd) = ("t-leader/", raw(&cluster));
-    let locker = locker(&cluster, prefix).await?;
+    // The locker talks to the leader first, so the refresh must move.
+    let leader = cluster.wait_for_leader(PATIENT)?;
+    let locker = locker_at(&cluster, prefix, leader).await?;
     let ttl = Duration::from_secs(8);
     let lease = locker.acquire("l", ttl).await?;
-    let leader = cluster.wait_for_leader(PATIENT)?;
     cluster.member(leader).stop()?;
     let before = lease.valid_until();
     lease.refresh(ttl).await?;
@@ -423,4 +431,37 @@ async fn a_refresh_checks_the_key_not_just_the_keep_alive() -> TestResult {
     // The release revoked the etcd lease all the same.
     assert!(etcd.time_to_live(head[0].lease, patient()).await?.is_none());
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_member_stops_still_gets_the_lock_when_it_is_released() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-watch-moves/", raw(&cluster));
+    let holder_side = locker_at(&cluster, prefix, 0).await?;
+    let waiter_side = locker_at(&cluster, prefix, 2).await?;
+    let ttl = Duration::from_secs(5);
+    let holder = holder_side.acquire("m", ttl).await?;
+    let mut joins = watch_queue(&etcd, prefix, "m").await;
+    let waiter = tokio::spawn(async move {
+        let opts = AcquireOptions::new().wait(PATIENT);
+        waiter_side.acquire_with("m", ttl, &opts).await
+    });
+    joined(&mut joins).await;
+    // The member the waiter watches on goes away; its watch breaks and
+    // must resume on another member, missing nothing.
+    cluster.member(2).stop()?;
+    assert!(!waiter.is_finished());
+    let held = token_of(&holder);
+    holder.release().await?;
+    let lease = timeout(PATIENT, waiter).await???;
+    assert_eq!(lease.key(), "m");
+    assert_eq!(queue(&etcd, prefix, "m").await.len(), 1);
+    assert_ne!(lease.token(), &held);
+    lease.release().await?;
+    Ok(())
+}
+
+/// A copy of the holder's token, to tell the next holder from it.
+fn token_of(lease: &Lease) -> leasehold::LeaseToken {
+    lease.token().clone()
 }
