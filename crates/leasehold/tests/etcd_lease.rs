@@ -465,3 +465,28 @@ async fn a_waiter_whose_member_stops_still_gets_the_lock_when_it_is_released() -
 fn token_of(lease: &Lease) -> leasehold::LeaseToken {
     lease.token().clone()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_answer_is_lost_never_reports_success() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-unknown/", raw(&cluster));
+    let locker = EtcdLocker::builder(cluster.endpoints())
+        .prefix(prefix)
+        .command_timeout(Duration::from_secs(1))
+        .connect()
+        .await?;
+    let lease = locker.acquire("u", Duration::from_secs(10)).await?;
+    // The member the locker talks to stops answering: the delete may or
+    // may not be applied, and the release says so.
+    cluster.member(0).pause()?;
+    let released = lease.release().await;
+    cluster.member(0).resume()?;
+    match released {
+        Err(Error::Etcd { source, .. }) if source.is_outcome_unknown() => {}
+        other => panic!("expected an unknown outcome, got {other:?}"),
+    }
+    // The etcd lease was revoked on another member all the same: the lock
+    // is free at once, not after its TTL.
+    assert!(queue(&etcd, prefix, "u").await.is_empty());
+    Ok(())
+}

@@ -60,7 +60,9 @@ pub(crate) struct EtcdBackend {
     pub(super) prefix: String,
     /// What each lease part holds on etcd, by its token (a [`Part`] carries
     /// the lock key and token; the etcd lease and revision live here until
-    /// the part is given back).
+    /// the part is given back). A release that ends with a fault that may
+    /// pass (etcd unreachable until its deadline) leaves its entry, a few
+    /// dozen bytes, behind: a later try could still need it.
     held: Mutex<HashMap<LeaseToken, Held>>,
 }
 
@@ -314,5 +316,24 @@ impl Backend for EtcdBackend {
             let per_try = self.command_timeout;
             release_retrying(&*self, &part, until, per_try).await
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_lock_s_queue_never_holds_another_lock_s_keys() {
+        let client = EtcdClient::builder(["http://127.0.0.1:1"])
+            .build()
+            .unwrap_or_else(|err| panic!("{err}"));
+        let backend = EtcdBackend::new(client, Duration::from_secs(1), "p/".to_owned());
+        assert_eq!(backend.queue("a"), "p/lock/a/");
+        assert_eq!(backend.waiter_key("a", 0xab), "p/lock/a/00000000000000ab");
+        for (lock, other) in [("a", "a/b"), ("a%2Fb", "a/b"), ("a", "a%")] {
+            let (queue, key) = (backend.queue(lock), backend.waiter_key(other, 1));
+            assert!(!key.starts_with(&queue), "{key} is in {queue}");
+        }
     }
 }

@@ -97,8 +97,9 @@ pub(super) async fn take(
         }
     };
     // The lease counts from the send time of the request that proved it
-    // ours: the grant's when we were first in line (the create's reply
-    // proved it), else the keep-alive before the confirming read.
+    // ours: first in line at once, the grant's (the read after our create
+    // saw our key first, under the etcd lease granted then); after a wait,
+    // the keep-alive's before the confirming read.
     let confirmed_at = match won {
         Won::AtOnce => sent_at,
         Won::After { confirmed_at } => confirmed_at,
