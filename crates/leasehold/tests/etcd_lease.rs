@@ -437,8 +437,13 @@ async fn a_refresh_checks_the_key_not_just_the_keep_alive() -> TestResult {
 async fn a_waiter_whose_member_stops_still_gets_the_lock_when_it_is_released() -> TestResult {
     let cluster = start();
     let (prefix, etcd) = ("t-watch-moves/", raw(&cluster));
-    let holder_side = locker_at(&cluster, prefix, 0).await?;
-    let waiter_side = locker_at(&cluster, prefix, 2).await?;
+    // The waiter watches on a follower (stopping the leader would make the
+    // holder's release, a write under way during the election, end with
+    // an unknown outcome: another test's subject).
+    let leader = cluster.wait_for_leader(PATIENT)?;
+    let follower = (leader + 1) % cluster.len();
+    let holder_side = locker_at(&cluster, prefix, leader).await?;
+    let waiter_side = locker_at(&cluster, prefix, follower).await?;
     let ttl = Duration::from_secs(5);
     let holder = holder_side.acquire("m", ttl).await?;
     let mut joins = watch_queue(&etcd, prefix, "m").await;
@@ -449,7 +454,7 @@ async fn a_waiter_whose_member_stops_still_gets_the_lock_when_it_is_released() -
     joined(&mut joins).await;
     // The member the waiter watches on goes away; its watch breaks and
     // must resume on another member, missing nothing.
-    cluster.member(2).stop()?;
+    cluster.member(follower).stop()?;
     assert!(!waiter.is_finished());
     let held = token_of(&holder);
     holder.release().await?;
@@ -470,7 +475,11 @@ fn token_of(lease: &Lease) -> leasehold::LeaseToken {
 async fn a_release_whose_answer_is_lost_never_reports_success() -> TestResult {
     let cluster = start();
     let (prefix, etcd) = ("t-unknown/", raw(&cluster));
-    let locker = EtcdLocker::builder(cluster.endpoints())
+    // A follower, so that the cluster keeps its leader while it is paused.
+    let paused = (cluster.wait_for_leader(PATIENT)? + 1) % cluster.len();
+    let mut endpoints = cluster.endpoints();
+    endpoints.swap(0, paused);
+    let locker = EtcdLocker::builder(endpoints)
         .prefix(prefix)
         .command_timeout(Duration::from_secs(1))
         .connect()
@@ -478,9 +487,9 @@ async fn a_release_whose_answer_is_lost_never_reports_success() -> TestResult {
     let lease = locker.acquire("u", Duration::from_secs(10)).await?;
     // The member the locker talks to stops answering: the delete may or
     // may not be applied, and the release says so.
-    cluster.member(0).pause()?;
+    cluster.member(paused).pause()?;
     let released = lease.release().await;
-    cluster.member(0).resume()?;
+    cluster.member(paused).resume()?;
     match released {
         Err(Error::Etcd { source, .. }) if source.is_outcome_unknown() => {}
         other => panic!("expected an unknown outcome, got {other:?}"),
