@@ -499,3 +499,30 @@ async fn a_release_whose_answer_is_lost_never_reports_success() -> TestResult {
     assert!(queue(&etcd, prefix, "u").await.is_empty());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_settings_and_an_unreachable_cluster_fail_at_connect() {
+    let nobody = EtcdLocker::builder(["http://127.0.0.1:1"])
+        .command_timeout(Duration::from_millis(300))
+        .connect()
+        .await;
+    assert!(
+        matches!(&nobody, Err(Error::Etcd { op: "connect", .. })),
+        "{nobody:?}"
+    );
+    assert!(matches!(
+        EtcdLocker::builder(["not a url"]).connect().await,
+        Err(Error::Etcd { op: "connect", .. })
+    ));
+    assert!(matches!(
+        EtcdLocker::builder(["http://127.0.0.1:1"])
+            .command_timeout(Duration::ZERO)
+            .connect()
+            .await,
+        Err(Error::InvalidOptions(_))
+    ));
+    assert!(matches!(
+        EtcdLocker::builder(Vec::<String>::new()).connect().await,
+        Err(Error::Etcd { op: "connect", .. })
+    ));
+}
