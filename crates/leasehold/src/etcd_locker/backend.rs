@@ -176,7 +176,18 @@ impl EtcdBackend {
         let txn = held
             .still_ours(Txn::new())
             .then(Op::delete(held.key.as_str()));
-        let deleted = self.client.txn(&txn, deadline).await;
+        // Half the time for the delete: one whose answer is lost (its
+        // member paused, or lost its leader mid-request) leaves the other
+        // half to learn the outcome.
+        let now = Instant::now();
+        let first_by = now + deadline.saturating_duration_since(now) / 2;
+        let deleted = match self.client.txn(&txn, first_by).await {
+            Ok(txn) => Ok(txn.succeeded),
+            Err(err) if err.is_outcome_unknown() => {
+                self.settle_delete(&held, &txn, deadline, err).await
+            }
+            Err(err) => Err(err),
+        };
         if !matches!(&deleted, Err(err) if err.is_retryable()) {
             // Definite, or unknown: either way the lease goes, so the lock
             // is free at once (a retry would find nothing to learn from).
@@ -184,12 +195,35 @@ impl EtcdBackend {
             self.revoke(held.lease, revoke_by).await;
             self.forget(&part.token);
         }
-        match deleted {
-            Ok(txn) => Ok(txn.succeeded),
-            Err(source) => Err(Error::Etcd {
-                op: "release",
-                source,
-            }),
+        deleted.map_err(|source| Error::Etcd {
+            op: "release",
+            source,
+        })
+    }
+
+    /// A delete of our key (`txn`) whose answer was lost (`unknown`): if a
+    /// read shows the key still ours, the same guarded delete is sent
+    /// again, and its success is known (the key was ours, and it deleted
+    /// it). Anything else stays unknown, never a `NotHeld`: the lost
+    /// delete may have removed the key, or may still do so.
+    async fn settle_delete(
+        &self,
+        held: &Held,
+        txn: &Txn,
+        deadline: Instant,
+        unknown: EtcdError,
+    ) -> Result<bool, EtcdError> {
+        match self
+            .client
+            .range(&Range::key(held.key.as_str()), deadline)
+            .await
+        {
+            Ok(read) if read.kvs.first().is_some_and(|kv| held.is(kv)) => {}
+            _ => return Err(unknown),
+        }
+        match self.client.txn(txn, deadline).await {
+            Ok(txn) if txn.succeeded => Ok(true),
+            _ => Err(unknown),
         }
     }
 

@@ -38,9 +38,14 @@
 //! revoked, and an operator may have deleted the key). A **release** deletes
 //! the key only if it is still ours (one transaction comparing its
 //! creation revision and lease), then revokes the etcd lease:
-//! [`Error::NotHeld`] when the key was not ours any more, and a delete
-//! whose outcome is unknown is an [`Error::Etcd`] error, never a success
-//! (or a `NotHeld`) it cannot know. Every request of an acquire is bounded
+//! [`Error::NotHeld`] when the key was not ours any more. A delete whose
+//! answer is lost (its member paused, or lost its leader mid-request) gets
+//! half the release's time; then a read on another member settles it: the
+//! key still ours, the same guarded delete is sent again and its success
+//! is known; anything else is an [`Error::Etcd`] error whose source
+//! [`is_outcome_unknown`](crate::etcd::EtcdError::is_outcome_unknown),
+//! never a success (or a `NotHeld`) the release cannot know. The etcd
+//! lease is revoked in every case, so the lock is free at once. Every request of an acquire is bounded
 //! by its deadline (and the command timeout), every refresh and release
 //! by the lease's bounds, as on Redis.
 //!
