@@ -523,3 +523,43 @@ async fn bad_settings_and_an_unreachable_cluster_fail_at_connect() {
         Err(Error::Etcd { op: "connect", .. })
     ));
 }
+
+/// Waits (by watch) for a key to leave the queue.
+async fn left(watch: &mut WatchStream) {
+    timeout(PATIENT, async {
+        loop {
+            let batch = watch.next().await.expect("watch");
+            if batch.events.iter().any(|e| e.kind == EventKind::Delete) {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("a key left the queue");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_acquire_and_a_dropped_lease_leave_nothing_behind() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-dropped/", raw(&cluster));
+    let locker = locker(&cluster, prefix).await?;
+    let ttl = Duration::from_secs(30);
+    let holder = locker.acquire("d", ttl).await?;
+    let mut changes = watch_queue(&etcd, prefix, "d").await;
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(PATIENT);
+            locker.acquire_with("d", ttl, &opts).await
+        })
+    };
+    joined(&mut changes).await;
+    waiter.abort();
+    // Gone long before its 30 s TTL: the dropped acquire revoked its lease.
+    left(&mut changes).await;
+    assert_eq!(queue(&etcd, prefix, "d").await.len(), 1);
+    drop(holder);
+    left(&mut changes).await;
+    assert!(queue(&etcd, prefix, "d").await.is_empty());
+    Ok(())
+}
