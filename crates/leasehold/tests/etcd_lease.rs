@@ -563,3 +563,39 @@ async fn a_dropped_acquire_and_a_dropped_lease_leave_nothing_behind() -> TestRes
     assert!(queue(&etcd, prefix, "d").await.is_empty());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_rides_out_a_leader_election_within_its_wait() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-election-fault/", raw(&cluster));
+    let leader = cluster.wait_for_leader(PATIENT)?;
+    let follower = (leader + 1) % cluster.len();
+    let holder_side = locker_at(&cluster, prefix, follower).await?;
+    let mut endpoints = cluster.endpoints();
+    endpoints.swap(0, follower);
+    // One request cannot outlast the election: the waiter's requests fail
+    // while it runs (keep-alives every 0.67 s among them), and the wait
+    // must ride that out.
+    let waiter_side = EtcdLocker::builder(endpoints)
+        .prefix(prefix)
+        .command_timeout(Duration::from_millis(300))
+        .connect()
+        .await?;
+    let holder = holder_side.acquire("e", Duration::from_secs(10)).await?;
+    let mut joins = watch_queue(&etcd, prefix, "e").await;
+    let waiter = tokio::spawn(async move {
+        let opts = AcquireOptions::new().wait(PATIENT);
+        waiter_side
+            .acquire_with("e", Duration::from_secs(2), &opts)
+            .await
+    });
+    joined(&mut joins).await;
+    cluster.member(leader).stop()?;
+    tokio::task::block_in_place(|| cluster.wait_for_leader(PATIENT))?;
+    assert!(!waiter.is_finished());
+    holder.release().await?;
+    let lease = timeout(PATIENT, waiter).await???;
+    assert_eq!(lease.key(), "e");
+    lease.release().await?;
+    Ok(())
+}

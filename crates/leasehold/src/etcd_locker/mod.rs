@@ -20,7 +20,10 @@
 //!    revision after the read that saw it: nothing is missed), and read
 //!    the queue again when it goes (a waiter ahead may have given up
 //!    without being the owner). No polling; our etcd lease is kept alive
-//!    every `ttl / 3` meanwhile.
+//!    every `ttl / 3` meanwhile. A fault that may pass (an election, a
+//!    member gone: the watch resumes on another member from its next
+//!    revision) is ridden out within the wait, and returned if the wait
+//!    runs out during it.
 //! 3. **Confirm by the key itself.** After a wait, a keep-alive of our
 //!    etcd lease and then a linearizable read of our key (still there, at
 //!    our revision, under our lease) before the lease is handed over; the

@@ -205,9 +205,15 @@ fn place(queue: &RangeResult, held: &Held) -> Place {
     }
 }
 
+/// The pause before asking again after a fault that may pass (etcd
+/// electing a leader, a member going away).
+const FAULT_PAUSE: Duration = Duration::from_millis(50);
+
 /// Waits, by watch, until our key is the oldest in the queue, keeping our
 /// etcd lease alive meanwhile; gives up at the budget's deadline or when
-/// the caller cancels.
+/// the caller cancels. A fault that may pass (no leader for a while, a
+/// member gone) is ridden out within the budget, and returned if the
+/// deadline comes during it, as the Redis ways do.
 async fn wait_turn(
     backend: &EtcdBackend,
     target: &Target,
@@ -220,12 +226,30 @@ async fn wait_turn(
     let keep_every = (ttl / 3).max(Duration::from_millis(1));
     let mut waited = false;
     let mut next_keep_alive = Instant::now() + keep_every;
+    // The last request's fault, while the requests since have all failed.
+    let mut fault: Option<EtcdError> = None;
     loop {
-        let (_, deadline) = rounds.attempt()?;
-        let read = client.range(&queue, deadline).await.map_err(failed)?;
+        let deadline = next_request(rounds, &mut fault)?;
+        let read = match client.range(&queue, deadline).await {
+            Ok(read) => read,
+            Err(err) if err.is_retryable() => {
+                fault = Some(err);
+                pause(rounds).await?;
+                continue;
+            }
+            Err(err) => return Err(failed(err)),
+        };
+        fault = None;
         let ahead = match place(&read, held) {
             Place::First if !waited => return Ok(Won::AtOnce),
-            Place::First => return confirm(backend, held, rounds).await,
+            Place::First => match confirm(backend, held, rounds).await {
+                Err(Error::Etcd { source, .. }) if source.is_retryable() => {
+                    fault = Some(source);
+                    pause(rounds).await?;
+                    continue;
+                }
+                confirmed => return confirmed,
+            },
             Place::Gone => return Err(failed(EtcdError::LeaseNotFound { lease: held.lease })),
             Place::Behind { ahead } => ahead,
         };
@@ -238,26 +262,47 @@ async fn wait_turn(
         // the revision just after the read that saw it.
         let mut from = read.header.revision + 1;
         'watch: loop {
-            let (_, deadline) = rounds.attempt()?;
+            let deadline = next_request(rounds, &mut fault)?;
             let mut watch = match client
                 .watch(&WatchKeys::key(ahead.key.clone()), from, deadline)
                 .await
             {
                 Ok(watch) => watch,
                 Err(EtcdError::Compacted { .. }) => break 'watch,
+                Err(err) if err.is_retryable() => {
+                    fault = Some(err);
+                    pause(rounds).await?;
+                    continue 'watch;
+                }
                 Err(err) => return Err(failed(err)),
             };
+            fault = None;
             loop {
                 tokio::select! {
                     biased;
                     () = rounds.cancelled() => return Err(rounds.give_up(GiveUpReason::Cancelled)),
                     () = tokio::time::sleep_until(rounds.deadline()) => {
-                        return Err(rounds.give_up(GiveUpReason::DeadlineExpired));
+                        return Err(fault.map_or_else(
+                            || rounds.give_up(GiveUpReason::DeadlineExpired),
+                            failed,
+                        ));
                     }
                     () = tokio::time::sleep_until(next_keep_alive) => {
-                        let (_, deadline) = rounds.attempt()?;
-                        client.keep_alive_once(held.lease, deadline).await.map_err(failed)?;
-                        next_keep_alive = Instant::now() + keep_every;
+                        let deadline = next_request(rounds, &mut fault)?;
+                        match client.keep_alive_once(held.lease, deadline).await {
+                            Ok(_) => {
+                                fault = None;
+                                next_keep_alive = Instant::now() + keep_every;
+                            }
+                            // Our etcd lease lives on for a while: try
+                            // again soon; if it ends, our key goes and the
+                            // next read says so.
+                            Err(err) if err.is_retryable() => {
+                                fault = Some(err);
+                                next_keep_alive = Instant::now() + FAULT_PAUSE;
+                            }
+                            Err(err) => return Err(failed(err)),
+                        }
                     }
                     batch = watch.next() => match batch {
                         Ok(batch) if batch.events.iter().any(|e| e.kind == EventKind::Delete) => {
@@ -274,6 +319,34 @@ async fn wait_turn(
                 }
             }
         }
+    }
+}
+
+/// The deadline of the acquire's next request. At the budget's deadline,
+/// gives up with `fault` if the last request failed with one (the wait ran
+/// out during a fault, not while others held the lock), else as
+/// [`Rounds::attempt`] does.
+fn next_request(rounds: &mut Rounds<'_>, fault: &mut Option<EtcdError>) -> Result<Instant> {
+    match rounds.attempt() {
+        Ok((_, deadline)) => Ok(deadline),
+        Err(Error::NotAcquired {
+            reason: GiveUpReason::DeadlineExpired,
+            ..
+        }) if fault.is_some() => Err(fault
+            .take()
+            .map_or_else(|| rounds.give_up(GiveUpReason::DeadlineExpired), failed)),
+        Err(err) => Err(err),
+    }
+}
+
+/// A short pause after a fault, cut short by the budget's deadline; gives
+/// up if the caller cancels meanwhile.
+async fn pause(rounds: &Rounds<'_>) -> Result<()> {
+    let wake = (Instant::now() + FAULT_PAUSE).min(rounds.deadline());
+    tokio::select! {
+        biased;
+        () = rounds.cancelled() => Err(rounds.give_up(GiveUpReason::Cancelled)),
+        () = tokio::time::sleep_until(wake) => Ok(()),
     }
 }
 
