@@ -599,3 +599,33 @@ async fn a_waiter_rides_out_a_leader_election_within_its_wait() -> TestResult {
     lease.release().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_started_during_an_election_gets_the_lock_within_its_wait() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-election-start/", raw(&cluster));
+    let leader = cluster.wait_for_leader(PATIENT)?;
+    let mut endpoints = cluster.endpoints();
+    endpoints.swap(0, (leader + 1) % cluster.len());
+    // Each request gives up after 300 ms; the cluster has no leader for
+    // at least its 500 ms election timeout.
+    let locker = EtcdLocker::builder(endpoints)
+        .prefix(prefix)
+        .command_timeout(Duration::from_millis(300))
+        .connect()
+        .await?;
+    cluster.member(leader).stop()?;
+    let opts = AcquireOptions::new().wait(PATIENT);
+    let lease = locker
+        .acquire_with(
+            FencedKeys::for_resource("s")?,
+            Duration::from_secs(3),
+            &opts,
+        )
+        .await?;
+    assert!(lease.remaining() > Duration::ZERO);
+    assert_eq!(queue(&etcd, prefix, "lock:{s}").await.len(), 1);
+    lease.release().await?;
+    assert!(queue(&etcd, prefix, "lock:{s}").await.is_empty());
+    Ok(())
+}

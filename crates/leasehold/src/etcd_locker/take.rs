@@ -75,9 +75,20 @@ pub(super) async fn take(
 ) -> Result<Lease> {
     let token = LeaseToken::generate()?;
     let mut rounds = Rounds::new(&target.lock, opts, budget, backend.command_timeout);
-    let (sent_at, deadline) = rounds.attempt()?;
-    let client = &backend.client;
-    let grant = client.grant(ttl, deadline).await.map_err(failed)?;
+    let mut fault = None;
+    // A grant is safe to send again: a lease granted by a try whose answer
+    // was lost has no key, and its TTL ends it.
+    let (sent_at, grant) = loop {
+        let (sent_at, deadline) = next_request(&mut rounds, &mut fault)?;
+        match backend.client.grant(ttl, deadline).await {
+            Ok(grant) => break (sent_at, grant),
+            Err(err) if err.is_retryable() => {
+                fault = Some(err);
+                pause(&rounds).await?;
+            }
+            Err(err) => return Err(failed(err)),
+        }
+    };
     let queued = Queued {
         backend: backend.clone(),
         lease: grant.id,
@@ -85,7 +96,7 @@ pub(super) async fn take(
     };
     let waiting = async {
         let key = backend.waiter_key(&target.lock, grant.id);
-        let held = join(backend, &key, grant.id, ttl, budget).await?;
+        let held = join(backend, &key, grant.id, ttl, &mut rounds, &mut fault).await?;
         let won = wait_turn(backend, &target, &held, ttl, &mut rounds).await?;
         Ok::<_, Error>((held, won))
     };
@@ -137,50 +148,47 @@ enum Won {
 }
 
 /// Creates our key `key` under etcd lease `lease`, if absent: our place in
-/// the queue, at the key's creation revision.
+/// the queue, at the key's creation revision. The create is safe to send
+/// again, so a fault that may pass (and a create whose answer was lost) is
+/// ridden out within the budget: a try that landed unseen makes the next
+/// one find the key under our lease.
 async fn join(
     backend: &EtcdBackend,
     key: &str,
     lease: i64,
     ttl: Duration,
-    budget: Budget,
+    rounds: &mut Rounds<'_>,
+    fault: &mut Option<EtcdError>,
 ) -> Result<Held> {
-    let client = &backend.client;
-    let (deadline, _) = budget.for_request(Instant::now(), backend.command_timeout);
     let create = Txn::new()
         .when(Compare::create_revision(key, Cmp::Equal, 0))
         .then(Op::put(key, "", lease))
         .otherwise(Op::range(Range::key(key)));
-    let created = match client.txn(&create, deadline).await {
-        Ok(txn) if txn.succeeded => Some(txn.header.revision),
-        // The key exists: ours (our lease's ID is in its name) only if
-        // under our lease, which an answer lost earlier could have made.
-        Ok(txn) => txn
-            .first_range()
-            .first()
-            .filter(|kv| kv.lease == lease)
-            .map(|kv| kv.create_revision),
-        Err(err) if err.is_outcome_unknown() => {
-            // The create may or may not have landed: the key says.
-            let (deadline, _) = budget.for_request(Instant::now(), backend.command_timeout);
-            let read = client
-                .range(&Range::key(key), deadline)
-                .await
-                .map_err(failed)?;
-            read.kvs
-                .first()
-                .filter(|kv| kv.lease == lease)
-                .map(|kv| kv.create_revision)
-        }
-        Err(err) => return Err(failed(err)),
-    };
-    let revision = created.ok_or_else(|| failed(EtcdError::LeaseNotFound { lease }))?;
-    Ok(Held {
-        lease,
-        key: key.to_owned(),
-        revision,
-        ttl,
-    })
+    loop {
+        let (_, deadline) = next_request(rounds, fault)?;
+        let revision = match backend.client.txn(&create, deadline).await {
+            Ok(txn) if txn.succeeded => txn.header.revision,
+            // The key exists: ours (our lease's ID is in its name) only if
+            // under our lease, which a try whose answer was lost made.
+            Ok(txn) => match txn.first_range().first().filter(|kv| kv.lease == lease) {
+                Some(kv) => kv.create_revision,
+                None => return Err(failed(EtcdError::LeaseNotFound { lease })),
+            },
+            Err(err) if err.is_retryable() || err.is_outcome_unknown() => {
+                *fault = Some(err);
+                pause(rounds).await?;
+                continue;
+            }
+            Err(err) => return Err(failed(err)),
+        };
+        *fault = None;
+        return Ok(Held {
+            lease,
+            key: key.to_owned(),
+            revision,
+            ttl,
+        });
+    }
 }
 
 /// Where we stand in the queue, as read at one revision.
@@ -229,7 +237,7 @@ async fn wait_turn(
     // The last request's fault, while the requests since have all failed.
     let mut fault: Option<EtcdError> = None;
     loop {
-        let deadline = next_request(rounds, &mut fault)?;
+        let (_, deadline) = next_request(rounds, &mut fault)?;
         let read = match client.range(&queue, deadline).await {
             Ok(read) => read,
             Err(err) if err.is_retryable() => {
@@ -262,7 +270,7 @@ async fn wait_turn(
         // the revision just after the read that saw it.
         let mut from = read.header.revision + 1;
         'watch: loop {
-            let deadline = next_request(rounds, &mut fault)?;
+            let (_, deadline) = next_request(rounds, &mut fault)?;
             let mut watch = match client
                 .watch(&WatchKeys::key(ahead.key.clone()), from, deadline)
                 .await
@@ -288,7 +296,7 @@ async fn wait_turn(
                         ));
                     }
                     () = tokio::time::sleep_until(next_keep_alive) => {
-                        let deadline = next_request(rounds, &mut fault)?;
+                        let (_, deadline) = next_request(rounds, &mut fault)?;
                         match client.keep_alive_once(held.lease, deadline).await {
                             Ok(_) => {
                                 fault = None;
@@ -322,13 +330,16 @@ async fn wait_turn(
     }
 }
 
-/// The deadline of the acquire's next request. At the budget's deadline,
-/// gives up with `fault` if the last request failed with one (the wait ran
-/// out during a fault, not while others held the lock), else as
-/// [`Rounds::attempt`] does.
-fn next_request(rounds: &mut Rounds<'_>, fault: &mut Option<EtcdError>) -> Result<Instant> {
+/// The send time and deadline of the acquire's next request. At the
+/// budget's deadline, gives up with `fault` if the last request failed
+/// with one (the wait ran out during a fault, not while others held the
+/// lock), else as [`Rounds::attempt`] does.
+fn next_request(
+    rounds: &mut Rounds<'_>,
+    fault: &mut Option<EtcdError>,
+) -> Result<(Instant, Instant)> {
     match rounds.attempt() {
-        Ok((_, deadline)) => Ok(deadline),
+        Ok(request) => Ok(request),
         Err(Error::NotAcquired {
             reason: GiveUpReason::DeadlineExpired,
             ..
