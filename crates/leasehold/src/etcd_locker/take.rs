@@ -89,6 +89,7 @@ pub(super) async fn take(
             Err(err) => return Err(failed(err)),
         }
     };
+    fault = None;
     let queued = Queued {
         backend: backend.clone(),
         lease: grant.id,
