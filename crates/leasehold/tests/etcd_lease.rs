@@ -629,3 +629,37 @@ async fn an_acquire_started_during_an_election_gets_the_lock_within_its_wait() -
     assert!(queue(&etcd, prefix, "lock:{s}").await.is_empty());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_etcd_lease_ends_joins_the_queue_again() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-rejoin/", raw(&cluster));
+    let locker = locker(&cluster, prefix).await?;
+    let ttl = Duration::from_secs(5);
+    let holder = locker.acquire("j", ttl).await?;
+    let mut joins = watch_queue(&etcd, prefix, "j").await;
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(PATIENT);
+            locker.acquire_with("j", ttl, &opts).await
+        })
+    };
+    joined(&mut joins).await;
+    let first = queue(&etcd, prefix, "j").await[1].clone();
+    assert!(etcd.revoke(first.lease, patient()).await?);
+    // The waiter finds its key gone and joins again, at the back.
+    joined(&mut joins).await;
+    let again = queue(&etcd, prefix, "j").await;
+    assert_eq!(again.len(), 2);
+    assert_ne!(again[1].key, first.key);
+    assert!(!waiter.is_finished());
+    holder.release().await?;
+    let lease = timeout(PATIENT, waiter).await???;
+    assert_eq!(
+        queue(&etcd, prefix, "j").await[0].create_revision,
+        again[1].create_revision
+    );
+    lease.release().await?;
+    Ok(())
+}

@@ -23,7 +23,9 @@
 //!    every `ttl / 3` meanwhile. A fault that may pass (an election, a
 //!    member gone: the watch resumes on another member from its next
 //!    revision) is ridden out within the wait, and returned if the wait
-//!    runs out during it.
+//!    runs out during it. A waiter whose etcd lease ends (its keep-alives
+//!    failed for a whole TTL, or an operator revoked it) has lost its
+//!    place: it joins again, at the back, within the same wait.
 //! 3. **Confirm by the key itself.** After a wait, a keep-alive of our
 //!    etcd lease and then a linearizable read of our key (still there, at
 //!    our revision, under our lease) before the lease is handed over; the
@@ -78,8 +80,7 @@
 //!
 //! # What is not done yet
 //!
-//! TLS to etcd; a waiter whose etcd lease ends while it waits gets an error
-//! rather than joining the queue again; the retry strategy only decides
+//! TLS to etcd; the retry strategy only decides
 //! whether to wait at all ([`RetryStrategy::none`](crate::RetryStrategy::none):
 //! one look, no wait); [`AcquireOptions::wait_replicas`](crate::AcquireOptions::wait_replicas)
 //! is refused (etcd commits on a majority before it answers).

@@ -75,63 +75,79 @@ pub(super) async fn take(
 ) -> Result<Lease> {
     let token = LeaseToken::generate()?;
     let mut rounds = Rounds::new(&target.lock, opts, budget, backend.command_timeout);
-    let mut fault = None;
-    // A grant is safe to send again: a lease granted by a try whose answer
-    // was lost has no key, and its TTL ends it.
-    let (sent_at, grant) = loop {
-        let (sent_at, deadline) = next_request(&mut rounds, &mut fault)?;
-        match backend.client.grant(ttl, deadline).await {
-            Ok(grant) => break (sent_at, grant),
-            Err(err) if err.is_retryable() => {
-                fault = Some(err);
-                pause(&rounds).await?;
+    loop {
+        let mut fault = None;
+        // A grant is safe to send again: a lease granted by a try whose
+        // answer was lost has no key, and its TTL ends it.
+        let (sent_at, grant) = loop {
+            let (sent_at, deadline) = next_request(&mut rounds, &mut fault)?;
+            match backend.client.grant(ttl, deadline).await {
+                Ok(grant) => break (sent_at, grant),
+                Err(err) if err.is_retryable() => {
+                    fault = Some(err);
+                    pause(&rounds).await?;
+                }
+                Err(err) => return Err(failed(err)),
             }
-            Err(err) => return Err(failed(err)),
-        }
-    };
-    fault = None;
-    let queued = Queued {
-        backend: backend.clone(),
-        lease: grant.id,
-        armed: true,
-    };
-    let waiting = async {
-        let key = backend.waiter_key(&target.lock, grant.id);
-        let held = join(backend, &key, grant.id, ttl, &mut rounds, &mut fault).await?;
-        let won = wait_turn(backend, &target, &held, ttl, &mut rounds).await?;
-        Ok::<_, Error>((held, won))
-    };
-    let (held, won) = match waiting.await {
-        Ok(taken) => taken,
-        Err(err) => {
-            queued.leave().await;
-            return Err(err);
-        }
-    };
-    // The lease counts from the send time of the request that proved it
-    // ours: first in line at once, the grant's (the read after our create
-    // saw our key first, under the etcd lease granted then); after a wait,
-    // the keep-alive's before the confirming read.
-    let confirmed_at = match won {
-        Won::AtOnce => sent_at,
-        Won::After { confirmed_at } => confirmed_at,
-    };
-    let fence = match target.fence {
-        Some(_) => Some(fence_of(held.revision)?),
-        None => None,
-    };
-    let part = Part {
-        key: target.lock,
-        token,
-        // Its own resource name in a fence table: an etcd revision is not
-        // comparable with a Redis counter (see the module docs).
-        fence_key: target.fence.map(|fence| format!("etcd:{fence}")),
-        fence,
-    };
-    let mut queued = queued;
-    queued.armed = false;
-    backend.hold(&part.token, held);
-    Ok(Lease::new(backend.clone(), part, ttl, confirmed_at))
+        };
+        fault = None;
+        let queued = Queued {
+            backend: backend.clone(),
+            lease: grant.id,
+            armed: true,
+        };
+        let waiting = async {
+            let key = backend.waiter_key(&target.lock, grant.id);
+            let held = join(backend, &key, grant.id, ttl, &mut rounds, &mut fault).await?;
+            let won = wait_turn(backend, &target, &held, ttl, &mut rounds).await?;
+            Ok::<_, Error>((held, won))
+        };
+        let (held, won) = match waiting.await {
+            Ok(taken) => taken,
+            // Our etcd lease ended while we waited (its keep-alives failed
+            // for a whole TTL, or an operator revoked it): our place is
+            // gone, so we join again at the back, within the same wait.
+            Err(Error::Etcd {
+                source: EtcdError::LeaseNotFound { .. },
+                ..
+            }) => {
+                queued.leave().await;
+                tracing::debug!(
+                    key = target.lock,
+                    "our waiter key went with its etcd lease; joining the queue again"
+                );
+                continue;
+            }
+            Err(err) => {
+                queued.leave().await;
+                return Err(err);
+            }
+        };
+        // The lease counts from the send time of the request that proved
+        // it ours: first in line at once, the grant's (the read after our
+        // create saw our key first, under the etcd lease granted then);
+        // after a wait, the keep-alive's before the confirming read.
+        let confirmed_at = match won {
+            Won::AtOnce => sent_at,
+            Won::After { confirmed_at } => confirmed_at,
+        };
+        let fence = match target.fence {
+            Some(_) => Some(fence_of(held.revision)?),
+            None => None,
+        };
+        let part = Part {
+            key: target.lock,
+            token,
+            // Its own resource name in a fence table: an etcd revision is
+            // not comparable with a Redis counter (see the module docs).
+            fence_key: target.fence.map(|fence| format!("etcd:{fence}")),
+            fence,
+        };
+        let mut queued = queued;
+        queued.armed = false;
+        backend.hold(&part.token, held);
+        return Ok(Lease::new(backend.clone(), part, ttl, confirmed_at));
+    }
 }
 
 /// The fencing token of a key created at `revision`.
