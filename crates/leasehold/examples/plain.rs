@@ -6,7 +6,7 @@ use leasehold::Locker;
 
 /// One process at a time runs the nightly report.
 pub async fn report(redis_url: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let locker = Locker::connect(&leasehold::redis::Client::open(redis_url)?).await?;
+    let locker = Locker::connect(&leasehold::client(redis_url)?).await?;
     let lease = locker
         .acquire("lock:nightly-report", Duration::from_secs(30))
         .await?;

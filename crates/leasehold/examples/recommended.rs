@@ -62,7 +62,7 @@ pub async fn debit(
 
 /// One debit against your Redis and PostgreSQL: the table, then the debit.
 pub async fn run(redis_url: &str, database_url: &str) -> Result<Debit, Box<dyn std::error::Error>> {
-    let locker = Locker::connect(&leasehold::redis::Client::open(redis_url)?).await?;
+    let locker = Locker::connect(&leasehold::client(redis_url)?).await?;
     let mut db = leasehold_pg::connect(database_url).await?;
     leasehold_pg::setup(&mut db).await?; // the fence table and its function, nothing else
     db.batch_execute(

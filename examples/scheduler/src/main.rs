@@ -22,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         period: Duration::from_millis(200),
     };
     setup(&mut leasehold_pg::connect(&db_url).await?).await?;
-    let locker = HandoffLocker::connect(&leasehold::redis::Client::open(redis_url)?).await?;
+    let locker = HandoffLocker::connect(&leasehold::client(&redis_url)?).await?;
     let election = election(locker, &schedule.name, &candidate)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
