@@ -26,6 +26,6 @@ pub async fn scheduler(redis: &leasehold::redis::Client) -> leasehold::Result<()
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("REDIS_URL").unwrap_or("redis://127.0.0.1/".into());
-    scheduler(&leasehold::client(url)?).await?;
+    scheduler(&leasehold::client(&url)?).await?;
     Ok(())
 }
