@@ -140,6 +140,14 @@ impl EtcdBackend {
         }
     }
 
+    /// [`revoke`](Self::revoke) within one command timeout from now: what
+    /// a waiter leaving the queue is allowed, whether it leaves in place
+    /// or from a drop.
+    pub(super) async fn revoke_now(&self, lease: i64) {
+        self.revoke(lease, Instant::now() + self.command_timeout)
+            .await;
+    }
+
     /// A keep-alive of our etcd lease, then a read of our key: the lease is
     /// ours only if both say so (on etcd before 3.4.38 a keep-alive may
     /// report a lease renewed after it was revoked).

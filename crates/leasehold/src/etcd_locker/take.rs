@@ -36,8 +36,7 @@ impl Queued {
     /// up (unless etcd could not be reached: then the lease's TTL ends it).
     async fn leave(mut self) {
         self.armed = false;
-        let deadline = Instant::now() + self.backend.command_timeout;
-        self.backend.revoke(self.lease, deadline).await;
+        self.backend.revoke_now(self.lease).await;
     }
 }
 
@@ -50,10 +49,7 @@ impl Drop for Queued {
             return;
         };
         let (backend, lease) = (self.backend.clone(), self.lease);
-        runtime.spawn(async move {
-            let deadline = Instant::now() + backend.command_timeout;
-            backend.revoke(lease, deadline).await;
-        });
+        runtime.spawn(async move { backend.revoke_now(lease).await });
     }
 }
 
