@@ -35,8 +35,18 @@ fn client(url: &str) -> Result<ClusterClient, redis::RedisError> {
 async fn handoff(
     url: &str,
 ) -> Result<HandoffLocker<ClusterConnection>, Box<dyn std::error::Error>> {
+    handoff_with(url, leasehold::DEFAULT_COMMAND_TIMEOUT).await
+}
+
+/// [`handoff`] with its own command timeout.
+async fn handoff_with(
+    url: &str,
+    command_timeout: Duration,
+) -> Result<HandoffLocker<ClusterConnection>, Box<dyn std::error::Error>> {
     let client = client(url)?;
-    let locker = Locker::builder().build(client.get_async_connection().await?)?;
+    let locker = Locker::builder()
+        .command_timeout(command_timeout)
+        .build(client.get_async_connection().await?)?;
     Ok(HandoffLocker::builder()
         .relay_limit(0)
         .build(locker, &client)
@@ -274,7 +284,14 @@ async fn a_waiter_is_served_from_the_new_primary_after_a_failover() -> TestResul
     let urls = cluster.urls();
     let key = "lock:{handoff:failover}";
     let index = owner(&cluster, key)?;
-    let (a, b) = (handoff(&urls[0]).await?, handoff(&urls[1]).await?);
+    // B's release is the first command its cluster client sends after the
+    // failover: it learns the new topology on that command, which can take
+    // more than the default 1 s on a loaded machine (CI saw a release time
+    // out). The subject here is the waiter, so B is given room for that.
+    let (a, b) = (
+        handoff(&urls[0]).await?,
+        handoff_with(&urls[1], HUNG).await?,
+    );
     // A's shard channel for the key, from its base channel.
     let debug = format!("{a:?}");
     let id = debug
