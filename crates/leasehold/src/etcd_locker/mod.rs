@@ -78,6 +78,31 @@
 //! two rows never guard each other, so the guard cannot be confused by the
 //! switch, but it cannot order a Redis holder against an etcd one either.
 //!
+//! # etcd 3.4 and 3.5
+//!
+//! The recipe uses only calls that 3.4 and 3.5 answer alike (KV range, put,
+//! delete and transactions; lease grant, keep-alive and revoke; watch), and
+//! its tests run on both: on Debian bookworm's 3.4.23 and on a 3.5 release
+//! (`scripts/test.sh` fetches Debian trixie's, 3.5.16). What 3.5 changed
+//! does not change what this lock promises, because the recipe never
+//! trusts what those fixes repair:
+//!
+//! - 3.5.0 fixed the Lock RPC handing the lock to a waiter whose session
+//!   had expired; the recipe does not use the Lock RPC, and a waiter
+//!   checks its own key before it is given the lease (step 3).
+//! - Later releases of both lines fixed leases revoked by a deposed leader
+//!   (3.4.31) and a keep-alive reported successful after its lease was
+//!   revoked (3.4.38); 3.4.23 has neither fix. A refresh
+//!   reads the key as well as renewing the lease, so on 3.4.23 either fault
+//!   is a lost lease, found by the next refresh (within `ttl / 3`) and
+//!   reported to the watchdog, as an expiry is. Until that refresh, the
+//!   holder may still believe it holds the lock: as on Redis, the lock is
+//!   an efficiency lock, and the fencing token checked by the database
+//!   ([`leasehold_pg`'s guard](https://docs.rs/leasehold-pg)) is what keeps
+//!   the data right.
+//! - The test kit passes `--unsafe-no-fsync` to 3.5 members (3.4 has no
+//!   such switch), which makes the tests faster, not different.
+//!
 //! # What is not done yet
 //!
 //! TLS to etcd; the retry strategy only decides
