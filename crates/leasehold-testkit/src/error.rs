@@ -261,6 +261,13 @@ pub enum Error {
         members: usize,
     },
 
+    /// The server cannot be started with these settings.
+    #[error("unsupported setting: {what}")]
+    Unsupported {
+        /// What cannot be done, and why.
+        what: &'static str,
+    },
+
     /// A [`FaultProxy`](crate::FaultProxy) could not start its thread.
     #[error("failed to start a fault proxy thread")]
     ProxyThread(#[source] io::Error),

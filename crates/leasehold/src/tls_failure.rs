@@ -59,6 +59,20 @@ mod classify {
         ClientCertRejected,
     }
 
+    impl std::fmt::Display for TlsFailure {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self {
+                TlsFailure::Certificate(problem) => {
+                    write!(f, "the server's certificate was refused: {problem}")
+                }
+                TlsFailure::NotTls => f.write_str("the server does not speak tls on this port"),
+                TlsFailure::ClientCertRejected => {
+                    f.write_str("the server refused our client certificate, or needs one")
+                }
+            }
+        }
+    }
+
     /// The TLS failure, if any, inside `err`: a client's error (redis-rs's,
     /// tokio-postgres's, ...) whose cause is a rustls error, found through
     /// `source()` chains, `io::Error` payloads and the `Arc` redis-rs

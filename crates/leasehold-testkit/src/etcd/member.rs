@@ -15,6 +15,7 @@ use tempfile::TempDir;
 use super::gateway;
 use super::partition::{Gate, Partition, Side};
 use crate::Error;
+use crate::certs::{ClientAuth, ServerTls};
 use crate::process::{self, ChildProcess, POLL_INTERVAL};
 
 /// How long a test's own request to a member may take. A write or a
@@ -50,6 +51,12 @@ pub struct EtcdMember {
     binary: PathBuf,
     args: Vec<String>,
     client_addr: SocketAddr,
+    /// Where the test kit's own requests go: `client_addr` itself, or with
+    /// TLS a second, plain listener of the member (so the kit needs no TLS
+    /// client of its own).
+    operator_addr: SocketAddr,
+    /// Whether clients speak TLS to `client_addr` (and to the gate).
+    tls: bool,
     client_gate: Gate,
     peer_gate: Gate,
     /// `None` until spawned.
@@ -90,7 +97,7 @@ impl EtcdMember {
     pub(super) fn prepare(
         index: usize,
         binary: &Path,
-        (client_port, peer_port): (u16, u16),
+        (client_port, peer_port, operator_port): (u16, u16, Option<u16>),
         partition: &Arc<Partition>,
     ) -> Result<Self, Error> {
         let dir = tempfile::Builder::new()
@@ -99,6 +106,9 @@ impl EtcdMember {
             .map_err(process::io_err(&std::env::temp_dir()))?;
         let client_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, client_port));
         let peer_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, peer_port));
+        let operator_addr = operator_port.map_or(client_addr, |port| {
+            SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+        });
         let client_gate = Gate::start(partition, index, Side::Client, client_addr)?;
         let peer_gate = Gate::start(partition, index, Side::Peer, peer_addr)?;
         Ok(Self {
@@ -107,6 +117,8 @@ impl EtcdMember {
             binary: binary.to_owned(),
             args: vec![format!("--listen-peer-urls=http://{peer_addr}")],
             client_addr,
+            operator_addr,
+            tls: operator_port.is_some(),
             client_gate,
             peer_gate,
             process: Mutex::new(None),
@@ -123,14 +135,45 @@ impl EtcdMember {
     /// Completes the command line with the cluster's shared settings.
     pub(super) fn configure(&mut self, shared: &[String]) {
         let data = self.dir.path().join("data");
+        let listen = if self.tls {
+            format!("https://{},http://{}", self.client_addr, self.operator_addr)
+        } else {
+            format!("http://{}", self.client_addr)
+        };
         self.args.extend([
             format!("--name={}", self.name),
             format!("--data-dir={}", data.display()),
-            format!("--listen-client-urls=http://{}", self.client_addr),
+            format!("--listen-client-urls={listen}"),
             format!("--advertise-client-urls={}", self.endpoint()),
             format!("--initial-advertise-peer-urls={}", self.peer_url()),
         ]);
         self.args.extend(shared.iter().cloned());
+    }
+
+    /// Writes `tls`'s server certificate, key and client CA into the
+    /// member's directory and adds the flags that serve them on the client
+    /// port (with [`ClientAuth::Required`], `--client-cert-auth`).
+    ///
+    /// # Errors
+    /// [`Error::Io`] if a file cannot be written.
+    pub(super) fn use_tls(&mut self, tls: &ServerTls) -> Result<(), Error> {
+        let path = |name: &str, pem: &str| {
+            let path = self.dir.path().join(name);
+            fs::write(&path, pem).map_err(process::io_err(&path))?;
+            Ok::<_, Error>(path.display().to_string())
+        };
+        let cert = path("server.pem", &tls.cert)?;
+        let key = path("server-key.pem", &tls.key)?;
+        let client_ca = path("client-ca.pem", &tls.client_ca)?;
+        self.args
+            .extend([format!("--cert-file={cert}"), format!("--key-file={key}")]);
+        if tls.client_auth == ClientAuth::Required {
+            self.args.extend([
+                "--client-cert-auth".to_owned(),
+                format!("--trusted-ca-file={client_ca}"),
+            ]);
+        }
+        Ok(())
     }
 
     /// `name=http://127.0.0.1:GATE`, this member's entry in
@@ -153,11 +196,13 @@ impl EtcdMember {
         &self.name
     }
 
-    /// The client URL to give etcd clients, `http://127.0.0.1:PORT`: its
-    /// gate, which [`cut_off_with_clients`](Self::cut_off_with_clients)
-    /// closes. It is also the member's advertised client URL.
+    /// The client URL to give etcd clients, `http://127.0.0.1:PORT`
+    /// (`https://` in a cluster started with TLS): its gate, which
+    /// [`cut_off_with_clients`](Self::cut_off_with_clients) closes. It is
+    /// also the member's advertised client URL.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.client_gate.addr())
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.client_gate.addr())
     }
 
     /// The member's own client address, past its gate.
@@ -398,13 +443,13 @@ impl EtcdMember {
 
     /// Whether the member answers `GET /version` within a moment.
     fn answers(&self) -> bool {
-        gateway::get(self.client_addr, "/version", PROBE_TIMEOUT).is_ok()
+        gateway::get(self.operator_addr, "/version", PROBE_TIMEOUT).is_ok()
     }
 
     /// Whether the member reports itself healthy (`GET /health`): it knows
     /// a leader and a quorum read through raft succeeds.
     pub fn is_healthy(&self) -> bool {
-        gateway::get(self.client_addr, "/health", REQUEST_TIMEOUT)
+        gateway::get(self.operator_addr, "/health", REQUEST_TIMEOUT)
             .is_ok_and(|body| body.contains(r#""health":"true""#))
     }
 
@@ -421,9 +466,9 @@ impl EtcdMember {
 
     pub(super) fn status_within(&self, timeout: Duration) -> Result<EtcdMemberStatus, Error> {
         const PATH: &str = "/v3/maintenance/status";
-        let body = gateway::post(self.client_addr, PATH, "{}", timeout)?;
+        let body = gateway::post(self.operator_addr, PATH, "{}", timeout)?;
         let id = gateway::integer_field(&body, "member_id")
-            .ok_or_else(|| gateway::unexpected(self.client_addr, PATH, &body))?;
+            .ok_or_else(|| gateway::unexpected(self.operator_addr, PATH, &body))?;
         Ok(EtcdMemberStatus {
             id,
             leader: gateway::integer_field(&body, "leader").filter(|&leader| leader != 0),
@@ -448,9 +493,9 @@ impl EtcdMember {
             gateway::base64_encode(key.as_bytes()),
             gateway::base64_encode(value.as_bytes())
         );
-        let reply = gateway::post(self.client_addr, PATH, &body, REQUEST_TIMEOUT)?;
+        let reply = gateway::post(self.operator_addr, PATH, &body, REQUEST_TIMEOUT)?;
         gateway::integer_field(&reply, "revision")
-            .ok_or_else(|| gateway::unexpected(self.client_addr, PATH, &reply))
+            .ok_or_else(|| gateway::unexpected(self.operator_addr, PATH, &reply))
     }
 
     /// Reads `key` through this member with a linearizable read (the
@@ -480,7 +525,7 @@ impl EtcdMember {
             r#"{{"key":"{}","serializable":{serializable}}}"#,
             gateway::base64_encode(key.as_bytes())
         );
-        let reply = gateway::post(self.client_addr, PATH, &body, REQUEST_TIMEOUT)?;
+        let reply = gateway::post(self.operator_addr, PATH, &body, REQUEST_TIMEOUT)?;
         if !reply.contains(r#""kvs":"#) {
             return Ok(None);
         }
@@ -488,7 +533,7 @@ impl EtcdMember {
         let value = match gateway::string_field(&reply, "value") {
             None => Vec::new(),
             Some(encoded) => gateway::base64_decode(encoded)
-                .ok_or_else(|| gateway::unexpected(self.client_addr, PATH, &reply))?,
+                .ok_or_else(|| gateway::unexpected(self.operator_addr, PATH, &reply))?,
         };
         Ok(Some(String::from_utf8_lossy(&value).into_owned()))
     }

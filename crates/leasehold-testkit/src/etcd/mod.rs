@@ -58,6 +58,7 @@ pub use member::{EtcdMember, EtcdMemberStatus};
 use partition::Partition;
 
 use crate::Error;
+use crate::certs::{ClientAuth, ServerTls};
 use crate::process::{self, POLL_INTERVAL, PORT_ATTEMPTS};
 
 /// The environment variable naming the `etcd` binary to start instead of
@@ -172,13 +173,40 @@ impl EtcdCluster {
     /// [`Error::NotReady`] (with the member's log tail) if a member does
     /// not come up within 30 s, [`Error::PortsExhausted`].
     pub fn start(members: usize) -> Result<EtcdCluster, Error> {
+        Self::start_with(members, None)
+    }
+
+    /// [`start`](Self::start), with every member's client port speaking
+    /// TLS: it presents `tls`'s server certificate (signed for `127.0.0.1`
+    /// and `localhost`) and, with [`ClientAuth::Required`], asks every
+    /// client for a certificate signed by `tls`'s client CA (etcd's
+    /// `--client-cert-auth`). The [endpoints](Self::endpoints) are
+    /// `https://` URLs. Raft traffic between members stays plain, and the
+    /// test kit's own requests ([`EtcdMember::put`], [`EtcdMember::status`],
+    /// ...) go to a second, plain client listener of each member.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start); [`Error::Unsupported`] for
+    /// [`ClientAuth::Optional`], which etcd has no setting for.
+    pub fn start_tls(members: usize, tls: &ServerTls) -> Result<EtcdCluster, Error> {
+        if tls.client_auth == ClientAuth::Optional {
+            return Err(Error::Unsupported {
+                what: "etcd cannot ask for a client certificate without requiring one",
+            });
+        }
+        crate::certs::install_provider();
+        Self::start_with(members, Some(tls))
+    }
+
+    fn start_with(members: usize, tls: Option<&ServerTls>) -> Result<EtcdCluster, Error> {
         if members == 0 {
             return Err(Error::EtcdClusterSize { members });
         }
         let binary = etcd_binary()?;
         let version = etcd_version(&binary)?;
         for _ in 0..PORT_ATTEMPTS {
-            let cluster = Self::spawn(members, &binary, version.clone())?;
+            let cluster = Self::spawn(members, &binary, version.clone(), tls)?;
             match cluster.wait_healthy(START_TIMEOUT) {
                 Ok(()) => {}
                 Err(_) if cluster.members.iter().any(EtcdMember::lost_port) => continue,
@@ -197,7 +225,12 @@ impl EtcdCluster {
     }
 
     /// Prepares the members and their gates and spawns them.
-    fn spawn(members: usize, binary: &Path, version: String) -> Result<Self, Error> {
+    fn spawn(
+        members: usize,
+        binary: &Path,
+        version: String,
+        tls: Option<&ServerTls>,
+    ) -> Result<Self, Error> {
         let partition = Partition::new(members);
         let mut taken = HashSet::new();
         let mut free_port = || loop {
@@ -208,7 +241,11 @@ impl EtcdCluster {
         };
         let mut prepared = (0..members)
             .map(|index| {
-                let ports = (free_port()?, free_port()?);
+                let operator = match tls {
+                    Some(_) => Some(free_port()?),
+                    None => None,
+                };
+                let ports = (free_port()?, free_port()?, operator);
                 EtcdMember::prepare(index, binary, ports, &partition)
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -244,6 +281,9 @@ impl EtcdCluster {
         }
         for member in &mut prepared {
             member.configure(&shared);
+            if let Some(tls) = tls {
+                member.use_tls(tls)?;
+            }
         }
         let cluster = Self {
             members: prepared,

@@ -312,7 +312,7 @@ pub enum Error {
     /// [`Sentinel::new`](crate::Sentinel::new) (with the `sentinel`
     /// feature), before any I/O. The message does not quote the URL.
     #[error(
-        "a rediss:// url needs tls, which this build leaves out: enable leasehold's tls feature"
+        "a rediss:// (or https:// etcd) url needs tls, which this build leaves out: enable leasehold's tls feature"
     )]
     TlsNotEnabled,
 

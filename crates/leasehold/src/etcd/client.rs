@@ -11,7 +11,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use tonic::{Code, Status};
 
 use super::error::EtcdError;
-use super::member::{Credentials, Member, Session, SessionLost};
+use super::member::{Credentials, Member, Session, SessionLost, TlsSettings};
 
 /// How long one attempt of a retry-safe request may take before the
 /// client tries the next member. Defaults to this.
@@ -139,6 +139,7 @@ struct Inner {
 pub struct EtcdClientBuilder {
     endpoints: Vec<String>,
     credentials: Option<Credentials>,
+    tls: Option<TlsSettings>,
     attempt_timeout: Duration,
 }
 
@@ -148,6 +149,14 @@ impl EtcdClientBuilder {
     /// authentication.
     pub fn credentials(mut self, credentials: Credentials) -> Self {
         self.credentials = Some(credentials);
+        self
+    }
+
+    /// Speaks TLS to the `https://` endpoints with these settings (feature
+    /// `tls`). Defaults to none: an `https://` endpoint is then refused by
+    /// [`build`](Self::build).
+    pub fn tls(mut self, settings: TlsSettings) -> Self {
+        self.tls = Some(settings);
         self
     }
 
@@ -166,7 +175,9 @@ impl EtcdClientBuilder {
     ///
     /// # Errors
     ///
-    /// [`EtcdError::NoEndpoints`], [`EtcdError::InvalidEndpoint`].
+    /// [`EtcdError::NoEndpoints`], [`EtcdError::InvalidEndpoint`],
+    /// [`EtcdError::TlsRequired`] for an `https://` endpoint without
+    /// [`tls`](Self::tls) settings.
     pub fn build(self) -> Result<EtcdClient, EtcdError> {
         if self.endpoints.is_empty() {
             return Err(EtcdError::NoEndpoints);
@@ -174,7 +185,7 @@ impl EtcdClientBuilder {
         let members = self
             .endpoints
             .iter()
-            .map(|endpoint| Member::new(endpoint))
+            .map(|endpoint| Member::new(endpoint, self.tls.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(EtcdClient {
             inner: Arc::new(Inner {
@@ -198,6 +209,7 @@ impl EtcdClient {
         EtcdClientBuilder {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
             credentials: None,
+            tls: None,
             attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
         }
     }

@@ -56,6 +56,46 @@ pub enum EtcdError {
         source: Option<Status>,
     },
 
+    /// An `https://` endpoint, but the client has no TLS settings (or this
+    /// build has no TLS: leasehold's `tls` feature), or its host is not a
+    /// name or address a certificate can be checked against.
+    #[error("etcd endpoint {endpoint} needs tls settings")]
+    TlsRequired {
+        /// The endpoint as given.
+        endpoint: String,
+    },
+
+    /// The TLS handshake with a member failed (nothing was sent): we
+    /// refused its certificate, it refused ours, or it does not speak TLS.
+    /// The certificate or the settings must change; the client still
+    /// tries the other members within the deadline.
+    #[cfg(feature = "tls")]
+    #[error("tls with etcd at {endpoint} failed: {failure}")]
+    Tls {
+        /// The member.
+        endpoint: String,
+        /// What the handshake's failure says.
+        failure: crate::tls::TlsFailure,
+        /// The transport's error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+
+    /// The member refused our TLS client certificate (or wanted one) on a
+    /// new connection's first request: with TLS 1.3 its refusal comes after
+    /// our side of the handshake. Nothing of the caller's request was sent.
+    #[cfg(feature = "tls")]
+    #[error("tls with etcd at {endpoint} failed: {failure}")]
+    TlsRefused {
+        /// The member.
+        endpoint: String,
+        /// What the alert says.
+        failure: crate::tls::TlsFailure,
+        /// The status the request failed with.
+        #[source]
+        source: Status,
+    },
+
     /// Connecting to a member failed (nothing was sent).
     #[error("could not connect to etcd at {endpoint}")]
     Connect {
@@ -161,14 +201,40 @@ impl EtcdError {
             | Self::AttemptTimedOut { .. }
             | Self::Unavailable { .. }
             | Self::WatchLost { .. } => true,
+            #[cfg(feature = "tls")]
+            Self::Tls { .. } | Self::TlsRefused { .. } => false,
             Self::NoEndpoints
             | Self::InvalidEndpoint { .. }
+            | Self::TlsRequired { .. }
             | Self::OutcomeUnknown { .. }
             | Self::LeaseNotFound { .. }
             | Self::AuthFailed { .. }
             | Self::Compacted { .. }
             | Self::WatchCanceled { .. }
             | Self::Rejected { .. } => false,
+        }
+    }
+
+    /// The TLS failure this error is, if it is one.
+    #[cfg(feature = "tls")]
+    pub fn tls_failure(&self) -> Option<crate::tls::TlsFailure> {
+        match self {
+            Self::Tls { failure, .. } | Self::TlsRefused { failure, .. } => Some(*failure),
+            _ => None,
+        }
+    }
+
+    /// The TLS failure that made every attempt fail, as the error itself,
+    /// when the deadline passed after one ([`DeadlineExceeded`](Self::DeadlineExceeded)
+    /// with a [`Tls`](Self::Tls) last failure); any other error as it is.
+    /// A connect reports why it failed, not only that time ran out.
+    pub(crate) fn into_tls_failure(self) -> Self {
+        match self {
+            #[cfg(feature = "tls")]
+            Self::DeadlineExceeded {
+                last: Some(last), ..
+            } if matches!(*last, Self::Tls { .. } | Self::TlsRefused { .. }) => *last,
+            other => other,
         }
     }
 

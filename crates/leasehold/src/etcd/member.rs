@@ -65,13 +65,36 @@ impl SessionLost {
 /// must prove itself first (see [`Member::session`]), and only a new
 /// session does that. So a request on a broken session fails as not
 /// sent (`Service was not ready`), which is safe to retry, even a write.
+///
+/// With TLS (an `https://` endpoint), the handshake is made here, on the
+/// one connection, so tonic only ever sees a plain stream (it is given an
+/// `http://` URI and never does TLS of its own).
 #[derive(Clone, Default)]
 struct OneConnection {
     dialled: Arc<AtomicBool>,
+    #[cfg(feature = "tls")]
+    tls: Option<Tls>,
+    /// The TLS failure the connection's stream met, if any: HTTP/2 keeps
+    /// only the text of an I/O error, so the stream notes it first.
+    #[cfg(feature = "tls")]
+    tls_failure: TlsFailureSlot,
+}
+
+/// Where a TLS stream notes the failure it met.
+#[cfg(feature = "tls")]
+type TlsFailureSlot = Arc<Mutex<Option<crate::tls::TlsFailure>>>;
+
+/// How a member's connection speaks TLS: the client settings and the name
+/// its certificate must carry.
+#[cfg(feature = "tls")]
+#[derive(Clone)]
+struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    server_name: rustls::pki_types::ServerName<'static>,
 }
 
 impl Service<Uri> for OneConnection {
-    type Response = TokioIo<TcpStream>;
+    type Response = TokioIo<Stream>;
     type Error = io::Error;
     type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
 
@@ -81,6 +104,10 @@ impl Service<Uri> for OneConnection {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let first = !self.dialled.swap(true, Ordering::Relaxed);
+        #[cfg(feature = "tls")]
+        let tls = self.tls.clone();
+        #[cfg(feature = "tls")]
+        let slot = Arc::clone(&self.tls_failure);
         Box::pin(async move {
             if !first {
                 return Err(io::Error::new(io::ErrorKind::NotConnected, SessionLost));
@@ -93,8 +120,188 @@ impl Service<Uri> for OneConnection {
             let port = uri.port_u16().unwrap_or(DEFAULT_PORT);
             let stream = TcpStream::connect((host, port)).await?;
             stream.set_nodelay(true)?;
-            Ok(TokioIo::new(stream))
+            #[cfg(feature = "tls")]
+            if let Some(tls) = tls {
+                let stream = match tls.connector.connect(tls.server_name, stream).await {
+                    Ok(stream) => stream,
+                    Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => {
+                        return Err(if speaks_plain_http(host, port).await {
+                            io::Error::new(io::ErrorKind::InvalidData, PlainPort)
+                        } else {
+                            err
+                        });
+                    }
+                    Err(err) => return Err(err),
+                };
+                return Ok(TokioIo::new(Stream::Tls(Box::new(stream), slot)));
+            }
+            Ok(TokioIo::new(Stream::Plain(stream)))
         })
+    }
+}
+
+/// An `https://` endpoint whose port speaks plain HTTP: it closed the
+/// connection on our TLS hello, and answered a plain request.
+#[cfg(feature = "tls")]
+#[derive(Debug, thiserror::Error)]
+#[error("the member's port does not speak tls")]
+struct PlainPort;
+
+#[cfg(feature = "tls")]
+impl PlainPort {
+    /// Whether `err` is this failure (somewhere in its sources).
+    fn caused(err: &(dyn std::error::Error + 'static)) -> bool {
+        let mut cause = Some(err);
+        while let Some(error) = cause {
+            if error.is::<PlainPort>()
+                || error
+                    .downcast_ref::<io::Error>()
+                    .and_then(io::Error::get_ref)
+                    .is_some_and(|inner| inner.is::<PlainPort>())
+            {
+                return true;
+            }
+            cause = error.source();
+        }
+        false
+    }
+}
+
+/// How long the probe of [`speaks_plain_http`] may take.
+#[cfg(feature = "tls")]
+const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// Whether the port answers a plain HTTP request (on a new connection,
+/// within [`PROBE_TIMEOUT`]): asked only after a TLS handshake met the end
+/// of the stream, which is how a plain etcd port meets a TLS hello. The
+/// probe sends no credentials.
+#[cfg(feature = "tls")]
+async fn speaks_plain_http(host: &str, port: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let probe = async {
+        let mut stream = TcpStream::connect((host, port)).await?;
+        stream
+            .write_all(b"GET /version HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut head = [0u8; 5];
+        stream.read_exact(&mut head).await?;
+        Ok::<_, io::Error>(&head == b"HTTP/")
+    };
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, probe).await,
+        Ok(Ok(true))
+    )
+}
+
+/// A member's connection: plain TCP, or TLS over it.
+enum Stream {
+    Plain(TcpStream),
+    #[cfg(feature = "tls")]
+    Tls(
+        Box<tokio_rustls::client::TlsStream<TcpStream>>,
+        TlsFailureSlot,
+    ),
+}
+
+/// `result`, after noting in `slot` the TLS failure it is, if it is one.
+#[cfg(feature = "tls")]
+fn note<T>(slot: &TlsFailureSlot, result: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+    if let Poll::Ready(Err(err)) = &result
+        && let Some(failure) = crate::tls_failure::classify(err)
+    {
+        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(failure);
+    }
+    result
+}
+
+impl tokio::io::AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
+            #[cfg(feature = "tls")]
+            Stream::Tls(stream, slot) => note(slot, Pin::new(stream.as_mut()).poll_read(cx, buf)),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
+            #[cfg(feature = "tls")]
+            Stream::Tls(stream, slot) => note(slot, Pin::new(stream.as_mut()).poll_write(cx, buf)),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+            #[cfg(feature = "tls")]
+            Stream::Tls(stream, slot) => note(
+                slot,
+                Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
+            ),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(stream) => stream.is_write_vectored(),
+            #[cfg(feature = "tls")]
+            Stream::Tls(stream, _) => stream.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_flush(cx),
+            #[cfg(feature = "tls")]
+            Stream::Tls(stream, slot) => note(slot, Pin::new(stream.as_mut()).poll_flush(cx)),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
+            #[cfg(feature = "tls")]
+            Stream::Tls(stream, slot) => note(slot, Pin::new(stream.as_mut()).poll_shutdown(cx)),
+        }
+    }
+}
+
+/// The TLS settings of a client's `https://` members (feature `tls`):
+/// a rustls client configuration, offering ALPN `h2` as gRPC needs.
+#[derive(Clone)]
+pub struct TlsSettings(
+    #[cfg(feature = "tls")] pub(crate) Arc<rustls::ClientConfig>,
+    #[cfg(not(feature = "tls"))] (),
+);
+
+impl fmt::Debug for TlsSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsSettings").finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "tls")]
+impl TlsSettings {
+    /// Settings from a rustls configuration; its ALPN protocols are
+    /// replaced by `h2`.
+    pub fn new(mut config: rustls::ClientConfig) -> Self {
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Self(Arc::new(config))
     }
 }
 
@@ -168,6 +375,8 @@ impl Session {
 pub(crate) struct Member {
     url: Arc<str>,
     endpoint: Endpoint,
+    #[cfg(feature = "tls")]
+    tls: Option<Tls>,
     session: Mutex<Option<Session>>,
     generations: AtomicU64,
 }
@@ -179,9 +388,14 @@ impl fmt::Debug for Member {
 }
 
 impl Member {
-    /// A member at `url` (`http://host:port`); nothing is dialled yet.
-    pub(crate) fn new(url: &str) -> Result<Self, EtcdError> {
-        let endpoint = Endpoint::from_shared(url.to_owned())
+    /// A member at `url` (`http://host:port`, or `https://host:port` with
+    /// `tls`'s settings); nothing is dialled yet.
+    pub(crate) fn new(url: &str, tls: Option<&TlsSettings>) -> Result<Self, EtcdError> {
+        let (plain, secure) = match url.strip_prefix("https://") {
+            Some(rest) => (format!("http://{rest}"), true),
+            None => (url.to_owned(), false),
+        };
+        let endpoint = Endpoint::from_shared(plain)
             .map_err(|source| EtcdError::InvalidEndpoint {
                 endpoint: url.to_owned(),
                 source,
@@ -189,9 +403,42 @@ impl Member {
             .http2_keep_alive_interval(KEEP_ALIVE)
             .keep_alive_timeout(KEEP_ALIVE)
             .keep_alive_while_idle(true);
+        #[cfg(feature = "tls")]
+        let tls = match (secure, tls) {
+            (false, _) => None,
+            (true, None) => {
+                return Err(EtcdError::TlsRequired {
+                    endpoint: url.to_owned(),
+                });
+            }
+            (true, Some(settings)) => {
+                let host = endpoint.uri().host().unwrap_or("localhost");
+                let host = host
+                    .strip_prefix('[')
+                    .and_then(|host| host.strip_suffix(']'))
+                    .unwrap_or(host);
+                let server_name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                    .map_err(|_| EtcdError::TlsRequired {
+                        endpoint: url.to_owned(),
+                    })?;
+                Some(Tls {
+                    connector: tokio_rustls::TlsConnector::from(Arc::clone(&settings.0)),
+                    server_name,
+                })
+            }
+        };
+        #[cfg(not(feature = "tls"))]
+        if secure {
+            let _ = tls;
+            return Err(EtcdError::TlsRequired {
+                endpoint: url.to_owned(),
+            });
+        }
         Ok(Self {
             url: url.into(),
             endpoint,
+            #[cfg(feature = "tls")]
+            tls,
             session: Mutex::new(None),
             generations: AtomicU64::new(0),
         })
@@ -218,16 +465,18 @@ impl Member {
         let timed_out = || EtcdError::AttemptTimedOut {
             endpoint: self.url.to_string(),
         };
-        let connect = self
-            .endpoint
-            .connect_with_connector(OneConnection::default());
+        let connector = OneConnection {
+            #[cfg(feature = "tls")]
+            tls: self.tls.clone(),
+            ..OneConnection::default()
+        };
+        #[cfg(feature = "tls")]
+        let tls_failure = Arc::clone(&connector.tls_failure);
+        let connect = self.endpoint.connect_with_connector(connector);
         let channel = timeout_at(deadline, connect)
             .await
             .map_err(|_| timed_out())?
-            .map_err(|source| EtcdError::Connect {
-                endpoint: self.url.to_string(),
-                source,
-            })?;
+            .map_err(|source| self.connect_failed(source))?;
         let mut session = Session {
             channel,
             endpoint: self.url.clone(),
@@ -246,15 +495,45 @@ impl Member {
         )
         .await
         .map_err(|_| timed_out())?
-        .map_err(|source| EtcdError::Unavailable {
-            endpoint: self.url.to_string(),
-            source,
+        .map_err(|source| {
+            #[cfg(feature = "tls")]
+            let noted = *tls_failure.lock().unwrap_or_else(PoisonError::into_inner);
+            #[cfg(feature = "tls")]
+            if let Some(failure) = noted {
+                return EtcdError::TlsRefused {
+                    endpoint: self.url.to_string(),
+                    failure,
+                    source,
+                };
+            }
+            EtcdError::Unavailable {
+                endpoint: self.url.to_string(),
+                source,
+            }
         })?;
         if let Some(credentials) = credentials {
             session.token = Some(self.authenticate(&session, credentials, deadline).await?);
         }
         *self.lock() = Some(session.clone());
         Ok(session)
+    }
+
+    /// What a failed connect was: a TLS failure, named, or any other.
+    fn connect_failed(&self, source: tonic::transport::Error) -> EtcdError {
+        #[cfg(feature = "tls")]
+        if let Some(failure) = crate::tls_failure::classify(&source)
+            .or_else(|| PlainPort::caused(&source).then_some(crate::tls::TlsFailure::NotTls))
+        {
+            return EtcdError::Tls {
+                endpoint: self.url.to_string(),
+                failure,
+                source,
+            };
+        }
+        EtcdError::Connect {
+            endpoint: self.url.to_string(),
+            source,
+        }
     }
 
     /// Asks the member for an auth token.
@@ -324,7 +603,7 @@ mod tests {
 
     #[test]
     fn a_bad_endpoint_is_refused_by_name() {
-        let err = Member::new("not a url").expect_err("not a url");
+        let err = Member::new("not a url", None).expect_err("not a url");
         assert!(
             matches!(err, EtcdError::InvalidEndpoint { ref endpoint, .. } if endpoint == "not a url")
         );

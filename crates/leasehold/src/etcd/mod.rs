@@ -58,5 +58,5 @@ pub use client::{DEFAULT_ATTEMPT_TIMEOUT, EtcdClient, EtcdClientBuilder};
 pub use error::EtcdError;
 pub use kv::{Cmp, Compare, Header, KeyValue, Op, OpResult, Range, RangeResult, Txn, TxnResult};
 pub use lease::{LeaseGrant, LeaseTtl};
-pub use member::Credentials;
+pub use member::{Credentials, TlsSettings};
 pub use watch::{Event, EventKind, WatchBatch, WatchKeys, WatchStream};

@@ -105,7 +105,7 @@
 //!
 //! # What is not done yet
 //!
-//! TLS to etcd; the retry strategy only decides
+//! The retry strategy only decides
 //! whether to wait at all ([`RetryStrategy::none`](crate::RetryStrategy::none):
 //! one look, no wait); [`AcquireOptions::wait_replicas`](crate::AcquireOptions::wait_replicas)
 //! is refused (etcd commits on a majority before it answers).
@@ -180,6 +180,8 @@ impl std::fmt::Debug for EtcdLocker {
 pub struct EtcdLockerBuilder {
     endpoints: Vec<String>,
     credentials: Option<Credentials>,
+    #[cfg(feature = "tls")]
+    tls: crate::tls::TlsFiles,
     command_timeout: Duration,
     prefix: String,
 }
@@ -204,6 +206,22 @@ impl EtcdLockerBuilder {
         self
     }
 
+    /// The files TLS to `https://` endpoints uses (feature `tls`): the CA
+    /// to verify the members against (the system's roots without one) and
+    /// a client certificate with its key, for a cluster started with
+    /// `--client-cert-auth`. Read and checked by
+    /// [`connect`](Self::connect), as [`tls::client`](crate::tls::client)
+    /// does for Redis; the members' certificates are always verified
+    /// (chain, validity, the endpoint's host).
+    ///
+    /// Defaults to no files: `https://` endpoints are verified against the
+    /// system's roots, and no client certificate is sent.
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, files: crate::tls::TlsFiles) -> Self {
+        self.tls = files;
+        self
+    }
+
     /// The prefix of every key the locker writes (a `/` is added if it
     /// does not end with one): lock `k`'s waiters are under
     /// `PREFIX/lock/k/`, where `/` and `%` in `k` are escaped.
@@ -220,9 +238,18 @@ impl EtcdLockerBuilder {
     /// at the first acquire.
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`] for a zero command timeout or an empty
-    /// prefix, before any I/O; [`Error::Etcd`] for endpoints that are not
-    /// URLs, an unreachable cluster, refused credentials.
+    /// Before any I/O: [`Error::InvalidOptions`] for a zero command
+    /// timeout, an empty prefix, endpoints that mix `http://` and
+    /// `https://`, TLS files with `http://` endpoints, or a client
+    /// certificate without its key; [`Error::TlsFile`] for a TLS file that
+    /// cannot be used (as [`tls::client`](crate::tls::client));
+    /// [`Error::TlsNotEnabled`] for `https://` endpoints in a build without
+    /// the `tls` feature. Then [`Error::Etcd`] for endpoints that are not
+    /// URLs, an unreachable cluster, refused credentials, or a failed TLS
+    /// handshake (its source is then
+    /// [`EtcdError::Tls`](crate::etcd::EtcdError::Tls), naming the
+    /// [`TlsFailure`](crate::tls::TlsFailure): a refused certificate, ours
+    /// refused, or a plain port).
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
@@ -243,8 +270,39 @@ impl EtcdLockerBuilder {
             op: "connect",
             source,
         };
+        let secure = self
+            .endpoints
+            .iter()
+            .filter(|endpoint| endpoint.starts_with("https://"))
+            .count();
+        if secure > 0 && secure < self.endpoints.len() {
+            return Err(Error::InvalidOptions(
+                "etcd endpoints mix http:// and https://",
+            ));
+        }
+        #[cfg(not(feature = "tls"))]
+        if secure > 0 {
+            return Err(Error::TlsNotEnabled);
+        }
+        #[cfg(feature = "tls")]
+        let tls = match secure {
+            0 if !self.tls.is_empty() => {
+                return Err(Error::InvalidOptions(
+                    "tls files given for etcd endpoints without tls: use https://",
+                ));
+            }
+            0 => None,
+            _ => Some(crate::etcd::TlsSettings::new(crate::tls::client_config(
+                &self.tls,
+                &[b"h2"],
+            )?)),
+        };
         let mut client = EtcdClient::builder(self.endpoints)
             .attempt_timeout((self.command_timeout / 3).max(Duration::from_millis(1)));
+        #[cfg(feature = "tls")]
+        if let Some(tls) = tls {
+            client = client.tls(tls);
+        }
         if let Some(credentials) = self.credentials {
             client = client.credentials(credentials);
         }
@@ -253,7 +311,7 @@ impl EtcdLockerBuilder {
         client
             .range(&Range::key(prefix.as_str()).limit(1), deadline)
             .await
-            .map_err(etcd)?;
+            .map_err(|err| etcd(err.into_tls_failure()))?;
         Ok(EtcdLocker {
             backend: Arc::new(EtcdBackend::new(client, self.command_timeout, prefix)),
         })
@@ -271,6 +329,8 @@ impl EtcdLocker {
         EtcdLockerBuilder {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
             credentials: None,
+            #[cfg(feature = "tls")]
+            tls: crate::tls::TlsFiles::new(),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             prefix: DEFAULT_ETCD_PREFIX.to_owned(),
         }
