@@ -177,10 +177,11 @@ async fn giving_up_on_a_held_lock_leaves_no_key_behind() -> TestResult {
     let (prefix, etcd) = ("t-give-up/", raw(&cluster));
     let locker = locker(&cluster, prefix).await?;
     let holder = locker.acquire("busy", Duration::from_secs(5)).await?;
+    let mut changes = watch_queue(&etcd, prefix, "busy").await;
     let opts = AcquireOptions::new().wait(Duration::from_millis(300));
     let started = Instant::now();
     match locker
-        .acquire_with("busy", Duration::from_secs(5), &opts)
+        .acquire_with("busy", Duration::from_secs(30), &opts)
         .await
     {
         Err(Error::NotAcquired {
@@ -190,7 +191,11 @@ async fn giving_up_on_a_held_lock_leaves_no_key_behind() -> TestResult {
         other => panic!("expected NotAcquired, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(3));
-    // Only the holder is queued: the waiter's key went with its lease.
+    // The waiter's key goes with its lease, long before its 30 s TTL
+    // (revoked; the revoke may finish just after the acquire returned: it
+    // is not awaited past the caller's deadline). Then only the holder is
+    // queued.
+    left(&mut changes).await;
     assert_eq!(queue(&etcd, prefix, "busy").await.len(), 1);
     // One look, no wait: given up at once.
     let once = AcquireOptions::new().retry(leasehold::RetryStrategy::none());

@@ -34,8 +34,11 @@
 //!    etcd lease was alive then and lasts its TTL from the grant on).
 //! 4. **Give up cleanly.** On the deadline, an error or cancellation (or
 //!    the acquire's future dropped) our etcd lease is revoked, so our key
-//!    goes with it: no key of ours is left to become owner after we said
-//!    we gave up (if etcd cannot be reached, the etcd lease's TTL ends it).
+//!    goes with it and is not left to become owner after we gave up (if
+//!    etcd cannot be reached, the etcd lease's TTL ends it). The revoke is
+//!    awaited within the caller's deadline only; at or past the deadline
+//!    it finishes in the background, so giving up never makes the caller
+//!    wait past its deadline.
 //!
 //! A **refresh** is a keep-alive of the etcd lease *and* a read of the key:
 //! a keep-alive's success alone proves nothing (etcd before 3.4.38, the

@@ -31,12 +31,18 @@ struct Queued {
 }
 
 impl Queued {
-    /// Leaves the queue now: revokes our etcd lease (bounded by the command
-    /// timeout), so no key of ours is left once the caller hears we gave
-    /// up (unless etcd could not be reached: then the lease's TTL ends it).
-    async fn leave(mut self) {
+    /// Leaves the queue: revokes our etcd lease, so our key goes with it.
+    /// The revoke is awaited until `deadline` (the caller's) at most, and
+    /// carries on in the background past it (bounded by the command
+    /// timeout; if etcd cannot be reached, the lease's TTL ends it): a
+    /// caller never waits past its deadline for it. With time left, as on
+    /// an error early in the wait, no key of ours is left when the caller
+    /// hears we gave up; at the deadline itself, it goes a moment later.
+    async fn leave(mut self, deadline: Instant) {
         self.armed = false;
-        self.backend.revoke_now(self.lease).await;
+        let (backend, lease) = (self.backend.clone(), self.lease);
+        let revoke = tokio::spawn(async move { backend.revoke_now(lease).await });
+        let _ = tokio::time::timeout_at(deadline, revoke).await;
     }
 }
 
@@ -107,7 +113,7 @@ pub(super) async fn take(
                 source: EtcdError::LeaseNotFound { .. },
                 ..
             }) => {
-                queued.leave().await;
+                queued.leave(rounds.deadline()).await;
                 tracing::debug!(
                     key = target.lock,
                     "our waiter key went with its etcd lease; joining the queue again"
@@ -115,7 +121,7 @@ pub(super) async fn take(
                 continue;
             }
             Err(err) => {
-                queued.leave().await;
+                queued.leave(rounds.deadline()).await;
                 return Err(err);
             }
         };
