@@ -17,8 +17,18 @@ async fn quorum_over(servers: &[RedisServer]) -> Result<Quorum, Box<dyn std::err
         .iter()
         .map(|s| redis::Client::open(s.url()))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Quorum::connect(clients).await?)
+    // A vote may take far longer than the default 50 ms on a loaded
+    // 2-core machine (CI saw four tests miss their majority while other
+    // builds ran); the tests are about the votes, not about how fast they
+    // come. A paused server still times out, a little later.
+    Ok(Quorum::builder()
+        .node_timeout(NODE_TIMEOUT)
+        .connect(clients)
+        .await?)
 }
+
+/// Each node's vote timeout in these tests.
+const NODE_TIMEOUT: Duration = Duration::from_millis(500);
 
 fn keys(resource: &str) -> Result<FencedKeys, Error> {
     FencedKeys::for_resource(resource)
