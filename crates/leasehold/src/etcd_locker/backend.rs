@@ -141,16 +141,33 @@ impl EtcdBackend {
     }
 
     /// [`revoke`](Self::revoke) within one command timeout from now: what
-    /// a waiter leaving the queue is allowed, whether it leaves in place
-    /// or from a drop.
+    /// a waiter leaving the queue (or a lease let go) is allowed.
     pub(super) async fn revoke_now(&self, lease: i64) {
         self.revoke(lease, Instant::now() + self.command_timeout)
             .await;
     }
 
-    /// A keep-alive of our etcd lease, then a read of our key: the lease is
-    /// ours only if both say so (on etcd before 3.4.38 a keep-alive may
-    /// report a lease renewed after it was revoked).
+    /// [`revoke_now`](Self::revoke_now) in a task of its own, awaited until
+    /// `deadline` (the caller's) at most: past it, the revoke carries on in
+    /// the background, so a caller never waits past its deadline for this
+    /// cleanup (and if it fails, the etcd lease's TTL ends it).
+    pub(super) async fn revoke_by(&self, lease: i64, deadline: Instant) {
+        let client = self.client.clone();
+        let until = Instant::now() + self.command_timeout;
+        let revoke = tokio::spawn(async move {
+            if let Err(err) = client.revoke(lease, until).await {
+                tracing::debug!(lease = format_args!("{lease:x}"), error = %err, "could not revoke an etcd lease; its ttl will end it");
+            }
+        });
+        let _ = tokio::time::timeout_at(deadline, revoke).await;
+    }
+
+    /// A keep-alive of our etcd lease and a read of our key, sent together
+    /// (one round trip's wait): the lease is ours only if both say so (on
+    /// etcd before 3.4.38 a keep-alive may report a lease renewed after it
+    /// was revoked). Sent one after the other they would prove no more: a
+    /// key deleted after the read is found by the next refresh either way,
+    /// and the renewed lease counts from before both were sent.
     async fn refresh_part(&self, part: &Part, ttl: Duration, deadline: Instant) -> Result<bool> {
         let Some(held) = self.held(&part.token) else {
             return Ok(false);
@@ -160,17 +177,19 @@ impl EtcdBackend {
                 "an etcd lease keeps the ttl it was granted: refresh with at most the acquire's ttl",
             ));
         }
-        match self.client.keep_alive_once(held.lease, deadline).await {
-            Ok(_) => {}
-            Err(EtcdError::LeaseNotFound { .. }) => return Ok(false),
-            Err(source) => {
-                return Err(Error::Etcd {
-                    op: "refresh",
-                    source,
-                });
-            }
+        let (kept, ours) = futures_util::future::join(
+            self.client.keep_alive_once(held.lease, deadline),
+            self.is_ours(&held, deadline),
+        )
+        .await;
+        match kept {
+            Ok(_) => ours,
+            Err(EtcdError::LeaseNotFound { .. }) => Ok(false),
+            Err(source) => Err(Error::Etcd {
+                op: "refresh",
+                source,
+            }),
         }
-        self.is_ours(&held, deadline).await
     }
 
     /// Deletes our key if it is still ours, then revokes our etcd lease
@@ -199,8 +218,7 @@ impl EtcdBackend {
         if !matches!(&deleted, Err(err) if err.is_retryable()) {
             // Definite, or unknown: either way the lease goes, so the lock
             // is free at once (a retry would find nothing to learn from).
-            let revoke_by = deadline.max(Instant::now() + self.command_timeout);
-            self.revoke(held.lease, revoke_by).await;
+            self.revoke_by(held.lease, deadline).await;
             self.forget(&part.token);
         }
         deleted.map_err(|source| Error::Etcd {

@@ -40,12 +40,14 @@
 //!    it finishes in the background, so giving up never makes the caller
 //!    wait past its deadline.
 //!
-//! A **refresh** is a keep-alive of the etcd lease *and* a read of the key:
+//! A **refresh** is a keep-alive of the etcd lease *and* a read of the key,
+//! sent together (one round trip's wait):
 //! a keep-alive's success alone proves nothing (etcd before 3.4.38, the
 //! 3.4.23 Debian ships among them, may report a lease renewed after it was
 //! revoked, and an operator may have deleted the key). A **release** deletes
 //! the key only if it is still ours (one transaction comparing its
-//! creation revision and lease), then revokes the etcd lease:
+//! creation revision and lease), then revokes the etcd lease (awaited
+//! within the release's deadline, finished in the background past it):
 //! [`Error::NotHeld`] when the key was not ours any more. A delete whose
 //! answer is lost (its member paused, or lost its leader mid-request) gets
 //! half the release's time; then a read on another member settles it: the

@@ -40,9 +40,7 @@ impl Queued {
     /// hears we gave up; at the deadline itself, it goes a moment later.
     async fn leave(mut self, deadline: Instant) {
         self.armed = false;
-        let (backend, lease) = (self.backend.clone(), self.lease);
-        let revoke = tokio::spawn(async move { backend.revoke_now(lease).await });
-        let _ = tokio::time::timeout_at(deadline, revoke).await;
+        self.backend.revoke_by(self.lease, deadline).await;
     }
 }
 
