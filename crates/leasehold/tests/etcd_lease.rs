@@ -311,6 +311,75 @@ async fn the_guard_accepts_the_newer_etcd_holder_and_refuses_the_older() -> Test
     Ok(())
 }
 
+/// Moving a resource from Redis to etcd: a Redis fence (about 1.8 x
+/// 10^15) and an etcd revision (small) are never compared. Each backend
+/// has its own row for the resource in the fence table, so the guard is not
+/// confused by the switch (an etcd holder is not refused as "older" than
+/// the last Redis holder, and the Redis row keeps ordering Redis holders).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_and_etcd_holders_of_one_resource_are_fenced_in_rows_of_their_own() -> TestResult {
+    let cluster = start();
+    let redis = leasehold_testkit::RedisServer::start()?;
+    let pg = leasehold_testkit::PostgresServer::start()?;
+    let mut db = leasehold_pg::connect(&pg.url()).await?;
+    leasehold_pg::setup(&mut db).await?;
+    let keys = FencedKeys::for_resource("moving")?;
+    let ttl = Duration::from_secs(5);
+    let on_redis = leasehold::Locker::connect(&leasehold::client(&redis.url())?).await?;
+    let on_etcd = locker(&cluster, "t-moving/").await?;
+
+    let before = on_redis.acquire(&keys, ttl).await?;
+    let (redis_row, redis_fence) = (
+        before
+            .fence_key_for(before.key())
+            .ok_or("redis fence key")?
+            .to_owned(),
+        fence(&before),
+    );
+    let tx = db.transaction().await?;
+    assert!(leasehold_pg::guard(&tx, &before).await?.is_accepted());
+    tx.commit().await?;
+    before.release().await?;
+
+    let after = on_etcd.acquire(&keys, ttl).await?;
+    let (etcd_row, etcd_fence) = (
+        after
+            .fence_key_for(after.key())
+            .ok_or("etcd fence key")?
+            .to_owned(),
+        fence(&after),
+    );
+    assert!(
+        etcd_fence < redis_fence,
+        "a revision is far below a redis fence"
+    );
+    assert_ne!(redis_row, etcd_row);
+    let tx = db.transaction().await?;
+    assert!(leasehold_pg::guard(&tx, &after).await?.is_accepted());
+    tx.commit().await?;
+    after.release().await?;
+
+    let rows: Vec<(String, i64)> = db
+        .query(
+            "SELECT resource, fence FROM leasehold_fences WHERE resource = ANY($1)",
+            &[&vec![redis_row.clone(), etcd_row.clone()]],
+        )
+        .await?
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (resource, stored) in rows {
+        let expected = if resource == redis_row {
+            redis_fence
+        } else {
+            etcd_fence
+        };
+        assert_eq!(u64::try_from(stored)?, expected, "{resource}");
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_waiter_leaves_the_queue_and_bad_options_are_refused() -> TestResult {
     let cluster = start();
