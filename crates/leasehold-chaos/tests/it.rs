@@ -6,8 +6,6 @@
 //! shared servers, as when it was a binary.
 #![allow(clippy::duplicate_mod)]
 
-#[path = "acl_rules.rs"]
-mod acl_rules;
 #[path = "check.rs"]
 mod check;
 #[path = "harness.rs"]

@@ -48,6 +48,7 @@
 //! When a test panics while a server handle is alive, the server's log is
 //! printed to stderr as the handle is dropped.
 
+mod acl;
 mod certs;
 mod clock;
 mod cluster;
@@ -62,6 +63,7 @@ mod redis;
 mod resp;
 mod sentinel;
 
+pub use acl::LOCK_USER_ACL;
 pub use certs::{ClientAuth, ServerTls, TestCerts};
 pub use cluster::{CLUSTER_SLOTS, Failover, RedisCluster};
 pub use connection::connection;

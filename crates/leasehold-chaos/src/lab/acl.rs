@@ -13,42 +13,14 @@ pub const ACL_USER: &str = "locker";
 
 /// The README's minimal rules for a lock user, every mode's commands (its
 /// "Redis ACL" section), after `ACL SETUSER locker on >PASSWORD`
-/// (`tests/acl_rules.rs` checks that the two stay the same).
-pub const ACL_RULES: [&str; 27] = [
-    "resetkeys",
-    "~lock:*",
-    "~fence:*",
-    "resetchannels",
-    "&leasehold:handoff:*",
-    "-@all",
-    "+set",
-    "+get",
-    "+del",
-    "+pexpire",
-    "+pttl",
-    "+type",
-    "+time",
-    "+zadd",
-    "+zrange",
-    "+zrem",
-    "+zpopmin",
-    "+hget",
-    "+hset",
-    "+hdel",
-    "+spublish",
-    "+pubsub|shardnumsub",
-    "+ssubscribe",
-    "+evalsha",
-    "+eval",
-    "+script|load",
-    "+wait",
-];
+/// (leasehold's `tests/acl.rs` checks that the two stay the same).
+pub const ACL_RULES: &[&str] = leasehold_testkit::LOCK_USER_ACL;
 
 /// Makes (or resets) [`ACL_USER`] on `server` with the minimal rules.
 pub(super) fn set_acl_user(server: &RedisServer, password: &str) -> Result<(), LabError> {
     let secret = format!(">{password}");
     let mut args = vec!["ACL", "SETUSER", ACL_USER, "reset", "on", secret.as_str()];
-    args.extend(ACL_RULES);
+    args.extend(ACL_RULES.iter().copied());
     server
         .command(&args)
         .map(drop)

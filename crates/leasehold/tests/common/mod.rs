@@ -53,32 +53,6 @@ pub fn once() -> leasehold::AcquireOptions {
 
 /// The minimal ACL the README documents for a lock user, as `ACL SETUSER`
 /// arguments (every mode: polling, fenced, hand-off, wait for replicas).
-pub const LOCK_USER_ACL: &[&str] = &[
-    "resetkeys",
-    "~lock:*",
-    "~fence:*",
-    "resetchannels",
-    "&leasehold:handoff:*",
-    "-@all",
-    "+set",
-    "+get",
-    "+del",
-    "+pexpire",
-    "+pttl",
-    "+type",
-    "+time",
-    "+zadd",
-    "+zrange",
-    "+zrem",
-    "+zpopmin",
-    "+hget",
-    "+hset",
-    "+hdel",
-    "+spublish",
-    "+pubsub|shardnumsub",
-    "+ssubscribe",
-    "+evalsha",
-    "+eval",
-    "+script|load",
-    "+wait",
-];
+/// Not every binary that includes this module uses it.
+#[allow(unused_imports)]
+pub use leasehold_testkit::LOCK_USER_ACL;
