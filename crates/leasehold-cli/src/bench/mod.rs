@@ -11,6 +11,7 @@ use crate::env::{Database, Env};
 use crate::progress::Progress;
 
 pub(crate) mod contention;
+pub(crate) mod etcd;
 pub(crate) mod guard;
 pub(crate) mod leader;
 pub(crate) mod site;
@@ -29,6 +30,10 @@ pub(crate) async fn run(bench: Bench) -> anyhow::Result<ExitCode> {
         Bench::Uncontended(args) => {
             let env = Env::connect(&args.redis).await?;
             uncontended::run(&env, &args, args.output.json).await?;
+        }
+        Bench::Etcd(args) => {
+            let env = Env::connect(&args.redis).await?;
+            etcd::run(&env, &args, args.output.json).await?;
         }
         Bench::Guard(args) => {
             let db = Database::new(&args.database);
