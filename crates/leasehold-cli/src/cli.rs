@@ -684,6 +684,24 @@ pub(crate) enum Bench {
         exit_codes!()
     ))]
     Uncontended(UncontendedArgs),
+    /// What a lease costs on etcd against Redis, on loopback: acquire+release
+    /// latency and pairs per second with no contention (one task, then
+    /// --tasks tasks), and the tutorial's contention case (-n callers on one
+    /// key, a wallet in Redis); each way side by side in every round.
+    ///
+    /// Starts a throwaway etcd cluster of 3 members (and one of 1 for the
+    /// etcd-1 way); etcd comes from PATH.
+    #[command(after_help = concat!(
+        "What it changes (on --redis-url, or a throwaway redis-server):
+  Redis: takes and releases lock:bench:etcd:* and lock:bench:contention
+    (its hand-off keys :waitq and :waiters too), overwrites
+    wallet:42:balance.
+  etcd: none of yours: its own throwaway clusters (stopped at the end).
+
+",
+        exit_codes!()
+    ))]
+    Etcd(EtcdBenchArgs),
     /// What the PostgreSQL fence guard costs a debit: unguarded, guarded
     /// and `SELECT ... FOR UPDATE`, sequential and concurrent. No Redis.
     #[command(after_help = concat!(
@@ -730,6 +748,7 @@ impl Bench {
         match self {
             Bench::Contention(args) => args.output,
             Bench::Uncontended(args) => args.output,
+            Bench::Etcd(args) => args.output,
             Bench::Guard(args) => args.output,
             // The leases are taken in candidate processes, whose metrics
             // it does not gather.
@@ -875,6 +894,58 @@ pub(crate) struct UncontendedArgs {
     pub(crate) output: OutputFlags,
     #[command(flatten)]
     pub(crate) redis: RedisFlags,
+}
+
+/// Flags of `bench etcd`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct EtcdBenchArgs {
+    /// The ways of taking the lease, comma-separated, in the order they
+    /// are reported; ratios are against the first [default: all]
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub(crate) ways: Vec<EtcdBenchWay>,
+    /// Length of each uncontended measurement.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+    /// Rounds; every figure is the median over rounds, with their spread.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) rounds: u32,
+    /// Concurrent tasks of the uncontended throughput run, each on a key
+    /// of its own.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) tasks: u32,
+    /// Concurrent callers on the one key in the contention case.
+    #[arg(short = 'n', long = "callers", default_value_t = 50, value_parser = clap::value_parser!(u32).range(2..=100_000))]
+    pub(crate) callers: u32,
+    /// Time each caller holds the lock in the contention case.
+    #[arg(long, default_value = "2ms", value_parser = parse_duration)]
+    pub(crate) work: Duration,
+    #[command(flatten)]
+    pub(crate) output: OutputFlags,
+    #[command(flatten)]
+    pub(crate) redis: RedisFlags,
+}
+
+/// A way of taking a lease, as `bench etcd` measures it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum EtcdBenchWay {
+    /// A `Locker` on the one redis-server, polling as built by default.
+    Redis,
+    /// A `HandoffLocker` on it as built by default (a FIFO queue, as etcd's).
+    RedisHandOff,
+    /// An `EtcdLocker` on a cluster of 3 members.
+    Etcd,
+    /// An `EtcdLocker` on a cluster of 1 member.
+    #[value(name = "etcd-1")]
+    Etcd1,
+}
+
+impl EtcdBenchWay {
+    pub(crate) const ALL: [EtcdBenchWay; 4] = [
+        EtcdBenchWay::Redis,
+        EtcdBenchWay::RedisHandOff,
+        EtcdBenchWay::Etcd,
+        EtcdBenchWay::Etcd1,
+    ];
 }
 
 /// `leasehold chaos`'s flags.

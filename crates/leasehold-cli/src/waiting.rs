@@ -54,11 +54,12 @@ impl Mode {
 /// A connected way of waiting: the lessors of one way (one for polling;
 /// one or more hand-off lockers, each caller always using the same one, as
 /// a task of one process would), over one [`Locker`] whose stats count
-/// them all.
+/// them all; or one lessor of another way ([`Waiter::of`]), which waits as
+/// it is built to and counts nothing.
 #[derive(Clone)]
 pub(crate) struct Waiter {
-    /// The one locker's [`Locker::stats`].
-    stats: Arc<dyn Fn() -> LockerStats + Send + Sync>,
+    /// The one locker's [`Locker::stats`], if the way has one.
+    stats: Option<Arc<dyn Fn() -> LockerStats + Send + Sync>>,
     lessors: Arc<[DynLessor]>,
     /// Polling's strategy, set on the options of every acquire; `None`
     /// keeps the options' own (a hand-off waiter sleeps until it is handed
@@ -117,15 +118,31 @@ impl Waiter {
         retry: Option<RetryStrategy>,
     ) -> Waiter {
         Waiter {
-            stats: Arc::new(move || locker.stats()),
+            stats: Some(Arc::new(move || locker.stats())),
             lessors: lessors.into_iter().map(DynLessor::new).collect(),
             retry,
         }
     }
 
-    /// What the locker under every lessor of this way asked of Redis.
-    pub(crate) fn stats(&self) -> LockerStats {
-        (self.stats)()
+    /// `lessor` (an etcd locker, say) as a way of waiting: every caller
+    /// uses it, with the options' own strategy; no request counts.
+    pub(crate) fn of(lessor: impl Lessor) -> Waiter {
+        Waiter {
+            stats: None,
+            lessors: Arc::new([DynLessor::new(lessor)]),
+            retry: None,
+        }
+    }
+
+    /// What the locker under every lessor of this way asked of Redis;
+    /// `None` for a way with no such locker ([`Waiter::of`]).
+    pub(crate) fn stats(&self) -> Option<LockerStats> {
+        self.stats.as_ref().map(|stats| stats())
+    }
+
+    /// The lessor caller number 0 uses.
+    pub(crate) fn lessor(&self) -> &DynLessor {
+        &self.lessors[0]
     }
 
     /// Takes the lease for caller number `caller`; `opts` gives the
@@ -156,6 +173,7 @@ pub(crate) fn exponential(min: Duration, max: Duration, jitter: bool) -> RetrySt
 /// How much the lock was used: time held, and the gap from each release to
 /// the next acquisition.
 pub(crate) struct Meter {
+    acquisitions: AtomicU64,
     held_ns: AtomicU64,
     last_release: Mutex<Option<Instant>>,
     gaps_us: Mutex<Histogram<u64>>,
@@ -164,6 +182,7 @@ pub(crate) struct Meter {
 impl Meter {
     pub(crate) fn new() -> anyhow::Result<Arc<Meter>> {
         Ok(Arc::new(Meter {
+            acquisitions: AtomicU64::new(0),
             held_ns: AtomicU64::new(0),
             last_release: Mutex::new(None),
             gaps_us: Mutex::new(Histogram::new(3)?),
@@ -173,6 +192,7 @@ impl Meter {
     /// Call as soon as the lease is in hand; returns when that was.
     pub(crate) fn acquired(&self) -> Instant {
         let now = Instant::now();
+        self.acquisitions.fetch_add(1, Ordering::Relaxed);
         if let Some(released) = *self
             .last_release
             .lock()
@@ -197,6 +217,11 @@ impl Meter {
             .last_release
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(now);
+    }
+
+    /// How many leases [`acquired`](Self::acquired) was told of.
+    pub(crate) fn acquisitions(&self) -> u64 {
+        self.acquisitions.load(Ordering::Relaxed)
     }
 
     pub(crate) fn held(&self) -> Duration {

@@ -198,6 +198,57 @@ fn bench_uncontended_smoke_prints_its_fields() -> TestResult {
 }
 
 #[test]
+fn bench_etcd_smoke_has_a_row_per_case_and_way() -> TestResult {
+    let callers = 3;
+    let stdout = succeeded(&[
+        "bench",
+        "etcd",
+        "--ways",
+        "redis,etcd",
+        "--duration",
+        "50ms",
+        "--rounds",
+        "1",
+        "--tasks",
+        "2",
+        "-n",
+        &callers.to_string(),
+        "--work",
+        "1ms",
+        "--json",
+    ])?;
+    let r: Value = serde_json::from_str(stdout.trim())?;
+    assert_eq!(r["bench"], "etcd", "{r}");
+    assert_eq!(r["base"], "redis", "{r}");
+    let rows = r["rows"].as_array().ok_or("no rows")?;
+    let cases = ["sequential", "tasks", "tutorial"];
+    assert_eq!(rows.len(), cases.len() * 2, "{r}");
+    for case in cases {
+        for way in ["redis", "etcd"] {
+            let row = rows
+                .iter()
+                .find(|row| row["case"] == case && row["way"] == way)
+                .ok_or_else(|| format!("no {case} row for {way} in {r}"))?;
+            let median = |key: &str| row[key]["median"].as_f64().ok_or(format!("{key} in {row}"));
+            assert!(median("per_s")? > 0.0, "{row}");
+            assert!(median("p50_us")? <= median("p99_us")?, "{row}");
+            if way == "redis" {
+                assert_eq!(row["per_s_ratio"], 1.0, "{row}");
+            }
+            if case == "tutorial" {
+                assert_eq!(median("gave_up")?, 0.0, "{row}");
+                // Only a Redis way counts its requests.
+                assert_eq!(
+                    row["round_trips_per_acq"]["median"].is_null(),
+                    way == "etcd"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
 fn bench_contention_smoke_has_cluster_rows_next_to_the_single_server_ones() -> TestResult {
     let callers = 3;
     let stdout = succeeded(&[

@@ -125,6 +125,16 @@ const EXPECTED: &[Expect] = &[
         changes: &["lock:bench:u:lib:*", "lock:bench:u:floor:*"],
     },
     Expect {
+        subcommand: &["bench", "etcd"],
+        uses: &["--redis-url", "--tls-ca", "--json"],
+        changes: &[
+            "lock:bench:etcd:*",
+            "lock:bench:contention",
+            "wallet:42:balance",
+            "none of yours",
+        ],
+    },
+    Expect {
         subcommand: &["bench", "guard"],
         uses: &["--database-url", "--json"],
         changes: &["bench_accounts", "leasehold_fences", "bench:<id>"],

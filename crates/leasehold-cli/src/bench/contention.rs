@@ -97,11 +97,12 @@ pub(crate) fn cluster_modes() -> [Mode; 4] {
 
 /// One workload's figures in one round.
 #[derive(Debug, Default, Clone)]
-struct Figures {
-    elapsed: Duration,
+pub(crate) struct Figures {
+    pub(crate) elapsed: Duration,
     held: Duration,
     acquisitions: u64,
-    requests: u64,
+    /// Lock requests sent, if the way counts them (the Redis ways do).
+    requests: Option<u64>,
     /// The server's CPU time, if the user may read `INFO cpu`.
     cpu: Option<Duration>,
     gap_p50: Option<Duration>,
@@ -118,7 +119,7 @@ impl Figures {
         x / self.acquisitions as f64
     }
 
-    fn metrics(&self) -> Vec<(&'static str, f64)> {
+    pub(crate) fn metrics(&self) -> Vec<(&'static str, f64)> {
         let us = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e6);
         vec![
             ("elapsed_ms", self.elapsed.as_secs_f64() * 1e3),
@@ -127,7 +128,8 @@ impl Figures {
             ("acquisitions", self.acquisitions as f64),
             (
                 "round_trips_per_acq",
-                self.per_acquisition(self.requests as f64),
+                self.requests
+                    .map_or(f64::NAN, |requests| self.per_acquisition(requests as f64)),
             ),
             (
                 "redis_cpu_us_per_acq",
@@ -140,6 +142,31 @@ impl Figures {
             ("gave_up", self.gave_up as f64),
             ("fairness", self.fairness.unwrap_or(f64::NAN)),
         ]
+    }
+}
+
+/// The callers of a workload and what each does with the lock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Crowd {
+    /// Concurrent callers on the one key.
+    pub(crate) callers: u32,
+    /// Time each holds the lock (the tutorial's: between the wallet's read
+    /// and its write).
+    pub(crate) work: Duration,
+    /// The wallet's starting balance in the tutorial workload.
+    pub(crate) initial: i64,
+    /// How long each waits before giving up.
+    pub(crate) wait: Duration,
+}
+
+impl From<&ContentionArgs> for Crowd {
+    fn from(args: &ContentionArgs) -> Crowd {
+        Crowd {
+            callers: args.callers,
+            work: args.work,
+            initial: args.initial,
+            wait: args.wait,
+        }
     }
 }
 
@@ -228,15 +255,16 @@ async fn measure<C: RedisConnection>(
     let name = mode.name();
     let start = |w: &str| progress.start(format!("round {round}/{}: {name}, {w}", args.rounds));
     let failed = |w: &str| format!("round {round}, {w} workload, {name} mode");
+    let crowd = Crowd::from(args);
     start("burst");
     rounds[0].push(
-        burst(site, mode, args)
+        burst(site, &connect(site, mode).await?, &crowd)
             .await
             .with_context(|| failed("burst"))?,
     );
     start("tutorial");
     rounds[1].push(
-        tutorial(site, mode, args)
+        tutorial(site, &connect(site, mode).await?, &crowd)
             .await
             .with_context(|| failed("tutorial"))?,
     );
@@ -267,80 +295,52 @@ fn print_table(args: &ContentionArgs, rows: &[Value]) {
         ("gave_up", "gave up"),
         ("fairness", "max/min"),
     ];
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            cols.iter()
-                .map(|(k, _)| match &r[*k] {
-                    Value::String(s) => s.clone(),
-                    Value::Null => "-".into(),
-                    v => v.to_string(),
-                })
-                .collect()
-        })
-        .collect();
-    let mut widths: Vec<usize> = cols.iter().map(|(_, h)| h.len()).collect();
-    for row in &cells {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let line = |cols: Vec<&str>| {
-        let padded: Vec<String> = cols
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        println!("{}", padded.join("  ").trim_end());
-    };
-    line(cols.iter().map(|(_, h)| *h).collect());
-    for row in &cells {
-        line(row.iter().map(String::as_str).collect());
-    }
+    super::print_table(&cols, rows);
 }
 
-/// Every caller takes the lock once and holds it for `--work`.
+/// Every caller takes the lock once through a fresh `waiter` and holds it
+/// for the crowd's work.
 async fn burst<C: RedisConnection>(
     site: &Site<C>,
-    mode: Mode,
-    args: &ContentionArgs,
+    waiter: &Waiter,
+    crowd: &Crowd,
 ) -> anyhow::Result<Figures> {
     clear_on(&site.conn, site.key).await?;
-    let (figures, _accepted) = once_each(site, mode, args, None).await?;
+    let (figures, _accepted) = once_each(site, waiter, crowd, None).await?;
     Ok(figures)
 }
 
-/// The tutorial's Step 4 with this way of waiting: elapsed only matters.
-async fn tutorial<C: RedisConnection>(
+/// The tutorial's Step 4 with a fresh `waiter` (so its stats count this
+/// run only) for the lock on `site.key`, the wallet in `site`'s Redis:
+/// elapsed only matters. `bench etcd` runs it with the lock on etcd.
+pub(crate) async fn tutorial<C: RedisConnection>(
     site: &Site<C>,
-    mode: Mode,
-    args: &ContentionArgs,
+    waiter: &Waiter,
+    crowd: &Crowd,
 ) -> anyhow::Result<Figures> {
     clear_on(&site.conn, site.key).await?;
     let wallet = Wallet::new(site.conn.clone());
-    wallet.reset(args.initial).await?;
-    let (figures, accepted) = once_each(site, mode, args, Some(wallet.clone())).await?;
+    wallet.reset(crowd.initial).await?;
+    let (figures, accepted) = once_each(site, waiter, crowd, Some(wallet.clone())).await?;
     let balance = wallet.balance().await?;
     let spent = i64::try_from(accepted).unwrap_or(i64::MAX) * 10;
     anyhow::ensure!(
-        balance == args.initial - spent && balance >= 0,
-        "{}: balance {balance} after {accepted} payments from {}",
-        mode.name(),
-        args.initial
+        balance == crowd.initial - spent && balance >= 0,
+        "balance {balance} after {accepted} payments from {}",
+        crowd.initial
     );
     Ok(figures)
 }
 
 /// Every caller takes the lock once. While holding it, it spends 10 from
-/// `wallet` (the tutorial's work), or with no wallet just works for
-/// `--work`. Returns the figures and how many calls succeeded.
+/// `wallet` (the tutorial's work), or with no wallet just works for the
+/// crowd's work. Returns the figures and how many calls succeeded.
 async fn once_each<C: RedisConnection>(
     site: &Site<C>,
-    mode: Mode,
-    args: &ContentionArgs,
+    waiter: &Waiter,
+    crowd: &Crowd,
     wallet: Option<Wallet<C>>,
 ) -> anyhow::Result<(Figures, u64)> {
-    let waiter = connect(site, mode).await?;
     let meter = Meter::new()?;
     let gave_up = Arc::new(AtomicU64::new(0));
     let cpu_before = site.cpu().await?;
@@ -349,11 +349,11 @@ async fn once_each<C: RedisConnection>(
         waiter.clone(),
         meter.clone(),
         gave_up.clone(),
-        args.work,
-        args.wait,
+        crowd.work,
+        crowd.wait,
         site.key,
     );
-    let tally = hammer(args.callers, move |caller| {
+    let tally = hammer(crowd.callers, move |caller| {
         let (waiter, meter, gave_up, wallet) = (w.clone(), m.clone(), g.clone(), wallet.clone());
         async move {
             match waiter
@@ -386,7 +386,7 @@ async fn once_each<C: RedisConnection>(
     let cpu = site.cpu_since(cpu_before).await?;
     fail_on_errors(&tally)?;
     let figures = figures(
-        &waiter,
+        waiter,
         &meter,
         elapsed,
         cpu,
@@ -498,8 +498,8 @@ fn figures(
     Figures {
         elapsed,
         held: meter.held(),
-        acquisitions: stats.acquisitions,
-        requests: stats.requests(),
+        acquisitions: stats.map_or_else(|| meter.acquisitions(), |stats| stats.acquisitions),
+        requests: stats.map(|stats| stats.requests()),
         cpu,
         gap_p50: meter.gap(0.5),
         gap_p99: meter.gap(0.99),

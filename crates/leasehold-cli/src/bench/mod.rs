@@ -4,11 +4,14 @@
 
 use std::process::ExitCode;
 
+use serde_json::Value;
+
 use crate::cli::Bench;
 use crate::env::{Database, Env};
 use crate::progress::Progress;
 
 pub(crate) mod contention;
+pub(crate) mod etcd;
 pub(crate) mod guard;
 pub(crate) mod leader;
 pub(crate) mod site;
@@ -27,6 +30,10 @@ pub(crate) async fn run(bench: Bench) -> anyhow::Result<ExitCode> {
         Bench::Uncontended(args) => {
             let env = Env::connect(&args.redis).await?;
             uncontended::run(&env, &args, args.output.json).await?;
+        }
+        Bench::Etcd(args) => {
+            let env = Env::connect(&args.redis).await?;
+            etcd::run(&env, &args, args.output.json).await?;
         }
         Bench::Guard(args) => {
             let db = Database::new(&args.database);
@@ -75,6 +82,41 @@ pub(crate) fn median(values: &[f64]) -> f64 {
         v[mid]
     } else {
         (v[mid - 1] + v[mid]) / 2.0
+    }
+}
+
+/// Prints `rows` as a table: one column per `(field, heading)` of `cols`,
+/// strings as they are, a missing field as `-`.
+pub(crate) fn print_table(cols: &[(&str, &str)], rows: &[Value]) {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            cols.iter()
+                .map(|(k, _)| match &r[*k] {
+                    Value::String(s) => s.clone(),
+                    Value::Null => "-".into(),
+                    v => v.to_string(),
+                })
+                .collect()
+        })
+        .collect();
+    let mut widths: Vec<usize> = cols.iter().map(|(_, h)| h.len()).collect();
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cols: Vec<&str>| {
+        let padded: Vec<String> = cols
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(cols.iter().map(|(_, h)| *h).collect());
+    for row in &cells {
+        line(row.iter().map(String::as_str).collect());
     }
 }
 

@@ -16,7 +16,8 @@
 
 use std::time::Duration;
 
-use leasehold::Locker;
+use hdrhistogram::Histogram;
+use leasehold::{Lessor, Locker};
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 use serde_json::json;
@@ -91,7 +92,7 @@ pub(crate) async fn run(env: &Env, args: &UncontendedArgs, json: bool) -> anyhow
             } else {
                 start("library, one task");
                 seq.library
-                    .push(library_tasks(&locker, 1, args.duration).await?);
+                    .push(library_tasks(&locker, 1, args.duration).await?.per_s);
             }
         }
         for floor_turn in [floor_first, !floor_first] {
@@ -101,8 +102,11 @@ pub(crate) async fn run(env: &Env, args: &UncontendedArgs, json: bool) -> anyhow
                     .push(floor_tasks(&floor, &sha, args.tasks, args.duration).await?);
             } else {
                 start("library, many tasks");
-                many.library
-                    .push(library_tasks(&locker, args.tasks, args.duration).await?);
+                many.library.push(
+                    library_tasks(&locker, args.tasks, args.duration)
+                        .await?
+                        .per_s,
+                );
             }
         }
     }
@@ -142,27 +146,79 @@ pub(crate) async fn run(env: &Env, args: &UncontendedArgs, json: bool) -> anyhow
 
 /// `tasks` tasks, each taking and releasing a key of its own through the
 /// locker for `duration`: pairs per second, all tasks together.
-async fn library_tasks(locker: &Locker, tasks: u32, duration: Duration) -> anyhow::Result<f64> {
+async fn library_tasks(locker: &Locker, tasks: u32, duration: Duration) -> anyhow::Result<Pairs> {
+    let keys = Keys::new("lock:bench:u:lib", TTL);
+    lessor_tasks(locker, &keys, tasks, duration, false).await
+}
+
+/// The lock keys and TTL of a run of [`lessor_tasks`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Keys {
+    /// Task `i` takes the key `{prefix}:{i}`.
+    prefix: &'static str,
+    ttl: Duration,
+}
+
+impl Keys {
+    pub(crate) const fn new(prefix: &'static str, ttl: Duration) -> Keys {
+        Keys { prefix, ttl }
+    }
+}
+
+/// What a run of [`lessor_tasks`] did.
+pub(crate) struct Pairs {
+    /// Acquire+release pairs per second, all tasks together.
+    pub(crate) per_s: f64,
+    /// Each pair's time, from the acquire's call to the release's return,
+    /// in microseconds, when asked for.
+    pub(crate) latency: Option<Histogram<u64>>,
+}
+
+/// `tasks` tasks, each taking and releasing a key of its own through
+/// `lessor` (any way of taking a lease: `bench etcd` runs it on etcd too)
+/// for `duration`, each pair timed when `latency` says so (two clock reads
+/// and a histogram entry per pair, kept out of the floor comparison).
+pub(crate) async fn lessor_tasks<L: Lessor>(
+    lessor: &L,
+    keys: &Keys,
+    tasks: u32,
+    duration: Duration,
+    latency: bool,
+) -> anyhow::Result<Pairs> {
     let start = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for task in 0..tasks {
-        let locker = locker.clone();
+        let (lessor, keys) = (lessor.clone(), *keys);
         set.spawn(async move {
-            let key = format!("lock:bench:u:lib:{task}");
+            let key = format!("{}:{task}", keys.prefix);
+            let mut times = latency.then(|| Histogram::<u64>::new(3)).transpose()?;
             let mut pairs: u64 = 0;
             while start.elapsed() < duration {
-                let lease = locker.acquire(key.as_str(), TTL).await?;
+                let began = latency.then(Instant::now);
+                let lease = lessor.acquire(key.as_str(), keys.ttl).await?;
                 lease.release().await?;
+                if let (Some(times), Some(began)) = (&mut times, began) {
+                    let us = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    times.record(us.max(1))?;
+                }
                 pairs += 1;
             }
-            Ok::<u64, leasehold::Error>(pairs)
+            Ok::<_, anyhow::Error>((pairs, times))
         });
     }
     let mut total: u64 = 0;
+    let mut all = latency.then(|| Histogram::<u64>::new(3)).transpose()?;
     while let Some(joined) = set.join_next().await {
-        total += joined??;
+        let (pairs, times) = joined??;
+        total += pairs;
+        if let (Some(all), Some(times)) = (&mut all, times) {
+            all.add(times)?;
+        }
     }
-    Ok(total as f64 / start.elapsed().as_secs_f64())
+    Ok(Pairs {
+        per_s: total as f64 / start.elapsed().as_secs_f64(),
+        latency: all,
+    })
 }
 
 /// The floor loop in `tasks` tasks over the one connection `conn`, each on
