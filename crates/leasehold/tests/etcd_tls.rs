@@ -35,6 +35,7 @@ async fn connect(endpoints: Vec<String>, files: TlsFiles) -> Result<EtcdLocker, 
 }
 
 /// The TLS failure an etcd connect error names.
+#[track_caller]
 fn failure(result: Result<EtcdLocker, Error>) -> Option<TlsFailure> {
     match result {
         Err(Error::Etcd {

@@ -287,7 +287,7 @@ impl EtcdClient {
                 Err(err) => {
                     tracing::debug!(endpoint = member.url(), error = %err, "etcd member unreachable");
                     self.advance(index);
-                    last = Some(err);
+                    remember(&mut last, err);
                     continue;
                 }
             };
@@ -303,9 +303,12 @@ impl EtcdClient {
                             source: None,
                         });
                     }
-                    last = Some(EtcdError::AttemptTimedOut {
-                        endpoint: member.url().to_owned(),
-                    });
+                    remember(
+                        &mut last,
+                        EtcdError::AttemptTimedOut {
+                            endpoint: member.url().to_owned(),
+                        },
+                    );
                     continue;
                 }
             };
@@ -329,11 +332,23 @@ impl EtcdClient {
                 }
             }
             tracing::debug!(endpoint = member.url(), code = ?status.code(), "etcd request failed; trying again");
-            last = Some(EtcdError::Unavailable {
-                endpoint: member.url().to_owned(),
-                source: status,
-            });
+            remember(
+                &mut last,
+                EtcdError::Unavailable {
+                    endpoint: member.url().to_owned(),
+                    source: status,
+                },
+            );
         }
+    }
+}
+
+/// Keeps `err` as the last failure of a request, unless the last one was a
+/// TLS failure and `err` is not: a refused certificate says more than the
+/// attempt after it that the deadline cut short.
+fn remember(last: &mut Option<EtcdError>, err: EtcdError) {
+    if err.is_tls() || !last.as_ref().is_some_and(EtcdError::is_tls) {
+        *last = Some(err);
     }
 }
 

@@ -91,9 +91,9 @@ pub enum EtcdError {
         endpoint: String,
         /// What the alert says.
         failure: crate::tls::TlsFailure,
-        /// The status the request failed with.
+        /// What the request saw after it (a lost connection, no answer).
         #[source]
-        source: Status,
+        source: Box<EtcdError>,
     },
 
     /// Connecting to a member failed (nothing was sent).
@@ -222,6 +222,16 @@ impl EtcdError {
             Self::Tls { failure, .. } | Self::TlsRefused { failure, .. } => Some(*failure),
             _ => None,
         }
+    }
+
+    /// Whether this is a TLS failure ([`Tls`](Self::Tls) or
+    /// [`TlsRefused`](Self::TlsRefused)); always `false` without the `tls`
+    /// feature.
+    pub(crate) fn is_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return matches!(self, Self::Tls { .. } | Self::TlsRefused { .. });
+        #[cfg(not(feature = "tls"))]
+        false
     }
 
     /// The TLS failure that made every attempt fail, as the error itself,

@@ -193,6 +193,33 @@ async fn speaks_plain_http(host: &str, port: u16) -> bool {
     )
 }
 
+/// The TLS failure, if any, of a handshake with the member at `endpoint`
+/// that then sends nothing and reads what comes first: an alert (our
+/// certificate refused) or the member's first frame (none). See
+/// [`Member::tls_reason`].
+#[cfg(feature = "tls")]
+async fn probe_tls(endpoint: &Endpoint, tls: &Tls) -> Option<crate::tls::TlsFailure> {
+    use tokio::io::AsyncReadExt;
+    let uri = endpoint.uri();
+    let host = uri.host().unwrap_or("localhost");
+    let host = host
+        .strip_prefix('[')
+        .and_then(|host| host.strip_suffix(']'))
+        .unwrap_or(host);
+    let stream = TcpStream::connect((host, uri.port_u16().unwrap_or(DEFAULT_PORT)))
+        .await
+        .ok()?;
+    let mut stream = match tls.connector.connect(tls.server_name.clone(), stream).await {
+        Ok(stream) => stream,
+        Err(err) => return crate::tls_failure::classify(&err),
+    };
+    let mut first = [0u8; 1];
+    match stream.read(&mut first).await {
+        Ok(_) => None,
+        Err(err) => crate::tls_failure::classify(&err),
+    }
+}
+
 /// A member's connection: plain TCP, or TLS over it.
 enum Stream {
     Plain(TcpStream),
@@ -489,33 +516,64 @@ impl Member {
         // nothing. The check proves the member itself answers, and knows
         // a leader, before a write goes out on this connection.
         let mut maintenance = MaintenanceClient::new(session.channel.clone());
-        timeout_at(
+        let failed = match timeout_at(
             deadline,
             maintenance.status(session.request(StatusRequest {})),
         )
         .await
-        .map_err(|_| timed_out())?
-        .map_err(|source| {
-            #[cfg(feature = "tls")]
-            let noted = *tls_failure.lock().unwrap_or_else(PoisonError::into_inner);
-            #[cfg(feature = "tls")]
-            if let Some(failure) = noted {
-                return EtcdError::TlsRefused {
-                    endpoint: self.url.to_string(),
-                    failure,
-                    source,
-                };
-            }
-            EtcdError::Unavailable {
+        {
+            Ok(Ok(_)) => None,
+            Ok(Err(source)) => Some(EtcdError::Unavailable {
                 endpoint: self.url.to_string(),
                 source,
-            }
-        })?;
+            }),
+            Err(_) => Some(timed_out()),
+        };
+        if let Some(err) = failed {
+            #[cfg(feature = "tls")]
+            let err = self.tls_reason(err, &tls_failure, deadline).await;
+            return Err(err);
+        }
         if let Some(credentials) = credentials {
             session.token = Some(self.authenticate(&session, credentials, deadline).await?);
         }
         *self.lock() = Some(session.clone());
         Ok(session)
+    }
+
+    /// Why a new TLS connection's first request failed, if TLS is why.
+    /// With TLS 1.3 the member checks our certificate after our side of
+    /// the handshake is done, so its refusal comes as an alert on the
+    /// connection: noted by the stream if it read it, or else (our request
+    /// may have met the closed connection first) learnt by a probe: a new
+    /// handshake that sends nothing and reads what comes back, an alert or
+    /// the member's first frame, within [`PROBE_TIMEOUT`] and `deadline`.
+    #[cfg(feature = "tls")]
+    async fn tls_reason(
+        &self,
+        err: EtcdError,
+        noted: &TlsFailureSlot,
+        deadline: Instant,
+    ) -> EtcdError {
+        let Some(tls) = &self.tls else {
+            return err;
+        };
+        let mut failure = *noted.lock().unwrap_or_else(PoisonError::into_inner);
+        if failure.is_none() {
+            let by = deadline.min(Instant::now() + PROBE_TIMEOUT);
+            failure = timeout_at(by, probe_tls(&self.endpoint, tls))
+                .await
+                .ok()
+                .flatten();
+        }
+        match failure {
+            Some(failure) => EtcdError::TlsRefused {
+                endpoint: self.url.to_string(),
+                failure,
+                source: Box::new(err),
+            },
+            None => err,
+        }
     }
 
     /// What a failed connect was: a TLS failure, named, or any other.
