@@ -358,7 +358,16 @@ pub struct TxnResult {
 }
 
 impl TxnResult {
-    /// The keys of the first read among the results (empty if none).
+    /// The key-values of each range operation that ran, in order.
+    pub fn ranges(&self) -> impl Iterator<Item = &Vec<KeyValue>> {
+        self.results.iter().filter_map(|result| match result {
+            OpResult::Range(kvs) => Some(kvs),
+            _ => None,
+        })
+    }
+
+    /// The key-values of the first range operation that ran (none if no
+    /// range ran).
     pub fn first_range(&self) -> &[KeyValue] {
         self.results
             .iter()

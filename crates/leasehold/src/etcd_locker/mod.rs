@@ -12,8 +12,11 @@
 //!    then create the waiter key `PREFIX/lock/<lock key>/<lease ID in
 //!    hex>` under it, only if absent (`create_revision == 0`). The key's
 //!    creation revision is its place in the queue: revisions only grow, so
-//!    no later key can get ahead of ours. A create whose outcome is unknown
-//!    is settled by reading the key (it carries our lease or is absent).
+//!    no later key can get ahead of ours. The same transaction reads the
+//!    queue's oldest key (after our put), so an uncontended acquire knows
+//!    it is first without another request. A create whose outcome is
+//!    unknown is settled by reading the key (it carries our lease or is
+//!    absent).
 //! 2. **Wait by watch, in FIFO order.** The owner is the key with the
 //!    lowest creation revision under the lock's prefix. Behind another
 //!    key, we watch the key just before ours for its delete (from the

@@ -98,8 +98,22 @@ pub(super) async fn take(
         };
         let waiting = async {
             let key = backend.waiter_key(&target.lock, grant.id);
-            let held = join(backend, &key, grant.id, ttl, &mut rounds, &mut fault).await?;
-            let won = wait_turn(backend, &target, &held, ttl, &mut rounds).await?;
+            let queue = backend.queue(&target.lock);
+            let (held, first) = join(
+                backend,
+                &key,
+                &queue,
+                grant.id,
+                ttl,
+                &mut rounds,
+                &mut fault,
+            )
+            .await?;
+            let won = if first {
+                Won::AtOnce
+            } else {
+                wait_turn(backend, &target, &held, ttl, &mut rounds).await?
+            };
             Ok::<_, Error>((held, won))
         };
         let (held, won) = match waiting.await {
@@ -172,25 +186,38 @@ enum Won {
 async fn join(
     backend: &EtcdBackend,
     key: &str,
+    queue: &str,
     lease: i64,
     ttl: Duration,
     rounds: &mut Rounds<'_>,
     fault: &mut Option<EtcdError>,
-) -> Result<Held> {
+) -> Result<(Held, bool)> {
+    // The queue's oldest key, read in the same transaction (after our put:
+    // a read in a transaction sees the transaction's own writes), so an
+    // uncontended acquire knows it holds the lock without another request.
+    let oldest = || Op::range(Range::prefix(queue).oldest_first().limit(1));
     let create = Txn::new()
         .when(Compare::create_revision(key, Cmp::Equal, 0))
         .then(Op::put(key, "", lease))
-        .otherwise(Op::range(Range::key(key)));
+        .then(oldest())
+        .otherwise(Op::range(Range::key(key)))
+        .otherwise(oldest());
     loop {
         let (_, deadline) = next_request(rounds, fault)?;
-        let revision = match backend.client.txn(&create, deadline).await {
-            Ok(txn) if txn.succeeded => txn.header.revision,
+        let (revision, owner) = match backend.client.txn(&create, deadline).await {
+            Ok(txn) if txn.succeeded => (txn.header.revision, txn.ranges().next().cloned()),
             // The key exists: ours (our lease's ID is in its name) only if
             // under our lease, which a try whose answer was lost made.
-            Ok(txn) => match txn.first_range().first().filter(|kv| kv.lease == lease) {
-                Some(kv) => kv.create_revision,
-                None => return Err(failed(EtcdError::LeaseNotFound { lease })),
-            },
+            Ok(txn) => {
+                let mut ranges = txn.ranges();
+                match ranges
+                    .next()
+                    .and_then(|mine| mine.first().filter(|kv| kv.lease == lease))
+                {
+                    Some(kv) => (kv.create_revision, ranges.next().cloned()),
+                    None => return Err(failed(EtcdError::LeaseNotFound { lease })),
+                }
+            }
             Err(err) if err.is_retryable() || err.is_outcome_unknown() => {
                 *fault = Some(err);
                 pause(rounds).await?;
@@ -199,12 +226,17 @@ async fn join(
             Err(err) => return Err(failed(err)),
         };
         *fault = None;
-        return Ok(Held {
+        let held = Held {
             lease,
             key: key.to_owned(),
             revision,
             ttl,
-        });
+        };
+        let first = owner
+            .as_deref()
+            .and_then(<[KeyValue]>::first)
+            .is_some_and(|kv| held.is(kv));
+        return Ok((held, first));
     }
 }
 
