@@ -139,8 +139,9 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
                     | Fault::ConnKill
                     | Fault::RedisStall
             );
-            *mode != ChaosMode::Quorum
-                && !mode.is_etcd()
+            // A quorum needs throwaway nodes; the etcd modes, etcd.
+            let on_one_redis = *mode != ChaosMode::Quorum && !mode.is_etcd();
+            on_one_redis
                 && !fault.needs_redis_process()
                 && (!args.cluster || proxied)
                 && !(args.no_proxy && fault.needs_proxy())
