@@ -226,7 +226,28 @@ pub struct Call<'a> {
     pub(crate) stall: &'a Stall,
 }
 
-impl Call<'_> {
+impl<'a> Call<'a> {
+    /// A call made by a caller loop of your own, for a lock that is not a
+    /// [`Lessor`] (a control on another lock service: `leasehold chaos`'s
+    /// etcd Lock RPC mode): `lease` is `None`, and `stall` is the switch
+    /// the nemesis arms for a holder pause ([`pause_point`](Self::pause_point)
+    /// honours it as it does in [`Callers`]' calls).
+    pub fn new(
+        actor: &'a str,
+        resource: &'a str,
+        amount: i64,
+        lease: Option<&'a Lease>,
+        stall: &'a Stall,
+    ) -> Call<'a> {
+        Call {
+            actor,
+            resource,
+            amount,
+            lease,
+            stall,
+        }
+    }
+
     /// The lease's fencing token, if the lock is fenced.
     pub fn fence(&self) -> Option<FencingToken> {
         self.lease.and_then(Lease::fence)

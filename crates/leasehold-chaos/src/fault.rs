@@ -169,13 +169,40 @@ pub enum Fault {
     /// lasts until every sentinel names the new primary and it answers as
     /// one. As [`Fault::SentinelFailover`] otherwise.
     SentinelKill,
+    /// etcd (a throwaway cluster of three members): the leader killed
+    /// (`SIGKILL`) at the window's start and started again on its data at
+    /// its end; the other two elect a new leader meanwhile. The etcd modes
+    /// only, as every `Etcd*` fault.
+    EtcdLeaderKill,
+    /// etcd: a follower paused (`SIGSTOP`) through the window, its
+    /// connections left open: the callers it serves hang (their requests,
+    /// their keep-alives, a Lock RPC waiting on it) until it resumes.
+    EtcdMemberPause,
+    /// etcd: the leader cut off from its peers, both ways, through the
+    /// window (a minority of one; its clients still reach it): it steps
+    /// down after an election timeout and commits nothing, the other two
+    /// elect a leader.
+    EtcdMinorityCut,
+    /// etcd: two of the three members cut off from their peers through the
+    /// window: no majority anywhere, nothing commits, no lease is kept
+    /// alive; healed at its end.
+    EtcdMajorityCut,
+    /// etcd: every member killed at the window's start and all started
+    /// again on their data at its end (a whole-cluster restart: the keys
+    /// and leases are on disk; etcd renews every lease's TTL when a new
+    /// leader takes over).
+    EtcdRestart,
+    /// etcd: every etcd lease that holds a lock key revoked, as an
+    /// operator's `etcdctl lease revoke` would (the keys go with their
+    /// leases), every 200 ms through the window: etcd's [`Fault::KeyLoss`].
+    EtcdRevoke,
     /// A seeded mix of the faults above.
     Mixed,
 }
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 31] = [
+    pub const ALL: [Fault; 37] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -206,6 +233,12 @@ impl Fault {
         Fault::PostgresRestart,
         Fault::SentinelFailover,
         Fault::SentinelKill,
+        Fault::EtcdLeaderKill,
+        Fault::EtcdMemberPause,
+        Fault::EtcdMinorityCut,
+        Fault::EtcdMajorityCut,
+        Fault::EtcdRestart,
+        Fault::EtcdRevoke,
         Fault::Mixed,
     ];
 
@@ -266,6 +299,12 @@ impl Fault {
             Fault::PostgresRestart => "postgres-restart",
             Fault::SentinelFailover => "sentinel-failover",
             Fault::SentinelKill => "sentinel-kill",
+            Fault::EtcdLeaderKill => "etcd-leader-kill",
+            Fault::EtcdMemberPause => "etcd-member-pause",
+            Fault::EtcdMinorityCut => "etcd-minority-cut",
+            Fault::EtcdMajorityCut => "etcd-majority-cut",
+            Fault::EtcdRestart => "etcd-restart",
+            Fault::EtcdRevoke => "etcd-revoke",
             Fault::Mixed => "mixed",
         }
     }
@@ -282,7 +321,11 @@ impl Fault {
     pub const fn breaks_the_lock(self) -> bool {
         matches!(
             self,
-            Fault::HolderPause | Fault::KeyLoss | Fault::EarlyExpiry | Fault::ClockJump
+            Fault::HolderPause
+                | Fault::KeyLoss
+                | Fault::EarlyExpiry
+                | Fault::ClockJump
+                | Fault::EtcdRevoke
         )
     }
 
@@ -348,6 +391,20 @@ impl Fault {
         matches!(self, Fault::ClockJump | Fault::ClockFast)
     }
 
+    /// True for the faults of etcd, which run on a throwaway etcd cluster
+    /// of three members ([`LabOptions::etcd`](crate::LabOptions::etcd)).
+    pub const fn needs_etcd(self) -> bool {
+        matches!(
+            self,
+            Fault::EtcdLeaderKill
+                | Fault::EtcdMemberPause
+                | Fault::EtcdMinorityCut
+                | Fault::EtcdMajorityCut
+                | Fault::EtcdRestart
+                | Fault::EtcdRevoke
+        )
+    }
+
     /// True for the faults of a Redis Cluster, which run on a throwaway
     /// cluster of three masters with a replica each.
     pub const fn needs_cluster(self) -> bool {
@@ -380,6 +437,11 @@ impl Fault {
                 | Fault::NetBlackhole
                 | Fault::SentinelFailover
                 | Fault::SentinelKill
+                | Fault::EtcdLeaderKill
+                | Fault::EtcdMemberPause
+                | Fault::EtcdMinorityCut
+                | Fault::EtcdMajorityCut
+                | Fault::EtcdRestart
                 | Fault::Mixed
         )
     }
@@ -395,6 +457,7 @@ impl Fault {
                 | Fault::PubsubKill
                 | Fault::Eviction
                 | Fault::ClockJump
+                | Fault::EtcdRevoke
         )
     }
 }

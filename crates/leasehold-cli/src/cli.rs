@@ -1012,7 +1012,8 @@ pub(crate) struct MatrixArgs {
     /// the workload follow from it.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
-    /// The lock modes (rows), comma-separated [default: all]
+    /// The lock modes (rows), comma-separated [default: all but the etcd
+    /// modes, which run only when named]
     #[arg(long, value_enum, value_delimiter = ',')]
     pub(crate) modes: Vec<ChaosMode>,
     /// The faults (columns), comma-separated [default: all]: none,
@@ -1022,7 +1023,9 @@ pub(crate) struct MatrixArgs {
     /// script-flush, conn-kill, redis-stall, acl-reset, eviction,
     /// client-pause-write, pubsub-kill, maxclients, demotion, oom, flushall,
     /// clock-jump, clock-fast, postgres-restart, sentinel-failover,
-    /// sentinel-kill, mixed.
+    /// sentinel-kill, etcd-leader-kill, etcd-member-pause,
+    /// etcd-minority-cut, etcd-majority-cut, etcd-restart, etcd-revoke,
+    /// mixed.
     /// Each runs on the topology it needs: a single redis-server behind a
     /// fault proxy (for acl-reset the workers connect as the README's
     /// minimal lock user); with a replica for failover; a cluster of 3
@@ -1035,7 +1038,9 @@ pub(crate) struct MatrixArgs {
     /// for clock-jump and clock-fast a server whose clock libfaketime can
     /// drive (LEASEHOLD_REDIS_SERVER naming a libc-malloc build such as
     /// scripts/valkey.sh's Valkey; on Debian's redis-server their rows say
-    /// unsupported)
+    /// unsupported); a throwaway 3-member etcd cluster for the etcd modes
+    /// (etcd and etcd-lock-rpc, which run none, holder-pause, the
+    /// postgres faults and the etcd-* faults)
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     pub(crate) faults: Vec<leasehold_chaos::Fault>,
     /// Worker processes per run.
@@ -1171,9 +1176,22 @@ pub(crate) enum ChaosMode {
     /// No Redis lock: `SELECT ... FOR UPDATE` and the debit in one
     /// transaction.
     Db,
+    /// The etcd way of taking a lease (experimental `EtcdLocker`, on a
+    /// throwaway 3-member etcd cluster; the fence is the key's creation
+    /// revision, its guard row `etcd:fence:{wallet:N}`) and the fence guard
+    /// first in a transaction, as `guard`. Runs only when named.
+    Etcd,
+    /// Negative control on etcd: etcd's own Lock RPC (`v3lock`, a session
+    /// lease kept alive every ttl/3) and a blind read-modify-write, no
+    /// database check. Counts the grants etcd made to a session whose lease
+    /// had already expired (Jepsen's etcd 3.4.3 finding, fixed in 3.5.0).
+    /// Runs only when named.
+    EtcdLockRpc,
 }
 
 impl ChaosMode {
+    /// The modes run when `--modes` is not given: the Redis ones (the etcd
+    /// modes need an etcd binary and run only when named).
     pub(crate) const ALL: [ChaosMode; 8] = [
         ChaosMode::Blind,
         ChaosMode::Fenced,
@@ -1195,6 +1213,13 @@ impl ChaosMode {
             ChaosMode::Handoff => "handoff",
             ChaosMode::Quorum => "quorum",
             ChaosMode::Db => "db",
+            ChaosMode::Etcd => "etcd",
+            ChaosMode::EtcdLockRpc => "etcd-lock-rpc",
         }
+    }
+
+    /// Whether the mode runs on etcd (a throwaway etcd cluster, no Redis).
+    pub(crate) fn is_etcd(self) -> bool {
+        matches!(self, ChaosMode::Etcd | ChaosMode::EtcdLockRpc)
     }
 }

@@ -12,6 +12,8 @@ mod acl;
 mod bench_leader;
 #[path = "chaos.rs"]
 mod chaos;
+#[path = "chaos_etcd.rs"]
+mod chaos_etcd;
 #[path = "chaos_tls.rs"]
 mod chaos_tls;
 #[path = "cli.rs"]

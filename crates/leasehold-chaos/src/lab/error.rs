@@ -78,6 +78,16 @@ pub enum LabError {
     /// [`LabOptions::tls`]: super::LabOptions::tls
     #[error("the redis url's tls settings cannot be used")]
     Tls(#[source] leasehold::Error),
+    /// A request of the lab's own to its throwaway etcd cluster failed (an
+    /// operator's lease revoke, [`Fault::EtcdRevoke`]).
+    #[error("{what} failed on the etcd cluster")]
+    Etcd {
+        /// What was being done.
+        what: String,
+        /// The etcd client's error.
+        #[source]
+        source: leasehold::etcd::EtcdError,
+    },
 }
 
 pub(super) fn server(what: impl Into<String>) -> impl FnOnce(leasehold_testkit::Error) -> LabError {

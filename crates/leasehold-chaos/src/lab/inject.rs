@@ -8,6 +8,7 @@ use leasehold_testkit::{Direction, Failover, FaultProxy, RedisCluster, RedisServ
 
 use super::acl::{ACL_USER, set_acl_user};
 use super::error::{EXTERNAL_TIMEOUT, external, server, server_err};
+use super::etcd::etcd_lab;
 use super::servers::{Primary, Servers, own, query};
 use super::{Lab, LabError};
 use crate::callers::Stall;
@@ -28,6 +29,12 @@ impl Lab {
         let mut servers = self.servers();
         let target = match fault {
             Fault::None | Fault::Mixed => "nothing".to_owned(),
+            Fault::EtcdLeaderKill
+            | Fault::EtcdMemberPause
+            | Fault::EtcdMinorityCut
+            | Fault::EtcdMajorityCut
+            | Fault::EtcdRestart
+            | Fault::EtcdRevoke => etcd_lab(&mut servers.primary, fault)?.begin(fault)?,
             Fault::HolderPause => {
                 if servers.workers.is_empty() {
                     stall.arm(window.length);
@@ -346,6 +353,13 @@ impl Lab {
                 self.proxy(fault)?.cut();
                 Ok(())
             }
+            Fault::EtcdRevoke => match redis {
+                Primary::Etcd(etcd) => etcd.revoke(),
+                _ => Err(LabError::Unsupported {
+                    fault,
+                    needs: "a throwaway etcd cluster (the etcd modes)",
+                }),
+            },
             _ => Ok(()),
         }
     }
@@ -369,6 +383,12 @@ impl Lab {
         let fault = window.fault;
         let mut servers = self.servers();
         match fault {
+            Fault::EtcdLeaderKill
+            | Fault::EtcdMemberPause
+            | Fault::EtcdMinorityCut
+            | Fault::EtcdMajorityCut
+            | Fault::EtcdRestart
+            | Fault::EtcdRevoke => etcd_lab(&mut servers.primary, fault)?.end(fault)?,
             Fault::HolderPause => {
                 stall.disarm();
                 if let Some(pauser) = &servers.pauser
@@ -544,6 +564,9 @@ impl Lab {
             if primary.clock_rate().is_some_and(|rate| rate != 1.0) {
                 let _ = primary.set_clock_rate(1.0);
             }
+        }
+        if let Primary::Etcd(etcd) = &servers.primary {
+            etcd.heal();
         }
         if let Some(replica) = &servers.replica
             && replica.is_paused()

@@ -45,6 +45,7 @@
 
 mod acl;
 mod error;
+mod etcd;
 mod inject;
 mod nemesis;
 mod options;
@@ -140,11 +141,13 @@ impl Lab {
 
     /// The URLs of a Redlock quorum: [`redis_url`](Self::redis_url) first
     /// (the node faults hit), then the extra nodes. On a cluster, its
-    /// masters' URLs, the seed list of a cluster client.
+    /// masters' URLs, the seed list of a cluster client. On an etcd lab,
+    /// its members' client endpoints (`http://127.0.0.1:PORT`).
     pub fn node_urls(&self) -> Vec<String> {
         match &self.servers().primary {
             Primary::Cluster { cluster, .. } => return cluster.urls(),
             Primary::ExternalCluster { urls, .. } => return urls.clone(),
+            Primary::Etcd(etcd) => return etcd.cluster.endpoints(),
             _ => {}
         }
         let mut urls = vec![self.redis_url()];
@@ -208,6 +211,7 @@ impl Lab {
                 }
                 out
             }
+            Primary::Etcd(etcd) => etcd.logs(),
         };
         for (i, old) in servers.retired.iter().enumerate() {
             out.push_str(&format!("\n--- redis (retired {i}) ---\n{}", old.log()));

@@ -37,6 +37,25 @@ impl Lab {
             });
         }
         let servers = self.servers();
+        let etcd = matches!(servers.primary, Primary::Etcd(_));
+        if fault.needs_etcd() && !etcd {
+            return Err(LabError::Unsupported {
+                fault,
+                needs: "a throwaway etcd cluster (LabOptions::etcd, the etcd modes)",
+            });
+        }
+        if etcd
+            && !fault.needs_etcd()
+            && !matches!(
+                fault,
+                Fault::None | Fault::HolderPause | Fault::PostgresPause | Fault::PostgresRestart
+            )
+        {
+            return Err(LabError::Unsupported {
+                fault,
+                needs: "a redis server (an etcd lab runs the etcd faults, the holder pause and the postgresql faults)",
+            });
+        }
         if fault.needs_fake_clock()
             && !matches!(&servers.primary, Primary::Own(primary) if primary.clock_rate().is_some())
         {
@@ -91,6 +110,9 @@ fn period(fault: Fault) -> Duration {
         Fault::NetCut | Fault::ConnKill => Duration::from_millis(100),
         Fault::PubsubKill => Duration::from_millis(300),
         Fault::ClockJump => Duration::from_millis(25),
+        // Each revoke is a raft commit (synced to disk on etcd 3.4): a
+        // storm of them would measure the disk, not the lock.
+        Fault::EtcdRevoke => Duration::from_millis(200),
         _ => Duration::from_millis(50),
     }
 }

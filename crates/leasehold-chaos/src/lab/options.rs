@@ -30,6 +30,7 @@ pub struct LabOptions {
     pub(super) proxy_host: Option<String>,
     pub(super) redis_options: Option<RedisOptions>,
     pub(super) fake_clock: bool,
+    pub(super) etcd: bool,
 }
 
 impl LabOptions {
@@ -244,6 +245,20 @@ impl LabOptions {
         self
     }
 
+    /// A throwaway etcd cluster of three members (the test kit's
+    /// `EtcdCluster`: `etcd` from `PATH`, or the binary `LEASEHOLD_ETCD`
+    /// names) instead of any Redis, for the etcd way of taking a lease
+    /// and the etcd faults ([`Fault::needs_etcd`]); the callers dial its
+    /// members' endpoints ([`Lab::node_urls`]). No proxy, replica, extra
+    /// nodes, TLS or Redis options ([`LabError::Options`]). Defaults to
+    /// off.
+    ///
+    /// [`Lab::node_urls`]: super::Lab::node_urls
+    pub fn etcd(mut self, on: bool) -> Self {
+        self.etcd = on;
+        self
+    }
+
     /// The options a fault needs on top of these.
     pub fn for_fault(self, fault: Fault) -> Self {
         match fault {
@@ -253,6 +268,7 @@ impl LabOptions {
             Fault::SlotMigration | Fault::ClusterFailover => self.cluster(true),
             Fault::RedisRestartAof | Fault::Mixed => self.aof(true),
             Fault::AclReset => self.acl_user(true),
+            fault if fault.needs_etcd() => self.etcd(true),
             _ => self,
         }
     }

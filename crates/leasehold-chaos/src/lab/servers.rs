@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use leasehold_testkit::{PostgresServer, RedisCluster, RedisSentinel, RedisServer};
 
 use super::error::{EXTERNAL_TIMEOUT, external, server_err};
+use super::etcd::EtcdLab;
 use super::{LabError, LabOptions, Pauser};
 use crate::fault::Fault;
 
@@ -38,6 +39,9 @@ pub(super) enum Primary {
         setup: RedisSentinel,
         old: Option<u16>,
     },
+    /// A throwaway etcd cluster of three members, for the etcd modes: no
+    /// Redis at all.
+    Etcd(EtcdLab),
 }
 
 pub(super) struct Servers {
@@ -81,7 +85,8 @@ pub(super) fn own(primary: &mut Primary, fault: Fault) -> Result<&mut RedisServe
         Primary::External { .. }
         | Primary::ExternalCluster { .. }
         | Primary::Cluster { .. }
-        | Primary::Sentinel { .. } => Err(LabError::Unsupported {
+        | Primary::Sentinel { .. }
+        | Primary::Etcd(_) => Err(LabError::Unsupported {
             fault,
             needs: "a single redis-server the lab started (it controls the process)",
         }),
@@ -95,6 +100,9 @@ impl Primary {
             Primary::Own(server) => server.command(args).map(drop).map_err(server_err(what)),
             Primary::Cluster { .. } => Err(LabError::Options(
                 "key and script faults are not sent to a throwaway cluster lab",
+            )),
+            Primary::Etcd(_) => Err(LabError::Options(
+                "redis commands are not sent to an etcd lab (its key loss is etcd-revoke)",
             )),
             // The primary the sentinels name now.
             Primary::Sentinel { setup, .. } => setup

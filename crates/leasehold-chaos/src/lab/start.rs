@@ -72,6 +72,14 @@ impl Lab {
     /// # Errors
     /// [`LabError::Server`] when a server does not start.
     pub fn start(options: &LabOptions) -> Result<Lab, LabError> {
+        if options.etcd {
+            if options.redis_url.is_some() || !options.cluster_urls.is_empty() {
+                return Err(LabError::Options(
+                    "an etcd lab starts its own etcd cluster: no redis url",
+                ));
+            }
+            return Self::start_etcd(options);
+        }
         if let Some(url) = &options.redis_url {
             return Self::start_external(options, url);
         }
@@ -332,7 +340,7 @@ impl Lab {
         Ok(lab)
     }
 
-    fn assemble(
+    pub(super) fn assemble(
         servers: Servers,
         proxy: Option<FaultProxy>,
         aof: bool,

@@ -13,6 +13,7 @@ use leasehold_chaos::{
 };
 use leasehold_testkit::PostgresServer;
 
+mod lock_rpc;
 mod modes;
 mod run;
 mod worker;
@@ -138,7 +139,9 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
                     | Fault::ConnKill
                     | Fault::RedisStall
             );
-            *mode != ChaosMode::Quorum
+            // A quorum needs throwaway nodes; the etcd modes, etcd.
+            let on_one_redis = *mode != ChaosMode::Quorum && !mode.is_etcd();
+            on_one_redis
                 && !fault.needs_redis_process()
                 && (!args.cluster || proxied)
                 && !(args.no_proxy && fault.needs_proxy())
@@ -172,6 +175,7 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     let progress = Progress::new("chaos", cells.len() as u64 * u64::from(runs));
     let mut results = Vec::new();
     let mut unsupported = Vec::new();
+    let mut expired_grants: Vec<ExpiredGrants> = Vec::new();
     for &(mode, fault) in &cells {
         for i in 0..runs {
             let seed = args.seed.wrapping_add(u64::from(i));
@@ -202,10 +206,24 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
             if let Some(dir) = &args.report {
                 save(dir, mode, fault, seed, &report)?;
             }
+            let expired =
+                (mode == ChaosMode::EtcdLockRpc).then(|| lock_rpc::expired_grants(&report.events));
+            if let Some(grants) = expired {
+                match expired_grants
+                    .iter_mut()
+                    .find(|cell| cell.fault == fault.name())
+                {
+                    Some(cell) => cell.add(grants),
+                    None => expired_grants.push(ExpiredGrants::new(fault.name(), grants)),
+                }
+            }
             if !json {
                 let control = report::control_for(&leasehold_chaos::rows(&results), fault.name());
+                let grants = expired.map_or_else(String::new, |grants| {
+                    format!("; lock rpc grants whose key was already gone {grants}")
+                });
                 note!(
-                    "chaos: {} x {} seed {seed}: {}",
+                    "chaos: {} x {} seed {seed}: {}{grants}",
                     mode.name(),
                     fault,
                     one_line(&report.check, &control)
@@ -223,12 +241,21 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         for cell in &unsupported {
             println!("{}", serde_json::to_string(cell)?);
         }
+        for cell in &expired_grants {
+            println!("{}", serde_json::to_string(cell)?);
+        }
     } else {
         print!("{}", report::render_table(&rows));
         for cell in &unsupported {
             println!(
                 "{} x {}: unsupported, not run: needs {}",
                 cell.mode, cell.fault, cell.needs
+            );
+        }
+        for cell in &expired_grants {
+            println!(
+                "etcd-lock-rpc x {}: {} grants whose key was already gone when read right after (the session's lease ended before or just after the grant), in {} of {} runs",
+                cell.fault, cell.grants, cell.runs_with, cell.runs
             );
         }
     }
@@ -252,6 +279,41 @@ struct Unsupported {
     fault: &'static str,
     status: &'static str,
     needs: &'static str,
+}
+
+/// The etcd Lock RPC control's grants whose key was already gone when
+/// read right after the grant, per fault: Jepsen's etcd 3.4.3 finding (a
+/// waiter whose session lease ended while it waited is given the lock),
+/// or a lease that ended just after a rightful grant (see the
+/// `lock_rpc` module). In JSON a row of its own (`key_gone_grants`).
+#[derive(serde::Serialize)]
+struct ExpiredGrants {
+    mode: &'static str,
+    fault: &'static str,
+    #[serde(rename = "key_gone_grants")]
+    grants: usize,
+    runs_with: u32,
+    runs: u32,
+}
+
+impl ExpiredGrants {
+    fn new(fault: &'static str, grants: usize) -> ExpiredGrants {
+        let mut cell = ExpiredGrants {
+            mode: ChaosMode::EtcdLockRpc.name(),
+            fault,
+            grants: 0,
+            runs_with: 0,
+            runs: 0,
+        };
+        cell.add(grants);
+        cell
+    }
+
+    fn add(&mut self, grants: usize) {
+        self.grants += grants;
+        self.runs += 1;
+        self.runs_with += u32::from(grants > 0);
+    }
 }
 
 /// Checks the flags that say how to reach the user's Redis (`seeds`: its

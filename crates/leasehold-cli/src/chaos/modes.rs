@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use deadpool_postgres::Pool;
 use leasehold::tls::TlsFiles;
-use leasehold::{HandoffLocker, Locker, Quorum, Sentinel};
+use leasehold::{EtcdLocker, HandoffLocker, Locker, Quorum, Sentinel};
 use leasehold_chaos::{Call, Fault, Lock, WriteOutcome, Written};
 use leasehold_pg::Outcome;
 use leasehold_pg::Snapshot;
@@ -18,6 +18,10 @@ use crate::ledger;
 
 /// How long any Redis request of a worker may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long an etcd request of the etcd mode may take: the etcd locker's
+/// default, since every etcd write is a raft commit a majority syncs to
+/// disk (etcd 3.4 cannot skip the sync), slower than a Redis write.
+const ETCD_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 /// The cluster client's retry waits, in milliseconds (redis-rs's defaults
 /// are 1,280 to 655,360).
 const CLUSTER_RETRY_WAIT_MIN_MS: u64 = 1;
@@ -45,8 +49,8 @@ impl ChaosMode {
     /// rows are reported, not judged.
     pub(crate) fn expect(self, fault: Fault) -> Expect {
         match self {
-            ChaosMode::Blind if fault.breaks_the_lock() => Expect::Breaks,
-            ChaosMode::Blind | ChaosMode::Fenced => Expect::MayBreak,
+            ChaosMode::Blind | ChaosMode::EtcdLockRpc if fault.breaks_the_lock() => Expect::Breaks,
+            ChaosMode::Blind | ChaosMode::EtcdLockRpc | ChaosMode::Fenced => Expect::MayBreak,
             _ => Expect::Holds,
         }
     }
@@ -58,7 +62,20 @@ impl ChaosMode {
 
     /// Whether the mode can run under `fault` at all.
     pub(crate) fn supports(self, fault: Fault) -> bool {
+        if self.is_etcd() {
+            // No Redis there: the etcd faults, and those that hit a holder
+            // or the database.
+            return fault.needs_etcd()
+                || matches!(
+                    fault,
+                    Fault::None
+                        | Fault::HolderPause
+                        | Fault::PostgresPause
+                        | Fault::PostgresRestart
+                );
+        }
         match fault {
+            fault if fault.needs_etcd() => false,
             // A quorum has no replica to fail over to; a lone replica
             // promoted is one node of three, not a failover.
             Fault::Failover => self != ChaosMode::Quorum,
@@ -91,6 +108,21 @@ impl ChaosMode {
         // Every mode but the blind control writes with a fencing token.
         let fenced = self != ChaosMode::Blind;
         let first = urls.first().context("no redis url")?;
+        match self {
+            ChaosMode::Etcd => {
+                // The endpoints come rotated per worker: each starts at
+                // another member, as services spread over a cluster do.
+                let locker = EtcdLocker::builder(urls.to_vec())
+                    .command_timeout(ETCD_COMMAND_TIMEOUT)
+                    .connect()
+                    .await?;
+                return Ok(Lock::new(locker, true));
+            }
+            ChaosMode::EtcdLockRpc => {
+                anyhow::bail!("etcd's Lock RPC is not a leasehold lock: its callers run apart")
+            }
+            _ => {}
+        }
         anyhow::ensure!(
             tls.is_empty() || !(cluster || Sentinel::is_sentinel_url(first)),
             "tls files for a redis cluster or sentinel url, which this mode connects to over plain tcp"
@@ -235,7 +267,7 @@ impl ChaosMode {
                 tx.commit().await.map_err(during)?;
                 Ok(written(outcome))
             }
-            ChaosMode::Guard | ChaosMode::Leader => {
+            ChaosMode::Guard | ChaosMode::Leader | ChaosMode::Etcd => {
                 let lease = call
                     .lease
                     .ok_or_else(|| Step::Before("guard mode takes a lease".into()))?;
@@ -254,7 +286,7 @@ impl ChaosMode {
                 tx.commit().await.map_err(during)?;
                 Ok(WriteOutcome::Accepted.into())
             }
-            ChaosMode::Blind => {
+            ChaosMode::Blind | ChaosMode::EtcdLockRpc => {
                 let Some(read) = read_then_work(&*client, id, call, work).await? else {
                     return Ok(WriteOutcome::Insufficient.into());
                 };

@@ -110,6 +110,7 @@ pub(crate) async fn run_one(
     let options = plan
         .lab_options()
         .for_fault(fault)
+        .etcd(mode.is_etcd())
         .nodes(mode.nodes(plan.quorum_nodes))
         .postgres(postgres.clone());
     let resources = plan.resources();
@@ -139,7 +140,8 @@ pub(crate) async fn run_one(
         initial: resources.clone(),
     };
     let cluster = lab.is_cluster();
-    let urls = if mode.nodes(plan.quorum_nodes) > 1 || cluster {
+    let etcd = lab.is_etcd();
+    let urls = if mode.nodes(plan.quorum_nodes) > 1 || cluster || etcd {
         lab.node_urls()
     } else {
         vec![lab.redis_url()]
@@ -147,11 +149,18 @@ pub(crate) async fn run_one(
     let database_url = lab.postgres_url().context("the lab has no postgresql")?;
     let mut workers = Vec::new();
     for worker in 0..plan.workers {
+        let mut redis_urls = urls.clone();
+        if etcd && !redis_urls.is_empty() {
+            // Each worker starts at another member, as the services of one
+            // cluster spread over its members.
+            let first = worker as usize % redis_urls.len();
+            redis_urls.rotate_left(first);
+        }
         let spec = Spec {
             worker,
             tasks: plan.tasks,
             mode,
-            redis_urls: urls.clone(),
+            redis_urls,
             cluster,
             tls: plan.tls.clone(),
             database_url: database_url.clone(),
@@ -332,9 +341,14 @@ async fn reset(pool: &Pool, resources: &[(String, i64)]) -> anyhow::Result<()> {
     for (resource, initial) in resources {
         let id = super::modes::wallet_id(resource).context("a wallet resource")?;
         leasehold_pg::reset_wallet(&**db, id, *initial).await?;
+        // The Redis row and the etcd way's own (see the etcd locker's
+        // docs, "Fencing tokens").
         db.execute(
-            "DELETE FROM leasehold_fences WHERE resource = $1",
-            &[&format!("fence:{{{resource}}}")],
+            "DELETE FROM leasehold_fences WHERE resource IN ($1, $2)",
+            &[
+                &format!("fence:{{{resource}}}"),
+                &format!("etcd:fence:{{{resource}}}"),
+            ],
         )
         .await
         .map_err(leasehold_pg::Error::from)

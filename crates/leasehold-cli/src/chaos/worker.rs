@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_util::task::AbortOnDropHandle;
 
+use super::lock_rpc::RpcCallers;
 use crate::cli::ChaosMode;
 use crate::env::TlsFlags;
 
@@ -27,6 +28,8 @@ pub(crate) struct Spec {
     pub(crate) worker: u32,
     pub(crate) tasks: u32,
     pub(crate) mode: ChaosMode,
+    /// Redis URLs (one, a quorum's, or a cluster's seeds), or for the
+    /// etcd modes the members' client endpoints, this worker's first.
     pub(crate) redis_urls: Vec<String>,
     /// The URLs are a Redis Cluster's seed nodes.
     #[serde(default)]
@@ -94,7 +97,12 @@ pub(crate) async fn run() -> anyhow::Result<()> {
         .context("no worker spec on stdin")?;
     let spec: Spec = serde_json::from_str(&input).context("parsing the worker spec")?;
     let pool = crate::env::pg_pool(&spec.database_url, spec.tasks as usize)?;
-    let lock = connect_lock(&spec).await?;
+    // etcd's Lock RPC is not a leasehold lock: its callers run apart.
+    let lock = if spec.mode == ChaosMode::EtcdLockRpc {
+        None
+    } else {
+        Some(connect_lock(&spec).await?)
+    };
     // Every connection open before the run starts: a first write that
     // spends the TTL on a connection handshake would show as a double
     // holder the faults did not cause.
@@ -169,7 +177,27 @@ pub(crate) async fn run() -> anyhow::Result<()> {
     };
     let (mode, work) = (spec.mode, Duration::from_millis(spec.work_ms));
     let write = async |call: leasehold_chaos::Call<'_>| mode.write(&pool, call, work).await;
-    tokio::join!(callers.run(&lock, &recorder, &stop, &stall, &write), timer);
+    match &lock {
+        Some(lock) => {
+            tokio::join!(callers.run(lock, &recorder, &stop, &stall, &write), timer);
+        }
+        None => {
+            let rpc = RpcCallers {
+                worker: spec.worker,
+                tasks: spec.tasks,
+                resources: spec.resources.clone(),
+                ttl: callers.ttl,
+                wait: callers.wait,
+                work,
+                seed: spec.seed,
+            };
+            let (ran, ()) = tokio::join!(
+                rpc.run(&spec.redis_urls, &pool, &recorder, &stop, &stall),
+                timer
+            );
+            ran?;
+        }
+    }
     drop(commands);
     Ok(())
 }
