@@ -139,7 +139,7 @@ pub trait Lessor: sealed::Sealed + Clone + Send + Sync + 'static {
     }
 }
 
-/// The seal: implemented by the three ways, in their own modules, with
+/// The seal: implemented by the ways, in their own modules, with
 /// what an [`Election`](crate::Election) reads that a lease does not carry.
 pub(crate) mod sealed {
     use crate::lease::Reply;

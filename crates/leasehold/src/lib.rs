@@ -187,7 +187,8 @@
 //!    through one small backend interface. Knows nothing of hand-off or
 //!    quorum.
 //! 3. **Ways of taking a lease**: polling ([`Locker`]), hand-off with its
-//!    relay ([`HandoffLocker`]), Redlock ([`Quorum`]); each implements the
+//!    relay ([`HandoffLocker`]), Redlock ([`Quorum`]), and on etcd
+//!    (`EtcdLocker`, feature `etcd`); each implements the
 //!    backend, checks options in one place, turns the caller's wait into
 //!    one deadline at its entry (capped by the command timeout in one
 //!    place, for each request) and shares one retry loop and one routine
@@ -222,8 +223,7 @@ pub mod watchdog;
 // The ways of taking a lease.
 pub mod election;
 mod erased;
-// Leases on etcd (experimental, hidden from the docs until verified under
-// faults).
+// Leases on etcd.
 #[cfg(feature = "etcd")]
 mod etcd_locker;
 #[cfg(feature = "handoff")]
@@ -253,10 +253,10 @@ pub mod tls;
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub mod sentinel;
-// etcd's v3 API over gRPC (protocol layer; groundwork for leases on
-// etcd, hidden until the etcd way is built).
+// etcd's v3 API over gRPC (protocol layer: the etcd way's client, its
+// errors and credentials).
 #[cfg(feature = "etcd")]
-#[doc(hidden)]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub mod etcd;
 
 #[cfg(test)]
@@ -272,7 +272,7 @@ pub use endpoint::Endpoint;
 pub use erased::DynLessor;
 pub use error::{ClientError, Error, GiveUpReason, Result, TlsFileRole};
 #[cfg(feature = "etcd")]
-#[doc(hidden)]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use etcd_locker::{DEFAULT_ETCD_PREFIX, EtcdLocker, EtcdLockerBuilder};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 #[cfg(feature = "handoff")]

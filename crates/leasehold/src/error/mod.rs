@@ -447,7 +447,6 @@ pub enum Error {
     /// a release that ends this way never claims it gave the lock back.
     /// Retryable when the source is.
     #[cfg(feature = "etcd")]
-    #[doc(hidden)]
     #[error("etcd error during {op}")]
     Etcd {
         /// The operation that failed (`"acquire"`, `"refresh"`,

@@ -1,5 +1,12 @@
-//! Leases on etcd (feature `etcd`): [`EtcdLocker`]. **Experimental**: a
-//! first cut, hidden from the docs while it is verified under faults.
+//! Leases on etcd (feature `etcd`): [`EtcdLocker`], the way to take a
+//! lease for a team that outgrows what Redis promises (a failover that
+//! grants one lock twice, fence counters lost with the data): the same
+//! [`Lease`], the same calls and the same guard, on a consensus store.
+//! Verified by the fault matrix like the Redis ways (`leasehold chaos
+//! --modes etcd`, and the side-by-side table in the repository's
+//! `docs/chaos.md`): a lease on etcd, too, is lost by a holder paused past
+//! its TTL, so the lock is an efficiency lock there as well, and the
+//! fencing token checked by the database is what keeps the data right.
 //!
 //! # The recipe, and why each step is safe
 //!
@@ -111,11 +118,22 @@
 //! - The test kit passes `--unsafe-no-fsync` to 3.5 members (3.4 has no
 //!   such switch), which makes the tests faster, not different.
 //!
-//! # What is not done yet
+//! # TLS and authentication
 //!
-//! The retry strategy only decides
-//! whether to wait at all ([`RetryStrategy::none`](crate::RetryStrategy::none):
-//! one look, no wait); [`AcquireOptions::wait_replicas`](crate::AcquireOptions::wait_replicas)
+//! `https://` endpoints (with the `tls` feature) are verified as Redis's
+//! `rediss://` URLs are, with the same [`TlsFiles`](crate::tls::TlsFiles)
+//! ([`EtcdLockerBuilder::tls`]); a refused certificate, our certificate
+//! refused and a plain port are named at [`connect`](EtcdLockerBuilder::connect)
+//! ([`EtcdError::tls_failure`](crate::etcd::EtcdError::tls_failure)).
+//! etcd's users and passwords: [`EtcdLockerBuilder::credentials`]; the
+//! password never appears in a log or an error.
+//!
+//! # Options that differ from Redis
+//!
+//! The retry strategy only decides whether to wait at all
+//! ([`RetryStrategy::none`](crate::RetryStrategy::none): one look, no
+//! wait): a waiter is woken by watch, not by polling.
+//! [`AcquireOptions::wait_replicas`](crate::AcquireOptions::wait_replicas)
 //! is refused (etcd commits on a majority before it answers).
 
 mod backend;
@@ -143,8 +161,8 @@ use self::backend::EtcdBackend;
 /// [`EtcdLockerBuilder::prefix`] says otherwise: `leasehold/`.
 pub const DEFAULT_ETCD_PREFIX: &str = "leasehold/";
 
-/// Takes leases on an etcd cluster. **Experimental** (feature `etcd`): see
-/// the module docs for the recipe and what is left to do.
+/// Takes leases on an etcd cluster (feature `etcd`): see the module docs
+/// for the recipe, and what it does and does not promise.
 ///
 /// The same four calls as [`Locker`](crate::Locker) and the same
 /// [`Lease`], through the same [`Lessor`] trait: waiters are served in
