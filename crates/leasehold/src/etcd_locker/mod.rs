@@ -37,9 +37,10 @@
 //!    failed for a whole TTL, or an operator revoked it) has lost its
 //!    place: it joins again, at the back, within the same wait.
 //! 3. **Confirm by the key itself.** After a wait, a keep-alive of our
-//!    etcd lease and then a linearizable read of our key (still there, at
-//!    our revision, under our lease) before the lease is handed over; the
-//!    lease counts from the keep-alive's send time. First in line at once,
+//!    etcd lease goes with the linearizable read of the queue: the lock
+//!    is ours when both answer and the read finds our key first (still
+//!    there, at our revision, under our lease), before the lease is handed
+//!    over; it counts from the keep-alive's send time. First in line at once,
 //!    the grant's send time counts (the key was created under it, so the
 //!    etcd lease was alive then and lasts its TTL from the grant on).
 //! 4. **Give up cleanly.** On the deadline, an error or cancellation (or

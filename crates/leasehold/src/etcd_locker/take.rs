@@ -140,7 +140,7 @@ pub(super) async fn take(
         // The lease counts from the send time of the request that proved
         // it ours: first in line at once, the grant's (the read after our
         // create saw our key first, under the etcd lease granted then);
-        // after a wait, the keep-alive's before the confirming read.
+        // after a wait, the keep-alive's, sent with the confirming read.
         let confirmed_at = match won {
             Won::AtOnce => sent_at,
             Won::After { confirmed_at } => confirmed_at,
@@ -174,7 +174,8 @@ enum Won {
     /// First in line when our key was created.
     AtOnce,
     /// After waiting; confirmed by a keep-alive sent at `confirmed_at` and
-    /// a read of our key after it.
+    /// a read of the queue sent with it (our key there, first: so our
+    /// etcd lease was alive when the read was served, after the send).
     After { confirmed_at: Instant },
 }
 
@@ -286,27 +287,40 @@ async fn wait_turn(
     // The last request's fault, while the requests since have all failed.
     let mut fault: Option<EtcdError> = None;
     loop {
-        let (_, deadline) = next_request(rounds, &mut fault)?;
-        let read = match client.range(&queue, deadline).await {
-            Ok(read) => read,
-            Err(err) if err.is_retryable() => {
+        let (sent_at, deadline) = next_request(rounds, &mut fault)?;
+        // After a wait, a keep-alive of our etcd lease goes with the read:
+        // if the read finds us first, the lock is ours, and the lease
+        // counts from the keep-alive's send time (see `Won::After`).
+        let (read, kept) = if waited {
+            let (read, kept) = futures_util::future::join(
+                client.range(&queue, deadline),
+                client.keep_alive_once(held.lease, deadline),
+            )
+            .await;
+            (read, Some(kept))
+        } else {
+            (client.range(&queue, deadline).await, None)
+        };
+        let read = match (read, kept) {
+            (Ok(_), Some(Err(EtcdError::LeaseNotFound { .. }))) => {
+                return Err(failed(EtcdError::LeaseNotFound { lease: held.lease }));
+            }
+            (Ok(read), None | Some(Ok(_))) => read,
+            (Err(err), _) | (Ok(_), Some(Err(err))) if err.is_retryable() => {
                 fault = Some(err);
                 pause(rounds).await?;
                 continue;
             }
-            Err(err) => return Err(failed(err)),
+            (Err(err), _) | (Ok(_), Some(Err(err))) => return Err(failed(err)),
         };
         fault = None;
         let ahead = match place(&read, held) {
             Place::First if !waited => return Ok(Won::AtOnce),
-            Place::First => match confirm(backend, held, rounds).await {
-                Err(Error::Etcd { source, .. }) if source.is_retryable() => {
-                    fault = Some(source);
-                    pause(rounds).await?;
-                    continue;
-                }
-                confirmed => return confirmed,
-            },
+            Place::First => {
+                return Ok(Won::After {
+                    confirmed_at: sent_at,
+                });
+            }
             Place::Gone => return Err(failed(EtcdError::LeaseNotFound { lease: held.lease })),
             Place::Behind { ahead } => ahead,
         };
@@ -407,29 +421,5 @@ async fn pause(rounds: &Rounds<'_>) -> Result<()> {
         biased;
         () = rounds.cancelled() => Err(rounds.give_up(GiveUpReason::Cancelled)),
         () = tokio::time::sleep_until(wake) => Ok(()),
-    }
-}
-
-/// Confirms, after a wait, that the lock is ours: a keep-alive of our etcd
-/// lease, then a linearizable read of our key (still there, at our
-/// revision, under our lease). The lease counts from the keep-alive's send
-/// time: etcd renewed it then or later, and the read after it proves it
-/// was not revoked meanwhile.
-async fn confirm(backend: &EtcdBackend, held: &Held, rounds: &mut Rounds<'_>) -> Result<Won> {
-    let (confirmed_at, deadline) = rounds.attempt()?;
-    backend
-        .client
-        .keep_alive_once(held.lease, deadline)
-        .await
-        .map_err(failed)?;
-    let read = backend
-        .client
-        .range(&Range::key(held.key.as_str()), deadline)
-        .await
-        .map_err(failed)?;
-    if read.kvs.first().is_some_and(|kv| held.is(kv)) {
-        Ok(Won::After { confirmed_at })
-    } else {
-        Err(failed(EtcdError::LeaseNotFound { lease: held.lease }))
     }
 }
