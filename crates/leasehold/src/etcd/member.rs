@@ -82,7 +82,7 @@ struct OneConnection {
 
 /// Where a TLS stream notes the failure it met.
 #[cfg(feature = "tls")]
-type TlsFailureSlot = Arc<Mutex<Option<crate::tls::TlsFailure>>>;
+type TlsFailureSlot = Arc<Mutex<Option<crate::tls_failure::TlsFailure>>>;
 
 /// How a member's connection speaks TLS: the client settings and the name
 /// its certificate must carry.
@@ -198,7 +198,7 @@ async fn speaks_plain_http(host: &str, port: u16) -> bool {
 /// certificate refused) or the member's first frame (none). See
 /// [`Member::tls_reason`].
 #[cfg(feature = "tls")]
-async fn probe_tls(endpoint: &Endpoint, tls: &Tls) -> Option<crate::tls::TlsFailure> {
+async fn probe_tls(endpoint: &Endpoint, tls: &Tls) -> Option<crate::tls_failure::TlsFailure> {
     use tokio::io::AsyncReadExt;
     let uri = endpoint.uri();
     let host = uri.host().unwrap_or("localhost");
@@ -580,7 +580,7 @@ impl Member {
     fn connect_failed(&self, source: tonic::transport::Error) -> EtcdError {
         #[cfg(feature = "tls")]
         if let Some(failure) = crate::tls_failure::classify(&source)
-            .or_else(|| PlainPort::caused(&source).then_some(crate::tls::TlsFailure::NotTls))
+            .or_else(|| PlainPort::caused(&source).then_some(crate::tls_failure::TlsFailure::NotTls))
         {
             return EtcdError::Tls {
                 endpoint: self.url.to_string(),
