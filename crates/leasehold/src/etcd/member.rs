@@ -579,9 +579,9 @@ impl Member {
     /// What a failed connect was: a TLS failure, named, or any other.
     fn connect_failed(&self, source: tonic::transport::Error) -> EtcdError {
         #[cfg(feature = "tls")]
-        if let Some(failure) = crate::tls_failure::classify(&source)
-            .or_else(|| PlainPort::caused(&source).then_some(crate::tls_failure::TlsFailure::NotTls))
-        {
+        if let Some(failure) = crate::tls_failure::classify(&source).or_else(|| {
+            PlainPort::caused(&source).then_some(crate::tls_failure::TlsFailure::NotTls)
+        }) {
             return EtcdError::Tls {
                 endpoint: self.url.to_string(),
                 failure,
