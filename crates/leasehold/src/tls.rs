@@ -207,19 +207,9 @@ fn read_files(files: &TlsFiles) -> Result<(Option<redis::ClientTlsConfig>, Optio
         Some(path) => Some(load_ca(path)?.0),
         None => None,
     };
-    let client_tls = match (&files.cert, &files.key) {
-        (None, None) => None,
-        (Some(_), None) => {
-            return Err(Error::InvalidOptions(
-                "a client certificate needs its key file",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(Error::InvalidOptions(
-                "a client key needs its certificate file",
-            ));
-        }
-        (Some(cert_path), Some(key_path)) => {
+    let client_tls = match identity_paths(files)? {
+        None => None,
+        Some((cert_path, key_path)) => {
             let (cert_pem, key_pem, _) = load_identity(cert_path, key_path)?;
             Some(redis::ClientTlsConfig {
                 client_cert: cert_pem,
@@ -228,6 +218,20 @@ fn read_files(files: &TlsFiles) -> Result<(Option<redis::ClientTlsConfig>, Optio
         }
     };
     Ok((client_tls, ca))
+}
+
+/// The client certificate's and key's paths: both, or neither.
+fn identity_paths(files: &TlsFiles) -> Result<Option<(&Path, &Path)>> {
+    match (&files.cert, &files.key) {
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(Error::InvalidOptions(
+            "a client certificate needs its key file",
+        )),
+        (None, Some(_)) => Err(Error::InvalidOptions(
+            "a client key needs its certificate file",
+        )),
+        (Some(cert), Some(key)) => Ok(Some((cert, key))),
+    }
 }
 
 /// The CA certificates in the PEM file at `path`, as roots to verify a
@@ -306,19 +310,9 @@ pub fn client_config(files: &TlsFiles, alpn: &[&[u8]]) -> Result<rustls::ClientC
         .with_safe_default_protocol_versions()
         .map_err(|_| Error::InvalidOptions("the tls provider supports no safe protocol version"))?
         .with_root_certificates(roots);
-    let mut config = match (&files.cert, &files.key) {
-        (None, None) => builder.with_no_client_auth(),
-        (Some(_), None) => {
-            return Err(Error::InvalidOptions(
-                "a client certificate needs its key file",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(Error::InvalidOptions(
-                "a client key needs its certificate file",
-            ));
-        }
-        (Some(cert_path), Some(key_path)) => {
+    let mut config = match identity_paths(files)? {
+        None => builder.with_no_client_auth(),
+        Some((cert_path, key_path)) => {
             let (chain, key) = client_identity(cert_path, key_path)?.into_parts();
             builder.with_client_auth_cert(chain, key).map_err(|_| {
                 file_err(

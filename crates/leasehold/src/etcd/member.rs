@@ -42,21 +42,27 @@ pub(crate) struct SessionLost;
 impl SessionLost {
     /// Whether `status` is this failure (somewhere in its sources).
     pub(crate) fn caused(status: &tonic::Status) -> bool {
-        let mut cause: Option<&(dyn std::error::Error + 'static)> =
-            std::error::Error::source(status);
-        while let Some(error) = cause {
-            if error.is::<SessionLost>()
-                || error
-                    .downcast_ref::<io::Error>()
-                    .and_then(io::Error::get_ref)
-                    .is_some_and(|inner| inner.is::<SessionLost>())
-            {
-                return true;
-            }
-            cause = error.source();
-        }
-        false
+        std::error::Error::source(status).is_some_and(caused_by::<SessionLost>)
     }
+}
+
+/// Whether `err`, or an error in its `source()` chain or inside an
+/// `io::Error` there, is an `E`: how a failure of our connector's is
+/// found again in the error tonic and hyper wrap it in.
+fn caused_by<E: std::error::Error + 'static>(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(err);
+    while let Some(error) = cause {
+        if error.is::<E>()
+            || error
+                .downcast_ref::<io::Error>()
+                .and_then(io::Error::get_ref)
+                .is_some_and(|inner| inner.is::<E>())
+        {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// The connector of one session: it dials the member once. Any later dial
@@ -146,26 +152,6 @@ impl Service<Uri> for OneConnection {
 #[derive(Debug, thiserror::Error)]
 #[error("the member's port does not speak tls")]
 struct PlainPort;
-
-#[cfg(feature = "tls")]
-impl PlainPort {
-    /// Whether `err` is this failure (somewhere in its sources).
-    fn caused(err: &(dyn std::error::Error + 'static)) -> bool {
-        let mut cause = Some(err);
-        while let Some(error) = cause {
-            if error.is::<PlainPort>()
-                || error
-                    .downcast_ref::<io::Error>()
-                    .and_then(io::Error::get_ref)
-                    .is_some_and(|inner| inner.is::<PlainPort>())
-            {
-                return true;
-            }
-            cause = error.source();
-        }
-        false
-    }
-}
 
 /// How long the probe of [`speaks_plain_http`] may take.
 #[cfg(feature = "tls")]
@@ -580,7 +566,7 @@ impl Member {
     fn connect_failed(&self, source: tonic::transport::Error) -> EtcdError {
         #[cfg(feature = "tls")]
         if let Some(failure) = crate::tls_failure::classify(&source).or_else(|| {
-            PlainPort::caused(&source).then_some(crate::tls_failure::TlsFailure::NotTls)
+            caused_by::<PlainPort>(&source).then_some(crate::tls_failure::TlsFailure::NotTls)
         }) {
             return EtcdError::Tls {
                 endpoint: self.url.to_string(),
