@@ -1176,7 +1176,7 @@ pub(crate) enum ChaosMode {
     /// No Redis lock: `SELECT ... FOR UPDATE` and the debit in one
     /// transaction.
     Db,
-    /// The etcd way of taking a lease (experimental `EtcdLocker`, on a
+    /// The etcd way of taking a lease (`EtcdLocker`, on a
     /// throwaway 3-member etcd cluster; the fence is the key's creation
     /// revision, its guard row `etcd:fence:{wallet:N}`) and the fence guard
     /// first in a transaction, as `guard`. Runs only when named.
