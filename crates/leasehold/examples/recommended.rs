@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use leasehold::{AcquireOptions, FencedKeys, Locker};
+use leasehold::{AcquireOptions, FencedKeys, Lessor, Locker};
 use leasehold_pg::tokio_postgres::Client;
 
 /// What one debit came to: the database decided it.
@@ -19,9 +19,10 @@ pub enum Debit {
     Refused,
 }
 
-/// Debits `amount` from account `name`, once, even when the lock fails.
+/// Debits `amount` from account `name`, once, even when the lock fails,
+/// with any way of taking the lease (here a `Locker`; an `EtcdLocker` too).
 pub async fn debit(
-    locker: &Locker,
+    locker: &impl Lessor,
     db: &mut Client,
     name: &str,
     amount: i64,

@@ -53,6 +53,39 @@ fn the_ten_line_lock_runs() -> TestResult {
     Ok(())
 }
 
+/// The README's claim that on etcd only the connect line differs: the
+/// same `debit`, given an `EtcdLocker`, debits once, fenced by the key's
+/// revision in a row of its own.
+#[cfg(feature = "etcd")]
+#[test]
+fn the_recommended_debit_runs_unchanged_on_etcd() -> TestResult {
+    use recommended::{Debit, debit};
+    let (etcd, pg) = (
+        leasehold_testkit::EtcdCluster::start(1)?,
+        PostgresServer::start()?,
+    );
+    tokio::runtime::Runtime::new()?.block_on(async {
+        let locker = leasehold::EtcdLocker::connect(etcd.endpoints()).await?;
+        let mut db = leasehold_pg::connect(&pg.url()).await?;
+        leasehold_pg::setup(&mut db).await?;
+        db.batch_execute(
+            "CREATE TABLE accounts (name text PRIMARY KEY, balance bigint NOT NULL);
+             INSERT INTO accounts VALUES ('alice', 100)",
+        )
+        .await?;
+        assert_eq!(debit(&locker, &mut db, "alice", 30).await?, Debit::Done(70));
+        assert_eq!(debit(&locker, &mut db, "alice", 30).await?, Debit::Done(40));
+        let rows = db
+            .query(
+                "SELECT resource FROM leasehold_fences WHERE resource = 'etcd:fence:{account:alice}'",
+                &[],
+            )
+            .await?;
+        assert_eq!(rows.len(), 1);
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })
+}
+
 #[test]
 fn the_recommended_path_debits_once() -> TestResult {
     use recommended::{Debit, run};
