@@ -154,9 +154,16 @@ impl EtcdMember {
     /// member's directory and adds the flags that serve them on the client
     /// port (with [`ClientAuth::Required`], `--client-cert-auth`).
     ///
+    /// With client authentication, etcd's own gateway (which serves the
+    /// test kit's plain requests) dials the member's gRPC server as a
+    /// client. On 3.5 it presents the server certificate unless given
+    /// another, and the server certificate is not one a client may use,
+    /// so a 3.5 member (`v3_5`) is given the test kit's client pair
+    /// (`--client-cert-file`, which 3.4 does not have).
+    ///
     /// # Errors
     /// [`Error::Io`] if a file cannot be written.
-    pub(super) fn use_tls(&mut self, tls: &ServerTls) -> Result<(), Error> {
+    pub(super) fn use_tls(&mut self, tls: &ServerTls, v3_5: bool) -> Result<(), Error> {
         let path = |name: &str, pem: &str| {
             let path = self.dir.path().join(name);
             fs::write(&path, pem).map_err(process::io_err(&path))?;
@@ -172,6 +179,15 @@ impl EtcdMember {
                 "--client-cert-auth".to_owned(),
                 format!("--trusted-ca-file={client_ca}"),
             ]);
+            if v3_5 {
+                let (cert, key) = tls.client_pair();
+                let cert = path("client.pem", cert)?;
+                let key = path("client-key.pem", key)?;
+                self.args.extend([
+                    format!("--client-cert-file={cert}"),
+                    format!("--client-key-file={key}"),
+                ]);
+            }
         }
         Ok(())
     }

@@ -282,7 +282,7 @@ impl EtcdCluster {
         for member in &mut prepared {
             member.configure(&shared);
             if let Some(tls) = tls {
-                member.use_tls(tls)?;
+                member.use_tls(tls, is_3_5_or_later(&version))?;
             }
         }
         let cluster = Self {
