@@ -229,7 +229,7 @@ impl EtcdError {
     /// feature.
     pub(crate) fn is_tls(&self) -> bool {
         #[cfg(feature = "tls")]
-        return matches!(self, Self::Tls { .. } | Self::TlsRefused { .. });
+        return self.tls_failure().is_some();
         #[cfg(not(feature = "tls"))]
         false
     }
@@ -243,7 +243,7 @@ impl EtcdError {
             #[cfg(feature = "tls")]
             Self::DeadlineExceeded {
                 last: Some(last), ..
-            } if matches!(*last, Self::Tls { .. } | Self::TlsRefused { .. }) => *last,
+            } if last.is_tls() => *last,
             other => other,
         }
     }

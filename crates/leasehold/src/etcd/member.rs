@@ -65,6 +65,15 @@ fn caused_by<E: std::error::Error + 'static>(err: &(dyn std::error::Error + 'sta
     false
 }
 
+/// The host `uri` names, as a socket address or a certificate's name
+/// takes it: an IPv6 address without its brackets; `localhost` if none.
+fn host_of(uri: &Uri) -> &str {
+    let host = uri.host().unwrap_or("localhost");
+    host.strip_prefix('[')
+        .and_then(|host| host.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
 /// The connector of one session: it dials the member once. Any later dial
 /// (tonic reconnects a channel whose connection broke, on the next
 /// request) fails at once, before anything is sent: a new connection
@@ -118,11 +127,7 @@ impl Service<Uri> for OneConnection {
             if !first {
                 return Err(io::Error::new(io::ErrorKind::NotConnected, SessionLost));
             }
-            let host = uri.host().unwrap_or("localhost");
-            let host = host
-                .strip_prefix('[')
-                .and_then(|host| host.strip_suffix(']'))
-                .unwrap_or(host);
+            let host = host_of(&uri);
             let port = uri.port_u16().unwrap_or(DEFAULT_PORT);
             let stream = TcpStream::connect((host, port)).await?;
             stream.set_nodelay(true)?;
@@ -179,24 +184,19 @@ async fn speaks_plain_http(host: &str, port: u16) -> bool {
     )
 }
 
-/// The TLS failure, if any, of a handshake with the member at `endpoint`
-/// that then sends nothing and reads what comes first: an alert (our
-/// certificate refused) or the member's first frame (none). See
-/// [`Member::tls_reason`].
+/// The TLS failure, if any, of a new connection to the member at
+/// `endpoint`, made as a session's is ([`OneConnection`]), that then sends
+/// nothing and reads what comes first: an alert (our certificate refused)
+/// or the member's first frame (none). See [`Member::tls_reason`].
 #[cfg(feature = "tls")]
 async fn probe_tls(endpoint: &Endpoint, tls: &Tls) -> Option<crate::tls_failure::TlsFailure> {
     use tokio::io::AsyncReadExt;
-    let uri = endpoint.uri();
-    let host = uri.host().unwrap_or("localhost");
-    let host = host
-        .strip_prefix('[')
-        .and_then(|host| host.strip_suffix(']'))
-        .unwrap_or(host);
-    let stream = TcpStream::connect((host, uri.port_u16().unwrap_or(DEFAULT_PORT)))
-        .await
-        .ok()?;
-    let mut stream = match tls.connector.connect(tls.server_name.clone(), stream).await {
-        Ok(stream) => stream,
+    let mut connector = OneConnection {
+        tls: Some(tls.clone()),
+        ..OneConnection::default()
+    };
+    let mut stream = match connector.call(endpoint.uri().clone()).await {
+        Ok(stream) => stream.into_inner(),
         Err(err) => return crate::tls_failure::classify(&err),
     };
     let mut first = [0u8; 1];
@@ -425,15 +425,11 @@ impl Member {
                 });
             }
             (true, Some(settings)) => {
-                let host = endpoint.uri().host().unwrap_or("localhost");
-                let host = host
-                    .strip_prefix('[')
-                    .and_then(|host| host.strip_suffix(']'))
-                    .unwrap_or(host);
-                let server_name = rustls::pki_types::ServerName::try_from(host.to_owned())
-                    .map_err(|_| EtcdError::TlsRequired {
-                        endpoint: url.to_owned(),
-                    })?;
+                let server_name =
+                    rustls::pki_types::ServerName::try_from(host_of(endpoint.uri()).to_owned())
+                        .map_err(|_| EtcdError::TlsRequired {
+                            endpoint: url.to_owned(),
+                        })?;
                 Some(Tls {
                     connector: tokio_rustls::TlsConnector::from(Arc::clone(&settings.0)),
                     server_name,

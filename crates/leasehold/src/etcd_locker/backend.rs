@@ -132,34 +132,25 @@ impl EtcdBackend {
         Ok(read.kvs.first().is_some_and(|kv| held.is(kv)))
     }
 
-    /// Revokes etcd lease `lease` (its keys go with it), by `deadline`; a
-    /// failure is logged, and the lease's TTL ends it.
-    pub(super) async fn revoke(&self, lease: i64, deadline: Instant) {
-        if let Err(err) = self.client.revoke(lease, deadline).await {
-            tracing::debug!(lease = format_args!("{lease:x}"), error = %err, "could not revoke an etcd lease; its ttl will end it");
-        }
-    }
-
-    /// [`revoke`](Self::revoke) within one command timeout from now: what
-    /// a waiter leaving the queue (or a lease let go) is allowed.
-    pub(super) async fn revoke_now(&self, lease: i64) {
-        self.revoke(lease, Instant::now() + self.command_timeout)
-            .await;
-    }
-
-    /// [`revoke_now`](Self::revoke_now) in a task of its own, awaited until
-    /// `deadline` (the caller's) at most: past it, the revoke carries on in
-    /// the background, so a caller never waits past its deadline for this
-    /// cleanup (and if it fails, the etcd lease's TTL ends it).
-    pub(super) async fn revoke_by(&self, lease: i64, deadline: Instant) {
-        let client = self.client.clone();
-        let until = Instant::now() + self.command_timeout;
-        let revoke = tokio::spawn(async move {
+    /// Revokes etcd lease `lease` (its keys go with it) within one command
+    /// timeout from now, as a future of its own, for a task: what a waiter
+    /// leaving the queue (or a lease let go) is allowed. A failure is
+    /// logged, and the lease's TTL ends it.
+    pub(super) fn revoke_now(&self, lease: i64) -> impl Future<Output = ()> + Send + 'static {
+        let (client, until) = (self.client.clone(), Instant::now() + self.command_timeout);
+        async move {
             if let Err(err) = client.revoke(lease, until).await {
                 tracing::debug!(lease = format_args!("{lease:x}"), error = %err, "could not revoke an etcd lease; its ttl will end it");
             }
-        });
-        let _ = tokio::time::timeout_at(deadline, revoke).await;
+        }
+    }
+
+    /// [`revoke_now`](Self::revoke_now) in a task, awaited until `deadline`
+    /// (the caller's) at most: past it, the revoke carries on in the
+    /// background, so a caller never waits past its deadline for this
+    /// cleanup.
+    pub(super) async fn revoke_by(&self, lease: i64, deadline: Instant) {
+        let _ = tokio::time::timeout_at(deadline, tokio::spawn(self.revoke_now(lease))).await;
     }
 
     /// A keep-alive of our etcd lease and a read of our key, sent together

@@ -52,8 +52,7 @@ impl Drop for Queued {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (backend, lease) = (self.backend.clone(), self.lease);
-        runtime.spawn(async move { backend.revoke_now(lease).await });
+        runtime.spawn(self.backend.revoke_now(self.lease));
     }
 }
 
