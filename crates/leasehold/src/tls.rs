@@ -294,14 +294,15 @@ pub fn client_identity(cert: &Path, key: &Path) -> Result<ClientIdentity> {
 /// A rustls client configuration from `files`: the server verified against
 /// the CA file (or the [system's roots](system_roots) without one), the
 /// client certificate presented if given, the [`provider`]'s safe default
-/// protocol versions, and `alpn` offered (`[b"h2"]` for gRPC). What the
-/// etcd way uses for `https://` endpoints; no I/O but reading the files.
+/// protocol versions, no ALPN (set `alpn_protocols` for a protocol that
+/// needs it). What the etcd way uses for `https://` endpoints; no I/O but
+/// reading the files.
 ///
 /// # Errors
 /// [`Error::InvalidOptions`] for a client certificate without its key (or
 /// the other way round); [`Error::TlsFile`] as [`ca_roots`] and
 /// [`client_identity`].
-pub fn client_config(files: &TlsFiles, alpn: &[&[u8]]) -> Result<rustls::ClientConfig> {
+pub fn client_config(files: &TlsFiles) -> Result<rustls::ClientConfig> {
     let roots = match &files.ca {
         Some(path) => ca_roots(path)?,
         None => system_roots(),
@@ -310,7 +311,7 @@ pub fn client_config(files: &TlsFiles, alpn: &[&[u8]]) -> Result<rustls::ClientC
         .with_safe_default_protocol_versions()
         .map_err(|_| Error::InvalidOptions("the tls provider supports no safe protocol version"))?
         .with_root_certificates(roots);
-    let mut config = match identity_paths(files)? {
+    let config = match identity_paths(files)? {
         None => builder.with_no_client_auth(),
         Some((cert_path, key_path)) => {
             let (chain, key) = client_identity(cert_path, key_path)?.into_parts();
@@ -323,7 +324,6 @@ pub fn client_config(files: &TlsFiles, alpn: &[&[u8]]) -> Result<rustls::ClientC
             })?
         }
     };
-    config.alpn_protocols = alpn.iter().map(|protocol| protocol.to_vec()).collect();
     Ok(config)
 }
 

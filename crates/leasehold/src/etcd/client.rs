@@ -155,6 +155,7 @@ impl EtcdClientBuilder {
     /// Speaks TLS to the `https://` endpoints with these settings (feature
     /// `tls`). Defaults to none: an `https://` endpoint is then refused by
     /// [`build`](Self::build).
+    #[cfg(feature = "tls")]
     pub fn tls(mut self, settings: TlsSettings) -> Self {
         self.tls = Some(settings);
         self
@@ -177,7 +178,7 @@ impl EtcdClientBuilder {
     ///
     /// [`EtcdError::NoEndpoints`], [`EtcdError::InvalidEndpoint`],
     /// [`EtcdError::TlsRequired`] for an `https://` endpoint without
-    /// [`tls`](Self::tls) settings.
+    /// `tls` settings (feature `tls`).
     pub fn build(self) -> Result<EtcdClient, EtcdError> {
         if self.endpoints.is_empty() {
             return Err(EtcdError::NoEndpoints);

@@ -296,12 +296,17 @@ impl tokio::io::AsyncWrite for Stream {
 
 /// The TLS settings of a client's `https://` members (feature `tls`):
 /// a rustls client configuration, offering ALPN `h2` as gRPC needs.
+#[cfg(feature = "tls")]
 #[derive(Clone)]
-pub struct TlsSettings(
-    #[cfg(feature = "tls")] pub(crate) Arc<rustls::ClientConfig>,
-    #[cfg(not(feature = "tls"))] (),
-);
+pub struct TlsSettings(pub(crate) Arc<rustls::ClientConfig>);
 
+/// Without the `tls` feature there are no TLS settings: an `https://`
+/// endpoint is refused ([`EtcdError::TlsRequired`]).
+#[cfg(not(feature = "tls"))]
+#[derive(Debug, Clone)]
+pub(crate) enum TlsSettings {}
+
+#[cfg(feature = "tls")]
 impl fmt::Debug for TlsSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TlsSettings").finish_non_exhaustive()

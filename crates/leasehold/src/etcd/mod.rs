@@ -58,5 +58,7 @@ pub use client::{DEFAULT_ATTEMPT_TIMEOUT, EtcdClient, EtcdClientBuilder};
 pub use error::EtcdError;
 pub use kv::{Cmp, Compare, Header, KeyValue, Op, OpResult, Range, RangeResult, Txn, TxnResult};
 pub use lease::{LeaseGrant, LeaseTtl};
-pub use member::{Credentials, TlsSettings};
+pub use member::Credentials;
+#[cfg(feature = "tls")]
+pub use member::TlsSettings;
 pub use watch::{Event, EventKind, WatchBatch, WatchKeys, WatchStream};

@@ -321,7 +321,6 @@ impl EtcdLockerBuilder {
             0 => None,
             _ => Some(crate::etcd::TlsSettings::new(crate::tls::client_config(
                 &self.tls,
-                &[b"h2"],
             )?)),
         };
         let mut client = EtcdClient::builder(self.endpoints)
