@@ -101,14 +101,17 @@ pub(crate) fn fault_may_pass(err: &Error) -> bool {
     err.is_retryable() && !matches!(err, Error::NotAcquired { .. })
 }
 
-/// Whether a request that failed with `err` may still have acted on Redis:
-/// its outcome is unknown. A timeout, or a connection that broke while the
-/// request was out, may have; a refused connection or a failed write (the
-/// request never left), or an error reply (Redis refused it), did not.
+/// Whether a request that failed with `err` may still have acted on Redis
+/// (or etcd): its outcome is unknown. A timeout, or a connection that broke
+/// while the request was out, may have (on etcd: a write whose answer was
+/// lost); a refused connection or a failed write (the request never left),
+/// or an error reply (Redis refused it), did not.
 pub(crate) fn may_have_acted(err: &Error) -> bool {
     match err {
         Error::Timeout { .. } => true,
         Error::Unreachable { source, .. } => !never_sent(source),
+        #[cfg(feature = "etcd")]
+        Error::Etcd { source, .. } => source.is_outcome_unknown(),
         _ => false,
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use leasehold::etcd::{EtcdClient, EventKind, KeyValue, Range, WatchKeys, WatchStream};
 use leasehold::{AcquireOptions, Error, EtcdLocker, FencedKeys, GiveUpReason, Lease};
-use leasehold_testkit::EtcdCluster;
+use leasehold_testkit::{Direction, EtcdCluster, FaultProxy};
 use tokio::time::{Instant, timeout};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -568,6 +568,32 @@ async fn a_release_whose_answer_is_lost_is_settled_by_reading_the_key() -> TestR
     cluster.member(paused).resume()?;
     assert!(released.is_ok(), "{released:?}");
     assert!(queue(&etcd, prefix, "u").await.is_empty());
+    Ok(())
+}
+
+/// The release's delete is applied but its answer is held up (the
+/// replies of the member it went to are delayed past the release's time):
+/// the try on another member finds it applied (the released key its
+/// transaction wrote under our etcd lease), so the release is a success it
+/// knows, not an unknown outcome; and nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_applied_whose_answer_is_lost_is_known_to_be_released() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-applied/", raw(&cluster));
+    let proxy = FaultProxy::start(cluster.member(0).client_addr())?;
+    let mut endpoints = cluster.endpoints();
+    endpoints[0] = format!("http://{}", proxy.addr());
+    let locker = EtcdLocker::builder(endpoints)
+        .prefix(prefix)
+        .command_timeout(Duration::from_secs(2))
+        .connect()
+        .await?;
+    let lease = locker.acquire("a", Duration::from_secs(10)).await?;
+    proxy.set_latency(Direction::Downstream, Duration::from_secs(10));
+    let released = lease.release().await;
+    assert!(released.is_ok(), "{released:?}");
+    let left = etcd.range(&Range::prefix(prefix), patient()).await?.kvs;
+    assert!(left.is_empty(), "{left:?}");
     Ok(())
 }
 

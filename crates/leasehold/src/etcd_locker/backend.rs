@@ -17,6 +17,9 @@ use crate::lease::{
 };
 use crate::token::LeaseToken;
 
+/// The pause between two tries of a delete whose answers were lost.
+const SETTLE_PAUSE: Duration = Duration::from_millis(10);
+
 /// One lock this process holds (or is queued for) on etcd: the etcd lease
 /// its key lives under, the key, and the key's creation revision (its
 /// place in the queue, and the fencing token).
@@ -191,16 +194,14 @@ impl EtcdBackend {
         let Some(held) = self.held(&part.token) else {
             return Ok(false);
         };
-        let txn = held
-            .still_ours(Txn::new())
-            .then(Op::delete(held.key.as_str()));
+        let txn = self.release_txn(&held);
         // Half the time for the delete: one whose answer is lost (its
         // member paused, or lost its leader mid-request) leaves the other
         // half to learn the outcome.
         let now = Instant::now();
         let first_by = now + deadline.saturating_duration_since(now) / 2;
         let deleted = match self.client.txn(&txn, first_by).await {
-            Ok(txn) => Ok(txn.succeeded),
+            Ok(reply) => Ok(reply.succeeded),
             Err(err) if err.is_outcome_unknown() => {
                 self.settle_delete(&held, &txn, deadline, err).await
             }
@@ -218,11 +219,33 @@ impl EtcdBackend {
         })
     }
 
-    /// A delete of our key (`txn`) whose answer was lost (`unknown`): if a
-    /// read shows the key still ours, the same guarded delete is sent
-    /// again, and its success is known (the key was ours, and it deleted
-    /// it). Anything else stays unknown, never a `NotHeld`: the lost
-    /// delete may have removed the key, or may still do so.
+    /// The key a release writes under our etcd lease in the transaction
+    /// that deletes our lock key: the proof that the delete was applied,
+    /// for a release whose answer was lost (the revoke that follows the
+    /// release removes it; outside every queue, so no waiter reads it).
+    fn released_key(&self, lease: i64) -> String {
+        format!("{}released/{lease:016x}", self.prefix)
+    }
+
+    /// If our key is still ours: delete it and write the released key
+    /// under our lease. If not: read the released key (an earlier try of
+    /// ours, whose answer was lost, wrote it).
+    fn release_txn(&self, held: &Held) -> Txn {
+        let released = self.released_key(held.lease);
+        held.still_ours(Txn::new())
+            .then(Op::delete(held.key.as_str()))
+            .then(Op::put(released.as_str(), "", held.lease))
+            .otherwise(Op::range(Range::key(released)))
+    }
+
+    /// A delete of our key (`txn`, from [`release_txn`](Self::release_txn))
+    /// whose answer was lost (`unknown`), sent again until `deadline` (it
+    /// acts only while the key is ours, so it is safe to resend): applied
+    /// now, or found applied by the lost try (the released key is there),
+    /// it is a success we know. Found not applied, with no released key,
+    /// it stays unknown, never a `NotHeld`: the lost try may have deleted
+    /// the key and our etcd lease ended since (revoked, or run out), taking
+    /// the released key with it.
     async fn settle_delete(
         &self,
         held: &Held,
@@ -230,17 +253,23 @@ impl EtcdBackend {
         deadline: Instant,
         unknown: EtcdError,
     ) -> Result<bool, EtcdError> {
-        match self
-            .client
-            .range(&Range::key(held.key.as_str()), deadline)
-            .await
-        {
-            Ok(read) if read.kvs.first().is_some_and(|kv| held.is(kv)) => {}
-            _ => return Err(unknown),
-        }
-        match self.client.txn(txn, deadline).await {
-            Ok(txn) if txn.succeeded => Ok(true),
-            _ => Err(unknown),
+        loop {
+            match self.client.txn(txn, deadline).await {
+                Ok(reply) if reply.succeeded => return Ok(true),
+                Ok(reply) => {
+                    let applied = reply
+                        .first_range()
+                        .first()
+                        .is_some_and(|kv| kv.lease == held.lease);
+                    return if applied { Ok(true) } else { Err(unknown) };
+                }
+                // Lost again (the client has moved on to another member):
+                // the next try checks the key again, after a short pause.
+                Err(err) if err.is_outcome_unknown() => {
+                    tokio::time::sleep_until((Instant::now() + SETTLE_PAUSE).min(deadline)).await;
+                }
+                Err(_) => return Err(unknown),
+            }
         }
     }
 

@@ -57,15 +57,22 @@
 //! 3.4.23 Debian ships among them, may report a lease renewed after it was
 //! revoked, and an operator may have deleted the key). A **release** deletes
 //! the key only if it is still ours (one transaction comparing its
-//! creation revision and lease), then revokes the etcd lease (awaited
-//! within the release's deadline, finished in the background past it):
-//! [`Error::NotHeld`] when the key was not ours any more. A delete whose
-//! answer is lost (its member paused, or lost its leader mid-request) gets
-//! half the release's time; then a read on another member settles it: the
-//! key still ours, the same guarded delete is sent again and its success
-//! is known; anything else is an [`Error::Etcd`] error whose source
-//! [`is_outcome_unknown`](crate::etcd::EtcdError::is_outcome_unknown),
-//! never a success (or a `NotHeld`) the release cannot know. The etcd
+//! creation revision and lease), writing in the same transaction a
+//! *released* key (`PREFIX/released/<lease ID in hex>`) under our etcd
+//! lease, then revokes the etcd lease (which takes the released key too;
+//! awaited within the release's deadline, finished in the background past
+//! it): [`Error::NotHeld`] when the key was not ours any more. A delete
+//! whose answer is lost (its member paused, or lost its leader
+//! mid-request) gets half the release's time; then the same transaction
+//! is sent again on another member (it acts only while the key is ours,
+//! so resending is safe): applied then, or found applied by the lost try
+//! (its released key is there), the release is a success it knows.
+//! Found not applied with no released key left, the lost try may still
+//! have deleted the key before our etcd lease ended (an operator revoked
+//! it, or it ran out): an [`Error::Etcd`] error whose source
+//! [`is_outcome_unknown`](crate::etcd::EtcdError::is_outcome_unknown)
+//! while the lease is valid, [`Error::LeaseLost`] once it ran out (as on
+//! Redis), never a success (or a `NotHeld`) the release cannot know. The etcd
 //! lease is revoked in every case, so the lock is free at once. Every request of an acquire is bounded
 //! by its deadline (and the command timeout), every refresh and release
 //! by the lease's bounds, as on Redis.

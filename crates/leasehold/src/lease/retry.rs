@@ -74,6 +74,16 @@ pub(crate) async fn release_retrying(
                 cause: LostCause::Unreachable,
             })
         }
+        // A try whose outcome stayed unknown to the end (an etcd delete
+        // whose answer was lost and which no later try could settle), once
+        // the lease ran out: nothing is left to give back, as above.
+        Err(err) if crate::call::may_have_acted(&err) && Instant::now() >= until => {
+            tracing::debug!(target: TARGET, key = part.key, error = %err, "release unsettled until the lease ran out");
+            Err(Error::LeaseLost {
+                key: part.key.clone(),
+                cause: LostCause::Unreachable,
+            })
+        }
         released => released,
     }
 }
@@ -180,11 +190,23 @@ mod tests {
     use crate::token::LeaseToken;
 
     /// A backend whose first release deletes the key but whose answer is
-    /// lost (a timeout, after `lost_for`), and whose later releases find
+    /// lost (`lost()`, after `lost_for`), and whose later releases find
     /// the key gone.
     struct LostAnswer {
         lost_for: Duration,
+        lost: fn() -> Error,
         tries: std::sync::atomic::AtomicU32,
+    }
+
+    /// A connection reset with the request out.
+    fn reset() -> Error {
+        Error::Unreachable {
+            op: "release",
+            source: redis::RedisError::from(std::io::Error::from(
+                std::io::ErrorKind::ConnectionReset,
+            ))
+            .into(),
+        }
     }
 
     impl Backend for LostAnswer {
@@ -196,17 +218,11 @@ mod tests {
         }
         fn release<'a>(&'a self, _: &'a Part, _: Instant) -> Reply<'a, bool> {
             let first = self.tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
-            let lost_for = self.lost_for;
+            let (lost_for, lost) = (self.lost_for, self.lost);
             Box::pin(async move {
                 if first {
                     tokio::time::sleep(lost_for).await;
-                    return Err(Error::Unreachable {
-                        op: "release",
-                        source: redis::RedisError::from(std::io::Error::from(
-                            std::io::ErrorKind::ConnectionReset,
-                        ))
-                        .into(),
-                    });
+                    return Err(lost());
                 }
                 Ok(false)
             })
@@ -247,6 +263,7 @@ mod tests {
         ] {
             let backend = LostAnswer {
                 lost_for,
+                lost: reset,
                 tries: Default::default(),
             };
             let until = Instant::now() + lease_for;
@@ -264,6 +281,50 @@ mod tests {
                 _ => panic!("lease for {lease_for:?}: {outcome:?}"),
             }
             assert_eq!(backend.tries.load(std::sync::atomic::Ordering::SeqCst), 2);
+        }
+    }
+
+    /// An etcd delete whose answer was lost and which the backend could
+    /// not settle (it is not retried: a resend cannot tell more): while
+    /// the lease is valid the unknown outcome is the caller's error, once
+    /// it ran out the lease is over (lost, unreachable), as on Redis.
+    /// Never `Ok` and never `NotHeld`.
+    #[cfg(feature = "etcd")]
+    #[tokio::test(start_paused = true)]
+    async fn an_unsettled_etcd_release_is_unknown_then_lost() {
+        fn unsettled() -> Error {
+            Error::Etcd {
+                op: "release",
+                source: crate::etcd::EtcdError::OutcomeUnknown {
+                    endpoint: "http://127.0.0.1:1".to_owned(),
+                    source: None,
+                },
+            }
+        }
+        for (lease_for, expired) in [
+            (Duration::from_secs(5), false),
+            (Duration::from_millis(50), true),
+        ] {
+            let backend = LostAnswer {
+                lost_for: Duration::from_millis(60),
+                lost: unsettled,
+                tries: Default::default(),
+            };
+            let until = Instant::now() + lease_for;
+            let outcome =
+                release_retrying(&backend, &part(), until, backend.command_timeout()).await;
+            match (&outcome, expired) {
+                (Err(Error::Etcd { source, .. }), false) if source.is_outcome_unknown() => {}
+                (
+                    Err(Error::LeaseLost {
+                        cause: LostCause::Unreachable,
+                        ..
+                    }),
+                    true,
+                ) => {}
+                _ => panic!("lease for {lease_for:?}: {outcome:?}"),
+            }
+            assert_eq!(backend.tries.load(std::sync::atomic::Ordering::SeqCst), 1);
         }
     }
 }
