@@ -540,6 +540,39 @@ async fn a_waiter_whose_member_stops_still_gets_the_lock_when_it_is_released() -
     Ok(())
 }
 
+/// The member a waiter watches on is paused (silent: its connections stay
+/// open, nothing answers): the waiter's next keep-alive fails there, and
+/// its watch opens again on another member, so the release is seen while
+/// the member is still paused, not when it wakes (nor never, within the
+/// wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_member_is_paused_still_gets_the_lock_when_it_is_released() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-watch-paused/", raw(&cluster));
+    let leader = cluster.wait_for_leader(PATIENT)?;
+    let follower = (leader + 1) % cluster.len();
+    let holder_side = locker_at(&cluster, prefix, leader).await?;
+    let waiter_side = locker_at(&cluster, prefix, follower).await?;
+    let ttl = Duration::from_secs(3);
+    let holder = holder_side.acquire("p", ttl).await?;
+    let mut joins = watch_queue(&etcd, prefix, "p").await;
+    let waiter = tokio::spawn(async move {
+        let opts = AcquireOptions::new().wait(Duration::from_secs(10));
+        waiter_side.acquire_with("p", ttl, &opts).await
+    });
+    joined(&mut joins).await;
+    cluster.member(follower).pause()?;
+    holder.release().await?;
+    let lease = timeout(PATIENT, waiter).await??;
+    let still_paused = cluster.member(follower).is_paused();
+    cluster.member(follower).resume()?;
+    let lease = lease?;
+    assert!(still_paused);
+    assert_eq!(lease.key(), "p");
+    lease.release().await?;
+    Ok(())
+}
+
 /// A copy of the holder's token, to tell the next holder from it.
 fn token_of(lease: &Lease) -> leasehold::LeaseToken {
     lease.token().clone()
