@@ -22,8 +22,9 @@ fn row<'a>(rows: &'a [Value], mode: &str, fault: &str) -> Result<&'a Value, Stri
 /// absorbed and the control (the Lock RPC, no database check) is caught;
 /// under a paused follower nothing is lost. No caller sees an error under
 /// either (the window is shorter than the wait). Exit 0 says the same for
-/// the matrix. (Under a killed leader, a cut or a restart the etcd way's
-/// release can still return an unknown outcome: docs/chaos.md, "etcd".)
+/// the matrix. (Under a whole-cluster restart or a majority cut, a release
+/// or a wait can still run out within the outage and the election after
+/// it: docs/chaos.md, "etcd".)
 #[test]
 fn the_etcd_way_holds_and_the_lock_rpc_control_is_caught() -> TestResult {
     let (rows, _) = chaos_matrix(&[
