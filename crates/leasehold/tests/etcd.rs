@@ -104,6 +104,41 @@ async fn a_txn_creates_a_key_under_a_lease_only_if_absent_and_names_its_owner() 
     assert_eq!(read.kvs, vec![kv.clone()]);
 }
 
+/// A waiter's read of the key just ahead of it: the newest key of the
+/// queue created before its own, whatever the keys' names (creation order,
+/// not key order), and none for the oldest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_just_ahead_is_the_newest_created_before() {
+    let cluster = start(1);
+    let etcd = client(cluster.endpoints());
+    let mut created = Vec::new();
+    // Names in the reverse of creation order, and a key outside the queue
+    // created in between.
+    for name in ["q/c", "q/b", "elsewhere", "q/a"] {
+        let put = Txn::new().then(Op::put(name, "", 0));
+        let put = etcd.txn(&put, patient()).await.expect("put");
+        created.push((name, put.header.revision));
+    }
+    let ahead_of = |revision| {
+        Range::prefix("q/")
+            .created_before(revision)
+            .newest_first()
+            .limit(1)
+    };
+    for (of, expected) in [(3, Some("q/b")), (1, Some("q/c")), (0, None)] {
+        let (name, revision) = created[of];
+        let read = etcd
+            .range(&ahead_of(revision), patient())
+            .await
+            .expect("range");
+        let found = read
+            .kvs
+            .first()
+            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned());
+        assert_eq!(found.as_deref(), expected, "ahead of {name}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_disappears_when_its_lease_is_revoked() {
     let cluster = start(1);

@@ -123,6 +123,26 @@ impl Range {
         self
     }
 
+    /// Newest key first (by creation revision): with
+    /// [`created_before`](Self::created_before) and a [`limit`](Self::limit)
+    /// of 1, the key just ahead of a waiter in a FIFO queue. Defaults to
+    /// key order.
+    pub fn newest_first(mut self) -> Self {
+        self.request.sort_order = range_request::SortOrder::Descend as i32;
+        self.request.sort_target = range_request::SortTarget::Create as i32;
+        self
+    }
+
+    /// Only keys created before revision `revision` (etcd's
+    /// `max_create_revision`, set to `revision - 1`): the keys ahead of a
+    /// waiter whose key was created at `revision`. A `revision` of 1 or
+    /// less (no key can be older) is sent as 1. Defaults to no bound.
+    pub fn created_before(mut self, revision: i64) -> Self {
+        // 0 would mean no bound to etcd.
+        self.request.max_create_revision = revision.saturating_sub(1).max(1);
+        self
+    }
+
     /// A serializable read: the member's own store, possibly stale, served
     /// without asking the leader. (Every request of this client carries
     /// `hasleader`, so a member that knows no leader refuses even this.)

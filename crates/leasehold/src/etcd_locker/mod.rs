@@ -28,9 +28,11 @@
 //!    lowest creation revision under the lock's prefix. Behind another
 //!    key, we watch the key just before ours for its delete (from the
 //!    revision after the read that saw it: nothing is missed), and read
-//!    the queue again when it goes (a waiter ahead may have given up
-//!    without being the owner). No polling; our etcd lease is kept alive
-//!    every `ttl / 3` meanwhile. A fault that may pass (an election, a
+//!    again when it goes (a waiter ahead may have given up without being
+//!    the owner). Each read asks for our key and the newest key created
+//!    before it (`max_create_revision`, newest first, limit 1), so it
+//!    answers with two keys at most however long the queue is. No
+//!    polling; our etcd lease is kept alive every `ttl / 3` meanwhile. A fault that may pass (an election, a
 //!    member gone: the watch resumes on another member from its next
 //!    revision) is ridden out within the wait, and returned if the wait
 //!    runs out during it. A waiter whose etcd lease ends (its keep-alives
@@ -38,9 +40,9 @@
 //!    place: it joins again, at the back, within the same wait.
 //! 3. **Confirm by the key itself.** After a wait, a keep-alive of our
 //!    etcd lease goes with the linearizable read of the queue: the lock
-//!    is ours when both answer and the read finds our key first (still
-//!    there, at our revision, under our lease), before the lease is handed
-//!    over; it counts from the keep-alive's send time. First in line at once,
+//!    is ours when both answer and the read finds our key (still there,
+//!    at our revision, under our lease) with no key created before it,
+//!    before the lease is handed over; it counts from the keep-alive's send time. First in line at once,
 //!    the grant's send time counts (the key was created under it, so the
 //!    etcd lease was alive then and lasts its TTL from the grant on).
 //! 4. **Give up cleanly.** On the deadline, an error or cancellation (or

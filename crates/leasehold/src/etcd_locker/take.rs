@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::budget::Budget;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::etcd::{
-    Cmp, Compare, EtcdError, EventKind, KeyValue, Op, Range, RangeResult, Txn, WatchKeys,
+    Cmp, Compare, EtcdError, EventKind, KeyValue, Op, Range, Txn, TxnResult, WatchKeys,
 };
 use crate::fencing::{FencingToken, Target};
 use crate::lease::{Lease, Part};
@@ -250,14 +250,38 @@ enum Place {
     Gone,
 }
 
-fn place(queue: &RangeResult, held: &Held) -> Place {
-    let Some(mine) = queue.kvs.iter().position(|kv| held.is(kv)) else {
+/// The read that tells our [`Place`], in one read-only transaction: our
+/// key, and the newest key of the queue created before it (the one just
+/// ahead). Its answer is two keys at most, however long the queue: a
+/// waiter woken by every turn does not read the whole queue each time.
+fn place_read(queue: &str, held: &Held) -> Txn {
+    Txn::new()
+        .then(Op::range(Range::key(held.key.as_str())))
+        .then(Op::range(
+            Range::prefix(queue)
+                .created_before(held.revision)
+                .newest_first()
+                .limit(1),
+        ))
+}
+
+/// Our place, from the answer to [`place_read`].
+fn place(read: &TxnResult, held: &Held) -> Place {
+    let mut ranges = read.ranges();
+    let (mine, ahead) = (ranges.next(), ranges.next());
+    if !mine
+        .and_then(|kvs| kvs.first())
+        .is_some_and(|kv| held.is(kv))
+    {
         return Place::Gone;
-    };
-    match mine.checked_sub(1) {
+    }
+    match ahead
+        .and_then(|kvs| kvs.first())
+        .filter(|kv| kv.create_revision < held.revision)
+    {
         None => Place::First,
-        Some(before) => Place::Behind {
-            ahead: queue.kvs[before].clone(),
+        Some(ahead) => Place::Behind {
+            ahead: ahead.clone(),
         },
     }
 }
@@ -279,7 +303,7 @@ async fn wait_turn(
     rounds: &mut Rounds<'_>,
 ) -> Result<Won> {
     let client = &backend.client;
-    let queue = Range::prefix(backend.queue(&target.lock)).oldest_first();
+    let read_place = place_read(&backend.queue(&target.lock), held);
     let keep_every = (ttl / 3).max(Duration::from_millis(1));
     let mut waited = false;
     let mut next_keep_alive = Instant::now() + keep_every;
@@ -292,13 +316,13 @@ async fn wait_turn(
         // counts from the keep-alive's send time (see `Won::After`).
         let (read, kept) = if waited {
             let (read, kept) = futures_util::future::join(
-                client.range(&queue, deadline),
+                client.txn(&read_place, deadline),
                 client.keep_alive_once(held.lease, deadline),
             )
             .await;
             (read, Some(kept))
         } else {
-            (client.range(&queue, deadline).await, None)
+            (client.txn(&read_place, deadline).await, None)
         };
         let read = match (read, kept) {
             (Ok(_), Some(Err(EtcdError::LeaseNotFound { .. }))) => {
