@@ -630,6 +630,32 @@ async fn a_release_applied_whose_answer_is_lost_is_known_to_be_released() -> Tes
     Ok(())
 }
 
+/// A cluster out of space (etcd's `NOSPACE` alarm: every write that
+/// stores is refused, deletes and revokes still apply): a holder still
+/// gives its lock back (the delete alone, without the released key), an
+/// acquire is refused at once with a typed error naming the cause, and
+/// once the alarm is cleared the lock is taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_out_of_space_still_takes_its_locks_back() -> TestResult {
+    let cluster = start();
+    let (prefix, etcd) = ("t-nospace/", raw(&cluster));
+    let locker = locker(&cluster, prefix).await?;
+    let lease = locker.acquire("s", Duration::from_secs(10)).await?;
+    cluster.member(0).set_no_space_alarm(true)?;
+    let released = lease.release().await;
+    let refused = locker.acquire("s", Duration::from_secs(10)).await;
+    cluster.member(0).set_no_space_alarm(false)?;
+    assert!(released.is_ok(), "{released:?}");
+    match &refused {
+        Err(Error::Etcd { source, .. }) if source.is_no_space() => {}
+        other => panic!("an acquire on a full cluster: {other:?}"),
+    }
+    assert!(queue(&etcd, prefix, "s").await.is_empty());
+    let again = locker.acquire("s", Duration::from_secs(10)).await?;
+    again.release().await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_settings_and_an_unreachable_cluster_fail_at_connect() {
     let nobody = EtcdLocker::builder(["http://127.0.0.1:1"])

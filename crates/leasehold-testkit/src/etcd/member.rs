@@ -514,6 +514,34 @@ impl EtcdMember {
             .ok_or_else(|| gateway::unexpected(self.operator_addr, PATH, &reply))
     }
 
+    /// Raises (`true`) or clears (`false`) etcd's `NOSPACE` alarm in this
+    /// member's name (`/v3/maintenance/alarm`), as etcd itself does when
+    /// its backend outgrows `--quota-backend-bytes`: while it is raised
+    /// every member refuses a write that stores anything (a put, a
+    /// transaction with a put, a lease grant) with "database space
+    /// exceeded", and still applies deletes and lease revokes. A full
+    /// cluster without filling a disk.
+    ///
+    /// # Errors
+    ///
+    /// As for [`put`](Self::put).
+    pub fn set_no_space_alarm(&self, on: bool) -> Result<(), Error> {
+        const PATH: &str = "/v3/maintenance/alarm";
+        let action = if on { "ACTIVATE" } else { "DEACTIVATE" };
+        let body = format!(
+            r#"{{"action":"{action}","memberID":"{}","alarm":"NOSPACE"}}"#,
+            self.id()
+        );
+        let reply = gateway::post(self.operator_addr, PATH, &body, REQUEST_TIMEOUT)?;
+        // The gateway answers a refusal with an "error" field (and a
+        // "code"); an alarm set or cleared with the alarms left, if any.
+        if reply.trim_start().starts_with('{') && !reply.contains(r#""error""#) {
+            Ok(())
+        } else {
+            Err(gateway::unexpected(self.operator_addr, PATH, &reply))
+        }
+    }
+
     /// Reads `key` through this member with a linearizable read (the
     /// default, which needs the leader and a quorum); `None` if it is
     /// absent.

@@ -183,6 +183,18 @@ pub enum EtcdError {
 }
 
 impl EtcdError {
+    /// Whether etcd refused a write that stores something because the
+    /// cluster is out of space (its `NOSPACE` alarm, raised when the
+    /// backend outgrew `--quota-backend-bytes`: "database space
+    /// exceeded"). Until an operator compacts, defragments and disarms the
+    /// alarm, etcd refuses every put and lease grant and still applies
+    /// deletes and lease revokes, so a release still gives the lock back.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, Self::Rejected { source }
+            if source.code() == tonic::Code::ResourceExhausted
+                && source.message().contains("database space exceeded"))
+    }
+
     /// Whether the request may have been applied: a write that failed this
     /// way must be checked (by reading what it changes), not resent
     /// blindly.

@@ -205,6 +205,19 @@ impl EtcdBackend {
             Err(err) if err.is_outcome_unknown() => {
                 self.settle_delete(&held, &txn, deadline, err).await
             }
+            // A cluster out of space refuses the released key's put (and
+            // so the whole transaction, nothing applied) but still
+            // deletes: the guarded delete alone, whose lost answer would
+            // stay unknown.
+            Err(err) if err.is_no_space() => {
+                let delete = held
+                    .still_ours(Txn::new())
+                    .then(Op::delete(held.key.as_str()));
+                self.client
+                    .txn(&delete, deadline)
+                    .await
+                    .map(|reply| reply.succeeded)
+            }
             Err(err) => Err(err),
         };
         if !matches!(&deleted, Err(err) if err.is_retryable()) {

@@ -75,9 +75,15 @@
 //! [`is_outcome_unknown`](crate::etcd::EtcdError::is_outcome_unknown)
 //! while the lease is valid, [`Error::LeaseLost`] once it ran out (as on
 //! Redis), never a success (or a `NotHeld`) the release cannot know. The etcd
-//! lease is revoked in every case, so the lock is free at once. Every request of an acquire is bounded
-//! by its deadline (and the command timeout), every refresh and release
-//! by the lease's bounds, as on Redis.
+//! lease is revoked in every case, so the lock is free at once. A cluster
+//! out of space (etcd's `NOSPACE` alarm) refuses the released key's put,
+//! and so the whole transaction: the release then sends the guarded
+//! delete alone (etcd goes on deleting and revoking while full), so a
+//! full cluster still gets its locks back; an acquire is refused at once
+//! ([`EtcdError::is_no_space`](crate::etcd::EtcdError::is_no_space)),
+//! since etcd grants no lease until an operator frees space. Every
+//! request of an acquire is bounded by its deadline (and the command
+//! timeout), every refresh and release by the lease's bounds, as on Redis.
 //!
 //! The TTL is granted in whole seconds, rounded up (and etcd may raise a
 //! small one to its minimum): the holder counts the TTL it asked for, so
