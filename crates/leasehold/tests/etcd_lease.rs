@@ -632,9 +632,10 @@ async fn a_release_applied_whose_answer_is_lost_is_known_to_be_released() -> Tes
 
 /// A cluster out of space (etcd's `NOSPACE` alarm: every write that
 /// stores is refused, deletes and revokes still apply): a holder still
-/// gives its lock back (the delete alone, without the released key), an
-/// acquire is refused at once with a typed error naming the cause, and
-/// once the alarm is cleared the lock is taken again.
+/// gives its lock back (the delete alone, without the released key); an
+/// acquire rides it out within its wait, as on a full Redis: one whose
+/// wait runs out during it gets the refusal, typed, and one whose wait
+/// outlasts the alarm takes the lock once an operator clears it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_out_of_space_still_takes_its_locks_back() -> TestResult {
     let cluster = start();
@@ -643,16 +644,29 @@ async fn a_cluster_out_of_space_still_takes_its_locks_back() -> TestResult {
     let lease = locker.acquire("s", Duration::from_secs(10)).await?;
     cluster.member(0).set_no_space_alarm(true)?;
     let released = lease.release().await;
-    let refused = locker.acquire("s", Duration::from_secs(10)).await;
-    cluster.member(0).set_no_space_alarm(false)?;
     assert!(released.is_ok(), "{released:?}");
+    assert!(queue(&etcd, prefix, "s").await.is_empty());
+    let patient_one = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(PATIENT);
+            locker
+                .acquire_with("s", Duration::from_secs(10), &opts)
+                .await
+        })
+    };
+    let opts = AcquireOptions::new().wait(Duration::from_secs(1));
+    let refused = locker
+        .acquire_with("s", Duration::from_secs(10), &opts)
+        .await;
     match &refused {
         Err(Error::Etcd { source, .. }) if source.is_no_space() => {}
-        other => panic!("an acquire on a full cluster: {other:?}"),
+        other => panic!("an acquire whose wait ran out on a full cluster: {other:?}"),
     }
-    assert!(queue(&etcd, prefix, "s").await.is_empty());
-    let again = locker.acquire("s", Duration::from_secs(10)).await?;
-    again.release().await?;
+    assert!(!patient_one.is_finished());
+    cluster.member(0).set_no_space_alarm(false)?;
+    let lease = timeout(PATIENT, patient_one).await???;
+    lease.release().await?;
     Ok(())
 }
 

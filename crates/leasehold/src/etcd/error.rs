@@ -188,7 +188,9 @@ impl EtcdError {
     /// backend outgrew `--quota-backend-bytes`: "database space
     /// exceeded"). Until an operator compacts, defragments and disarms the
     /// alarm, etcd refuses every put and lease grant and still applies
-    /// deletes and lease revokes, so a release still gives the lock back.
+    /// deletes and lease revokes, so a release still gives the lock back,
+    /// and an acquire rides it out within its wait (it is
+    /// [retryable](Self::is_retryable)).
     pub fn is_no_space(&self) -> bool {
         matches!(self, Self::Rejected { source }
             if source.code() == tonic::Code::ResourceExhausted
@@ -203,10 +205,15 @@ impl EtcdError {
     }
 
     /// Whether the same request may succeed if sent again with a new
-    /// deadline (the cluster was unreachable or busy); `false` for a
-    /// refusal, for bad input, and for an unknown outcome (which needs a
-    /// read first).
+    /// deadline (the cluster was unreachable or busy, or out of space:
+    /// [`is_no_space`](Self::is_no_space), which passes when an operator
+    /// frees space, as a full Redis passes when memory frees); `false` for
+    /// any other refusal, for bad input, and for an unknown outcome (which
+    /// needs a read first).
     pub fn is_retryable(&self) -> bool {
+        if self.is_no_space() {
+            return true;
+        }
         match self {
             Self::DeadlineExceeded { .. }
             | Self::Connect { .. }

@@ -79,10 +79,12 @@
 //! out of space (etcd's `NOSPACE` alarm) refuses the released key's put,
 //! and so the whole transaction: the release then sends the guarded
 //! delete alone (etcd goes on deleting and revoking while full), so a
-//! full cluster still gets its locks back; an acquire is refused at once
-//! ([`EtcdError::is_no_space`](crate::etcd::EtcdError::is_no_space)),
-//! since etcd grants no lease until an operator frees space. Every
-//! request of an acquire is bounded by its deadline (and the command
+//! full cluster still gets its locks back. An acquire rides it out within
+//! its wait, as it rides out a full Redis (etcd grants no lease until an
+//! operator frees space), and returns the refusal if the wait runs out
+//! during it
+//! ([`EtcdError::is_no_space`](crate::etcd::EtcdError::is_no_space)).
+//! Every request of an acquire is bounded by its deadline (and the command
 //! timeout), every refresh and release by the lease's bounds, as on Redis.
 //!
 //! The TTL is granted in whole seconds, rounded up (and etcd may raise a
