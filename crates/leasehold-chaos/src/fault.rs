@@ -196,13 +196,20 @@ pub enum Fault {
     /// operator's `etcdctl lease revoke` would (the keys go with their
     /// leases), every 200 ms through the window: etcd's [`Fault::KeyLoss`].
     EtcdRevoke,
+    /// etcd out of space: its `NOSPACE` alarm raised through the window
+    /// (as etcd raises it when its backend outgrows its quota) and cleared
+    /// at its end, as an operator would after compacting: every write that
+    /// stores (a lease grant, a lock key's put) is refused with "database
+    /// space exceeded", while reads, deletes, keep-alives and revokes go
+    /// on. etcd's [`Fault::Oom`].
+    EtcdNoSpace,
     /// A seeded mix of the faults above.
     Mixed,
 }
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 37] = [
+    pub const ALL: [Fault; 38] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -239,6 +246,7 @@ impl Fault {
         Fault::EtcdMajorityCut,
         Fault::EtcdRestart,
         Fault::EtcdRevoke,
+        Fault::EtcdNoSpace,
         Fault::Mixed,
     ];
 
@@ -305,6 +313,7 @@ impl Fault {
             Fault::EtcdMajorityCut => "etcd-majority-cut",
             Fault::EtcdRestart => "etcd-restart",
             Fault::EtcdRevoke => "etcd-revoke",
+            Fault::EtcdNoSpace => "etcd-no-space",
             Fault::Mixed => "mixed",
         }
     }
@@ -402,6 +411,7 @@ impl Fault {
                 | Fault::EtcdMajorityCut
                 | Fault::EtcdRestart
                 | Fault::EtcdRevoke
+                | Fault::EtcdNoSpace
         )
     }
 

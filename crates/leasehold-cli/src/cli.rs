@@ -1025,7 +1025,7 @@ pub(crate) struct MatrixArgs {
     /// clock-jump, clock-fast, postgres-restart, sentinel-failover,
     /// sentinel-kill, etcd-leader-kill, etcd-member-pause,
     /// etcd-minority-cut, etcd-majority-cut, etcd-restart, etcd-revoke,
-    /// mixed.
+    /// etcd-no-space, mixed.
     /// Each runs on the topology it needs: a single redis-server behind a
     /// fault proxy (for acl-reset the workers connect as the README's
     /// minimal lock user); with a replica for failover; a cluster of 3

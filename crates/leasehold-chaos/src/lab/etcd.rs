@@ -144,6 +144,13 @@ impl EtcdLab {
                 self.revoke()?;
                 "etcd leases of the lock keys".to_owned()
             }
+            Fault::EtcdNoSpace => {
+                self.cluster
+                    .member(0)
+                    .set_no_space_alarm(true)
+                    .map_err(server("raising etcd's NOSPACE alarm"))?;
+                "etcd (out of space: its NOSPACE alarm raised)".to_owned()
+            }
             _ => return Err(etcd_only(fault)),
         };
         Ok(target)
@@ -179,6 +186,11 @@ impl EtcdLab {
                 .restart()
                 .map_err(server("starting the etcd cluster again"))?,
             Fault::EtcdRevoke => {}
+            Fault::EtcdNoSpace => self
+                .cluster
+                .member(0)
+                .set_no_space_alarm(false)
+                .map_err(server("clearing etcd's NOSPACE alarm"))?,
             _ => return Err(etcd_only(fault)),
         }
         Ok(())

@@ -34,7 +34,8 @@ impl Lab {
             | Fault::EtcdMinorityCut
             | Fault::EtcdMajorityCut
             | Fault::EtcdRestart
-            | Fault::EtcdRevoke => etcd_lab(&mut servers.primary, fault)?.begin(fault)?,
+            | Fault::EtcdRevoke
+            | Fault::EtcdNoSpace => etcd_lab(&mut servers.primary, fault)?.begin(fault)?,
             Fault::HolderPause => {
                 if servers.workers.is_empty() {
                     stall.arm(window.length);
@@ -388,7 +389,8 @@ impl Lab {
             | Fault::EtcdMinorityCut
             | Fault::EtcdMajorityCut
             | Fault::EtcdRestart
-            | Fault::EtcdRevoke => etcd_lab(&mut servers.primary, fault)?.end(fault)?,
+            | Fault::EtcdRevoke
+            | Fault::EtcdNoSpace => etcd_lab(&mut servers.primary, fault)?.end(fault)?,
             Fault::HolderPause => {
                 stall.disarm();
                 if let Some(pauser) = &servers.pauser
