@@ -32,10 +32,11 @@
 //!    the owner). Each read asks for our key and the newest key created
 //!    before it (`max_create_revision`, newest first, limit 1), so it
 //!    answers with two keys at most however long the queue is. No
-//!    polling; our etcd lease is kept alive every `ttl / 3` meanwhile. A fault that may pass (an election, a
-//!    member gone: the watch resumes on another member from its next
-//!    revision) is ridden out within the wait, and returned if the wait
-//!    runs out during it. A waiter whose etcd lease ends (its keep-alives
+//!    polling; our etcd lease is kept alive every `ttl / 3` meanwhile. A
+//!    fault that may pass (an election, a member gone: the watch resumes
+//!    on another member from its next revision; a cluster out of space)
+//!    is ridden out within the wait, and returned if the wait runs out
+//!    during it. A waiter whose etcd lease ends (its keep-alives
 //!    failed for a whole TTL, or an operator revoked it) has lost its
 //!    place: it joins again, at the back, within the same wait.
 //! 3. **Confirm by the key itself.** After a wait, a keep-alive of our
