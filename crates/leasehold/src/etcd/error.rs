@@ -267,6 +267,16 @@ impl EtcdError {
         }
     }
 
+    /// Whether the lease the request named does not exist (it expired,
+    /// was revoked, or never was): [`LeaseNotFound`](Self::LeaseNotFound),
+    /// or etcd's refusal of a put under it.
+    pub(crate) fn is_lease_not_found(&self) -> bool {
+        matches!(self, Self::LeaseNotFound { .. })
+            || self
+                .rejected_message()
+                .is_some_and(|message| message.contains("requested lease not found"))
+    }
+
     /// etcd's status if etcd refused the request with one.
     pub(crate) fn rejected_message(&self) -> Option<&str> {
         match self {

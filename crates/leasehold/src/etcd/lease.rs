@@ -57,12 +57,6 @@ fn new_lease_id() -> i64 {
     id.max(1)
 }
 
-/// Whether etcd's refusal says the lease does not exist.
-fn is_lease_not_found(err: &EtcdError) -> bool {
-    err.rejected_message()
-        .is_some_and(|message| message.contains("requested lease not found"))
-}
-
 impl EtcdClient {
     /// Grants a lease of `ttl` (whole seconds, rounded up, at least 1) by
     /// `deadline`.
@@ -143,7 +137,7 @@ impl EtcdClient {
             .await;
         match reply {
             Ok(_) => Ok(true),
-            Err(err) if is_lease_not_found(&err) => Ok(false),
+            Err(err) if err.is_lease_not_found() => Ok(false),
             Err(err) => Err(err),
         }
     }
@@ -180,7 +174,7 @@ impl EtcdClient {
         match reply {
             Ok(reply) if reply.ttl > 0 => Ok(reply.ttl),
             Ok(_) => Err(EtcdError::LeaseNotFound { lease: id }),
-            Err(err) if is_lease_not_found(&err) => Err(EtcdError::LeaseNotFound { lease: id }),
+            Err(err) if err.is_lease_not_found() => Err(EtcdError::LeaseNotFound { lease: id }),
             Err(err) => Err(err),
         }
     }
@@ -215,7 +209,7 @@ impl EtcdClient {
                     granted_ttl: reply.granted_ttl,
                 }))
             }
-            Err(err) if is_lease_not_found(&err) => Ok(None),
+            Err(err) if err.is_lease_not_found() => Ok(None),
             Err(err) => Err(err),
         }
     }

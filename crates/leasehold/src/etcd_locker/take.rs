@@ -223,6 +223,12 @@ async fn join(
                 pause(rounds).await?;
                 continue;
             }
+            // Our etcd lease ended while the create was refused or out of
+            // reach (no keep-alive goes before we are in the queue): our
+            // caller grants a new one, within the same wait.
+            Err(err) if err.is_lease_not_found() => {
+                return Err(failed(EtcdError::LeaseNotFound { lease }));
+            }
             Err(err) => return Err(failed(err)),
         };
         *fault = None;
