@@ -42,6 +42,12 @@ impl Held {
             && kv.lease == self.lease
     }
 
+    /// Deletes our key if it is still ours.
+    fn delete(&self) -> Txn {
+        self.still_ours(Txn::new())
+            .then(Op::delete(self.key.as_str()))
+    }
+
     /// The conditions of a write that acts only while our key is ours.
     fn still_ours(&self, txn: Txn) -> Txn {
         txn.when(Compare::create_revision(
@@ -209,15 +215,11 @@ impl EtcdBackend {
             // so the whole transaction, nothing applied) but still
             // deletes: the guarded delete alone, whose lost answer would
             // stay unknown.
-            Err(err) if err.is_no_space() => {
-                let delete = held
-                    .still_ours(Txn::new())
-                    .then(Op::delete(held.key.as_str()));
-                self.client
-                    .txn(&delete, deadline)
-                    .await
-                    .map(|reply| reply.succeeded)
-            }
+            Err(err) if err.is_no_space() => self
+                .client
+                .txn(&held.delete(), deadline)
+                .await
+                .map(|reply| reply.succeeded),
             Err(err) => Err(err),
         };
         if !matches!(&deleted, Err(err) if err.is_retryable()) {
@@ -245,8 +247,7 @@ impl EtcdBackend {
     /// ours, whose answer was lost, wrote it).
     fn release_txn(&self, held: &Held) -> Txn {
         let released = self.released_key(held.lease);
-        held.still_ours(Txn::new())
-            .then(Op::delete(held.key.as_str()))
+        held.delete()
             .then(Op::put(released.as_str(), "", held.lease))
             .otherwise(Op::range(Range::key(released)))
     }

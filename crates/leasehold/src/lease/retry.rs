@@ -63,22 +63,17 @@ pub(crate) async fn release_retrying(
                 cause: LostCause::Unreachable,
             })
         }
-        // Redis stayed out of reach until the lease ran out: there is
-        // nothing left to give back (its TTL has ended it, on the same
+        // Redis stayed out of reach until the lease ran out, or a try's
+        // outcome stayed unknown to the end (an etcd delete whose answer
+        // was lost and which no later try could settle): there is nothing
+        // left to give back (its TTL has ended it, on the same
         // conservative clock as `remaining`), and the lease is lost; the
         // fault is not the caller's news. Never a success we cannot know.
-        Err(err) if crate::call::fault_may_pass(&err) && Instant::now() >= until => {
-            tracing::debug!(target: TARGET, key = part.key, error = %err, "redis unreachable until the lease ran out");
-            Err(Error::LeaseLost {
-                key: part.key.clone(),
-                cause: LostCause::Unreachable,
-            })
-        }
-        // A try whose outcome stayed unknown to the end (an etcd delete
-        // whose answer was lost and which no later try could settle), once
-        // the lease ran out: nothing is left to give back, as above.
-        Err(err) if crate::call::may_have_acted(&err) && Instant::now() >= until => {
-            tracing::debug!(target: TARGET, key = part.key, error = %err, "release unsettled until the lease ran out");
+        Err(err)
+            if (crate::call::fault_may_pass(&err) || crate::call::may_have_acted(&err))
+                && Instant::now() >= until =>
+        {
+            tracing::debug!(target: TARGET, key = part.key, error = %err, "release unanswered until the lease ran out");
             Err(Error::LeaseLost {
                 key: part.key.clone(),
                 cause: LostCause::Unreachable,
@@ -251,6 +246,24 @@ mod tests {
         }
     }
 
+    /// Releases through a [`LostAnswer`] whose first answer is `lost()`
+    /// after `lost_for`, for a lease valid `lease_for` more: the outcome
+    /// and the number of tries.
+    async fn release_lost(
+        lost_for: Duration,
+        lost: fn() -> Error,
+        lease_for: Duration,
+    ) -> (Result<bool>, u32) {
+        let backend = LostAnswer {
+            lost_for,
+            lost,
+            tries: Default::default(),
+        };
+        let until = Instant::now() + lease_for;
+        let outcome = release_retrying(&backend, &part(), until, backend.command_timeout()).await;
+        (outcome, backend.tries.into_inner())
+    }
+
     /// The first try's connection broke with the request out (it may have
     /// deleted the key), the retry finds the key gone: before the lease ran
     /// out that is a timeout (the key may have been lost), after it the
@@ -261,14 +274,7 @@ mod tests {
             (Duration::from_millis(10), Duration::from_secs(5), false),
             (Duration::from_millis(60), Duration::from_millis(50), true),
         ] {
-            let backend = LostAnswer {
-                lost_for,
-                lost: reset,
-                tries: Default::default(),
-            };
-            let until = Instant::now() + lease_for;
-            let outcome =
-                release_retrying(&backend, &part(), until, backend.command_timeout()).await;
+            let (outcome, tries) = release_lost(lost_for, reset, lease_for).await;
             match (&outcome, expired) {
                 (Err(Error::Timeout { op: "release", .. }), false)
                 | (
@@ -280,7 +286,7 @@ mod tests {
                 ) => {}
                 _ => panic!("lease for {lease_for:?}: {outcome:?}"),
             }
-            assert_eq!(backend.tries.load(std::sync::atomic::Ordering::SeqCst), 2);
+            assert_eq!(tries, 2);
         }
     }
 
@@ -305,14 +311,8 @@ mod tests {
             (Duration::from_secs(5), false),
             (Duration::from_millis(50), true),
         ] {
-            let backend = LostAnswer {
-                lost_for: Duration::from_millis(60),
-                lost: unsettled,
-                tries: Default::default(),
-            };
-            let until = Instant::now() + lease_for;
-            let outcome =
-                release_retrying(&backend, &part(), until, backend.command_timeout()).await;
+            let (outcome, tries) =
+                release_lost(Duration::from_millis(60), unsettled, lease_for).await;
             match (&outcome, expired) {
                 (Err(Error::Etcd { source, .. }), false) if source.is_outcome_unknown() => {}
                 (
@@ -324,7 +324,7 @@ mod tests {
                 ) => {}
                 _ => panic!("lease for {lease_for:?}: {outcome:?}"),
             }
-            assert_eq!(backend.tries.load(std::sync::atomic::Ordering::SeqCst), 1);
+            assert_eq!(tries, 1);
         }
     }
 }
