@@ -14,6 +14,7 @@ use std::time::Duration;
 use leasehold::etcd::{EtcdClient, EventKind, KeyValue, Range, WatchKeys, WatchStream};
 use leasehold::{AcquireOptions, Error, EtcdLocker, FencedKeys, GiveUpReason, Lease};
 use leasehold_testkit::{Direction, EtcdCluster, FaultProxy};
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -507,25 +508,44 @@ async fn a_refresh_checks_the_key_not_just_the_keep_alive() -> TestResult {
     Ok(())
 }
 
+/// A holder of `lock` talking to the leader, and a waiter for it (spawned,
+/// waiting up to `wait`) talking to a follower, already in the queue; the
+/// follower's index. A follower, so that the test can take it away and
+/// the cluster keeps its leader (stopping the leader would make the
+/// holder's release, a write under way during the election, end with an
+/// unknown outcome: another test's subject).
+async fn a_waiter_on_a_follower(
+    cluster: &EtcdCluster,
+    prefix: &str,
+    lock: &'static str,
+    ttl: Duration,
+    wait: Duration,
+) -> Result<
+    (Lease, JoinHandle<Result<Lease, Error>>, usize),
+    Box<dyn std::error::Error + Send + Sync>,
+> {
+    let leader = cluster.wait_for_leader(PATIENT)?;
+    let follower = (leader + 1) % cluster.len();
+    let holder = locker_at(cluster, prefix, leader)
+        .await?
+        .acquire(lock, ttl)
+        .await?;
+    let waiter_side = locker_at(cluster, prefix, follower).await?;
+    let mut joins = watch_queue(&raw(cluster), prefix, lock).await;
+    let waiter = tokio::spawn(async move {
+        let opts = AcquireOptions::new().wait(wait);
+        waiter_side.acquire_with(lock, ttl, &opts).await
+    });
+    joined(&mut joins).await;
+    Ok((holder, waiter, follower))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_member_stops_still_gets_the_lock_when_it_is_released() -> TestResult {
     let cluster = start();
     let (prefix, etcd) = ("t-watch-moves/", raw(&cluster));
-    // The waiter watches on a follower (stopping the leader would make the
-    // holder's release, a write under way during the election, end with
-    // an unknown outcome: another test's subject).
-    let leader = cluster.wait_for_leader(PATIENT)?;
-    let follower = (leader + 1) % cluster.len();
-    let holder_side = locker_at(&cluster, prefix, leader).await?;
-    let waiter_side = locker_at(&cluster, prefix, follower).await?;
-    let ttl = Duration::from_secs(5);
-    let holder = holder_side.acquire("m", ttl).await?;
-    let mut joins = watch_queue(&etcd, prefix, "m").await;
-    let waiter = tokio::spawn(async move {
-        let opts = AcquireOptions::new().wait(PATIENT);
-        waiter_side.acquire_with("m", ttl, &opts).await
-    });
-    joined(&mut joins).await;
+    let (holder, waiter, follower) =
+        a_waiter_on_a_follower(&cluster, prefix, "m", Duration::from_secs(5), PATIENT).await?;
     // The member the waiter watches on goes away; its watch breaks and
     // must resume on another member, missing nothing.
     cluster.member(follower).stop()?;
@@ -541,26 +561,16 @@ async fn a_waiter_whose_member_stops_still_gets_the_lock_when_it_is_released() -
 }
 
 /// The member a waiter watches on is paused (silent: its connections stay
-/// open, nothing answers): the waiter's next keep-alive fails there, and
-/// its watch opens again on another member, so the release is seen while
-/// the member is still paused, not when it wakes (nor never, within the
-/// wait).
+/// open, nothing answers): the waiter's watch moves to another member, so
+/// the release is seen while the member is still paused, not when it
+/// wakes (nor never, within the wait).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_member_is_paused_still_gets_the_lock_when_it_is_released() -> TestResult {
     let cluster = start();
-    let (prefix, etcd) = ("t-watch-paused/", raw(&cluster));
-    let leader = cluster.wait_for_leader(PATIENT)?;
-    let follower = (leader + 1) % cluster.len();
-    let holder_side = locker_at(&cluster, prefix, leader).await?;
-    let waiter_side = locker_at(&cluster, prefix, follower).await?;
-    let ttl = Duration::from_secs(3);
-    let holder = holder_side.acquire("p", ttl).await?;
-    let mut joins = watch_queue(&etcd, prefix, "p").await;
-    let waiter = tokio::spawn(async move {
-        let opts = AcquireOptions::new().wait(Duration::from_secs(10));
-        waiter_side.acquire_with("p", ttl, &opts).await
-    });
-    joined(&mut joins).await;
+    let prefix = "t-watch-paused/";
+    let wait = Duration::from_secs(10);
+    let (holder, waiter, follower) =
+        a_waiter_on_a_follower(&cluster, prefix, "p", Duration::from_secs(3), wait).await?;
     cluster.member(follower).pause()?;
     holder.release().await?;
     let lease = timeout(PATIENT, waiter).await??;
@@ -579,7 +589,7 @@ fn token_of(lease: &Lease) -> leasehold::LeaseToken {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_whose_answer_is_lost_is_settled_by_reading_the_key() -> TestResult {
+async fn a_release_whose_answer_is_lost_is_settled_on_another_member() -> TestResult {
     let cluster = start();
     let (prefix, etcd) = ("t-unknown/", raw(&cluster));
     // A follower, so that the cluster keeps its leader while it is paused.
@@ -593,8 +603,8 @@ async fn a_release_whose_answer_is_lost_is_settled_by_reading_the_key() -> TestR
         .await?;
     let lease = locker.acquire("u", Duration::from_secs(10)).await?;
     // The member the locker talks to stops answering: the delete sent
-    // there may or may not be applied. Another member shows the key still
-    // ours, so the guarded delete is sent again there, and its success is
+    // there may or may not be applied. The guarded delete is sent again
+    // on another member, where the key is still ours, and its success is
     // known (a NotHeld here would be a claim the release cannot know).
     cluster.member(paused).pause()?;
     let released = lease.release().await;
