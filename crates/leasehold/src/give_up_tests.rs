@@ -210,8 +210,10 @@ async fn stats_count_every_request() {
 
 /// The last attempt of a wait gets only what is left of it. When Redis
 /// had answered "busy" just before and that short attempt times out, the
-/// wait ran out, not Redis: `NotAcquired`. When Redis never answered, or
-/// an attempt had its whole command timeout, the fault is the answer.
+/// wait ran out, not Redis: `NotAcquired`, with no fault. When Redis never
+/// answered, the fault is the answer. When it answered "busy" and then
+/// failed until the wait ran out, the lock was busy and the server also
+/// failed: `NotAcquired` carrying the fault.
 #[tokio::test(start_paused = true)]
 async fn a_last_attempt_cut_short_by_the_wait_gives_up_as_not_acquired() {
     let acquire = |busy: u32, wait: Duration, all_silent: bool| async move {
@@ -237,6 +239,7 @@ async fn a_last_attempt_cut_short_by_the_wait_gives_up_as_not_acquired() {
         Err(Error::NotAcquired {
             reason: GiveUpReason::DeadlineExpired,
             attempts: 2,
+            fault: None,
             ..
         }) => {}
         other => panic!("busy, then cut short: {other:?}"),
@@ -248,16 +251,35 @@ async fn a_last_attempt_cut_short_by_the_wait_gives_up_as_not_acquired() {
         Err(Error::Timeout { op: "acquire", .. }) => {}
         other => panic!("never answered: {other:?}"),
     }
-    // Busy, then an attempt that had its whole command timeout: a fault.
+    // Busy, then attempts that had their whole command timeout until the
+    // wait ran out: busy, and the server also failed at the end.
+    let busy_then_silent = |err: &Error| {
+        matches!(
+            err,
+            Error::NotAcquired {
+                reason: GiveUpReason::DeadlineExpired,
+                fault: Some(fault),
+                ..
+            } if matches!(**fault, Error::Timeout { op: "acquire", .. })
+        )
+    };
     match acquire(1, 2000 * MS, false).await {
-        Err(Error::Timeout { op: "acquire", .. }) => {}
+        Err(err) if busy_then_silent(&err) => {
+            assert!(err.is_retryable() && err.is_contention(), "{err:?}");
+            // The fault is the error's source, named once.
+            let source = std::error::Error::source(&err).map(ToString::to_string);
+            assert!(
+                source.is_some_and(|s| s.contains("did not answer acquire")),
+                "{err}"
+            );
+        }
         other => panic!("busy, then a full timeout: {other:?}"),
     }
     // The same with the undo of that attempt unanswered too: the caller
     // asked for a lock, and hears of a fault during its acquire, not of a
     // release it never asked for.
     match acquire(1, 2000 * MS, true).await {
-        Err(Error::Timeout { op: "acquire", .. }) => {}
+        Err(err) if busy_then_silent(&err) => {}
         other => panic!("busy, then silent, undo included: {other:?}"),
     }
 }

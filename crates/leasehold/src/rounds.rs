@@ -30,6 +30,10 @@ pub(crate) struct Rounds<'a> {
     /// Whether the last attempt's request had less than the command
     /// timeout: the caller's deadline cut it short.
     cut_short: bool,
+    /// Whether the service ever answered that someone else holds the lock.
+    saw_busy: bool,
+    /// The fault that may pass met since the service last answered.
+    fault: Option<Error>,
 }
 
 impl<'a> Rounds<'a> {
@@ -49,6 +53,8 @@ impl<'a> Rounds<'a> {
             waits: opts.retry.waits().peekable(),
             attempts: 0,
             cut_short: false,
+            saw_busy: false,
+            fault: None,
         }
     }
 
@@ -63,14 +69,59 @@ impl<'a> Rounds<'a> {
         self.budget.start()
     }
 
-    /// The error for giving up now, for `reason`.
+    /// The error for giving up now, for `reason`, leaving aside any fault
+    /// being ridden out (for a cancel, or where none can be).
     pub(crate) fn give_up(&self, reason: GiveUpReason) -> Error {
         Error::NotAcquired {
             key: self.key.to_owned(),
             attempts: self.attempts,
             waited: self.budget.start().elapsed(),
             reason,
+            fault: None,
         }
+    }
+
+    /// The error for running out of wait now, for `reason`: the one rule
+    /// every way gives up by. With no fault being ridden out,
+    /// [`give_up`](Self::give_up)'s. During a fault, after the service had
+    /// said the lock was busy, `NotAcquired` carrying the fault: the lock
+    /// was held by someone else, and the service also failed at the end.
+    /// During a fault, with the lock never seen busy, the fault itself:
+    /// the service, not contention, kept the caller from the lock.
+    pub(crate) fn ran_out(&mut self, reason: GiveUpReason) -> Error {
+        match self.fault.take() {
+            None => self.give_up(reason),
+            Some(fault) if !self.saw_busy && reason != GiveUpReason::Cancelled => fault,
+            Some(fault) => Error::NotAcquired {
+                key: self.key.to_owned(),
+                attempts: self.attempts,
+                waited: self.budget.start().elapsed(),
+                reason,
+                fault: Some(Box::new(fault)),
+            },
+        }
+    }
+
+    /// Notes that the service answered: someone else holds the lock.
+    pub(crate) fn busy(&mut self) {
+        self.saw_busy = true;
+        self.fault = None;
+    }
+
+    /// Notes that the service answered a request (no fault to report).
+    pub(crate) fn answered(&mut self) {
+        self.fault = None;
+    }
+
+    /// Notes a fault that may pass, met by the last request: what giving
+    /// up during it reports ([`ran_out`](Self::ran_out)). A timeout only
+    /// because the caller's deadline cut the request short, right after an
+    /// answer or another fault, says nothing new: the wait ran out.
+    pub(crate) fn met(&mut self, err: Error) {
+        if self.timed_out_at_the_deadline(&err) && (self.fault.is_some() || self.saw_busy) {
+            return;
+        }
+        self.fault = Some(err);
     }
 
     /// Gives up if the caller's token is already cancelled.
@@ -95,11 +146,11 @@ impl<'a> Rounds<'a> {
 
     /// Now, for a request about to be sent: gives up if cancelled or past
     /// the deadline.
-    fn request(&self) -> Result<Instant> {
+    fn request(&mut self) -> Result<Instant> {
         self.check_cancelled()?;
         let now = Instant::now();
         if now >= self.budget.deadline() {
-            return Err(self.give_up(GiveUpReason::DeadlineExpired));
+            return Err(self.ran_out(GiveUpReason::DeadlineExpired));
         }
         Ok(now)
     }
@@ -129,10 +180,9 @@ impl<'a> Rounds<'a> {
     /// Once it returns a wait, the acquire counts as waiting for the lock
     /// until its next attempt (or its end).
     pub(crate) fn next_wait(&mut self) -> Result<Duration> {
-        let wait = self
-            .waits
-            .next()
-            .ok_or_else(|| self.give_up(GiveUpReason::RetriesExhausted))?;
+        let Some(wait) = self.waits.next() else {
+            return Err(self.ran_out(GiveUpReason::RetriesExhausted));
+        };
         let now = Instant::now();
         Progress::update(|p| p.wait_from(now));
         Ok(wait)
@@ -254,12 +304,13 @@ impl Progress {
 /// our own token: it can never touch another holder's lock), and only once
 /// that is confirmed does the next attempt go out, with the same token. So a
 /// retried acquire never holds a lock it does not know of, and the undo
-/// never races an attempt of ours. If the deadline comes first, the last
-/// transient error is returned (not `NotAcquired`: the caller learns that
-/// Redis, not contention, was the problem), except for a last attempt that
-/// timed out only because the caller's deadline gave it less than the
-/// command timeout, right after Redis had answered "busy": that acquire ran
-/// out of wait, and gives up with `NotAcquired` like any other.
+/// never races an attempt of ours. If the deadline comes first, the
+/// acquire gives up by [`Rounds::ran_out`]'s rule: `NotAcquired` if Redis
+/// ever answered "busy" (carrying the fault it was riding out at the end,
+/// if any), else the last fault itself (the caller learns that Redis, not
+/// contention, was the problem). A last attempt that timed out only
+/// because the caller's deadline gave it less than the command timeout
+/// adds nothing to what was known: that acquire ran out of wait.
 ///
 /// If an attempt is abandoned mid-flight (cancel, or the whole future
 /// dropped) or the acquire ends with an undo still owed, its requests may
@@ -288,35 +339,19 @@ where
         abandon: &abandon,
         owed: &owed,
     };
-    // The last transient failure, while the lock is not ours yet.
-    let mut transient: Option<Error> = None;
-    // Whether the last answer Redis gave was "busy".
-    let mut busy = false;
     loop {
-        match round(&mut rounds, &mut attempt, &mut undo, &owed).await {
+        match round(&mut rounds, &mut attempt, &mut undo, &owed).await? {
             Ok(Some(won)) => return Ok(won),
-            Ok(None) => {
-                transient = None;
-                busy = true;
-            }
-            // Redis answered "busy" last time and this attempt got only
-            // what was left of the caller's wait: the wait ran out, not
-            // Redis. What the attempt may have taken is undone by
-            // `abandon` (the undo is still owed).
-            Err(err) if busy && rounds.timed_out_at_the_deadline(&err) => {
-                return Err(rounds.give_up(GiveUpReason::DeadlineExpired));
-            }
+            Ok(None) => rounds.busy(),
+            // What an attempt cut short by the deadline may have taken is
+            // undone by `abandon` (the undo is still owed).
             Err(err) if fault_may_pass(&err) => {
-                busy = false;
                 tracing::debug!(key, error = %err, "acquire attempt failed; retrying within the deadline");
-                transient = Some(err);
+                rounds.met(err);
             }
-            Err(err) => return Err(prefer_fault(err, transient)),
+            Err(err) => return Err(err),
         }
-        let wake = match rounds.next_wait() {
-            Ok(wait) => rounds.deadline().min(Instant::now() + wait),
-            Err(give_up) => return Err(prefer_fault(give_up, transient)),
-        };
+        let wake = rounds.deadline().min(Instant::now() + rounds.next_wait()?);
         unless_cancelled!(&rounds, tokio::time::sleep_until(wake))?;
     }
 }
@@ -346,26 +381,16 @@ fn during_acquire(err: Error) -> Error {
     }
 }
 
-/// The error an acquire that gives up returns: the transient fault it was
-/// riding out, if any (Redis, not contention, kept it from the lock),
-/// unless the caller cancelled.
-pub(crate) fn prefer_fault(err: Error, transient: Option<Error>) -> Error {
-    match (&err, transient) {
-        (Error::NotAcquired { reason, .. }, Some(fault)) if *reason != GiveUpReason::Cancelled => {
-            fault
-        }
-        _ => err,
-    }
-}
-
 /// One round: the undo an earlier attempt still owes (if any), then one
-/// attempt. `Ok(None)` when the lock is busy.
+/// attempt. `Ok(Ok(None))` when the lock is busy; `Ok(Err(_))` when a
+/// request failed; `Err(_)` when the acquire gives up (cancelled, or out of
+/// wait: [`Rounds::ran_out`]'s error, final).
 async fn round<T, F, Fut, U, UFut>(
     rounds: &mut Rounds<'_>,
     attempt: &mut F,
     undo: &mut U,
     owed: &AtomicBool,
-) -> Result<Option<(T, Instant)>>
+) -> Result<Result<Option<(T, Instant)>>>
 where
     F: FnMut(Instant) -> Fut,
     Fut: Future<Output = Result<Attempt<T>>>,
@@ -375,7 +400,9 @@ where
     if owed.load(Ordering::SeqCst) {
         let now = rounds.request()?;
         let (deadline, _) = rounds.budget.for_request(now, rounds.command_timeout);
-        unless_cancelled!(rounds, undo(deadline))?.map_err(during_acquire)?;
+        if let Err(err) = unless_cancelled!(rounds, undo(deadline))? {
+            return Ok(Err(during_acquire(err)));
+        }
         owed.store(false, Ordering::SeqCst);
     }
     let (sent_at, call_deadline) = rounds.attempt()?;
@@ -387,10 +414,10 @@ where
     // timeout or a connection lost with the request out leaves it unknown.
     let unknown = matches!(&answer, Err(err) if crate::call::may_have_acted(err));
     owed.store(unknown, Ordering::SeqCst);
-    Ok(match answer? {
+    Ok(answer.map(|answer| match answer {
         Attempt::Won(won) => Some((won, sent_at)),
         Attempt::Busy => None,
-    })
+    }))
 }
 
 /// Runs `abandon` on drop if an undo is still owed.

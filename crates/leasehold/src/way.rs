@@ -202,6 +202,7 @@ async fn take_replicated<W: Way>(
                     attempts: Progress::read(progress, Instant::now()).attempts,
                     waited: budget.start().elapsed(),
                     reason: GiveUpReason::Cancelled,
+                    fault: None,
                 });
             }
             () = tokio::time::sleep_until(wake) => {}

@@ -331,3 +331,66 @@ async fn a_lease_handed_over_after_a_long_wait_keeps_a_full_ttl() -> TestResult 
     lease.release().await?;
     Ok(())
 }
+
+/// A caller that waited behind a live holder and then met an outage that
+/// lasted past its wait gives up as busy (`NotAcquired`, its reason the
+/// deadline), carrying the fault it also met, not the fault alone: what it
+/// acts on is "busy", polling and hand-off alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_behind_a_holder_that_ends_in_an_outage_gives_up_as_busy_every_way() -> TestResult {
+    for handoff in [false, true] {
+        let mut server = RedisServer::start()?;
+        let client = redis::Client::open(server.url())?;
+        let key = "lock:faults:busy-then-down";
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let () = conn.set_ex(key, "someone-else", 60).await?;
+        let opts = AcquireOptions::new().wait(1500 * MS);
+        // The waiter's own TTL is short: a hand-off waiter checks the lock
+        // again at least once per TTL of its own, so it meets the outage.
+        let ttl = 300 * MS;
+        let waiter = if handoff {
+            let lock = HandoffLocker::connect(&client).await?;
+            let waiter = tokio::spawn(async move { lock.acquire_with(key, ttl, &opts).await });
+            // Queued in Redis: it asked, and was told the lock is busy.
+            let queue = format!("{key}:waitq");
+            while conn.zcard::<_, u64>(&queue).await? != 1 {
+                tokio::time::sleep(MS).await;
+            }
+            waiter
+        } else {
+            let lock = Locker::connect(&client).await?;
+            let stats = lock.clone();
+            let waiter = tokio::spawn(async move { lock.acquire_with(key, ttl, &opts).await });
+            // A second request goes only once the first was answered busy.
+            while stats.stats().acquire_requests < 2 {
+                tokio::time::sleep(MS).await;
+            }
+            waiter
+        };
+        server = tokio::task::spawn_blocking(move || {
+            server.kill()?;
+            Ok::<_, leasehold_testkit::Error>(server)
+        })
+        .await??;
+        let err = tokio::time::timeout(HUNG, waiter)
+            .await??
+            .err()
+            .ok_or("the lock was taken while its server was down")?;
+        let Error::NotAcquired {
+            reason: leasehold::GiveUpReason::DeadlineExpired,
+            fault: Some(fault),
+            ..
+        } = &err
+        else {
+            return Err(format!("handoff {handoff}: {err:?}").into());
+        };
+        assert!(fault.is_retryable(), "handoff {handoff}: {fault:?}");
+        assert!(err.is_contention() && err.is_retryable(), "{err:?}");
+        assert!(
+            format!("{err}").contains("busy and then its service failing"),
+            "{err}"
+        );
+        drop(server);
+    }
+    Ok(())
+}

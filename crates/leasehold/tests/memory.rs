@@ -15,6 +15,11 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 const HUNG: Duration = Duration::from_secs(30);
 /// Longer than `HUNG`: a lock given back by its TTL, not its release, fails.
 const TTL: Duration = Duration::from_secs(120);
+/// Each quorum node's vote timeout here, and the wait of an acquire meant
+/// to run out on a full server: a request has all of it (the default
+/// command timeout), so its verdict does not depend on how loaded the
+/// machine is.
+const NODE_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -52,7 +57,17 @@ impl Way {
                     .iter()
                     .map(|s| redis::Client::open(s.url()))
                     .collect::<Result<Vec<_>, _>>()?;
-                Way::Quorum(Quorum::connect(clients).await?)
+                // A vote may take far longer than the default 50 ms on a
+                // loaded 2-core machine (a fresh clone's CI run saw
+                // `QuorumNotReached { got: 0, failed_nodes: 3 }` here, the
+                // votes slower than the node timeout): these tests are about
+                // what a full server answers, not how fast.
+                Way::Quorum(
+                    Quorum::builder()
+                        .node_timeout(NODE_TIMEOUT)
+                        .connect(clients)
+                        .await?,
+                )
             }
         })
     }
@@ -134,7 +149,7 @@ async fn an_acquire_that_runs_out_of_wait_on_a_full_server_says_so_every_way() -
         let way = Way::open(kind, &servers).await?;
         let keys = FencedKeys::for_resource("memory:full")?;
         fill(&servers)?;
-        let err = way.take(&keys, Duration::from_millis(200)).await.err();
+        let err = way.take(&keys, NODE_TIMEOUT).await.err();
         assert!(
             matches!(&err, Some(Error::OutOfMemory { .. })),
             "{kind:?}: {err:?}"

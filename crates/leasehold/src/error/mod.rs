@@ -86,16 +86,34 @@ impl std::fmt::Display for TlsFileRole {
 #[non_exhaustive]
 pub enum Error {
     /// The lock stayed busy until the caller stopped waiting.
-    #[error("lock {key:?} not acquired after {attempts} attempts in {waited:?}: {reason}")]
+    ///
+    /// An acquire that saw the lock held by someone else and then met a
+    /// fault that may pass (a timeout, a restart, a full server) which
+    /// lasted until its wait ran out gives up this way too, with that
+    /// fault in [`fault`](Error::NotAcquired::fault) (and as its
+    /// [`source`](std::error::Error::source)): the lock was busy, and the
+    /// service also failed at the end, which the caller handles as busy.
+    /// An acquire whose every request failed never learned whether the
+    /// lock was busy: it returns the fault itself (a
+    /// [`Timeout`](Error::Timeout), ...), not this.
+    #[error(
+        "lock {key:?} not acquired after {attempts} attempts in {waited:?}: {reason}{}",
+        if fault.is_some() { ", the lock busy and then its service failing" } else { "" }
+    )]
     NotAcquired {
         /// The lock key.
         key: String,
-        /// How many times the lock was requested from Redis.
+        /// How many times the lock was requested from the service.
         attempts: u32,
         /// Time spent from the first request to giving up.
         waited: Duration,
         /// Why the acquire stopped.
         reason: GiveUpReason,
+        /// The fault the acquire was riding out when it stopped, after it
+        /// had seen the lock busy: `None` when the service's last answer
+        /// was "busy".
+        #[source]
+        fault: Option<Box<Error>>,
     },
 
     /// Too few servers of a quorum answered for a majority to be possible
@@ -429,7 +447,8 @@ pub enum Error {
     /// Redis is out of memory (`maxmemory` reached under the `noeviction`
     /// policy, `OOM`): it refuses writes until memory frees. Retryable: an
     /// acquire rides it out within its wait, and returns it when the wait
-    /// runs out during it (so a full server never looks like contention).
+    /// runs out during it with the lock never seen busy (so a full server
+    /// never looks like contention; see [`NotAcquired`](Error::NotAcquired)).
     #[error("redis out of memory during {op}: maxmemory reached, writes refused")]
     OutOfMemory {
         /// The operation that failed.

@@ -75,21 +75,20 @@ pub(super) async fn take(
     let token = LeaseToken::generate()?;
     let mut rounds = Rounds::new(&target.lock, opts, budget, backend.command_timeout);
     loop {
-        let mut fault = None;
         // A grant is safe to send again: a lease granted by a try whose
         // answer was lost has no key, and its TTL ends it.
         let (sent_at, grant) = loop {
-            let (sent_at, deadline) = next_request(&mut rounds, &mut fault)?;
+            let (sent_at, deadline) = rounds.attempt()?;
             match backend.client.grant(ttl, deadline).await {
                 Ok(grant) => break (sent_at, grant),
                 Err(err) if err.is_retryable() => {
-                    fault = Some(err);
+                    rounds.met(failed(err));
                     pause(&rounds).await?;
                 }
                 Err(err) => return Err(failed(err)),
             }
         };
-        fault = None;
+        rounds.answered();
         let queued = Queued {
             backend: backend.clone(),
             lease: grant.id,
@@ -98,16 +97,7 @@ pub(super) async fn take(
         let waiting = async {
             let key = backend.waiter_key(&target.lock, grant.id);
             let queue = backend.queue(&target.lock);
-            let (held, first) = join(
-                backend,
-                &key,
-                &queue,
-                grant.id,
-                ttl,
-                &mut rounds,
-                &mut fault,
-            )
-            .await?;
+            let (held, first) = join(backend, &key, &queue, grant.id, ttl, &mut rounds).await?;
             let won = if first {
                 Won::AtOnce
             } else {
@@ -190,7 +180,6 @@ async fn join(
     lease: i64,
     ttl: Duration,
     rounds: &mut Rounds<'_>,
-    fault: &mut Option<EtcdError>,
 ) -> Result<(Held, bool)> {
     // The queue's oldest key, read in the same transaction (after our put:
     // a read in a transaction sees the transaction's own writes), so an
@@ -203,7 +192,7 @@ async fn join(
         .otherwise(Op::range(Range::key(key)))
         .otherwise(oldest());
     loop {
-        let (_, deadline) = next_request(rounds, fault)?;
+        let (_, deadline) = rounds.attempt()?;
         let (revision, owner) = match backend.client.txn(&create, deadline).await {
             Ok(txn) if txn.succeeded => (txn.header.revision, txn.ranges().next().cloned()),
             // The key exists: ours (our lease's ID is in its name) only if
@@ -219,7 +208,7 @@ async fn join(
                 }
             }
             Err(err) if err.is_retryable() || err.is_outcome_unknown() => {
-                *fault = Some(err);
+                rounds.met(failed(err));
                 pause(rounds).await?;
                 continue;
             }
@@ -231,7 +220,6 @@ async fn join(
             }
             Err(err) => return Err(failed(err)),
         };
-        *fault = None;
         let held = Held {
             lease,
             key: key.to_owned(),
@@ -242,6 +230,11 @@ async fn join(
             .as_deref()
             .and_then(<[KeyValue]>::first)
             .is_some_and(|kv| held.is(kv));
+        if first {
+            rounds.answered();
+        } else {
+            rounds.busy();
+        }
         return Ok((held, first));
     }
 }
@@ -313,10 +306,8 @@ async fn wait_turn(
     let keep_every = (ttl / 3).max(Duration::from_millis(1));
     let mut waited = false;
     let mut next_keep_alive = Instant::now() + keep_every;
-    // The last request's fault, while the requests since have all failed.
-    let mut fault: Option<EtcdError> = None;
     loop {
-        let (sent_at, deadline) = next_request(rounds, &mut fault)?;
+        let (sent_at, deadline) = rounds.attempt()?;
         // After a wait, a keep-alive of our etcd lease goes with the read:
         // if the read finds us first, the lock is ours, and the lease
         // counts from the keep-alive's send time (see `Won::After`).
@@ -336,13 +327,13 @@ async fn wait_turn(
             }
             (Ok(read), None | Some(Ok(_))) => read,
             (Err(err), _) | (Ok(_), Some(Err(err))) if err.is_retryable() => {
-                fault = Some(err);
+                rounds.met(failed(err));
                 pause(rounds).await?;
                 continue;
             }
             (Err(err), _) | (Ok(_), Some(Err(err))) => return Err(failed(err)),
         };
-        fault = None;
+        rounds.answered();
         let ahead = match place(&read, held) {
             Place::First if !waited => return Ok(Won::AtOnce),
             Place::First => {
@@ -351,7 +342,10 @@ async fn wait_turn(
                 });
             }
             Place::Gone => return Err(failed(EtcdError::LeaseNotFound { lease: held.lease })),
-            Place::Behind { ahead } => ahead,
+            Place::Behind { ahead } => {
+                rounds.busy();
+                ahead
+            }
         };
         if !waited {
             // A strategy with no wait (one attempt) gives up at once.
@@ -362,7 +356,7 @@ async fn wait_turn(
         // the revision just after the read that saw it.
         let mut from = read.header.revision + 1;
         'watch: loop {
-            let (_, deadline) = next_request(rounds, &mut fault)?;
+            let (_, deadline) = rounds.attempt()?;
             let mut watch = match client
                 .watch(&WatchKeys::key(ahead.key.clone()), from, deadline)
                 .await
@@ -370,35 +364,32 @@ async fn wait_turn(
                 Ok(watch) => watch,
                 Err(EtcdError::Compacted { .. }) => break 'watch,
                 Err(err) if err.is_retryable() => {
-                    fault = Some(err);
+                    rounds.met(failed(err));
                     pause(rounds).await?;
                     continue 'watch;
                 }
                 Err(err) => return Err(failed(err)),
             };
-            fault = None;
+            rounds.answered();
             loop {
                 tokio::select! {
                     biased;
                     () = rounds.cancelled() => return Err(rounds.give_up(GiveUpReason::Cancelled)),
                     () = tokio::time::sleep_until(rounds.deadline()) => {
-                        return Err(fault.map_or_else(
-                            || rounds.give_up(GiveUpReason::DeadlineExpired),
-                            failed,
-                        ));
+                        return Err(rounds.ran_out(GiveUpReason::DeadlineExpired));
                     }
                     () = tokio::time::sleep_until(next_keep_alive) => {
-                        let (_, deadline) = next_request(rounds, &mut fault)?;
+                        let (_, deadline) = rounds.attempt()?;
                         match client.keep_alive_once(held.lease, deadline).await {
                             Ok(_) => {
-                                fault = None;
+                                rounds.answered();
                                 next_keep_alive = Instant::now() + keep_every;
                             }
                             // Our etcd lease lives on for a while: try
                             // again soon; if it ends, our key goes and the
                             // next read says so.
                             Err(err) if err.is_retryable() => {
-                                fault = Some(err);
+                                rounds.met(failed(err));
                                 next_keep_alive = Instant::now() + FAULT_PAUSE;
                             }
                             Err(err) => return Err(failed(err)),
@@ -419,26 +410,6 @@ async fn wait_turn(
                 }
             }
         }
-    }
-}
-
-/// The send time and deadline of the acquire's next request. At the
-/// budget's deadline, gives up with `fault` if the last request failed
-/// with one (the wait ran out during a fault, not while others held the
-/// lock), else as [`Rounds::attempt`] does.
-fn next_request(
-    rounds: &mut Rounds<'_>,
-    fault: &mut Option<EtcdError>,
-) -> Result<(Instant, Instant)> {
-    match rounds.attempt() {
-        Ok(request) => Ok(request),
-        Err(Error::NotAcquired {
-            reason: GiveUpReason::DeadlineExpired,
-            ..
-        }) if fault.is_some() => Err(fault
-            .take()
-            .map_or_else(|| rounds.give_up(GiveUpReason::DeadlineExpired), failed)),
-        Err(err) => Err(err),
     }
 }
 

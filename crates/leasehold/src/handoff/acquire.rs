@@ -14,7 +14,7 @@ use crate::fencing::{FencingToken, Target};
 use crate::lease::Lease;
 use crate::node::{RedisConnection, not_a_fence, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
-use crate::rounds::{Rounds, prefer_fault, unless_cancelled};
+use crate::rounds::{Rounds, unless_cancelled};
 use crate::token::LeaseToken;
 use crate::way::Way;
 
@@ -152,14 +152,8 @@ impl<C: RedisConnection> HandoffLocker<C> {
             .use_channel(backend.subs.channels.for_key(key), key);
 
         let mut last_busy = rounds.start();
-        // The last fault ridden out since Redis last answered: what a wait
-        // that runs out during it returns (Redis, not contention, kept us
-        // from the lock).
-        let mut transient: Option<Error> = None;
         loop {
-            let (sent_at, call_deadline) = rounds
-                .attempt()
-                .map_err(|give_up| prefer_fault(give_up, transient.take()))?;
+            let (sent_at, call_deadline) = rounds.attempt()?;
             counters.acquire_request();
             let lifetime = ttl_millis(rounds.deadline().saturating_duration_since(sent_at));
             let request = self.try_or_enqueue(
@@ -180,7 +174,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
                     // Only a reply that saw the lock busy bounds when a
                     // later hand-over can have happened.
                     last_busy = sent_at;
-                    transient = None;
+                    rounds.busy();
                     holder_left
                 }
                 // A waiter rides out a fault that may pass (a dropped
@@ -192,14 +186,12 @@ impl<C: RedisConnection> HandoffLocker<C> {
                 // it (`HandedOver`, counted from before that request).
                 Err(err) if call::fault_may_pass(&err) => {
                     tracing::debug!(target: TARGET, key, error = %err, "re-check failed; the waiter retries");
-                    transient = Some(err);
+                    rounds.met(err);
                     Some(RECHECK_AFTER_FAILURE)
                 }
                 Err(err) => return Err(err),
             };
-            rounds
-                .next_wait()
-                .map_err(|give_up| prefer_fault(give_up, transient.take()))?;
+            rounds.next_wait()?;
             // Due no later than the holder's expiry (as last seen), so a dead
             // holder is noticed at once; at least once per TTL of our own.
             let recheck =

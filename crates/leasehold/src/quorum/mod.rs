@@ -294,6 +294,7 @@ impl<C: RedisConnection> Way for Quorum<C> {
                 attempts,
                 waited,
                 reason,
+                fault,
             }) if reason != GiveUpReason::Cancelled => {
                 let round = last_round.lock().map(|r| *r).unwrap_or_default();
                 if self.inner.nodes.len() - round.failed < self.needed() {
@@ -309,6 +310,7 @@ impl<C: RedisConnection> Way for Quorum<C> {
                         attempts,
                         waited,
                         reason,
+                        fault,
                     })
                 }
             }
