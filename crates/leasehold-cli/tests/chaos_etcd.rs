@@ -25,7 +25,8 @@ fn row<'a>(rows: &'a [Value], mode: &str, fault: &str) -> Result<&'a Value, Stri
 /// caller sees an error under any (the window is shorter than the wait).
 /// Exit 0 says the same for the matrix. (Under a whole-cluster restart or a majority cut, a release
 /// or a wait can still run out within the outage and the election after
-/// it: docs/chaos.md, "etcd".)
+/// it: docs/chaos.md, "etcd"; the runs in docs/history/chaos-results.md,
+/// "etcd".)
 #[test]
 fn the_etcd_way_holds_and_the_lock_rpc_control_is_caught() -> TestResult {
     let (rows, _) = chaos_matrix(&[
