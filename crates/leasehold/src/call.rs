@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::service::Service;
 
 /// Runs `request`, failing with [`Error::Timeout`] if it has not answered by
 /// `deadline`. A paused Redis therefore costs the caller its own deadline, not
@@ -37,11 +38,13 @@ where
     match tokio::time::timeout_at(deadline, request).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(err)) if err.is_timeout() => Err(Error::Timeout {
+            service: Service::REDIS,
             op,
             after: start.elapsed(),
         }),
         Ok(Err(err)) => Err(Error::from_redis(op, key, err)),
         Err(_elapsed) => Err(Error::Timeout {
+            service: Service::REDIS,
             op,
             after: start.elapsed(),
         }),

@@ -55,6 +55,7 @@ use redis::{Cmd, Value};
 use crate::call::ttl_millis;
 use crate::error::{Error, Result};
 use crate::scripts;
+use crate::service::Service;
 use crate::token::LeaseToken;
 
 /// How a node sends one token-checked step.
@@ -334,11 +335,15 @@ impl Step {
         match (self, path, reply) {
             (Step::Refresh { .. }, Path::SetIfeq, Value::Okay) => Ok(true),
             (Step::Refresh { .. }, Path::SetIfeq, Value::Nil) => Ok(false),
-            (Step::Refresh { .. }, Path::SetIfeq, _) => {
-                Err(Error::UnexpectedReply { op: self.op() })
-            }
+            (Step::Refresh { .. }, Path::SetIfeq, _) => Err(Error::UnexpectedReply {
+                service: Service::REDIS,
+                op: self.op(),
+            }),
             (_, _, Value::Int(n)) => Ok(*n == 1),
-            _ => Err(Error::UnexpectedReply { op: self.op() }),
+            _ => Err(Error::UnexpectedReply {
+                service: Service::REDIS,
+                op: self.op(),
+            }),
         }
     }
 }
@@ -557,6 +562,7 @@ mod tests {
             assert_eq!(of(code, detail), None, "{code}");
         }
         let timeout = Error::Timeout {
+            service: Service::REDIS,
             op: "refresh",
             after: Duration::from_secs(1),
         };
@@ -578,15 +584,24 @@ mod tests {
         }
         assert!(matches!(
             refresh.acted(Path::Lua, &Value::Okay),
-            Err(Error::UnexpectedReply { op: "refresh" })
+            Err(Error::UnexpectedReply {
+                service: Service::REDIS,
+                op: "refresh"
+            })
         ));
         assert!(matches!(
             refresh.acted(Path::SetIfeq, &Value::Int(1)),
-            Err(Error::UnexpectedReply { op: "refresh" })
+            Err(Error::UnexpectedReply {
+                service: Service::REDIS,
+                op: "refresh"
+            })
         ));
         assert!(matches!(
             Step::Release.acted(Path::Delifeq, &Value::Okay),
-            Err(Error::UnexpectedReply { op: "release" })
+            Err(Error::UnexpectedReply {
+                service: Service::REDIS,
+                op: "release"
+            })
         ));
     }
 

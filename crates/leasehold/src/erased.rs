@@ -141,6 +141,7 @@ trait Erased: Send + Sync {
         record_key: &'a str,
     ) -> Boxed<'a, Option<(String, i64)>>;
     fn hands_over(&self) -> bool;
+    fn service(&self) -> crate::service::Service;
 }
 
 impl<L: Lessor> Erased for L {
@@ -176,9 +177,16 @@ impl<L: Lessor> Erased for L {
     fn hands_over(&self) -> bool {
         Sealed::hands_over(self)
     }
+    fn service(&self) -> crate::service::Service {
+        Sealed::service(self)
+    }
 }
 
 impl Sealed for DynLessor {
+    fn service(&self) -> crate::service::Service {
+        self.lessor.service()
+    }
+
     fn leader_record<'a>(
         &'a self,
         key: &'a str,

@@ -145,6 +145,9 @@ pub(crate) mod sealed {
     use crate::lease::Reply;
 
     pub trait Sealed {
+        /// The service its leases live on, as errors name it.
+        fn service(&self) -> crate::service::Service;
+
         /// The leader record of the election whose lock is `key` and
         /// record `record_key`, with the lock's time to live in ms, when
         /// the lock's current holder wrote it (as a majority see it, for a

@@ -210,6 +210,7 @@ mod options;
 mod retry;
 mod scripts;
 mod sentinel_fault;
+mod service;
 #[cfg(feature = "postgres")]
 mod sql;
 #[cfg(feature = "sqlx")]
@@ -293,6 +294,7 @@ pub use retry::{RetryStrategy, Waits};
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub use sentinel::Sentinel;
+pub use service::Service;
 pub use stats::LockerStats;
 pub use tls_failure::CertificateProblem;
 pub use token::{HolderId, LeaseToken};

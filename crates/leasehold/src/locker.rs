@@ -511,6 +511,10 @@ impl<C: RedisConnection> Way for Locker<C> {
 
 /// A plain lease gives its lock back with a token-checked delete.
 impl<C: RedisConnection> Backend for Node<C> {
+    fn service(&self) -> crate::service::Service {
+        crate::service::Service::REDIS
+    }
+
     fn command_timeout(&self) -> Duration {
         Node::command_timeout(self)
     }
@@ -589,6 +593,10 @@ pub(crate) fn spawn_release<C: RedisConnection>(
 }
 
 impl<C: RedisConnection> crate::lessor::sealed::Sealed for Locker<C> {
+    fn service(&self) -> crate::service::Service {
+        crate::service::Service::REDIS
+    }
+
     fn leader_record<'a>(
         &'a self,
         key: &'a str,

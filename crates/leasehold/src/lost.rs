@@ -7,16 +7,17 @@
 #[non_exhaustive]
 pub enum LostCause {
     /// The key no longer held our token: the lease expired or changed hands
-    /// (Redis cannot tell which), or its validity ran out before anything
+    /// (the service cannot tell which), or its validity ran out before anything
     /// tried to refresh it.
     Expired,
-    /// Refreshes kept failing (Redis slow, paused, partitioned or refusing)
+    /// Refreshes kept failing (the service slow, paused, partitioned or
+    /// refusing)
     /// until the lease's confirmed deadline passed, so it may have expired
     /// and been taken.
     Unreachable,
     /// The service marked it superseded ([`Lease::mark_superseded`]): the
     /// database refused a write of this holder's as stale, so a newer
-    /// holder exists, whatever Redis says.
+    /// holder exists, whatever the lock service says.
     ///
     /// [`Lease::mark_superseded`]: crate::Lease::mark_superseded
     Superseded,
@@ -37,7 +38,9 @@ impl std::fmt::Display for LostCause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             LostCause::Expired => "the lease expired or changed hands",
-            LostCause::Unreachable => "redis could not confirm it before the lease's deadline",
+            LostCause::Unreachable => {
+                "the service could not confirm it before the lease's deadline"
+            }
             LostCause::Superseded => "the database refused it as stale: a newer holder exists",
         })
     }

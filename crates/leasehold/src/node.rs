@@ -17,6 +17,7 @@ use crate::compare::{Detected, Fallback, Path, Paths, Step};
 use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::fencing::{FencedKeys, FencingToken};
+use crate::service::Service;
 use crate::stats::Counters;
 use crate::token::LeaseToken;
 
@@ -169,7 +170,10 @@ impl<C: RedisConnection> Node<C> {
             (true, Value::BulkString(_) | Value::SimpleString(_)) | (false, Value::Nil) => {
                 Ok(Attempt::Busy)
             }
-            _ => Err(Error::UnexpectedReply { op: "acquire" }),
+            _ => Err(Error::UnexpectedReply {
+                service: Service::REDIS,
+                op: "acquire",
+            }),
         }
     }
 
@@ -202,10 +206,16 @@ impl<C: RedisConnection> Node<C> {
                 Ok(fence) if fence > 0 && fence <= FencingToken::MAX.get() => {
                     Ok(Attempt::Won(FencingToken::new(fence)))
                 }
-                _ => Err(Error::UnexpectedReply { op: "acquire" }),
+                _ => Err(Error::UnexpectedReply {
+                    service: Service::REDIS,
+                    op: "acquire",
+                }),
             },
             Ok(Value::Nil) => Ok(Attempt::Busy),
-            Ok(_) => Err(Error::UnexpectedReply { op: "acquire" }),
+            Ok(_) => Err(Error::UnexpectedReply {
+                service: Service::REDIS,
+                op: "acquire",
+            }),
             Err(err) => Err(not_a_fence(err, keys.fence())),
         }
     }

@@ -361,7 +361,8 @@ where
 /// asked for.
 fn during_acquire(err: Error) -> Error {
     match err {
-        Error::Timeout { after, .. } => Error::Timeout {
+        Error::Timeout { service, after, .. } => Error::Timeout {
+            service,
             op: "acquire",
             after,
         },

@@ -74,6 +74,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::service::Service;
 
 pub use crate::lost::LostCause;
 
@@ -239,7 +240,7 @@ pub(crate) fn period(ttl: Duration) -> Duration {
 /// lost. Generic over `refresh` so the schedule can be tested with a fake
 /// backend under paused time. `refresh` returns `Ok(false)` when the key no
 /// longer holds our token.
-pub(crate) async fn keep<F, Fut>(shared: Arc<Shared>, key: String, mut refresh: F)
+pub(crate) async fn keep<F, Fut>(shared: Arc<Shared>, key: String, service: Service, mut refresh: F)
 where
     F: FnMut(Duration, Instant) -> Fut,
     Fut: Future<Output = Result<bool>>,
@@ -283,6 +284,7 @@ where
         };
         let outcome = outcome.unwrap_or_else(|_elapsed| {
             Err(Error::Timeout {
+                service,
                 op: "refresh",
                 after: sent_at.elapsed(),
             })
@@ -398,7 +400,10 @@ mod tests {
                     match reply {
                         Reply::Held => Ok(true),
                         Reply::NotHeld => Ok(false),
-                        Reply::Fail => Err(Error::UnexpectedReply { op: "refresh" }),
+                        Reply::Fail => Err(Error::UnexpectedReply {
+                            service: Service::REDIS,
+                            op: "refresh",
+                        }),
                         Reply::Hang => std::future::pending().await,
                     }
                 })
@@ -408,7 +413,12 @@ mod tests {
 
     fn start(fake: &Arc<Fake>) -> (Arc<Shared>, tokio::task::JoinHandle<()>) {
         let shared = Shared::new(fake.start, TTL);
-        let task = tokio::spawn(keep(shared.clone(), "k".into(), fake.clone().refresher()));
+        let task = tokio::spawn(keep(
+            shared.clone(),
+            "k".into(),
+            Service::REDIS,
+            fake.clone().refresher(),
+        ));
         (shared, task)
     }
 
@@ -497,6 +507,7 @@ mod tests {
         let task = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(keep(
             shared.clone(),
             "k".into(),
+            Service::REDIS,
             move |_, _| {
                 counter.fetch_add(1, Ordering::Relaxed);
                 async { Ok(true) }

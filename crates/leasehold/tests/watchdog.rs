@@ -174,6 +174,7 @@ async fn a_key_deleted_behind_the_holders_back_cancels_the_work() -> TestResult 
             Err(Error::LeaseLost {
                 cause: LostCause::Expired,
                 key,
+                service: leasehold::Service::REDIS,
             }) if key == "t:wd:deleted"
         ),
         "{outcome:?}"

@@ -313,9 +313,10 @@ impl<L: Lessor> Election<L> {
     async fn begin(&self, lease: Lease) -> Result<Term> {
         let inner = &*self.inner;
         // A lease on fenced keys always carries its token.
-        let fence = lease
-            .fence()
-            .ok_or(Error::UnexpectedReply { op: "campaign" })?;
+        let fence = lease.fence().ok_or(Error::UnexpectedReply {
+            service: lease.service(),
+            op: "campaign",
+        })?;
         let holder = lease.holder();
         let body = format!("{}\n{}\n{}", fence.get(), holder, inner.candidate);
         let announced = crate::call::retrying(
@@ -408,7 +409,7 @@ impl<L: Lessor> Election<L> {
             .leader_record(inner.keys.lock(), &inner.record_key)
             .await?;
         record
-            .map(|(body, pttl)| Leader::parse(&body, pttl))
+            .map(|(body, pttl)| Leader::parse(&body, pttl, inner.lessor.service()))
             .transpose()
     }
 }

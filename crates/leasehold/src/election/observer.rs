@@ -7,6 +7,7 @@ use crate::budget::Budget;
 use crate::error::{Error, Result};
 use crate::fencing::FencingToken;
 use crate::lessor::Lessor;
+use crate::service::Service;
 use crate::token::HolderId;
 
 use super::Election;
@@ -42,8 +43,11 @@ pub struct Leader {
 }
 
 impl Leader {
-    pub(super) fn parse(body: &str, pttl: i64) -> Result<Leader> {
-        let bad = || Error::UnexpectedReply { op: "read leader" };
+    pub(super) fn parse(body: &str, pttl: i64, service: Service) -> Result<Leader> {
+        let bad = || Error::UnexpectedReply {
+            service,
+            op: "read leader",
+        };
         let mut fields = body.splitn(3, '\n');
         let fence = fields
             .next()

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::lost::LostCause;
+use crate::service::Service;
 use crate::tls_failure::CertificateProblem;
 
 /// Why an acquire gave up without the lock.
@@ -166,10 +167,12 @@ pub enum Error {
     /// the watchdog found the key gone, or could not confirm it before the
     /// lease's deadline. Returned by [`Lease::run`](crate::Lease::run)
     /// instead of the work's output, which was cancelled.
-    #[error("lock {key:?} lost: {cause}")]
+    #[error("lock {key:?} on {service} lost: {cause}")]
     LeaseLost {
         /// The lock key.
         key: String,
+        /// The service the lease lived on.
+        service: Service,
         /// Why the watchdog gave up on the lease.
         cause: LostCause,
     },
@@ -232,10 +235,13 @@ pub enum Error {
     #[error("invalid options: {0}")]
     InvalidOptions(&'static str),
 
-    /// Redis did not answer within the caller's deadline or the locker's
-    /// command timeout (a paused, overloaded or partitioned server).
-    #[error("redis did not answer {op} within {after:?}")]
+    /// The service (Redis, etcd, ...) did not answer within the caller's
+    /// deadline or the locker's command timeout (a paused, overloaded or
+    /// partitioned server).
+    #[error("{service} did not answer {op} within {after:?}")]
     Timeout {
+        /// The service that did not answer.
+        service: Service,
         /// The operation that was waiting (`"acquire"`, `"release"`, ...).
         op: &'static str,
         /// How long it waited.
@@ -306,9 +312,11 @@ pub enum Error {
         source: ClientError,
     },
 
-    /// Redis answered with a reply we did not expect.
-    #[error("unexpected reply from redis to {op}")]
+    /// The service answered with a reply we did not expect.
+    #[error("unexpected reply from {service} to {op}")]
     UnexpectedReply {
+        /// The service that answered.
+        service: Service,
         /// The operation.
         op: &'static str,
     },

@@ -15,6 +15,7 @@ use crate::fencing::FencingToken;
 use crate::lease::{
     Backend, Part, Reply, release_retrying, release_runtime, spawn_dropped_release,
 };
+use crate::service::Service;
 use crate::token::LeaseToken;
 
 /// The pause between two tries of a delete whose answers were lost.
@@ -350,8 +351,10 @@ impl EtcdBackend {
         if record.lease != owner.lease {
             return Ok(None);
         }
-        let body = String::from_utf8(record.value.clone())
-            .map_err(|_| Error::UnexpectedReply { op: "leader" })?;
+        let body = String::from_utf8(record.value.clone()).map_err(|_| Error::UnexpectedReply {
+            service: Service::ETCD,
+            op: "leader",
+        })?;
         let ttl = self
             .client
             .time_to_live(owner.lease, deadline)
@@ -365,6 +368,10 @@ impl EtcdBackend {
 }
 
 impl Backend for EtcdBackend {
+    fn service(&self) -> crate::service::Service {
+        crate::service::Service::ETCD
+    }
+
     fn command_timeout(&self) -> Duration {
         self.command_timeout
     }

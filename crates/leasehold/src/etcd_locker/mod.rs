@@ -503,6 +503,10 @@ impl Way for EtcdLocker {
 }
 
 impl crate::lessor::sealed::Sealed for EtcdLocker {
+    fn service(&self) -> crate::service::Service {
+        crate::service::Service::ETCD
+    }
+
     fn leader_record<'a>(
         &'a self,
         key: &'a str,

@@ -17,6 +17,7 @@ use crate::fencing::{FencingToken, Target};
 use crate::lease::{Lease, Part};
 use crate::options::AcquireOptions;
 use crate::rounds::Rounds;
+use crate::service::Service;
 use crate::token::LeaseToken;
 
 use super::backend::{EtcdBackend, Held};
@@ -155,7 +156,10 @@ pub(super) async fn take(
 
 /// The fencing token of a key created at `revision`.
 fn fence_of(revision: i64) -> Result<FencingToken> {
-    FencingToken::try_from(revision).map_err(|_| Error::UnexpectedReply { op: "acquire" })
+    FencingToken::try_from(revision).map_err(|_| Error::UnexpectedReply {
+        service: Service::ETCD,
+        op: "acquire",
+    })
 }
 
 /// How we got to the head of the queue.

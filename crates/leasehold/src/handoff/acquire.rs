@@ -15,6 +15,7 @@ use crate::lease::Lease;
 use crate::node::{RedisConnection, not_a_fence, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
 use crate::rounds::{Rounds, unless_cancelled};
+use crate::service::Service;
 use crate::token::LeaseToken;
 use crate::way::Way;
 
@@ -322,7 +323,10 @@ impl<C: RedisConnection> HandoffLocker<C> {
                     .filter(|ms| *ms > 0)
                     .map(Duration::from_millis),
             )),
-            _ => Err(Error::UnexpectedReply { op: "acquire" }),
+            _ => Err(Error::UnexpectedReply {
+                service: Service::REDIS,
+                op: "acquire",
+            }),
         }
     }
 }

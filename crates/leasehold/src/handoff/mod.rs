@@ -699,6 +699,10 @@ impl<C: RedisConnection> HandoffLocker<C> {
 }
 
 impl<C: RedisConnection> crate::lessor::sealed::Sealed for HandoffLocker<C> {
+    fn service(&self) -> crate::service::Service {
+        crate::service::Service::REDIS
+    }
+
     fn leader_record<'a>(
         &'a self,
         key: &'a str,

@@ -80,6 +80,10 @@ impl<C: RedisConnection> HandoffBackend<C> {
 }
 
 impl<C: RedisConnection> Backend for HandoffBackend<C> {
+    fn service(&self) -> crate::service::Service {
+        crate::service::Service::REDIS
+    }
+
     fn command_timeout(&self) -> Duration {
         self.node.command_timeout()
     }

@@ -29,6 +29,7 @@ use tokio::time::Instant;
 
 use crate::call;
 use crate::error::{Error, Result};
+use crate::service::Service;
 
 use super::TARGET;
 use super::client::{HandoffClient, Source};
@@ -303,6 +304,7 @@ impl Subscriptions {
         let mut commands = tokio::time::timeout_at(deadline, self.commands.lock())
             .await
             .map_err(|_| Error::Timeout {
+                service: Service::REDIS,
                 op: "subscribe",
                 after: started.elapsed(),
             })?;
@@ -532,11 +534,13 @@ async fn subscribe_on(conn: &mut Conn, channel: &str, deadline: Instant) -> Resu
     match tokio::time::timeout_at(deadline, conn.ssubscribe(channel)).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(err)) if err.is_timeout() => Err(Error::Timeout {
+            service: Service::REDIS,
             op: "subscribe",
             after: started.elapsed(),
         }),
         Ok(Err(err)) => Err(subscribe_error(err)),
         Err(_) => Err(Error::Timeout {
+            service: Service::REDIS,
             op: "subscribe",
             after: started.elapsed(),
         }),

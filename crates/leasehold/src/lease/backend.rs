@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use crate::error::Result;
 use crate::fencing::FencingToken;
+use crate::service::Service;
 use crate::token::LeaseToken;
 use crate::watchdog::{self, Margin, Shared};
 
@@ -34,6 +35,9 @@ pub(crate) type Reply<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + '
 /// What granted a lease, as the lease sees it: the token-checked steps on
 /// one lock. Implemented by each way of taking a lease.
 pub(crate) trait Backend: Send + Sync + 'static {
+    /// The service it talks to, as errors name it.
+    fn service(&self) -> Service;
+
     /// The bound on a release with no tighter deadline.
     fn command_timeout(&self) -> Duration;
 

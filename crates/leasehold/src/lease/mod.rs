@@ -26,6 +26,7 @@ use tracing::Instrument;
 use crate::error::{Error, Result};
 use crate::fencing::FencingToken;
 use crate::metrics;
+use crate::service::Service;
 use crate::token::{HolderId, LeaseToken};
 use crate::watchdog::{self, LostCause, Shared};
 
@@ -154,6 +155,12 @@ impl Lease {
     /// keys).
     pub fn key(&self) -> &str {
         self.parts.first().map_or("", |p| &p.key)
+    }
+
+    /// The lock service this lease lives on (Redis, etcd, ...), as its
+    /// errors name it.
+    pub fn service(&self) -> Service {
+        self.backend.service()
     }
 
     /// Every lock key this lease holds, in acquire order.
@@ -444,6 +451,7 @@ impl Lease {
                 let task = runtime.spawn(watchdog::keep(
                     self.shared.clone(),
                     self.key().to_owned(),
+                    self.backend.service(),
                     refresh,
                 ));
                 AbortOnDropHandle::new(task)
@@ -455,6 +463,7 @@ impl Lease {
     fn lost_error(&self, cause: LostCause) -> Error {
         Error::LeaseLost {
             key: self.key().to_owned(),
+            service: self.backend.service(),
             cause,
         }
     }

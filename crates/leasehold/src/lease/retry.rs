@@ -47,6 +47,7 @@ pub(crate) async fn release_retrying(
         // that try's delete, or the key lost (a restart, an eviction, a
         // delete). We cannot tell which, and claim neither.
         Ok(false) if faulted && Instant::now() < until => Err(Error::Timeout {
+            service: backend.service(),
             op: "release",
             after: start.elapsed(),
         }),
@@ -60,6 +61,7 @@ pub(crate) async fn release_retrying(
             );
             Err(Error::LeaseLost {
                 key: part.key.clone(),
+                service: backend.service(),
                 cause: LostCause::Unreachable,
             })
         }
@@ -76,6 +78,7 @@ pub(crate) async fn release_retrying(
             tracing::debug!(target: TARGET, key = part.key, error = %err, "release unanswered until the lease ran out");
             Err(Error::LeaseLost {
                 key: part.key.clone(),
+                service: backend.service(),
                 cause: LostCause::Unreachable,
             })
         }
@@ -205,6 +208,9 @@ mod tests {
     }
 
     impl Backend for LostAnswer {
+        fn service(&self) -> crate::service::Service {
+            crate::service::Service::REDIS
+        }
         fn command_timeout(&self) -> Duration {
             Duration::from_millis(100)
         }

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::fencing::{FencedKeys, FencingToken, Target};
 use crate::lease::{Backend, Part, Reply};
 use crate::node::{Attempt, Node, RedisConnection, ttl_millis};
+use crate::service::Service;
 use crate::token::LeaseToken;
 use crate::watchdog::Margin;
 use crate::{call, scripts};
@@ -330,7 +331,12 @@ impl<C: RedisConnection> QuorumInner<C> {
             tasks.spawn(async move { (index, request.await) });
         }
         let mut results: Vec<Result<T>> = (0..self.nodes.len())
-            .map(|_| Err(Error::UnexpectedReply { op: "quorum" }))
+            .map(|_| {
+                Err(Error::UnexpectedReply {
+                    service: Service::REDIS,
+                    op: "quorum",
+                })
+            })
             .collect();
         let mut satisfied = 0;
         while let Some(joined) = tasks.join_next().await {
@@ -399,6 +405,10 @@ impl<C: RedisConnection> QuorumInner<C> {
 /// A quorum lease: refreshed and released on every node, counted by
 /// majority, its validity less the drift allowance.
 impl<C: RedisConnection> Backend for QuorumInner<C> {
+    fn service(&self) -> crate::service::Service {
+        crate::service::Service::REDIS
+    }
+
     fn command_timeout(&self) -> Duration {
         self.node_timeout
     }

@@ -404,6 +404,10 @@ impl<C: RedisConnection> Quorum<C> {
 
 /// An election's leader as a majority of the nodes see it.
 impl<C: RedisConnection> crate::lessor::sealed::Sealed for Quorum<C> {
+    fn service(&self) -> crate::service::Service {
+        crate::service::Service::REDIS
+    }
+
     fn leader_record<'a>(
         &'a self,
         key: &'a str,
