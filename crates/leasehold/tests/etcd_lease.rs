@@ -846,3 +846,69 @@ async fn a_waiter_whose_etcd_lease_ends_joins_the_queue_again() -> TestResult {
     lease.release().await?;
     Ok(())
 }
+
+/// What an etcd caller can get from a cluster that stops answering names
+/// etcd, never Redis: a refresh, the watchdog's loss, a release after it,
+/// an acquire; busy and lost leases name no service wrongly either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_of_a_silent_cluster_names_etcd() -> TestResult {
+    let cluster = start();
+    let locker = EtcdLocker::builder(cluster.endpoints())
+        .prefix("t-names/")
+        .command_timeout(Duration::from_millis(600))
+        .connect()
+        .await?;
+    let lease = locker.acquire("names", Duration::from_secs(2)).await?;
+    assert_eq!(lease.service(), leasehold::Service::ETCD);
+    // Busy: a second caller's give-up.
+    let busy = locker
+        .acquire_with(
+            "names",
+            Duration::from_secs(2),
+            &AcquireOptions::new().wait(Duration::ZERO),
+        )
+        .await
+        .err()
+        .ok_or("a second holder")?;
+    let mut said = vec![busy.to_string()];
+    for member in cluster.members() {
+        member.pause()?;
+    }
+    let silent = async {
+        let refresh = lease.refresh(Duration::from_secs(2)).await.err();
+        // The work runs under the watchdog until it cannot confirm the
+        // lease before its deadline.
+        let ran = lease.run(std::future::pending::<()>()).await.err();
+        let acquire = locker
+            .acquire_with(
+                "names-other",
+                Duration::from_secs(2),
+                &AcquireOptions::new().wait(Duration::from_millis(300)),
+            )
+            .await
+            .err();
+        (refresh, ran, acquire)
+    };
+    let (refresh, ran, acquire) = timeout(PATIENT, silent).await?;
+    let released = timeout(PATIENT, lease.release()).await?.err();
+    for member in cluster.members() {
+        member.resume()?;
+    }
+    let ran = ran.ok_or("the work ran to the end on a silent cluster")?;
+    assert!(matches!(ran, Error::LeaseLost { .. }), "{ran:?}");
+    for (what, err) in [
+        ("refresh", refresh),
+        ("run", Some(ran)),
+        ("acquire", acquire),
+        ("release", released),
+    ] {
+        let err = err.ok_or(format!("{what} succeeded on a silent cluster"))?;
+        let text = err.to_string();
+        assert!(text.contains("etcd"), "{what}: {text}");
+        said.push(text);
+    }
+    for text in said {
+        assert!(!text.to_lowercase().contains("redis"), "{text}");
+    }
+    Ok(())
+}
