@@ -10,10 +10,11 @@ use crate::options::AcquireOptions;
 
 /// A way of taking a lease.
 ///
-/// A *lessor* is whoever grants a lease. leasehold has three:
-/// [`Locker`] (polling), [`HandoffLocker`] (queued hand-off) and [`Quorum`]
-/// (Redlock). They differ in how a caller waits and how many servers must
-/// agree; they take the same keys, options and TTLs and return the same
+/// A *lessor* is whoever grants a lease. leasehold has four:
+/// [`Locker`] (polling Redis), [`HandoffLocker`] (queued hand-off on
+/// Redis), [`Quorum`] (Redlock) and, with the feature `etcd`, `EtcdLocker`
+/// (etcd's leases and transactions). They differ in the service they use,
+/// how a caller waits and how many servers must agree; they take the same keys, options and TTLs and return the same
 /// [`Lease`], with the same guarantees (the crate docs list them). Code that
 /// works with any of them is generic over this trait:
 ///
@@ -35,7 +36,7 @@ use crate::options::AcquireOptions;
 /// }
 /// ```
 ///
-/// The trait is sealed: the guarantees are argued and tested for these three
+/// The trait is sealed: the guarantees are argued and tested for these four
 /// only. Each also has the same calls as inherent methods, so calling them
 /// on a concrete type needs no import.
 ///

@@ -19,7 +19,8 @@ use super::Observer;
 
 impl<L: Lessor> Election<L> {
     /// An election named `name` over `lessor` (a [`Locker`](crate::Locker),
-    /// [`HandoffLocker`](crate::HandoffLocker) or [`Quorum`](crate::Quorum)).
+    /// [`HandoffLocker`](crate::HandoffLocker), [`Quorum`](crate::Quorum),
+    /// or with the feature `etcd` an `EtcdLocker`).
     /// Its lock is `lock:{leader:<name>}`, its fence counter
     /// `fence:{leader:<name>}` and its leader record
     /// `lock:{leader:<name>}:leader` (one slot; the README's ACL covers
