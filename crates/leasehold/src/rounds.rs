@@ -109,6 +109,7 @@ impl<'a> Rounds<'a> {
     }
 
     /// Notes that the service answered a request (no fault to report).
+    #[cfg(feature = "etcd")]
     pub(crate) fn answered(&mut self) {
         self.fault = None;
     }
