@@ -109,6 +109,8 @@ impl<'a> Rounds<'a> {
     }
 
     /// Notes that the service answered a request (no fault to report).
+    /// Only etcd's acquire asks it.
+    #[cfg(feature = "etcd")]
     pub(crate) fn answered(&mut self) {
         self.fault = None;
     }
