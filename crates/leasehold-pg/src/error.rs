@@ -215,9 +215,9 @@ pub enum Error {
     ///   server restarts through crash recovery),
     /// - `57P04` database_dropped (on a standby, a conflict with recovery),
     ///
-    /// in place of the answer to a statement (PostgreSQL rolls back the
-    /// open transaction of a session it ends, and a statement it answers
-    /// with this error has not committed); or the connection had closed
+    /// in place of the answer to a statement before the `COMMIT`
+    /// (PostgreSQL rolls back the open transaction of a session it ends);
+    /// or the connection had closed
     /// before [`guarded`](crate::guarded()) sent the `COMMIT` (no SQLSTATE
     /// then). A `COMMIT` sent and then met by a lost connection is
     /// [`Error::CommitUnknown`] instead. The SQLSTATE is the source's
@@ -388,6 +388,17 @@ const SESSION_ENDED: [(&str, &str); 5] = [
     ("57P04", "database_dropped"),
     ("57P05", "idle_session_timeout"),
 ];
+
+/// Whether a `COMMIT` the server answered with this error may have
+/// committed all the same: a session ended by termination (`57P01`,
+/// `57P02`, `57P04`) can end after the commit is durable locally (a
+/// backend terminated while it waits for a synchronous standby says "the
+/// transaction has already committed locally"), so at a `COMMIT` it is
+/// [`Error::CommitUnknown`], never "did not commit". The idle timeouts
+/// (`25P03`, `57P05`) never interrupt a statement.
+pub(crate) fn commit_outcome_unknown(code: Option<&str>) -> bool {
+    matches!(code, Some("57P01" | "57P02" | "57P04"))
+}
 
 /// Whether the server ended the session with this SQLSTATE.
 fn ends_session(code: &str) -> bool {

@@ -184,10 +184,15 @@ async fn commit(tx: Transaction<'_>) -> Result<(), Error> {
             drop(tx); // rolled back
             Err(Error::Aborted(err.into()))
         }
-        Err(err) if err.as_db_error().is_some() => {
+        Err(err)
+            if err.as_db_error().is_some_and(|db| {
+                !crate::error::commit_outcome_unknown(Some(db.code().code()))
+            }) =>
+        {
             // The server refused the COMMIT (a deferred constraint, a
-            // serialization failure) or ended the session in its place
-            // (`SessionEnded`): it rolled the transaction back.
+            // serialization failure) or ended an idle session before it
+            // (`SessionEnded`): it rolled the transaction back. A session
+            // terminated in its place may have committed first: unknown.
             std::mem::forget(tx);
             Err(Error::from_pg(err))
         }

@@ -282,9 +282,15 @@ async fn commit(mut tx: Transaction<'_, Postgres>) -> Result<()> {
     match tx.commit().await {
         Ok(()) => Ok(()),
         // The server refused the COMMIT (a deferred constraint, a
-        // serialization failure) or ended the session in its place
-        // (`SessionEnded`): it rolled the transaction back.
-        Err(err @ ::sqlx::Error::Database(_)) => Err(Error::from(err)),
+        // serialization failure): it rolled the transaction back. A
+        // session terminated in its place may have committed first
+        // (`commit_outcome_unknown`): unknown.
+        Err(err)
+            if matches!(&err, ::sqlx::Error::Database(db)
+                if !crate::error::commit_outcome_unknown(db.code().as_deref())) =>
+        {
+            Err(Error::from(err))
+        }
         Err(err) => Err(Error::CommitUnknown(err.into())),
     }
 }
