@@ -8,9 +8,12 @@ use leasehold::{CertificateProblem, FencingToken, TlsFileRole};
 ///
 /// A write the database *refused* (stale token, stale read, not enough
 /// money) is not an error: it is an [`Outcome`](crate::Outcome). Messages are
-/// lowercase, never repeat the PostgreSQL error's text (walk
-/// [`std::error::Error::source`] for that) and never contain a password or
-/// a connection URL.
+/// lowercase and never contain a password or a connection URL. Each text
+/// appears once in the chain of [`std::error::Error::source`]: a variant
+/// named after its outcome leaves the server's reason to its source (a
+/// [`DriverError`]), and [`Error::Postgres`], which has no other name for
+/// it, says the server's SQLSTATE and message itself, its source then
+/// leaving them out.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -46,10 +49,11 @@ pub enum Error {
 
     /// PostgreSQL could not be reached, or the connection was lost (refused,
     /// reset, closed, timed out), or the server is not serving: starting
-    /// up or shutting down (`57P03` "the database system is starting up",
-    /// `57P01` admin shutdown, `57P02` crash shutdown) or a connection
-    /// failure it reported (SQLSTATE class `08`). Retryable: a restart or a
-    /// failover of PostgreSQL passes.
+    /// up, shutting down or in recovery when we connect (`57P03`
+    /// cannot_connect_now, "the database system is starting up") or a
+    /// connection failure it reported (SQLSTATE class `08`). Retryable: a
+    /// restart or a failover of PostgreSQL passes. A session the server
+    /// ended is [`Error::SessionEnded`].
     #[error("postgresql unreachable")]
     Unreachable(#[source] DriverError),
 
@@ -197,25 +201,55 @@ pub enum Error {
     #[error("the lease could not run the work")]
     Lease(#[source] leasehold::Error),
 
+    /// The session ended before its transaction could commit: nothing in
+    /// it was written. Retryable, on a new connection (this one is gone).
+    ///
+    /// Either the server ended the session, answering with one of
+    /// - `25P03` idle_in_transaction_session_timeout (the transaction sat
+    ///   idle past `idle_in_transaction_session_timeout`),
+    /// - `57P05` idle_session_timeout (idle outside a transaction past
+    ///   `idle_session_timeout`),
+    /// - `57P01` admin_shutdown (a smart or fast shutdown,
+    ///   `pg_terminate_backend`),
+    /// - `57P02` crash_shutdown (another server process crashed; the
+    ///   server restarts through crash recovery),
+    /// - `57P04` database_dropped (on a standby, a conflict with recovery),
+    ///
+    /// in place of the answer to a statement before the `COMMIT`
+    /// (PostgreSQL rolls back the open transaction of a session it ends);
+    /// or the connection had closed
+    /// before [`guarded`](crate::guarded()) sent the `COMMIT` (no SQLSTATE
+    /// then). A `COMMIT` sent and then met by a lost connection is
+    /// [`Error::CommitUnknown`] instead. The SQLSTATE is the source's
+    /// [`code`](DriverError::code); the server's message is in the source
+    /// chain.
+    #[error("{}: the transaction did not commit", ended(.0))]
+    SessionEnded(#[source] DriverError),
+
     /// The `COMMIT` got no answer (the connection broke while it was out):
     /// whether it landed is not known. Read the state back before acting
     /// on it ([`guarded`](crate::guarded())).
     #[error("the commit got no answer: whether it landed is unknown")]
     CommitUnknown(#[source] DriverError),
 
-    /// Any other error from PostgreSQL or the client.
-    #[error("postgresql error")]
+    /// Any other error from PostgreSQL or the client. An error the server
+    /// answered with says its SQLSTATE and message
+    /// (`postgresql error 23505: duplicate key value violates unique
+    /// constraint "accounts_pkey"`); the source then leaves both out (it
+    /// keeps the server's detail and hint).
+    #[error("postgresql error{}", said_by_server(.0))]
     Postgres(#[source] DriverError),
 }
 
 impl Error {
     /// True when the same call may succeed later: the server was
-    /// unreachable, starting up or shutting down ([`Error::Unreachable`]),
+    /// unreachable or starting up ([`Error::Unreachable`]), ended the
+    /// session before the transaction committed ([`Error::SessionEnded`]),
     /// had no connection slot left (`53300`), or aborted the transaction
     /// for a serialization failure (`40001`) or a deadlock (`40P01`).
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Unreachable(_) => true,
+            Error::Unreachable(_) | Error::SessionEnded(_) => true,
             Error::Postgres(err) => matches!(err.code(), Some("40001" | "40P01" | "53300")),
             _ => false,
         }
@@ -234,7 +268,7 @@ impl Error {
         if err.is_closed() || is_connection_failure(&err) {
             return Error::Unreachable(err.into());
         }
-        Error::Postgres(err.into())
+        Error::Postgres(DriverError::from(err).told())
     }
 
     /// Maps a TLS failure inside a tokio-postgres error, if that is what
@@ -308,6 +342,7 @@ impl Error {
                 };
                 Error::TableMissing { table, source }
             }
+            code if ends_session(code) => Error::SessionEnded(source),
             code if is_not_serving(code) => Error::Unreachable(source),
             // undefined_column: the fence table before it recorded holders;
             // undefined_function: before the guard ran as one function
@@ -325,14 +360,15 @@ impl Error {
             "42501" => Error::PermissionDenied(source),
             // invalid_password, invalid_authorization_specification
             "28P01" | "28000" => Error::Auth(source),
-            _ => Error::Postgres(source),
+            _ => Error::Postgres(source.told()),
         }
     }
 }
 
 impl From<tokio_postgres::Error> for Error {
     /// Names the outcome: [`Error::TableMissing`], [`Error::Auth`],
-    /// [`Error::Unreachable`], or [`Error::Postgres`].
+    /// [`Error::Unreachable`], [`Error::SessionEnded`], ..., or
+    /// [`Error::Postgres`].
     fn from(err: tokio_postgres::Error) -> Self {
         Error::from_pg(err)
     }
@@ -342,11 +378,60 @@ impl From<tokio_postgres::Error> for Error {
 /// TLS request and TLS is required (it has no error kind for it).
 const NOT_SUPPORTED: &str = "server does not support TLS";
 
-/// Whether the server said it is not serving: starting up (`57P03`),
-/// shutting down (`57P01`, `57P02`), or a connection failure (SQLSTATE
-/// class `08`).
+/// The SQLSTATEs with which the server ends a session in place of
+/// answering a statement (PostgreSQL 15's `errcodes.txt`), and their
+/// condition names: [`Error::SessionEnded`].
+const SESSION_ENDED: [(&str, &str); 5] = [
+    ("25P03", "idle_in_transaction_session_timeout"),
+    ("57P01", "admin_shutdown"),
+    ("57P02", "crash_shutdown"),
+    ("57P04", "database_dropped"),
+    ("57P05", "idle_session_timeout"),
+];
+
+/// Whether a `COMMIT` the server answered with this error may have
+/// committed all the same: a session ended by termination (`57P01`,
+/// `57P02`, `57P04`) can end after the commit is durable locally (a
+/// backend terminated while it waits for a synchronous standby says "the
+/// transaction has already committed locally"), so at a `COMMIT` it is
+/// [`Error::CommitUnknown`], never "did not commit". The idle timeouts
+/// (`25P03`, `57P05`) never interrupt a statement.
+pub(crate) fn commit_outcome_unknown(code: Option<&str>) -> bool {
+    matches!(code, Some("57P01" | "57P02" | "57P04"))
+}
+
+/// Whether the server ended the session with this SQLSTATE.
+fn ends_session(code: &str) -> bool {
+    SESSION_ENDED.iter().any(|(ended, _)| *ended == code)
+}
+
+/// The start of [`Error::SessionEnded`]'s message: who ended the session,
+/// and why when the server said.
+fn ended(source: &DriverError) -> String {
+    match source.code() {
+        Some(code) => match SESSION_ENDED.iter().find(|(ended, _)| *ended == code) {
+            Some((_, name)) => format!("postgresql ended the session ({code} {name})"),
+            None => format!("postgresql ended the session ({code})"),
+        },
+        None => "the connection ended before the commit was sent".to_owned(),
+    }
+}
+
+/// The server's SQLSTATE and message, for [`Error::Postgres`]'s message
+/// (` 23505: duplicate key ...`), when its source leaves them out (an
+/// error the server answered with); empty otherwise.
+fn said_by_server(source: &DriverError) -> String {
+    match source.server() {
+        Some(server) if source.told => format!(" {}: {}", server.code, server.message),
+        _ => String::new(),
+    }
+}
+
+/// Whether the server said it is not serving when we connected: starting
+/// up, shutting down or in recovery (`57P03`), or a connection failure
+/// (SQLSTATE class `08`).
 fn is_not_serving(code: &str) -> bool {
-    matches!(code, "57P03" | "57P01" | "57P02") || code.starts_with("08")
+    code == "57P03" || code.starts_with("08")
 }
 
 /// True for errors of the client's connect, I/O and timeout kinds, which
@@ -362,12 +447,22 @@ fn is_connection_failure(err: &tokio_postgres::Error) -> bool {
 }
 
 /// The error of the PostgreSQL driver a call ran on: tokio-postgres's, or
-/// sqlx's (feature `sqlx`). The source of this crate's [`Error`]s that come
-/// from the driver; it shows as the driver's error does (its message and
-/// its source), so walking [`std::error::Error::source`] reads the same
-/// whichever driver ran.
+/// sqlx's (feature `sqlx`); the source of this crate's [`Error`]s that
+/// come from the driver. It shows the driver's message, and its source is
+/// the driver's (the server's error, an I/O error), whose text it leaves
+/// out where the driver repeats it (sqlx does): walking
+/// [`std::error::Error::source`] reads each text once, the same whichever
+/// driver ran. Under [`Error::Postgres`], whose message already says the
+/// server's SQLSTATE and message, it has no source and shows the driver's
+/// word for a server error (`db error` on tokio-postgres) with the
+/// server's detail and hint; [`code`](Self::code) and
+/// [`message`](Self::message) still give both.
 #[derive(Debug)]
-pub struct DriverError(Driver);
+pub struct DriverError {
+    driver: Driver,
+    /// The error holding this one says the server's code and message.
+    told: bool,
+}
 
 #[derive(Debug)]
 enum Driver {
@@ -376,24 +471,32 @@ enum Driver {
     Sqlx(sqlx::Error),
 }
 
+/// What the server said, when it answered with an error.
+struct Server<'a> {
+    code: &'a str,
+    message: &'a str,
+    detail: Option<&'a str>,
+    hint: Option<&'a str>,
+}
+
 impl DriverError {
     /// The SQLSTATE code when the server answered with an error (`"40001"`
     /// for a serialization failure); `None` when it did not answer (the
     /// connection failed, the client gave up).
     pub fn code(&self) -> Option<&str> {
-        match &self.0 {
-            Driver::TokioPostgres(err) => err.code().map(tokio_postgres::error::SqlState::code),
-            #[cfg(feature = "sqlx")]
-            Driver::Sqlx(err) => err
-                .as_database_error()
-                .and_then(|db| db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>())
-                .map(sqlx::postgres::PgDatabaseError::code),
-        }
+        self.server().map(|server| server.code)
+    }
+
+    /// The server's message when it answered with an error (`duplicate
+    /// key value violates unique constraint "accounts_pkey"`); `None` when
+    /// it did not answer.
+    pub fn message(&self) -> Option<&str> {
+        self.server().map(|server| server.message)
     }
 
     /// The tokio-postgres error, when the call ran on tokio-postgres.
     pub fn as_tokio_postgres(&self) -> Option<&tokio_postgres::Error> {
-        match &self.0 {
+        match &self.driver {
             Driver::TokioPostgres(err) => Some(err),
             #[cfg(feature = "sqlx")]
             Driver::Sqlx(_) => None,
@@ -403,43 +506,103 @@ impl DriverError {
     /// The sqlx error, when the call ran on sqlx.
     #[cfg(feature = "sqlx")]
     pub fn as_sqlx(&self) -> Option<&sqlx::Error> {
-        match &self.0 {
+        match &self.driver {
             Driver::Sqlx(err) => Some(err),
             Driver::TokioPostgres(_) => None,
+        }
+    }
+
+    /// Marks this source as one whose holder says the server's code and
+    /// message ([`Error::Postgres`]).
+    pub(crate) fn told(mut self) -> Self {
+        self.told = true;
+        self
+    }
+
+    /// The server's error, when it answered with one.
+    fn server(&self) -> Option<Server<'_>> {
+        match &self.driver {
+            Driver::TokioPostgres(err) => err.as_db_error().map(|db| Server {
+                code: db.code().code(),
+                message: db.message(),
+                detail: db.detail(),
+                hint: db.hint(),
+            }),
+            #[cfg(feature = "sqlx")]
+            Driver::Sqlx(err) => err
+                .as_database_error()
+                .and_then(|db| db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>())
+                .map(|db| Server {
+                    code: db.code(),
+                    message: db.message(),
+                    detail: db.detail(),
+                    hint: db.hint(),
+                }),
+        }
+    }
+
+    /// The driver's error.
+    fn inner(&self) -> &(dyn std::error::Error + 'static) {
+        match &self.driver {
+            Driver::TokioPostgres(err) => err,
+            #[cfg(feature = "sqlx")]
+            Driver::Sqlx(err) => err,
         }
     }
 }
 
 impl From<tokio_postgres::Error> for DriverError {
     fn from(err: tokio_postgres::Error) -> Self {
-        DriverError(Driver::TokioPostgres(err))
+        DriverError {
+            driver: Driver::TokioPostgres(err),
+            told: false,
+        }
     }
 }
 
 #[cfg(feature = "sqlx")]
 impl From<sqlx::Error> for DriverError {
     fn from(err: sqlx::Error) -> Self {
-        DriverError(Driver::Sqlx(err))
+        DriverError {
+            driver: Driver::Sqlx(err),
+            told: false,
+        }
     }
 }
 
 impl std::fmt::Display for DriverError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Driver::TokioPostgres(err) => err.fmt(f),
-            #[cfg(feature = "sqlx")]
-            Driver::Sqlx(err) => err.fmt(f),
+        let inner = self.inner();
+        let text = inner.to_string();
+        // The driver's message without its source's text, which sqlx
+        // appends (`error returned from database: <the server's message>`)
+        // and which the chain shows next.
+        let own = match inner.source().map(|source| format!(": {source}")) {
+            Some(tail) => text.strip_suffix(&tail).unwrap_or(&text),
+            None => &text,
+        };
+        f.write_str(own)?;
+        if self.told
+            && let Some(server) = self.server()
+        {
+            if let Some(detail) = server.detail {
+                write!(f, "; detail: {detail}")?;
+            }
+            if let Some(hint) = server.hint {
+                write!(f, "; hint: {hint}")?;
+            }
         }
+        Ok(())
     }
 }
 
 impl std::error::Error for DriverError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &self.0 {
-            Driver::TokioPostgres(err) => std::error::Error::source(err),
-            #[cfg(feature = "sqlx")]
-            Driver::Sqlx(err) => std::error::Error::source(err),
+        if self.told && self.server().is_some() {
+            // Its holder says the server's code and message.
+            return None;
         }
+        self.inner().source()
     }
 }
 

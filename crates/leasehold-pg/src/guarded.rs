@@ -38,6 +38,11 @@
 //!   work went on to return `Ok` (PostgreSQL would have rolled the
 //!   transaction back at `COMMIT` and called it a success): rolled back,
 //!   nothing written.
+//! - `Err(Error::SessionEnded)`: the server ended the session before the
+//!   transaction committed (it sat idle past
+//!   `idle_in_transaction_session_timeout`, an administrator shut the
+//!   server down), or the connection had closed before the `COMMIT` was
+//!   sent: nothing written; retryable, on a new connection.
 //! - `Err(Error::CommitUnknown)`: the `COMMIT` got no answer; whether it
 //!   landed is unknown. Every other error means nothing was written.
 
@@ -97,7 +102,9 @@ impl<T> Guarded<T> {
 /// ([`Error::NotFenced`] for a lease with no fenced lock,
 /// [`Error::TableMissing`] before [`setup`](crate::setup()), ...),
 /// [`Error::Aborted`] when a statement failed inside a work that then
-/// returned `Ok`, [`Error::CommitUnknown`] when the commit got no answer;
+/// returned `Ok`, [`Error::SessionEnded`] when the server ended the
+/// session or the connection had closed before the `COMMIT` was sent
+/// (retryable), [`Error::CommitUnknown`] when the commit got no answer;
 /// nothing was written in any case but the last.
 ///
 /// # Cancel safety
@@ -162,6 +169,10 @@ pub(crate) fn settle<T, E: From<Error>>(
 /// committed: `SELECT 1` and `COMMIT` in one batch (one round trip); in an
 /// aborted transaction the `SELECT` fails and the `COMMIT` never runs.
 async fn commit(tx: Transaction<'_>) -> Result<(), Error> {
+    // Closed already (the server ended the session while the work ran,
+    // and the client read its last word): the batch below fails to be
+    // sent, so no COMMIT goes out. Closed later, it may have gone out.
+    let closed = tx.client().is_closed();
     match tx.batch_execute("SELECT 1; COMMIT").await {
         Ok(()) => {
             // The COMMIT ended the transaction; the handle's drop would
@@ -173,12 +184,19 @@ async fn commit(tx: Transaction<'_>) -> Result<(), Error> {
             drop(tx); // rolled back
             Err(Error::Aborted(err.into()))
         }
-        Err(err) if err.as_db_error().is_some() => {
+        Err(err)
+            if err.as_db_error().is_some_and(|db| {
+                !crate::error::commit_outcome_unknown(Some(db.code().code()))
+            }) =>
+        {
             // The server refused the COMMIT (a deferred constraint, a
-            // serialization failure): it rolled the transaction back.
+            // serialization failure) or ended an idle session before it
+            // (`SessionEnded`): it rolled the transaction back. A session
+            // terminated in its place may have committed first: unknown.
             std::mem::forget(tx);
             Err(Error::from_pg(err))
         }
+        Err(err) if closed && err.is_closed() => Err(Error::SessionEnded(err.into())),
         Err(err) => Err(Error::CommitUnknown(err.into())),
     }
 }

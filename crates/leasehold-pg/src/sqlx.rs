@@ -11,8 +11,8 @@
 //! only runs the statements and maps sqlx's errors: the server's by
 //! SQLSTATE, as for tokio-postgres ([`Error::TableMissing`],
 //! [`Error::TableOutdated`], [`Error::Unreachable`] for a server starting
-//! up or shutting down, a serialization failure
-//! [`is_retryable`](Error::is_retryable), ...), and sqlx's own I/O
+//! up, [`Error::SessionEnded`] for a session it ended, a serialization
+//! failure [`is_retryable`](Error::is_retryable), ...), and sqlx's own I/O
 //! errors, its pool timing out and its worker crashing as
 //! [`Error::Unreachable`]. The sqlx error is the source
 //! ([`DriverError::as_sqlx`](crate::DriverError::as_sqlx)), and
@@ -133,10 +133,10 @@ impl Statements for PgConnection {
 impl From<::sqlx::Error> for Error {
     /// Names the outcome as for tokio-postgres: the server's errors by
     /// SQLSTATE ([`Error::TableMissing`], [`Error::TableOutdated`],
-    /// [`Error::Unreachable`], [`Error::PermissionDenied`],
-    /// [`Error::Auth`], [`Error::Aborted`]); sqlx's I/O errors, its pool
-    /// timing out and its worker crashing as [`Error::Unreachable`]; the
-    /// rest as [`Error::Postgres`].
+    /// [`Error::Unreachable`], [`Error::SessionEnded`],
+    /// [`Error::PermissionDenied`], [`Error::Auth`], [`Error::Aborted`]);
+    /// sqlx's I/O errors, its pool timing out and its worker crashing as
+    /// [`Error::Unreachable`]; the rest as [`Error::Postgres`].
     fn from(err: ::sqlx::Error) -> Self {
         if let Some(db) = err.as_database_error()
             && let Some(code) = db.code()
@@ -150,7 +150,7 @@ impl From<::sqlx::Error> for Error {
         ) {
             return Error::Unreachable(err.into());
         }
-        Error::Postgres(err.into())
+        Error::Postgres(crate::DriverError::from(err).told())
     }
 }
 
@@ -229,6 +229,9 @@ pub async fn guard(tx: &mut PgConnection, lease: &Lease) -> Result<Guard> {
 /// `E: From<Error>`: [`Error::InTransaction`], [`Error::NotFenced`],
 /// [`Error::TableMissing`], ..., [`Error::Aborted`] when a statement
 /// failed inside a work that then returned `Ok` (rolled back),
+/// [`Error::SessionEnded`] when the server ended the session (an
+/// idle-in-transaction timeout, an administrator's shutdown) or the
+/// connection was lost before the `COMMIT` was sent (retryable),
 /// [`Error::CommitUnknown`] when the `COMMIT` got no answer; nothing was
 /// written in any case but the last.
 ///
@@ -267,12 +270,27 @@ where
 /// docs](self#the-commits-check-costs-a-round-trip-here)).
 async fn commit(mut tx: Transaction<'_, Postgres>) -> Result<()> {
     // Dropped on an error: rolled back. `Error::Aborted` for 25P02.
-    tx.execute("SELECT 1").await?;
+    if let Err(err) = tx.execute("SELECT 1").await {
+        return Err(match Error::from(err) {
+            // The connection is gone and the COMMIT was never sent: the
+            // transaction did not commit. (A session the server ended,
+            // its answer read here, is `SessionEnded` already.)
+            Error::Unreachable(source) => Error::SessionEnded(source),
+            err => err,
+        });
+    }
     match tx.commit().await {
         Ok(()) => Ok(()),
         // The server refused the COMMIT (a deferred constraint, a
-        // serialization failure): it rolled the transaction back.
-        Err(err @ ::sqlx::Error::Database(_)) => Err(Error::from(err)),
+        // serialization failure): it rolled the transaction back. A
+        // session terminated in its place may have committed first
+        // (`commit_outcome_unknown`): unknown.
+        Err(err)
+            if matches!(&err, ::sqlx::Error::Database(db)
+                if !crate::error::commit_outcome_unknown(db.code().as_deref())) =>
+        {
+            Err(Error::from(err))
+        }
         Err(err) => Err(Error::CommitUnknown(err.into())),
     }
 }

@@ -1,7 +1,8 @@
 //! `guarded`, the safe path in one call, against a real PostgreSQL and
 //! Redis: committed, refused (the work never runs), the work's error and a
 //! swallowed statement error rolled back, a lease lost mid-work rolled
-//! back, a plain lease refused; and `FencingToken` as a `bigint`.
+//! back, a plain lease refused, a session the server ended before the
+//! commit; and `FencingToken` as a `bigint`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -12,11 +13,13 @@ use leasehold_pg::{Error, Guarded};
 use leasehold_testkit::RedisServer;
 
 mod common;
-use common::server;
+use common::{chain, server};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const TTL: Duration = Duration::from_secs(30);
+/// A hang detector, not a timing assertion.
+const HUNG: Duration = Duration::from_secs(30);
 
 /// A database with the fence table and a one-row table of the test's own.
 async fn db(
@@ -146,6 +149,64 @@ async fn each_outcome_says_what_the_database_holds() -> TestResult {
     assert!(matches!(refused, Err(Error::NotFenced)), "{refused:?}");
     assert_eq!(value(&db, table).await?, 3);
     plain.release().await?;
+    Ok(())
+}
+
+/// The server ends the session of a guarded transaction before its
+/// commit (its idle-in-transaction timeout, set for this transaction
+/// alone): `SessionEnded`, retryable, not `CommitUnknown`; nothing written.
+#[tokio::test]
+async fn a_session_the_server_ended_before_the_commit_did_not_commit() -> TestResult {
+    let redis = RedisServer::start()?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let table = "guarded_ended";
+    let (mut db, server) = db(table).await?;
+    let watcher = leasehold_pg::connect(&server.url()).await?;
+    let lease = locker
+        .acquire(&FencedKeys::for_resource("guarded:ended")?, TTL)
+        .await?;
+
+    let ended = tokio::time::timeout(
+        HUNG,
+        leasehold_pg::guarded(&mut db, &lease, async |tx| {
+            bump(tx, table).await?;
+            tx.batch_execute(
+                "SET LOCAL idle_in_transaction_session_timeout = '100ms';
+                 SELECT pg_advisory_xact_lock(3701);",
+            )
+            .await?;
+            // The transaction now sits idle past its timeout, which is the
+            // fault under test: the server ends the session, and its end
+            // frees the advisory lock the watcher waits for (the signal,
+            // no sleep).
+            watcher
+                .batch_execute("SELECT pg_advisory_lock(3701); SELECT pg_advisory_unlock(3701);")
+                .await?;
+            // The server's last word (25P03, then the close) reached our
+            // socket before the lock was freed; let the connection's task
+            // read it, so the client knows it is closed before guarded
+            // commits (a COMMIT queued before that may have gone out, for
+            // all the client can tell: CommitUnknown).
+            while !tx.client().is_closed() {
+                tokio::task::yield_now().await;
+            }
+            Ok::<_, Error>(())
+        }),
+    )
+    .await?;
+
+    let err = ended.err().ok_or("an ended session committed")?;
+    assert!(matches!(err, Error::SessionEnded(_)), "{err:?}");
+    assert!(err.is_retryable());
+    // tokio-postgres's connection task took the server's 25P03 (nothing
+    // was waiting for an answer then): the client only knows it closed.
+    assert_eq!(
+        err.to_string(),
+        "the connection ended before the commit was sent: the transaction did not commit",
+        "{}",
+        chain(&err)
+    );
+    assert_eq!(value(&watcher, table).await?, 0);
     Ok(())
 }
 

@@ -12,7 +12,7 @@ use leasehold_pg::{Error, Outcome};
 use leasehold_testkit::{PostgresServer, RedisServer};
 
 mod common;
-use common::server;
+use common::{chain, server};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -294,15 +294,40 @@ async fn unreachable_and_bad_credentials_are_clear_errors() -> TestResult {
     Ok(())
 }
 
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
+/// An error the server answered with, and no variant names, says its
+/// SQLSTATE and message; they are in the whole chain once, its detail
+/// kept.
+#[tokio::test]
+async fn a_server_error_says_its_sqlstate_and_message_once() -> TestResult {
+    let server = server()?;
+    let db = leasehold_pg::connect(&server.url()).await?;
+    db.batch_execute(
+        "CREATE TABLE server_error_once (id int PRIMARY KEY);
+         INSERT INTO server_error_once VALUES (1);",
+    )
+    .await?;
+    let err = db
+        .execute("INSERT INTO server_error_once VALUES (1)", &[])
+        .await
+        .map_err(Error::from)
+        .err()
+        .ok_or("a duplicate key was inserted")?;
+    let message = r#"duplicate key value violates unique constraint "server_error_once_pkey""#;
+    assert!(
+        matches!(&err, Error::Postgres(source)
+            if source.code() == Some("23505") && source.message() == Some(message)),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!("postgresql error 23505: {message}")
+    );
+    assert!(!err.is_retryable());
+    let chain = chain(&err);
+    assert_eq!(chain.matches(message).count(), 1, "{chain}");
+    assert_eq!(chain.matches("23505").count(), 1, "{chain}");
+    assert!(chain.contains("Key (id)=(1) already exists."), "{chain}");
+    Ok(())
 }
 
 /// The fence counter lost mid-way (a failover that lost increments, here a

@@ -12,7 +12,7 @@ use leasehold_testkit::{PostgresServer, RedisServer};
 use sqlx::{Connection, PgConnection};
 
 mod common;
-use common::server;
+use common::{chain, server};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -372,9 +372,104 @@ async fn setup_creates_and_migrates_the_fence_table_and_errors_are_classified_as
         .await
         .err();
     assert!(
-        matches!(&err, Some(err @ Error::Unreachable(_)) if err.is_retryable()),
+        matches!(&err, Some(err @ Error::SessionEnded(source))
+            if err.is_retryable() && source.code() == Some("57P01")),
         "{err:?}"
     );
+    Ok(())
+}
+
+/// An error the server answered with, and no variant names, says its
+/// SQLSTATE and message, as on tokio-postgres; they are in the whole
+/// chain once, its detail kept.
+#[tokio::test]
+async fn a_server_error_says_its_sqlstate_and_message_once() -> TestResult {
+    let pg = server()?;
+    let (mut db, _) = fresh(&pg, "sqlx_server_error").await?;
+    sqlx::raw_sql(
+        "CREATE TABLE server_error_once (id int PRIMARY KEY);
+         INSERT INTO server_error_once VALUES (1);",
+    )
+    .execute(&mut db)
+    .await?;
+    let err = sqlx::query("INSERT INTO server_error_once VALUES (1)")
+        .execute(&mut db)
+        .await
+        .map_err(Error::from)
+        .err()
+        .ok_or("a duplicate key was inserted")?;
+    let message = r#"duplicate key value violates unique constraint "server_error_once_pkey""#;
+    assert!(
+        matches!(&err, Error::Postgres(source)
+            if source.as_sqlx().is_some() && source.code() == Some("23505")
+                && source.message() == Some(message)),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!("postgresql error 23505: {message}")
+    );
+    assert!(!err.is_retryable());
+    let chain = chain(&err);
+    assert_eq!(chain.matches(message).count(), 1, "{chain}");
+    assert_eq!(chain.matches("23505").count(), 1, "{chain}");
+    assert!(chain.contains("Key (id)=(1) already exists."), "{chain}");
+    Ok(())
+}
+
+/// The server ends the session of a guarded transaction before its
+/// commit (its idle-in-transaction timeout, set for this transaction
+/// alone): `SessionEnded` with its SQLSTATE, retryable, not
+/// `CommitUnknown`; nothing written.
+#[tokio::test]
+async fn a_session_the_server_ended_before_the_commit_did_not_commit() -> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg, "sqlx_ended").await?;
+    let mut watcher = PgConnection::connect(&url_of(&pg, "sqlx_ended")).await?;
+    let redis = RedisServer::start()?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let lease = locker
+        .acquire(&FencedKeys::for_resource("sqlx:ended")?, TTL)
+        .await?;
+
+    let ended = tokio::time::timeout(
+        HUNG,
+        leasehold_pg::sqlx::guarded(&mut db, &lease, async |tx: &mut PgConnection| {
+            bump(tx).await?;
+            sqlx::raw_sql(
+                "SET LOCAL idle_in_transaction_session_timeout = '100ms';
+                 SELECT pg_advisory_xact_lock(3702);",
+            )
+            .execute(&mut *tx)
+            .await?;
+            // The transaction now sits idle past its timeout, which is the
+            // fault under test: the server ends the session, and its end
+            // frees the advisory lock the watcher waits for (the signal,
+            // no sleep). sqlx reads the server's last word with the next
+            // statement, guarded's check before its COMMIT.
+            sqlx::raw_sql("SELECT pg_advisory_lock(3702); SELECT pg_advisory_unlock(3702);")
+                .execute(&mut watcher)
+                .await?;
+            Ok::<_, Error>(())
+        }),
+    )
+    .await?;
+
+    let err = ended.err().ok_or("an ended session committed")?;
+    assert!(
+        matches!(&err, Error::SessionEnded(source) if source.code() == Some("25P03")),
+        "{err:?}"
+    );
+    assert!(err.is_retryable());
+    assert_eq!(
+        err.to_string(),
+        "postgresql ended the session (25P03 idle_in_transaction_session_timeout): \
+         the transaction did not commit"
+    );
+    let chain = chain(&err);
+    let message = "terminating connection due to idle-in-transaction timeout";
+    assert_eq!(chain.matches(message).count(), 1, "{chain}");
+    assert_eq!(value(&mut watcher).await?, 0);
     Ok(())
 }
 

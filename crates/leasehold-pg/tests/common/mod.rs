@@ -19,3 +19,15 @@ pub fn server() -> Result<Arc<PostgresServer>, leasehold_testkit::Error> {
     *shared = Arc::downgrade(&server);
     Ok(server)
 }
+
+/// An error and its sources, one after the other (`a: b: c`).
+pub fn chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
