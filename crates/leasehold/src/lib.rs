@@ -187,8 +187,9 @@
 //!    through one small backend interface. Knows nothing of hand-off or
 //!    quorum.
 //! 3. **Ways of taking a lease**: polling ([`Locker`]), hand-off with its
-//!    relay ([`HandoffLocker`]), Redlock ([`Quorum`]), and on etcd
-//!    (`EtcdLocker`, feature `etcd`); each implements the
+//!    relay ([`HandoffLocker`]), Redlock ([`Quorum`]), on etcd
+//!    (`EtcdLocker`, feature `etcd`), and in memory for tests
+//!    (`MemoryLocker`, feature `memory`); each implements the
 //!    backend, checks options in one place, turns the caller's wait into
 //!    one deadline at its entry (capped by the command timeout in one
 //!    place, for each request) and shares one retry loop and one routine
@@ -231,6 +232,10 @@ mod etcd_locker;
 mod handoff;
 mod lessor;
 mod locker;
+// A lock service in memory, for users' tests.
+#[cfg(feature = "memory")]
+#[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
+pub mod memory;
 #[cfg(feature = "quorum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "quorum")))]
 pub mod quorum;
@@ -285,6 +290,9 @@ pub use lease::{Finished, Lease, MAX_TTL};
 pub use lessor::Lessor;
 pub use locker::{DEFAULT_COMMAND_TIMEOUT, DEFAULT_FENCE_TTL, Locker, LockerBuilder};
 pub use lost::LostCause;
+#[cfg(feature = "memory")]
+#[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
+pub use memory::MemoryLocker;
 pub use node::RedisConnection;
 pub use options::{AcquireOptions, DEFAULT_WAIT};
 #[cfg(feature = "quorum")]

@@ -8,6 +8,8 @@
 
 #[path = "diagnostics.rs"]
 mod diagnostics;
+#[path = "memory_locker.rs"]
+mod memory_locker;
 #[path = "model.rs"]
 mod model;
 #[path = "options.rs"]

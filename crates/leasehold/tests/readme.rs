@@ -16,6 +16,10 @@ mod plain;
 #[allow(dead_code, unreachable_pub)]
 #[path = "../examples/recommended.rs"]
 mod recommended;
+// Its test module runs here: the README's unit test of a user's function.
+#[allow(dead_code, unreachable_pub)]
+#[path = "../examples/tested.rs"]
+mod tested;
 
 /// Whether the README shows `source` whole, as one `rust,no_run` block.
 fn shown_whole(source: &str) -> bool {
@@ -28,6 +32,7 @@ fn every_rust_block_of_the_readme_is_an_example_shown_whole() {
         include_str!("../examples/plain.rs"),
         include_str!("../examples/recommended.rs"),
         include_str!("../examples/leader.rs"),
+        include_str!("../examples/tested.rs"),
     ];
     for example in examples {
         assert!(

@@ -1,0 +1,213 @@
+//! The in-memory lock service (`MemoryLocker`, feature `memory`): the same
+//! lease as every way, with faults a test causes, on tokio's paused clock
+//! (no server, deterministic).
+#![cfg(feature = "memory")]
+
+use std::time::Duration;
+
+use leasehold::{
+    AcquireOptions, Election, Error, FencedKeys, GiveUpReason, Lessor, LostCause, MemoryLocker,
+    Service,
+};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const TTL: Duration = Duration::from_secs(2);
+
+#[tokio::test(start_paused = true)]
+async fn a_busy_lock_gives_up_at_the_deadline_and_the_next_caller_wins_after_release() -> TestResult
+{
+    let lock = MemoryLocker::new();
+    let keys = FencedKeys::for_resource("wallet:1")?;
+    let first = lock.acquire(&keys, TTL).await?;
+    assert!(lock.is_held(keys.lock()));
+    let opts = AcquireOptions::new().wait(Duration::from_millis(500));
+    match lock.acquire_with(&keys, TTL, &opts).await {
+        Err(Error::NotAcquired {
+            reason: GiveUpReason::DeadlineExpired,
+            fault: None,
+            attempts,
+            ..
+        }) => assert!(attempts > 1),
+        other => panic!("{other:?}"),
+    }
+    let fence = first.fence().ok_or("fenced")?;
+    first.release().await?;
+    let second = lock.acquire_with(&keys, TTL, &opts).await?;
+    assert!(second.fence().ok_or("fenced")? > fence);
+    assert_eq!(second.service(), Service::named("memory"));
+    second.release().await?;
+    assert!(!lock.is_held(keys.lock()));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_lease_is_found_gone_and_the_watchdog_stops_the_work() -> TestResult {
+    let lock = MemoryLocker::new();
+    let lease = lock.acquire("job:1", TTL).await?;
+    lock.expire("job:1");
+    assert!(matches!(
+        lease.refresh(TTL).await,
+        Err(Error::LeaseLost {
+            cause: LostCause::Expired,
+            ..
+        }) | Err(Error::NotHeld { .. })
+    ));
+    let lease = lock.acquire("job:1", TTL).await?;
+    let (started, running) = tokio::sync::oneshot::channel();
+    let work = lease.run(async move {
+        let _ = started.send(());
+        std::future::pending::<()>().await;
+    });
+    let expire = async {
+        running.await.ok();
+        lock.expire("job:1");
+    };
+    let (ran, ()) = tokio::join!(work, expire);
+    let err = ran.err().ok_or("the work ran on without its lease")?;
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+    assert!(err.to_string().contains("on memory"), "{err}");
+    assert!(matches!(lease.release().await, Err(Error::NotHeld { .. })));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_watchdog_keeps_a_lease_past_its_ttl_while_the_work_runs() -> TestResult {
+    let lock = MemoryLocker::new();
+    let lease = lock.acquire("job:long", TTL).await?;
+    let done = lease.run(tokio::time::sleep(TTL * 5)).await;
+    assert!(done.is_ok(), "{done:?}");
+    // Still ours: nobody else can take it.
+    let opts = AcquireOptions::new().wait(Duration::ZERO);
+    assert!(matches!(
+        lock.acquire_with("job:long", TTL, &opts).await,
+        Err(Error::NotAcquired { .. })
+    ));
+    lease.release().await?;
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn fencing_tokens_grow_until_the_counter_is_lost() -> TestResult {
+    let lock = MemoryLocker::new();
+    let keys = FencedKeys::for_resource("wallet:2")?;
+    let mut last = None;
+    for _ in 0..3 {
+        let lease = lock.acquire(&keys, TTL).await?;
+        let fence = lease.fence().ok_or("fenced")?;
+        assert!(
+            last.is_none_or(|last| fence > last),
+            "{fence:?} after {last:?}"
+        );
+        last = Some(fence);
+        lease.release().await?;
+    }
+    lock.lose_fences();
+    let lease = lock.acquire(&keys, TTL).await?;
+    let repeated = lease.fence().ok_or("fenced")?;
+    assert!(last.is_some_and(|last| repeated < last));
+    lease.release().await?;
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_paused_service_times_out_naming_memory_and_answers_once_resumed() -> TestResult {
+    let lock = MemoryLocker::with_command_timeout(Duration::from_millis(300))?;
+    let lease = lock.acquire("k", TTL).await?;
+    lock.pause();
+    let err = lease
+        .refresh(TTL)
+        .await
+        .err()
+        .ok_or("refreshed while paused")?;
+    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "memory did not answer refresh within 300ms"
+    );
+    // An acquire that never hears an answer returns the fault.
+    let opts = AcquireOptions::new().wait(Duration::from_millis(500));
+    let err = lock.acquire_with("other", TTL, &opts).await.err();
+    assert!(matches!(err, Some(Error::Timeout { .. })), "{err:?}");
+    lock.resume();
+    lease.refresh(TTL).await?;
+    lease.release().await?;
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_acquire_or_lease_leaves_no_lock() -> TestResult {
+    let lock = MemoryLocker::new();
+    let holder = lock.acquire("k", TTL).await?;
+    // A waiter dropped mid-wait.
+    let opts = AcquireOptions::new().wait(Duration::from_secs(60));
+    let waiting = lock.acquire_with("k", TTL, &opts);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), waiting)
+            .await
+            .is_err()
+    );
+    drop(holder);
+    assert!(!lock.is_held("k"), "a dropped lease kept its lock");
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_input_is_refused_before_anything() -> TestResult {
+    let lock = MemoryLocker::new();
+    assert!(matches!(
+        lock.acquire("", TTL).await,
+        Err(Error::InvalidKey { .. })
+    ));
+    assert!(matches!(
+        lock.acquire("k", Duration::ZERO).await,
+        Err(Error::InvalidTtl { .. })
+    ));
+    let replicas = AcquireOptions::new().wait_replicas(1, Duration::from_millis(10));
+    assert!(matches!(
+        lock.acquire_with("k", TTL, &replicas).await,
+        Err(Error::InvalidOptions(_))
+    ));
+    assert!(matches!(
+        MemoryLocker::with_command_timeout(Duration::ZERO),
+        Err(Error::InvalidOptions(_))
+    ));
+    assert!(!lock.is_held("k"));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_election_runs_on_it_with_fenced_terms() -> TestResult {
+    let lock = MemoryLocker::new();
+    let a = Election::builder(lock.clone(), "scheduler")
+        .candidate("a")
+        .build()?;
+    let b = Election::builder(lock.clone(), "scheduler")
+        .candidate("b")
+        .build()?;
+    let term = a.campaign().await?;
+    let leader = b.leader().await?.ok_or("no leader")?;
+    assert_eq!(leader.candidate, "a");
+    assert_eq!(leader.fence, term.fence());
+    let first = term.fence();
+    term.resign().await?;
+    let term = b.campaign().await?;
+    assert!(term.fence() > first);
+    term.resign().await?;
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn code_generic_over_lessor_takes_it() -> TestResult {
+    async fn debit(lock: &impl Lessor) -> leasehold::Result<bool> {
+        let keys = FencedKeys::for_resource("wallet:3")?;
+        let opts = AcquireOptions::new().wait(Duration::from_secs(1));
+        let done = lock
+            .with_lock(&keys, TTL, &opts, async |lease| lease.fence().is_some())
+            .await?;
+        done.release?;
+        Ok(done.output)
+    }
+    assert!(debit(&MemoryLocker::new()).await?);
+    Ok(())
+}
