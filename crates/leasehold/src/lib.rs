@@ -272,7 +272,7 @@ pub use client::client;
 pub use connection::Connection;
 pub use election::{
     DEFAULT_FAULT_BUDGET, DEFAULT_OBSERVE_EVERY, DEFAULT_STEP_DOWN, DEFAULT_TERM_TTL, Election,
-    ElectionBuilder, Leader, Observer, Term, TermOutcome,
+    ElectionBuilder, Leader, Observer, Served, Term, TermOutcome,
 };
 pub use endpoint::Endpoint;
 pub use erased::DynLessor;

@@ -211,3 +211,72 @@ async fn code_generic_over_lessor_takes_it() -> TestResult {
     assert!(debit(&MemoryLocker::new()).await?);
     Ok(())
 }
+
+/// `serve`: a candidate's whole life in one call. It leads, runs the work
+/// under each term, campaigns again after a lost term (a newer fence) and
+/// after a fault longer than its budget, and on shutdown resigns, so the
+/// next candidate leads at once.
+#[tokio::test(start_paused = true)]
+async fn serve_leads_until_shutdown_riding_out_lost_terms_and_faults() -> TestResult {
+    let lock = MemoryLocker::new();
+    let build = |candidate: &str| {
+        Election::builder(lock.clone(), "jobs")
+            .candidate(candidate)
+            .ttl(TTL)
+            .budget(Duration::from_secs(5))
+            .build()
+    };
+    let (a, b) = (build("a")?, build("b")?);
+    let lock_key = FencedKeys::for_resource("leader:jobs")?.lock().to_owned();
+    let shutdown = leasehold::CancellationToken::new();
+    let (terms_tx, mut terms) = tokio::sync::mpsc::unbounded_channel();
+    let serving = a.serve(&shutdown, async |term| {
+        let _ = terms_tx.send(term.fence());
+        std::future::pending::<()>().await
+    });
+    let drive = async {
+        let first = terms.recv().await.ok_or("no first term")?;
+        // Lost behind the leader's back: its work stops, and it wins a
+        // newer term.
+        lock.expire(&lock_key);
+        let second = terms.recv().await.ok_or("no second term")?;
+        assert!(second > first);
+        // The service stops answering for longer than the campaign's
+        // budget (tokio's paused clock: no real time passes).
+        lock.pause();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        lock.resume();
+        let third = terms.recv().await.ok_or("no third term")?;
+        assert!(third > second);
+        // Another candidate waits; shutdown hands leadership to it.
+        let next = async {
+            let term = b.campaign().await?;
+            let fence = term.fence();
+            term.resign().await?;
+            Ok::<_, leasehold::Error>(fence)
+        };
+        let (next, ()) = tokio::join!(next, async { shutdown.cancel() });
+        assert!(next? > third);
+        Ok::<_, Box<dyn std::error::Error>>(())
+    };
+    let (served, driven) = tokio::join!(serving, drive);
+    driven?;
+    let served = served?;
+    assert_eq!((served.terms, served.finished), (3, 0), "{served:?}");
+    assert!(served.lost >= 2, "{served:?}");
+    assert!(served.faults >= 1, "{served:?}");
+    Ok(())
+}
+
+/// A term whose loss was reported ends quietly: `resign` is `Ok`.
+#[tokio::test(start_paused = true)]
+async fn resigning_a_term_already_lost_is_quiet() -> TestResult {
+    let lock = MemoryLocker::new();
+    let election = Election::builder(lock.clone(), "quiet").build()?;
+    let term = election.campaign().await?;
+    lock.expire(FencedKeys::for_resource("leader:quiet")?.lock());
+    let ran = term.run(std::future::pending::<()>()).await;
+    assert!(matches!(ran, Err(Error::LeaseLost { .. })), "{ran:?}");
+    term.resign().await?;
+    Ok(())
+}

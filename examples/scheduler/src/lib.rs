@@ -26,10 +26,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use leasehold::CancellationToken;
 use leasehold::{Election, Lease, Lessor, Term};
 use leasehold_pg::Guard;
 use leasehold_pg::tokio_postgres::{Client, GenericClient};
-use tokio::sync::watch;
 
 /// Why a slot could not be run.
 #[derive(Debug, thiserror::Error)]
@@ -237,80 +237,57 @@ pub async fn run_slot<C: GenericClient>(
     Ok(Ran::Done { slot })
 }
 
-/// One term of the leader: runs due slots until the term is lost, a guard
-/// refusal ends it, or `stop` says so (`true`). A broken database
-/// connection is opened again (a PostgreSQL restart is ridden out).
-/// Returns whether `stop` ended it.
-async fn lead(
-    term: &Term,
-    db_url: &str,
-    schedule: &Schedule,
-    stop: &mut watch::Receiver<bool>,
-) -> bool {
+/// One term's work: runs due slots until the term ends (lost, or ended
+/// by a guard refusal). A broken database connection is opened again (a
+/// PostgreSQL restart is ridden out).
+async fn lead(term: &Term, db_url: &str, schedule: &Schedule) {
     let mut db: Option<Client> = None;
     loop {
-        if *stop.borrow() {
-            return true;
-        }
         if db.as_ref().is_none_or(Client::is_closed) {
             db = leasehold_pg::connect(db_url).await.ok();
         }
         let wait = match db.as_mut() {
             None => Duration::from_millis(100),
-            Some(client) => match run_due(
-                term.lease(),
-                client,
-                schedule,
-                term.candidate(),
-                async || {},
-            )
-            .await
-            {
-                Ok(Ran::Done { .. }) => Duration::ZERO,
-                Ok(Ran::NotDue { wait }) => wait,
-                Ok(Ran::Refused) => {
-                    term.mark_superseded();
-                    return false;
+            Some(client) => {
+                let candidate = term.candidate();
+                match run_due(term.lease(), client, schedule, candidate, async || {}).await {
+                    Ok(Ran::Done { .. }) => Duration::ZERO,
+                    Ok(Ran::NotDue { wait }) => wait,
+                    // A newer leader exists: the term ends here, and the
+                    // work is stopped at this await.
+                    Ok(Ran::Refused) => {
+                        term.mark_superseded();
+                        return std::future::pending().await;
+                    }
+                    // Rolled back, or its outcome unknown: the next step
+                    // reads what landed.
+                    Err(_) => Duration::from_millis(100),
                 }
-                // Rolled back, or its outcome unknown: the next step reads
-                // what landed. A broken connection is opened again.
-                Err(_) => Duration::from_millis(100),
-            },
-        };
-        if !wait.is_zero() {
-            tokio::select! {
-                () = tokio::time::sleep(wait) => {}
-                _ = stop.changed() => {}
             }
-        }
+        };
+        tokio::time::sleep(wait).await;
     }
 }
 
-/// The service: campaigns for `election`, runs due slots while it leads
-/// ([`run_due`] under the term's watchdog), campaigns again when a term is
-/// lost or refused, and resigns when `stop` turns `true` (the next leader
-/// takes over at once).
+/// The service: leads whenever elected ([`Election::serve`]), running due
+/// slots ([`run_due`]) under each term, until `shutdown` is cancelled; then
+/// it resigns (the next leader takes over at once).
 ///
 /// # Errors
-/// [`Error::Election`] when a campaign meets a fault longer than the
-/// election's budget, or one that cannot pass.
+/// [`Error::Election`] for an election error that cannot pass (a wrong
+/// password, a missing permission); faults are ridden out.
 pub async fn serve<L: Lessor>(
     election: &Election<L>,
     db_url: &str,
     schedule: &Schedule,
-    mut stop: watch::Receiver<bool>,
+    shutdown: &CancellationToken,
 ) -> Result<(), Error> {
-    loop {
-        let term = tokio::select! {
-            term = election.campaign() => term?,
-            _ = stop.wait_for(|stop| *stop) => return Ok(()),
-        };
-        let stopped = term.run(lead(&term, db_url, schedule, &mut stop)).await;
-        // Lost or refused: the lock is (or soon is) another's; resigning
-        // gives it back if it is still ours. Stopped: hand over at once.
-        let _ = term.resign().await;
-        if matches!(stopped, Ok(true)) {
-            return Ok(());
-        }
-    }
+    // Owned by the closure (`async move`): see `Election::serve` on spawning.
+    let (db_url, schedule) = (db_url.to_owned(), schedule.clone());
+    election
+        .serve(shutdown, async move |term| {
+            lead(term, &db_url, &schedule).await
+        })
+        .await?;
+    Ok(())
 }

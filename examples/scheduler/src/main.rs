@@ -24,11 +24,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     setup(&mut leasehold_pg::connect(&db_url).await?).await?;
     let locker = HandoffLocker::connect(&leasehold::client(&redis_url)?).await?;
     let election = election(locker, &schedule.name, &candidate)?;
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let shutdown = leasehold::CancellationToken::new();
+    let on_signal = shutdown.clone();
     tokio::spawn(async move {
         let _ = tokio::signal::ctrl_c().await;
-        let _ = stop.send(true);
+        on_signal.cancel();
     });
-    serve(&election, &db_url, &schedule, stopped).await?;
+    serve(&election, &db_url, &schedule, &shutdown).await?;
     Ok(())
 }

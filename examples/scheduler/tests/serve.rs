@@ -42,7 +42,7 @@ async fn three_schedulers_run_each_slot_once_across_a_crash_and_a_shutdown() -> 
         epoch_ms: now_ms,
         period: Duration::from_millis(20),
     };
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let shutdown = leasehold::CancellationToken::new();
     let mut tasks = Vec::new();
     for name in ["a", "b", "c"] {
         // A short term, so a crashed leader is replaced quickly.
@@ -50,9 +50,9 @@ async fn three_schedulers_run_each_slot_once_across_a_crash_and_a_shutdown() -> 
             .candidate(name)
             .ttl(Duration::from_millis(300))
             .build()?;
-        let (url, schedule, stopped) = (pg.url(), schedule.clone(), stopped.clone());
+        let (url, schedule, shutdown) = (pg.url(), schedule.clone(), shutdown.clone());
         tasks.push(tokio::spawn(async move {
-            serve(&election, &url, &schedule, stopped).await
+            serve(&election, &url, &schedule, &shutdown).await
         }));
     }
     // Slots run; then the leader's task is aborted mid-term.
@@ -97,7 +97,7 @@ async fn three_schedulers_run_each_slot_once_across_a_crash_and_a_shutdown() -> 
     })
     .await??;
     // The others shut down: each resigns and returns.
-    stop.send(true)?;
+    shutdown.cancel();
     for task in tasks {
         tokio::time::timeout(HUNG, task).await???;
     }

@@ -124,6 +124,7 @@
 // `Observer`).
 mod builder;
 mod observer;
+mod serve;
 mod term;
 
 use std::sync::{Arc, Mutex};
@@ -148,6 +149,7 @@ use crate::token::HolderId;
 
 pub use self::builder::ElectionBuilder;
 pub use self::observer::{Leader, Observer};
+pub use self::serve::Served;
 pub use self::term::{Term, TermOutcome};
 
 /// A term's TTL unless set: 10 s.

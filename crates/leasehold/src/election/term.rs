@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fencing::FencingToken;
 use crate::lease::Lease;
 use crate::lost::LostCause;
@@ -17,8 +17,6 @@ use crate::watchdog::Shared;
 
 #[cfg(doc)]
 use super::{Election, ElectionBuilder};
-#[cfg(doc)]
-use crate::error::Error;
 
 /// How a term that [`Election::lead`] ran ended.
 #[derive(Debug)]
@@ -157,9 +155,12 @@ impl Term {
     /// follower takes over.
     ///
     /// # Errors
-    /// As [`Lease::release`]: [`Error::NotHeld`] when the term had already
-    /// been lost in Redis; a fault's error when Redis could not be asked
-    /// (the TTL ends the term).
+    /// As [`Lease::release`]: [`Error::NotHeld`] when the term was lost in
+    /// the lock service without the term knowing it yet; a fault's error
+    /// when the service could not be asked (the TTL ends the term). A term
+    /// whose loss was already reported ([`lost`](Self::lost) resolved, the
+    /// work under [`run`](Self::run) stopped) ends quietly: `Ok`, as
+    /// nothing is left to give back that the caller does not know of.
     ///
     /// # Cancel safety
     /// As [`Lease::release`].
@@ -171,7 +172,12 @@ impl Term {
             ..
         } = self;
         let lost = lease.lost();
-        let released = lease.release().await;
+        let released = match lease.release().await {
+            // Its loss was already reported (the work stopped, `lost`
+            // resolved): finding the lock gone tells the caller nothing new.
+            Err(Error::NotHeld { .. } | Error::LeaseLost { .. }) if lost.is_some() => Ok(()),
+            released => released,
+        };
         *resigned_at
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
