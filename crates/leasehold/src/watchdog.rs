@@ -304,7 +304,14 @@ where
             }
             Err(err) => {
                 crate::metrics::refresh("watchdog", "error");
-                failing = true;
+                // A timeout seen more than a period after its bound: this
+                // process (or its runtime) did not run meanwhile (stopped,
+                // paused), so the service's silence is not shown. If the
+                // lease runs out now, it ran out while we were not running:
+                // expired, not unreachable.
+                let stalled =
+                    matches!(err, Error::Timeout { .. }) && Instant::now() > bound + period;
+                failing = !stalled;
                 let left = shared
                     .validity()
                     .until()
@@ -462,6 +469,22 @@ mod tests {
         assert_eq!(shared.lost(), Some(LostCause::Unreachable));
         // Each hung refresh gave up after ttl/3, in time for the next one.
         assert_eq!(fake.sent(), [100, 200, 300].map(|m| m * MS));
+        task.await.expect("watchdog task");
+    }
+
+    /// The process stopped (SIGSTOP) with a refresh in flight, and woken
+    /// after the lease ran out: the lease expired while this process was
+    /// not running; nothing showed the service unreachable.
+    #[tokio::test(start_paused = true)]
+    async fn a_refresh_timed_out_only_by_a_stopped_process_loses_the_lease_as_expired() {
+        let fake = Fake::new(vec![Reply::Hang]);
+        let (shared, task) = start(&fake);
+        tokio::time::sleep(101 * MS).await;
+        assert_eq!(fake.sent(), [100 * MS]);
+        // Nothing runs from 101 ms to 701 ms: the clock jumps.
+        tokio::time::advance(600 * MS).await;
+        shared.signal().cancelled().await;
+        assert_eq!(shared.lost(), Some(LostCause::Expired));
         task.await.expect("watchdog task");
     }
 
