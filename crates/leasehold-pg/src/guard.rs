@@ -148,6 +148,68 @@
 //! another transaction; effects outside the database (an e-mail, a call to
 //! another service) that the transaction cannot roll back.
 //!
+//! # A holder that freezes
+//!
+//! The guard's row lock lasts until the transaction ends, and a holder
+//! frozen inside its transaction (a stop-the-world pause, `SIGSTOP`, a
+//! suspended VM) ends it only when it thaws: unbounded, the next holder,
+//! which takes the lock once the frozen one's lease runs out, waits in its
+//! own guard for the whole freeze. So [`guard`] (and
+//! [`guarded`](crate::guarded()), and both on sqlx) also sets, in the
+//! same statement (no round trip of its own), the **transaction-local**
+//! `idle_in_transaction_session_timeout` to the lease's remaining
+//! validity as the statement goes out, less the time the statement has
+//! run (a wait for the row lock included), rounded up to whole
+//! milliseconds and at least 1 ms. A holder frozen between two statements
+//! then stalls the next one by about its lease at most: the server ends
+//! its session (SQLSTATE `25P03`), which rolls its transaction back and
+//! frees the row; once thawed, its commit is [`Error::SessionEnded`]
+//! (did not commit; retryable, on a new connection).
+//!
+//! - It is `set_config(.., true)`, as `SET LOCAL`: it ends with the
+//!   transaction, and the session's own setting is back after it, on a
+//!   pooled connection as through PgBouncer in transaction mode. Nothing
+//!   session-wide is set.
+//! - A smaller setting already in force (not 0: the session's, or a
+//!   `SET LOCAL` before the guard) is kept: the guard only lowers it. To
+//!   allow longer idle periods than the lease, `SET LOCAL` a larger value
+//!   after the guard.
+//! - The server's timer restarts with every idle period: it bounds each
+//!   pause between statements, not the transaction. A work that sits idle
+//!   in its transaction longer than the lease had left at the guard (a
+//!   slow call to another service between two statements, while the
+//!   watchdog keeps the lease alive) is ended the same way: make such
+//!   calls before the transaction or after it. A lease with no time left
+//!   gets 1 ms: its transaction ends at its first pause.
+//! - [`guard_token`] has no lease, and sets nothing: set the timeout
+//!   yourself.
+//! - A holder frozen **during** a statement is not idle.
+//!   `statement_timeout` bounds a statement, and is the caller's choice
+//!   (opt in with `SET LOCAL statement_timeout` after the guard): it also
+//!   cuts a long statement whose lease the watchdog keeps alive.
+//!   `lock_timeout` is the caller's choice too: with it, a guard that
+//!   waits for a frozen holder's row fails (SQLSTATE `55P03`, roll back
+//!   and retry) instead of waiting it out.
+//! - **Not covered yet**: a backend stuck writing its answer to a frozen
+//!   client's socket (a result larger than the socket's buffers) is
+//!   neither idle nor checking its timeouts; only termination ends it
+//!   (`pg_terminate_backend` by another session, which needs the
+//!   `pg_signal_backend` role), which this crate does not do.
+//!
+//! With another driver, send this statement in place of the one above,
+//! with `$4` the lease's remaining validity in milliseconds (`bigint`, at
+//! least 1); its fourth column is the value set:
+//!
+//! ```sql
+//! WITH fences AS (SELECT FROM leasehold_fences)
+//! SELECT accepted, fence, holder,
+//!   set_config('idle_in_transaction_session_timeout', least(
+//!     nullif(extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000, 0),
+//!     greatest(ceil($4::bigint - extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000), 1)
+//!   )::bigint::text, true)
+//! FROM leasehold_guard($1, $2, $3);
+//! ```
+//!
 //! # Several resources (a transfer)
 //!
 //! Guard every resource the transaction touches, always in one order, so
@@ -198,6 +260,8 @@
 //! a lease that wrote before the upgrade and writes again after it is
 //! refused once. Writers of an earlier version still accept an equal token
 //! from anyone: upgrade every writer.
+
+use std::time::Duration;
 
 use leasehold::{FencingToken, HolderId, Lease};
 use tokio_postgres::GenericClient;
@@ -288,7 +352,9 @@ impl Guard {
 /// Guards `resource` with `token`, written by `holder`, in the caller's
 /// transaction `tx` (see the [module docs](self)): the one statement
 /// above, then, if refused, the fence and holder found. Does not touch
-/// Redis; see [`guard`] for the healing one, which takes both from a lease.
+/// Redis, and sets no idle bound (it has no lease: see [A holder that
+/// freezes](self#a-holder-that-freezes)); see [`guard`] for the healing
+/// one, which takes both from a lease.
 ///
 /// # Errors
 /// [`Error::InvalidResource`] for an empty name, [`Error::InvalidToken`]
@@ -320,18 +386,20 @@ pub(crate) async fn guard_token_with<S: Statements>(
     traced(
         resource,
         token,
-        guard_statement(tx, resource, token, holder),
+        guard_statement(tx, resource, token, holder, None),
     )
     .await
 }
 
 /// The guard statement (and, if refused, the read of what beat us),
-/// untraced.
+/// untraced; with `valid_for`, it also bounds the transaction's idle
+/// periods by it (see [A holder that freezes](self#a-holder-that-freezes)).
 async fn guard_statement<S: Statements>(
     tx: &mut S,
     resource: &str,
     token: FencingToken,
     holder: &HolderId,
+    valid_for: Option<Duration>,
 ) -> Result<Guard> {
     if resource.is_empty() {
         return Err(Error::InvalidResource {
@@ -342,7 +410,9 @@ async fn guard_statement<S: Statements>(
         return Err(Error::InvalidToken { token });
     }
     let fence = i64::try_from(token).map_err(|_| Error::TokenOutOfRange { token })?;
-    let verdict = tx.guard(resource, fence, holder.as_str()).await?;
+    let verdict = tx
+        .guard(resource, fence, holder.as_str(), valid_for.map(idle_ms))
+        .await?;
     if verdict.accepted {
         return Ok(Guard::Accepted);
     }
@@ -362,6 +432,13 @@ async fn guard_statement<S: Statements>(
 /// counter to the fence found ([`Lease::raise_fence_for`]) so that the next
 /// lease wins, and returns [`Guard::Refused`] at once: roll back (a lock
 /// guarded before it in this call is part of the transaction too).
+///
+/// Each guard statement also bounds the transaction's idle periods by the
+/// lease's remaining validity (`SET LOCAL
+/// idle_in_transaction_session_timeout`, a smaller setting kept), so that
+/// a holder frozen in its transaction does not stall the next one for
+/// the whole freeze: see [A holder that
+/// freezes](self#a-holder-that-freezes).
 ///
 /// # Errors
 /// As [`guard_token`]; [`Error::NotFenced`] when the lease holds no fenced
@@ -391,7 +468,9 @@ pub(crate) async fn guard_with<S: Statements>(tx: &mut S, lease: &Lease) -> Resu
     fenced.sort();
     for (resource, key, token, holder) in fenced {
         let guarded = async {
-            let found = guard_statement(&mut *tx, &resource, token, &holder).await?;
+            // The lease's remaining validity as this statement goes out.
+            let valid_for = Some(lease.remaining());
+            let found = guard_statement(&mut *tx, &resource, token, &holder, valid_for).await?;
             let Guard::Refused {
                 current, writer, ..
             } = found
@@ -419,6 +498,14 @@ pub(crate) async fn guard_with<S: Statements>(tx: &mut S, lease: &Lease) -> Resu
         }
     }
     Ok(Guard::Accepted)
+}
+
+/// `valid_for` as `idle_in_transaction_session_timeout`'s milliseconds:
+/// rounded up, at least 1 (0 would turn the timeout off) and at most the
+/// setting's maximum (`i32::MAX`, about 24.8 days).
+fn idle_ms(valid_for: Duration) -> i64 {
+    let ms = valid_for.as_nanos().div_ceil(1_000_000);
+    i64::try_from(ms.clamp(1, i32::MAX as u128)).unwrap_or(i64::from(i32::MAX))
 }
 
 /// `guarded` (the guard of `resource` with `token`) inside a
@@ -478,4 +565,19 @@ async fn traced(
     span.record("outcome", outcome);
     crate::metrics::guarded_write(outcome);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idle_bound_is_whole_milliseconds_rounded_up_between_1_and_the_settings_maximum() {
+        assert_eq!(idle_ms(Duration::ZERO), 1, "0 would turn the timeout off");
+        assert_eq!(idle_ms(Duration::from_nanos(1)), 1);
+        assert_eq!(idle_ms(Duration::from_millis(1)), 1);
+        assert_eq!(idle_ms(Duration::from_nanos(1_000_001)), 2);
+        assert_eq!(idle_ms(Duration::from_millis(2_000)), 2_000);
+        assert_eq!(idle_ms(Duration::MAX), i64::from(i32::MAX));
+    }
 }
