@@ -157,14 +157,22 @@
 //! own guard for the whole freeze. So [`guard`] (and
 //! [`guarded`](crate::guarded()), and both on sqlx) also sets, in the
 //! same statement (no round trip of its own), the **transaction-local**
-//! `idle_in_transaction_session_timeout` to the lease's remaining
-//! validity as the statement goes out, less the time the statement has
-//! run (a wait for the row lock included), rounded up to whole
-//! milliseconds and at least 1 ms. A holder frozen between two statements
-//! then stalls the next one by about its lease at most: the server ends
-//! its session (SQLSTATE `25P03`), which rolls its transaction back and
-//! frees the row; once thawed, its commit is [`Error::SessionEnded`]
-//! (did not commit; retryable, on a new connection).
+//! `idle_in_transaction_session_timeout` to the lease's TTL, at least
+//! 1 s, less the time the statement has run (a wait for the row lock
+//! included), rounded up to whole milliseconds. A holder frozen between
+//! two statements then stalls the next one by about its lease at most
+//! (the next holder takes the lock when the frozen lease runs out, at
+//! most a TTL after the freeze, and the frozen session ends a TTL after
+//! its last statement; 1 s for a shorter lease): the server ends its
+//! session (SQLSTATE `25P03`), which rolls its transaction back and frees
+//! the row; once thawed, its commit is [`Error::SessionEnded`] (did not
+//! commit; retryable, on a new connection).
+//!
+//! Why the TTL and not what is left of the lease: the watchdog keeps a
+//! lease alive while its work runs, and work that pauses between two
+//! statements for less than a TTL (the "guard first, then the expensive
+//! part" pattern) must not lose its session; the floor of 1 s keeps
+//! sub-second leases from ending every transaction at its first pause.
 //!
 //! - It is `set_config(.., true)`, as `SET LOCAL`: it ends with the
 //!   transaction, and the session's own setting is back after it, on a
@@ -176,11 +184,11 @@
 //!   after the guard.
 //! - The server's timer restarts with every idle period: it bounds each
 //!   pause between statements, not the transaction. A work that sits idle
-//!   in its transaction longer than the lease had left at the guard (a
-//!   slow call to another service between two statements, while the
-//!   watchdog keeps the lease alive) is ended the same way: make such
-//!   calls before the transaction or after it. A lease with no time left
-//!   gets 1 ms: its transaction ends at its first pause.
+//!   in its transaction longer than the lease's TTL (at least 1 s; a slow
+//!   call to another service between two statements, while the watchdog
+//!   keeps the lease alive) is ended the same way: make such calls before
+//!   the transaction or after it, or `SET LOCAL` a larger value after the
+//!   guard.
 //! - [`guard_token`] has no lease, and sets nothing: set the timeout
 //!   yourself.
 //! - A holder frozen **during** a statement is not idle.
@@ -197,8 +205,8 @@
 //!   `pg_signal_backend` role), which this crate does not do.
 //!
 //! With another driver, send this statement in place of the one above,
-//! with `$4` the lease's remaining validity in milliseconds (`bigint`, at
-//! least 1); its fourth column is the value set:
+//! with `$4` the lease's TTL in milliseconds, at least 1000 (`bigint`);
+//! its fourth column is the value set:
 //!
 //! ```sql
 //! WITH fences AS (SELECT FROM leasehold_fences)
@@ -425,6 +433,10 @@ async fn guard_statement<S: Statements>(
     })
 }
 
+/// The shortest idle period the guard allows a transaction: a lease
+/// shorter than this bounds a frozen holder by this instead of its TTL.
+const IDLE_FLOOR: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Guards every fenced lock of `lease` in the caller's transaction `tx`,
 /// in one order (sorted by resource), with the lease's own tokens; the
 /// resource of a lock is its fence key (`fence:{wallet:42}` for
@@ -434,7 +446,7 @@ async fn guard_statement<S: Statements>(
 /// guarded before it in this call is part of the transaction too).
 ///
 /// Each guard statement also bounds the transaction's idle periods by the
-/// lease's remaining validity (`SET LOCAL
+/// lease's TTL, at least 1 s (`SET LOCAL
 /// idle_in_transaction_session_timeout`, a smaller setting kept), so that
 /// a holder frozen in its transaction does not stall the next one for
 /// the whole freeze: see [A holder that
@@ -468,8 +480,10 @@ pub(crate) async fn guard_with<S: Statements>(tx: &mut S, lease: &Lease) -> Resu
     fenced.sort();
     for (resource, key, token, holder) in fenced {
         let guarded = async {
-            // The lease's remaining validity as this statement goes out.
-            let valid_for = Some(lease.remaining());
+            // A frozen holder's session ends after an idle period of the
+            // lease's TTL (at least `IDLE_FLOOR`): see "A holder that
+            // freezes".
+            let valid_for = Some(lease.ttl().max(IDLE_FLOOR));
             let found = guard_statement(&mut *tx, &resource, token, &holder, valid_for).await?;
             let Guard::Refused {
                 current, writer, ..

@@ -21,8 +21,7 @@ SELECT accepted, fence, holder FROM leasehold_guard($1, $2, $3)";
 
 /// [`GUARD`] that also bounds how long the transaction may sit idle (see
 /// [A holder that freezes](mod@crate::guard#a-holder-that-freezes)): `$4`
-/// is the lease's remaining validity in milliseconds (`bigint`, at least
-/// 1). After the guard's function has returned (a row lock it waited for
+/// is the lease's TTL in milliseconds, at least 1000 (`bigint`). After the guard's function has returned (a row lock it waited for
 /// included), it sets the transaction-local (`is_local`, as `SET LOCAL`)
 /// `idle_in_transaction_session_timeout` to `$4` less the time the
 /// statement has run so far, at least 1 ms, unless the setting in force is

@@ -66,29 +66,15 @@ async fn fence_of(db: &Client, resource: &str) -> Result<Option<i64>, Box<dyn st
 }
 
 /// A plain read-modify-write debit inside the guard: `Ok(true)` paid,
-/// `Ok(false)` refused or insufficient (rolled back). `lift_idle_bound`
-/// lifts the guard's idle bound for the transaction (see "A holder that
-/// freezes" in the guard's docs).
+/// `Ok(false)` refused or insufficient (rolled back).
 async fn guarded_debit(
     db: &mut Client,
     lease: &Lease,
     account: &str,
     amount: i64,
-    lift_idle_bound: bool,
 ) -> Result<Option<Guard>, Box<dyn std::error::Error + Send + Sync>> {
     let tx = db.transaction().await?;
-    let guard = if lift_idle_bound {
-        // Sent with the guard, in its round trip, so that the transaction
-        // is not idle between the two.
-        let (guard, ()) = tokio::try_join!(leasehold_pg::guard(&tx, lease), async {
-            tx.batch_execute("SET LOCAL idle_in_transaction_session_timeout = 0")
-                .await
-                .map_err(Error::from)
-        })?;
-        guard
-    } else {
-        leasehold_pg::guard(&tx, lease).await?
-    };
+    let guard = leasehold_pg::guard(&tx, lease).await?;
     if !guard.is_accepted() {
         tx.rollback().await?;
         return Ok(Some(guard));
@@ -359,7 +345,7 @@ async fn debits_across_a_lost_counter(
             let _ = locker.acquire("probe", SECOND).await;
         }
         let lease = take(&locker, &keys).await?;
-        let debit = guarded_debit(&mut db, &lease, account, 1, false).await;
+        let debit = guarded_debit(&mut db, &lease, account, 1).await;
         match debit.map_err(|e| e.to_string())? {
             Some(Guard::Accepted) => paid += 1,
             Some(Guard::Refused { healed, .. }) => {
@@ -403,20 +389,6 @@ async fn a_deleted_fence_key_costs_no_refused_write() -> TestResult {
     Ok(())
 }
 
-/// Whether `err` says the server ended the session (or the connection
-/// closed): the transaction did not commit.
-fn session_ended(err: &(dyn std::error::Error + 'static)) -> bool {
-    if let Some(err) = err.downcast_ref::<Error>() {
-        return matches!(err, Error::SessionEnded(_) | Error::Unreachable(_));
-    }
-    err.downcast_ref::<leasehold_pg::tokio_postgres::Error>()
-        .is_some_and(|err| {
-            err.is_closed()
-                || err.code()
-                    == Some(&leasehold_pg::tokio_postgres::error::SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT)
-        })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_spenders_with_a_1ms_ttl_lose_no_debit_inside_the_guard() -> TestResult {
     let pg = server()?;
@@ -437,47 +409,27 @@ async fn fifty_spenders_with_a_1ms_ttl_lose_no_debit_inside_the_guard() -> TestR
         let start = Arc::new(tokio::sync::Barrier::new(50));
         let mut tasks = Vec::new();
         for mut db in clients.drain(..) {
-            let (locker, keys, account, start, url) = (
-                locker.clone(),
-                keys.clone(),
-                account.clone(),
-                start.clone(),
-                pg.url(),
-            );
+            let (locker, keys, account, start) =
+                (locker.clone(), keys.clone(), account.clone(), start.clone());
             tasks.push(tokio::spawn(async move {
                 start.wait().await;
                 let opts = AcquireOptions::new().wait(HUNG);
                 let lease = locker
                     .acquire_with(&keys, Duration::from_millis(1), &opts)
                     .await?;
-                // Refused and insufficient both roll back. These debits
-                // are about overlapping leases, not frozen holders: a 1 ms
-                // lease bounds each idle period of its transaction by 1 ms
-                // (the guard's idle bound), which ended 49 and 50 of 50
-                // sessions a run, so the bound is lifted. The server may
-                // still end one idle for 1 ms between the guard and the
-                // lift (rolled back too): start a new session.
-                let debit = guarded_debit(&mut db, &lease, &account, 10, true).await;
+                // Refused and insufficient both roll back.
+                guarded_debit(&mut db, &lease, &account, 10).await?;
                 let _ = lease.release().await;
-                match debit {
-                    Ok(_) => Ok::<_, Box<dyn std::error::Error + Send + Sync>>((db, false)),
-                    Err(err) if session_ended(&*err) => {
-                        Ok((leasehold_pg::connect(&url).await?, true))
-                    }
-                    Err(err) => Err(err),
-                }
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(db)
             }));
         }
-        let mut ended = 0;
         for task in tasks {
-            let (db, session_ended) = tokio::time::timeout(HUNG, task)
+            let db = tokio::time::timeout(HUNG, task)
                 .await?
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?;
             clients.push(db);
-            ended += usize::from(session_ended);
         }
-        eprintln!("run {run}: {ended} sessions ended by the idle bound");
         let payments: i64 = setup
             .query_one(
                 "SELECT count(*) FROM payments WHERE account = $1",
@@ -582,7 +534,7 @@ async fn a_failover_to_a_replica_that_missed_increments_costs_no_refused_write()
         let mut refused = 0;
         for _ in 0..n {
             let lease = take(locker, &keys).await?;
-            match guarded_debit(&mut db, &lease, "failover", 1, false).await {
+            match guarded_debit(&mut db, &lease, "failover", 1).await {
                 Ok(Some(Guard::Accepted)) => {}
                 Ok(Some(Guard::Refused { healed, .. })) => {
                     assert!(healed, "refused without raising the counter");

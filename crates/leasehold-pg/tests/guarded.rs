@@ -290,7 +290,7 @@ async fn idle_timeout_ms(
 }
 
 /// The guard bounds the transaction's idle periods by the lease's
-/// remaining validity, for that transaction alone (`SET LOCAL`: the
+/// TTL (at least 1 s), for that transaction alone (`SET LOCAL`: the
 /// session's setting is back after it, through PgBouncer too), and keeps
 /// a smaller bound the caller set; `guard_token`, which has no lease,
 /// leaves the setting alone.

@@ -79,13 +79,6 @@ async fn run_job(
         tx.rollback().await?;
         return Ok(Job::Refused);
     }
-    // The expensive part runs here, in the client, with the transaction
-    // idle, for longer than the lease had left at the guard (the watchdog
-    // keeps the lease): the guard's idle bound would end the session. Lift
-    // it for this transaction; a holder frozen here then stalls the next
-    // one for the whole freeze (see "A holder that freezes").
-    tx.batch_execute("SET LOCAL idle_in_transaction_session_timeout = 0")
-        .await?;
     tokio::time::sleep(work).await; // the expensive part
     tx.execute("UPDATE job_state SET runs = runs + 1 WHERE id = $1", &[&id])
         .await?;
