@@ -440,12 +440,10 @@ impl crate::lessor::sealed::Sealed for MemoryLocker {
             self.store.answering("read leader", deadline).await?;
             let now = Instant::now();
             let mut state = self.store.state();
-            let Some(until) = state
-                .holder(key, now)
-                .is_some()
-                .then(|| state.locks.get(key).map(|(_, until)| *until))
-                .flatten()
-            else {
+            if state.holder(key, now).is_none() {
+                return Ok(None);
+            }
+            let Some(&(_, until)) = state.locks.get(key) else {
                 return Ok(None);
             };
             let pttl =
