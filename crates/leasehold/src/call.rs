@@ -115,6 +115,7 @@ pub(crate) fn may_have_acted(err: &Error) -> bool {
         Error::Unreachable { source, .. } => !never_sent(source),
         #[cfg(feature = "etcd")]
         Error::Etcd { source, .. } => source.is_outcome_unknown(),
+        Error::Service { fault, .. } => *fault == crate::error::ServiceFault::Unknown,
         _ => false,
     }
 }

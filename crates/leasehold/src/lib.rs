@@ -197,6 +197,7 @@
 //! 4. The crate root: these docs and the `pub use` list.
 
 // Protocol: the connection, the scripts and the token-checked steps.
+pub mod backend;
 mod budget;
 mod call;
 mod client;
@@ -241,6 +242,7 @@ pub mod memory;
 pub mod quorum;
 mod replicas;
 mod rounds;
+mod served;
 mod way;
 // Reading a server's settings.
 pub mod diagnostics;
@@ -268,6 +270,7 @@ pub mod etcd;
 #[cfg(test)]
 mod give_up_tests;
 
+pub use backend::LockService;
 pub use client::client;
 pub use connection::Connection;
 pub use election::{

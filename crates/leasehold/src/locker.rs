@@ -436,7 +436,9 @@ impl<C: RedisConnection> Way for Locker<C> {
         wait_replicas: true,
     };
 
-    const MODE: &'static str = "poll";
+    fn mode(&self) -> &'static str {
+        "poll"
+    }
 
     fn command_timeout(&self) -> Duration {
         self.node.command_timeout()

@@ -2,8 +2,8 @@
 //!
 //! A service's own lock logic (what it does when the lock is busy, when
 //! the lease is lost mid-work, when the service stalls) is worth testing
-//! without a Redis server. A [`MemoryLocker`] is a [`Lessor`] like the
-//! others: the same [`Lease`], watchdog, fencing tokens, `with_lock`,
+//! without a Redis server. A [`MemoryLocker`] is a [`Lessor`](crate::Lessor) like the
+//! others: the same [`Lease`](crate::Lease), watchdog, fencing tokens, `with_lock`,
 //! `acquire_all` and [`Election`](crate::Election), over a table held in
 //! the process, with faults a test causes on purpose. It runs on tokio's
 //! clock, so under `#[tokio::test(start_paused = true)]` a test that
@@ -61,24 +61,17 @@
 //!   clock meanwhile, as on a real server.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::budget::Budget;
+use crate::backend::{Claim, Held, LockService, Reply, Step};
 use crate::error::{Error, Result};
-use crate::fencing::{FencingToken, LockKeys, Target};
-use crate::lease::{Backend, Lease, Part, Reply};
-use crate::lessor::Lessor;
-use crate::node::Attempt;
-use crate::options::{AcquireOptions, Supports};
-use crate::rounds;
+use crate::fencing::FencingToken;
 use crate::service::Service;
 use crate::token::LeaseToken;
-use crate::way::{self, Way};
 
 /// The name errors give the in-memory service.
 const MEMORY: Service = Service::named("memory");
@@ -199,51 +192,6 @@ impl MemoryLocker {
     pub fn is_held(&self, key: &str) -> bool {
         self.store.state().holder(key, Instant::now()).is_some()
     }
-
-    /// Takes the lease on `keys` for `ttl` with the default
-    /// [`AcquireOptions`]: as [`Lessor::acquire`].
-    ///
-    /// # Errors
-    /// As [`acquire_with`](Self::acquire_with).
-    pub async fn acquire(&self, keys: impl LockKeys, ttl: Duration) -> Result<Lease> {
-        self.acquire_with(keys, ttl, &AcquireOptions::default())
-            .await
-    }
-
-    /// Takes the lease on `keys` for `ttl` as `opts` says, polling with
-    /// its retry strategy until its deadline: as [`Lessor::acquire_with`].
-    ///
-    /// # Errors
-    /// [`Error::InvalidTtl`], [`Error::InvalidKey`],
-    /// [`Error::InvalidOptions`] (`wait_replicas`: there are no replicas)
-    /// before anything else; [`Error::NotAcquired`] when the lock stayed
-    /// busy; [`Error::Timeout`] while [paused](Self::pause).
-    ///
-    /// # Cancel safety
-    /// Cancel safe, as every way's.
-    pub async fn acquire_with(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> Result<Lease> {
-        way::acquire_with(self, keys, ttl, opts).await
-    }
-
-    /// Takes every one of `keys` for `ttl`, in one global order, as one
-    /// lease: as [`Lessor::acquire_all`].
-    ///
-    /// # Errors
-    /// As [`acquire_with`](Self::acquire_with), for the first key that
-    /// fails.
-    pub async fn acquire_all<K: LockKeys>(
-        &self,
-        keys: impl IntoIterator<Item = K>,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> Result<Lease> {
-        way::acquire_all_of(self, keys, ttl, opts).await
-    }
 }
 
 impl Store {
@@ -267,31 +215,6 @@ impl Store {
         }
     }
 
-    /// One attempt at `target` for `token`, valid `ttl` from now.
-    async fn take(
-        &self,
-        target: &Target,
-        token: &LeaseToken,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Attempt<Option<FencingToken>>> {
-        self.answering("acquire", deadline).await?;
-        let now = Instant::now();
-        let mut state = self.state();
-        if state.holder(&target.lock, now).is_some() {
-            return Ok(Attempt::Busy);
-        }
-        state
-            .locks
-            .insert(target.lock.clone(), (token.clone(), now + ttl));
-        let fence = target.fence.as_ref().map(|fence_key| {
-            let next = state.fences.entry(fence_key.clone()).or_insert(0);
-            *next += 1;
-            FencingToken::new(*next)
-        });
-        Ok(Attempt::Won(fence))
-    }
-
     /// Deletes `key` if `token` holds it.
     fn release_now(&self, key: &str, token: &LeaseToken) -> bool {
         let mut state = self.state();
@@ -303,84 +226,85 @@ impl Store {
     }
 }
 
-impl Way for MemoryLocker {
-    const SUPPORTS: Supports = Supports {
-        wait_replicas: false,
-    };
+/// The table as a lock service: each step asks afresh (no queue), the
+/// expiry is decided on tokio's clock, and fence counters can be raised.
+impl LockService for MemoryLocker {
+    type Entry = ();
 
-    const MODE: &'static str = "memory";
-
-    fn command_timeout(&self) -> Duration {
-        self.store.command_timeout
-    }
-
-    async fn take(
-        &self,
-        target: Target,
-        ttl: Duration,
-        opts: &AcquireOptions,
-        budget: Budget,
-    ) -> Result<Lease> {
-        let token = LeaseToken::generate()?;
-        let store = &self.store;
-        let (fence, sent_at) = rounds::acquire_rounds(
-            &target.lock,
-            opts,
-            budget,
-            store.command_timeout,
-            |deadline| store.take(&target, &token, ttl, deadline),
-            |deadline| {
-                let (key, token) = (&target.lock, &token);
-                async move {
-                    store.answering("acquire", deadline).await?;
-                    store.release_now(key, token);
-                    Ok(())
-                }
-            },
-            || {
-                store.release_now(&target.lock, &token);
-            },
-        )
-        .await?;
-        let part = Part {
-            key: target.lock,
-            token,
-            fence_key: target.fence,
-            fence,
-        };
-        Ok(Lease::new(self.store.clone(), part, ttl, sent_at))
-    }
-}
-
-impl Backend for Store {
     fn service(&self) -> Service {
         MEMORY
     }
 
     fn command_timeout(&self) -> Duration {
-        self.command_timeout
+        self.store.command_timeout
     }
 
-    fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
+    fn step<'a>(&'a self, claim: &'a Claim, _: &'a mut (), deadline: Instant) -> Reply<'a, Step> {
         Box::pin(async move {
-            self.answering("refresh", deadline).await?;
+            let store = &self.store;
+            store.answering("acquire", deadline).await?;
             let now = Instant::now();
-            let mut state = self.state();
-            if !state.is_ours(&part.key, &part.token, now) {
+            let mut state = store.state();
+            if state.holder(claim.key(), now).is_some() {
+                return Ok(Step::busy());
+            }
+            state.locks.insert(
+                claim.key().to_owned(),
+                (claim.token().clone(), now + claim.ttl()),
+            );
+            let fence = claim.fence_key().map(|fence_key| {
+                let next = state.fences.entry(fence_key.to_owned()).or_insert(0);
+                *next += 1;
+                FencingToken::new(*next)
+            });
+            Ok(Step::won(fence))
+        })
+    }
+
+    fn undo<'a>(&'a self, claim: &'a Claim, _: &'a mut (), deadline: Instant) -> Reply<'a, ()> {
+        Box::pin(async move {
+            self.store.answering("acquire", deadline).await?;
+            self.store.release_now(claim.key(), claim.token());
+            Ok(())
+        })
+    }
+
+    /// No I/O to spawn: the table is at hand. While paused, the lock is
+    /// left to its TTL, as on a server that does not answer.
+    fn abandon(&self, claim: Claim, (): (), maybe_taken: bool) {
+        if maybe_taken && !*self.store.paused.borrow() {
+            self.store.release_now(claim.key(), claim.token());
+        }
+    }
+
+    fn refresh<'a>(&'a self, held: &'a Held, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(async move {
+            self.store.answering("refresh", deadline).await?;
+            let now = Instant::now();
+            let mut state = self.store.state();
+            if !state.is_ours(held.key(), held.token(), now) {
                 return Ok(false);
             }
             state
                 .locks
-                .insert(part.key.clone(), (part.token.clone(), now + ttl));
+                .insert(held.key().to_owned(), (held.token().clone(), now + ttl));
             Ok(true)
         })
     }
 
-    fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool> {
+    fn release<'a>(&'a self, held: &'a Held, deadline: Instant) -> Reply<'a, bool> {
         Box::pin(async move {
-            self.answering("release", deadline).await?;
-            Ok(self.release_now(&part.key, &part.token))
+            self.store.answering("release", deadline).await?;
+            Ok(self.store.release_now(held.key(), held.token()))
         })
+    }
+
+    /// No I/O to spawn: the table is at hand. While paused, the lock is
+    /// left to its TTL, as on a server that does not answer.
+    fn release_dropped(&self, held: Held, _until: Instant) {
+        if !*self.store.paused.borrow() {
+            self.store.release_now(held.key(), held.token());
+        }
     }
 
     fn raise_fence<'a>(
@@ -390,8 +314,8 @@ impl Backend for Store {
         deadline: Instant,
     ) -> Reply<'a, ()> {
         Box::pin(async move {
-            self.answering("raise fence", deadline).await?;
-            let mut state = self.state();
+            self.store.answering("raise fence", deadline).await?;
+            let mut state = self.store.state();
             let counter = state.fences.entry(fence_key.to_owned()).or_insert(0);
             *counter = (*counter).max(at_least.get());
             Ok(())
@@ -400,34 +324,20 @@ impl Backend for Store {
 
     fn announce<'a>(
         &'a self,
-        part: &'a Part,
+        held: &'a Held,
         record_key: &'a str,
         body: &'a str,
         deadline: Instant,
     ) -> Reply<'a, bool> {
         Box::pin(async move {
-            self.answering("announce", deadline).await?;
-            let mut state = self.state();
-            if !state.is_ours(&part.key, &part.token, Instant::now()) {
+            self.store.answering("announce", deadline).await?;
+            let mut state = self.store.state();
+            if !state.is_ours(held.key(), held.token(), Instant::now()) {
                 return Ok(false);
             }
             state.records.insert(record_key.to_owned(), body.to_owned());
             Ok(true)
         })
-    }
-
-    /// No I/O to spawn: the table is at hand. While paused, the lock is
-    /// left to its TTL, as on a server that does not answer.
-    fn release_dropped(self: Arc<Self>, part: Part, _until: Instant) {
-        if !*self.paused.borrow() {
-            self.release_now(&part.key, &part.token);
-        }
-    }
-}
-
-impl crate::lessor::sealed::Sealed for MemoryLocker {
-    fn service(&self) -> Service {
-        MEMORY
     }
 
     fn leader_record<'a>(
@@ -453,34 +363,5 @@ impl crate::lessor::sealed::Sealed for MemoryLocker {
                 .get(record_key)
                 .map(|body| (body.clone(), pttl)))
         })
-    }
-}
-
-/// The same calls as the inherent methods.
-impl Lessor for MemoryLocker {
-    fn acquire(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        MemoryLocker::acquire(self, keys, ttl)
-    }
-
-    fn acquire_with(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        MemoryLocker::acquire_with(self, keys, ttl, opts)
-    }
-
-    fn acquire_all<K: LockKeys>(
-        &self,
-        keys: impl IntoIterator<Item = K> + Send,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        MemoryLocker::acquire_all(self, keys, ttl, opts)
     }
 }

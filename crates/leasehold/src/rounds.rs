@@ -2,7 +2,6 @@
 //! reports of one acquire's progress (attempts made, time spent waiting).
 
 use std::iter::Peekable;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -288,11 +287,96 @@ impl Progress {
     }
 }
 
-/// One `attempt` per round for an acquire within `budget`, each bounded by
-/// the budget's deadline and `command_timeout` and raced against the
-/// caller's cancellation token, with waits from the retry strategy in
-/// between. Returns what the winning attempt
-/// returned and when it was sent.
+/// One acquire's requests, as the retry loop ([`drive`]) sees them: an
+/// attempt at the lock, the undo of an attempt whose outcome is unknown,
+/// and what to do when the acquire ends without a win.
+pub(crate) trait Attempts {
+    /// What a winning attempt returns.
+    type Won;
+
+    /// One attempt, bounded by `deadline`: won or busy.
+    fn attempt(&mut self, deadline: Instant) -> impl Future<Output = Result<Attempt<Self::Won>>>;
+
+    /// Gives back what an attempt with an unknown outcome may have taken,
+    /// bounded by `deadline`.
+    fn undo(&mut self, deadline: Instant) -> impl Future<Output = Result<()>>;
+
+    /// The acquire ended (or was dropped) without a win; `maybe_taken`
+    /// when an attempt's outcome is still unknown. Must not block.
+    fn abandon(&mut self, maybe_taken: bool);
+
+    /// A wake-up the last busy attempt offered (the lock may be free
+    /// when it resolves), taken by the loop for its next wait.
+    fn wake(&mut self) -> Option<crate::backend::Wake> {
+        None
+    }
+}
+
+/// [`Attempts`] from three closures, for the ways that keep no state
+/// across attempts; `abandon` runs only when an attempt may have landed.
+struct Closures<F, U, A> {
+    attempt: F,
+    undo: U,
+    abandon: A,
+}
+
+impl<T, F, Fut, U, UFut, A> Attempts for Closures<F, U, A>
+where
+    F: FnMut(Instant) -> Fut,
+    Fut: Future<Output = Result<Attempt<T>>>,
+    U: FnMut(Instant) -> UFut,
+    UFut: Future<Output = Result<()>>,
+    A: Fn(),
+{
+    type Won = T;
+
+    fn attempt(&mut self, deadline: Instant) -> impl Future<Output = Result<Attempt<T>>> {
+        (self.attempt)(deadline)
+    }
+
+    fn undo(&mut self, deadline: Instant) -> impl Future<Output = Result<()>> {
+        (self.undo)(deadline)
+    }
+
+    fn abandon(&mut self, maybe_taken: bool) {
+        if maybe_taken {
+            (self.abandon)();
+        }
+    }
+}
+
+/// [`drive`] over three closures: `attempt`, `undo`, and `abandon` (run
+/// only when an attempt may have landed).
+pub(crate) async fn acquire_rounds<T, F, Fut, U, UFut, A>(
+    key: &str,
+    opts: &AcquireOptions,
+    budget: Budget,
+    command_timeout: Duration,
+    attempt: F,
+    undo: U,
+    abandon: A,
+) -> Result<(T, Instant)>
+where
+    F: FnMut(Instant) -> Fut,
+    Fut: Future<Output = Result<Attempt<T>>>,
+    U: FnMut(Instant) -> UFut,
+    UFut: Future<Output = Result<()>>,
+    A: Fn(),
+{
+    let closures = Closures {
+        attempt,
+        undo,
+        abandon,
+    };
+    drive(key, opts, budget, command_timeout, closures).await
+}
+
+/// The one retry loop: one attempt per round for an acquire within
+/// `budget`, each bounded by the budget's deadline and `command_timeout`
+/// and raced against the caller's cancellation token, with waits from the
+/// retry strategy in between (cut short by the attempt's wake-up, if it
+/// offered one). Returns what the winning attempt returned and when it was
+/// sent.
 ///
 /// # Riding out transient faults
 ///
@@ -306,43 +390,36 @@ impl Progress {
 /// that is confirmed does the next attempt go out, with the same token. So a
 /// retried acquire never holds a lock it does not know of, and the undo
 /// never races an attempt of ours. If the deadline comes first, the
-/// acquire gives up by [`Rounds::ran_out`]'s rule: `NotAcquired` if Redis
-/// ever answered "busy" (carrying the fault it was riding out at the end,
-/// if any), else the last fault itself (the caller learns that Redis, not
-/// contention, was the problem). A last attempt that timed out only
-/// because the caller's deadline gave it less than the command timeout
-/// adds nothing to what was known: that acquire ran out of wait.
+/// acquire gives up by [`Rounds::ran_out`]'s rule: `NotAcquired` if the
+/// service ever answered "busy" (carrying the fault it was riding out at
+/// the end, if any), else the last fault itself (the caller learns that
+/// the service, not contention, was the problem). A last attempt that
+/// timed out only because the caller's deadline gave it less than the
+/// command timeout adds nothing to what was known: that acquire ran out of
+/// wait.
 ///
-/// If an attempt is abandoned mid-flight (cancel, or the whole future
-/// dropped) or the acquire ends with an undo still owed, its requests may
-/// still land, so `abandon` runs to undo them; it must not block.
-pub(crate) async fn acquire_rounds<T, F, Fut, U, UFut, A>(
+/// If the acquire ends without a win (gave up, failed, cancelled, or its
+/// future dropped), `abandon` runs, told whether an attempt may still
+/// land; it must not block.
+pub(crate) async fn drive<A: Attempts>(
     key: &str,
     opts: &AcquireOptions,
     budget: Budget,
     command_timeout: Duration,
-    mut attempt: F,
-    mut undo: U,
-    abandon: A,
-) -> Result<(T, Instant)>
-where
-    F: FnMut(Instant) -> Fut,
-    Fut: Future<Output = Result<Attempt<T>>>,
-    U: FnMut(Instant) -> UFut,
-    UFut: Future<Output = Result<()>>,
-    A: Fn(),
-{
+    attempts: A,
+) -> Result<(A::Won, Instant)> {
     let mut rounds = Rounds::new(key, opts, budget, command_timeout);
-    // Whether an attempt of ours may have landed without our knowing: then
-    // `abandon` runs if the acquire ends (or is dropped) before an undo.
-    let owed = AtomicBool::new(false);
-    let _owed = OnAbandon {
-        abandon: &abandon,
-        owed: &owed,
+    let mut driver = Driver {
+        attempts,
+        owed: false,
+        won: false,
     };
     loop {
-        match round(&mut rounds, &mut attempt, &mut undo, &owed).await? {
-            Ok(Some(won)) => return Ok(won),
+        match round(&mut rounds, &mut driver).await? {
+            Ok(Some(won)) => {
+                driver.won = true;
+                return Ok(won);
+            }
             Ok(None) => rounds.busy(),
             // What an attempt cut short by the deadline may have taken is
             // undone by `abandon` (the undo is still owed).
@@ -352,8 +429,34 @@ where
             }
             Err(err) => return Err(err),
         }
-        let wake = rounds.deadline().min(Instant::now() + rounds.next_wait()?);
-        unless_cancelled!(&rounds, tokio::time::sleep_until(wake))?;
+        let wake_at = rounds.deadline().min(Instant::now() + rounds.next_wait()?);
+        let sleep = tokio::time::sleep_until(wake_at);
+        match driver.attempts.wake() {
+            None => unless_cancelled!(&rounds, sleep)?,
+            Some(wake) => unless_cancelled!(&rounds, async {
+                tokio::select! {
+                    () = sleep => {}
+                    () = wake => {}
+                }
+            })?,
+        }
+    }
+}
+
+/// An acquire's [`Attempts`] and whether an undo is owed; abandons on
+/// drop unless it won.
+struct Driver<A: Attempts> {
+    attempts: A,
+    /// Whether an attempt of ours may have landed without our knowing.
+    owed: bool,
+    won: bool,
+}
+
+impl<A: Attempts> Drop for Driver<A> {
+    fn drop(&mut self) {
+        if !self.won {
+            self.attempts.abandon(self.owed);
+        }
     }
 }
 
@@ -379,6 +482,17 @@ fn during_acquire(err: Error) -> Error {
             op: "acquire",
             source,
         },
+        Error::Service {
+            service,
+            fault,
+            source,
+            ..
+        } => Error::Service {
+            service,
+            op: "acquire",
+            fault,
+            source,
+        },
         other => other,
     }
 }
@@ -387,51 +501,28 @@ fn during_acquire(err: Error) -> Error {
 /// attempt. `Ok(Ok(None))` when the lock is busy; `Ok(Err(_))` when a
 /// request failed; `Err(_)` when the acquire gives up (cancelled, or out of
 /// wait: [`Rounds::ran_out`]'s error, final).
-async fn round<T, F, Fut, U, UFut>(
+async fn round<A: Attempts>(
     rounds: &mut Rounds<'_>,
-    attempt: &mut F,
-    undo: &mut U,
-    owed: &AtomicBool,
-) -> Result<Result<Option<(T, Instant)>>>
-where
-    F: FnMut(Instant) -> Fut,
-    Fut: Future<Output = Result<Attempt<T>>>,
-    U: FnMut(Instant) -> UFut,
-    UFut: Future<Output = Result<()>>,
-{
-    if owed.load(Ordering::SeqCst) {
+    driver: &mut Driver<A>,
+) -> Result<Result<Option<(A::Won, Instant)>>> {
+    if driver.owed {
         let now = rounds.request()?;
         let (deadline, _) = rounds.budget.for_request(now, rounds.command_timeout);
-        if let Err(err) = unless_cancelled!(rounds, undo(deadline))? {
+        if let Err(err) = unless_cancelled!(rounds, driver.attempts.undo(deadline))? {
             return Ok(Err(during_acquire(err)));
         }
-        owed.store(false, Ordering::SeqCst);
+        driver.owed = false;
     }
     let (sent_at, call_deadline) = rounds.attempt()?;
     // From here until its answer, the attempt may land.
-    owed.store(true, Ordering::SeqCst);
-    let answer = unless_cancelled!(rounds, attempt(call_deadline))?;
+    driver.owed = true;
+    let answer = unless_cancelled!(rounds, driver.attempts.attempt(call_deadline))?;
     // Won or busy: we know. A refusal (bad input, no permission, wrong
     // type, `LOADING`) or a request that never left did not act. Only a
     // timeout or a connection lost with the request out leaves it unknown.
-    let unknown = matches!(&answer, Err(err) if crate::call::may_have_acted(err));
-    owed.store(unknown, Ordering::SeqCst);
+    driver.owed = matches!(&answer, Err(err) if crate::call::may_have_acted(err));
     Ok(answer.map(|answer| match answer {
         Attempt::Won(won) => Some((won, sent_at)),
         Attempt::Busy => None,
     }))
-}
-
-/// Runs `abandon` on drop if an undo is still owed.
-struct OnAbandon<'a, A: Fn()> {
-    abandon: &'a A,
-    owed: &'a AtomicBool,
-}
-
-impl<A: Fn()> Drop for OnAbandon<'_, A> {
-    fn drop(&mut self) {
-        if self.owed.load(Ordering::SeqCst) {
-            (self.abandon)();
-        }
-    }
 }

@@ -39,8 +39,15 @@ pub(crate) trait Way {
     /// Which options it honours (the rest are refused before any I/O).
     const SUPPORTS: Supports;
 
-    /// Its name in traces: `poll`, `handoff` or `quorum`.
-    const MODE: &'static str;
+    /// Its name in traces and metrics: `poll`, `handoff`, `quorum`,
+    /// `etcd`, or the service's name for a [`LockService`](crate::backend::LockService).
+    fn mode(&self) -> &'static str;
+
+    /// Refuses a TTL this way cannot honour (beyond the crate's own
+    /// bounds), before any I/O. Defaults to every TTL accepted.
+    fn check_ttl(&self, _ttl: Duration) -> Result<()> {
+        Ok(())
+    }
 
     /// Takes the lease on one checked target, as `opts` says (the options
     /// were checked against [`SUPPORTS`](Self::SUPPORTS)), within `budget`
@@ -84,6 +91,7 @@ pub(crate) async fn acquire_with<W: Way>(
 ) -> Result<Lease> {
     let target = Target::of(&keys)?;
     check_ttl(ttl)?;
+    way.check_ttl(ttl)?;
     opts.check(W::SUPPORTS, way.command_timeout())?;
     let budget = opts.budget(Instant::now());
     traced_take(way, target, ttl, opts, budget).await
@@ -107,7 +115,7 @@ async fn traced_take<W: Way>(
     let span = tracing::debug_span!(
         "leasehold.acquire",
         key = %target.lock,
-        mode = W::MODE,
+        mode = way.mode(),
         fenced = target.fence.is_some(),
         attempts = Empty,
         waited_ms = Empty,
@@ -115,7 +123,7 @@ async fn traced_take<W: Way>(
     );
     let mut pending = Pending {
         span: span.clone(),
-        mode: W::MODE,
+        mode: way.mode(),
         start: budget.start(),
         progress: Arc::default(),
         reported: false,
@@ -329,6 +337,7 @@ pub(crate) async fn acquire_all_of<W: Way, K: LockKeys>(
 ) -> Result<Lease> {
     let targets = targets(keys)?;
     check_ttl(ttl)?;
+    way.check_ttl(ttl)?;
     opts.check(W::SUPPORTS, way.command_timeout())?;
     let budget = opts.budget(Instant::now());
     // Each lock without its own watchdog: the merged lease gets one.

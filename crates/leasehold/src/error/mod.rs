@@ -484,6 +484,35 @@ pub enum Error {
         source: crate::etcd::EtcdError,
     },
 
+    /// A request of a lock service outside this crate (a
+    /// [`LockService`](crate::backend::LockService) of another crate)
+    /// failed: `fault` says whether it may have acted and whether trying
+    /// again may help. Made with [`Error::service`]. Retryable unless the
+    /// service refused the request.
+    #[error("{service} error during {op}")]
+    Service {
+        /// The service that failed.
+        service: Service,
+        /// The operation that failed (`"acquire"`, `"refresh"`,
+        /// `"release"`, ...).
+        op: &'static str,
+        /// What the request did, as far as anyone can know.
+        fault: ServiceFault,
+        /// The service client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+
+    /// The lock service does not offer what was asked of it (a fence that
+    /// cannot be raised, a leader record for an election).
+    #[error("{service} does not offer {what}")]
+    NotOffered {
+        /// The service.
+        service: Service,
+        /// What it does not offer (`"raise_fence"`, `"election"`).
+        what: &'static str,
+    },
+
     /// Any other error from Redis or the client.
     #[error("redis error during {op}")]
     Redis {
@@ -530,6 +559,7 @@ impl Error {
             | Error::OutOfMemory { .. } => true,
             #[cfg(feature = "etcd")]
             Error::Etcd { source, .. } => source.is_retryable(),
+            Error::Service { fault, .. } => *fault != ServiceFault::Refused,
             Error::Redis { source, .. } => {
                 source.is_io_error()
                     || source.is_timeout()
@@ -550,6 +580,26 @@ impl Error {
                     )
             }
             _ => false,
+        }
+    }
+
+    /// An error of a lock service outside this crate, for its
+    /// [`LockService`](crate::backend::LockService) implementation: `op`
+    /// failed on `service` with `source`, and `fault` says what the
+    /// request did. Its message names the service and the operation; the
+    /// client's error is its [`source`](std::error::Error::source) (keep
+    /// secrets out of it).
+    pub fn service(
+        service: Service,
+        op: &'static str,
+        fault: ServiceFault,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Error {
+        Error::Service {
+            service,
+            op,
+            fault,
+            source: source.into(),
         }
     }
 
@@ -626,4 +676,22 @@ impl std::error::Error for ClientError {
             Some(inner)
         }
     }
+}
+
+/// What a request of a service outside this crate did, as far as the
+/// caller can know: the kind of an [`Error::Service`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServiceFault {
+    /// The service refused the request (bad input, no permission, a wrong
+    /// setup): it did not act, and trying again will not help.
+    Refused,
+    /// The request did not reach the service or was refused for now
+    /// (unreachable, loading, failing over): it did not act, and trying
+    /// again may help.
+    Transient,
+    /// The request may or may not have acted (a timeout, a connection lost
+    /// with the request out): never reported as success; trying again
+    /// may help.
+    Unknown,
 }

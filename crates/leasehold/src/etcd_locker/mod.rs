@@ -485,7 +485,9 @@ impl Way for EtcdLocker {
         wait_replicas: false,
     };
 
-    const MODE: &'static str = "etcd";
+    fn mode(&self) -> &'static str {
+        "etcd"
+    }
 
     fn command_timeout(&self) -> Duration {
         self.backend.command_timeout

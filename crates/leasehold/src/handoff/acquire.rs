@@ -55,7 +55,9 @@ impl<C: RedisConnection> Way for HandoffLocker<C> {
         wait_replicas: true,
     };
 
-    const MODE: &'static str = "handoff";
+    fn mode(&self) -> &'static str {
+        "handoff"
+    }
 
     fn command_timeout(&self) -> Duration {
         self.inner.locker.node.command_timeout()

@@ -2,35 +2,22 @@
 //! (the token-checked steps on one lock), implemented by each way of taking
 //! a lease, and the [`Part`] of a lease it acts on.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::Result;
 use crate::fencing::FencingToken;
 use crate::service::Service;
-use crate::token::LeaseToken;
 use crate::watchdog::{self, Margin, Shared};
 
 #[cfg(doc)]
 use super::Lease;
 
-/// One lock a lease holds: its key, the token the key carries for us, and,
-/// for a fenced lock, its fence counter's key and the fencing token issued
-/// with it.
-#[derive(Debug, Clone)]
-pub(crate) struct Part {
-    pub(crate) key: String,
-    pub(crate) token: LeaseToken,
-    pub(crate) fence_key: Option<String>,
-    pub(crate) fence: Option<FencingToken>,
-}
+/// One lock a lease holds (the public [`Held`](crate::backend::Held)).
+pub(crate) use crate::backend::Held as Part;
 
-/// A boxed reply future of a [`Backend`].
-pub(crate) type Reply<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
+pub(crate) use crate::backend::Reply;
 
 /// What granted a lease, as the lease sees it: the token-checked steps on
 /// one lock. Implemented by each way of taking a lease.

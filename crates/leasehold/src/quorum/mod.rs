@@ -249,7 +249,9 @@ impl<C: RedisConnection> Way for Quorum<C> {
         wait_replicas: false,
     };
 
-    const MODE: &'static str = "quorum";
+    fn mode(&self) -> &'static str {
+        "quorum"
+    }
 
     async fn take(
         &self,

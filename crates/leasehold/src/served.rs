@@ -1,0 +1,211 @@
+//! Every [`LockService`] as a way of taking a lease: the one retry loop
+//! drives its steps ([`rounds::drive`]), the lease core talks to it as a
+//! [`Backend`], and it is a [`Lessor`] (so an
+//! [`Election`](crate::Election) takes it). Nothing here is per service:
+//! a service is its [`LockService`] implementation alone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::{Claim, Held, LockService, Reply, StepKind, Wake};
+use crate::budget::Budget;
+use crate::error::Result;
+use crate::fencing::{FencingToken, LockKeys, Target};
+use crate::lease::{Backend, Lease, Part};
+use crate::lessor::{Lessor, sealed::Sealed};
+use crate::node::Attempt;
+use crate::options::{AcquireOptions, Supports};
+use crate::rounds::{self, Attempts};
+use crate::service::Service;
+use crate::token::LeaseToken;
+use crate::way::{self, Way};
+
+/// A service as the lease core sees it.
+struct Served<S>(S);
+
+impl<S: LockService> Backend for Served<S> {
+    fn service(&self) -> Service {
+        self.0.service()
+    }
+
+    fn command_timeout(&self) -> Duration {
+        self.0.command_timeout()
+    }
+
+    fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
+        self.0.refresh(part, ttl, deadline)
+    }
+
+    fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool> {
+        self.0.release(part, deadline)
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        fence_key: &'a str,
+        at_least: FencingToken,
+        deadline: Instant,
+    ) -> Reply<'a, ()> {
+        self.0.raise_fence(fence_key, at_least, deadline)
+    }
+
+    fn announce<'a>(
+        &'a self,
+        part: &'a Part,
+        record_key: &'a str,
+        body: &'a str,
+        deadline: Instant,
+    ) -> Reply<'a, bool> {
+        self.0.announce(part, record_key, body, deadline)
+    }
+
+    fn release_dropped(self: Arc<Self>, part: Part, until: Instant) {
+        self.0.release_dropped(part, until);
+    }
+}
+
+/// A service as a way of taking a lease, for one call.
+struct Stepped<'s, S>(&'s S);
+
+impl<S: LockService> Way for Stepped<'_, S> {
+    const SUPPORTS: Supports = Supports {
+        wait_replicas: false,
+    };
+
+    fn mode(&self) -> &'static str {
+        self.0.service().name()
+    }
+
+    fn check_ttl(&self, ttl: Duration) -> Result<()> {
+        self.0.check_ttl(ttl)
+    }
+
+    fn command_timeout(&self) -> Duration {
+        self.0.command_timeout()
+    }
+
+    async fn take(
+        &self,
+        target: Target,
+        ttl: Duration,
+        opts: &AcquireOptions,
+        budget: Budget,
+    ) -> Result<Lease> {
+        let service = self.0;
+        let claim = Claim {
+            key: target.lock,
+            token: LeaseToken::generate()?,
+            fence_key: target.fence,
+            ttl,
+        };
+        let steps = Steps {
+            service,
+            claim: &claim,
+            entry: Some(S::Entry::default()),
+            wake: None,
+        };
+        let command_timeout = service.command_timeout();
+        let (fence, sent_at) =
+            rounds::drive(&claim.key, opts, budget, command_timeout, steps).await?;
+        let held = Held {
+            key: claim.key,
+            token: claim.token,
+            fence_key: claim.fence_key,
+            fence,
+        };
+        Ok(Lease::new(
+            Arc::new(Served(service.clone())),
+            held,
+            ttl,
+            sent_at,
+        ))
+    }
+}
+
+/// One acquire of a service, as the retry loop drives it: its claim, its
+/// entry (the service's state across steps) and the last step's wake-up.
+struct Steps<'s, S: LockService> {
+    service: &'s S,
+    claim: &'s Claim,
+    /// Always `Some` until [`abandon`](Attempts::abandon) takes it.
+    entry: Option<S::Entry>,
+    wake: Option<Wake>,
+}
+
+impl<S: LockService> Steps<'_, S> {
+    fn entry(&mut self) -> &mut S::Entry {
+        self.entry.get_or_insert_with(S::Entry::default)
+    }
+}
+
+impl<S: LockService> Attempts for Steps<'_, S> {
+    type Won = Option<FencingToken>;
+
+    async fn attempt(&mut self, deadline: Instant) -> Result<Attempt<Option<FencingToken>>> {
+        let (service, claim) = (self.service, self.claim);
+        let step = service.step(claim, self.entry(), deadline).await?;
+        Ok(match step.kind {
+            StepKind::Won(fence) => Attempt::Won(fence),
+            StepKind::Busy(wake) => {
+                self.wake = wake;
+                Attempt::Busy
+            }
+        })
+    }
+
+    async fn undo(&mut self, deadline: Instant) -> Result<()> {
+        let (service, claim) = (self.service, self.claim);
+        service.undo(claim, self.entry(), deadline).await
+    }
+
+    fn abandon(&mut self, maybe_taken: bool) {
+        let entry = self.entry.take().unwrap_or_default();
+        self.service.abandon(self.claim.clone(), entry, maybe_taken);
+    }
+
+    fn wake(&mut self) -> Option<Wake> {
+        self.wake.take()
+    }
+}
+
+impl<S: LockService> Sealed for S {
+    fn service(&self) -> Service {
+        LockService::service(self)
+    }
+
+    fn leader_record<'a>(
+        &'a self,
+        key: &'a str,
+        record_key: &'a str,
+    ) -> Reply<'a, Option<(String, i64)>> {
+        LockService::leader_record(self, key, record_key)
+    }
+}
+
+/// Every service is a [`Lessor`]: its four calls are the ways' shared
+/// routines, the one retry loop driving the service's steps.
+impl<S: LockService> Lessor for S {
+    async fn acquire(&self, keys: impl LockKeys, ttl: Duration) -> Result<Lease> {
+        way::acquire_with(&Stepped(self), keys, ttl, &AcquireOptions::default()).await
+    }
+
+    async fn acquire_with(
+        &self,
+        keys: impl LockKeys,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> Result<Lease> {
+        way::acquire_with(&Stepped(self), keys, ttl, opts).await
+    }
+
+    async fn acquire_all<K: LockKeys>(
+        &self,
+        keys: impl IntoIterator<Item = K> + Send,
+        ttl: Duration,
+        opts: &AcquireOptions,
+    ) -> Result<Lease> {
+        way::acquire_all_of(&Stepped(self), keys, ttl, opts).await
+    }
+}
