@@ -17,7 +17,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # feature alone; all of them is the workspace run above. The library target
 # only: the tests' dev-dependencies turn every feature on. leasehold-pg
 # without and with tls (rustls only then), the same way.
-for features in "" quorum handoff cluster tls sentinel metrics postgres sqlx etcd memory; do
+for features in "" quorum handoff cluster tls sentinel metrics postgres sqlx etcd memory conformance; do
   cargo clippy -p leasehold --no-default-features ${features:+--features "$features"} \
     --lib --locked -- -D warnings
 done

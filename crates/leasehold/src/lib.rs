@@ -202,6 +202,9 @@ mod budget;
 mod call;
 mod client;
 mod compare;
+#[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
+pub mod conformance;
 mod connection;
 mod endpoint;
 mod error;

@@ -365,3 +365,31 @@ impl LockService for MemoryLocker {
         })
     }
 }
+
+/// The faults the conformance suite causes, on the table itself.
+#[cfg(feature = "conformance")]
+impl crate::conformance::Faults for MemoryLocker {
+    fn offers(&self) -> crate::conformance::Offered {
+        crate::conformance::Offered::ALL
+    }
+
+    async fn expire(&self, key: &str) -> Result<()> {
+        MemoryLocker::expire(self, key);
+        Ok(())
+    }
+
+    async fn lose_fence(&self, fence_key: &str) -> Result<()> {
+        self.store.state().fences.remove(fence_key);
+        Ok(())
+    }
+
+    async fn pause(&self) -> Result<()> {
+        MemoryLocker::pause(self);
+        Ok(())
+    }
+
+    async fn resume(&self) -> Result<()> {
+        MemoryLocker::resume(self);
+        Ok(())
+    }
+}

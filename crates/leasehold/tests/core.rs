@@ -8,6 +8,8 @@
 
 #[path = "acl.rs"]
 mod acl;
+#[path = "conformance.rs"]
+mod conformance;
 #[path = "election.rs"]
 mod election;
 #[path = "faults.rs"]

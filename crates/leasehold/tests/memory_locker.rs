@@ -280,3 +280,43 @@ async fn resigning_a_term_already_lost_is_quiet() -> TestResult {
     term.resign().await?;
     Ok(())
 }
+
+/// The in-memory service keeps the `LockService` contract: the
+/// conformance suite passes every check, each fault included (none is
+/// skipped: the table offers them all).
+#[tokio::test(start_paused = true)]
+async fn it_passes_the_conformance_suite_with_every_fault() {
+    use leasehold::conformance::{self, Settings, Verdict};
+    let lock = MemoryLocker::new();
+    let report = conformance::run(&lock, &lock, &Settings::default()).await;
+    assert!(report.is_ok(), "{report}");
+    assert!(
+        report.checks.iter().all(|c| c.verdict == Verdict::Passed),
+        "{report}"
+    );
+}
+
+/// The negative control: the suite can fail. A `Faults` that says it
+/// expires a lock but does not makes the checks that need it fail (the old
+/// holder's lock is still there, so no successor ever takes it).
+#[tokio::test(start_paused = true)]
+async fn the_conformance_suite_fails_when_a_fault_is_not_caused() {
+    use leasehold::conformance::{self, Faults, Offered, Settings};
+
+    struct Broken;
+    impl Faults for Broken {
+        fn offers(&self) -> Offered {
+            Offered::NONE.expire(true)
+        }
+        async fn expire(&self, _key: &str) -> leasehold::Result<()> {
+            Ok(())
+        }
+    }
+
+    let lock = MemoryLocker::new();
+    let settings = Settings::default().hang(Duration::from_secs(1));
+    let report = conformance::run(&lock, &Broken, &settings).await;
+    let failed: Vec<_> = report.failures().map(|c| c.name).collect();
+    assert!(failed.contains(&"release_is_token_checked"), "{report}");
+    assert!(failed.contains(&"a_lost_lease_stops_the_work"), "{report}");
+}
