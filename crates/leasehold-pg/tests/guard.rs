@@ -1,6 +1,7 @@
 //! The fence guard against a real PostgreSQL and Redis, on the caller's own
 //! table (`accounts`, no fence column).
 
+use leasehold::Lessor;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -4,6 +4,7 @@
 //! back, a plain lease refused, a session the server ended before the
 //! commit; and `FencingToken` as a `bigint`.
 
+use leasehold::Lessor;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 

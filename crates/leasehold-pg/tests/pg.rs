@@ -1,6 +1,7 @@
 //! The write helpers against a real, throwaway PostgreSQL (one per test
 //! binary while tests overlap) and, for the counter-reset case, Redis.
 
+use leasehold::Lessor;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;

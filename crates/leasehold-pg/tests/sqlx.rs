@@ -3,6 +3,7 @@
 //! (tests/guard.rs, tests/guarded.rs), the same answers; and
 //! `FencingToken` as an `INT8`.
 
+use leasehold::Lessor;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 

@@ -2,6 +2,7 @@
 //! certificates made at test time: libpq's `sslmode` / `sslrootcert` /
 //! `sslcert` / `sslkey`, and each failure as its own error.
 
+use leasehold::Lessor;
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;

@@ -3,6 +3,7 @@
 //! where a token *is* issued twice (a counter lost while it ran ahead of
 //! the server's clock), only the first holder to write with it may write.
 
+use leasehold::Lessor;
 use std::time::Duration;
 
 use leasehold::{AcquireOptions, FencedKeys, FencingToken, HandoffLocker, Lease, Locker, Quorum};

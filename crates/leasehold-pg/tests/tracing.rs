@@ -3,6 +3,7 @@
 //! a WARN for every write refused as stale (the money alarm); never a
 //! connection URL, a password or a lease token.
 
+use leasehold::Lessor;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use leasehold::Locker;
+use leasehold::{Lessor, Locker};
 
 /// One process at a time runs the nightly report.
 pub async fn report(redis_url: &str) -> Result<(), Box<dyn std::error::Error>> {

@@ -52,8 +52,10 @@
 //!    [`abandon`](LockService::abandon) if the acquire ends first.
 //! 5. **Every request bounded by the deadline it is given.** No call waits
 //!    past its `deadline` (an [`Error::Timeout`] or a service fault then);
-//!    [`abandon`](LockService::abandon) and
-//!    [`release_dropped`](LockService::release_dropped) never block.
+//!    [`abandon`](LockService::abandon) never blocks. (A lease dropped
+//!    without a release is given back by the crate: its
+//!    [`release`](LockService::release), spawned and retried until the
+//!    lease would have ended.)
 //!
 //! Errors name the service ([`service`](LockService::service)); a cause
 //! the crate's [`Error`] has no variant for is an [`Error::Service`] made
@@ -149,6 +151,13 @@ pub trait LockService: Clone + Send + Sync + 'static {
     /// after a fault, a release).
     fn command_timeout(&self) -> Duration;
 
+    /// Its name in traces and metrics (the `mode` label of an acquire),
+    /// where one service has several ways of taking a lease (`poll` on
+    /// Redis). Defaults to the service's name.
+    fn mode(&self) -> &'static str {
+        self.service().name()
+    }
+
     /// Refuses a TTL the service cannot honour (a ZooKeeper session timeout
     /// shorter than it), with [`Error::InvalidOptions`] or
     /// [`Error::InvalidTtl`]; never changes it silently. Called before any
@@ -194,8 +203,24 @@ pub trait LockService: Clone + Send + Sync + 'static {
     /// dropped): give back what it may hold (`maybe_taken`: a step's
     /// outcome was unknown) and leave any queue `entry` keeps a place in.
     /// Synchronous and never blocks: spawn the requests (on the current
-    /// tokio runtime, if any); the TTL is the fallback.
-    fn abandon(&self, claim: Claim, entry: Self::Entry, maybe_taken: bool);
+    /// tokio runtime, if any); the TTL is the fallback. Defaults to one
+    /// [`undo`](Self::undo), spawned, when `maybe_taken`.
+    fn abandon(&self, claim: Claim, entry: Self::Entry, maybe_taken: bool) {
+        if !maybe_taken {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let service = self.clone();
+        runtime.spawn(async move {
+            let mut entry = entry;
+            let deadline = Instant::now() + service.command_timeout();
+            if let Err(err) = service.undo(&claim, &mut entry, deadline).await {
+                tracing::debug!(key = claim.key(), error = %err, "could not undo an abandoned acquire; the ttl will end it");
+            }
+        });
+    }
 
     /// Resets `held`'s TTL to `ttl` if its lock still carries our token:
     /// `Ok(false)` when it does not. Never creates or deletes the lock.
@@ -214,11 +239,37 @@ pub trait LockService: Clone + Send + Sync + 'static {
     /// `Ok`.
     fn release<'a>(&'a self, held: &'a Held, deadline: Instant) -> Reply<'a, bool>;
 
-    /// Gives back the lock of a lease dropped without
-    /// [`Lease::release`](crate::Lease::release), valid until `until`.
-    /// Synchronous and never blocks: spawn the request; the TTL is the
-    /// fallback. Defaults to doing nothing (the TTL ends it).
-    fn release_dropped(&self, _held: Held, _until: Instant) {}
+    /// Whether it can confirm a win on replicas
+    /// ([`AcquireOptions::wait_replicas`](crate::AcquireOptions::wait_replicas)):
+    /// a single server with asynchronous replicas. Defaults to `false`: the
+    /// option is then refused before any I/O, never ignored.
+    fn offers_replicas(&self) -> bool {
+        false
+    }
+
+    /// Waits up to `timeout` until `replicas` replicas acknowledged the
+    /// writes that won the lock `key` (just won, on this client's
+    /// connection): how many did. Called only when
+    /// [`offers_replicas`](Self::offers_replicas); the lock is given back
+    /// (and [`Error::NotReplicated`] returned) when too few did. Defaults to
+    /// refused.
+    ///
+    /// # Errors
+    /// [`Error::NotOffered`] by default; else a fault of the service.
+    fn wait_replicas<'a>(
+        &'a self,
+        _key: &'a str,
+        _replicas: u32,
+        _timeout: Duration,
+    ) -> Reply<'a, u64> {
+        let service = self.service();
+        Box::pin(async move {
+            Err(Error::NotOffered {
+                service,
+                what: "wait_replicas",
+            })
+        })
+    }
 
     /// Raises the fence counter `fence_key` to at least `at_least`, never
     /// lowering it. Defaults to refused ([`Error::NotOffered`]): a service

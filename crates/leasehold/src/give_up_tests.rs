@@ -2,6 +2,7 @@
 //! [`Error::NotAcquired`] with the reason that actually stopped the wait.
 //! Deterministic: paused tokio time and a fake Redis whose lock is always busy.
 
+use crate::Lessor;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;

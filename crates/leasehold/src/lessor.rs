@@ -37,9 +37,10 @@ use crate::options::AcquireOptions;
 /// }
 /// ```
 ///
-/// The trait is sealed: the guarantees are argued and tested for these four
-/// only. Each also has the same calls as inherent methods, so calling them
-/// on a concrete type needs no import.
+/// A lock service of your own becomes one by implementing
+/// [`LockService`](crate::LockService) (every service is a `Lessor`); the
+/// trait itself is sealed, so the four calls are written once, over that
+/// seam. Bring it into scope (`use leasehold::Lessor`) to call them.
 ///
 /// [`Locker`]: crate::Locker
 /// [`HandoffLocker`]: crate::HandoffLocker
@@ -64,20 +65,61 @@ pub trait Lessor: sealed::Sealed + Clone + Send + Sync + 'static {
         ttl: Duration,
     ) -> impl Future<Output = Result<Lease>> + Send;
 
-    /// Takes the lease on `keys` for `ttl` as `opts` says. Give
-    /// [`FencedKeys`](crate::FencedKeys) for a fencing token issued with the
-    /// lock. [`Locker::acquire_with`](crate::Locker::acquire_with) documents the errors and what each
-    /// option does; every option is honoured or refused
-    /// ([`Error::InvalidOptions`](crate::Error::InvalidOptions)) before any
-    /// I/O.
+    /// Takes the lease on `keys` for `ttl` as `opts` says, with a fresh
+    /// 128-bit token, trying again while the lock is busy until `opts`'
+    /// deadline. Give [`FencedKeys`](crate::FencedKeys) for a fencing token
+    /// issued with the lock (only a holder gets one: on Redis one script
+    /// takes the lock and, only if that worked, issues the next token from
+    /// the fence counter, above the counter and the server's clock; see
+    /// [`FencingToken`](crate::FencingToken)).
+    ///
+    /// The lease's validity is counted from the moment the winning request
+    /// was *sent*, so the holder's idea of its remaining time is never
+    /// longer than the service's. Every [`AcquireOptions`] field is
+    /// honoured or refused ([`Error::InvalidOptions`](crate::Error::InvalidOptions))
+    /// before any I/O.
     ///
     /// # Errors
-    /// As [`Locker::acquire_with`](crate::Locker::acquire_with); a quorum adds
-    /// [`Error::QuorumNotReached`](crate::Error::QuorumNotReached).
+    /// - [`Error::InvalidTtl`](crate::Error::InvalidTtl) /
+    ///   [`Error::InvalidKey`](crate::Error::InvalidKey) /
+    ///   [`Error::InvalidOptions`](crate::Error::InvalidOptions) (an option
+    ///   this way cannot honour, a zero replica wait) before any I/O;
+    /// - [`Error::NotAcquired`](crate::Error::NotAcquired) when the lock
+    ///   stayed busy, with the reason: retries exhausted, deadline expired,
+    ///   or cancelled (carrying the fault it also met at the end, if any);
+    /// - [`Error::Timeout`](crate::Error::Timeout) (each request is bounded
+    ///   by the deadline and the command timeout),
+    ///   [`Error::Unreachable`](crate::Error::Unreachable),
+    ///   [`Error::Auth`](crate::Error::Auth),
+    ///   [`Error::OutOfMemory`](crate::Error::OutOfMemory) and the other
+    ///   retryable faults ([`Error::is_retryable`](crate::Error::is_retryable))
+    ///   are retried within the wait, and returned when it runs out during
+    ///   them with the lock never seen busy (see the guide's table, "Which
+    ///   errors an acquire rides out");
+    /// - [`Error::WrongType`](crate::Error::WrongType) (the key holds a
+    ///   value of another type) and
+    ///   [`Error::NoPermission`](crate::Error::NoPermission), returned at
+    ///   once without retrying;
+    /// - [`Error::InvalidFence`](crate::Error::InvalidFence) when the fence
+    ///   key holds anything but an integer counter below 2^53 (the lock is
+    ///   not left taken);
+    /// - [`Error::InvalidOptions`](crate::Error::InvalidOptions) when
+    ///   [`AcquireOptions::watchdog`] is set but there is no tokio runtime
+    ///   to run it on (the lease just taken is then released in the
+    ///   background);
+    /// - [`Error::NotReplicated`](crate::Error::NotReplicated) when
+    ///   [`AcquireOptions::wait_replicas`] is set and too few replicas
+    ///   acknowledged the lock: it was released again;
+    /// - a quorum adds [`Error::QuorumNotReached`](crate::Error::QuorumNotReached);
+    ///   etcd [`Error::Etcd`](crate::Error::Etcd); a service outside this
+    ///   crate [`Error::Service`](crate::Error::Service).
     ///
     /// # Cancel safety
-    /// Cancel safe: a lock taken by a request still in flight is released
-    /// in the background, and the TTL is the fallback.
+    /// Cancel safe. If the future is dropped (or times out) while a request
+    /// is in flight, it may still land; a best-effort token-checked release
+    /// is then spawned, and the TTL is the fallback (a fencing token it
+    /// consumed is simply never used). Dropped while waiting for replicas,
+    /// the lease already exists and its drop releases it in the background.
     fn acquire_with(
         &self,
         keys: impl LockKeys,

@@ -6,24 +6,16 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use std::future::Future;
-
-use crate::budget::Budget;
+use crate::backend::{self, Claim, Held, LockService, Reply};
+use crate::call;
 use crate::compare::Step;
 use crate::connection::{Connection, RECONNECT_RETRIES};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
-use crate::fencing::{FencingToken, LockKeys, Target};
-use crate::lease::{
-    Backend, Lease, Part, Reply, release_retrying, release_runtime, spawn_dropped_release,
-};
-use crate::lessor::Lessor;
+use crate::fencing::{FencedKeys, FencingToken};
 use crate::node::{Attempt, Node, RedisConnection, ttl_millis};
-use crate::options::{AcquireOptions, Supports};
+use crate::service::Service;
 use crate::stats::LockerStats;
-use crate::token::LeaseToken;
-use crate::way::{self, Way};
-use crate::{call, rounds};
 
 /// How long a single Redis request may take when the caller gave no tighter
 /// deadline: 1 s.
@@ -85,10 +77,13 @@ pub(crate) fn check_fence_ttl(ttl: Option<Duration>) -> Result<()> {
 /// # }
 /// ```
 ///
-/// The same four calls take a lease every way (see also
+/// It is a [`LockService`], so a [`Lessor`](crate::Lessor): the same four
+/// calls take a lease every way (see also
 /// [`HandoffLocker`](crate::HandoffLocker) and [`Quorum`](crate::Quorum)):
-/// [`acquire`](Self::acquire), [`acquire_with`](Self::acquire_with),
-/// [`acquire_all`](Self::acquire_all) and [`with_lock`](Self::with_lock).
+/// [`acquire`](crate::Lessor::acquire),
+/// [`acquire_with`](crate::Lessor::acquire_with),
+/// [`acquire_all`](crate::Lessor::acquire_all) and
+/// [`with_lock`](crate::Lessor::with_lock) (`use leasehold::Lessor`).
 /// Pass a key (`&str`) for a plain lock, [`FencedKeys`](crate::FencedKeys)
 /// for a fenced one.
 #[derive(Clone)]
@@ -295,244 +290,116 @@ impl<C: RedisConnection> Locker<C> {
     pub fn stats(&self) -> LockerStats {
         self.node.counters.snapshot()
     }
-
-    /// Takes the lease on `keys` for `ttl` with the default
-    /// [`AcquireOptions`] (up to 10 s, random 5 to 15 ms between attempts).
-    ///
-    /// See [`acquire_with`](Self::acquire_with) for errors and cancel safety.
-    pub async fn acquire(&self, keys: impl LockKeys, ttl: Duration) -> Result<Lease> {
-        self.acquire_with(keys, ttl, &AcquireOptions::default())
-            .await
-    }
-
-    /// Takes the lease on `keys` for `ttl`: `SET key token NX PX ttl` with a
-    /// fresh 128-bit token, retried while the key is busy, as `opts` says.
-    /// Given [`FencedKeys`](crate::FencedKeys), one script takes the lock
-    /// and, only if that worked, issues the next [`FencingToken`] from the
-    /// fence counter (above the counter and the server's clock, see
-    /// [`FencingToken`]): only a holder gets a token.
-    ///
-    /// The lease's validity is counted from the moment the winning request
-    /// was *sent*, so the holder's idea of its remaining time is never longer
-    /// than Redis's. Every [`AcquireOptions`] field applies.
-    ///
-    /// # Errors
-    /// - [`Error::InvalidTtl`] / [`Error::InvalidKey`] /
-    ///   [`Error::InvalidOptions`] (a zero replica wait) before any I/O;
-    /// - [`Error::NotAcquired`] when the key stayed busy, with the reason:
-    ///   retries exhausted, deadline expired, or cancelled;
-    /// - [`Error::Timeout`] (each request is bounded by the deadline and the
-    ///   command timeout), [`Error::Unreachable`], [`Error::Auth`],
-    ///   [`Error::OutOfMemory`] and the other retryable faults
-    ///   ([`Error::is_retryable`]) are retried within the wait, and
-    ///   returned when it runs out during them (see the guide's table,
-    ///   "Which errors an acquire rides out");
-    /// - [`Error::WrongType`] (the key holds a non-string value) and
-    ///   [`Error::NoPermission`], returned at once without retrying;
-    /// - [`Error::InvalidFence`] when the fence key holds anything but a
-    ///   integer counter below 2^53 (the lock is not left taken);
-    /// - [`Error::InvalidOptions`] when [`AcquireOptions::watchdog`] is set
-    ///   but there is no tokio runtime to run it on (the lease just taken is
-    ///   then released in the background);
-    /// - [`Error::NotReplicated`] when
-    ///   [`AcquireOptions::wait_replicas`] is set and too few replicas
-    ///   acknowledged the lock: it was released again.
-    ///
-    /// [`FencingToken`]: crate::FencingToken
-    ///
-    /// # Cancel safety
-    /// Cancel safe. If the future is dropped (or times out) while a request
-    /// is in flight, it may still land; a best-effort token-checked release
-    /// is then spawned, and the TTL is the fallback (a fencing token it
-    /// consumed is simply never used). Dropped while waiting for replicas,
-    /// the lease already exists and its drop releases it in the background.
-    pub async fn acquire_with(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> Result<Lease> {
-        way::acquire_with(self, keys, ttl, opts).await
-    }
-
-    /// Takes the leases on every one of `keys` for `ttl`, in one global
-    /// order (sorted by lock key, whatever the order given), and returns
-    /// them as one [`Lease`] with one watchdog and a fencing token per
-    /// fenced key ([`Lease::fence_for`]). Two callers locking the same keys
-    /// in opposite orders never deadlock. All keys share `opts`' deadline.
-    ///
-    /// # Errors
-    /// As [`acquire_with`](Self::acquire_with), for the first key that
-    /// fails; the keys already taken are given back first. Also
-    /// [`Error::InvalidKey`] for no keys, or one lock key named with two
-    /// fence keys.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the keys already taken are released in the background.
-    pub async fn acquire_all<K: LockKeys>(
-        &self,
-        keys: impl IntoIterator<Item = K>,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> Result<Lease> {
-        way::acquire_all_of(self, keys, ttl, opts).await
-    }
-
-    /// Takes the lease on `keys`, runs `work` while it is held (with the
-    /// watchdog, as [`Lease::run`]), and releases it: the lease's whole life
-    /// in one call. `work` gets the lease, for its
-    /// [`fence`](Lease::fence) and the `leasehold-pg` guard. The same call
-    /// as [`Lessor::with_lock`](crate::Lessor::with_lock), which says what
-    /// the [`Finished`](crate::Finished) outcome means for your data.
-    ///
-    /// ```no_run
-    /// # async fn demo(locker: leasehold::Locker) -> leasehold::Result<()> {
-    /// use std::time::Duration;
-    /// use leasehold::{AcquireOptions, FencedKeys};
-    ///
-    /// let keys = FencedKeys::for_resource("wallet:42")?;
-    /// let opts = AcquireOptions::new().wait(Duration::from_secs(5));
-    /// let done = locker
-    ///     .with_lock(&keys, Duration::from_secs(2), &opts, async |lease| {
-    ///         // guard, read, decide, write with lease.fence() ...
-    ///         lease.fence()
-    ///     })
-    ///     .await?;
-    /// if let Err(release) = &done.release {
-    ///     // The work ran to its end; the lease was no longer (or not
-    ///     // provably) ours when it was given back.
-    ///     eprintln!("release: {release}");
-    /// }
-    /// let _fence = done.output;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Errors
-    /// As [`acquire_with`](Self::acquire_with) (no work ran); and
-    /// [`Error::LeaseLost`] when the watchdog found the lease lost before
-    /// `work` finished (`work` was stopped at its current `.await`, so it
-    /// has no output). Once `work` has finished, the call returns `Ok`: a
-    /// release that failed or found the lease gone is in
-    /// [`Finished::release`](crate::Finished::release), beside the output.
-    ///
-    /// # Cancel safety
-    /// Dropping the future drops `work` and the lease (released in the
-    /// background).
-    pub async fn with_lock<T>(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-        work: impl AsyncFnOnce(&Lease) -> T,
-    ) -> Result<crate::Finished<T>> {
-        Lessor::with_lock(self, keys, ttl, opts, work).await
-    }
 }
 
-impl<C: RedisConnection> Way for Locker<C> {
-    /// A polling locker honours every option.
-    const SUPPORTS: Supports = Supports {
-        wait_replicas: true,
-    };
+/// Polling Redis: each step is one `SET NX` (with the fence script for a
+/// fenced claim); the lease is given back with a token-checked delete.
+impl<C: RedisConnection> LockService for Locker<C> {
+    type Entry = ();
 
-    fn mode(&self) -> &'static str {
-        "poll"
+    fn service(&self) -> Service {
+        Service::REDIS
     }
 
     fn command_timeout(&self) -> Duration {
         self.node.command_timeout()
     }
 
-    /// The polling loop for one checked target.
-    async fn take(
-        &self,
-        target: Target,
-        ttl: Duration,
-        opts: &AcquireOptions,
-        budget: Budget,
-    ) -> Result<Lease> {
-        let token = LeaseToken::generate()?;
-        let px = ttl_millis(ttl);
-        let fenced = target.fenced();
-        let node = &self.node;
-        let (fence, sent_at) = rounds::acquire_rounds(
-            &target.lock,
-            opts,
-            budget,
-            node.command_timeout(),
-            |deadline| {
-                node.counters.acquire_request();
-                let (fenced, target, token) = (&fenced, &target, &token);
-                async move {
-                    Ok(match fenced {
-                        None => match node.set_nx(&target.lock, token, px, deadline).await? {
-                            Attempt::Won(()) => Attempt::Won(None),
-                            Attempt::Busy => Attempt::Busy,
-                        },
-                        Some(keys) => match node.set_nx_fenced(keys, token, px, deadline).await? {
-                            Attempt::Won(fence) => Attempt::Won(Some(fence)),
-                            Attempt::Busy => Attempt::Busy,
-                        },
-                    })
-                }
-            },
-            |deadline| {
-                let (key, token) = (&target.lock, &token);
-                async move {
-                    node.token_checked(Step::Release, key, None, token, deadline)
-                        .await
-                        .map(drop)
-                }
-            },
-            || {
-                let until = Instant::now() + ttl;
-                spawn_release(node.clone(), target.lock.clone(), token.clone(), until);
-            },
-        )
-        .await?;
-        node.counters.acquisition();
-        let part = Part {
-            key: target.lock,
-            token,
-            fence_key: target.fence,
-            fence,
-        };
-        Ok(Lease::new(self.node.clone(), part, ttl, sent_at))
+    fn mode(&self) -> &'static str {
+        "poll"
     }
 
-    async fn confirm_replicas(
-        &self,
-        lease: Lease,
-        opts: &AcquireOptions,
+    fn step<'a>(
+        &'a self,
+        claim: &'a Claim,
+        (): &'a mut (),
         deadline: Instant,
-    ) -> Result<Lease> {
-        crate::replicas::confirm(&self.node, lease, opts, deadline).await
+    ) -> Reply<'a, backend::Step> {
+        let node = &self.node;
+        node.counters.acquire_request();
+        Box::pin(async move {
+            let px = ttl_millis(claim.ttl());
+            let won = match claim.fence_key() {
+                None => match node
+                    .set_nx(claim.key(), claim.token(), px, deadline)
+                    .await?
+                {
+                    Attempt::Won(()) => Some(None),
+                    Attempt::Busy => None,
+                },
+                Some(fence_key) => {
+                    let keys = FencedKeys::new(claim.key(), fence_key)?;
+                    match node
+                        .set_nx_fenced(&keys, claim.token(), px, deadline)
+                        .await?
+                    {
+                        Attempt::Won(fence) => Some(Some(fence)),
+                        Attempt::Busy => None,
+                    }
+                }
+            };
+            Ok(match won {
+                Some(fence) => {
+                    node.counters.acquisition();
+                    backend::Step::won(fence)
+                }
+                None => backend::Step::busy(),
+            })
+        })
     }
-}
 
-/// A plain lease gives its lock back with a token-checked delete.
-impl<C: RedisConnection> Backend for Node<C> {
-    fn service(&self) -> crate::service::Service {
-        crate::service::Service::REDIS
+    fn undo<'a>(&'a self, claim: &'a Claim, (): &'a mut (), deadline: Instant) -> Reply<'a, ()> {
+        Box::pin(async move {
+            self.node
+                .token_checked(Step::Release, claim.key(), None, claim.token(), deadline)
+                .await
+                .map(drop)
+        })
     }
 
-    fn command_timeout(&self) -> Duration {
-        Node::command_timeout(self)
+    /// The lock an unknown step may have taken is given back with
+    /// retries until it would have expired anyway.
+    fn abandon(&self, claim: Claim, (): (), maybe_taken: bool) {
+        if maybe_taken {
+            let until = Instant::now() + claim.ttl();
+            let held = Held {
+                key: claim.key,
+                token: claim.token,
+                fence_key: None,
+                fence: None,
+            };
+            crate::served::spawn_release(self.clone(), held, until);
+        }
     }
 
-    fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
-        Box::pin(self.token_checked(
+    fn refresh<'a>(&'a self, held: &'a Held, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(self.node.token_checked(
             Step::Refresh { ttl },
-            &part.key,
-            part.fence_key.as_deref(),
-            &part.token,
+            held.key(),
+            held.fence_key(),
+            held.token(),
             deadline,
         ))
     }
 
-    fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool> {
-        Box::pin(self.token_checked(Step::Release, &part.key, None, &part.token, deadline))
+    fn release<'a>(&'a self, held: &'a Held, deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(
+            self.node
+                .token_checked(Step::Release, held.key(), None, held.token(), deadline),
+        )
+    }
+
+    fn offers_replicas(&self) -> bool {
+        true
+    }
+
+    fn wait_replicas<'a>(
+        &'a self,
+        key: &'a str,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Reply<'a, u64> {
+        Box::pin(self.node.wait_replicas(key, replicas, timeout))
     }
 
     fn raise_fence<'a>(
@@ -542,61 +409,22 @@ impl<C: RedisConnection> Backend for Node<C> {
         deadline: Instant,
     ) -> Reply<'a, ()> {
         Box::pin(async move {
-            self.raise_fence(fence_key, at_least, deadline).await?;
+            self.node.raise_fence(fence_key, at_least, deadline).await?;
             Ok(())
         })
     }
 
     fn announce<'a>(
         &'a self,
-        part: &'a Part,
+        held: &'a Held,
         record_key: &'a str,
         body: &'a str,
         deadline: Instant,
     ) -> Reply<'a, bool> {
-        Box::pin(Node::announce(
-            self,
-            &part.key,
-            record_key,
-            &part.token,
-            body,
-            deadline,
-        ))
-    }
-
-    fn release_dropped(self: Arc<Self>, part: Part, until: Instant) {
-        spawn_release(self, part.key, part.token, until);
-    }
-}
-
-/// Best-effort background release of the lock `key` held with `token`,
-/// retrying faults that may pass until `until` (when the TTL frees it
-/// anyway); never blocks, never panics. With no runtime, the TTL ends the
-/// lease.
-pub(crate) fn spawn_release<C: RedisConnection>(
-    node: Arc<Node<C>>,
-    key: String,
-    token: LeaseToken,
-    until: Instant,
-) {
-    let Some(runtime) = release_runtime(&key) else {
-        return;
-    };
-    spawn_dropped_release(&runtime, key.clone(), async move {
-        let part = Part {
-            key,
-            token,
-            fence_key: None,
-            fence: None,
-        };
-        let per_try = node.command_timeout();
-        release_retrying(&*node, &part, until, per_try).await
-    });
-}
-
-impl<C: RedisConnection> crate::lessor::sealed::Sealed for Locker<C> {
-    fn service(&self) -> crate::service::Service {
-        crate::service::Service::REDIS
+        Box::pin(
+            self.node
+                .announce(held.key(), record_key, held.token(), body, deadline),
+        )
     }
 
     fn leader_record<'a>(
@@ -606,34 +434,5 @@ impl<C: RedisConnection> crate::lessor::sealed::Sealed for Locker<C> {
     ) -> Reply<'a, Option<(String, i64)>> {
         let deadline = Instant::now() + self.node.command_timeout();
         Box::pin(self.node.leader(key, record_key, deadline))
-    }
-}
-
-/// The same calls as the inherent methods.
-impl<C: RedisConnection> Lessor for Locker<C> {
-    fn acquire(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        Locker::acquire(self, keys, ttl)
-    }
-
-    fn acquire_with(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        Locker::acquire_with(self, keys, ttl, opts)
-    }
-
-    fn acquire_all<K: LockKeys>(
-        &self,
-        keys: impl IntoIterator<Item = K> + Send,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        Locker::acquire_all(self, keys, ttl, opts)
     }
 }

@@ -299,14 +299,6 @@ impl LockService for MemoryLocker {
         })
     }
 
-    /// No I/O to spawn: the table is at hand. While paused, the lock is
-    /// left to its TTL, as on a server that does not answer.
-    fn release_dropped(&self, held: Held, _until: Instant) {
-        if !*self.store.paused.borrow() {
-            self.store.release_now(held.key(), held.token());
-        }
-    }
-
     fn raise_fence<'a>(
         &'a self,
         fence_key: &'a str,

@@ -31,9 +31,10 @@
 
 use tokio::time::Instant;
 
+use std::time::Duration;
+
 use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::node::{Node, RedisConnection};
 use crate::options::AcquireOptions;
 
 /// After an acquire won: the lease, once `opts`' replicas acknowledged it;
@@ -43,22 +44,26 @@ use crate::options::AcquireOptions;
 ///
 /// Called with the lease already built, so that dropping the future mid-WAIT
 /// releases the lock (the lease's `Drop`).
-pub(crate) async fn confirm<C: RedisConnection>(
-    node: &Node<C>,
+///
+/// `wait(key, replicas, timeout)` is the service's `WAIT`: how many
+/// replicas acknowledged.
+pub(crate) async fn confirm<W, Fut>(
     lease: Lease,
     opts: &AcquireOptions,
     deadline: Instant,
-) -> Result<Lease> {
+    wait_for: W,
+) -> Result<Lease>
+where
+    W: FnOnce(String, u32, Duration) -> Fut,
+    Fut: Future<Output = Result<u64>>,
+{
     let Some(wait) = opts.wait_replicas else {
         return Ok(lease);
     };
     let timeout = wait
         .timeout
         .min(deadline.saturating_duration_since(Instant::now()));
-    let acked = match node
-        .wait_replicas(lease.key(), wait.replicas, timeout)
-        .await
-    {
+    let acked = match wait_for(lease.key().to_owned(), wait.replicas, timeout).await {
         Ok(acked) if acked >= u64::from(wait.replicas) => return Ok(lease),
         Ok(acked) => acked,
         Err(err) => {

@@ -13,7 +13,9 @@ use crate::backend::{Claim, Held, LockService, Reply, StepKind, Wake};
 use crate::budget::Budget;
 use crate::error::Result;
 use crate::fencing::{FencingToken, LockKeys, Target};
-use crate::lease::{Backend, Lease, Part};
+use crate::lease::{
+    Backend, Lease, Part, release_retrying, release_runtime, spawn_dropped_release,
+};
 use crate::lessor::{Lessor, sealed::Sealed};
 use crate::node::Attempt;
 use crate::options::{AcquireOptions, Supports};
@@ -24,6 +26,21 @@ use crate::way::{self, Way};
 
 /// A service as the lease core sees it.
 struct Served<S>(S);
+
+/// Gives back `held` (a lock of `service`'s, valid until `until`) in the
+/// background: its release, retried while faults may pass until `until`
+/// (when the TTL frees it anyway); never blocks. With no runtime, the TTL
+/// ends it.
+pub(crate) fn spawn_release<S: LockService>(service: S, held: Held, until: Instant) {
+    let Some(runtime) = release_runtime(&held.key) else {
+        return;
+    };
+    let key = held.key.clone();
+    spawn_dropped_release(&runtime, key, async move {
+        let per_try = service.command_timeout();
+        release_retrying(&Served(service), &held, until, per_try).await
+    });
+}
 
 impl<S: LockService> Backend for Served<S> {
     fn service(&self) -> Service {
@@ -62,7 +79,7 @@ impl<S: LockService> Backend for Served<S> {
     }
 
     fn release_dropped(self: Arc<Self>, part: Part, until: Instant) {
-        self.0.release_dropped(part, until);
+        spawn_release(self.0.clone(), part, until);
     }
 }
 
@@ -70,12 +87,14 @@ impl<S: LockService> Backend for Served<S> {
 struct Stepped<'s, S>(&'s S);
 
 impl<S: LockService> Way for Stepped<'_, S> {
-    const SUPPORTS: Supports = Supports {
-        wait_replicas: false,
-    };
+    fn supports(&self) -> Supports {
+        Supports {
+            wait_replicas: self.0.offers_replicas(),
+        }
+    }
 
     fn mode(&self) -> &'static str {
-        self.0.service().name()
+        self.0.mode()
     }
 
     fn check_ttl(&self, ttl: Duration) -> Result<()> {
@@ -84,6 +103,19 @@ impl<S: LockService> Way for Stepped<'_, S> {
 
     fn command_timeout(&self) -> Duration {
         self.0.command_timeout()
+    }
+
+    async fn confirm_replicas(
+        &self,
+        lease: Lease,
+        opts: &AcquireOptions,
+        deadline: Instant,
+    ) -> Result<Lease> {
+        let service = self.0;
+        crate::replicas::confirm(lease, opts, deadline, |key, replicas, timeout| async move {
+            service.wait_replicas(&key, replicas, timeout).await
+        })
+        .await
     }
 
     async fn take(

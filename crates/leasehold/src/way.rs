@@ -37,7 +37,7 @@ use crate::rounds::Progress;
 /// A way of taking a lease.
 pub(crate) trait Way {
     /// Which options it honours (the rest are refused before any I/O).
-    const SUPPORTS: Supports;
+    fn supports(&self) -> Supports;
 
     /// Its name in traces and metrics: `poll`, `handoff`, `quorum`,
     /// `etcd`, or the service's name for a [`LockService`](crate::backend::LockService).
@@ -50,7 +50,7 @@ pub(crate) trait Way {
     }
 
     /// Takes the lease on one checked target, as `opts` says (the options
-    /// were checked against [`SUPPORTS`](Self::SUPPORTS)), within `budget`
+    /// were checked against [`supports`](Self::supports)), within `budget`
     /// (the acquire's wait, resolved at its entry), up to the win: what
     /// follows a win is [`won`]'s, the same for every way.
     fn take(
@@ -64,7 +64,7 @@ pub(crate) trait Way {
     /// The lease just won, once `opts`' replicas acknowledged it on the
     /// server that granted it ([`replicas::confirm`](crate::replicas::confirm)),
     /// waiting until `deadline` at most. Called only when
-    /// [`SUPPORTS`](Self::SUPPORTS) allows `wait_replicas`; by default (a way
+    /// [`supports`](Self::supports) allows `wait_replicas`; by default (a way
     /// without replicas to wait for) the lease as it is.
     fn confirm_replicas(
         &self,
@@ -92,7 +92,7 @@ pub(crate) async fn acquire_with<W: Way>(
     let target = Target::of(&keys)?;
     check_ttl(ttl)?;
     way.check_ttl(ttl)?;
-    opts.check(W::SUPPORTS, way.command_timeout())?;
+    opts.check(way.supports(), way.command_timeout())?;
     let budget = opts.budget(Instant::now());
     traced_take(way, target, ttl, opts, budget).await
 }
@@ -228,7 +228,7 @@ async fn won<W: Way>(
     opts: &AcquireOptions,
     deadline: Instant,
 ) -> Result<Lease> {
-    let lease = if W::SUPPORTS.wait_replicas && opts.wait_replicas.is_some() {
+    let lease = if way.supports().wait_replicas && opts.wait_replicas.is_some() {
         // Boxed, as `take_replicated`: a path most acquires never take.
         Box::pin(way.confirm_replicas(lease, opts, deadline)).await?
     } else {
@@ -338,7 +338,7 @@ pub(crate) async fn acquire_all_of<W: Way, K: LockKeys>(
     let targets = targets(keys)?;
     check_ttl(ttl)?;
     way.check_ttl(ttl)?;
-    opts.check(W::SUPPORTS, way.command_timeout())?;
+    opts.check(way.supports(), way.command_timeout())?;
     let budget = opts.budget(Instant::now());
     // Each lock without its own watchdog: the merged lease gets one.
     let each = opts.clone().watchdog(false);
@@ -453,7 +453,7 @@ mod size_tests {
     use std::time::Duration;
 
     use crate::connection::Connection;
-    use crate::{AcquireOptions, Locker};
+    use crate::{AcquireOptions, Lessor, Locker};
 
     /// An uncontended acquire's future stays small. Every layer of the
     /// acquire builds the next one's future and moves it into its own
@@ -484,7 +484,7 @@ mod send_tests {
     use std::time::Duration;
 
     use crate::node::RedisConnection;
-    use crate::{AcquireOptions, Locker};
+    use crate::{AcquireOptions, Lessor, Locker};
 
     fn assert_send<T: Send>(_: &T) {}
 

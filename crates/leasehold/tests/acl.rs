@@ -4,6 +4,7 @@
 //! scripts does; and a locker whose user vanished (an empty restart)
 //! works again as soon as the user is back.
 
+use leasehold::Lessor;
 use std::time::Duration;
 
 use leasehold::{AcquireOptions, Error, FencedKeys, FencingToken, Locker};

@@ -1,6 +1,7 @@
 //! The lease lock on a real local Redis Cluster (three masters).
 #![cfg(feature = "cluster")]
 
+use leasehold::Lessor;
 use std::time::Duration;
 
 use leasehold::{Error, GiveUpReason, Locker};

@@ -9,6 +9,7 @@
 //! orders etcd holders.
 #![cfg(feature = "etcd")]
 
+use leasehold::Lessor;
 use std::time::Duration;
 
 use leasehold::etcd::{EtcdClient, EventKind, KeyValue, Range, WatchKeys, WatchStream};

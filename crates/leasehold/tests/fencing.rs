@@ -1,5 +1,6 @@
 //! Fenced acquire against a real, throwaway redis-server.
 
+use leasehold::Lessor;
 use std::time::Duration;
 
 use leasehold::{Error, FencedKeys, FencingToken};

@@ -1,6 +1,7 @@
 //! Hand-off mode against a real, throwaway redis-server.
 #![cfg(feature = "handoff")]
 
+use leasehold::Lessor;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;

@@ -1,5 +1,6 @@
 //! The lease lock against a real, throwaway redis-server.
 
+use leasehold::Lessor;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;

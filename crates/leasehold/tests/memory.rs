@@ -4,6 +4,7 @@
 //! out; a release gives the lock back even on a full server, every way.
 #![cfg(all(feature = "handoff", feature = "quorum"))]
 
+use leasehold::Lessor;
 use std::time::Duration;
 
 use leasehold::{AcquireOptions, Error, FencedKeys, HandoffLocker, Lease, Locker, Quorum};

@@ -6,6 +6,7 @@
 //! `metrics::with_local_recorder`, so everything the library records (in
 //! spawned tasks too) reaches that test's recorder and no other.
 
+use leasehold::Lessor;
 use std::collections::BTreeMap;
 use std::time::Duration;
 

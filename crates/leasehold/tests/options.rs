@@ -2,6 +2,7 @@
 //! refused before any I/O with `InvalidOptions`.
 #![cfg(all(feature = "handoff", feature = "quorum"))]
 
+use leasehold::Lessor;
 use std::time::Duration;
 
 use leasehold::{

@@ -3,6 +3,7 @@
 //! is its own locker with its own connections.
 #![cfg(all(feature = "handoff", feature = "quorum"))]
 
+use leasehold::Lessor;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;

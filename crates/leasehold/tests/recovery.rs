@@ -8,6 +8,7 @@
 //! ```
 #![cfg(feature = "handoff")]
 
+use leasehold::Lessor;
 use std::time::Duration;
 
 use leasehold::{AcquireOptions, HandoffLocker, Locker, RetryStrategy};

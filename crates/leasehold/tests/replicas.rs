@@ -1,5 +1,6 @@
 //! `AcquireOptions::wait_replicas` against a real primary and replica.
 
+use leasehold::Lessor;
 use std::time::Duration;
 
 use leasehold::{AcquireOptions, Connection, Error, FencedKeys, Locker};

@@ -4,6 +4,7 @@
 
 #![cfg(feature = "tls")]
 
+use leasehold::Lessor;
 use std::error::Error as _;
 
 use leasehold::tls::{self, TlsFiles};

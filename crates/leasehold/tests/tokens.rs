@@ -3,6 +3,7 @@
 //! before, every way of taking a lease.
 #![cfg(all(feature = "handoff", feature = "quorum"))]
 
+use leasehold::Lessor;
 use std::time::Duration;
 
 use leasehold::{

@@ -5,6 +5,7 @@
 //! relays; never a lease token or a password.
 #![cfg(all(feature = "handoff", feature = "quorum"))]
 
+use leasehold::Lessor;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

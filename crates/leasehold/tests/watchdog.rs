@@ -1,6 +1,7 @@
 //! Refresh, the watchdog and `Lease::run` against a real, throwaway
 //! redis-server (7.0 here, so release and refresh take the Lua path).
 
+use leasehold::Lessor;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

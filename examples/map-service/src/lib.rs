@@ -161,20 +161,6 @@ impl LockService for MapService {
         }))
     }
 
-    fn abandon(&self, claim: Claim, (): (), maybe_taken: bool) {
-        if !maybe_taken {
-            return;
-        }
-        // Never block: the delete goes to a task; the TTL is the fallback.
-        let service = self.clone();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let deadline = Instant::now() + service.command_timeout;
-                let _ = service.undo(&claim, &mut (), deadline).await;
-            });
-        }
-    }
-
     fn refresh<'a>(&'a self, held: &'a Held, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
         Box::pin(self.request("refresh", deadline, move |table, now| {
             if !table.holds(held.key(), held.token(), now) {
@@ -195,14 +181,5 @@ impl LockService for MapService {
             }
             ours
         }))
-    }
-
-    fn release_dropped(&self, held: Held, until: Instant) {
-        let service = self.clone();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = service.release(&held, until).await;
-            });
-        }
     }
 }

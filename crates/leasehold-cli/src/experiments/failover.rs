@@ -5,6 +5,7 @@
 //! Always runs on its own throwaway primary and replica: it kills the
 //! primary.
 
+use leasehold::Lessor;
 use std::time::Duration;
 
 use anyhow::Context;

@@ -1,6 +1,7 @@
 //! Step 5: a holder paused past its lease writes late; the fencing token
 //! lets PostgreSQL refuse it.
 
+use leasehold::Lessor;
 use std::time::Duration;
 
 use anyhow::Context;

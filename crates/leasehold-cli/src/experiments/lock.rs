@@ -1,6 +1,7 @@
 //! Step 2: the same spenders, each inside a lease on `lock:wallet:42`.
 
 use anyhow::Context;
+use leasehold::Lessor;
 use leasehold::{AcquireOptions, Error};
 use redis::AsyncCommands;
 use tokio::time::Instant;

@@ -8,6 +8,7 @@
 //! `Lease::run`: the lease is refreshed every ttl/3, and if it is lost
 //! anyway the spend is cancelled before its write.
 
+use leasehold::Lessor;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -1,6 +1,7 @@
 //! Step 6: the whole path under load, with the lease deliberately broken,
 //! checked against the balance and the ledger.
 
+use leasehold::Lessor;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 

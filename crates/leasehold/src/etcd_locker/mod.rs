@@ -481,9 +481,11 @@ impl EtcdLocker {
 impl Way for EtcdLocker {
     /// etcd commits a write on a majority before it answers: there are no
     /// replicas to wait for.
-    const SUPPORTS: Supports = Supports {
-        wait_replicas: false,
-    };
+    fn supports(&self) -> Supports {
+        Supports {
+            wait_replicas: false,
+        }
+    }
 
     fn mode(&self) -> &'static str {
         "etcd"

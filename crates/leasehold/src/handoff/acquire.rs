@@ -51,9 +51,11 @@ fn handed(key: &str, via: &'static str, fence: Option<FencingToken>) {
 /// follows the win is [`Way`]'s, for every way).
 impl<C: RedisConnection> Way for HandoffLocker<C> {
     /// A hand-off locker honours every option.
-    const SUPPORTS: Supports = Supports {
-        wait_replicas: true,
-    };
+    fn supports(&self) -> Supports {
+        Supports {
+            wait_replicas: true,
+        }
+    }
 
     fn mode(&self) -> &'static str {
         "handoff"
@@ -97,7 +99,11 @@ impl<C: RedisConnection> Way for HandoffLocker<C> {
         opts: &AcquireOptions,
         deadline: Instant,
     ) -> Result<Lease> {
-        crate::replicas::confirm(&self.inner.locker.node, lease, opts, deadline).await
+        let locker = &self.inner.locker;
+        crate::replicas::confirm(lease, opts, deadline, |key, replicas, timeout| async move {
+            crate::backend::LockService::wait_replicas(locker, &key, replicas, timeout).await
+        })
+        .await
     }
 }
 

@@ -98,7 +98,7 @@ impl HandoffStyle {
 ///
 /// # Why
 ///
-/// A polling lock ([`Locker::acquire_with`]) asks Redis again after every
+/// A polling lock ([`Lessor::acquire_with`](crate::Lessor::acquire_with)) asks Redis again after every
 /// wait. With `n` callers queued on one key that is `n` requests per wait
 /// interval for one winner, the winner is whoever happens to ask first after
 /// a release (so a lucky caller can win again and again), and the key sits
@@ -537,6 +537,7 @@ impl HandoffLockerBuilder {
         });
         let backend = Arc::new_cyclic(|this| HandoffBackend {
             node: locker.node.clone(),
+            locker: locker.clone(),
             style: self.style,
             local,
             subs,
@@ -606,7 +607,7 @@ impl<C: RedisConnection> HandoffLocker<C> {
     /// for every caller of one lock key.
     ///
     /// `opts`'s deadline and cancellation token apply exactly as in
-    /// [`Locker::acquire_with`]. Its retry strategy's *waits* are not used
+    /// [`Lessor::acquire_with`](crate::Lessor::acquire_with). Its retry strategy's *waits* are not used
     /// (a waiter sleeps until it is handed the lock or its fallback timer
     /// fires), but its length is: each fallback re-check consumes one wait,
     /// so [`RetryStrategy::none`](crate::RetryStrategy::none) makes one
@@ -617,12 +618,12 @@ impl<C: RedisConnection> HandoffLocker<C> {
     ///
     /// [`AcquireOptions::watchdog`] and
     /// [`AcquireOptions::wait_replicas`] apply as in
-    /// [`Locker::acquire_with`], to a lease passed on in process too.
+    /// [`Lessor::acquire_with`](crate::Lessor::acquire_with), to a lease passed on in process too.
     ///
     /// The lease's release hands the lock to the next waiter.
     ///
     /// # Errors
-    /// As [`Locker::acquire_with`]: [`Error::NotAcquired`] with the reason
+    /// As [`Lessor::acquire_with`](crate::Lessor::acquire_with): [`Error::NotAcquired`] with the reason
     /// (retries exhausted, deadline expired, cancelled), whatever the
     /// options; [`Error::InvalidTtl`] / [`Error::InvalidKey`] (and a zero
     /// replica wait timeout, [`Error::InvalidOptions`]) before any I/O;
@@ -650,10 +651,10 @@ impl<C: RedisConnection> HandoffLocker<C> {
     }
 
     /// Takes the leases on every one of `keys`, queued, in one global order,
-    /// as one [`Lease`]; see [`Locker::acquire_all`].
+    /// as one [`Lease`]; see [`Lessor::acquire_all`](crate::Lessor::acquire_all).
     ///
     /// # Errors
-    /// As [`Locker::acquire_all`].
+    /// As [`Lessor::acquire_all`](crate::Lessor::acquire_all).
     ///
     /// # Cancel safety
     /// Cancel safe, as [`acquire_with`](Self::acquire_with).
@@ -667,13 +668,13 @@ impl<C: RedisConnection> HandoffLocker<C> {
     }
 
     /// Takes the lease on `keys`, queued, runs `work` while it is held and
-    /// releases it; see [`Locker::with_lock`].
+    /// releases it; see [`Lessor::with_lock`](crate::Lessor::with_lock).
     ///
     /// # Errors
-    /// As [`Locker::with_lock`].
+    /// As [`Lessor::with_lock`](crate::Lessor::with_lock).
     ///
     /// # Cancel safety
-    /// As [`Locker::with_lock`].
+    /// As [`Lessor::with_lock`](crate::Lessor::with_lock).
     pub async fn with_lock<T>(
         &self,
         keys: impl LockKeys,

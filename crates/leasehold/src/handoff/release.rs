@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::LockService;
 use crate::call;
 use crate::error::{Error, Result};
 use crate::fencing::FencingToken;
 use crate::lease::{Backend, Part, Reply, release_runtime, spawn_dropped_release};
+use crate::locker::Locker;
 use crate::node::{Node, RedisConnection, not_a_fence, ttl_millis};
 use crate::token::LeaseToken;
 use crate::watchdog::{Shared, Validity};
@@ -24,6 +26,9 @@ use super::{HandoffStyle, TARGET};
 /// and the locker's own waiters (served in process).
 pub(crate) struct HandoffBackend<C> {
     pub(super) node: Arc<Node<C>>,
+    /// The polling locker on the same node: a held lock is a plain
+    /// lease's, refreshed and fenced as one.
+    pub(super) locker: Locker<C>,
     pub(super) style: HandoffStyle,
     pub(super) local: Arc<Local>,
     /// The subscriptions, and the channel names that reach our waiters.
@@ -89,8 +94,8 @@ impl<C: RedisConnection> Backend for HandoffBackend<C> {
     }
 
     fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
-        // The lock itself is a plain lease's: the node refreshes it.
-        Backend::refresh(&*self.node, part, ttl, deadline)
+        // The lock itself is a plain lease's.
+        LockService::refresh(&self.locker, part, ttl, deadline)
     }
 
     fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool> {
@@ -104,7 +109,7 @@ impl<C: RedisConnection> Backend for HandoffBackend<C> {
         at_least: FencingToken,
         deadline: Instant,
     ) -> Reply<'a, ()> {
-        Backend::raise_fence(&*self.node, fence_key, at_least, deadline)
+        LockService::raise_fence(&self.locker, fence_key, at_least, deadline)
     }
 
     fn announce<'a>(
@@ -114,7 +119,7 @@ impl<C: RedisConnection> Backend for HandoffBackend<C> {
         body: &'a str,
         deadline: Instant,
     ) -> Reply<'a, bool> {
-        Backend::announce(&*self.node, part, record_key, body, deadline)
+        LockService::announce(&self.locker, part, record_key, body, deadline)
     }
 
     fn held(&self, key: &str, shared: &Arc<Shared>) {

@@ -245,9 +245,11 @@ impl Quorum<Connection> {
 impl<C: RedisConnection> Way for Quorum<C> {
     /// A quorum honours every option but `wait_replicas` (its servers are
     /// independent, not replicas of each other).
-    const SUPPORTS: Supports = Supports {
-        wait_replicas: false,
-    };
+    fn supports(&self) -> Supports {
+        Supports {
+            wait_replicas: false,
+        }
+    }
 
     fn mode(&self) -> &'static str {
         "quorum"
@@ -369,10 +371,10 @@ impl<C: RedisConnection> Quorum<C> {
     }
 
     /// Takes the leases on every one of `keys` on a majority, in one global
-    /// order, as one [`Lease`]; see [`Locker::acquire_all`](crate::Locker::acquire_all).
+    /// order, as one [`Lease`]; see [`Lessor::acquire_all`].
     ///
     /// # Errors
-    /// As [`Locker::acquire_all`](crate::Locker::acquire_all).
+    /// As [`Lessor::acquire_all`].
     ///
     /// # Cancel safety
     /// Cancel safe, as [`acquire_with`](Self::acquire_with).
@@ -386,13 +388,13 @@ impl<C: RedisConnection> Quorum<C> {
     }
 
     /// Takes the lease on `keys` on a majority, runs `work` while it is held
-    /// and releases it; see [`Locker::with_lock`](crate::Locker::with_lock).
+    /// and releases it; see [`Lessor::with_lock`].
     ///
     /// # Errors
-    /// As [`Locker::with_lock`](crate::Locker::with_lock).
+    /// As [`Lessor::with_lock`].
     ///
     /// # Cancel safety
-    /// As [`Locker::with_lock`](crate::Locker::with_lock).
+    /// As [`Lessor::with_lock`].
     pub async fn with_lock<T>(
         &self,
         keys: impl LockKeys,
