@@ -151,6 +151,24 @@ pub trait LockService: Clone + Send + Sync + 'static {
     /// after a fault, a release).
     fn command_timeout(&self) -> Duration;
 
+    /// The bound on one [`step`](Self::step) with no tighter deadline: a
+    /// step that takes several rounds (a quorum's votes, then its fence
+    /// round, then its cleanup) needs more than one request's. Defaults to
+    /// [`command_timeout`](Self::command_timeout).
+    fn step_timeout(&self) -> Duration {
+        self.command_timeout()
+    }
+
+    /// The clock-drift margin taken off every TTL this service confirms:
+    /// the holder counts a lease of `ttl` as valid for `ttl - margin(ttl)`
+    /// from the confirming request's send time. Defaults to none: a
+    /// service that decides expiry on one clock needs none; several
+    /// independent servers, each on its own clock, do (Redlock's
+    /// `ttl / 100 + 2 ms`).
+    fn margin(_ttl: Duration) -> Duration {
+        Duration::ZERO
+    }
+
     /// Its name in traces and metrics (the `mode` label of an acquire),
     /// where one service has several ways of taking a lease (`poll` on
     /// Redis). Defaults to the service's name.

@@ -312,65 +312,6 @@ pub(crate) trait Attempts {
     }
 }
 
-/// [`Attempts`] from three closures, for the ways that keep no state
-/// across attempts; `abandon` runs only when an attempt may have landed.
-struct Closures<F, U, A> {
-    attempt: F,
-    undo: U,
-    abandon: A,
-}
-
-impl<T, F, Fut, U, UFut, A> Attempts for Closures<F, U, A>
-where
-    F: FnMut(Instant) -> Fut,
-    Fut: Future<Output = Result<Attempt<T>>>,
-    U: FnMut(Instant) -> UFut,
-    UFut: Future<Output = Result<()>>,
-    A: Fn(),
-{
-    type Won = T;
-
-    fn attempt(&mut self, deadline: Instant) -> impl Future<Output = Result<Attempt<T>>> {
-        (self.attempt)(deadline)
-    }
-
-    fn undo(&mut self, deadline: Instant) -> impl Future<Output = Result<()>> {
-        (self.undo)(deadline)
-    }
-
-    fn abandon(&mut self, maybe_taken: bool) {
-        if maybe_taken {
-            (self.abandon)();
-        }
-    }
-}
-
-/// [`drive`] over three closures: `attempt`, `undo`, and `abandon` (run
-/// only when an attempt may have landed).
-pub(crate) async fn acquire_rounds<T, F, Fut, U, UFut, A>(
-    key: &str,
-    opts: &AcquireOptions,
-    budget: Budget,
-    command_timeout: Duration,
-    attempt: F,
-    undo: U,
-    abandon: A,
-) -> Result<(T, Instant)>
-where
-    F: FnMut(Instant) -> Fut,
-    Fut: Future<Output = Result<Attempt<T>>>,
-    U: FnMut(Instant) -> UFut,
-    UFut: Future<Output = Result<()>>,
-    A: Fn(),
-{
-    let closures = Closures {
-        attempt,
-        undo,
-        abandon,
-    };
-    drive(key, opts, budget, command_timeout, closures).await
-}
-
 /// The one retry loop: one attempt per round for an acquire within
 /// `budget`, each bounded by the budget's deadline and `command_timeout`
 /// and raced against the caller's cancellation token, with waits from the

@@ -22,6 +22,7 @@ use crate::options::{AcquireOptions, Supports};
 use crate::rounds::{self, Attempts};
 use crate::service::Service;
 use crate::token::LeaseToken;
+use crate::watchdog::Margin;
 use crate::way::{self, Way};
 
 /// A service as the lease core sees it.
@@ -49,6 +50,10 @@ impl<S: LockService> Backend for Served<S> {
 
     fn command_timeout(&self) -> Duration {
         self.0.command_timeout()
+    }
+
+    fn margin(&self) -> Margin {
+        S::margin
     }
 
     fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
@@ -138,9 +143,8 @@ impl<S: LockService> Way for Stepped<'_, S> {
             entry: Some(S::Entry::default()),
             wake: None,
         };
-        let command_timeout = service.command_timeout();
-        let (fence, sent_at) =
-            rounds::drive(&claim.key, opts, budget, command_timeout, steps).await?;
+        let step_timeout = service.step_timeout();
+        let (fence, sent_at) = rounds::drive(&claim.key, opts, budget, step_timeout, steps).await?;
         let held = Held {
             key: claim.key,
             token: claim.token,

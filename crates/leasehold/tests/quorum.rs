@@ -1,6 +1,7 @@
 //! Redlock over three independent throwaway servers.
 #![cfg(feature = "quorum")]
 
+use leasehold::Lessor;
 use std::time::Duration;
 
 use leasehold::{AcquireOptions, CancellationToken, Error, FencedKeys, Quorum, RetryStrategy};

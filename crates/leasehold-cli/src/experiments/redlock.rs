@@ -2,6 +2,7 @@
 //! independent throwaway redis-servers, one of which is paused or killed
 //! mid-run, and debit PostgreSQL with fenced check-and-set writes.
 
+use leasehold::Lessor;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 

@@ -1,7 +1,7 @@
 //! The quorum's fan-out: one request per node at once, counted by
 //! majority. An acquire's round of votes (and, fenced, the second round
 //! that records the token), and every step of a held lease (refresh,
-//! release, raise the fence, announce a leader), as the [`Backend`] of a
+//! release, raise the fence, announce a leader), as the steps of a
 //! quorum lease.
 
 use std::future::Future;
@@ -14,11 +14,10 @@ use tokio::time::Instant;
 use crate::compare::Step;
 use crate::error::{Error, Result};
 use crate::fencing::{FencedKeys, FencingToken, Target};
-use crate::lease::{Backend, Part, Reply};
+use crate::lease::{Part, Reply};
 use crate::node::{Attempt, Node, RedisConnection, ttl_millis};
 use crate::service::Service;
 use crate::token::LeaseToken;
-use crate::watchdog::Margin;
 use crate::{call, scripts};
 
 use super::QuorumInner;
@@ -402,22 +401,15 @@ impl<C: RedisConnection> QuorumInner<C> {
     }
 }
 
-/// A quorum lease: refreshed and released on every node, counted by
-/// majority, its validity less the drift allowance.
-impl<C: RedisConnection> Backend for QuorumInner<C> {
-    fn service(&self) -> crate::service::Service {
-        crate::service::Service::REDIS
-    }
-
-    fn command_timeout(&self) -> Duration {
-        self.node_timeout
-    }
-
-    fn margin(&self) -> Margin {
-        drift
-    }
-
-    fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, _deadline: Instant) -> Reply<'a, bool> {
+/// A quorum lease's steps: refreshed and released on every node, counted
+/// by majority (the quorum's [`LockService`](crate::LockService) calls).
+impl<C: RedisConnection> QuorumInner<C> {
+    pub(super) fn refresh<'a>(
+        &'a self,
+        part: &'a Part,
+        ttl: Duration,
+        _deadline: Instant,
+    ) -> Reply<'a, bool> {
         Box::pin(async move {
             let step = Step::Refresh { ttl };
             let (extended, failed) = self
@@ -433,7 +425,7 @@ impl<C: RedisConnection> Backend for QuorumInner<C> {
         })
     }
 
-    fn release<'a>(&'a self, part: &'a Part, _deadline: Instant) -> Reply<'a, bool> {
+    pub(super) fn release<'a>(&'a self, part: &'a Part, _deadline: Instant) -> Reply<'a, bool> {
         Box::pin(async move {
             let (deleted, failed) = self
                 .release_all(&part.key, &part.token, |deleted| *deleted)
@@ -442,7 +434,7 @@ impl<C: RedisConnection> Backend for QuorumInner<C> {
         })
     }
 
-    fn raise_fence<'a>(
+    pub(super) fn raise_fence<'a>(
         &'a self,
         fence_key: &'a str,
         at_least: FencingToken,
@@ -479,7 +471,7 @@ impl<C: RedisConnection> Backend for QuorumInner<C> {
         })
     }
 
-    fn announce<'a>(
+    pub(super) fn announce<'a>(
         &'a self,
         part: &'a Part,
         record_key: &'a str,
@@ -505,10 +497,6 @@ impl<C: RedisConnection> Backend for QuorumInner<C> {
             let failed = outcomes.iter().filter(|o| o.is_err()).count();
             self.verdict(&part.key, written, failed)
         })
-    }
-
-    fn release_dropped(self: Arc<Self>, part: Part, _until: Instant) {
-        self.spawn_release_all(&part.key, &part.token);
     }
 }
 

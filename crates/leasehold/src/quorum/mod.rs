@@ -68,26 +68,22 @@
 // steps of a held lease on every node, counted by majority) is `fanout`'s.
 mod fanout;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::budget::Budget;
+use tokio::time::Instant;
+
+use crate::backend::{Claim, Held, LockService, Reply, Step};
 use crate::connection::Connection;
-use crate::error::{Error, GiveUpReason, Result};
-use crate::fencing::{LockKeys, Target};
-use crate::lease::{Lease, Part, Reply};
-use crate::lessor::Lessor;
-use crate::node::{Node, RedisConnection};
-use crate::options::{AcquireOptions, Supports};
-use crate::rounds;
-use crate::token::LeaseToken;
-use crate::way::{self, Way};
+use crate::error::{Error, Result};
+use crate::fencing::{FencingToken, Target};
+use crate::node::{Attempt, Node, RedisConnection};
+use crate::service::Service;
 
 use self::fanout::Round;
 
 #[cfg(doc)]
-use crate::fencing::{FencedKeys, FencingToken};
+use crate::fencing::FencedKeys;
 
 /// How long one node may take to answer one request when the caller's
 /// deadline is further away: 50 ms. Keep it well below the TTL, so that a
@@ -98,6 +94,21 @@ pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 ///
 /// Cheap to clone. Use an odd number of nodes (3 or 5): an even number
 /// tolerates no more failures than the odd number below it.
+///
+/// It is a [`LockService`], so a [`Lessor`](crate::Lessor) (`use
+/// leasehold::Lessor` for its calls). The same keys are used on every
+/// node; given [`FencedKeys`], a lease gets a fencing token (see the
+/// [module docs](self) for how it grows). A lease's validity is the TTL
+/// less the time the winning attempt took less the drift allowance, and a
+/// refresh (yours or the watchdog's) must reach a majority. Besides the
+/// errors every way has, an acquire that gives up when, in its last
+/// attempt, too many nodes failed for a majority to be possible returns
+/// [`Error::QuorumNotReached`] (carried by the
+/// [`Error::NotAcquired`] when the lock was also seen busy);
+/// [`AcquireOptions::wait_replicas`](crate::AcquireOptions::wait_replicas)
+/// is refused (the servers are independent, not replicas). Cancel safe:
+/// an acquire dropped mid-attempt releases the lock on every node in the
+/// background; the TTL is the fallback.
 #[derive(Clone)]
 pub struct Quorum<C = Connection> {
     inner: Arc<QuorumInner<C>>,
@@ -242,176 +253,108 @@ impl Quorum<Connection> {
     }
 }
 
-impl<C: RedisConnection> Way for Quorum<C> {
-    /// A quorum honours every option but `wait_replicas` (its servers are
-    /// independent, not replicas of each other).
-    fn supports(&self) -> Supports {
-        Supports {
-            wait_replicas: false,
-        }
+/// Each step is one round of votes (and, fenced, the round that records
+/// the token), undone on every node unless it won.
+impl<C: RedisConnection> LockService for Quorum<C> {
+    type Entry = ();
+
+    fn service(&self) -> Service {
+        Service::REDIS
+    }
+
+    fn command_timeout(&self) -> Duration {
+        self.inner.node_timeout
+    }
+
+    /// Two rounds of votes plus a cleanup round.
+    fn step_timeout(&self) -> Duration {
+        self.inner.node_timeout * 3
+    }
+
+    fn margin(ttl: Duration) -> Duration {
+        fanout::drift(ttl)
     }
 
     fn mode(&self) -> &'static str {
         "quorum"
     }
 
-    async fn take(
-        &self,
-        target: Target,
-        ttl: Duration,
-        opts: &AcquireOptions,
-        budget: Budget,
-    ) -> Result<Lease> {
-        let token = LeaseToken::generate()?;
-        let last_round = std::sync::Mutex::new(Round::default());
-        let inner = &self.inner;
-        let outcome = rounds::acquire_rounds(
-            &target.lock,
-            opts,
-            budget,
-            // Two rounds of votes plus a cleanup round per attempt.
-            inner.node_timeout * 3,
-            |deadline| inner.attempt(&target, &token, ttl, deadline, &last_round),
-            // An attempt undoes its own votes before it returns; this is for
-            // one that failed half-way, if ever.
-            |_deadline| async {
-                inner
-                    .release_all(&target.lock, &token, |deleted| *deleted)
-                    .await;
-                Ok(())
-            },
-            || inner.spawn_release_all(&target.lock, &token),
-        )
-        .await;
-        match outcome {
-            Ok((fence, sent_at)) => {
-                let part = Part {
-                    key: target.lock,
-                    token,
-                    fence_key: target.fence,
-                    fence,
-                };
-                Ok(Lease::new(self.inner.clone(), part, ttl, sent_at))
-            }
-            Err(Error::NotAcquired {
-                key,
-                attempts,
-                waited,
-                reason,
-                fault,
-            }) if reason != GiveUpReason::Cancelled => {
-                let round = last_round.lock().map(|r| *r).unwrap_or_default();
-                if self.inner.nodes.len() - round.failed < self.needed() {
-                    Err(Error::QuorumNotReached {
-                        key,
-                        got: round.votes,
-                        needed: self.needed(),
-                        failed_nodes: round.failed,
-                    })
-                } else {
-                    Err(Error::NotAcquired {
-                        key,
-                        attempts,
-                        waited,
-                        reason,
-                        fault,
-                    })
+    fn step<'a>(&'a self, claim: &'a Claim, (): &'a mut (), deadline: Instant) -> Reply<'a, Step> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let target = Target {
+                lock: claim.key().to_owned(),
+                fence: claim.fence_key().map(str::to_owned),
+            };
+            let last_round = std::sync::Mutex::new(Round::default());
+            match inner
+                .attempt(&target, claim.token(), claim.ttl(), deadline, &last_round)
+                .await?
+            {
+                Attempt::Won(fence) => Ok(Step::won(fence)),
+                Attempt::Busy => {
+                    let round = last_round.lock().map(|r| *r).unwrap_or_default();
+                    // Too many nodes failed for a majority to be possible:
+                    // a fault that may pass, not a busy lock.
+                    if inner.nodes.len() - round.failed < inner.needed() {
+                        return Err(Error::QuorumNotReached {
+                            key: target.lock,
+                            got: round.votes,
+                            needed: inner.needed(),
+                            failed_nodes: round.failed,
+                        });
+                    }
+                    Ok(Step::busy())
                 }
             }
-            Err(other) => Err(other),
+        })
+    }
+
+    /// An attempt undoes its own votes before it returns; this is for one
+    /// that failed half-way, if ever.
+    fn undo<'a>(&'a self, claim: &'a Claim, (): &'a mut (), _deadline: Instant) -> Reply<'a, ()> {
+        Box::pin(async move {
+            self.inner
+                .release_all(claim.key(), claim.token(), |deleted| *deleted)
+                .await;
+            Ok(())
+        })
+    }
+
+    fn abandon(&self, claim: Claim, (): (), maybe_taken: bool) {
+        if maybe_taken {
+            self.inner.spawn_release_all(claim.key(), claim.token());
         }
     }
 
-    fn command_timeout(&self) -> Duration {
-        self.inner.node_timeout
-    }
-}
-
-impl<C: RedisConnection> Quorum<C> {
-    /// How many servers must agree: a strict majority.
-    pub fn needed(&self) -> usize {
-        self.inner.needed()
+    fn refresh<'a>(&'a self, held: &'a Held, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
+        self.inner.refresh(held, ttl, deadline)
     }
 
-    /// Takes the lease on `keys` for `ttl` with the default
-    /// [`AcquireOptions`].
-    ///
-    /// See [`acquire_with`](Self::acquire_with) for errors and cancel safety.
-    pub async fn acquire(&self, keys: impl LockKeys, ttl: Duration) -> Result<Lease> {
-        self.acquire_with(keys, ttl, &AcquireOptions::default())
-            .await
+    fn release<'a>(&'a self, held: &'a Held, deadline: Instant) -> Reply<'a, bool> {
+        self.inner.release(held, deadline)
     }
 
-    /// Takes the lease on `keys` for `ttl` on a majority of the servers,
-    /// retrying as `opts` says; given [`FencedKeys`], with a fencing token
-    /// (see the [module docs](self) for how it grows). The same keys are
-    /// used on every node. The lease's validity is the TTL less the time
-    /// the winning attempt took less the drift allowance, and a refresh
-    /// (yours or the watchdog's) must reach a majority.
-    ///
-    /// # Errors
-    /// [`Error::InvalidTtl`] / [`Error::InvalidKey`] before any I/O, and
-    /// [`Error::InvalidOptions`] when `opts` asks to
-    /// [wait for replicas](AcquireOptions::wait_replicas) (a quorum's
-    /// servers are independent; that option is for a replicated server);
-    /// [`Error::NotAcquired`] when the lock stayed busy;
-    /// [`Error::QuorumNotReached`] when, in the last attempt, too many nodes
-    /// failed to answer for a majority to be possible.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: if the future is dropped mid-attempt, the lock is
-    /// released on every node in the background; the TTL is the fallback.
-    pub async fn acquire_with(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> Result<Lease> {
-        way::acquire_with(self, keys, ttl, opts).await
+    fn raise_fence<'a>(
+        &'a self,
+        fence_key: &'a str,
+        at_least: FencingToken,
+        deadline: Instant,
+    ) -> Reply<'a, ()> {
+        self.inner.raise_fence(fence_key, at_least, deadline)
     }
 
-    /// Takes the leases on every one of `keys` on a majority, in one global
-    /// order, as one [`Lease`]; see [`Lessor::acquire_all`].
-    ///
-    /// # Errors
-    /// As [`Lessor::acquire_all`].
-    ///
-    /// # Cancel safety
-    /// Cancel safe, as [`acquire_with`](Self::acquire_with).
-    pub async fn acquire_all<K: LockKeys>(
-        &self,
-        keys: impl IntoIterator<Item = K>,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> Result<Lease> {
-        way::acquire_all_of(self, keys, ttl, opts).await
+    fn announce<'a>(
+        &'a self,
+        held: &'a Held,
+        record_key: &'a str,
+        body: &'a str,
+        deadline: Instant,
+    ) -> Reply<'a, bool> {
+        self.inner.announce(held, record_key, body, deadline)
     }
 
-    /// Takes the lease on `keys` on a majority, runs `work` while it is held
-    /// and releases it; see [`Lessor::with_lock`].
-    ///
-    /// # Errors
-    /// As [`Lessor::with_lock`].
-    ///
-    /// # Cancel safety
-    /// As [`Lessor::with_lock`].
-    pub async fn with_lock<T>(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-        work: impl AsyncFnOnce(&Lease) -> T,
-    ) -> Result<crate::Finished<T>> {
-        Lessor::with_lock(self, keys, ttl, opts, work).await
-    }
-}
-
-/// An election's leader as a majority of the nodes see it.
-impl<C: RedisConnection> crate::lessor::sealed::Sealed for Quorum<C> {
-    fn service(&self) -> crate::service::Service {
-        crate::service::Service::REDIS
-    }
-
+    /// An election's leader as a majority of the nodes see it.
     fn leader_record<'a>(
         &'a self,
         key: &'a str,
@@ -421,31 +364,9 @@ impl<C: RedisConnection> crate::lessor::sealed::Sealed for Quorum<C> {
     }
 }
 
-/// The same calls as the inherent methods.
-impl<C: RedisConnection> Lessor for Quorum<C> {
-    fn acquire(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        Quorum::acquire(self, keys, ttl)
-    }
-
-    fn acquire_with(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        Quorum::acquire_with(self, keys, ttl, opts)
-    }
-
-    fn acquire_all<K: LockKeys>(
-        &self,
-        keys: impl IntoIterator<Item = K> + Send,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        Quorum::acquire_all(self, keys, ttl, opts)
+impl<C: RedisConnection> Quorum<C> {
+    /// How many servers must agree: a strict majority.
+    pub fn needed(&self) -> usize {
+        self.inner.needed()
     }
 }
