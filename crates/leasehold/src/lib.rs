@@ -179,21 +179,24 @@
 //!
 //! In layers, each using only those below it:
 //!
-//! 1. **Protocol**: the connection, the Lua scripts and the token-checked
-//!    steps on one server (`node`, `compare`, `call`, `scripts`). Knows
+//! 1. **Protocol and the seam**: the connection, the Lua scripts and the
+//!    token-checked steps on one server (`node`, `compare`, `call`,
+//!    `scripts`), and the public trait every lock service implements,
+//!    [`LockService`] (module [`backend`], with its contract). Knows
 //!    nothing of leases.
 //! 2. **Lease core**: one [`Lease`] type (keys, tokens, validity, fence,
 //!    [`watchdog`], `run`, `release`) that talks to whatever granted it
 //!    through one small backend interface. Knows nothing of hand-off or
 //!    quorum.
-//! 3. **Ways of taking a lease**: polling ([`Locker`]), hand-off with its
-//!    relay ([`HandoffLocker`]), Redlock ([`Quorum`]), on etcd
-//!    (`EtcdLocker`, feature `etcd`), and in memory for tests
-//!    (`MemoryLocker`, feature `memory`); each implements the
-//!    backend, checks options in one place, turns the caller's wait into
-//!    one deadline at its entry (capped by the command timeout in one
-//!    place, for each request) and shares one retry loop and one routine
-//!    for several keys.
+//! 3. **Ways of taking a lease**: every [`LockService`] is driven by one
+//!    retry loop (`rounds::drive`) and is a [`Lessor`] through one
+//!    implementation (`served`): polling ([`Locker`]), Redlock
+//!    ([`Quorum`]) and in memory for tests (`MemoryLocker`, feature
+//!    `memory`). Hand-off with its relay ([`HandoffLocker`]) and etcd
+//!    (`EtcdLocker`, feature `etcd`) still implement the crate's own
+//!    `Way` and drive their own waits through the same `Rounds`. All
+//!    check options in one place, turn the caller's wait into one deadline
+//!    at their entry and share one routine for several keys.
 //! 4. The crate root: these docs and the `pub use` list.
 
 // Protocol: the connection, the scripts and the token-checked steps.
