@@ -23,7 +23,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use leasehold::{AcquireOptions, FencedKeys, Locker};
+//! use leasehold::{AcquireOptions, FencedKeys, Lessor, Locker};
 //! use leasehold_pg::Guard;
 //!
 //! # async fn run(locker: Locker) -> Result<(), Box<dyn std::error::Error>> {
@@ -110,7 +110,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use leasehold::{FencedKeys, Locker};
+//! use leasehold::{FencedKeys, Lessor, Locker};
 //! use leasehold_pg::Outcome;
 //!
 //! # async fn run(locker: Locker) -> Result<(), Box<dyn std::error::Error>> {
