@@ -355,6 +355,7 @@ impl Target {
     }
 
     /// The pair as [`FencedKeys`], for a fenced target.
+    #[cfg(feature = "quorum")]
     pub(crate) fn fenced(&self) -> Option<FencedKeys> {
         self.fence.as_ref().map(|fence| FencedKeys {
             lock: self.lock.clone(),
