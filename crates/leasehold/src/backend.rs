@@ -313,8 +313,11 @@ pub trait LockService: Clone + Send + Sync + 'static {
 
     /// Writes the leader record `record_key` (`body`) of an election whose
     /// lock `held` is, if the lock still carries our token: `Ok(false)`
-    /// when it does not. Defaults to refused: the service then cannot back
-    /// an [`Election`](crate::Election).
+    /// when it does not. Defaults to refused: an
+    /// [`Election`](crate::Election) over the service still elects (the
+    /// lock and its fencing token are the term), but cannot name its
+    /// leader to the other candidates (`leader` and `observe` return
+    /// [`Error::NotOffered`]).
     ///
     /// # Errors
     /// [`Error::NotOffered`] by default; else a fault of the service.

@@ -43,6 +43,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::election::Election;
 use crate::error::{Error, GiveUpReason, Result};
 use crate::fencing::{FencedKeys, LockKeys};
 use crate::lessor::Lessor;
@@ -353,6 +354,10 @@ const CHECKS: &[(&str, &str)] = &[
         "with the service paused, a release and a refresh fail (never Ok), and an acquire returns by its deadline without a lease",
     ),
     (
+        "an_election_names_its_leader",
+        "a campaign wins a fenced term whose leader another candidate reads; the next term's token is above it (skipped when the service offers no leader record)",
+    ),
+    (
         "a_lost_counter_is_healed_or_said",
         "after the fence counter is lost, the next token is above the last, or the lease's raise_fence lifts the counter past it",
     ),
@@ -434,6 +439,7 @@ impl<L: Lessor, F: Faults> Ctx<'_, L, F> {
             8 => self.acquire_all_never_deadlocks().await,
             9 => self.a_cancelled_or_dropped_acquire_leaves_no_lock().await,
             10 => self.a_paused_service_is_never_success().await,
+            11 => self.an_election_names_its_leader().await,
             _ => self.a_lost_counter_is_healed_or_said().await,
         }
     }
@@ -759,6 +765,48 @@ impl<L: Lessor, F: Faults> Ctx<'_, L, F> {
             let _ = lease.release().await;
         }
         Ok(())
+    }
+
+    async fn an_election_names_its_leader(&self) -> Outcome {
+        let name = self.resource("election")?;
+        let build = |lessor: &L, candidate: &str| {
+            Election::builder(lessor.clone(), name.clone())
+                .candidate(candidate)
+                .ttl(self.settings.ttl)
+                .build()
+                .map_err(fail)
+        };
+        let (a, b) = (build(self.lessor, "a")?, build(self.other, "b")?);
+        let term = match a.campaign().await {
+            Err(Error::NotOffered { .. }) => {
+                return Err(Miss::Skip("the service offers no leader record"));
+            }
+            other => other.map_err(fail)?,
+        };
+        let first = term.fence();
+        let leader = match b.leader().await {
+            Err(Error::NotOffered { .. }) => {
+                term.resign().await.map_err(fail)?;
+                return Err(Miss::Skip("the service offers no leader record"));
+            }
+            other => other.map_err(fail)?,
+        };
+        expect(
+            leader
+                .as_ref()
+                .is_some_and(|l| l.candidate == "a" && l.fence == first),
+            "the leader another candidate reads",
+            &leader.map(|l| (l.candidate, l.fence)),
+        )?;
+        term.resign().await.map_err(fail)?;
+        let next = b.campaign().await.map_err(fail)?;
+        let second = next.fence();
+        next.resign().await.map_err(fail)?;
+        expect(
+            second > first,
+            "the next term's token above the first",
+            &(first, second),
+        )
     }
 
     async fn a_lost_counter_is_healed_or_said(&self) -> Outcome {

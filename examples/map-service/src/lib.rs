@@ -11,8 +11,8 @@
 //! bound every request by the deadline it is given.
 //!
 //! It offers no fence heal (a counter cannot be raised here) and no leader
-//! record: the trait's defaults refuse those, and an `Election` over it
-//! says so when it starts.
+//! record: the trait's defaults refuse those (an `Election` over it still
+//! elects, but `leader` and `observe` return `Error::NotOffered`).
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
