@@ -49,16 +49,31 @@ impl<C: RedisConnection> Wallet<C> {
     /// A read-modify-write: read the balance, check it, wait `work`, write it
     /// back. Its decision rests on a value that can change before the write.
     pub(crate) async fn spend(&self, amount: i64, work: Duration) -> anyhow::Result<bool> {
+        self.spend_under(None, amount, work).await
+    }
+
+    /// [`spend`](Self::spend) inside `lease.run`: its write is shielded
+    /// (`Lease::shield`), so a loss the watchdog finds while the write is
+    /// in flight does not drop a write that lands: the spend is counted
+    /// whenever it wrote, and stopped only before its write.
+    pub(crate) async fn spend_under(
+        &self,
+        lease: Option<&leasehold::Lease>,
+        amount: i64,
+        work: Duration,
+    ) -> anyhow::Result<bool> {
         let balance = self.balance().await?;
         if balance < amount {
             return Ok(false);
         }
         tokio::time::sleep(work).await;
         let mut conn = self.conn.clone();
-        let () = conn
-            .set(self.key, balance - amount)
-            .await
-            .with_context(|| format!("writing the balance {}", self.key))?;
+        let write = conn.set::<_, _, ()>(self.key, balance - amount);
+        match lease {
+            Some(lease) => lease.shield(write).await,
+            None => write.await,
+        }
+        .with_context(|| format!("writing the balance {}", self.key))?;
         Ok(true)
     }
 }

@@ -6,7 +6,8 @@
 //! first has not written yet (BROKEN); every release then finds its lease
 //! gone and is refused (`NotHeld`). With `--watchdog` the spend runs inside
 //! `Lease::run`: the lease is refreshed every ttl/3, and if it is lost
-//! anyway the spend is cancelled before its write.
+//! anyway the spend is cancelled before its write (the write itself is
+//! shielded: once sent, it lands and is counted).
 
 use leasehold::Lessor;
 use std::sync::Arc;
@@ -46,7 +47,10 @@ pub(crate) async fn run(env: &Env, args: &TtlArgs) -> anyhow::Result<Report> {
         async move {
             let lease = locker.acquire_with(LOCK_KEY, ttl, &opts).await?;
             let spent = if watchdog {
-                match lease.run(wallet.spend(amount, work)).await {
+                match lease
+                    .run(wallet.spend_under(Some(&lease), amount, work))
+                    .await
+                {
                     Ok(spent) => spent,
                     Err(Error::LeaseLost { .. }) => {
                         lost.fetch_add(1, Ordering::Relaxed);
