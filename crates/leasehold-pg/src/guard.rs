@@ -148,6 +148,76 @@
 //! another transaction; effects outside the database (an e-mail, a call to
 //! another service) that the transaction cannot roll back.
 //!
+//! # A holder that freezes
+//!
+//! The guard's row lock lasts until the transaction ends, and a holder
+//! frozen inside its transaction (a stop-the-world pause, `SIGSTOP`, a
+//! suspended VM) ends it only when it thaws: unbounded, the next holder,
+//! which takes the lock once the frozen one's lease runs out, waits in its
+//! own guard for the whole freeze. So [`guard`] (and
+//! [`guarded`](crate::guarded()), and both on sqlx) also sets, in the
+//! same statement (no round trip of its own), the **transaction-local**
+//! `idle_in_transaction_session_timeout` to the lease's TTL, at least
+//! 1 s, less the time the statement has run (a wait for the row lock
+//! included), rounded up to whole milliseconds. A holder frozen between
+//! two statements then stalls the next one by about its lease at most
+//! (the next holder takes the lock when the frozen lease runs out, at
+//! most a TTL after the freeze, and the frozen session ends a TTL after
+//! its last statement; 1 s for a shorter lease): the server ends its
+//! session (SQLSTATE `25P03`), which rolls its transaction back and frees
+//! the row; once thawed, its commit is [`Error::SessionEnded`] (did not
+//! commit; retryable, on a new connection).
+//!
+//! Why the TTL and not what is left of the lease: the watchdog keeps a
+//! lease alive while its work runs, and work that pauses between two
+//! statements for less than a TTL (the "guard first, then the expensive
+//! part" pattern) must not lose its session; the floor of 1 s keeps
+//! sub-second leases from ending every transaction at its first pause.
+//!
+//! - It is `set_config(.., true)`, as `SET LOCAL`: it ends with the
+//!   transaction, and the session's own setting is back after it, on a
+//!   pooled connection as through PgBouncer in transaction mode. Nothing
+//!   session-wide is set.
+//! - A smaller setting already in force (not 0: the session's, or a
+//!   `SET LOCAL` before the guard) is kept: the guard only lowers it. To
+//!   allow longer idle periods than the lease, `SET LOCAL` a larger value
+//!   after the guard.
+//! - The server's timer restarts with every idle period: it bounds each
+//!   pause between statements, not the transaction. A work that sits idle
+//!   in its transaction longer than the lease's TTL (at least 1 s; a slow
+//!   call to another service between two statements, while the watchdog
+//!   keeps the lease alive) is ended the same way: make such calls before
+//!   the transaction or after it, or `SET LOCAL` a larger value after the
+//!   guard.
+//! - [`guard_token`] has no lease, and sets nothing: set the timeout
+//!   yourself.
+//! - A holder frozen **during** a statement is not idle.
+//!   `statement_timeout` bounds a statement, and is the caller's choice
+//!   (opt in with `SET LOCAL statement_timeout` after the guard): it also
+//!   cuts a long statement whose lease the watchdog keeps alive.
+//!   `lock_timeout` is the caller's choice too: with it, a guard that
+//!   waits for a frozen holder's row fails (SQLSTATE `55P03`, roll back
+//!   and retry) instead of waiting it out.
+//! - **Not covered yet**: a backend stuck writing its answer to a frozen
+//!   client's socket (a result larger than the socket's buffers) is
+//!   neither idle nor checking its timeouts; only termination ends it
+//!   (`pg_terminate_backend` by another session, which needs the
+//!   `pg_signal_backend` role), which this crate does not do.
+//!
+//! With another driver, send this statement in place of the one above,
+//! with `$4` the lease's TTL in milliseconds, at least 1000 (`bigint`);
+//! its fourth column is the value set:
+//!
+//! ```sql
+//! WITH fences AS (SELECT FROM leasehold_fences)
+//! SELECT accepted, fence, holder,
+//!   set_config('idle_in_transaction_session_timeout', least(
+//!     nullif(extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000, 0),
+//!     greatest(ceil($4::bigint - extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000), 1)
+//!   )::bigint::text, true)
+//! FROM leasehold_guard($1, $2, $3);
+//! ```
+//!
 //! # Several resources (a transfer)
 //!
 //! Guard every resource the transaction touches, always in one order, so
@@ -198,6 +268,8 @@
 //! a lease that wrote before the upgrade and writes again after it is
 //! refused once. Writers of an earlier version still accept an equal token
 //! from anyone: upgrade every writer.
+
+use std::time::Duration;
 
 use leasehold::{FencingToken, HolderId, Lease};
 use tokio_postgres::GenericClient;
@@ -288,7 +360,9 @@ impl Guard {
 /// Guards `resource` with `token`, written by `holder`, in the caller's
 /// transaction `tx` (see the [module docs](self)): the one statement
 /// above, then, if refused, the fence and holder found. Does not touch
-/// Redis; see [`guard`] for the healing one, which takes both from a lease.
+/// Redis, and sets no idle bound (it has no lease: see [A holder that
+/// freezes](self#a-holder-that-freezes)); see [`guard`] for the healing
+/// one, which takes both from a lease.
 ///
 /// # Errors
 /// [`Error::InvalidResource`] for an empty name, [`Error::InvalidToken`]
@@ -320,18 +394,20 @@ pub(crate) async fn guard_token_with<S: Statements>(
     traced(
         resource,
         token,
-        guard_statement(tx, resource, token, holder),
+        guard_statement(tx, resource, token, holder, None),
     )
     .await
 }
 
 /// The guard statement (and, if refused, the read of what beat us),
-/// untraced.
+/// untraced; with `valid_for`, it also bounds the transaction's idle
+/// periods by it (see [A holder that freezes](self#a-holder-that-freezes)).
 async fn guard_statement<S: Statements>(
     tx: &mut S,
     resource: &str,
     token: FencingToken,
     holder: &HolderId,
+    valid_for: Option<Duration>,
 ) -> Result<Guard> {
     if resource.is_empty() {
         return Err(Error::InvalidResource {
@@ -342,7 +418,9 @@ async fn guard_statement<S: Statements>(
         return Err(Error::InvalidToken { token });
     }
     let fence = i64::try_from(token).map_err(|_| Error::TokenOutOfRange { token })?;
-    let verdict = tx.guard(resource, fence, holder.as_str()).await?;
+    let verdict = tx
+        .guard(resource, fence, holder.as_str(), valid_for.map(idle_ms))
+        .await?;
     if verdict.accepted {
         return Ok(Guard::Accepted);
     }
@@ -355,6 +433,10 @@ async fn guard_statement<S: Statements>(
     })
 }
 
+/// The shortest idle period the guard allows a transaction: a lease
+/// shorter than this bounds a frozen holder by this instead of its TTL.
+const IDLE_FLOOR: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Guards every fenced lock of `lease` in the caller's transaction `tx`,
 /// in one order (sorted by resource), with the lease's own tokens; the
 /// resource of a lock is its fence key (`fence:{wallet:42}` for
@@ -362,6 +444,13 @@ async fn guard_statement<S: Statements>(
 /// counter to the fence found ([`Lease::raise_fence_for`]) so that the next
 /// lease wins, and returns [`Guard::Refused`] at once: roll back (a lock
 /// guarded before it in this call is part of the transaction too).
+///
+/// Each guard statement also bounds the transaction's idle periods by the
+/// lease's TTL, at least 1 s (`SET LOCAL
+/// idle_in_transaction_session_timeout`, a smaller setting kept), so that
+/// a holder frozen in its transaction does not stall the next one for
+/// the whole freeze: see [A holder that
+/// freezes](self#a-holder-that-freezes).
 ///
 /// # Errors
 /// As [`guard_token`]; [`Error::NotFenced`] when the lease holds no fenced
@@ -391,7 +480,11 @@ pub(crate) async fn guard_with<S: Statements>(tx: &mut S, lease: &Lease) -> Resu
     fenced.sort();
     for (resource, key, token, holder) in fenced {
         let guarded = async {
-            let found = guard_statement(&mut *tx, &resource, token, &holder).await?;
+            // A frozen holder's session ends after an idle period of the
+            // lease's TTL (at least `IDLE_FLOOR`): see "A holder that
+            // freezes".
+            let valid_for = Some(lease.ttl().max(IDLE_FLOOR));
+            let found = guard_statement(&mut *tx, &resource, token, &holder, valid_for).await?;
             let Guard::Refused {
                 current, writer, ..
             } = found
@@ -419,6 +512,14 @@ pub(crate) async fn guard_with<S: Statements>(tx: &mut S, lease: &Lease) -> Resu
         }
     }
     Ok(Guard::Accepted)
+}
+
+/// `valid_for` as `idle_in_transaction_session_timeout`'s milliseconds:
+/// rounded up, at least 1 (0 would turn the timeout off) and at most the
+/// setting's maximum (`i32::MAX`, about 24.8 days).
+fn idle_ms(valid_for: Duration) -> i64 {
+    let ms = valid_for.as_nanos().div_ceil(1_000_000);
+    i64::try_from(ms.clamp(1, i32::MAX as u128)).unwrap_or(i64::from(i32::MAX))
 }
 
 /// `guarded` (the guard of `resource` with `token`) inside a
@@ -478,4 +579,19 @@ async fn traced(
     span.record("outcome", outcome);
     crate::metrics::guarded_write(outcome);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idle_bound_is_whole_milliseconds_rounded_up_between_1_and_the_settings_maximum() {
+        assert_eq!(idle_ms(Duration::ZERO), 1, "0 would turn the timeout off");
+        assert_eq!(idle_ms(Duration::from_nanos(1)), 1);
+        assert_eq!(idle_ms(Duration::from_millis(1)), 1);
+        assert_eq!(idle_ms(Duration::from_nanos(1_000_001)), 2);
+        assert_eq!(idle_ms(Duration::from_millis(2_000)), 2_000);
+        assert_eq!(idle_ms(Duration::MAX), i64::from(i32::MAX));
+    }
 }

@@ -40,8 +40,11 @@
 //!   nothing written.
 //! - `Err(Error::SessionEnded)`: the server ended the session before the
 //!   transaction committed (it sat idle past
-//!   `idle_in_transaction_session_timeout`, an administrator shut the
-//!   server down), or the connection had closed before the `COMMIT` was
+//!   `idle_in_transaction_session_timeout`, which the guard lowers to the
+//!   lease's TTL, at least 1 s, so that a holder frozen in its
+//!   transaction does not stall the next one: see [A holder that
+//!   freezes](mod@crate::guard#a-holder-that-freezes); an administrator
+//!   shut the server down), or the connection had closed before the `COMMIT` was
 //!   sent: nothing written; retryable, on a new connection.
 //! - `Err(Error::CommitUnknown)`: the `COMMIT` got no answer; whether it
 //!   landed is unknown. Every other error means nothing was written.

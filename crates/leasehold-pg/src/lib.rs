@@ -56,6 +56,22 @@
 //! # }
 //! ```
 //!
+//! # A holder that freezes
+//!
+//! A holder frozen inside its guarded transaction keeps the guard's row
+//! locked, which would stall the next holder for the whole freeze. So
+//! the guard also sets the transaction-local (`SET LOCAL`, safe through
+//! PgBouncer) `idle_in_transaction_session_timeout` to the lease's TTL
+//! (at least 1 s), a smaller setting kept: the server ends a session
+//! frozen between two statements about a lease after the freeze, and the
+//! thawed holder's commit is [`Error::SessionEnded`]. The timer restarts
+//! with each idle period (it bounds a pause, not the transaction);
+//! `statement_timeout` (a freeze mid-statement; it also cuts long
+//! statements the watchdog keeps alive) and `lock_timeout` are the
+//! caller's choice; a backend stuck writing to a frozen client's socket
+//! yields only to `pg_terminate_backend`, not done yet. See [A holder
+//! that freezes](mod@guard#a-holder-that-freezes).
+//!
 //! # Why fencing orders writes but not reads
 //!
 //! [`debit_fenced`] carries the lease's [`FencingToken`] and writes only

@@ -90,26 +90,36 @@
 //! are written once.
 
 use ::sqlx::postgres::{PgConnection, Postgres};
-use ::sqlx::{Connection, Executor, Transaction};
+use ::sqlx::{Connection, Executor, Row, Transaction};
 use leasehold::{FencingToken, HolderId, Lease};
 
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Setup, guard_token_with, guard_with, logged};
 use crate::guarded::{Guarded, refused, settle};
-use crate::statements::{GUARD, Statements, Verdict};
+use crate::statements::{GUARD, GUARD_BOUNDED, Statements, Verdict};
 
 impl Statements for PgConnection {
-    async fn guard(&mut self, resource: &str, fence: i64, holder: &str) -> Result<Verdict> {
-        let (accepted, fence, holder) = ::sqlx::query_as(GUARD)
-            .bind(resource)
-            .bind(fence)
-            .bind(holder)
-            .fetch_one(&mut *self)
-            .await?;
+    async fn guard(
+        &mut self,
+        resource: &str,
+        fence: i64,
+        holder: &str,
+        idle_ms: Option<i64>,
+    ) -> Result<Verdict> {
+        let sql = if idle_ms.is_some() {
+            GUARD_BOUNDED
+        } else {
+            GUARD
+        };
+        let mut query = ::sqlx::query(sql).bind(resource).bind(fence).bind(holder);
+        if let Some(idle_ms) = idle_ms {
+            query = query.bind(idle_ms);
+        }
+        let row = query.fetch_one(&mut *self).await?;
         Ok(Verdict {
-            accepted,
-            fence,
-            holder,
+            accepted: row.try_get(0)?,
+            fence: row.try_get(1)?,
+            holder: row.try_get(2)?,
         })
     }
 

@@ -19,6 +19,24 @@ use crate::error::Result;
 pub(crate) const GUARD: &str = "WITH fences AS (SELECT FROM leasehold_fences)
 SELECT accepted, fence, holder FROM leasehold_guard($1, $2, $3)";
 
+/// [`GUARD`] that also bounds how long the transaction may sit idle (see
+/// [A holder that freezes](mod@crate::guard#a-holder-that-freezes)): `$4`
+/// is the lease's TTL in milliseconds, at least 1000 (`bigint`). After the guard's function has returned (a row lock it waited for
+/// included), it sets the transaction-local (`is_local`, as `SET LOCAL`)
+/// `idle_in_transaction_session_timeout` to `$4` less the time the
+/// statement has run so far, at least 1 ms, unless the setting in force is
+/// already smaller and not 0 (the caller's stricter choice is kept). The
+/// setting in force is read through `interval`, which takes every unit
+/// `SHOW` prints (`500ms`, `5s`, `1min`, `2h`, `1d`). Its fourth column
+/// is the value set, unused.
+pub(crate) const GUARD_BOUNDED: &str = "WITH fences AS (SELECT FROM leasehold_fences)
+SELECT accepted, fence, holder,
+  set_config('idle_in_transaction_session_timeout', least(
+    nullif(extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000, 0),
+    greatest(ceil($4::bigint - extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000), 1)
+  )::bigint::text, true)
+FROM leasehold_guard($1, $2, $3)";
+
 /// The body of [`GUARD`]'s function (see `guard_function!`): what
 /// `setup` compares with the installed one's (`pg_proc.prosrc`) to know
 /// whether to replace it.
@@ -116,9 +134,16 @@ pub(crate) struct Verdict {
 /// run on it unchanged. Every method maps the driver's errors to
 /// [`Error`](crate::Error) with the shared classification.
 pub(crate) trait Statements {
-    /// [`GUARD`] with its three parameters, in one round trip (no
-    /// separate prepare): its one row.
-    async fn guard(&mut self, resource: &str, fence: i64, holder: &str) -> Result<Verdict>;
+    /// [`GUARD`] with its three parameters, or [`GUARD_BOUNDED`] when
+    /// `idle_ms` (its `$4`) is given, in one round trip (no separate
+    /// prepare): its one row.
+    async fn guard(
+        &mut self,
+        resource: &str,
+        fence: i64,
+        holder: &str,
+        idle_ms: Option<i64>,
+    ) -> Result<Verdict>;
 
     /// A statement that returns one `bool`, with no parameter or one text
     /// parameter (`$1`).

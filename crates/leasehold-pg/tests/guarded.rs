@@ -2,25 +2,29 @@
 //! Redis: committed, refused (the work never runs), the work's error and a
 //! swallowed statement error rolled back, a lease lost mid-work rolled
 //! back, a plain lease refused, a session the server ended before the
-//! commit; and `FencingToken` as a `bigint`.
+//! commit, a holder frozen in its transaction ended by the server once
+//! its lease has run out (the next holder commits), the guard's idle
+//! bound set for the transaction alone; and `FencingToken` as a `bigint`.
 
 use leasehold::Lessor;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use leasehold::{FencedKeys, FencingToken, Locker, LostCause};
+use leasehold::{AcquireOptions, FencedKeys, FencingToken, Locker, LostCause};
 use leasehold_pg::tokio_postgres::Client;
 use leasehold_pg::{Error, Guarded};
 use leasehold_testkit::RedisServer;
 
 mod common;
-use common::{chain, server};
+use common::{chain, frozen_lease, server};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const TTL: Duration = Duration::from_secs(30);
 /// A hang detector, not a timing assertion.
 const HUNG: Duration = Duration::from_secs(30);
+/// The lease of a holder that freezes: the next one waits about this long.
+const SHORT: Duration = Duration::from_secs(1);
 
 /// A database with the fence table and a one-row table of the test's own.
 async fn db(
@@ -208,6 +212,138 @@ async fn a_session_the_server_ended_before_the_commit_did_not_commit() -> TestRe
         chain(&err)
     );
     assert_eq!(value(&watcher, table).await?, 0);
+    Ok(())
+}
+
+/// A holder that freezes inside its guarded transaction (after the
+/// guard, before its commit) stalls the next holder only until its lease
+/// would have run out: the guard set the transaction's
+/// `idle_in_transaction_session_timeout` to the lease's remaining
+/// validity, so the server ends the frozen session and its row lock goes
+/// with it. The next holder commits; the frozen one's write is not there,
+/// and its commit, once it thaws, says it did not commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_frozen_in_its_transaction_stalls_the_next_only_for_its_lease() -> TestResult {
+    let redis = RedisServer::start()?;
+    let table = "guarded_frozen";
+    let (mut next_db, server) = db(table).await?;
+    let mut frozen_db = leasehold_pg::connect(&server.url()).await?;
+    let keys = FencedKeys::for_resource("guarded:frozen")?;
+    let (frozen, runtime) = frozen_lease(redis.url(), keys.clone(), SHORT)?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let (guarded_tx, guarded_rx) = tokio::sync::oneshot::channel();
+    let (committed_tx, committed_rx) = tokio::sync::oneshot::channel();
+
+    let frozen_holder = leasehold_pg::guarded(&mut frozen_db, &frozen, async |tx| {
+        bump(tx, table).await?;
+        let _ = guarded_tx.send(());
+        // Frozen: the transaction (and the guard's row lock) held, nothing
+        // sent, until the next holder has committed.
+        let _ = committed_rx.await;
+        // That commit means this session has ended: the row lock is freed
+        // only when its transaction ends, and the server wrote its last
+        // word (25P03, then the close) before. Let the connection's task
+        // read it before guarded commits: a COMMIT queued before that may
+        // have gone out, for all the client can tell (`CommitUnknown`,
+        // also true, but not what this test is about).
+        while !tx.client().is_closed() {
+            tokio::task::yield_now().await;
+        }
+        Ok::<_, Error>(())
+    });
+    let next_holder = async {
+        // Once the frozen holder holds the row lock; its lease runs out in
+        // Redis (nothing refreshes it), then this one is taken.
+        guarded_rx.await?;
+        let opts = AcquireOptions::new().wait(HUNG);
+        let lease = locker.acquire_with(&keys, TTL, &opts).await?;
+        let done =
+            leasehold_pg::guarded(&mut next_db, &lease, async |tx| bump(tx, table).await).await?;
+        let _ = committed_tx.send(());
+        lease.release().await?;
+        Ok::<_, Box<dyn std::error::Error>>(done)
+    };
+    let (frozen_outcome, next_outcome) =
+        tokio::time::timeout(HUNG, async { tokio::join!(frozen_holder, next_holder) }).await?;
+
+    assert_eq!(next_outcome?, Guarded::Committed(1));
+    let err = frozen_outcome.err().ok_or("a frozen holder committed")?;
+    assert!(matches!(err, Error::SessionEnded(_)), "{}", chain(&err));
+    assert!(err.is_retryable());
+    assert_eq!(value(&next_db, table).await?, 1);
+    drop(frozen);
+    runtime.shutdown_background();
+    Ok(())
+}
+
+/// The idle bound the guard sets (`idle_in_transaction_session_timeout`,
+/// in milliseconds), or the session's outside a transaction.
+async fn idle_timeout_ms(
+    db: &impl leasehold_pg::tokio_postgres::GenericClient,
+) -> Result<i64, Error> {
+    let row = db
+        .query_one(
+            "SELECT (extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// The guard bounds the transaction's idle periods by the lease's
+/// TTL (at least 1 s), for that transaction alone (`SET LOCAL`: the
+/// session's setting is back after it, through PgBouncer too), and keeps
+/// a smaller bound the caller set; `guard_token`, which has no lease,
+/// leaves the setting alone.
+#[tokio::test]
+async fn the_guard_bounds_idle_periods_by_the_lease_for_its_transaction_only() -> TestResult {
+    let redis = RedisServer::start()?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let (mut db, _server) = db("guarded_idle").await?;
+    let lease = locker
+        .acquire(&FencedKeys::for_resource("guarded:idle")?, TTL)
+        .await?;
+    let ttl_ms = i64::try_from(TTL.as_millis())?;
+    // The session's setting: none, an hour, 200 ms (stricter than the
+    // lease: kept).
+    for (session, inside) in [("0", None), ("1h", None), ("200ms", Some(200))] {
+        db.batch_execute(&format!(
+            "SET idle_in_transaction_session_timeout = '{session}'"
+        ))
+        .await?;
+        let before = idle_timeout_ms(&db).await?;
+        let set = leasehold_pg::guarded(&mut db, &lease, async |tx| idle_timeout_ms(tx).await)
+            .await?
+            .committed()
+            .ok_or("not committed")?;
+        match inside {
+            Some(kept) => assert_eq!(set, kept, "session {session}"),
+            None => assert!(0 < set && set <= ttl_ms, "session {session}: {set} ms"),
+        }
+        assert_eq!(idle_timeout_ms(&db).await?, before, "session {session}");
+    }
+    // A caller's smaller SET LOCAL before the guard is kept too.
+    let tx = db.transaction().await?;
+    tx.batch_execute("SET LOCAL idle_in_transaction_session_timeout = '150ms'")
+        .await?;
+    assert!(leasehold_pg::guard(&tx, &lease).await?.is_accepted());
+    assert_eq!(idle_timeout_ms(&tx).await?, 150);
+    tx.rollback().await?;
+    // guard_token has no validity to bound anything by.
+    db.batch_execute("SET idle_in_transaction_session_timeout = 0")
+        .await?;
+    let tx = db.transaction().await?;
+    let found = leasehold_pg::guard_token(
+        &tx,
+        "guarded:idle:token",
+        FencingToken::new(1),
+        &lease.holder(),
+    )
+    .await?;
+    assert!(found.is_accepted());
+    assert_eq!(idle_timeout_ms(&tx).await?, 0);
+    tx.rollback().await?;
+    lease.release().await?;
     Ok(())
 }
 

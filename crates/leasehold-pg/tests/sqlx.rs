@@ -1,19 +1,19 @@
 //! The fence guard, `setup` and `guarded` on sqlx (feature `sqlx`), against
 //! a real PostgreSQL and Redis: the same cases as on tokio-postgres
-//! (tests/guard.rs, tests/guarded.rs), the same answers; and
-//! `FencingToken` as an `INT8`.
+//! (tests/guard.rs, tests/guarded.rs), the same answers (a holder frozen
+//! in its transaction included); and `FencingToken` as an `INT8`.
 
 use leasehold::Lessor;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use leasehold::{FencedKeys, FencingToken, HolderId, Locker, LostCause};
+use leasehold::{AcquireOptions, FencedKeys, FencingToken, HolderId, Locker, LostCause};
 use leasehold_pg::{Error, FENCES, Guard, Guarded, Setup};
 use leasehold_testkit::{PostgresServer, RedisServer};
 use sqlx::{Connection, PgConnection};
 
 mod common;
-use common::{chain, server};
+use common::{chain, frozen_lease, server};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -586,6 +586,111 @@ async fn guarded_says_what_the_database_holds() -> TestResult {
     assert!(matches!(refused, Err(Error::NotFenced)), "{refused:?}");
     assert_eq!(value(&mut db).await?, 3);
     plain.release().await?;
+    Ok(())
+}
+
+/// A holder that freezes inside its guarded transaction stalls the next
+/// one only until its lease would have run out: the server ends its
+/// session (the guard's idle bound), the next holder commits, and the
+/// frozen one's commit says it did not commit (as on tokio-postgres).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_frozen_in_its_transaction_stalls_the_next_only_for_its_lease() -> TestResult {
+    let pg = server()?;
+    let mut next_db = db(&pg, "sqlx_frozen").await?;
+    let mut frozen_db = PgConnection::connect(&url_of(&pg, "sqlx_frozen")).await?;
+    let redis = RedisServer::start()?;
+    let keys = FencedKeys::for_resource("sqlx:frozen")?;
+    let (frozen, runtime) = frozen_lease(redis.url(), keys.clone(), Duration::from_secs(1))?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let (guarded_tx, guarded_rx) = tokio::sync::oneshot::channel();
+    let (committed_tx, committed_rx) = tokio::sync::oneshot::channel();
+
+    let frozen_holder =
+        leasehold_pg::sqlx::guarded(&mut frozen_db, &frozen, async |tx: &mut PgConnection| {
+            bump(tx).await?;
+            let _ = guarded_tx.send(());
+            // Frozen: the transaction and its row lock held, nothing sent,
+            // until the next holder has committed. sqlx reads the server's
+            // last word (25P03) with guarded's next statement.
+            let _ = committed_rx.await;
+            Ok::<_, Error>(())
+        });
+    let next_holder = async {
+        guarded_rx.await?;
+        let opts = AcquireOptions::new().wait(HUNG);
+        let lease = locker.acquire_with(&keys, TTL, &opts).await?;
+        let done = leasehold_pg::sqlx::guarded(&mut next_db, &lease, bump).await?;
+        let _ = committed_tx.send(());
+        lease.release().await?;
+        Ok::<_, Box<dyn std::error::Error>>(done)
+    };
+    let (frozen_outcome, next_outcome) =
+        tokio::time::timeout(HUNG, async { tokio::join!(frozen_holder, next_holder) }).await?;
+
+    assert_eq!(next_outcome?, Guarded::Committed(1));
+    let err = frozen_outcome.err().ok_or("a frozen holder committed")?;
+    assert!(matches!(err, Error::SessionEnded(_)), "{}", chain(&err));
+    assert!(err.is_retryable());
+    assert_eq!(value(&mut next_db).await?, 1);
+    drop(frozen);
+    runtime.shutdown_background();
+    Ok(())
+}
+
+/// `idle_in_transaction_session_timeout` in milliseconds, as it stands.
+async fn idle_timeout_ms(db: &mut PgConnection) -> Result<i64, Error> {
+    Ok(sqlx::query_scalar(
+        "SELECT (extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint",
+    )
+    .fetch_one(db)
+    .await?)
+}
+
+/// The guard bounds the transaction's idle periods by the lease, for that
+/// transaction alone, and keeps a smaller bound the caller set.
+#[tokio::test]
+async fn the_guard_bounds_idle_periods_by_the_lease_for_its_transaction_only() -> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg, "sqlx_idle").await?;
+    let redis = RedisServer::start()?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let lease = locker
+        .acquire(&FencedKeys::for_resource("sqlx:idle")?, TTL)
+        .await?;
+    let ttl_ms = i64::try_from(TTL.as_millis())?;
+    for (session, inside) in [("0", None), ("1h", None), ("200ms", Some(200))] {
+        sqlx::raw_sql(&format!(
+            "SET idle_in_transaction_session_timeout = '{session}'"
+        ))
+        .execute(&mut db)
+        .await?;
+        let before = idle_timeout_ms(&mut db).await?;
+        let set = leasehold_pg::sqlx::guarded(&mut db, &lease, idle_timeout_ms)
+            .await?
+            .committed()
+            .ok_or("not committed")?;
+        match inside {
+            Some(kept) => assert_eq!(set, kept, "session {session}"),
+            None => assert!(0 < set && set <= ttl_ms, "session {session}: {set} ms"),
+        }
+        assert_eq!(idle_timeout_ms(&mut db).await?, before, "session {session}");
+    }
+    // guard_token has no validity to bound anything by.
+    sqlx::raw_sql("SET idle_in_transaction_session_timeout = 0")
+        .execute(&mut db)
+        .await?;
+    let mut tx = db.begin().await?;
+    let found = leasehold_pg::sqlx::guard_token(
+        &mut tx,
+        "sqlx:idle:token",
+        FencingToken::new(1),
+        &lease.holder(),
+    )
+    .await?;
+    assert!(found.is_accepted());
+    assert_eq!(idle_timeout_ms(&mut tx).await?, 0);
+    tx.rollback().await?;
+    lease.release().await?;
     Ok(())
 }
 

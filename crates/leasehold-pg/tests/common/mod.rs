@@ -31,3 +31,33 @@ pub fn chain(err: &dyn std::error::Error) -> String {
     }
     out
 }
+
+/// A lease held by a holder that then freezes (as under `SIGSTOP`): taken
+/// through a `Locker` of its own on a runtime of its own, which nothing
+/// drives after the acquire, so the lease's watchdog and its Redis
+/// connection (both spawned there) never run again and the lock expires
+/// after `ttl`. Its database work runs on the caller's runtime. Shut the
+/// runtime down at the end (`shutdown_background`).
+pub fn frozen_lease(
+    redis_url: String,
+    keys: leasehold::FencedKeys,
+    ttl: std::time::Duration,
+) -> Result<(leasehold::Lease, tokio::runtime::Runtime), Box<dyn std::error::Error>> {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let lease = runtime.block_on(async {
+            let client = leasehold::redis::Client::open(redis_url).map_err(|e| e.to_string())?;
+            let locker = leasehold::Locker::connect(&client)
+                .await
+                .map_err(|e| e.to_string())?;
+            locker.acquire(&keys, ttl).await.map_err(|e| e.to_string())
+        })?;
+        Ok::<_, String>((lease, runtime))
+    })
+    .join()
+    .map_err(|_| "the frozen holder's thread panicked")?
+    .map_err(Into::into)
+}
