@@ -113,9 +113,9 @@
 //! transaction, binding the resource (the fence key, `keys.fence()`), the
 //! token as a `bigint` and the holder, e.g. with `diesel::sql_query(..)`
 //! and `.bind::<Text, _>`, `.bind::<BigInt, _>`; `accepted` false is a
-//! refusal: roll back, and call `lease.raise_fence(fence)` as [`guard`]
-//! does. Create the table and the function with [`FENCES_DDL`] in a
-//! migration.
+//! refusal: roll back, and call `lease.raise_fence(fence)` and
+//! `lease.mark_superseded()` as [`guard`] does. Create the table and the
+//! function with [`FENCES_DDL`] in a migration.
 //!
 //! # Why it is enough (the serialization argument)
 //!
@@ -330,10 +330,12 @@ pub enum Guard {
     /// A newer token, or the same token from another holder, has written
     /// `resource`: roll back. `healed` says whether the Redis counter was
     /// raised to `current` (by [`guard`]), so that the next lease gets a
-    /// newer token. The lease no longer protects anything: in a
-    /// leadership term, end it (`term.mark_superseded()`, or
-    /// `lease.mark_superseded()` for any lease kept for more writes), so
-    /// its work stops and the process campaigns again.
+    /// newer token. The lease no longer protects anything, and [`guard`]
+    /// has ended it ([`Lease::mark_superseded`]): its watchdog stops, work
+    /// under `lease.run` (or a leadership `Term`'s `run`) stops at its
+    /// next `.await`, `lease.lost()` is `Superseded`, and a term's
+    /// `lost()` resolves, so the process campaigns again with no call of
+    /// yours. ([`guard_token`] has no lease and ends nothing.)
     Refused {
         /// The resource that refused.
         resource: String,
@@ -442,8 +444,10 @@ const IDLE_FLOOR: std::time::Duration = std::time::Duration::from_secs(1);
 /// resource of a lock is its fence key (`fence:{wallet:42}` for
 /// `FencedKeys::for_resource("wallet:42")`). On a refusal, raises the Redis
 /// counter to the fence found ([`Lease::raise_fence_for`]) so that the next
-/// lease wins, and returns [`Guard::Refused`] at once: roll back (a lock
-/// guarded before it in this call is part of the transaction too).
+/// lease wins, ends the lease ([`Lease::mark_superseded`]: a leadership
+/// term is over, its work stops at its next `.await`), and returns
+/// [`Guard::Refused`] at once: roll back (a lock guarded before it in this
+/// call is part of the transaction too).
 ///
 /// Each guard statement also bounds the transaction's idle periods by the
 /// lease's TTL, at least 1 s (`SET LOCAL
@@ -508,6 +512,10 @@ pub(crate) async fn guard_with<S: Statements>(tx: &mut S, lease: &Lease) -> Resu
         };
         let found = traced(&resource, token, guarded).await?;
         if !found.is_accepted() {
+            // The lease will never be accepted here again (its token is
+            // below the fence, or equal from another holder): its term is
+            // over, whatever the lock service says.
+            lease.mark_superseded();
             return Ok(found);
         }
     }

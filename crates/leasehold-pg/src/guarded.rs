@@ -28,7 +28,9 @@
 //!   work ran to its end and the transaction committed.
 //! - `Ok(Guarded::Refused { .. })`: a newer holder (or another holder of
 //!   the same token) has written; the work did not run, nothing was
-//!   written. The Redis counter was healed; retry with a new lease.
+//!   written. The Redis counter was healed and the lease ended
+//!   ([`Lease::mark_superseded`]: a leadership term is over, with no call
+//!   of yours); retry with a new lease.
 //! - `Ok(Guarded::Lost(cause))`: the lease was found lost before the work
 //!   finished; the work was stopped at an `.await` and its transaction
 //!   rolled back. Nothing was written.
@@ -63,7 +65,9 @@ use crate::guard::{Guard, guard};
 pub enum Guarded<T> {
     /// The work ran and the transaction committed: its output.
     Committed(T),
-    /// The guard refused the lease: nothing written, the work did not run.
+    /// The guard refused the lease: nothing written, the work did not run,
+    /// and the lease is ended as superseded (its `lost()` says so; a
+    /// term's `lost()` resolves).
     Refused {
         /// The resource that refused (the lease's fence key).
         resource: String,

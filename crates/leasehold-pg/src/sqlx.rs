@@ -83,7 +83,8 @@
 //! .bind::<Text, _>(..)` loaded into a row type with the fields
 //! `accepted` (`Bool`), `fence` (`BigInt`) and `holder`
 //! (`Nullable<Text>`); `accepted` false is a refusal: roll back and call
-//! `lease.raise_fence(fence)` as [`guard`] does. Create the table and the
+//! `lease.raise_fence(fence)` and `lease.mark_superseded()` as [`guard`]
+//! does. Create the table and the
 //! guard's function with [`FENCES_DDL`](crate::FENCES_DDL) in a
 //! migration. In this crate a driver is one small module: it runs the
 //! statements and maps its errors, and the guard, `setup` and `guarded`
@@ -207,7 +208,8 @@ pub async fn guard_token(
 /// [`guard`](crate::guard::guard()) on sqlx: guards every fenced lock of
 /// `lease` in the caller's transaction (`&mut tx`, or `&mut *tx`), in one
 /// order, and on a refusal heals the Redis counter
-/// ([`Lease::raise_fence_for`]) and returns [`Guard::Refused`]: roll back.
+/// ([`Lease::raise_fence_for`]), ends the lease
+/// ([`Lease::mark_superseded`]) and returns [`Guard::Refused`]: roll back.
 ///
 /// # Errors
 /// As [`guard`](crate::guard::guard()): [`Error::NotFenced`] for a lease
@@ -226,7 +228,8 @@ pub async fn guard(tx: &mut PgConnection, lease: &Lease) -> Result<Guard> {
 /// transaction's connection), the check and `COMMIT`, the whole under the
 /// lease's watchdog and the commit shielded from it. The same outcomes:
 /// [`Guarded::Committed`] with the work's output, [`Guarded::Refused`]
-/// (the work did not run, nothing written, the counter healed),
+/// (the work did not run, nothing written, the counter healed, the lease
+/// ended as superseded),
 /// [`Guarded::Lost`] (stopped and rolled back).
 ///
 /// `db` is a connection that is not in a transaction (a pooled one is

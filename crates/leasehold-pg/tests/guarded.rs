@@ -4,7 +4,8 @@
 //! back, a plain lease refused, a session the server ended before the
 //! commit, a holder frozen in its transaction ended by the server once
 //! its lease has run out (the next holder commits), the guard's idle
-//! bound set for the transaction alone; and `FencingToken` as a `bigint`.
+//! bound set for the transaction alone, a refused term ended with no
+//! call of the user's; and `FencingToken` as a `bigint`.
 
 use leasehold::Lessor;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +17,7 @@ use leasehold_pg::{Error, Guarded};
 use leasehold_testkit::RedisServer;
 
 mod common;
-use common::{chain, frozen_lease, server};
+use common::{chain, frozen_lease, server, superseded_term};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -344,6 +345,68 @@ async fn the_guard_bounds_idle_periods_by_the_lease_for_its_transaction_only() -
     assert_eq!(idle_timeout_ms(&tx).await?, 0);
     tx.rollback().await?;
     lease.release().await?;
+    Ok(())
+}
+
+/// A leader's term whose guarded write is refused (a newer leader has
+/// written) ends by itself: the guard marks its lease superseded, with no
+/// `mark_superseded` call, through `guarded` and through the guard alone;
+/// the term's `lost` resolves, the work under it stops at its next
+/// `.await`, and resigning it is quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_term_ends_without_the_user_marking_it() -> TestResult {
+    let table = "guarded_term";
+    let (mut db, _server) = db(table).await?;
+
+    // guarded: refused, the work never runs, the term is over.
+    let (stale, newer) = superseded_term("guarded-term").await?;
+    assert!(stale.is_leader(), "the old leader does not know yet");
+    let done = leasehold_pg::guarded(&mut db, newer.lease(), async |tx| bump(tx, table).await);
+    assert_eq!(done.await?, Guarded::Committed(1));
+    let ran = AtomicBool::new(false);
+    let refused = leasehold_pg::guarded(&mut db, stale.lease(), async |tx| {
+        ran.store(true, Ordering::SeqCst);
+        bump(tx, table).await
+    })
+    .await?;
+    assert!(matches!(refused, Guarded::Refused { .. }), "{refused:?}");
+    assert!(!ran.load(Ordering::SeqCst));
+    assert_eq!(stale.lease().lost(), Some(LostCause::Superseded));
+    assert!(!stale.is_leader());
+    assert_eq!(
+        tokio::time::timeout(HUNG, stale.lost()).await?,
+        LostCause::Superseded
+    );
+    stale.resign().await?;
+    newer.resign().await?;
+
+    // The guard alone, in the term's work: the work stops at its next
+    // `.await` after the refusal.
+    let (stale, newer) = superseded_term("guarded-term-2").await?;
+    let done = leasehold_pg::guarded(&mut db, newer.lease(), async |tx| bump(tx, table).await);
+    assert_eq!(done.await?, Guarded::Committed(2));
+    let work = stale.run(async {
+        let tx = db.transaction().await?;
+        let found = leasehold_pg::guard(&tx, stale.lease()).await?;
+        assert!(!found.is_accepted(), "{found:?}");
+        drop(tx); // rolled back
+        std::future::pending::<()>().await;
+        Ok::<_, Error>(())
+    });
+    let stopped = tokio::time::timeout(HUNG, work).await?;
+    assert!(
+        matches!(
+            stopped,
+            Err(leasehold::Error::LeaseLost {
+                cause: LostCause::Superseded,
+                ..
+            })
+        ),
+        "{stopped:?}"
+    );
+    assert_eq!(value(&db, table).await?, 2);
+    stale.resign().await?;
+    newer.resign().await?;
     Ok(())
 }
 

@@ -13,7 +13,7 @@ use leasehold_testkit::{PostgresServer, RedisServer};
 use sqlx::{Connection, PgConnection};
 
 mod common;
-use common::{chain, frozen_lease, server};
+use common::{chain, frozen_lease, server, superseded_term};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -691,6 +691,65 @@ async fn the_guard_bounds_idle_periods_by_the_lease_for_its_transaction_only() -
     assert_eq!(idle_timeout_ms(&mut tx).await?, 0);
     tx.rollback().await?;
     lease.release().await?;
+    Ok(())
+}
+
+/// A leader's term whose guarded write is refused ends by itself, as on
+/// tokio-postgres: the guard marks its lease superseded, through
+/// `guarded` and through the guard alone, with no `mark_superseded` call;
+/// the work under the term stops at its next `.await`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_term_ends_without_the_user_marking_it() -> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg, "sqlx_term").await?;
+
+    let (stale, newer) = superseded_term("sqlx-term").await?;
+    assert!(stale.is_leader(), "the old leader does not know yet");
+    let done = leasehold_pg::sqlx::guarded(&mut db, newer.lease(), bump).await?;
+    assert_eq!(done, Guarded::Committed(1));
+    let ran = AtomicBool::new(false);
+    let refused =
+        leasehold_pg::sqlx::guarded(&mut db, stale.lease(), async |tx: &mut PgConnection| {
+            ran.store(true, Ordering::SeqCst);
+            bump(tx).await
+        })
+        .await?;
+    assert!(matches!(refused, Guarded::Refused { .. }), "{refused:?}");
+    assert!(!ran.load(Ordering::SeqCst));
+    assert_eq!(stale.lease().lost(), Some(LostCause::Superseded));
+    assert!(!stale.is_leader());
+    assert_eq!(
+        tokio::time::timeout(HUNG, stale.lost()).await?,
+        LostCause::Superseded
+    );
+    stale.resign().await?;
+    newer.resign().await?;
+
+    let (stale, newer) = superseded_term("sqlx-term-2").await?;
+    let done = leasehold_pg::sqlx::guarded(&mut db, newer.lease(), bump).await?;
+    assert_eq!(done, Guarded::Committed(2));
+    let work = stale.run(async {
+        let mut tx = db.begin().await?;
+        let found = leasehold_pg::sqlx::guard(&mut tx, stale.lease()).await?;
+        assert!(!found.is_accepted(), "{found:?}");
+        drop(tx); // rolled back
+        std::future::pending::<()>().await;
+        Ok::<_, Error>(())
+    });
+    let stopped = tokio::time::timeout(HUNG, work).await?;
+    assert!(
+        matches!(
+            stopped,
+            Err(leasehold::Error::LeaseLost {
+                cause: LostCause::Superseded,
+                ..
+            })
+        ),
+        "{stopped:?}"
+    );
+    assert_eq!(value(&mut db).await?, 2);
+    stale.resign().await?;
+    newer.resign().await?;
     Ok(())
 }
 

@@ -61,3 +61,25 @@ pub fn frozen_lease(
     .map_err(|_| "the frozen holder's thread panicked")?
     .map_err(Into::into)
 }
+
+/// A term that has been superseded without knowing it, and the term that
+/// superseded it: two candidates of the election `name` on one in-memory
+/// lock service; `old` leads, its lock then runs out under it (the
+/// service expires it, as a pause past the TTL would; its watchdog, every
+/// 10 s of the 30 s TTL, has not looked yet), and `new` is elected.
+pub async fn superseded_term(
+    name: &str,
+) -> Result<(leasehold::Term, leasehold::Term), Box<dyn std::error::Error>> {
+    let lock = leasehold::MemoryLocker::new();
+    let candidate = |who: &str| {
+        leasehold::Election::builder(lock.clone(), name)
+            .candidate(who)
+            .ttl(std::time::Duration::from_secs(30))
+            .build()
+    };
+    let (old, new) = (candidate("old")?, candidate("new")?);
+    let stale = old.campaign().await?;
+    lock.expire(old.keys().lock());
+    let newer = new.campaign().await?;
+    Ok((stale, newer))
+}
