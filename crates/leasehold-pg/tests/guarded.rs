@@ -219,9 +219,9 @@ async fn a_session_the_server_ended_before_the_commit_did_not_commit() -> TestRe
 /// A holder that freezes inside its guarded transaction (after the
 /// guard, before its commit) stalls the next holder only until its lease
 /// would have run out: the guard set the transaction's
-/// `idle_in_transaction_session_timeout` to the lease's remaining
-/// validity, so the server ends the frozen session and its row lock goes
-/// with it. The next holder commits; the frozen one's write is not there,
+/// `idle_in_transaction_session_timeout` to the lease's TTL (at least
+/// 1 s), so the server ends the frozen session and its row lock goes with
+/// it. The next holder commits; the frozen one's write is not there,
 /// and its commit, once it thaws, says it did not commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_frozen_in_its_transaction_stalls_the_next_only_for_its_lease() -> TestResult {
