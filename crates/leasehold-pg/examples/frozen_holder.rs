@@ -3,15 +3,23 @@
 //! within TTL + 1 s of the freeze, in every run, on both drivers).
 //!
 //! Each run, on a throwaway PostgreSQL and Redis: holder A takes a lease
-//! (TTL `--ttl`, 2 s by default) on a runtime nothing drives afterwards, so
-//! its watchdog never refreshes it, as under `SIGSTOP`; A runs `guarded`,
-//! writes after the guard, and then freezes between two statements (the
-//! transaction open, the guard's row locked, nothing sent). Holder B takes
-//! the lock once A's lease has run out and commits with `guarded`. Printed:
-//! the time from A's freeze to B's commit, per run and per driver.
+//! (TTL `ttl_ms`, 2 s by default) on a runtime nothing drives afterwards,
+//! so its watchdog never refreshes it, as under `SIGSTOP`; A runs
+//! `guarded`, writes after the guard, and then freezes:
+//!
+//! - **between** two statements: the transaction open, the guard's row
+//!   locked, nothing sent (the guard's idle bound ends it);
+//! - **mid**-statement: A's connection goes through a `FaultProxy`, which
+//!   stops reading the server's answer to a 64 MB query, so the backend
+//!   blocks writing it (no timeout ends that; A and B both guard with
+//!   `take_over_after(take_over_ms)`, 500 ms by default).
+//!
+//! Holder B takes the lock once A's lease has run out and commits with
+//! `guarded`. Printed: the time from A's freeze to B's commit, per run,
+//! per freeze and per driver.
 //!
 //! ```text
-//! cargo run -p leasehold-pg --example frozen_holder -- [runs] [ttl_ms]
+//! cargo run -p leasehold-pg --example frozen_holder -- [runs] [ttl_ms] [take_over_ms]
 //! ```
 //!
 //! A measurement, not a test: it asserts nothing about time.
@@ -19,20 +27,39 @@
 use std::time::{Duration, Instant};
 
 use leasehold::{AcquireOptions, FencedKeys, Lease, Locker};
-use leasehold_pg::{Error, Guarded};
-use leasehold_testkit::{PostgresServer, RedisServer};
-use sqlx::{Connection, PgConnection};
+use leasehold_pg::{Error, GuardOptions, Guarded};
+use leasehold_testkit::{Direction, FaultProxy, PostgresServer, RedisServer};
+use sqlx::{Connection, Executor, PgConnection};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 /// How long B may wait for the lock: a hang detector.
 const WAIT: Duration = Duration::from_secs(60);
 
+/// A's last statement when it freezes mid-statement: 64 MB of answer,
+/// sent as a simple query (nothing to wait for before it runs).
+const BIG: &str = "SELECT repeat('x', 1048576) FROM generate_series(1, 64)";
+
+const BUMP: &str = "UPDATE frozen SET n = n + 1 WHERE id = $1";
+
+/// One run's setting.
+struct Run<'a> {
+    pg: &'a PostgresServer,
+    locker: &'a Locker,
+    keys: FencedKeys,
+    ttl: Duration,
+    id: i32,
+    /// `None`: frozen between statements, default options; `Some`: frozen
+    /// mid-statement, both holders with these options.
+    mid: Option<GuardOptions>,
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let runs: u32 = args.next().map_or(Ok(10), |a| a.parse())?;
     let ttl = Duration::from_millis(args.next().map_or(Ok(2000), |a| a.parse())?);
+    let take_over = Duration::from_millis(args.next().map_or(Ok(500), |a| a.parse())?);
     let pg = PostgresServer::start()?;
     let redis = RedisServer::start()?;
     let mut setup = leasehold_pg::connect(&pg.url()).await?;
@@ -41,73 +68,112 @@ async fn main() -> Result<()> {
         .batch_execute("CREATE TABLE frozen (id int PRIMARY KEY, n bigint NOT NULL)")
         .await?;
     let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
-    for driver in ["tokio-postgres", "sqlx"] {
-        let mut stalls = Vec::new();
-        for run in 0..runs {
-            let keys = FencedKeys::for_resource(&format!("frozen:{driver}:{run}"))?;
-            let id = i32::try_from(run)? + if driver == "sqlx" { 10_000 } else { 0 };
-            setup
-                .execute("INSERT INTO frozen VALUES ($1, 0)", &[&id])
-                .await?;
-            let (frozen, runtime) = frozen_lease(redis.url(), keys.clone(), ttl)?;
-            let stall = match driver {
-                "sqlx" => sqlx_run(&pg, &locker, &keys, &frozen, ttl, id).await?,
-                _ => tokio_postgres_run(&pg, &locker, &keys, &frozen, ttl, id).await?,
-            };
-            drop(frozen);
-            runtime.shutdown_background();
+    let mut id = 0;
+    for freeze in ["between", "mid"] {
+        for driver in ["tokio-postgres", "sqlx"] {
+            let mut stalls = Vec::new();
+            for n in 0..runs {
+                id += 1;
+                let keys = FencedKeys::for_resource(&format!("frozen:{id}"))?;
+                setup
+                    .execute("INSERT INTO frozen VALUES ($1, 0)", &[&id])
+                    .await?;
+                let mid = (freeze == "mid").then(|| GuardOptions::new().take_over_after(take_over));
+                let run = Run {
+                    pg: &pg,
+                    locker: &locker,
+                    keys: keys.clone(),
+                    ttl,
+                    id,
+                    mid,
+                };
+                let (frozen, runtime) = frozen_lease(redis.url(), keys, ttl)?;
+                let stall = match driver {
+                    "sqlx" => sqlx_run(&run, &frozen).await,
+                    _ => tokio_postgres_run(&run, &frozen).await,
+                };
+                drop(frozen);
+                runtime.shutdown_background();
+                let stall = stall?;
+                println!(
+                    "{freeze} {driver} run {n}: next commit {} ms after the freeze",
+                    stall.as_millis()
+                );
+                stalls.push(stall);
+            }
+            stalls.sort();
+            let ms = |d: &Duration| d.as_millis();
             println!(
-                "{driver} run {run}: next commit {} ms after the freeze (ttl {} ms)",
-                stall.as_millis(),
-                ttl.as_millis()
+                "{freeze} {driver}: {} runs, ttl {} ms{}, freeze to next commit min {} ms, median {} ms, max {} ms; ttl + 1 s = {} ms",
+                stalls.len(),
+                ttl.as_millis(),
+                if freeze == "mid" {
+                    format!(", take-over after {} ms", take_over.as_millis())
+                } else {
+                    String::new()
+                },
+                stalls.first().map_or(0, ms),
+                stalls.get(stalls.len() / 2).map_or(0, ms),
+                stalls.last().map_or(0, ms),
+                (ttl + Duration::from_secs(1)).as_millis()
             );
-            stalls.push(stall);
         }
-        stalls.sort();
-        let ms = |d: &Duration| d.as_millis();
-        println!(
-            "{driver}: {} runs, freeze to next commit min {} ms, median {} ms, max {} ms; ttl + 1 s = {} ms",
-            stalls.len(),
-            stalls.first().map_or(0, ms),
-            stalls.get(stalls.len() / 2).map_or(0, ms),
-            stalls.last().map_or(0, ms),
-            (ttl + Duration::from_secs(1)).as_millis()
-        );
     }
     Ok(())
 }
 
+/// A's connection URL: through a proxy that freezes its answers when
+/// frozen mid-statement.
+fn url_for_a(run: &Run<'_>) -> Result<(String, Option<FaultProxy>)> {
+    if run.mid.is_none() {
+        return Ok((run.pg.url(), None));
+    }
+    let proxy = FaultProxy::start(run.pg.addr())?;
+    let url = run
+        .pg
+        .url()
+        .replace(&run.pg.port().to_string(), &proxy.port().to_string());
+    Ok((url, Some(proxy)))
+}
+
 /// One run on tokio-postgres: A's freeze to B's commit.
-async fn tokio_postgres_run(
-    pg: &PostgresServer,
-    locker: &Locker,
-    keys: &FencedKeys,
-    frozen: &Lease,
-    ttl: Duration,
-    id: i32,
-) -> Result<Duration> {
-    let mut a = leasehold_pg::connect(&pg.url()).await?;
-    let mut b = leasehold_pg::connect(&pg.url()).await?;
+async fn tokio_postgres_run(run: &Run<'_>, frozen: &Lease) -> Result<Duration> {
+    let (url, proxy) = url_for_a(run)?;
+    let mut a = leasehold_pg::connect(&url).await?;
+    let mut b = leasehold_pg::connect(&run.pg.url()).await?;
     let (froze_tx, froze_rx) = tokio::sync::oneshot::channel();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-    let bump = "UPDATE frozen SET n = n + 1 WHERE id = $1";
-    let holder_a = leasehold_pg::guarded(&mut a, frozen, async |tx| {
-        tx.execute(bump, &[&id]).await?;
-        let _ = froze_tx.send(Instant::now());
-        let _ = done_rx.await; // frozen: nothing sent
+    let options = run.mid.clone().unwrap_or_default();
+    let id = run.id;
+    let holder_a = leasehold_pg::guarded_with_options(&mut a, frozen, &options, async |tx| {
+        tx.execute(BUMP, &[&id]).await?;
+        match &proxy {
+            Some(proxy) => {
+                proxy.freeze(Direction::Downstream, true);
+                let _ = froze_tx.send(Instant::now());
+                tx.simple_query(BIG).await?;
+            }
+            None => {
+                let _ = froze_tx.send(Instant::now());
+                let _ = done_rx.await; // frozen: nothing sent
+            }
+        }
         Ok::<_, Error>(())
     });
     let holder_b = async {
         let froze = froze_rx.await?;
         let opts = AcquireOptions::new().wait(WAIT);
-        let lease = locker.acquire_with(keys, ttl, &opts).await?;
-        let done = leasehold_pg::guarded(&mut b, &lease, async |tx| {
-            tx.execute(bump, &[&id]).await?;
+        let lease = run.locker.acquire_with(&run.keys, run.ttl, &opts).await?;
+        let done = leasehold_pg::guarded_with_options(&mut b, &lease, &options, async |tx| {
+            tx.execute(BUMP, &[&id]).await?;
             Ok::<_, Error>(())
         })
         .await?;
         let stall = froze.elapsed();
         let _ = done_tx.send(());
+        if let Some(proxy) = &proxy {
+            proxy.freeze(Direction::Downstream, false);
+        }
         let _ = lease.release().await;
         if done != Guarded::Committed(()) {
             return Err(format!("the next holder did not commit: {done:?}").into());
@@ -119,36 +185,53 @@ async fn tokio_postgres_run(
 }
 
 /// One run on sqlx: A's freeze to B's commit.
-async fn sqlx_run(
-    pg: &PostgresServer,
-    locker: &Locker,
-    keys: &FencedKeys,
-    frozen: &Lease,
-    ttl: Duration,
-    id: i32,
-) -> Result<Duration> {
-    let mut a = PgConnection::connect(&pg.url()).await?;
-    let mut b = PgConnection::connect(&pg.url()).await?;
+async fn sqlx_run(run: &Run<'_>, frozen: &Lease) -> Result<Duration> {
+    let (url, proxy) = url_for_a(run)?;
+    let mut a = PgConnection::connect(&url).await?;
+    let mut b = PgConnection::connect(&run.pg.url()).await?;
     let (froze_tx, froze_rx) = tokio::sync::oneshot::channel();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-    let bump = "UPDATE frozen SET n = n + 1 WHERE id = $1";
-    let holder_a = leasehold_pg::sqlx::guarded(&mut a, frozen, async |tx: &mut PgConnection| {
-        sqlx::query(bump).bind(id).execute(&mut *tx).await?;
-        let _ = froze_tx.send(Instant::now());
-        let _ = done_rx.await; // frozen: nothing sent
-        Ok::<_, Error>(())
-    });
+    let options = run.mid.clone().unwrap_or_default();
+    let id = run.id;
+    let holder_a = leasehold_pg::sqlx::guarded_with_options(
+        &mut a,
+        frozen,
+        &options,
+        async |tx: &mut PgConnection| {
+            sqlx::query(BUMP).bind(id).execute(&mut *tx).await?;
+            match &proxy {
+                Some(proxy) => {
+                    proxy.freeze(Direction::Downstream, true);
+                    let _ = froze_tx.send(Instant::now());
+                    tx.execute(BIG).await?;
+                }
+                None => {
+                    let _ = froze_tx.send(Instant::now());
+                    let _ = done_rx.await; // frozen: nothing sent
+                }
+            }
+            Ok::<_, Error>(())
+        },
+    );
     let holder_b = async {
         let froze = froze_rx.await?;
         let opts = AcquireOptions::new().wait(WAIT);
-        let lease = locker.acquire_with(keys, ttl, &opts).await?;
-        let done = leasehold_pg::sqlx::guarded(&mut b, &lease, async |tx: &mut PgConnection| {
-            sqlx::query(bump).bind(id).execute(&mut *tx).await?;
-            Ok::<_, Error>(())
-        })
+        let lease = run.locker.acquire_with(&run.keys, run.ttl, &opts).await?;
+        let done = leasehold_pg::sqlx::guarded_with_options(
+            &mut b,
+            &lease,
+            &options,
+            async |tx: &mut PgConnection| {
+                sqlx::query(BUMP).bind(id).execute(&mut *tx).await?;
+                Ok::<_, Error>(())
+            },
+        )
         .await?;
         let stall = froze.elapsed();
         let _ = done_tx.send(());
+        if let Some(proxy) = &proxy {
+            proxy.freeze(Direction::Downstream, false);
+        }
         let _ = lease.release().await;
         if done != Guarded::Committed(()) {
             return Err(format!("the next holder did not commit: {done:?}").into());

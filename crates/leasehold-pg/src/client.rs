@@ -5,7 +5,7 @@ use tokio_postgres::GenericClient;
 use tokio_postgres::types::{ToSql, Type};
 
 use crate::error::{Error, Result};
-use crate::statements::{GUARD, GUARD_BOUNDED, Statements, Verdict};
+use crate::statements::{GUARD, GUARD_BOUNDED, Statements, TAKE_OVER, Verdict};
 
 /// A tokio-postgres client or transaction, running this crate's statements.
 pub(crate) struct OnClient<'a, C>(pub(crate) &'a C);
@@ -46,16 +46,34 @@ impl<C: GenericClient> Statements for OnClient<'_, C> {
         })
     }
 
-    async fn flag(&mut self, sql: &'static str, arg: Option<&str>) -> Result<bool> {
-        let row = match arg {
-            Some(arg) => self.0.query_one(sql, &[&arg]).await,
-            None => self.0.query_one(sql, &[]).await,
-        }
-        .map_err(Error::from_pg)?;
+    async fn flag(&mut self, sql: &'static str, args: &[&str]) -> Result<bool> {
+        let params: Vec<&(dyn ToSql + Sync)> =
+            args.iter().map(|arg| arg as &(dyn ToSql + Sync)).collect();
+        let row = self
+            .0
+            .query_one(sql, &params)
+            .await
+            .map_err(Error::from_pg)?;
         row.try_get(0).map_err(Error::from_pg)
     }
 
-    async fn batch(&mut self, sql: &'static str) -> Result<()> {
+    async fn batch(&mut self, sql: &str) -> Result<()> {
         self.0.batch_execute(sql).await.map_err(Error::from_pg)
+    }
+
+    async fn take_over(&mut self, resource: &str, fence: i64, holder: &str) -> Result<bool> {
+        let row = self
+            .0
+            .query_typed_one(
+                TAKE_OVER,
+                &[
+                    (&resource, Type::TEXT),
+                    (&fence, Type::INT8),
+                    (&holder, Type::TEXT),
+                ],
+            )
+            .await
+            .map_err(Error::from_pg)?;
+        row.try_get(0).map_err(Error::from_pg)
     }
 }

@@ -194,15 +194,11 @@
 //! - A holder frozen **during** a statement is not idle.
 //!   `statement_timeout` bounds a statement, and is the caller's choice
 //!   (opt in with `SET LOCAL statement_timeout` after the guard): it also
-//!   cuts a long statement whose lease the watchdog keeps alive.
-//!   `lock_timeout` is the caller's choice too: with it, a guard that
-//!   waits for a frozen holder's row fails (SQLSTATE `55P03`, roll back
-//!   and retry) instead of waiting it out.
-//! - **Not covered yet**: a backend stuck writing its answer to a frozen
-//!   client's socket (a result larger than the socket's buffers) is
-//!   neither idle nor checking its timeouts; only termination ends it
-//!   (`pg_terminate_backend` by another session, which needs the
-//!   `pg_signal_backend` role), which this crate does not do.
+//!   cuts a long statement whose lease the watchdog keeps alive. And a
+//!   backend stuck writing its answer to a frozen client's socket (a
+//!   result larger than the socket's buffers) is neither idle nor
+//!   checking its statement timeout: only termination ends it. For that,
+//!   the next holder can **take over** (below).
 //!
 //! With another driver, send this statement in place of the one above,
 //! with `$4` the lease's TTL in milliseconds, at least 1000 (`bigint`);
@@ -217,6 +213,66 @@
 //!   )::bigint::text, true)
 //! FROM leasehold_guard($1, $2, $3);
 //! ```
+//!
+//! # Taking over from a frozen holder
+//!
+//! With [`GuardOptions::take_over_after`] (`guard_with_options`,
+//! `guarded_with_options`, and their sqlx forms; off by default), the
+//! guard waits for the resource's row at most that long (`SET LOCAL
+//! lock_timeout`, inside a savepoint); when the wait runs out and the
+//! lease is still valid (not lost, its deadline not passed: the lock
+//! service has given it to us, so the holder keeping the row has lost
+//! its lease), it ends the session of the transaction that keeps the
+//! row (`pg_terminate_backend`), provided that:
+//!
+//! - it belongs to an older holder: the row as last committed would
+//!   accept our token (no newer holder has written), and the transaction
+//!   is not marked as our own holder's (a guard that may take over marks
+//!   its transaction with two shared advisory locks,
+//!   `(1818583411, hashtext(resource))` and `(1818583412,
+//!   hashtext(holder))`, so that a take-over never ends another
+//!   transaction of its own lease: a term's two transactions on one
+//!   resource wait for each other as before);
+//! - it is found: the row's locker (its `xmax`), or, for a resource whose
+//!   first row is not committed yet, a transaction marked as guarding the
+//!   resource (only a guard that may take over marks it).
+//!
+//! Then it waits for the row as usual (the ended session's transaction
+//! rolls back as its backend exits). If nothing qualifies, it waits as
+//! without the option. The frozen holder, once thawed, finds its session
+//! gone: [`Error::SessionEnded`] or [`Error::Unreachable`], before its
+//! `COMMIT`, so nothing of it was written. A WARN (`ended the session of
+//! an older holder ...`) says each take-over.
+//!
+//! - **Permission**: `pg_terminate_backend` may end a session of the same
+//!   role, or any non-superuser's with the `pg_signal_backend` role
+//!   (`GRANT pg_signal_backend TO app`). Without it the guard logs a WARN
+//!   (`could not end the session holding the guarded row ...`) and waits
+//!   for the frozen holder, as without the option: the stall is the
+//!   freeze again, for a freeze mid-statement (between statements the
+//!   idle bound above still ends it).
+//! - **The rule**: take the guard this way in every transaction of a
+//!   resource, or in none. A transaction of your lease guarded without
+//!   it is not marked as yours, and a take-over of yours could end it;
+//!   an older holder guarded without it is found through the row's
+//!   locker, but not as the first writer of a resource.
+//! - **Cost**: two statements more per guarded resource (one round trip
+//!   each: the savepoint with the wait, and the marks with the wait
+//!   undone); when the wait runs out, three more (back to the savepoint,
+//!   the look for a holder to end, the guard again).
+//! - **The wait**: longer than an older holder that is not frozen keeps
+//!   the row once its lease has ended (its watchdog stops its work at
+//!   the next `.await` once it finds the lease lost; a commit under way
+//!   is short), and short enough for your bound on a stall: the next
+//!   commit comes about a TTL plus the wait after a freeze. Measured
+//!   (`examples/frozen_holder.rs`, TTL 2 s, wait 500 ms, a holder frozen
+//!   in a 64 MB answer, 10 runs each): the next holder committed 2425 to
+//!   2441 ms after the freeze on tokio-postgres, 2464 to 2489 ms on sqlx;
+//!   without the take-over it waits for the whole freeze.
+//! - Through PgBouncer in transaction mode: the session ended is the
+//!   server connection the frozen client's transaction runs on, which is
+//!   what keeps the row; the settings are `SET LOCAL`, the marks
+//!   transaction-level, as everywhere in the guard.
 //!
 //! # Several resources (a transfer)
 //!
@@ -276,7 +332,8 @@ use tokio_postgres::GenericClient;
 
 use crate::client::OnClient;
 use crate::error::{Error, Result};
-use crate::statements::Statements;
+use crate::options::GuardOptions;
+use crate::statements::{Statements, TAKE_OVER_END, TAKE_OVER_RETRY, take_over_begin};
 
 pub use crate::ddl::{FENCES_DDL, Setup};
 pub use crate::tables::FENCES;
@@ -411,15 +468,7 @@ async fn guard_statement<S: Statements>(
     holder: &HolderId,
     valid_for: Option<Duration>,
 ) -> Result<Guard> {
-    if resource.is_empty() {
-        return Err(Error::InvalidResource {
-            reason: "resource name is empty",
-        });
-    }
-    if token.get() == 0 {
-        return Err(Error::InvalidToken { token });
-    }
-    let fence = i64::try_from(token).map_err(|_| Error::TokenOutOfRange { token })?;
+    let fence = checked(resource, token)?;
     let verdict = tx
         .guard(resource, fence, holder.as_str(), valid_for.map(idle_ms))
         .await?;
@@ -434,6 +483,70 @@ async fn guard_statement<S: Statements>(
         healed: false,
     })
 }
+
+/// `token` as the guard's `bigint`, once `resource` and `token` are
+/// known to be usable.
+fn checked(resource: &str, token: FencingToken) -> Result<i64> {
+    if resource.is_empty() {
+        return Err(Error::InvalidResource {
+            reason: "resource name is empty",
+        });
+    }
+    if token.get() == 0 {
+        return Err(Error::InvalidToken { token });
+    }
+    i64::try_from(token).map_err(|_| Error::TokenOutOfRange { token })
+}
+
+/// The guard statement with a take-over (see [A holder that
+/// freezes](self#a-holder-that-freezes)): waits `wait` for the row; then,
+/// while `lease` is valid, ends the session of an older holder holding
+/// it, and waits for the row as long as it takes. Either way the
+/// transaction then says which holder it belongs to, and its
+/// `lock_timeout` is back.
+async fn taking_over<S: Statements>(
+    tx: &mut S,
+    lease: &Lease,
+    (resource, token, holder): (&str, FencingToken, &HolderId),
+    valid_for: Option<Duration>,
+    wait: Duration,
+) -> Result<Guard> {
+    let fence = checked(resource, token)?;
+    let wait_ms = i64::try_from(wait.as_millis().clamp(1, i32::MAX as u128)).unwrap_or(1);
+    tx.batch(&take_over_begin(wait_ms)).await?;
+    let found = match guard_statement(&mut *tx, resource, token, holder, valid_for).await {
+        Err(Error::Postgres(err)) if err.code() == Some(LOCK_NOT_AVAILABLE) => {
+            tx.batch(TAKE_OVER_RETRY).await?;
+            // Ours is the lock now: the lease that holds the row has run
+            // out, unless it is ours (which the statement leaves alone).
+            if lease.lost().is_none() && !lease.remaining().is_zero() {
+                match tx.take_over(resource, fence, holder.as_str()).await {
+                    Ok(true) => tracing::warn!(
+                        resource,
+                        token = token.get(),
+                        "ended the session of an older holder that held the guarded row"
+                    ),
+                    Ok(false) => {}
+                    Err(err) => {
+                        tx.batch(TAKE_OVER_RETRY).await?;
+                        tracing::warn!(
+                            resource,
+                            error = %err,
+                            "could not end the session holding the guarded row (pg_terminate_backend needs the pg_signal_backend role, or the holder's own role); waiting for it"
+                        );
+                    }
+                }
+            }
+            guard_statement(&mut *tx, resource, token, holder, valid_for).await?
+        }
+        found => found?,
+    };
+    tx.flag(TAKE_OVER_END, &[resource, holder.as_str()]).await?;
+    Ok(found)
+}
+
+/// SQLSTATE `55P03` lock_not_available: `lock_timeout` ran out.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// The shortest idle period the guard allows a transaction: a lease
 /// shorter than this bounds a frozen holder by this instead of its TTL.
@@ -464,11 +577,33 @@ const IDLE_FLOOR: std::time::Duration = std::time::Duration::from_secs(1);
 /// # Cancel safety
 /// As [`guard_token`].
 pub async fn guard<C: GenericClient>(tx: &C, lease: &Lease) -> Result<Guard> {
-    guard_with(&mut OnClient(tx), lease).await
+    guard_with(&mut OnClient(tx), lease, &GuardOptions::default()).await
+}
+
+/// [`guard`] with `options`: with
+/// [`take_over_after`](GuardOptions::take_over_after), a resource whose
+/// row an older holder keeps locked longer than that is taken over (see
+/// [A holder that freezes](self#a-holder-that-freezes)).
+///
+/// # Errors
+/// As [`guard`].
+///
+/// # Cancel safety
+/// As [`guard_token`].
+pub async fn guard_with_options<C: GenericClient>(
+    tx: &C,
+    lease: &Lease,
+    options: &GuardOptions,
+) -> Result<Guard> {
+    guard_with(&mut OnClient(tx), lease, options).await
 }
 
 /// [`guard`] on any driver's [`Statements`].
-pub(crate) async fn guard_with<S: Statements>(tx: &mut S, lease: &Lease) -> Result<Guard> {
+pub(crate) async fn guard_with<S: Statements>(
+    tx: &mut S,
+    lease: &Lease,
+    options: &GuardOptions,
+) -> Result<Guard> {
     let mut fenced: Vec<(String, &str, FencingToken, HolderId)> = lease
         .keys()
         .filter_map(|key| {
@@ -488,7 +623,13 @@ pub(crate) async fn guard_with<S: Statements>(tx: &mut S, lease: &Lease) -> Resu
             // lease's TTL (at least `IDLE_FLOOR`): see "A holder that
             // freezes".
             let valid_for = Some(lease.ttl().max(IDLE_FLOOR));
-            let found = guard_statement(&mut *tx, &resource, token, &holder, valid_for).await?;
+            let found = match options.take_over_after {
+                None => guard_statement(&mut *tx, &resource, token, &holder, valid_for).await?,
+                Some(wait) => {
+                    let guarded = (resource.as_str(), token, &holder);
+                    taking_over(&mut *tx, lease, guarded, valid_for, wait).await?
+                }
+            };
             let Guard::Refused {
                 current, writer, ..
             } = found

@@ -56,7 +56,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Transaction};
 
 use crate::error::Error;
-use crate::guard::{Guard, guard};
+use crate::guard::{Guard, guard_with_options};
+use crate::options::GuardOptions;
 
 /// What a [`guarded`] transaction came to (see the [module docs](self)).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +97,7 @@ impl<T> Guarded<T> {
 }
 
 /// Runs `work` in one transaction on `db`, fenced by `lease`: `BEGIN`, the
-/// guard ([`guard()`]), the work, `COMMIT`. The whole runs under the
+/// guard ([`guard()`](crate::guard())), the work, `COMMIT`. The whole runs under the
 /// lease's watchdog ([`Lease::run`]): a lease found lost stops the work at
 /// its next `.await`, before the commit, and the transaction is rolled
 /// back. The commit itself is shielded ([`Lease::shield`]), so its answer
@@ -125,10 +126,32 @@ pub async fn guarded<T, E>(
 where
     E: From<Error>,
 {
+    guarded_with_options(db, lease, &GuardOptions::default(), work).await
+}
+
+/// [`guarded`] with the guard's `options` ([`guard_with_options`]): with
+/// [`take_over_after`](GuardOptions::take_over_after), an older holder
+/// frozen inside its transaction is taken over from (see [A holder that
+/// freezes](mod@crate::guard#a-holder-that-freezes)).
+///
+/// # Errors
+/// As [`guarded`].
+///
+/// # Cancel safety
+/// As [`guarded`].
+pub async fn guarded_with_options<T, E>(
+    db: &mut Client,
+    lease: &Lease,
+    options: &GuardOptions,
+    work: impl AsyncFnOnce(&Transaction<'_>) -> Result<T, E>,
+) -> Result<Guarded<T>, E>
+where
+    E: From<Error>,
+{
     let ran = lease
         .run(async {
             let tx = db.transaction().await.map_err(Error::from_pg)?;
-            if let Some(refusal) = refused(guard(&tx, lease).await?) {
+            if let Some(refusal) = refused(guard_with_options(&tx, lease, options).await?) {
                 return Ok(refusal);
             }
             let output = work(&tx).await?;

@@ -66,11 +66,16 @@
 //! frozen between two statements about a lease after the freeze, and the
 //! thawed holder's commit is [`Error::SessionEnded`]. The timer restarts
 //! with each idle period (it bounds a pause, not the transaction);
-//! `statement_timeout` (a freeze mid-statement; it also cuts long
-//! statements the watchdog keeps alive) and `lock_timeout` are the
-//! caller's choice; a backend stuck writing to a frozen client's socket
-//! yields only to `pg_terminate_backend`, not done yet. See [A holder
-//! that freezes](mod@guard#a-holder-that-freezes).
+//! `statement_timeout` (it also cuts long statements the watchdog keeps
+//! alive) is the caller's choice. A holder frozen mid-statement (a
+//! backend blocked writing to a stopped client's socket) yields only to
+//! termination: with [`GuardOptions::take_over_after`] (opt-in; it needs
+//! the same role as the frozen holder, or `pg_signal_backend`, and
+//! otherwise waits as before), the next holder's guard waits that long
+//! for the row, then, its lease valid, ends the older holder's session
+//! (`pg_terminate_backend`). See [A holder that
+//! freezes](mod@guard#a-holder-that-freezes) and [Taking
+//! over](mod@guard#taking-over-from-a-frozen-holder).
 //!
 //! # Why fencing orders writes but not reads
 //!
@@ -219,6 +224,7 @@ mod error;
 pub mod guard;
 pub mod guarded;
 pub mod metrics;
+mod options;
 mod params;
 mod schema;
 #[cfg(feature = "sqlx")]
@@ -232,9 +238,10 @@ mod write;
 pub use connect::{config, connect};
 pub use connector::Connector;
 pub use error::{DriverError, Error, Result};
-pub use guard::{FENCES_DDL, Guard, Setup, guard, guard_token, setup};
-pub use guarded::{Guarded, guarded};
+pub use guard::{FENCES_DDL, Guard, Setup, guard, guard_token, guard_with_options, setup};
+pub use guarded::{Guarded, guarded, guarded_with_options};
 pub use leasehold::FencingToken;
+pub use options::GuardOptions;
 pub use schema::{reset_wallet, setup_wallets};
 pub use tables::{FENCES, LEDGER, WALLETS};
 pub use write::{

@@ -97,7 +97,8 @@ use leasehold::{FencingToken, HolderId, Lease};
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Setup, guard_token_with, guard_with, logged};
 use crate::guarded::{Guarded, refused, settle};
-use crate::statements::{GUARD, GUARD_BOUNDED, Statements, Verdict};
+use crate::options::GuardOptions;
+use crate::statements::{GUARD, GUARD_BOUNDED, Statements, TAKE_OVER, Verdict};
 
 impl Statements for PgConnection {
     async fn guard(
@@ -124,20 +125,29 @@ impl Statements for PgConnection {
         })
     }
 
-    async fn flag(&mut self, sql: &'static str, arg: Option<&str>) -> Result<bool> {
+    async fn flag(&mut self, sql: &'static str, args: &[&str]) -> Result<bool> {
         let mut query = ::sqlx::query_scalar(sql);
-        if let Some(arg) = arg {
-            query = query.bind(arg);
+        for arg in args {
+            query = query.bind(*arg);
         }
         Ok(query.fetch_one(&mut *self).await?)
     }
 
-    async fn batch(&mut self, sql: &'static str) -> Result<()> {
+    async fn batch(&mut self, sql: &str) -> Result<()> {
         // A query without arguments goes out as a simple query: several
         // statements at once. (Not `raw_sql`: its future cannot be proven
         // `Send` in a spawned task.)
         self.execute(sql).await?;
         Ok(())
+    }
+
+    async fn take_over(&mut self, resource: &str, fence: i64, holder: &str) -> Result<bool> {
+        Ok(::sqlx::query_scalar(TAKE_OVER)
+            .bind(resource)
+            .bind(fence)
+            .bind(holder)
+            .fetch_one(&mut *self)
+            .await?)
     }
 }
 
@@ -220,7 +230,25 @@ pub async fn guard_token(
 /// # Cancel safety
 /// As [`guard_token`].
 pub async fn guard(tx: &mut PgConnection, lease: &Lease) -> Result<Guard> {
-    guard_with(tx, lease).await
+    guard_with(tx, lease, &GuardOptions::default()).await
+}
+
+/// [`guard_with_options`](crate::guard_with_options) on sqlx: [`guard`]
+/// with `options` (a take-over of an older holder frozen inside its
+/// transaction, see [A holder that
+/// freezes](mod@crate::guard#a-holder-that-freezes)).
+///
+/// # Errors
+/// As [`guard`].
+///
+/// # Cancel safety
+/// As [`guard_token`].
+pub async fn guard_with_options(
+    tx: &mut PgConnection,
+    lease: &Lease,
+    options: &GuardOptions,
+) -> Result<Guard> {
+    guard_with(tx, lease, options).await
 }
 
 /// [`guarded`](crate::guarded()) on sqlx: runs `work` in one transaction
@@ -260,13 +288,33 @@ pub async fn guarded<T, E>(
 where
     E: From<Error>,
 {
+    guarded_with_options(db, lease, &GuardOptions::default(), work).await
+}
+
+/// [`guarded_with_options`](crate::guarded_with_options) on sqlx:
+/// [`guarded`] with the guard's `options`.
+///
+/// # Errors
+/// As [`guarded`].
+///
+/// # Cancel safety
+/// As [`guarded`].
+pub async fn guarded_with_options<T, E>(
+    db: &mut PgConnection,
+    lease: &Lease,
+    options: &GuardOptions,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+) -> Result<Guarded<T>, E>
+where
+    E: From<Error>,
+{
     if db.is_in_transaction() {
         return Err(E::from(Error::InTransaction));
     }
     let ran = lease
         .run(async {
             let mut tx = db.begin().await.map_err(Error::from)?;
-            if let Some(refusal) = refused(guard_with(&mut *tx, lease).await?) {
+            if let Some(refusal) = refused(guard_with(&mut *tx, lease, options).await?) {
                 return Ok(refusal);
             }
             let output = work(&mut *tx).await?;

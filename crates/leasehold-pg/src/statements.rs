@@ -37,6 +37,72 @@ SELECT accepted, fence, holder,
   )::bigint::text, true)
 FROM leasehold_guard($1, $2, $3)";
 
+/// Starts a guard that may take over (see [A holder that
+/// freezes](mod@crate::guard#a-holder-that-freezes)): a savepoint to come
+/// back to when the row lock is not had within the wait, the
+/// `lock_timeout` in force kept in `leasehold.lock_timeout`, and the
+/// wait, in milliseconds, as the transaction's `lock_timeout`.
+pub(crate) fn take_over_begin(wait_ms: i64) -> String {
+    format!(
+        "SAVEPOINT leasehold_guard;
+SELECT set_config('leasehold.lock_timeout', current_setting('lock_timeout'), true);
+SET LOCAL lock_timeout = {wait_ms}"
+    )
+}
+
+/// Goes back to the savepoint of [`take_over_begin`] after the guard
+/// statement failed (its wait ran out): the transaction is usable again,
+/// and its `lock_timeout` is back.
+pub(crate) const TAKE_OVER_RETRY: &str = "ROLLBACK TO SAVEPOINT leasehold_guard";
+
+/// Ends a guard that may take over, once it has its answer: marks the
+/// transaction as one guarding resource `$1` for holder `$2` (shared
+/// advisory locks `(1818583411, hashtext(resource))` and `(1818583412,
+/// hashtext(holder))`, the first key "leas" in ASCII: a take-over finds
+/// such a transaction when the resource's row is not committed yet, and
+/// never ends one of its own holder) and puts back the `lock_timeout`
+/// that was in force. One `bool`, true.
+pub(crate) const TAKE_OVER_END: &str = "SELECT set_config('lock_timeout',
+    coalesce(nullif(current_setting('leasehold.lock_timeout', true), ''), current_setting('lock_timeout')),
+    true) IS NOT NULL
+  FROM (SELECT pg_advisory_xact_lock_shared(1818583411, hashtext($1)),
+               pg_advisory_xact_lock_shared(1818583412, hashtext($2))) AS marks";
+
+/// Ends the sessions of older holders that keep the guard's row of
+/// resource `$1`: the transaction that locks the row (its `xmax`; a row
+/// locked by several at once has a multixact there, and is left alone),
+/// and those marked as guarding the resource by [`TAKE_OVER_END`] (which
+/// finds the one that inserted a row not committed yet), except our own
+/// session and those marked as our holder's (`$3`), and only while the
+/// row as last committed would accept our token `$2` from our holder (no
+/// newer holder has written). One `bool`: whether a session was ended.
+/// `pg_terminate_backend` needs the `pg_signal_backend` role, or the
+/// blocker's own role; without it this fails with `42501`.
+pub(crate) const TAKE_OVER: &str = "WITH blockers AS (
+  SELECT l.pid
+    FROM leasehold_fences f
+    JOIN pg_locks l
+      ON l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted
+     AND l.transactionid = f.xmax
+   WHERE f.resource = $1
+  UNION
+  SELECT a.pid FROM pg_locks a
+   WHERE a.locktype = 'advisory' AND a.objsubid = 2 AND a.granted
+     AND a.classid = 1818583411::oid
+     AND a.objid = (hashtext($1)::bigint & 4294967295)::oid
+)
+SELECT coalesce(bool_or(pg_terminate_backend(b.pid)), false)
+  FROM blockers b
+ WHERE b.pid <> pg_backend_pid()
+   AND NOT EXISTS (
+     SELECT FROM leasehold_fences f
+      WHERE f.resource = $1 AND NOT (f.fence < $2 OR (f.fence = $2 AND f.holder = $3)))
+   AND NOT EXISTS (
+     SELECT FROM pg_locks a
+      WHERE a.pid = b.pid AND a.locktype = 'advisory' AND a.objsubid = 2
+        AND a.classid = 1818583412::oid
+        AND a.objid = (hashtext($3)::bigint & 4294967295)::oid)";
+
 /// The body of [`GUARD`]'s function (see `guard_function!`): what
 /// `setup` compares with the installed one's (`pg_proc.prosrc`) to know
 /// whether to replace it.
@@ -145,10 +211,14 @@ pub(crate) trait Statements {
         idle_ms: Option<i64>,
     ) -> Result<Verdict>;
 
-    /// A statement that returns one `bool`, with no parameter or one text
-    /// parameter (`$1`).
-    async fn flag(&mut self, sql: &'static str, arg: Option<&str>) -> Result<bool>;
+    /// A statement that returns one `bool`, with text parameters (`$1`,
+    /// `$2`, ...).
+    async fn flag(&mut self, sql: &'static str, args: &[&str]) -> Result<bool>;
 
-    /// Statements with no parameters and no rows (DDL, the advisory lock).
-    async fn batch(&mut self, sql: &'static str) -> Result<()>;
+    /// Statements with no parameters (DDL, the advisory lock, a
+    /// savepoint); their rows, if any, are dropped.
+    async fn batch(&mut self, sql: &str) -> Result<()>;
+
+    /// [`TAKE_OVER`] with its three parameters: its one `bool`.
+    async fn take_over(&mut self, resource: &str, fence: i64, holder: &str) -> Result<bool>;
 }

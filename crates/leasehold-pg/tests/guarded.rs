@@ -4,8 +4,9 @@
 //! back, a plain lease refused, a session the server ended before the
 //! commit, a holder frozen in its transaction ended by the server once
 //! its lease has run out (the next holder commits), the guard's idle
-//! bound set for the transaction alone, a refused term ended with no
-//! call of the user's; and `FencingToken` as a `bigint`.
+//! bound set for the transaction alone, a holder frozen mid-statement
+//! taken over by the next, a refused term ended with no call of the
+//! user's; and `FencingToken` as a `bigint`.
 
 use leasehold::Lessor;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,8 +14,8 @@ use std::time::Duration;
 
 use leasehold::{AcquireOptions, FencedKeys, FencingToken, Locker, LostCause};
 use leasehold_pg::tokio_postgres::Client;
-use leasehold_pg::{Error, Guarded};
-use leasehold_testkit::RedisServer;
+use leasehold_pg::{Error, GuardOptions, Guarded};
+use leasehold_testkit::{Direction, FaultProxy, RedisServer};
 
 mod common;
 use common::{chain, frozen_lease, server, superseded_term};
@@ -275,6 +276,88 @@ async fn a_holder_frozen_in_its_transaction_stalls_the_next_only_for_its_lease()
     drop(frozen);
     runtime.shutdown_background();
     Ok(())
+}
+
+/// A holder frozen *during* a statement (its client stopped reading while
+/// the server writes a large answer: the backend blocks writing to the
+/// socket, active, so no idle timeout ends it) holds the guard's row for
+/// the whole freeze; a next holder whose guard takes over
+/// (`take_over_after`) ends that older holder's session once its lease
+/// has run out, and commits. The frozen holder's write is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_frozen_mid_statement_is_taken_over_by_the_next() -> TestResult {
+    let redis = RedisServer::start()?;
+    let table = "guarded_mid_statement";
+    let (mut next_db, server) = db(table).await?;
+    let proxy = FaultProxy::start(server.addr())?;
+    let through_proxy = server
+        .url()
+        .replace(&server.port().to_string(), &proxy.port().to_string());
+    let mut frozen_db = leasehold_pg::connect(&through_proxy).await?;
+    let keys = FencedKeys::for_resource("guarded:mid-statement")?;
+    let (frozen, runtime) = frozen_lease(redis.url(), keys.clone(), SHORT)?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+    // Every holder of the resource guards the same way (its first row is
+    // not committed yet: the take-over finds its writer by its marks).
+    let take_over = GuardOptions::new().take_over_after(Duration::from_millis(100));
+
+    let frozen_holder =
+        leasehold_pg::guarded_with_options(&mut frozen_db, &frozen, &take_over, async |tx| {
+            bump(tx, table).await?;
+            let pid: i32 = tx.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+            // The client stops reading: the request goes out (a simple query,
+            // nothing to wait for before it runs), 64 MB of answer do not
+            // come back.
+            proxy.freeze(Direction::Downstream, true);
+            let _ = sent_tx.send(pid);
+            tx.simple_query("SELECT repeat('x', 1048576) FROM generate_series(1, 64)")
+                .await?;
+            Ok::<_, Error>(())
+        });
+    let next_holder = async {
+        let pid = sent_rx.await?;
+        // The frozen backend is in its statement, blocked writing to the
+        // client: not idle, so the idle bound cannot end it.
+        let blocked = async {
+            while !writing_to_client(&next_db, pid).await? {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok::<_, Error>(())
+        };
+        tokio::time::timeout(HUNG, blocked).await??;
+        let opts = AcquireOptions::new().wait(HUNG);
+        let lease = locker.acquire_with(&keys, TTL, &opts).await?;
+        let done = leasehold_pg::guarded_with_options(&mut next_db, &lease, &take_over, {
+            async |tx| bump(tx, table).await
+        })
+        .await?;
+        proxy.freeze(Direction::Downstream, false);
+        lease.release().await?;
+        Ok::<_, Box<dyn std::error::Error>>(done)
+    };
+    let ran = tokio::time::timeout(HUNG, async { tokio::join!(frozen_holder, next_holder) }).await;
+    drop(frozen);
+    runtime.shutdown_background();
+    let (frozen_outcome, next_outcome) = ran?;
+
+    assert_eq!(next_outcome?, Guarded::Committed(1));
+    assert!(frozen_outcome.is_err(), "{frozen_outcome:?}");
+    assert_eq!(value(&next_db, table).await?, 1);
+    Ok(())
+}
+
+/// Whether backend `pid` is running a statement, blocked writing its
+/// answer to the client.
+async fn writing_to_client(db: &Client, pid: i32) -> Result<bool, Error> {
+    let row = db
+        .query_opt(
+            "SELECT 1 FROM pg_stat_activity
+              WHERE pid = $1 AND state = 'active' AND wait_event = 'ClientWrite'",
+            &[&pid],
+        )
+        .await?;
+    Ok(row.is_some())
 }
 
 /// The idle bound the guard sets (`idle_in_transaction_session_timeout`,

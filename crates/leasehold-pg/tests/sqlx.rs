@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use leasehold::{AcquireOptions, FencedKeys, FencingToken, HolderId, Locker, LostCause};
-use leasehold_pg::{Error, FENCES, Guard, Guarded, Setup};
-use leasehold_testkit::{PostgresServer, RedisServer};
-use sqlx::{Connection, PgConnection};
+use leasehold_pg::{Error, FENCES, Guard, GuardOptions, Guarded, Setup};
+use leasehold_testkit::{Direction, FaultProxy, PostgresServer, RedisServer};
+use sqlx::{Connection, Executor, PgConnection};
 
 mod common;
 use common::{chain, frozen_lease, server, superseded_term};
@@ -634,6 +634,84 @@ async fn a_holder_frozen_in_its_transaction_stalls_the_next_only_for_its_lease()
     assert_eq!(value(&mut next_db).await?, 1);
     drop(frozen);
     runtime.shutdown_background();
+    Ok(())
+}
+
+/// A holder frozen *during* a statement (the backend blocked writing a
+/// large answer to a client that stopped reading) holds the guard's row
+/// past any idle timeout; a next holder whose guard takes over ends that
+/// older holder's session once its lease has run out, and commits, as on
+/// tokio-postgres. Here the frozen holder guards without a take-over of
+/// its own and the resource's row was committed before: the take-over
+/// finds it as the row's locker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_frozen_mid_statement_is_taken_over_by_the_next() -> TestResult {
+    let pg = server()?;
+    let mut next_db = db(&pg, "sqlx_mid_statement").await?;
+    let proxy = FaultProxy::start(pg.addr())?;
+    let through_proxy = url_of(&pg, "sqlx_mid_statement")
+        .replace(&pg.port().to_string(), &proxy.port().to_string());
+    let mut frozen_db = PgConnection::connect(&through_proxy).await?;
+    let redis = RedisServer::start()?;
+    let keys = FencedKeys::for_resource("sqlx:mid-statement")?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let first = locker.acquire(&keys, TTL).await?;
+    let done = leasehold_pg::sqlx::guarded(&mut next_db, &first, bump).await?;
+    assert_eq!(done, Guarded::Committed(1));
+    first.release().await?;
+    let (frozen, runtime) = frozen_lease(redis.url(), keys.clone(), Duration::from_secs(1))?;
+    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+
+    let frozen_holder =
+        leasehold_pg::sqlx::guarded(&mut frozen_db, &frozen, async |tx: &mut PgConnection| {
+            bump(tx).await?;
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut *tx)
+                .await?;
+            // The client stops reading: the request goes out (a simple
+            // query), 64 MB of answer do not come back.
+            proxy.freeze(Direction::Downstream, true);
+            let _ = sent_tx.send(pid);
+            tx.execute("SELECT repeat('x', 1048576) FROM generate_series(1, 64)")
+                .await?;
+            Ok::<_, Error>(())
+        });
+    let next_holder = async {
+        let pid = sent_rx.await?;
+        // In its statement, blocked writing to the client: not idle.
+        let blocked = async {
+            loop {
+                let writing: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT FROM pg_stat_activity
+                      WHERE pid = $1 AND state = 'active' AND wait_event = 'ClientWrite')",
+                )
+                .bind(pid)
+                .fetch_one(&mut next_db)
+                .await?;
+                if writing {
+                    return Ok::<_, sqlx::Error>(());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(HUNG, blocked).await??;
+        let opts = AcquireOptions::new().wait(HUNG);
+        let lease = locker.acquire_with(&keys, TTL, &opts).await?;
+        let take_over = GuardOptions::new().take_over_after(Duration::from_millis(100));
+        let done = leasehold_pg::sqlx::guarded_with_options(&mut next_db, &lease, &take_over, bump)
+            .await?;
+        proxy.freeze(Direction::Downstream, false);
+        lease.release().await?;
+        Ok::<_, Box<dyn std::error::Error>>(done)
+    };
+    let ran = tokio::time::timeout(HUNG, async { tokio::join!(frozen_holder, next_holder) }).await;
+    drop(frozen);
+    runtime.shutdown_background();
+    let (frozen_outcome, next_outcome) = ran?;
+
+    assert_eq!(next_outcome?, Guarded::Committed(2));
+    assert!(frozen_outcome.is_err(), "{frozen_outcome:?}");
+    assert_eq!(value(&mut next_db).await?, 2);
     Ok(())
 }
 
