@@ -223,19 +223,24 @@
 //! lease is still valid (not lost, its deadline not passed: the lock
 //! service has given it to us, so the holder keeping the row has lost
 //! its lease), it ends the session of the transaction that keeps the
-//! row (`pg_terminate_backend`), provided that:
+//! row (`pg_terminate_backend`), provided that it is found and belongs
+//! to an older holder:
 //!
-//! - it belongs to an older holder: the row as last committed would
-//!   accept our token (no newer holder has written), and the transaction
-//!   is not marked as our own holder's (a guard that may take over marks
-//!   its transaction with two shared advisory locks,
-//!   `(1818583411, hashtext(resource))` and `(1818583412,
-//!   hashtext(holder))`, so that a take-over never ends another
-//!   transaction of its own lease: a term's two transactions on one
-//!   resource wait for each other as before);
-//! - it is found: the row's locker (its `xmax`), or, for a resource whose
-//!   first row is not committed yet, a transaction marked as guarding the
-//!   resource (only a guard that may take over marks it).
+//! - a guard that may take over marks its transaction, once it has its
+//!   answer, with two shared advisory locks: `(1818583411,
+//!   hashtext(resource))` ("leas" in ASCII) and its token as a `bigint`
+//!   key;
+//! - the transaction ended is the row's locker (its `xmax`), or, while
+//!   the resource has no committed row (its first writer), one marked as
+//!   guarding the resource;
+//! - it is marked (a transaction guarded without the option is never
+//!   ended), and carries no token mark at or above ours: a transaction of
+//!   our own lease (the same token: a term's two transactions on one
+//!   resource wait for each other as before) or of a newer holder is
+//!   left alone, even when our lease only believes itself valid (its
+//!   lock expired under it unseen);
+//! - the row as last committed would accept our token (no newer holder
+//!   has written).
 //!
 //! Then it waits for the row as usual (the ended session's transaction
 //! rolls back as its backend exits). If nothing qualifies, it waits as
@@ -252,10 +257,10 @@
 //!   freeze again, for a freeze mid-statement (between statements the
 //!   idle bound above still ends it).
 //! - **The rule**: take the guard this way in every transaction of a
-//!   resource, or in none. A transaction of your lease guarded without
-//!   it is not marked as yours, and a take-over of yours could end it;
-//!   an older holder guarded without it is found through the row's
-//!   locker, but not as the first writer of a resource.
+//!   resource: a holder guarded without it is never taken over (it is
+//!   not marked), so its freeze mid-statement stalls the next as before.
+//!   An application `bigint` advisory lock above a holder's token, held
+//!   in its transaction, would keep it from being taken over too.
 //! - **Cost**: two statements more per guarded resource (one round trip
 //!   each: the savepoint with the wait, and the marks with the wait
 //!   undone); when the wait runs out, three more (back to the savepoint,
@@ -266,9 +271,11 @@
 //!   is short), and short enough for your bound on a stall: the next
 //!   commit comes about a TTL plus the wait after a freeze. Measured
 //!   (`examples/frozen_holder.rs`, TTL 2 s, wait 500 ms, a holder frozen
-//!   in a 64 MB answer, 10 runs each): the next holder committed 2425 to
-//!   2441 ms after the freeze on tokio-postgres, 2464 to 2489 ms on sqlx;
-//!   without the take-over it waits for the whole freeze.
+//!   in a 64 MB answer, two rounds of 10 runs per driver): the next
+//!   holder committed 2248 to 2441 ms after the freeze on tokio-postgres,
+//!   2397 to 2489 ms on sqlx; without the take-over it waits for the
+//!   whole freeze. A freeze between statements (the idle bound, no
+//!   take-over): 2001 to 2027 ms.
 //! - Through PgBouncer in transaction mode: the session ended is the
 //!   server connection the frozen client's transaction runs on, which is
 //!   what keeps the row; the settings are `SET LOCAL`, the marks
@@ -541,7 +548,8 @@ async fn taking_over<S: Statements>(
         }
         found => found?,
     };
-    tx.flag(TAKE_OVER_END, &[resource, holder.as_str()]).await?;
+    tx.flag(TAKE_OVER_END, &[resource, &fence.to_string()])
+        .await?;
     Ok(found)
 }
 

@@ -24,7 +24,8 @@ impl GuardOptions {
     /// transaction: when the guard has waited `wait` for the resource's
     /// row (`lock_timeout`) and this lease is still valid, the guard ends
     /// the session of the transaction that holds the row if it belongs
-    /// to an older holder (`pg_terminate_backend`), then takes the row.
+    /// to an older holder that guarded the same way
+    /// (`pg_terminate_backend`), then takes the row.
     /// That is what frees a holder frozen *during* a statement (a backend
     /// blocked writing its answer to a stopped client), which no timeout
     /// ends. See [A holder that
@@ -33,8 +34,8 @@ impl GuardOptions {
     /// frozen holder; without it the guard waits, as without this
     /// option, and logs a WARN), what it costs (two round trips more per
     /// guarded resource) and the one rule: take the guard this way in
-    /// every transaction of a lease, or in none. A `wait` under 1 ms
-    /// counts as 1 ms.
+    /// every transaction of the resource (a holder guarded without it is
+    /// never taken over). A `wait` under 1 ms counts as 1 ms.
     ///
     /// Defaults to off: the guard waits for the row as long as it takes.
     pub fn take_over_after(mut self, wait: Duration) -> GuardOptions {

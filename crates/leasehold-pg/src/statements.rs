@@ -56,29 +56,36 @@ SET LOCAL lock_timeout = {wait_ms}"
 pub(crate) const TAKE_OVER_RETRY: &str = "ROLLBACK TO SAVEPOINT leasehold_guard";
 
 /// Ends a guard that may take over, once it has its answer: marks the
-/// transaction as one guarding resource `$1` for holder `$2` (shared
-/// advisory locks `(1818583411, hashtext(resource))` and `(1818583412,
-/// hashtext(holder))`, the first key "leas" in ASCII: a take-over finds
-/// such a transaction when the resource's row is not committed yet, and
-/// never ends one of its own holder) and puts back the `lock_timeout`
-/// that was in force. One `bool`, true.
+/// transaction as guarding resource `$1` with token `$2` (as text; shared advisory
+/// locks: `(1818583411, hashtext(resource))`, the first key "leas" in
+/// ASCII, and the token as a `bigint` key), so that a take-over can find
+/// it and tell whether it is older, and puts back the `lock_timeout` that
+/// was in force. One `bool`, true.
 pub(crate) const TAKE_OVER_END: &str = "SELECT set_config('lock_timeout',
     coalesce(nullif(current_setting('leasehold.lock_timeout', true), ''), current_setting('lock_timeout')),
     true) IS NOT NULL
   FROM (SELECT pg_advisory_xact_lock_shared(1818583411, hashtext($1)),
-               pg_advisory_xact_lock_shared(1818583412, hashtext($2))) AS marks";
+               pg_advisory_xact_lock_shared($2::text::bigint)) AS marks";
 
 /// Ends the sessions of older holders that keep the guard's row of
-/// resource `$1`: the transaction that locks the row (its `xmax`; a row
-/// locked by several at once has a multixact there, and is left alone),
-/// and those marked as guarding the resource by [`TAKE_OVER_END`] (which
-/// finds the one that inserted a row not committed yet), except our own
-/// session and those marked as our holder's (`$3`), and only while the
-/// row as last committed would accept our token `$2` from our holder (no
-/// newer holder has written). One `bool`: whether a session was ended.
-/// `pg_terminate_backend` needs the `pg_signal_backend` role, or the
-/// blocker's own role; without it this fails with `42501`.
-pub(crate) const TAKE_OVER: &str = "WITH blockers AS (
+/// resource `$1` from us (token `$2`, holder `$3`): the transaction that
+/// locks the row (its `xmax`; a row locked by several at once has a
+/// multixact there, and is left alone), or, while the resource has no
+/// committed row, the transactions marked as guarding it. Only one marked
+/// by [`TAKE_OVER_END`] (a guard that may take over), with no token mark
+/// at or above ours (ours, or a newer holder's: left alone; a `bigint`
+/// advisory lock of the application's above our token also keeps it),
+/// never our own session, and only while the row as last committed
+/// would accept our token from our holder (no newer holder has written).
+/// One `bool`: whether a session was ended. `pg_terminate_backend` needs
+/// the `pg_signal_backend` role, or the blocker's own role; without it
+/// this fails with `42501`.
+pub(crate) const TAKE_OVER: &str = "WITH marked AS (
+  SELECT a.pid FROM pg_locks a
+   WHERE a.locktype = 'advisory' AND a.objsubid = 2 AND a.granted
+     AND a.classid = 1818583411::oid
+     AND a.objid = (hashtext($1)::bigint & 4294967295)::oid
+), blockers AS (
   SELECT l.pid
     FROM leasehold_fences f
     JOIN pg_locks l
@@ -86,22 +93,20 @@ pub(crate) const TAKE_OVER: &str = "WITH blockers AS (
      AND l.transactionid = f.xmax
    WHERE f.resource = $1
   UNION
-  SELECT a.pid FROM pg_locks a
-   WHERE a.locktype = 'advisory' AND a.objsubid = 2 AND a.granted
-     AND a.classid = 1818583411::oid
-     AND a.objid = (hashtext($1)::bigint & 4294967295)::oid
+  SELECT m.pid FROM marked m
+   WHERE NOT EXISTS (SELECT FROM leasehold_fences f WHERE f.resource = $1)
 )
 SELECT coalesce(bool_or(pg_terminate_backend(b.pid)), false)
   FROM blockers b
  WHERE b.pid <> pg_backend_pid()
-   AND NOT EXISTS (
-     SELECT FROM leasehold_fences f
-      WHERE f.resource = $1 AND NOT (f.fence < $2 OR (f.fence = $2 AND f.holder = $3)))
+   AND b.pid IN (SELECT pid FROM marked)
    AND NOT EXISTS (
      SELECT FROM pg_locks a
-      WHERE a.pid = b.pid AND a.locktype = 'advisory' AND a.objsubid = 2
-        AND a.classid = 1818583412::oid
-        AND a.objid = (hashtext($3)::bigint & 4294967295)::oid)";
+      WHERE a.pid = b.pid AND a.locktype = 'advisory' AND a.objsubid = 1
+        AND ((a.classid::bigint << 32) | a.objid::bigint) >= $2)
+   AND NOT EXISTS (
+     SELECT FROM leasehold_fences f
+      WHERE f.resource = $1 AND NOT (f.fence < $2 OR (f.fence = $2 AND f.holder = $3)))";
 
 /// The body of [`GUARD`]'s function (see `guard_function!`): what
 /// `setup` compares with the installed one's (`pg_proc.prosrc`) to know

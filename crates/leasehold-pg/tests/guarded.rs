@@ -5,14 +5,15 @@
 //! commit, a holder frozen in its transaction ended by the server once
 //! its lease has run out (the next holder commits), the guard's idle
 //! bound set for the transaction alone, a holder frozen mid-statement
-//! taken over by the next, a refused term ended with no call of the
+//! taken over by the next (and a take-over sparing its own and a newer
+//! holder's transaction), a refused term ended with no call of the
 //! user's; and `FencingToken` as a `bigint`.
 
 use leasehold::Lessor;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use leasehold::{AcquireOptions, FencedKeys, FencingToken, Locker, LostCause};
+use leasehold::{AcquireOptions, FencedKeys, FencingToken, Locker, LostCause, MemoryLocker};
 use leasehold_pg::tokio_postgres::Client;
 use leasehold_pg::{Error, GuardOptions, Guarded};
 use leasehold_testkit::{Direction, FaultProxy, RedisServer};
@@ -345,6 +346,89 @@ async fn a_holder_frozen_mid_statement_is_taken_over_by_the_next() -> TestResult
     assert!(frozen_outcome.is_err(), "{frozen_outcome:?}");
     assert_eq!(value(&next_db, table).await?, 1);
     Ok(())
+}
+
+/// A take-over ends only an older holder's session: a transaction of the
+/// same lease keeping the row, or one of a newer lease (while the old one
+/// still believes itself valid: its lock expired under it), is waited
+/// for as without the option; the guard that ran out of its wait looked,
+/// left it alone and waits again (seen: waiting for a lock in a
+/// statement begun past the wait), and goes on once the row is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_leaves_its_own_and_a_newer_holders_transaction_alone() -> TestResult {
+    let table = "guarded_take_over_spares";
+    let (mut keeper_db, server) = db(table).await?;
+    let mut waiter_db = leasehold_pg::connect(&server.url()).await?;
+    let watcher = leasehold_pg::connect(&server.url()).await?;
+    let waiter: i32 = waiter_db
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
+    let lock = MemoryLocker::new();
+    let keys = FencedKeys::for_resource("guarded:take-over-spares")?;
+    let take_over = GuardOptions::new().take_over_after(WAIT);
+    let lease = lock.acquire(&keys, TTL).await?;
+
+    // Two transactions of one lease: the second waits for the first.
+    let keeper = keeper_db.transaction().await?;
+    let found = leasehold_pg::guard_with_options(&keeper, &lease, &take_over).await?;
+    assert!(found.is_accepted());
+    bump(&keeper, table).await?;
+    let waiting = leasehold_pg::guarded_with_options(&mut waiter_db, &lease, &take_over, {
+        async |tx| bump(tx, table).await
+    });
+    let kept = async {
+        waits_again(&watcher, waiter).await?;
+        keeper.commit().await
+    };
+    let (done, kept) = tokio::time::timeout(HUNG, async { tokio::join!(waiting, kept) }).await?;
+    kept?;
+    assert_eq!(done?, Guarded::Committed(2));
+
+    // A newer holder keeps the row; the old lease still believes itself
+    // valid. Its guard leaves the newer one alone, and is then refused.
+    lock.expire(keys.lock());
+    let newer = lock.acquire(&keys, TTL).await?;
+    assert!(lease.lost().is_none() && !lease.remaining().is_zero());
+    let keeper = keeper_db.transaction().await?;
+    let found = leasehold_pg::guard_with_options(&keeper, &newer, &take_over).await?;
+    assert!(found.is_accepted());
+    bump(&keeper, table).await?;
+    let waiting = leasehold_pg::guarded_with_options(&mut waiter_db, &lease, &take_over, {
+        async |tx| bump(tx, table).await
+    });
+    let kept = async {
+        waits_again(&watcher, waiter).await?;
+        keeper.commit().await
+    };
+    let (done, kept) = tokio::time::timeout(HUNG, async { tokio::join!(waiting, kept) }).await?;
+    kept?;
+    assert!(matches!(done?, Guarded::Refused { .. }));
+    assert_eq!(value(&watcher, table).await?, 3);
+    Ok(())
+}
+
+/// The take-over's wait in [`a_take_over_leaves_its_own_and_a_newer_holders_transaction_alone`].
+const WAIT: Duration = Duration::from_millis(300);
+
+/// Until backend `pid` waits for a lock in a statement begun at least
+/// [`WAIT`] into its transaction: a guard that ran out of its wait and
+/// waits again.
+async fn waits_again(db: &Client, pid: i32) -> Result<(), leasehold_pg::tokio_postgres::Error> {
+    loop {
+        let again = db
+            .query_opt(
+                "SELECT 1 FROM pg_stat_activity
+                  WHERE pid = $1 AND wait_event_type = 'Lock'
+                    AND query_start - xact_start >= make_interval(secs => $2)",
+                &[&pid, &WAIT.as_secs_f64()],
+            )
+            .await?;
+        if again.is_some() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Whether backend `pid` is running a statement, blocked writing its

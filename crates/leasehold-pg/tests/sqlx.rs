@@ -605,8 +605,12 @@ async fn a_holder_frozen_in_its_transaction_stalls_the_next_only_for_its_lease()
     let (guarded_tx, guarded_rx) = tokio::sync::oneshot::channel();
     let (committed_tx, committed_rx) = tokio::sync::oneshot::channel();
 
-    let frozen_holder =
-        leasehold_pg::sqlx::guarded(&mut frozen_db, &frozen, async |tx: &mut PgConnection| {
+    let take_over = GuardOptions::new().take_over_after(Duration::from_millis(100));
+    let frozen_holder = leasehold_pg::sqlx::guarded_with_options(
+        &mut frozen_db,
+        &frozen,
+        &take_over,
+        async |tx: &mut PgConnection| {
             bump(tx).await?;
             let _ = guarded_tx.send(());
             // Frozen: the transaction and its row lock held, nothing sent,
@@ -614,7 +618,8 @@ async fn a_holder_frozen_in_its_transaction_stalls_the_next_only_for_its_lease()
             // last word (25P03) with guarded's next statement.
             let _ = committed_rx.await;
             Ok::<_, Error>(())
-        });
+        },
+    );
     let next_holder = async {
         guarded_rx.await?;
         let opts = AcquireOptions::new().wait(HUNG);
@@ -641,9 +646,8 @@ async fn a_holder_frozen_in_its_transaction_stalls_the_next_only_for_its_lease()
 /// large answer to a client that stopped reading) holds the guard's row
 /// past any idle timeout; a next holder whose guard takes over ends that
 /// older holder's session once its lease has run out, and commits, as on
-/// tokio-postgres. Here the frozen holder guards without a take-over of
-/// its own and the resource's row was committed before: the take-over
-/// finds it as the row's locker.
+/// tokio-postgres. Here the resource's row was committed before: the
+/// take-over finds the frozen holder as the row's locker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_frozen_mid_statement_is_taken_over_by_the_next() -> TestResult {
     let pg = server()?;
@@ -662,8 +666,12 @@ async fn a_holder_frozen_mid_statement_is_taken_over_by_the_next() -> TestResult
     let (frozen, runtime) = frozen_lease(redis.url(), keys.clone(), Duration::from_secs(1))?;
     let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
 
-    let frozen_holder =
-        leasehold_pg::sqlx::guarded(&mut frozen_db, &frozen, async |tx: &mut PgConnection| {
+    let take_over = GuardOptions::new().take_over_after(Duration::from_millis(100));
+    let frozen_holder = leasehold_pg::sqlx::guarded_with_options(
+        &mut frozen_db,
+        &frozen,
+        &take_over,
+        async |tx: &mut PgConnection| {
             bump(tx).await?;
             let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
                 .fetch_one(&mut *tx)
@@ -675,7 +683,8 @@ async fn a_holder_frozen_mid_statement_is_taken_over_by_the_next() -> TestResult
             tx.execute("SELECT repeat('x', 1048576) FROM generate_series(1, 64)")
                 .await?;
             Ok::<_, Error>(())
-        });
+        },
+    );
     let next_holder = async {
         let pid = sent_rx.await?;
         // In its statement, blocked writing to the client: not idle.
@@ -697,7 +706,6 @@ async fn a_holder_frozen_mid_statement_is_taken_over_by_the_next() -> TestResult
         tokio::time::timeout(HUNG, blocked).await??;
         let opts = AcquireOptions::new().wait(HUNG);
         let lease = locker.acquire_with(&keys, TTL, &opts).await?;
-        let take_over = GuardOptions::new().take_over_after(Duration::from_millis(100));
         let done = leasehold_pg::sqlx::guarded_with_options(&mut next_db, &lease, &take_over, bump)
             .await?;
         proxy.freeze(Direction::Downstream, false);
