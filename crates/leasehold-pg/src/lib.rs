@@ -179,6 +179,8 @@
 //! | DEBUG | both | the event ending each span: `fenced write`, `fenced write failed`, `guard accepted`, `guard failed` | as the span, and `error` |
 //! | **WARN** | both | **`write refused: ...`**: a write refused as stale. A lease failed (expired under a slow holder, lost in a failover) and the database caught it: the money alarm | `wallet` or `resource`, `token`, `current`, `outcome`; `healed` for the guard |
 //! | WARN | `leasehold_pg::guard` | `could not raise the fence counter` | `resource`, `error` |
+//! | WARN | `leasehold_pg::guard` | `ended the session of an older holder that held the guarded row` (a take-over) | `resource`, `token` |
+//! | WARN | `leasehold_pg::guard` | `could not end the session holding the guarded row ...; waiting for it` (a take-over without the permission) | `resource`, `error` |
 //! | INFO | `leasehold_pg::guard` | `created the fence table`, `migrated the fence table` (one per change) | `table`, `change` |
 //!
 //! Wallet ids, resources and fencing tokens are logged; connection URLs,

@@ -408,7 +408,81 @@ async fn a_take_over_leaves_its_own_and_a_newer_holders_transaction_alone() -> T
     Ok(())
 }
 
-/// The take-over's wait in [`a_take_over_leaves_its_own_and_a_newer_holders_transaction_alone`].
+/// Without the permission to end the frozen holder's session (another
+/// role, without `pg_signal_backend`), the take-over fails (a WARN) and
+/// the guard waits for the row as without the option, its transaction
+/// intact: once the frozen holder thaws and commits, the next one
+/// commits after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_without_the_permission_waits_as_before() -> TestResult {
+    let redis = RedisServer::start()?;
+    let table = "guarded_take_over_denied";
+    let (watcher, server) = db(table).await?;
+    watcher
+        .batch_execute(&format!(
+            "CREATE ROLE denied LOGIN PASSWORD 'denied';
+             GRANT SELECT, INSERT, UPDATE ON leasehold_fences, {table} TO denied;"
+        ))
+        .await?;
+    let denied = format!(
+        "postgres://denied:denied@{}:{}/postgres",
+        server.host(),
+        server.port()
+    );
+    let mut next_db = leasehold_pg::connect(&denied).await?;
+    let next_pid: i32 = next_db
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
+    let proxy = FaultProxy::start(server.addr())?;
+    let through_proxy = server
+        .url()
+        .replace(&server.port().to_string(), &proxy.port().to_string());
+    let mut frozen_db = leasehold_pg::connect(&through_proxy).await?;
+    let keys = FencedKeys::for_resource("guarded:take-over-denied")?;
+    let (frozen, runtime) = frozen_lease(redis.url(), keys.clone(), SHORT)?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let take_over = GuardOptions::new().take_over_after(WAIT);
+    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+
+    let frozen_holder =
+        leasehold_pg::guarded_with_options(&mut frozen_db, &frozen, &take_over, async |tx| {
+            let n = bump(tx, table).await?;
+            proxy.freeze(Direction::Downstream, true);
+            let _ = sent_tx.send(());
+            tx.simple_query("SELECT repeat('x', 1048576) FROM generate_series(1, 64)")
+                .await?;
+            Ok::<_, Error>(n)
+        });
+    let next_holder = async {
+        sent_rx.await?;
+        let opts = AcquireOptions::new().wait(HUNG);
+        let lease = locker.acquire_with(&keys, TTL, &opts).await?;
+        let waiting =
+            leasehold_pg::guarded_with_options(&mut next_db, &lease, &take_over, async |tx| {
+                bump(tx, table).await
+            });
+        let thawed = async {
+            waits_again(&watcher, next_pid).await?;
+            proxy.freeze(Direction::Downstream, false);
+            Ok::<_, Error>(())
+        };
+        let (done, thawed) = tokio::join!(waiting, thawed);
+        thawed?;
+        lease.release().await?;
+        Ok::<_, Box<dyn std::error::Error>>(done?)
+    };
+    let ran = tokio::time::timeout(HUNG, async { tokio::join!(frozen_holder, next_holder) }).await;
+    drop(frozen);
+    runtime.shutdown_background();
+    let (frozen_outcome, next_outcome) = ran?;
+
+    assert_eq!(frozen_outcome?, Guarded::Committed(1));
+    assert_eq!(next_outcome?, Guarded::Committed(2));
+    Ok(())
+}
+
+/// The take-over's wait in the tests that watch a guard wait again.
 const WAIT: Duration = Duration::from_millis(300);
 
 /// Until backend `pid` waits for a lock in a statement begun at least
