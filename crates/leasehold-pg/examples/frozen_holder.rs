@@ -26,7 +26,7 @@
 
 use std::time::{Duration, Instant};
 
-use leasehold::{AcquireOptions, FencedKeys, Lease, Locker};
+use leasehold::{AcquireOptions, FencedKeys, Lease, Lessor, Locker};
 use leasehold_pg::{Error, GuardOptions, Guarded};
 use leasehold_testkit::{Direction, FaultProxy, PostgresServer, RedisServer};
 use sqlx::{Connection, Executor, PgConnection};

@@ -4,6 +4,7 @@
 
 use std::sync::{Arc, Mutex, Weak};
 
+use leasehold::Lessor;
 use leasehold_testkit::PostgresServer;
 
 /// One server shared by the tests of a binary that run at the same time;
