@@ -2,23 +2,70 @@
 //! `setup`'s statements on a client or a transaction.
 
 use tokio_postgres::GenericClient;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 
 use crate::error::{Error, Result};
-use crate::statements::{GUARD, Statements, Verdict};
+use crate::statements::{GUARD, GUARD_BOUNDED, Statements, TAKE_OVER, Verdict};
 
 /// A tokio-postgres client or transaction, running this crate's statements.
 pub(crate) struct OnClient<'a, C>(pub(crate) &'a C);
 
 impl<C: GenericClient> Statements for OnClient<'_, C> {
-    async fn guard(&mut self, resource: &str, fence: i64, holder: &str) -> Result<Verdict> {
+    async fn guard(
+        &mut self,
+        resource: &str,
+        fence: i64,
+        holder: &str,
+        idle_ms: Option<i64>,
+    ) -> Result<Verdict> {
         // Typed: parse, bind and execute go out at once, with no prepare
         // first (one round trip), and they are sent when the future is
         // first polled, so a statement issued after it pipelines.
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&resource, Type::TEXT),
+            (&fence, Type::INT8),
+            (&holder, Type::TEXT),
+        ];
+        let row = match &idle_ms {
+            None => self.0.query_typed_one(GUARD, &params).await,
+            Some(idle_ms) => {
+                let [resource, fence, holder] = params;
+                self.0
+                    .query_typed_one(
+                        GUARD_BOUNDED,
+                        &[resource, fence, holder, (idle_ms, Type::INT8)],
+                    )
+                    .await
+            }
+        }
+        .map_err(Error::from_pg)?;
+        Ok(Verdict {
+            accepted: row.try_get(0).map_err(Error::from_pg)?,
+            fence: row.try_get(1).map_err(Error::from_pg)?,
+            holder: row.try_get(2).map_err(Error::from_pg)?,
+        })
+    }
+
+    async fn flag(&mut self, sql: &'static str, args: &[&str]) -> Result<bool> {
+        let params: Vec<&(dyn ToSql + Sync)> =
+            args.iter().map(|arg| arg as &(dyn ToSql + Sync)).collect();
+        let row = self
+            .0
+            .query_one(sql, &params)
+            .await
+            .map_err(Error::from_pg)?;
+        row.try_get(0).map_err(Error::from_pg)
+    }
+
+    async fn batch(&mut self, sql: &str) -> Result<()> {
+        self.0.batch_execute(sql).await.map_err(Error::from_pg)
+    }
+
+    async fn take_over(&mut self, resource: &str, fence: i64, holder: &str) -> Result<bool> {
         let row = self
             .0
             .query_typed_one(
-                GUARD,
+                TAKE_OVER,
                 &[
                     (&resource, Type::TEXT),
                     (&fence, Type::INT8),
@@ -27,23 +74,6 @@ impl<C: GenericClient> Statements for OnClient<'_, C> {
             )
             .await
             .map_err(Error::from_pg)?;
-        Ok(Verdict {
-            accepted: row.try_get(0).map_err(Error::from_pg)?,
-            fence: row.try_get(1).map_err(Error::from_pg)?,
-            holder: row.try_get(2).map_err(Error::from_pg)?,
-        })
-    }
-
-    async fn flag(&mut self, sql: &'static str, arg: Option<&str>) -> Result<bool> {
-        let row = match arg {
-            Some(arg) => self.0.query_one(sql, &[&arg]).await,
-            None => self.0.query_one(sql, &[]).await,
-        }
-        .map_err(Error::from_pg)?;
         row.try_get(0).map_err(Error::from_pg)
-    }
-
-    async fn batch(&mut self, sql: &'static str) -> Result<()> {
-        self.0.batch_execute(sql).await.map_err(Error::from_pg)
     }
 }

@@ -67,19 +67,19 @@ const GUARD_FUNCTION_CHANGE: &str = "installed function leasehold_guard(text, bi
 /// it), serialized by the advisory lock; the driver commits.
 pub(crate) async fn setup_in<S: Statements>(tx: &mut S) -> Result<Setup> {
     tx.batch(SETUP_LOCK).await?;
-    if !tx.flag(FENCES_EXIST, None).await? {
+    if !tx.flag(FENCES_EXIST, &[]).await? {
         tx.batch(FENCES_DDL).await?;
         return Ok(Setup::Created);
     }
     let mut changes = Vec::new();
     for (column, statement, change) in FENCE_MIGRATIONS {
-        if !tx.flag(FENCES_HAVE_COLUMN, Some(column)).await? {
+        if !tx.flag(FENCES_HAVE_COLUMN, &[column]).await? {
             tx.batch(statement).await?;
             changes.push(*change);
         }
     }
     // After the columns: the function reads and writes `holder`.
-    if !tx.flag(GUARD_FUNCTION_CURRENT, Some(guard_body!())).await? {
+    if !tx.flag(GUARD_FUNCTION_CURRENT, &[guard_body!()]).await? {
         tx.batch(guard_function!()).await?;
         changes.push(GUARD_FUNCTION_CHANGE);
     }

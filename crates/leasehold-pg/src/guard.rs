@@ -113,9 +113,9 @@
 //! transaction, binding the resource (the fence key, `keys.fence()`), the
 //! token as a `bigint` and the holder, e.g. with `diesel::sql_query(..)`
 //! and `.bind::<Text, _>`, `.bind::<BigInt, _>`; `accepted` false is a
-//! refusal: roll back, and call `lease.raise_fence(fence)` as [`guard`]
-//! does. Create the table and the function with [`FENCES_DDL`] in a
-//! migration.
+//! refusal: roll back, and call `lease.raise_fence(fence)` and
+//! `lease.mark_superseded()` as [`guard`] does. Create the table and the
+//! function with [`FENCES_DDL`] in a migration.
 //!
 //! # Why it is enough (the serialization argument)
 //!
@@ -147,6 +147,139 @@
 //! path, a migration, a manual `UPDATE`); reads made before the guard or in
 //! another transaction; effects outside the database (an e-mail, a call to
 //! another service) that the transaction cannot roll back.
+//!
+//! # A holder that freezes
+//!
+//! The guard's row lock lasts until the transaction ends, and a holder
+//! frozen inside its transaction (a stop-the-world pause, `SIGSTOP`, a
+//! suspended VM) ends it only when it thaws: unbounded, the next holder,
+//! which takes the lock once the frozen one's lease runs out, waits in its
+//! own guard for the whole freeze. So [`guard`] (and
+//! [`guarded`](crate::guarded()), and both on sqlx) also sets, in the
+//! same statement (no round trip of its own), the **transaction-local**
+//! `idle_in_transaction_session_timeout` to the lease's TTL, at least
+//! 1 s, less the time the statement has run (a wait for the row lock
+//! included), rounded up to whole milliseconds. A holder frozen between
+//! two statements then stalls the next one by about its lease at most
+//! (the next holder takes the lock when the frozen lease runs out, at
+//! most a TTL after the freeze, and the frozen session ends a TTL after
+//! its last statement; 1 s for a shorter lease): the server ends its
+//! session (SQLSTATE `25P03`), which rolls its transaction back and frees
+//! the row; once thawed, its commit is [`Error::SessionEnded`] (did not
+//! commit; retryable, on a new connection).
+//!
+//! Why the TTL and not what is left of the lease: the watchdog keeps a
+//! lease alive while its work runs, and work that pauses between two
+//! statements for less than a TTL (the "guard first, then the expensive
+//! part" pattern) must not lose its session; the floor of 1 s keeps
+//! sub-second leases from ending every transaction at its first pause.
+//!
+//! - It is `set_config(.., true)`, as `SET LOCAL`: it ends with the
+//!   transaction, and the session's own setting is back after it, on a
+//!   pooled connection as through PgBouncer in transaction mode. Nothing
+//!   session-wide is set.
+//! - A smaller setting already in force (not 0: the session's, or a
+//!   `SET LOCAL` before the guard) is kept: the guard only lowers it. To
+//!   allow longer idle periods than the lease, `SET LOCAL` a larger value
+//!   after the guard.
+//! - The server's timer restarts with every idle period: it bounds each
+//!   pause between statements, not the transaction. A work that sits idle
+//!   in its transaction longer than the lease's TTL (at least 1 s; a slow
+//!   call to another service between two statements, while the watchdog
+//!   keeps the lease alive) is ended the same way: make such calls before
+//!   the transaction or after it, or `SET LOCAL` a larger value after the
+//!   guard.
+//! - [`guard_token`] has no lease, and sets nothing: set the timeout
+//!   yourself.
+//! - A holder frozen **during** a statement is not idle.
+//!   `statement_timeout` bounds a statement, and is the caller's choice
+//!   (opt in with `SET LOCAL statement_timeout` after the guard): it also
+//!   cuts a long statement whose lease the watchdog keeps alive. And a
+//!   backend stuck writing its answer to a frozen client's socket (a
+//!   result larger than the socket's buffers) is neither idle nor
+//!   checking its statement timeout: only termination ends it. For that,
+//!   the next holder can **take over** (below).
+//!
+//! With another driver, send this statement in place of the one above,
+//! with `$4` the lease's TTL in milliseconds, at least 1000 (`bigint`);
+//! its fourth column is the value set:
+//!
+//! ```sql
+//! WITH fences AS (SELECT FROM leasehold_fences)
+//! SELECT accepted, fence, holder,
+//!   set_config('idle_in_transaction_session_timeout', least(
+//!     nullif(extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000, 0),
+//!     greatest(ceil($4::bigint - extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000), 1)
+//!   )::bigint::text, true)
+//! FROM leasehold_guard($1, $2, $3);
+//! ```
+//!
+//! # Taking over from a frozen holder
+//!
+//! With [`GuardOptions::take_over_after`] (`guard_with_options`,
+//! `guarded_with_options`, and their sqlx forms; off by default), the
+//! guard waits for the resource's row at most that long (`SET LOCAL
+//! lock_timeout`, inside a savepoint); when the wait runs out and the
+//! lease is still valid (not lost, its deadline not passed: the lock
+//! service has given it to us, so the holder keeping the row has lost
+//! its lease), it ends the session of the transaction that keeps the
+//! row (`pg_terminate_backend`), provided that it is found and belongs
+//! to an older holder:
+//!
+//! - a guard that may take over marks its transaction, once it has its
+//!   answer, with two shared advisory locks: `(1818583411,
+//!   hashtext(resource))` ("leas" in ASCII) and its token as a `bigint`
+//!   key;
+//! - the transaction ended is the row's locker (its `xmax`), or, while
+//!   the resource has no committed row (its first writer), one marked as
+//!   guarding the resource;
+//! - it is marked (a transaction guarded without the option is never
+//!   ended), and carries no token mark at or above ours: a transaction of
+//!   our own lease (the same token: a term's two transactions on one
+//!   resource wait for each other as before) or of a newer holder is
+//!   left alone, even when our lease only believes itself valid (its
+//!   lock expired under it unseen);
+//! - the row as last committed would accept our token (no newer holder
+//!   has written).
+//!
+//! Then it waits for the row as usual (the ended session's transaction
+//! rolls back as its backend exits). If nothing qualifies, it waits as
+//! without the option. The frozen holder, once thawed, finds its session
+//! gone: [`Error::SessionEnded`] or [`Error::Unreachable`], before its
+//! `COMMIT`, so nothing of it was written. A WARN (`ended the session of
+//! an older holder ...`) says each take-over.
+//!
+//! - **Permission**: `pg_terminate_backend` may end a session of the same
+//!   role, or any non-superuser's with the `pg_signal_backend` role
+//!   (`GRANT pg_signal_backend TO app`). Without it the guard logs a WARN
+//!   (`could not end the session holding the guarded row ...`) and waits
+//!   for the frozen holder, as without the option: the stall is the
+//!   freeze again, for a freeze mid-statement (between statements the
+//!   idle bound above still ends it).
+//! - **The rule**: take the guard this way in every transaction of a
+//!   resource: a holder guarded without it is never taken over (it is
+//!   not marked), so its freeze mid-statement stalls the next as before.
+//!   An application `bigint` advisory lock above a holder's token, held
+//!   in its transaction, would keep it from being taken over too.
+//! - **Cost**: two statements more per guarded resource (one round trip
+//!   each: the savepoint with the wait, and the marks with the wait
+//!   undone); when the wait runs out, three more (back to the savepoint,
+//!   the look for a holder to end, the guard again).
+//! - **The wait**: longer than an older holder that is not frozen keeps
+//!   the row once its lease has ended (its watchdog stops its work at
+//!   the next `.await` once it finds the lease lost; a commit under way
+//!   is short), and short enough for your bound on a stall: the next
+//!   commit comes about a TTL plus the wait after a freeze. Measured
+//!   (`examples/frozen_holder.rs`, TTL 2 s, wait 500 ms, a holder frozen
+//!   in a 64 MB answer, two rounds of 10 runs per driver): the next
+//!   holder committed 2248 to 2441 ms after the freeze on tokio-postgres,
+//!   2397 to 2489 ms on sqlx; without the take-over it waits for the
+//!   whole freeze. A freeze between statements (the idle bound, no
+//!   take-over): 2001 to 2027 ms.
+//! - Through PgBouncer in transaction mode: the session ended is the
+//!   server connection the frozen client's transaction runs on, which is
+//!   what keeps the row; the settings are `SET LOCAL`, the marks
+//!   transaction-level, as everywhere in the guard.
 //!
 //! # Several resources (a transfer)
 //!
@@ -199,12 +332,15 @@
 //! refused once. Writers of an earlier version still accept an equal token
 //! from anyone: upgrade every writer.
 
+use std::time::Duration;
+
 use leasehold::{FencingToken, HolderId, Lease};
 use tokio_postgres::GenericClient;
 
 use crate::client::OnClient;
 use crate::error::{Error, Result};
-use crate::statements::Statements;
+use crate::options::GuardOptions;
+use crate::statements::{Statements, TAKE_OVER_END, TAKE_OVER_RETRY, take_over_begin};
 
 pub use crate::ddl::{FENCES_DDL, Setup};
 pub use crate::tables::FENCES;
@@ -258,10 +394,12 @@ pub enum Guard {
     /// A newer token, or the same token from another holder, has written
     /// `resource`: roll back. `healed` says whether the Redis counter was
     /// raised to `current` (by [`guard`]), so that the next lease gets a
-    /// newer token. The lease no longer protects anything: in a
-    /// leadership term, end it (`term.mark_superseded()`, or
-    /// `lease.mark_superseded()` for any lease kept for more writes), so
-    /// its work stops and the process campaigns again.
+    /// newer token. The lease no longer protects anything, and [`guard`]
+    /// has ended it ([`Lease::mark_superseded`]): its watchdog stops, work
+    /// under `lease.run` (or a leadership `Term`'s `run`) stops at its
+    /// next `.await`, `lease.lost()` is `Superseded`, and a term's
+    /// `lost()` resolves, so the process campaigns again with no call of
+    /// yours. ([`guard_token`] has no lease and ends nothing.)
     Refused {
         /// The resource that refused.
         resource: String,
@@ -288,7 +426,9 @@ impl Guard {
 /// Guards `resource` with `token`, written by `holder`, in the caller's
 /// transaction `tx` (see the [module docs](self)): the one statement
 /// above, then, if refused, the fence and holder found. Does not touch
-/// Redis; see [`guard`] for the healing one, which takes both from a lease.
+/// Redis, and sets no idle bound (it has no lease: see [A holder that
+/// freezes](self#a-holder-that-freezes)); see [`guard`] for the healing
+/// one, which takes both from a lease.
 ///
 /// # Errors
 /// [`Error::InvalidResource`] for an empty name, [`Error::InvalidToken`]
@@ -320,29 +460,25 @@ pub(crate) async fn guard_token_with<S: Statements>(
     traced(
         resource,
         token,
-        guard_statement(tx, resource, token, holder),
+        guard_statement(tx, resource, token, holder, None),
     )
     .await
 }
 
 /// The guard statement (and, if refused, the read of what beat us),
-/// untraced.
+/// untraced; with `valid_for`, it also bounds the transaction's idle
+/// periods by it (see [A holder that freezes](self#a-holder-that-freezes)).
 async fn guard_statement<S: Statements>(
     tx: &mut S,
     resource: &str,
     token: FencingToken,
     holder: &HolderId,
+    valid_for: Option<Duration>,
 ) -> Result<Guard> {
-    if resource.is_empty() {
-        return Err(Error::InvalidResource {
-            reason: "resource name is empty",
-        });
-    }
-    if token.get() == 0 {
-        return Err(Error::InvalidToken { token });
-    }
-    let fence = i64::try_from(token).map_err(|_| Error::TokenOutOfRange { token })?;
-    let verdict = tx.guard(resource, fence, holder.as_str()).await?;
+    let fence = checked(resource, token)?;
+    let verdict = tx
+        .guard(resource, fence, holder.as_str(), valid_for.map(idle_ms))
+        .await?;
     if verdict.accepted {
         return Ok(Guard::Accepted);
     }
@@ -355,13 +491,91 @@ async fn guard_statement<S: Statements>(
     })
 }
 
+/// `token` as the guard's `bigint`, once `resource` and `token` are
+/// known to be usable.
+fn checked(resource: &str, token: FencingToken) -> Result<i64> {
+    if resource.is_empty() {
+        return Err(Error::InvalidResource {
+            reason: "resource name is empty",
+        });
+    }
+    if token.get() == 0 {
+        return Err(Error::InvalidToken { token });
+    }
+    i64::try_from(token).map_err(|_| Error::TokenOutOfRange { token })
+}
+
+/// The guard statement with a take-over (see [A holder that
+/// freezes](self#a-holder-that-freezes)): waits `wait` for the row; then,
+/// while `lease` is valid, ends the session of an older holder holding
+/// it, and waits for the row as long as it takes. Either way the
+/// transaction then says which holder it belongs to, and its
+/// `lock_timeout` is back.
+async fn taking_over<S: Statements>(
+    tx: &mut S,
+    lease: &Lease,
+    (resource, token, holder): (&str, FencingToken, &HolderId),
+    valid_for: Option<Duration>,
+    wait: Duration,
+) -> Result<Guard> {
+    let fence = checked(resource, token)?;
+    let wait_ms = i64::try_from(wait.as_millis().clamp(1, i32::MAX as u128)).unwrap_or(1);
+    tx.batch(&take_over_begin(wait_ms)).await?;
+    let found = match guard_statement(&mut *tx, resource, token, holder, valid_for).await {
+        Err(Error::Postgres(err)) if err.code() == Some(LOCK_NOT_AVAILABLE) => {
+            tx.batch(TAKE_OVER_RETRY).await?;
+            // Ours is the lock now: the lease that holds the row has run
+            // out, unless it is ours (which the statement leaves alone).
+            if lease.lost().is_none() && !lease.remaining().is_zero() {
+                match tx.take_over(resource, fence, holder.as_str()).await {
+                    Ok(true) => tracing::warn!(
+                        resource,
+                        token = token.get(),
+                        "ended the session of an older holder that held the guarded row"
+                    ),
+                    Ok(false) => {}
+                    Err(err) => {
+                        tx.batch(TAKE_OVER_RETRY).await?;
+                        tracing::warn!(
+                            resource,
+                            error = %err,
+                            "could not end the session holding the guarded row (pg_terminate_backend needs the pg_signal_backend role, or the holder's own role); waiting for it"
+                        );
+                    }
+                }
+            }
+            guard_statement(&mut *tx, resource, token, holder, valid_for).await?
+        }
+        found => found?,
+    };
+    tx.flag(TAKE_OVER_END, &[resource, &fence.to_string()])
+        .await?;
+    Ok(found)
+}
+
+/// SQLSTATE `55P03` lock_not_available: `lock_timeout` ran out.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// The shortest idle period the guard allows a transaction: a lease
+/// shorter than this bounds a frozen holder by this instead of its TTL.
+const IDLE_FLOOR: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Guards every fenced lock of `lease` in the caller's transaction `tx`,
 /// in one order (sorted by resource), with the lease's own tokens; the
 /// resource of a lock is its fence key (`fence:{wallet:42}` for
 /// `FencedKeys::for_resource("wallet:42")`). On a refusal, raises the Redis
 /// counter to the fence found ([`Lease::raise_fence_for`]) so that the next
-/// lease wins, and returns [`Guard::Refused`] at once: roll back (a lock
-/// guarded before it in this call is part of the transaction too).
+/// lease wins, ends the lease ([`Lease::mark_superseded`]: a leadership
+/// term is over, its work stops at its next `.await`), and returns
+/// [`Guard::Refused`] at once: roll back (a lock guarded before it in this
+/// call is part of the transaction too).
+///
+/// Each guard statement also bounds the transaction's idle periods by the
+/// lease's TTL, at least 1 s (`SET LOCAL
+/// idle_in_transaction_session_timeout`, a smaller setting kept), so that
+/// a holder frozen in its transaction does not stall the next one for
+/// the whole freeze: see [A holder that
+/// freezes](self#a-holder-that-freezes).
 ///
 /// # Errors
 /// As [`guard_token`]; [`Error::NotFenced`] when the lease holds no fenced
@@ -371,11 +585,33 @@ async fn guard_statement<S: Statements>(
 /// # Cancel safety
 /// As [`guard_token`].
 pub async fn guard<C: GenericClient>(tx: &C, lease: &Lease) -> Result<Guard> {
-    guard_with(&mut OnClient(tx), lease).await
+    guard_with(&mut OnClient(tx), lease, &GuardOptions::default()).await
+}
+
+/// [`guard`] with `options`: with
+/// [`take_over_after`](GuardOptions::take_over_after), a resource whose
+/// row an older holder keeps locked longer than that is taken over (see
+/// [A holder that freezes](self#a-holder-that-freezes)).
+///
+/// # Errors
+/// As [`guard`].
+///
+/// # Cancel safety
+/// As [`guard_token`].
+pub async fn guard_with_options<C: GenericClient>(
+    tx: &C,
+    lease: &Lease,
+    options: &GuardOptions,
+) -> Result<Guard> {
+    guard_with(&mut OnClient(tx), lease, options).await
 }
 
 /// [`guard`] on any driver's [`Statements`].
-pub(crate) async fn guard_with<S: Statements>(tx: &mut S, lease: &Lease) -> Result<Guard> {
+pub(crate) async fn guard_with<S: Statements>(
+    tx: &mut S,
+    lease: &Lease,
+    options: &GuardOptions,
+) -> Result<Guard> {
     let mut fenced: Vec<(String, &str, FencingToken, HolderId)> = lease
         .keys()
         .filter_map(|key| {
@@ -391,7 +627,17 @@ pub(crate) async fn guard_with<S: Statements>(tx: &mut S, lease: &Lease) -> Resu
     fenced.sort();
     for (resource, key, token, holder) in fenced {
         let guarded = async {
-            let found = guard_statement(&mut *tx, &resource, token, &holder).await?;
+            // A frozen holder's session ends after an idle period of the
+            // lease's TTL (at least `IDLE_FLOOR`): see "A holder that
+            // freezes".
+            let valid_for = Some(lease.ttl().max(IDLE_FLOOR));
+            let found = match options.take_over_after {
+                None => guard_statement(&mut *tx, &resource, token, &holder, valid_for).await?,
+                Some(wait) => {
+                    let guarded = (resource.as_str(), token, &holder);
+                    taking_over(&mut *tx, lease, guarded, valid_for, wait).await?
+                }
+            };
             let Guard::Refused {
                 current, writer, ..
             } = found
@@ -415,10 +661,22 @@ pub(crate) async fn guard_with<S: Statements>(tx: &mut S, lease: &Lease) -> Resu
         };
         let found = traced(&resource, token, guarded).await?;
         if !found.is_accepted() {
+            // The lease will never be accepted here again (its token is
+            // below the fence, or equal from another holder): its term is
+            // over, whatever the lock service says.
+            lease.mark_superseded();
             return Ok(found);
         }
     }
     Ok(Guard::Accepted)
+}
+
+/// `valid_for` as `idle_in_transaction_session_timeout`'s milliseconds:
+/// rounded up, at least 1 (0 would turn the timeout off) and at most the
+/// setting's maximum (`i32::MAX`, about 24.8 days).
+fn idle_ms(valid_for: Duration) -> i64 {
+    let ms = valid_for.as_nanos().div_ceil(1_000_000);
+    i64::try_from(ms.clamp(1, i32::MAX as u128)).unwrap_or(i64::from(i32::MAX))
 }
 
 /// `guarded` (the guard of `resource` with `token`) inside a
@@ -478,4 +736,19 @@ async fn traced(
     span.record("outcome", outcome);
     crate::metrics::guarded_write(outcome);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idle_bound_is_whole_milliseconds_rounded_up_between_1_and_the_settings_maximum() {
+        assert_eq!(idle_ms(Duration::ZERO), 1, "0 would turn the timeout off");
+        assert_eq!(idle_ms(Duration::from_nanos(1)), 1);
+        assert_eq!(idle_ms(Duration::from_millis(1)), 1);
+        assert_eq!(idle_ms(Duration::from_nanos(1_000_001)), 2);
+        assert_eq!(idle_ms(Duration::from_millis(2_000)), 2_000);
+        assert_eq!(idle_ms(Duration::MAX), i64::from(i32::MAX));
+    }
 }

@@ -28,7 +28,9 @@
 //!   work ran to its end and the transaction committed.
 //! - `Ok(Guarded::Refused { .. })`: a newer holder (or another holder of
 //!   the same token) has written; the work did not run, nothing was
-//!   written. The Redis counter was healed; retry with a new lease.
+//!   written. The Redis counter was healed and the lease ended
+//!   ([`Lease::mark_superseded`]: a leadership term is over, with no call
+//!   of yours); retry with a new lease.
 //! - `Ok(Guarded::Lost(cause))`: the lease was found lost before the work
 //!   finished; the work was stopped at an `.await` and its transaction
 //!   rolled back. Nothing was written.
@@ -40,8 +42,11 @@
 //!   nothing written.
 //! - `Err(Error::SessionEnded)`: the server ended the session before the
 //!   transaction committed (it sat idle past
-//!   `idle_in_transaction_session_timeout`, an administrator shut the
-//!   server down), or the connection had closed before the `COMMIT` was
+//!   `idle_in_transaction_session_timeout`, which the guard lowers to the
+//!   lease's TTL, at least 1 s, so that a holder frozen in its
+//!   transaction does not stall the next one: see [A holder that
+//!   freezes](mod@crate::guard#a-holder-that-freezes); an administrator
+//!   shut the server down), or the connection had closed before the `COMMIT` was
 //!   sent: nothing written; retryable, on a new connection.
 //! - `Err(Error::CommitUnknown)`: the `COMMIT` got no answer; whether it
 //!   landed is unknown. Every other error means nothing was written.
@@ -51,7 +56,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Transaction};
 
 use crate::error::Error;
-use crate::guard::{Guard, guard};
+use crate::guard::{Guard, guard_with_options};
+use crate::options::GuardOptions;
 
 /// What a [`guarded`] transaction came to (see the [module docs](self)).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,7 +66,9 @@ use crate::guard::{Guard, guard};
 pub enum Guarded<T> {
     /// The work ran and the transaction committed: its output.
     Committed(T),
-    /// The guard refused the lease: nothing written, the work did not run.
+    /// The guard refused the lease: nothing written, the work did not run,
+    /// and the lease is ended as superseded (its `lost()` says so; a
+    /// term's `lost()` resolves).
     Refused {
         /// The resource that refused (the lease's fence key).
         resource: String,
@@ -89,7 +97,7 @@ impl<T> Guarded<T> {
 }
 
 /// Runs `work` in one transaction on `db`, fenced by `lease`: `BEGIN`, the
-/// guard ([`guard()`]), the work, `COMMIT`. The whole runs under the
+/// guard ([`guard()`](crate::guard())), the work, `COMMIT`. The whole runs under the
 /// lease's watchdog ([`Lease::run`]): a lease found lost stops the work at
 /// its next `.await`, before the commit, and the transaction is rolled
 /// back. The commit itself is shielded ([`Lease::shield`]), so its answer
@@ -118,10 +126,32 @@ pub async fn guarded<T, E>(
 where
     E: From<Error>,
 {
+    guarded_with_options(db, lease, &GuardOptions::default(), work).await
+}
+
+/// [`guarded`] with the guard's `options` ([`guard_with_options`]): with
+/// [`take_over_after`](GuardOptions::take_over_after), an older holder
+/// frozen inside its transaction is taken over from (see [A holder that
+/// freezes](mod@crate::guard#a-holder-that-freezes)).
+///
+/// # Errors
+/// As [`guarded`].
+///
+/// # Cancel safety
+/// As [`guarded`].
+pub async fn guarded_with_options<T, E>(
+    db: &mut Client,
+    lease: &Lease,
+    options: &GuardOptions,
+    work: impl AsyncFnOnce(&Transaction<'_>) -> Result<T, E>,
+) -> Result<Guarded<T>, E>
+where
+    E: From<Error>,
+{
     let ran = lease
         .run(async {
             let tx = db.transaction().await.map_err(Error::from_pg)?;
-            if let Some(refusal) = refused(guard(&tx, lease).await?) {
+            if let Some(refusal) = refused(guard_with_options(&tx, lease, options).await?) {
                 return Ok(refusal);
             }
             let output = work(&tx).await?;

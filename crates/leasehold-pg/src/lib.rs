@@ -56,6 +56,27 @@
 //! # }
 //! ```
 //!
+//! # A holder that freezes
+//!
+//! A holder frozen inside its guarded transaction keeps the guard's row
+//! locked, which would stall the next holder for the whole freeze. So
+//! the guard also sets the transaction-local (`SET LOCAL`, safe through
+//! PgBouncer) `idle_in_transaction_session_timeout` to the lease's TTL
+//! (at least 1 s), a smaller setting kept: the server ends a session
+//! frozen between two statements about a lease after the freeze, and the
+//! thawed holder's commit is [`Error::SessionEnded`]. The timer restarts
+//! with each idle period (it bounds a pause, not the transaction);
+//! `statement_timeout` (it also cuts long statements the watchdog keeps
+//! alive) is the caller's choice. A holder frozen mid-statement (a
+//! backend blocked writing to a stopped client's socket) yields only to
+//! termination: with [`GuardOptions::take_over_after`] (opt-in; it needs
+//! the same role as the frozen holder, or `pg_signal_backend`, and
+//! otherwise waits as before), the next holder's guard waits that long
+//! for the row, then, its lease valid, ends the older holder's session
+//! (`pg_terminate_backend`). See [A holder that
+//! freezes](mod@guard#a-holder-that-freezes) and [Taking
+//! over](mod@guard#taking-over-from-a-frozen-holder).
+//!
 //! # Why fencing orders writes but not reads
 //!
 //! [`debit_fenced`] carries the lease's [`FencingToken`] and writes only
@@ -158,6 +179,8 @@
 //! | DEBUG | both | the event ending each span: `fenced write`, `fenced write failed`, `guard accepted`, `guard failed` | as the span, and `error` |
 //! | **WARN** | both | **`write refused: ...`**: a write refused as stale. A lease failed (expired under a slow holder, lost in a failover) and the database caught it: the money alarm | `wallet` or `resource`, `token`, `current`, `outcome`; `healed` for the guard |
 //! | WARN | `leasehold_pg::guard` | `could not raise the fence counter` | `resource`, `error` |
+//! | WARN | `leasehold_pg::guard` | `ended the session of an older holder that held the guarded row` (a take-over) | `resource`, `token` |
+//! | WARN | `leasehold_pg::guard` | `could not end the session holding the guarded row ...; waiting for it` (a take-over without the permission) | `resource`, `error` |
 //! | INFO | `leasehold_pg::guard` | `created the fence table`, `migrated the fence table` (one per change) | `table`, `change` |
 //!
 //! Wallet ids, resources and fencing tokens are logged; connection URLs,
@@ -203,6 +226,7 @@ mod error;
 pub mod guard;
 pub mod guarded;
 pub mod metrics;
+mod options;
 mod params;
 mod schema;
 #[cfg(feature = "sqlx")]
@@ -216,9 +240,10 @@ mod write;
 pub use connect::{config, connect};
 pub use connector::Connector;
 pub use error::{DriverError, Error, Result};
-pub use guard::{FENCES_DDL, Guard, Setup, guard, guard_token, setup};
-pub use guarded::{Guarded, guarded};
+pub use guard::{FENCES_DDL, Guard, Setup, guard, guard_token, guard_with_options, setup};
+pub use guarded::{Guarded, guarded, guarded_with_options};
 pub use leasehold::FencingToken;
+pub use options::GuardOptions;
 pub use schema::{reset_wallet, setup_wallets};
 pub use tables::{FENCES, LEDGER, WALLETS};
 pub use write::{

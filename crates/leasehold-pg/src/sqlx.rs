@@ -83,50 +83,71 @@
 //! .bind::<Text, _>(..)` loaded into a row type with the fields
 //! `accepted` (`Bool`), `fence` (`BigInt`) and `holder`
 //! (`Nullable<Text>`); `accepted` false is a refusal: roll back and call
-//! `lease.raise_fence(fence)` as [`guard`] does. Create the table and the
+//! `lease.raise_fence(fence)` and `lease.mark_superseded()` as [`guard`]
+//! does. Create the table and the
 //! guard's function with [`FENCES_DDL`](crate::FENCES_DDL) in a
 //! migration. In this crate a driver is one small module: it runs the
 //! statements and maps its errors, and the guard, `setup` and `guarded`
 //! are written once.
 
 use ::sqlx::postgres::{PgConnection, Postgres};
-use ::sqlx::{Connection, Executor, Transaction};
+use ::sqlx::{Connection, Executor, Row, Transaction};
 use leasehold::{FencingToken, HolderId, Lease};
 
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Setup, guard_token_with, guard_with, logged};
 use crate::guarded::{Guarded, refused, settle};
-use crate::statements::{GUARD, Statements, Verdict};
+use crate::options::GuardOptions;
+use crate::statements::{GUARD, GUARD_BOUNDED, Statements, TAKE_OVER, Verdict};
 
 impl Statements for PgConnection {
-    async fn guard(&mut self, resource: &str, fence: i64, holder: &str) -> Result<Verdict> {
-        let (accepted, fence, holder) = ::sqlx::query_as(GUARD)
-            .bind(resource)
-            .bind(fence)
-            .bind(holder)
-            .fetch_one(&mut *self)
-            .await?;
+    async fn guard(
+        &mut self,
+        resource: &str,
+        fence: i64,
+        holder: &str,
+        idle_ms: Option<i64>,
+    ) -> Result<Verdict> {
+        let sql = if idle_ms.is_some() {
+            GUARD_BOUNDED
+        } else {
+            GUARD
+        };
+        let mut query = ::sqlx::query(sql).bind(resource).bind(fence).bind(holder);
+        if let Some(idle_ms) = idle_ms {
+            query = query.bind(idle_ms);
+        }
+        let row = query.fetch_one(&mut *self).await?;
         Ok(Verdict {
-            accepted,
-            fence,
-            holder,
+            accepted: row.try_get(0)?,
+            fence: row.try_get(1)?,
+            holder: row.try_get(2)?,
         })
     }
 
-    async fn flag(&mut self, sql: &'static str, arg: Option<&str>) -> Result<bool> {
+    async fn flag(&mut self, sql: &'static str, args: &[&str]) -> Result<bool> {
         let mut query = ::sqlx::query_scalar(sql);
-        if let Some(arg) = arg {
-            query = query.bind(arg);
+        for arg in args {
+            query = query.bind(*arg);
         }
         Ok(query.fetch_one(&mut *self).await?)
     }
 
-    async fn batch(&mut self, sql: &'static str) -> Result<()> {
+    async fn batch(&mut self, sql: &str) -> Result<()> {
         // A query without arguments goes out as a simple query: several
         // statements at once. (Not `raw_sql`: its future cannot be proven
         // `Send` in a spawned task.)
         self.execute(sql).await?;
         Ok(())
+    }
+
+    async fn take_over(&mut self, resource: &str, fence: i64, holder: &str) -> Result<bool> {
+        Ok(::sqlx::query_scalar(TAKE_OVER)
+            .bind(resource)
+            .bind(fence)
+            .bind(holder)
+            .fetch_one(&mut *self)
+            .await?)
     }
 }
 
@@ -197,7 +218,8 @@ pub async fn guard_token(
 /// [`guard`](crate::guard::guard()) on sqlx: guards every fenced lock of
 /// `lease` in the caller's transaction (`&mut tx`, or `&mut *tx`), in one
 /// order, and on a refusal heals the Redis counter
-/// ([`Lease::raise_fence_for`]) and returns [`Guard::Refused`]: roll back.
+/// ([`Lease::raise_fence_for`]), ends the lease
+/// ([`Lease::mark_superseded`]) and returns [`Guard::Refused`]: roll back.
 ///
 /// # Errors
 /// As [`guard`](crate::guard::guard()): [`Error::NotFenced`] for a lease
@@ -208,7 +230,25 @@ pub async fn guard_token(
 /// # Cancel safety
 /// As [`guard_token`].
 pub async fn guard(tx: &mut PgConnection, lease: &Lease) -> Result<Guard> {
-    guard_with(tx, lease).await
+    guard_with(tx, lease, &GuardOptions::default()).await
+}
+
+/// [`guard_with_options`](crate::guard_with_options) on sqlx: [`guard`]
+/// with `options` (a take-over of an older holder frozen inside its
+/// transaction, see [A holder that
+/// freezes](mod@crate::guard#a-holder-that-freezes)).
+///
+/// # Errors
+/// As [`guard`].
+///
+/// # Cancel safety
+/// As [`guard_token`].
+pub async fn guard_with_options(
+    tx: &mut PgConnection,
+    lease: &Lease,
+    options: &GuardOptions,
+) -> Result<Guard> {
+    guard_with(tx, lease, options).await
 }
 
 /// [`guarded`](crate::guarded()) on sqlx: runs `work` in one transaction
@@ -216,7 +256,8 @@ pub async fn guard(tx: &mut PgConnection, lease: &Lease) -> Result<Guard> {
 /// transaction's connection), the check and `COMMIT`, the whole under the
 /// lease's watchdog and the commit shielded from it. The same outcomes:
 /// [`Guarded::Committed`] with the work's output, [`Guarded::Refused`]
-/// (the work did not run, nothing written, the counter healed),
+/// (the work did not run, nothing written, the counter healed, the lease
+/// ended as superseded),
 /// [`Guarded::Lost`] (stopped and rolled back).
 ///
 /// `db` is a connection that is not in a transaction (a pooled one is
@@ -247,13 +288,33 @@ pub async fn guarded<T, E>(
 where
     E: From<Error>,
 {
+    guarded_with_options(db, lease, &GuardOptions::default(), work).await
+}
+
+/// [`guarded_with_options`](crate::guarded_with_options) on sqlx:
+/// [`guarded`] with the guard's `options`.
+///
+/// # Errors
+/// As [`guarded`].
+///
+/// # Cancel safety
+/// As [`guarded`].
+pub async fn guarded_with_options<T, E>(
+    db: &mut PgConnection,
+    lease: &Lease,
+    options: &GuardOptions,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+) -> Result<Guarded<T>, E>
+where
+    E: From<Error>,
+{
     if db.is_in_transaction() {
         return Err(E::from(Error::InTransaction));
     }
     let ran = lease
         .run(async {
             let mut tx = db.begin().await.map_err(Error::from)?;
-            if let Some(refusal) = refused(guard_with(&mut *tx, lease).await?) {
+            if let Some(refusal) = refused(guard_with(&mut *tx, lease, options).await?) {
                 return Ok(refusal);
             }
             let output = work(&mut *tx).await?;

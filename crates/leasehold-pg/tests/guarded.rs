@@ -2,25 +2,32 @@
 //! Redis: committed, refused (the work never runs), the work's error and a
 //! swallowed statement error rolled back, a lease lost mid-work rolled
 //! back, a plain lease refused, a session the server ended before the
-//! commit; and `FencingToken` as a `bigint`.
+//! commit, a holder frozen in its transaction ended by the server once
+//! its lease has run out (the next holder commits), the guard's idle
+//! bound set for the transaction alone, a holder frozen mid-statement
+//! taken over by the next (and a take-over sparing its own and a newer
+//! holder's transaction), a refused term ended with no call of the
+//! user's; and `FencingToken` as a `bigint`.
 
 use leasehold::Lessor;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use leasehold::{FencedKeys, FencingToken, Locker, LostCause};
+use leasehold::{AcquireOptions, FencedKeys, FencingToken, Locker, LostCause, MemoryLocker};
 use leasehold_pg::tokio_postgres::Client;
-use leasehold_pg::{Error, Guarded};
-use leasehold_testkit::RedisServer;
+use leasehold_pg::{Error, GuardOptions, Guarded};
+use leasehold_testkit::{Direction, FaultProxy, RedisServer};
 
 mod common;
-use common::{chain, server};
+use common::{chain, frozen_lease, server, superseded_term};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const TTL: Duration = Duration::from_secs(30);
 /// A hang detector, not a timing assertion.
 const HUNG: Duration = Duration::from_secs(30);
+/// The lease of a holder that freezes: the next one waits about this long.
+const SHORT: Duration = Duration::from_secs(1);
 
 /// A database with the fence table and a one-row table of the test's own.
 async fn db(
@@ -208,6 +215,439 @@ async fn a_session_the_server_ended_before_the_commit_did_not_commit() -> TestRe
         chain(&err)
     );
     assert_eq!(value(&watcher, table).await?, 0);
+    Ok(())
+}
+
+/// A holder that freezes inside its guarded transaction (after the
+/// guard, before its commit) stalls the next holder only until its lease
+/// would have run out: the guard set the transaction's
+/// `idle_in_transaction_session_timeout` to the lease's TTL (at least
+/// 1 s), so the server ends the frozen session and its row lock goes with
+/// it. The next holder commits; the frozen one's write is not there,
+/// and its commit, once it thaws, says it did not commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_frozen_in_its_transaction_stalls_the_next_only_for_its_lease() -> TestResult {
+    let redis = RedisServer::start()?;
+    let table = "guarded_frozen";
+    let (mut next_db, server) = db(table).await?;
+    let mut frozen_db = leasehold_pg::connect(&server.url()).await?;
+    let keys = FencedKeys::for_resource("guarded:frozen")?;
+    let (frozen, runtime) = frozen_lease(redis.url(), keys.clone(), SHORT)?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let (guarded_tx, guarded_rx) = tokio::sync::oneshot::channel();
+    let (committed_tx, committed_rx) = tokio::sync::oneshot::channel();
+
+    let frozen_holder = leasehold_pg::guarded(&mut frozen_db, &frozen, async |tx| {
+        bump(tx, table).await?;
+        let _ = guarded_tx.send(());
+        // Frozen: the transaction (and the guard's row lock) held, nothing
+        // sent, until the next holder has committed.
+        let _ = committed_rx.await;
+        // That commit means this session has ended: the row lock is freed
+        // only when its transaction ends, and the server wrote its last
+        // word (25P03, then the close) before. Let the connection's task
+        // read it before guarded commits: a COMMIT queued before that may
+        // have gone out, for all the client can tell (`CommitUnknown`,
+        // also true, but not what this test is about).
+        while !tx.client().is_closed() {
+            tokio::task::yield_now().await;
+        }
+        Ok::<_, Error>(())
+    });
+    let next_holder = async {
+        // Once the frozen holder holds the row lock; its lease runs out in
+        // Redis (nothing refreshes it), then this one is taken.
+        guarded_rx.await?;
+        let opts = AcquireOptions::new().wait(HUNG);
+        let lease = locker.acquire_with(&keys, TTL, &opts).await?;
+        let done =
+            leasehold_pg::guarded(&mut next_db, &lease, async |tx| bump(tx, table).await).await?;
+        let _ = committed_tx.send(());
+        lease.release().await?;
+        Ok::<_, Box<dyn std::error::Error>>(done)
+    };
+    let (frozen_outcome, next_outcome) =
+        tokio::time::timeout(HUNG, async { tokio::join!(frozen_holder, next_holder) }).await?;
+
+    assert_eq!(next_outcome?, Guarded::Committed(1));
+    let err = frozen_outcome.err().ok_or("a frozen holder committed")?;
+    assert!(matches!(err, Error::SessionEnded(_)), "{}", chain(&err));
+    assert!(err.is_retryable());
+    assert_eq!(value(&next_db, table).await?, 1);
+    drop(frozen);
+    runtime.shutdown_background();
+    Ok(())
+}
+
+/// A holder frozen *during* a statement (its client stopped reading while
+/// the server writes a large answer: the backend blocks writing to the
+/// socket, active, so no idle timeout ends it) holds the guard's row for
+/// the whole freeze; a next holder whose guard takes over
+/// (`take_over_after`) ends that older holder's session once its lease
+/// has run out, and commits. The frozen holder's write is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_frozen_mid_statement_is_taken_over_by_the_next() -> TestResult {
+    let redis = RedisServer::start()?;
+    let table = "guarded_mid_statement";
+    let (mut next_db, server) = db(table).await?;
+    let proxy = FaultProxy::start(server.addr())?;
+    let through_proxy = server
+        .url()
+        .replace(&server.port().to_string(), &proxy.port().to_string());
+    let mut frozen_db = leasehold_pg::connect(&through_proxy).await?;
+    let keys = FencedKeys::for_resource("guarded:mid-statement")?;
+    let (frozen, runtime) = frozen_lease(redis.url(), keys.clone(), SHORT)?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+    // Every holder of the resource guards the same way (its first row is
+    // not committed yet: the take-over finds its writer by its marks).
+    let take_over = GuardOptions::new().take_over_after(Duration::from_millis(100));
+
+    let frozen_holder =
+        leasehold_pg::guarded_with_options(&mut frozen_db, &frozen, &take_over, async |tx| {
+            bump(tx, table).await?;
+            let pid: i32 = tx.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+            // The client stops reading: the request goes out (a simple query,
+            // nothing to wait for before it runs), 64 MB of answer do not
+            // come back.
+            proxy.freeze(Direction::Downstream, true);
+            let _ = sent_tx.send(pid);
+            tx.simple_query("SELECT repeat('x', 1048576) FROM generate_series(1, 64)")
+                .await?;
+            Ok::<_, Error>(())
+        });
+    let next_holder = async {
+        let pid = sent_rx.await?;
+        // The frozen backend is in its statement, blocked writing to the
+        // client: not idle, so the idle bound cannot end it.
+        let blocked = async {
+            while !writing_to_client(&next_db, pid).await? {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok::<_, Error>(())
+        };
+        tokio::time::timeout(HUNG, blocked).await??;
+        let opts = AcquireOptions::new().wait(HUNG);
+        let lease = locker.acquire_with(&keys, TTL, &opts).await?;
+        let done = leasehold_pg::guarded_with_options(&mut next_db, &lease, &take_over, {
+            async |tx| bump(tx, table).await
+        })
+        .await?;
+        proxy.freeze(Direction::Downstream, false);
+        lease.release().await?;
+        Ok::<_, Box<dyn std::error::Error>>(done)
+    };
+    let ran = tokio::time::timeout(HUNG, async { tokio::join!(frozen_holder, next_holder) }).await;
+    drop(frozen);
+    runtime.shutdown_background();
+    let (frozen_outcome, next_outcome) = ran?;
+
+    assert_eq!(next_outcome?, Guarded::Committed(1));
+    assert!(frozen_outcome.is_err(), "{frozen_outcome:?}");
+    assert_eq!(value(&next_db, table).await?, 1);
+    Ok(())
+}
+
+/// A take-over ends only an older holder's session: a transaction of the
+/// same lease keeping the row, or one of a newer lease (while the old one
+/// still believes itself valid: its lock expired under it), is waited
+/// for as without the option; the guard that ran out of its wait looked,
+/// left it alone and waits again (seen: waiting for a lock in a
+/// statement begun past the wait), and goes on once the row is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_leaves_its_own_and_a_newer_holders_transaction_alone() -> TestResult {
+    let table = "guarded_take_over_spares";
+    let (mut keeper_db, server) = db(table).await?;
+    let mut waiter_db = leasehold_pg::connect(&server.url()).await?;
+    let watcher = leasehold_pg::connect(&server.url()).await?;
+    let waiter: i32 = waiter_db
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
+    let lock = MemoryLocker::new();
+    let keys = FencedKeys::for_resource("guarded:take-over-spares")?;
+    let take_over = GuardOptions::new().take_over_after(WAIT);
+    let lease = lock.acquire(&keys, TTL).await?;
+
+    // Two transactions of one lease: the second waits for the first.
+    let keeper = keeper_db.transaction().await?;
+    let found = leasehold_pg::guard_with_options(&keeper, &lease, &take_over).await?;
+    assert!(found.is_accepted());
+    bump(&keeper, table).await?;
+    let waiting = leasehold_pg::guarded_with_options(&mut waiter_db, &lease, &take_over, {
+        async |tx| bump(tx, table).await
+    });
+    let kept = async {
+        waits_again(&watcher, waiter).await?;
+        keeper.commit().await
+    };
+    let (done, kept) = tokio::time::timeout(HUNG, async { tokio::join!(waiting, kept) }).await?;
+    kept?;
+    assert_eq!(done?, Guarded::Committed(2));
+
+    // A newer holder keeps the row; the old lease still believes itself
+    // valid. Its guard leaves the newer one alone, and is then refused.
+    lock.expire(keys.lock());
+    let newer = lock.acquire(&keys, TTL).await?;
+    assert!(lease.lost().is_none() && !lease.remaining().is_zero());
+    let keeper = keeper_db.transaction().await?;
+    let found = leasehold_pg::guard_with_options(&keeper, &newer, &take_over).await?;
+    assert!(found.is_accepted());
+    bump(&keeper, table).await?;
+    let waiting = leasehold_pg::guarded_with_options(&mut waiter_db, &lease, &take_over, {
+        async |tx| bump(tx, table).await
+    });
+    let kept = async {
+        waits_again(&watcher, waiter).await?;
+        keeper.commit().await
+    };
+    let (done, kept) = tokio::time::timeout(HUNG, async { tokio::join!(waiting, kept) }).await?;
+    kept?;
+    assert!(matches!(done?, Guarded::Refused { .. }));
+    assert_eq!(value(&watcher, table).await?, 3);
+    Ok(())
+}
+
+/// Without the permission to end the frozen holder's session (another
+/// role, without `pg_signal_backend`), the take-over fails (a WARN) and
+/// the guard waits for the row as without the option, its transaction
+/// intact: once the frozen holder thaws and commits, the next one
+/// commits after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_without_the_permission_waits_as_before() -> TestResult {
+    let redis = RedisServer::start()?;
+    let table = "guarded_take_over_denied";
+    let (watcher, server) = db(table).await?;
+    watcher
+        .batch_execute(&format!(
+            "CREATE ROLE denied LOGIN PASSWORD 'denied';
+             GRANT SELECT, INSERT, UPDATE ON leasehold_fences, {table} TO denied;"
+        ))
+        .await?;
+    let denied = format!(
+        "postgres://denied:denied@{}:{}/postgres",
+        server.host(),
+        server.port()
+    );
+    let mut next_db = leasehold_pg::connect(&denied).await?;
+    let next_pid: i32 = next_db
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
+    let proxy = FaultProxy::start(server.addr())?;
+    let through_proxy = server
+        .url()
+        .replace(&server.port().to_string(), &proxy.port().to_string());
+    let mut frozen_db = leasehold_pg::connect(&through_proxy).await?;
+    let keys = FencedKeys::for_resource("guarded:take-over-denied")?;
+    let (frozen, runtime) = frozen_lease(redis.url(), keys.clone(), SHORT)?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let take_over = GuardOptions::new().take_over_after(WAIT);
+    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+
+    let frozen_holder =
+        leasehold_pg::guarded_with_options(&mut frozen_db, &frozen, &take_over, async |tx| {
+            let n = bump(tx, table).await?;
+            proxy.freeze(Direction::Downstream, true);
+            let _ = sent_tx.send(());
+            tx.simple_query("SELECT repeat('x', 1048576) FROM generate_series(1, 64)")
+                .await?;
+            Ok::<_, Error>(n)
+        });
+    let next_holder = async {
+        sent_rx.await?;
+        let opts = AcquireOptions::new().wait(HUNG);
+        let lease = locker.acquire_with(&keys, TTL, &opts).await?;
+        let waiting =
+            leasehold_pg::guarded_with_options(&mut next_db, &lease, &take_over, async |tx| {
+                bump(tx, table).await
+            });
+        let thawed = async {
+            waits_again(&watcher, next_pid).await?;
+            proxy.freeze(Direction::Downstream, false);
+            Ok::<_, Error>(())
+        };
+        let (done, thawed) = tokio::join!(waiting, thawed);
+        thawed?;
+        lease.release().await?;
+        Ok::<_, Box<dyn std::error::Error>>(done?)
+    };
+    let ran = tokio::time::timeout(HUNG, async { tokio::join!(frozen_holder, next_holder) }).await;
+    drop(frozen);
+    runtime.shutdown_background();
+    let (frozen_outcome, next_outcome) = ran?;
+
+    assert_eq!(frozen_outcome?, Guarded::Committed(1));
+    assert_eq!(next_outcome?, Guarded::Committed(2));
+    Ok(())
+}
+
+/// The take-over's wait in the tests that watch a guard wait again.
+const WAIT: Duration = Duration::from_millis(300);
+
+/// Until backend `pid` waits for a lock in a statement begun at least
+/// [`WAIT`] into its transaction: a guard that ran out of its wait and
+/// waits again.
+async fn waits_again(db: &Client, pid: i32) -> Result<(), leasehold_pg::tokio_postgres::Error> {
+    loop {
+        let again = db
+            .query_opt(
+                "SELECT 1 FROM pg_stat_activity
+                  WHERE pid = $1 AND wait_event_type = 'Lock'
+                    AND query_start - xact_start >= make_interval(secs => $2)",
+                &[&pid, &WAIT.as_secs_f64()],
+            )
+            .await?;
+        if again.is_some() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Whether backend `pid` is running a statement, blocked writing its
+/// answer to the client.
+async fn writing_to_client(db: &Client, pid: i32) -> Result<bool, Error> {
+    let row = db
+        .query_opt(
+            "SELECT 1 FROM pg_stat_activity
+              WHERE pid = $1 AND state = 'active' AND wait_event = 'ClientWrite'",
+            &[&pid],
+        )
+        .await?;
+    Ok(row.is_some())
+}
+
+/// The idle bound the guard sets (`idle_in_transaction_session_timeout`,
+/// in milliseconds), or the session's outside a transaction.
+async fn idle_timeout_ms(
+    db: &impl leasehold_pg::tokio_postgres::GenericClient,
+) -> Result<i64, Error> {
+    let row = db
+        .query_one(
+            "SELECT (extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// The guard bounds the transaction's idle periods by the lease's
+/// TTL (at least 1 s), for that transaction alone (`SET LOCAL`: the
+/// session's setting is back after it, through PgBouncer too), and keeps
+/// a smaller bound the caller set; `guard_token`, which has no lease,
+/// leaves the setting alone.
+#[tokio::test]
+async fn the_guard_bounds_idle_periods_by_the_lease_for_its_transaction_only() -> TestResult {
+    let redis = RedisServer::start()?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let (mut db, _server) = db("guarded_idle").await?;
+    let lease = locker
+        .acquire(&FencedKeys::for_resource("guarded:idle")?, TTL)
+        .await?;
+    let ttl_ms = i64::try_from(TTL.as_millis())?;
+    // The session's setting: none, an hour, 200 ms (stricter than the
+    // lease: kept).
+    for (session, inside) in [("0", None), ("1h", None), ("200ms", Some(200))] {
+        db.batch_execute(&format!(
+            "SET idle_in_transaction_session_timeout = '{session}'"
+        ))
+        .await?;
+        let before = idle_timeout_ms(&db).await?;
+        let set = leasehold_pg::guarded(&mut db, &lease, async |tx| idle_timeout_ms(tx).await)
+            .await?
+            .committed()
+            .ok_or("not committed")?;
+        match inside {
+            Some(kept) => assert_eq!(set, kept, "session {session}"),
+            None => assert!(0 < set && set <= ttl_ms, "session {session}: {set} ms"),
+        }
+        assert_eq!(idle_timeout_ms(&db).await?, before, "session {session}");
+    }
+    // A caller's smaller SET LOCAL before the guard is kept too.
+    let tx = db.transaction().await?;
+    tx.batch_execute("SET LOCAL idle_in_transaction_session_timeout = '150ms'")
+        .await?;
+    assert!(leasehold_pg::guard(&tx, &lease).await?.is_accepted());
+    assert_eq!(idle_timeout_ms(&tx).await?, 150);
+    tx.rollback().await?;
+    // guard_token has no validity to bound anything by.
+    db.batch_execute("SET idle_in_transaction_session_timeout = 0")
+        .await?;
+    let tx = db.transaction().await?;
+    let found = leasehold_pg::guard_token(
+        &tx,
+        "guarded:idle:token",
+        FencingToken::new(1),
+        &lease.holder(),
+    )
+    .await?;
+    assert!(found.is_accepted());
+    assert_eq!(idle_timeout_ms(&tx).await?, 0);
+    tx.rollback().await?;
+    lease.release().await?;
+    Ok(())
+}
+
+/// A leader's term whose guarded write is refused (a newer leader has
+/// written) ends by itself: the guard marks its lease superseded, with no
+/// `mark_superseded` call, through `guarded` and through the guard alone;
+/// the term's `lost` resolves, the work under it stops at its next
+/// `.await`, and resigning it is quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_term_ends_without_the_user_marking_it() -> TestResult {
+    let table = "guarded_term";
+    let (mut db, _server) = db(table).await?;
+
+    // guarded: refused, the work never runs, the term is over.
+    let (stale, newer) = superseded_term("guarded-term").await?;
+    assert!(stale.is_leader(), "the old leader does not know yet");
+    let done = leasehold_pg::guarded(&mut db, newer.lease(), async |tx| bump(tx, table).await);
+    assert_eq!(done.await?, Guarded::Committed(1));
+    let ran = AtomicBool::new(false);
+    let refused = leasehold_pg::guarded(&mut db, stale.lease(), async |tx| {
+        ran.store(true, Ordering::SeqCst);
+        bump(tx, table).await
+    })
+    .await?;
+    assert!(matches!(refused, Guarded::Refused { .. }), "{refused:?}");
+    assert!(!ran.load(Ordering::SeqCst));
+    assert_eq!(stale.lease().lost(), Some(LostCause::Superseded));
+    assert!(!stale.is_leader());
+    assert_eq!(
+        tokio::time::timeout(HUNG, stale.lost()).await?,
+        LostCause::Superseded
+    );
+    stale.resign().await?;
+    newer.resign().await?;
+
+    // The guard alone, in the term's work: the work stops at its next
+    // `.await` after the refusal.
+    let (stale, newer) = superseded_term("guarded-term-2").await?;
+    let done = leasehold_pg::guarded(&mut db, newer.lease(), async |tx| bump(tx, table).await);
+    assert_eq!(done.await?, Guarded::Committed(2));
+    let work = stale.run(async {
+        let tx = db.transaction().await?;
+        let found = leasehold_pg::guard(&tx, stale.lease()).await?;
+        assert!(!found.is_accepted(), "{found:?}");
+        drop(tx); // rolled back
+        std::future::pending::<()>().await;
+        Ok::<_, Error>(())
+    });
+    let stopped = tokio::time::timeout(HUNG, work).await?;
+    assert!(
+        matches!(
+            stopped,
+            Err(leasehold::Error::LeaseLost {
+                cause: LostCause::Superseded,
+                ..
+            })
+        ),
+        "{stopped:?}"
+    );
+    assert_eq!(value(&db, table).await?, 2);
+    stale.resign().await?;
+    newer.resign().await?;
     Ok(())
 }
 

@@ -1,19 +1,19 @@
 //! The fence guard, `setup` and `guarded` on sqlx (feature `sqlx`), against
 //! a real PostgreSQL and Redis: the same cases as on tokio-postgres
-//! (tests/guard.rs, tests/guarded.rs), the same answers; and
-//! `FencingToken` as an `INT8`.
+//! (tests/guard.rs, tests/guarded.rs), the same answers (a holder frozen
+//! in its transaction included); and `FencingToken` as an `INT8`.
 
 use leasehold::Lessor;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use leasehold::{FencedKeys, FencingToken, HolderId, Locker, LostCause};
-use leasehold_pg::{Error, FENCES, Guard, Guarded, Setup};
-use leasehold_testkit::{PostgresServer, RedisServer};
-use sqlx::{Connection, PgConnection};
+use leasehold::{AcquireOptions, FencedKeys, FencingToken, HolderId, Locker, LostCause};
+use leasehold_pg::{Error, FENCES, Guard, GuardOptions, Guarded, Setup};
+use leasehold_testkit::{Direction, FaultProxy, PostgresServer, RedisServer};
+use sqlx::{Connection, Executor, PgConnection};
 
 mod common;
-use common::{chain, server};
+use common::{chain, frozen_lease, server, superseded_term};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -586,6 +586,256 @@ async fn guarded_says_what_the_database_holds() -> TestResult {
     assert!(matches!(refused, Err(Error::NotFenced)), "{refused:?}");
     assert_eq!(value(&mut db).await?, 3);
     plain.release().await?;
+    Ok(())
+}
+
+/// A holder that freezes inside its guarded transaction stalls the next
+/// one only until its lease would have run out: the server ends its
+/// session (the guard's idle bound), the next holder commits, and the
+/// frozen one's commit says it did not commit (as on tokio-postgres).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_frozen_in_its_transaction_stalls_the_next_only_for_its_lease() -> TestResult {
+    let pg = server()?;
+    let mut next_db = db(&pg, "sqlx_frozen").await?;
+    let mut frozen_db = PgConnection::connect(&url_of(&pg, "sqlx_frozen")).await?;
+    let redis = RedisServer::start()?;
+    let keys = FencedKeys::for_resource("sqlx:frozen")?;
+    let (frozen, runtime) = frozen_lease(redis.url(), keys.clone(), Duration::from_secs(1))?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let (guarded_tx, guarded_rx) = tokio::sync::oneshot::channel();
+    let (committed_tx, committed_rx) = tokio::sync::oneshot::channel();
+
+    let take_over = GuardOptions::new().take_over_after(Duration::from_millis(100));
+    let frozen_holder = leasehold_pg::sqlx::guarded_with_options(
+        &mut frozen_db,
+        &frozen,
+        &take_over,
+        async |tx: &mut PgConnection| {
+            bump(tx).await?;
+            let _ = guarded_tx.send(());
+            // Frozen: the transaction and its row lock held, nothing sent,
+            // until the next holder has committed. sqlx reads the server's
+            // last word (25P03) with guarded's next statement.
+            let _ = committed_rx.await;
+            Ok::<_, Error>(())
+        },
+    );
+    let next_holder = async {
+        guarded_rx.await?;
+        let opts = AcquireOptions::new().wait(HUNG);
+        let lease = locker.acquire_with(&keys, TTL, &opts).await?;
+        let done = leasehold_pg::sqlx::guarded(&mut next_db, &lease, bump).await?;
+        let _ = committed_tx.send(());
+        lease.release().await?;
+        Ok::<_, Box<dyn std::error::Error>>(done)
+    };
+    let (frozen_outcome, next_outcome) =
+        tokio::time::timeout(HUNG, async { tokio::join!(frozen_holder, next_holder) }).await?;
+
+    assert_eq!(next_outcome?, Guarded::Committed(1));
+    let err = frozen_outcome.err().ok_or("a frozen holder committed")?;
+    assert!(matches!(err, Error::SessionEnded(_)), "{}", chain(&err));
+    assert!(err.is_retryable());
+    assert_eq!(value(&mut next_db).await?, 1);
+    drop(frozen);
+    runtime.shutdown_background();
+    Ok(())
+}
+
+/// A holder frozen *during* a statement (the backend blocked writing a
+/// large answer to a client that stopped reading) holds the guard's row
+/// past any idle timeout; a next holder whose guard takes over ends that
+/// older holder's session once its lease has run out, and commits, as on
+/// tokio-postgres. Here the resource's row was committed before: the
+/// take-over finds the frozen holder as the row's locker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_frozen_mid_statement_is_taken_over_by_the_next() -> TestResult {
+    let pg = server()?;
+    let mut next_db = db(&pg, "sqlx_mid_statement").await?;
+    let proxy = FaultProxy::start(pg.addr())?;
+    let through_proxy = url_of(&pg, "sqlx_mid_statement")
+        .replace(&pg.port().to_string(), &proxy.port().to_string());
+    let mut frozen_db = PgConnection::connect(&through_proxy).await?;
+    let redis = RedisServer::start()?;
+    let keys = FencedKeys::for_resource("sqlx:mid-statement")?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let first = locker.acquire(&keys, TTL).await?;
+    let done = leasehold_pg::sqlx::guarded(&mut next_db, &first, bump).await?;
+    assert_eq!(done, Guarded::Committed(1));
+    first.release().await?;
+    let (frozen, runtime) = frozen_lease(redis.url(), keys.clone(), Duration::from_secs(1))?;
+    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+
+    let take_over = GuardOptions::new().take_over_after(Duration::from_millis(100));
+    let frozen_holder = leasehold_pg::sqlx::guarded_with_options(
+        &mut frozen_db,
+        &frozen,
+        &take_over,
+        async |tx: &mut PgConnection| {
+            bump(tx).await?;
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut *tx)
+                .await?;
+            // The client stops reading: the request goes out (a simple
+            // query), 64 MB of answer do not come back.
+            proxy.freeze(Direction::Downstream, true);
+            let _ = sent_tx.send(pid);
+            tx.execute("SELECT repeat('x', 1048576) FROM generate_series(1, 64)")
+                .await?;
+            Ok::<_, Error>(())
+        },
+    );
+    let next_holder = async {
+        let pid = sent_rx.await?;
+        // In its statement, blocked writing to the client: not idle.
+        let blocked = async {
+            loop {
+                let writing: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT FROM pg_stat_activity
+                      WHERE pid = $1 AND state = 'active' AND wait_event = 'ClientWrite')",
+                )
+                .bind(pid)
+                .fetch_one(&mut next_db)
+                .await?;
+                if writing {
+                    return Ok::<_, sqlx::Error>(());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(HUNG, blocked).await??;
+        let opts = AcquireOptions::new().wait(HUNG);
+        let lease = locker.acquire_with(&keys, TTL, &opts).await?;
+        let done = leasehold_pg::sqlx::guarded_with_options(&mut next_db, &lease, &take_over, bump)
+            .await?;
+        proxy.freeze(Direction::Downstream, false);
+        lease.release().await?;
+        Ok::<_, Box<dyn std::error::Error>>(done)
+    };
+    let ran = tokio::time::timeout(HUNG, async { tokio::join!(frozen_holder, next_holder) }).await;
+    drop(frozen);
+    runtime.shutdown_background();
+    let (frozen_outcome, next_outcome) = ran?;
+
+    assert_eq!(next_outcome?, Guarded::Committed(2));
+    assert!(frozen_outcome.is_err(), "{frozen_outcome:?}");
+    assert_eq!(value(&mut next_db).await?, 2);
+    Ok(())
+}
+
+/// `idle_in_transaction_session_timeout` in milliseconds, as it stands.
+async fn idle_timeout_ms(db: &mut PgConnection) -> Result<i64, Error> {
+    Ok(sqlx::query_scalar(
+        "SELECT (extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint",
+    )
+    .fetch_one(db)
+    .await?)
+}
+
+/// The guard bounds the transaction's idle periods by the lease, for that
+/// transaction alone, and keeps a smaller bound the caller set.
+#[tokio::test]
+async fn the_guard_bounds_idle_periods_by_the_lease_for_its_transaction_only() -> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg, "sqlx_idle").await?;
+    let redis = RedisServer::start()?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let lease = locker
+        .acquire(&FencedKeys::for_resource("sqlx:idle")?, TTL)
+        .await?;
+    let ttl_ms = i64::try_from(TTL.as_millis())?;
+    for (session, inside) in [("0", None), ("1h", None), ("200ms", Some(200))] {
+        sqlx::raw_sql(&format!(
+            "SET idle_in_transaction_session_timeout = '{session}'"
+        ))
+        .execute(&mut db)
+        .await?;
+        let before = idle_timeout_ms(&mut db).await?;
+        let set = leasehold_pg::sqlx::guarded(&mut db, &lease, idle_timeout_ms)
+            .await?
+            .committed()
+            .ok_or("not committed")?;
+        match inside {
+            Some(kept) => assert_eq!(set, kept, "session {session}"),
+            None => assert!(0 < set && set <= ttl_ms, "session {session}: {set} ms"),
+        }
+        assert_eq!(idle_timeout_ms(&mut db).await?, before, "session {session}");
+    }
+    // guard_token has no validity to bound anything by.
+    sqlx::raw_sql("SET idle_in_transaction_session_timeout = 0")
+        .execute(&mut db)
+        .await?;
+    let mut tx = db.begin().await?;
+    let found = leasehold_pg::sqlx::guard_token(
+        &mut tx,
+        "sqlx:idle:token",
+        FencingToken::new(1),
+        &lease.holder(),
+    )
+    .await?;
+    assert!(found.is_accepted());
+    assert_eq!(idle_timeout_ms(&mut tx).await?, 0);
+    tx.rollback().await?;
+    lease.release().await?;
+    Ok(())
+}
+
+/// A leader's term whose guarded write is refused ends by itself, as on
+/// tokio-postgres: the guard marks its lease superseded, through
+/// `guarded` and through the guard alone, with no `mark_superseded` call;
+/// the work under the term stops at its next `.await`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_term_ends_without_the_user_marking_it() -> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg, "sqlx_term").await?;
+
+    let (stale, newer) = superseded_term("sqlx-term").await?;
+    assert!(stale.is_leader(), "the old leader does not know yet");
+    let done = leasehold_pg::sqlx::guarded(&mut db, newer.lease(), bump).await?;
+    assert_eq!(done, Guarded::Committed(1));
+    let ran = AtomicBool::new(false);
+    let refused =
+        leasehold_pg::sqlx::guarded(&mut db, stale.lease(), async |tx: &mut PgConnection| {
+            ran.store(true, Ordering::SeqCst);
+            bump(tx).await
+        })
+        .await?;
+    assert!(matches!(refused, Guarded::Refused { .. }), "{refused:?}");
+    assert!(!ran.load(Ordering::SeqCst));
+    assert_eq!(stale.lease().lost(), Some(LostCause::Superseded));
+    assert!(!stale.is_leader());
+    assert_eq!(
+        tokio::time::timeout(HUNG, stale.lost()).await?,
+        LostCause::Superseded
+    );
+    stale.resign().await?;
+    newer.resign().await?;
+
+    let (stale, newer) = superseded_term("sqlx-term-2").await?;
+    let done = leasehold_pg::sqlx::guarded(&mut db, newer.lease(), bump).await?;
+    assert_eq!(done, Guarded::Committed(2));
+    let work = stale.run(async {
+        let mut tx = db.begin().await?;
+        let found = leasehold_pg::sqlx::guard(&mut tx, stale.lease()).await?;
+        assert!(!found.is_accepted(), "{found:?}");
+        drop(tx); // rolled back
+        std::future::pending::<()>().await;
+        Ok::<_, Error>(())
+    });
+    let stopped = tokio::time::timeout(HUNG, work).await?;
+    assert!(
+        matches!(
+            stopped,
+            Err(leasehold::Error::LeaseLost {
+                cause: LostCause::Superseded,
+                ..
+            })
+        ),
+        "{stopped:?}"
+    );
+    assert_eq!(value(&mut db).await?, 2);
+    stale.resign().await?;
+    newer.resign().await?;
     Ok(())
 }
 

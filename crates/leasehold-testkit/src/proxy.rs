@@ -75,6 +75,12 @@ pub struct Faults {
     pub blackhole: bool,
     /// Whether new connections are closed as soon as they are accepted.
     pub refuse: bool,
+    /// Whether the proxy reads nothing from the client (a stopped client
+    /// sends nothing).
+    pub frozen_upstream: bool,
+    /// Whether the proxy reads nothing from the upstream (a stopped
+    /// client reads nothing).
+    pub frozen_downstream: bool,
 }
 
 /// A TCP proxy that injects network faults between clients and a server.
@@ -91,6 +97,7 @@ pub struct Faults {
 /// | [`blackhole`](Self::blackhole) | connections stay open, nothing is delivered until it heals, nothing answers: a partition |
 /// | [`cut`](Self::cut) | every open connection is closed; new ones are accepted |
 /// | [`refuse`](Self::refuse) | new connections are closed as soon as they are accepted |
+/// | [`freeze`](Self::freeze) | the proxy reads nothing, per direction: downstream, the server's writes fill the socket buffers, then block, as for a client stopped by `SIGSTOP` |
 /// | [`heal`](Self::heal) | all of the above switched off |
 ///
 /// It also counts the [`round_trips`](Self::round_trips) its clients
@@ -262,6 +269,28 @@ impl FaultProxy {
         self.shared.update(|faults| faults.refuse = on);
     }
 
+    /// Switches freezing on or off in `direction`. While on, the proxy
+    /// reads nothing from that side of any connection, as a client
+    /// stopped by `SIGSTOP` (or a paused VM) sends nothing (upstream) and
+    /// reads nothing (downstream): what the server writes fills the socket
+    /// buffers (a few MB on loopback), and then its writes block, in the
+    /// middle of a reply if it is large enough. Freezing downstream alone
+    /// lets a request through and stops its reply: a client that froze
+    /// right after sending it. Bytes already read are still delivered,
+    /// and a read already waiting when freezing begins still takes its
+    /// next chunk (at most 16 KiB). Switching it off resumes where it
+    /// stopped.
+    pub fn freeze(&self, direction: Direction, on: bool) {
+        self.shared.update(|faults| {
+            if direction != Direction::Downstream {
+                faults.frozen_upstream = on;
+            }
+            if direction != Direction::Upstream {
+                faults.frozen_downstream = on;
+            }
+        });
+    }
+
     /// Closes every open connection (both its client and its upstream
     /// socket), including connections still being set up. New connections
     /// are accepted as usual.
@@ -273,7 +302,8 @@ impl FaultProxy {
         }
     }
 
-    /// Switches every fault off: no latency, no blackhole, no refusing.
+    /// Switches every fault off: no latency, no blackhole, no refusing, no
+    /// freezing.
     /// Connections that were cut stay closed.
     pub fn heal(&self) {
         self.shared.update(|faults| *faults = Faults::default());
@@ -349,6 +379,23 @@ impl Shared {
 
     fn is_open(&self, id: u64) -> bool {
         self.lock().conns.contains_key(&id)
+    }
+
+    /// Blocks while the proxy is frozen in `direction` and connection `id`
+    /// is open; returns whether it is still open.
+    fn wait_out_freeze(&self, id: u64, direction: Direction) -> bool {
+        let mut state = self.lock();
+        let frozen = |faults: &Faults| match direction {
+            Direction::Downstream => faults.frozen_downstream,
+            Direction::Upstream | Direction::Both => faults.frozen_upstream,
+        };
+        while frozen(&state.faults) && state.conns.contains_key(&id) {
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        state.conns.contains_key(&id)
     }
 
     /// Blocks while the blackhole is on and connection `id` is open;
@@ -529,6 +576,9 @@ fn read_side(
     let shared = &registration.shared;
     let mut buf = vec![0u8; CHUNK_SIZE];
     let end = loop {
+        if !shared.wait_out_freeze(registration.id, direction) {
+            return;
+        }
         let n = match from.read(&mut buf) {
             Ok(0) => break Message::Eof,
             Ok(n) => n,
@@ -687,6 +737,32 @@ mod tests {
             thread::sleep(POLL_INTERVAL);
         }
         assert_eq!(proxy.connections(), 0);
+        Ok(())
+    }
+
+    /// The faults say what is frozen, and what was sent while frozen
+    /// arrives whole and in order once thawed (that the server's writes
+    /// then block is shown by leasehold-pg's tests, where a backend is
+    /// seen waiting in `ClientWrite`).
+    #[test]
+    fn a_frozen_direction_reads_nothing_until_thawed() -> Result<(), Box<dyn std::error::Error>> {
+        let upstream = echo_server()?;
+        let proxy = FaultProxy::start(upstream)?;
+        let mut client = TcpStream::connect(proxy.addr())?;
+        assert_eq!(echo(&mut client, b"warm", Duration::from_secs(5))?, b"warm");
+        for direction in [Direction::Downstream, Direction::Both] {
+            proxy.freeze(direction, true);
+            let faults = proxy.faults();
+            assert!(faults.frozen_downstream);
+            assert_eq!(faults.frozen_upstream, direction == Direction::Both);
+            client.write_all(b"held back")?;
+            proxy.freeze(direction, false);
+            assert_eq!(proxy.faults(), Faults::default());
+            let mut buf = [0u8; 9];
+            client.set_read_timeout(Some(Duration::from_secs(5)))?;
+            client.read_exact(&mut buf)?;
+            assert_eq!(&buf, b"held back");
+        }
         Ok(())
     }
 

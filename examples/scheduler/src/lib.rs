@@ -15,14 +15,12 @@
 //! the election makes that rare, the guard makes it impossible (a paused
 //! leader's stale term is refused, and the guard's row lock holds a newer
 //! leader off until the older one's transaction ends). A refusal means a
-//! newer leader exists: the term ends ([`Term::mark_superseded`]) and the
-//! process campaigns again.
+//! newer leader exists: the guard ends the term itself and the process
+//! campaigns again.
 //!
 //! The payout is a row in the guarded database, so it is fenced. A payout
 //! sent to a provider would not be: send it with the slot as its
 //! idempotency key, or from an outbox row written in this transaction.
-//!
-//! [`Term::mark_superseded`]: leasehold::Term::mark_superseded
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -253,12 +251,9 @@ async fn lead(term: &Term, db_url: &str, schedule: &Schedule) {
                 match run_due(term.lease(), client, schedule, candidate, async || {}).await {
                     Ok(Ran::Done { .. }) => Duration::ZERO,
                     Ok(Ran::NotDue { wait }) => wait,
-                    // A newer leader exists: the term ends here, and the
-                    // work is stopped at this await.
-                    Ok(Ran::Refused) => {
-                        term.mark_superseded();
-                        return std::future::pending().await;
-                    }
+                    // A newer leader exists: the guard has ended the term,
+                    // and the work is stopped at this await.
+                    Ok(Ran::Refused) => return std::future::pending().await,
                     // Rolled back, or its outcome unknown: the next step
                     // reads what landed.
                     Err(_) => Duration::from_millis(100),

@@ -48,15 +48,16 @@ pub(crate) async fn run(
         .context("clearing the lock and fence keys")?;
 
     let rejected = Arc::new(AtomicU64::new(0));
+    let ended = Arc::new(AtomicU64::new(0));
     let (amount, work, ttl) = (spend.amount, spend.work, args.ttl);
     let opts = AcquireOptions::new().wait(args.wait);
-    let (locker, refused) = (env.locker.clone(), rejected.clone());
+    let (locker, refused, cut_off) = (env.locker.clone(), rejected.clone(), ended.clone());
     let start = Instant::now();
     let holds = HoldTimes::default();
     let recorder = holds.clone();
     let tally = hammer(spend.callers, move |_| {
         let (locker, opts, keys, pool) = (locker.clone(), opts.clone(), keys.clone(), pool.clone());
-        let (refused, holds) = (refused.clone(), recorder.clone());
+        let (refused, cut_off, holds) = (refused.clone(), cut_off.clone(), recorder.clone());
         async move {
             let lease = if mode.uses_redis_lock() {
                 Some(locker.acquire_with(&keys, ttl, &opts).await?)
@@ -66,7 +67,7 @@ pub(crate) async fn run(
             let fence = lease.as_ref().and_then(leasehold::Lease::fence);
             let mut db = pool.get().await.context("connecting to postgresql")?;
             let client: &mut leasehold_pg::tokio_postgres::Client = &mut db;
-            let outcome = match (mode, fence) {
+            let debit = match (mode, fence) {
                 (WriteMode::ForUpdate, _) => {
                     let tx = client
                         .transaction()
@@ -78,11 +79,11 @@ pub(crate) async fn run(
                     }
                     let outcome = locked.debit(amount).await?;
                     tx.commit().await.map_err(leasehold_pg::Error::from)?;
-                    outcome
+                    Debit::Decided(outcome)
                 }
-                (WriteMode::Single, _) => {
-                    leasehold_pg::debit_conditional(&*client, WALLET_ID, amount).await?
-                }
+                (WriteMode::Single, _) => Debit::Decided(
+                    leasehold_pg::debit_conditional(&*client, WALLET_ID, amount).await?,
+                ),
                 (WriteMode::None, _) => {
                     let read = leasehold_pg::read_wallet(&*client, WALLET_ID).await?;
                     if read.balance() < amount {
@@ -90,7 +91,7 @@ pub(crate) async fn run(
                     }
                     tokio::time::sleep(work).await;
                     let balance = ledger::debit_unchecked(&*client, &read, amount, None).await?;
-                    Outcome::Applied { balance }
+                    Debit::Decided(Outcome::Applied { balance })
                 }
                 (WriteMode::Guard, Some(_)) => {
                     let lease = lease.as_ref().context("guard mode takes a lease")?;
@@ -108,13 +109,21 @@ pub(crate) async fn run(
                         release(lease, &holds).await;
                         return Ok(false);
                     };
-                    outcome
+                    Debit::Decided(outcome)
                 }
                 (WriteMode::Fenced | WriteMode::Guard | WriteMode::Cas, None) => {
                     anyhow::bail!("a fenced lease came back without a fence")
                 }
             };
             release(lease, &holds).await;
+            let outcome = match debit {
+                Debit::Decided(outcome) => outcome,
+                // Nothing committed: counted apart, not as an error.
+                Debit::Ended => {
+                    cut_off.fetch_add(1, Ordering::Relaxed);
+                    return Ok(false);
+                }
+            };
             if ledger::refused(&outcome) {
                 refused.fetch_add(1, Ordering::Relaxed);
             }
@@ -133,7 +142,8 @@ pub(crate) async fn run(
         .context("connecting to postgresql")?;
     let audit = leasehold_pg::audit(&**db, WALLET_ID).await?;
     let rejected = rejected.load(Ordering::Relaxed);
-    Ok(ledger::check(
+    let ended = ended.load(Ordering::Relaxed);
+    let report = ledger::check(
         "verify",
         spend.initial,
         spend.amount,
@@ -149,7 +159,16 @@ pub(crate) async fn run(
     .extra(
         "ttl_ms",
         u64::try_from(args.ttl.as_millis()).unwrap_or(u64::MAX),
-    ))
+    );
+    Ok(if mode == WriteMode::Guard {
+        report
+            .after(format!(
+                "sessions ended before their commit={ended} (nothing committed)"
+            ))
+            .extra("ended", ended)
+    } else {
+        report
+    })
 }
 
 /// Gives the lease back; a lease that already expired (the point of a 1 ms
@@ -164,6 +183,24 @@ async fn release(lease: Option<leasehold::Lease>, holds: &HoldTimes) {
     }
 }
 
+/// What one spender's write came to: the database's outcome, or a
+/// session that ended before its `COMMIT` was sent.
+enum Debit {
+    /// The database decided: applied, refused, or not enough money.
+    Decided(Outcome),
+    /// The session ended before the transaction could commit (guard mode):
+    /// the server ended it (`SessionEnded`), or the connection was found
+    /// closed before the `COMMIT` went out. Nothing was written, and the
+    /// spender knows it, so the balance and ledger checks stay exact: it
+    /// is counted as `ended`, not as an error. At a 1 ms lease it is what
+    /// the guard's idle bound is for: a spender stalled between two
+    /// statements for over a second (its lease long expired) is cut off
+    /// by the database, which frees the guard's row for the next one. A
+    /// `COMMIT` sent and then met by a failure stays an error (its outcome
+    /// is unknown), as does every other failure.
+    Ended,
+}
+
 /// A plain read-modify-write of the wallet inside the fence guard: the
 /// guard first, then the read, the work and the write, in one transaction.
 async fn guarded_debit(
@@ -171,26 +208,73 @@ async fn guarded_debit(
     lease: &leasehold::Lease,
     amount: i64,
     work: std::time::Duration,
-) -> anyhow::Result<Outcome> {
+) -> anyhow::Result<Debit> {
     let tx = client
         .transaction()
         .await
         .map_err(leasehold_pg::Error::from)?;
-    if let leasehold_pg::Guard::Refused { current, .. } = leasehold_pg::guard(&tx, lease).await? {
-        tx.rollback().await.map_err(leasehold_pg::Error::from)?;
-        return Ok(Outcome::StaleToken {
-            fence: i64::try_from(current.get()).unwrap_or(i64::MAX),
-        });
+    let written = async {
+        if let leasehold_pg::Guard::Refused { current, .. } =
+            leasehold_pg::guard(&tx, lease).await?
+        {
+            return Ok(Err(Outcome::StaleToken {
+                fence: i64::try_from(current.get()).unwrap_or(i64::MAX),
+            }));
+        }
+        let read = leasehold_pg::read_wallet(&tx, WALLET_ID).await?;
+        if read.balance() < amount {
+            return Ok(Err(Outcome::InsufficientFunds {
+                balance: read.balance(),
+            }));
+        }
+        tokio::time::sleep(work).await;
+        let balance = ledger::debit_unchecked(&tx, &read, amount, None).await?;
+        anyhow::Ok(Ok(balance))
     }
-    let read = leasehold_pg::read_wallet(&tx, WALLET_ID).await?;
-    if read.balance() < amount {
-        tx.rollback().await.map_err(leasehold_pg::Error::from)?;
-        return Ok(Outcome::InsufficientFunds {
-            balance: read.balance(),
-        });
+    .await;
+    let balance = match written {
+        Ok(Ok(balance)) => balance,
+        Ok(Err(outcome)) => {
+            // Decided by the database; the rollback only tidies up, and a
+            // session that ended meanwhile (the refusal healed the Redis
+            // counter, a round trip while the transaction is open) rolled
+            // back with it.
+            if let Err(err) = tx.rollback().await.map_err(leasehold_pg::Error::from)
+                && !matches!(err, leasehold_pg::Error::SessionEnded(_))
+                && !client.is_closed()
+            {
+                return Err(err.into());
+            }
+            return Ok(Debit::Decided(outcome));
+        }
+        // No COMMIT was sent: an ended session wrote nothing.
+        Err(err) if tx.client().is_closed() || session_ended(&err) => return Ok(Debit::Ended),
+        Err(err) => return Err(err),
+    };
+    // Closed already: the COMMIT below cannot be sent.
+    let closed = tx.client().is_closed();
+    match tx.commit().await.map_err(leasehold_pg::Error::from) {
+        Ok(()) => Ok(Debit::Decided(Outcome::Applied { balance })),
+        Err(_) if closed => Ok(Debit::Ended),
+        // The server's answer to the COMMIT was that it had ended the
+        // session for idling (25P03, 57P05): the COMMIT never ran. A
+        // termination (57P01, ...) can land after a commit: an error.
+        Err(err @ leasehold_pg::Error::SessionEnded(_)) if ended_idle(&err) => Ok(Debit::Ended),
+        Err(err) => Err(err.into()),
     }
-    tokio::time::sleep(work).await;
-    let balance = ledger::debit_unchecked(&tx, &read, amount, None).await?;
-    tx.commit().await.map_err(leasehold_pg::Error::from)?;
-    Ok(Outcome::Applied { balance })
+}
+
+/// Whether `err` (before any `COMMIT`) is the server ending the session.
+fn session_ended(err: &anyhow::Error) -> bool {
+    matches!(
+        err.downcast_ref::<leasehold_pg::Error>(),
+        Some(leasehold_pg::Error::SessionEnded(_))
+    )
+}
+
+/// Whether a session the server ended was ended for idling, which never
+/// interrupts a statement: `25P03` (idle in transaction) or `57P05`.
+fn ended_idle(err: &leasehold_pg::Error) -> bool {
+    matches!(err, leasehold_pg::Error::SessionEnded(source)
+        if matches!(source.code(), Some("25P03" | "57P05")))
 }

@@ -19,9 +19,9 @@
 //! **correct** is the database: run each write of the term in a
 //! transaction guarded by the term's lease (the `leasehold-pg` guard,
 //! `guard(&tx, term.lease())`), which refuses a term older than one that
-//! has written. A refusal means a newer leader exists: call
-//! [`Term::mark_superseded`] (the term ends at once, its work stops) and
-//! campaign again.
+//! has written. A refusal means a newer leader exists: the guard ends the
+//! term at once ([`Term::mark_superseded`], which a check of your own
+//! calls by hand), its work stops, and the candidate campaigns again.
 //!
 //! **Side effects outside the guarded database are not fenced.** An email
 //! sent, an HTTP call to a payment provider, a message published: nothing
@@ -102,7 +102,7 @@
 //!     // `term.lease()` in its transaction.
 //!     let ran = term
 //!         .run(async {
-//!             // ... run jobs; on a guard refusal: term.mark_superseded()
+//!             // ... run jobs; a guard refusal ends the term here
 //!         })
 //!         .await;
 //!     match ran {

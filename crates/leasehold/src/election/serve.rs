@@ -48,9 +48,9 @@ impl<L: Lessor> Election<L> {
     ///
     /// `work` is the leader's job for one term, typically a loop that runs
     /// until the term ends: each write in a transaction guarded by
-    /// `term.lease()` (the `leasehold-pg` guard; on a refusal,
-    /// [`Term::mark_superseded`] ends the term). It may also return to hand
-    /// leadership on.
+    /// `term.lease()` (the `leasehold-pg` guard, which ends the term on a
+    /// refusal, as [`Term::mark_superseded`] does). It may also return to
+    /// hand leadership on.
     ///
     /// While it runs it reports through the election's INFO events
     /// (`elected`, `term ended` with why) and metrics, and a WARN for a

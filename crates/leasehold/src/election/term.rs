@@ -137,8 +137,9 @@ impl Term {
     }
 
     /// Ends the term at once because a newer leader exists: the database
-    /// refused one of its writes (the `leasehold-pg` guard's
-    /// `Guard::Refused`). Work under [`run`](Self::run) stops at its next
+    /// refused one of its writes. The `leasehold-pg` guard does this
+    /// itself on a refusal (`Guard::Refused`); call it when a check of your
+    /// own refuses the term. Work under [`run`](Self::run) stops at its next
     /// `.await` and [`lost`](Self::lost) resolves with
     /// [`LostCause::Superseded`] ([`Lease::mark_superseded`]). Then
     /// [`resign`](Self::resign) (which finds the lock already gone, or

@@ -320,8 +320,9 @@ impl Lease {
     /// lost keeps its first cause. The lock is not given back here:
     /// [`release`](Self::release) still does that, token-checked.
     ///
-    /// A leadership [`Term`](crate::Term) ends this way; the guard does not
-    /// call it for you.
+    /// A leadership [`Term`](crate::Term) ends this way. The `leasehold-pg`
+    /// guard calls it on every refusal; call it yourself when another
+    /// check (your own SQL) refuses the lease.
     pub fn mark_superseded(&self) {
         self.shared.lose(LostCause::Superseded);
     }
