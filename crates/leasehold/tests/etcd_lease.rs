@@ -912,3 +912,63 @@ async fn every_error_of_a_silent_cluster_names_etcd() -> TestResult {
     }
     Ok(())
 }
+
+/// Waits until `member` answers a quorum read again (its health check), a
+/// resumed member having caught up.
+async fn healthy_again(cluster: &EtcdCluster, member: usize) -> TestResult {
+    let member = cluster.member(member);
+    timeout(PATIENT, async {
+        while !tokio::task::block_in_place(|| member.is_healthy()) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// One slow member costs a held lease nothing (issue 37): the member the
+/// holder talks to is paused (SIGSTOP: its connections stay open, nothing
+/// answers) for longer than the lease's TTL, then the member it moved to.
+/// Each refresh of the watchdog moves on to a member that answers within
+/// its own bound (a third of the TTL), and the next ones start there, so
+/// the lease is never lost. The command timeout (3 s) is longer than the
+/// TTL: the refresh's attempts fit its bound, not the command timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lease_rides_out_its_member_paused_past_its_ttl_twice() -> TestResult {
+    let cluster = start();
+    let leader = cluster.wait_for_leader(PATIENT)?;
+    let (first, second) = ((leader + 1) % cluster.len(), (leader + 2) % cluster.len());
+    // The followers first (the cluster keeps its leader throughout): the
+    // holder talks to `first`, and to `second` once `first` is silent.
+    let endpoints = [first, second, leader].map(|member| cluster.member(member).endpoint());
+    let locker = EtcdLocker::builder(endpoints)
+        .prefix("t-slow/")
+        .command_timeout(Duration::from_secs(3))
+        .connect()
+        .await?;
+    let ttl = Duration::from_secs(2);
+    let lease = locker.acquire("slow", ttl).await?;
+    let lost = lease.watch()?;
+    for member in [first, second] {
+        cluster.member(member).pause()?;
+        // Past the TTL: only refreshes that moved on keep the lease.
+        let _ = timeout(ttl + ttl / 2, lost.cancelled()).await;
+        cluster.member(member).resume()?;
+        assert!(
+            lease.lost().is_none(),
+            "lost while m{member} was paused: {:?}",
+            lease.lost()
+        );
+        healthy_again(&cluster, member).await?;
+    }
+    // Still held: another caller does not get it.
+    let other = locker_at(&cluster, "t-slow/", leader).await?;
+    let opts = AcquireOptions::new().wait(Duration::ZERO);
+    assert!(matches!(
+        other.acquire_with("slow", ttl, &opts).await,
+        Err(Error::NotAcquired { .. })
+    ));
+    assert!(lease.lost().is_none(), "{:?}", lease.lost());
+    lease.release().await?;
+    Ok(())
+}

@@ -102,8 +102,10 @@ pub(crate) fn verdict(status: &Status) -> Verdict {
 /// - **Reads, and requests safe to repeat** (range, lease keep-alive,
 ///   time-to-live, revoke, grant with the client's own lease ID, opening a
 ///   watch): each attempt gets at most the attempt timeout
-///   ([`DEFAULT_ATTEMPT_TIMEOUT`]), and any transport failure or timeout
-///   sends it to the next member, until the deadline. A keep-alive is safe to repeat because renewing a lease
+///   ([`DEFAULT_ATTEMPT_TIMEOUT`], or less for a request with a shorter
+///   budget than its deadline, such as a lease's refresh), and any
+///   transport failure or timeout sends it to the next member, until the
+///   deadline. A keep-alive is safe to repeat because renewing a lease
 ///   twice only renews it again (to its granted TTL, from when it lands);
 ///   a keep-alive left on a silent member may still land when the member
 ///   wakes, which can only lengthen the lease on etcd's side, never
@@ -142,7 +144,9 @@ pub(crate) fn verdict(status: &Status) -> Verdict {
 #[derive(Debug, Clone)]
 pub struct EtcdClient {
     inner: Arc<Inner>,
-    /// What one attempt of a retry-safe request may take.
+    /// What one attempt of a retry-safe request may take: the builder's
+    /// setting, or less in a view made by
+    /// [`with_attempt_timeout`](Self::with_attempt_timeout).
     attempt_timeout: Duration,
 }
 
@@ -243,6 +247,21 @@ impl EtcdClient {
 
     fn member(&self, index: usize) -> &Member {
         &self.inner.members[index % self.inner.members.len()]
+    }
+
+    /// This client, sharing its members, their sessions and the choice of
+    /// member, whose retry-safe attempts take at most `timeout` (and never
+    /// longer than this client's own): for a request whose budget is
+    /// shorter than the caller's deadline (a lease's refresh, due before
+    /// its next one), so that it still moves on from a silent member in
+    /// time.
+    pub(crate) fn with_attempt_timeout(&self, timeout: Duration) -> EtcdClient {
+        EtcdClient {
+            inner: Arc::clone(&self.inner),
+            attempt_timeout: self
+                .attempt_timeout
+                .min(timeout.max(Duration::from_millis(1))),
+        }
     }
 
     /// Moves on from member `index` (unless another request already has)
@@ -505,6 +524,21 @@ mod tests {
         client.advance(0);
         // A second request that failed on the first member too.
         client.advance(0);
+        assert_eq!(client.current_endpoint(), "http://127.0.0.1:2");
+    }
+
+    #[test]
+    fn a_view_with_a_shorter_attempt_shares_the_choice_of_member() {
+        let client = three_members();
+        let view = client.with_attempt_timeout(Duration::from_millis(100));
+        assert_eq!(view.attempt_timeout, Duration::from_millis(100));
+        assert_eq!(
+            client
+                .with_attempt_timeout(Duration::from_secs(60))
+                .attempt_timeout,
+            DEFAULT_ATTEMPT_TIMEOUT
+        );
+        view.advance(0);
         assert_eq!(client.current_endpoint(), "http://127.0.0.1:2");
     }
 
