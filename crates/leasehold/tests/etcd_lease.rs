@@ -972,3 +972,46 @@ async fn a_held_lease_rides_out_its_member_paused_past_its_ttl_twice() -> TestRe
     lease.release().await?;
     Ok(())
 }
+
+/// A waiter keeps its place while the member it talks to is paused past
+/// its TTL (issue 37): its keep-alives move on to a member that answers
+/// within their period (a third of the TTL), so its etcd lease, and with
+/// it its key and its place in the queue, lives on. The waiter that
+/// queued after it, on the leader, is served after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_keeps_its_place_while_its_member_is_paused_past_its_ttl() -> TestResult {
+    let cluster = start();
+    let prefix = "t-slow-waiter/";
+    let ttl = Duration::from_secs(1);
+    let leader = cluster.wait_for_leader(PATIENT)?;
+    let follower = (leader + 1) % cluster.len();
+    let on_leader = locker_at(&cluster, prefix, leader).await?;
+    // The holder's watchdog keeps it (its member is not paused) until it
+    // lets go.
+    let holder = on_leader
+        .acquire_with("w", ttl, &AcquireOptions::new().watchdog(true))
+        .await?;
+    let mut joins = watch_queue(&raw(&cluster), prefix, "w").await;
+    let waiter = |locker: EtcdLocker| {
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(PATIENT);
+            locker.acquire_with("w", ttl, &opts).await
+        })
+    };
+    let first = waiter(locker_at(&cluster, prefix, follower).await?);
+    joined(&mut joins).await;
+    let second = waiter(on_leader.clone());
+    joined(&mut joins).await;
+    cluster.member(follower).pause()?;
+    // Past the waiters' TTL.
+    tokio::time::sleep(ttl * 3).await;
+    cluster.member(follower).resume()?;
+    healthy_again(&cluster, follower).await?;
+    assert!(holder.lost().is_none(), "{:?}", holder.lost());
+    holder.release().await?;
+    let lease = timeout(PATIENT, first).await???;
+    assert!(!second.is_finished(), "the second waiter was served first");
+    lease.release().await?;
+    timeout(PATIENT, second).await???.release().await?;
+    Ok(())
+}

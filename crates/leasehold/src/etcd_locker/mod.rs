@@ -111,6 +111,8 @@
 //!   attempt waits on the silent member, the next goes to another member
 //!   and is answered before the next refresh is due. A 2 s lease with the
 //!   default 1 s command timeout waits 333 ms at most on a paused member.
+//!   A waiter's keep-alives (every `ttl / 3`) are split the same way, so a
+//!   waiter keeps its etcd lease, and its place in the queue.
 //! - **The next requests start where the answer came from.** A member that
 //!   timed out (or lost its connection, or could not be reached) is
 //!   demoted until it answers again: the client passes over it whenever it
