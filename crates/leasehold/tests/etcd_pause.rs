@@ -129,6 +129,22 @@ async fn measure_terms_lost_to_a_paused_member() -> TestResult {
             })
             .collect();
         drop(events);
+        // The longest this process went unscheduled (a 100 ms tick seen
+        // late): on a loaded machine a stall past the TTL loses a term
+        // whatever etcd does, and says so here.
+        let ticker = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let mut longest = Duration::ZERO;
+                while !stop.is_cancelled() {
+                    let started = tokio::time::Instant::now();
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    longest =
+                        longest.max(started.elapsed().saturating_sub(Duration::from_millis(100)));
+                }
+                longest
+            }
+        });
         match seen.recv().await {
             Some(Event::Elected) => {}
             other => return Err(format!("no first leader: {other:?}").into()),
@@ -140,6 +156,7 @@ async fn measure_terms_lost_to_a_paused_member() -> TestResult {
             tokio::time::sleep(SETTLE).await;
         }
         stop.cancel();
+        let stalled = ticker.await?;
         for candidate in candidates {
             candidate.await??;
         }
@@ -152,9 +169,18 @@ async fn measure_terms_lost_to_a_paused_member() -> TestResult {
             }
         }
         total += lost.len();
+        // Raft leaders elected during the run, after the first (a member
+        // resumed with a stale view can start an election).
+        let raft_elections = cluster
+            .members()
+            .iter()
+            .map(|member| member.log().matches("became leader").count())
+            .sum::<usize>()
+            .saturating_sub(1);
         println!(
             "run {run}: m{paused} (a follower, first endpoint) paused {pause:?} twice: \
-             {} terms lost {lost:?}, {elected} elected after the first, campaign errors {failed:?}",
+             {} terms lost {lost:?}, {elected} elected after the first, campaign errors {failed:?}, \
+             etcd leaders elected after the first: {raft_elections}, longest stall of this process {stalled:?}",
             lost.len()
         );
     }
