@@ -13,6 +13,8 @@ mod cluster;
 mod etcd;
 #[path = "etcd_lease.rs"]
 mod etcd_lease;
+#[path = "etcd_pause.rs"]
+mod etcd_pause;
 #[path = "etcd_tls.rs"]
 mod etcd_tls;
 #[path = "handoff_cluster.rs"]

@@ -285,6 +285,109 @@ async fn a_held_lease_survives_its_leader_stopping() -> TestResult {
     Ok(())
 }
 
+/// Waits until `member` answers a quorum read again (its health check), a
+/// resumed member having caught up.
+async fn healthy_again(cluster: &EtcdCluster, member: usize) -> TestResult {
+    let member = cluster.member(member);
+    timeout(PATIENT, async {
+        while !tokio::task::block_in_place(|| member.is_healthy()) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// One slow member costs a held lease nothing (issue 37): the member the
+/// holder talks to is paused (SIGSTOP: its connections stay open, nothing
+/// answers) for longer than the lease's TTL, then the member it moved to.
+/// Each refresh of the watchdog moves on to a member that answers within
+/// its own bound (a third of the TTL), and the next ones start there, so
+/// the lease is never lost. The command timeout (3 s) is longer than the
+/// TTL: the refresh's attempts fit its bound, not the command timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lease_rides_out_its_member_paused_past_its_ttl_twice() -> TestResult {
+    let cluster = start();
+    let leader = cluster.wait_for_leader(PATIENT)?;
+    let (first, second) = ((leader + 1) % cluster.len(), (leader + 2) % cluster.len());
+    // The followers first (the cluster keeps its leader throughout): the
+    // holder talks to `first`, and to `second` once `first` is silent.
+    let endpoints = [first, second, leader].map(|member| cluster.member(member).endpoint());
+    let locker = EtcdLocker::builder(endpoints)
+        .prefix("t-slow/")
+        .command_timeout(Duration::from_secs(3))
+        .connect()
+        .await?;
+    let ttl = Duration::from_secs(2);
+    let lease = locker.acquire("slow", ttl).await?;
+    let lost = lease.watch()?;
+    for member in [first, second] {
+        cluster.member(member).pause()?;
+        // Past the TTL: only refreshes that moved on keep the lease.
+        let _ = timeout(ttl + ttl / 2, lost.cancelled()).await;
+        cluster.member(member).resume()?;
+        assert!(
+            lease.lost().is_none(),
+            "lost while m{member} was paused: {:?}",
+            lease.lost()
+        );
+        healthy_again(&cluster, member).await?;
+    }
+    // Still held: another caller does not get it.
+    let other = locker_at(&cluster, "t-slow/", leader).await?;
+    let opts = AcquireOptions::new().wait(Duration::ZERO);
+    assert!(matches!(
+        other.acquire_with("slow", ttl, &opts).await,
+        Err(Error::NotAcquired { .. })
+    ));
+    assert!(lease.lost().is_none(), "{:?}", lease.lost());
+    lease.release().await?;
+    Ok(())
+}
+
+/// A waiter keeps its place while the member it talks to is paused past
+/// its TTL (issue 37): its keep-alives move on to a member that answers
+/// within their period (a third of the TTL), so its etcd lease, and with
+/// it its key and its place in the queue, lives on. The waiter that
+/// queued after it, on the leader, is served after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_keeps_its_place_while_its_member_is_paused_past_its_ttl() -> TestResult {
+    let cluster = start();
+    let prefix = "t-slow-waiter/";
+    let ttl = Duration::from_secs(1);
+    let leader = cluster.wait_for_leader(PATIENT)?;
+    let follower = (leader + 1) % cluster.len();
+    let on_leader = locker_at(&cluster, prefix, leader).await?;
+    // The holder's watchdog keeps it (its member is not paused) until it
+    // lets go.
+    let holder = on_leader
+        .acquire_with("w", ttl, &AcquireOptions::new().watchdog(true))
+        .await?;
+    let mut joins = watch_queue(&raw(&cluster), prefix, "w").await;
+    let waiter = |locker: EtcdLocker| {
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new().wait(PATIENT);
+            locker.acquire_with("w", ttl, &opts).await
+        })
+    };
+    let first = waiter(locker_at(&cluster, prefix, follower).await?);
+    joined(&mut joins).await;
+    let second = waiter(on_leader.clone());
+    joined(&mut joins).await;
+    cluster.member(follower).pause()?;
+    // Past the waiters' TTL.
+    tokio::time::sleep(ttl * 3).await;
+    cluster.member(follower).resume()?;
+    healthy_again(&cluster, follower).await?;
+    assert!(holder.lost().is_none(), "{:?}", holder.lost());
+    holder.release().await?;
+    let lease = timeout(PATIENT, first).await???;
+    assert!(!second.is_finished(), "the second waiter was served first");
+    lease.release().await?;
+    timeout(PATIENT, second).await???.release().await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_guard_accepts_the_newer_etcd_holder_and_refuses_the_older() -> TestResult {
     let cluster = start();

@@ -1,6 +1,7 @@
 //! The client: a list of members, and one loop that sends a request to
 //! the current member, bounded by the caller's deadline, and moves to the
-//! next member when it fails in a way that is safe to retry.
+//! next member (passing over the ones that fell silent) when it fails in
+//! a way that is safe to retry.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -95,14 +96,20 @@ pub(crate) fn verdict(status: &Status) -> Verdict {
 /// A deadline that has passed fails at once with
 /// [`EtcdError::DeadlineExceeded`], sending nothing.
 ///
-/// The client sends to its current member and moves to the next one (in
-/// the order given, round and round) when an attempt fails:
+/// The client sends to its current member and moves on when an attempt
+/// fails:
 ///
 /// - **Reads, and requests safe to repeat** (range, lease keep-alive,
 ///   time-to-live, revoke, grant with the client's own lease ID, opening a
 ///   watch): each attempt gets at most the attempt timeout
-///   ([`DEFAULT_ATTEMPT_TIMEOUT`]), and any transport failure or timeout
-///   sends it to the next member, until the deadline.
+///   ([`DEFAULT_ATTEMPT_TIMEOUT`], or less for a request with a shorter
+///   budget than its deadline, such as a lease's refresh), and any
+///   transport failure or timeout sends it to the next member, until the
+///   deadline. A keep-alive is safe to repeat because renewing a lease
+///   twice only renews it again (to its granted TTL, from when it lands);
+///   a keep-alive left on a silent member may still land when the member
+///   wakes, which can only lengthen the lease on etcd's side, never
+///   shorten it.
 /// - **Writes** (a txn that puts or deletes): sent again only when the
 ///   first one is known not to have been applied: the connection could
 ///   not be made or did not prove itself (every new connection asks the
@@ -118,11 +125,29 @@ pub(crate) fn verdict(status: &Status) -> Verdict {
 ///   owner's token), never by resending blindly. The next request goes to
 ///   another member.
 ///
+/// # Which member
+///
+/// The first endpoint is tried first. A member that falls silent (an
+/// attempt timed out, the answer was lost with its connection, or it
+/// could not be reached) is **demoted** until it answers again: moving on
+/// from a failed member, the client takes the next one in the order given
+/// that is not demoted, and a demoted one only when every other member is
+/// demoted too. So the requests after a move start at the member that
+/// answered, and a paused member is not tried again (at the cost of an
+/// attempt) while another one answers; one that answers again (a
+/// refusal is an answer) is no longer passed over. A member that refuses
+/// before proposing (`no leader`, ...) is moved on from, not demoted: it
+/// answered.
+///
 /// A connection is kept per member and dropped when a request on it
 /// fails, so the next request there connects and checks afresh.
 #[derive(Debug, Clone)]
 pub struct EtcdClient {
     inner: Arc<Inner>,
+    /// What one attempt of a retry-safe request may take: the builder's
+    /// setting, or less in a view made by
+    /// [`with_attempt_timeout`](Self::with_attempt_timeout).
+    attempt_timeout: Duration,
 }
 
 #[derive(Debug)]
@@ -130,7 +155,6 @@ struct Inner {
     members: Vec<Member>,
     current: AtomicUsize,
     credentials: Option<Credentials>,
-    attempt_timeout: Duration,
 }
 
 /// Builds an [`EtcdClient`]: `EtcdClient::builder(endpoints)`.
@@ -193,8 +217,8 @@ impl EtcdClientBuilder {
                 members,
                 current: AtomicUsize::new(0),
                 credentials: self.credentials,
-                attempt_timeout: self.attempt_timeout,
             }),
+            attempt_timeout: self.attempt_timeout,
         })
     }
 }
@@ -225,9 +249,30 @@ impl EtcdClient {
         &self.inner.members[index % self.inner.members.len()]
     }
 
-    /// Moves on from member `index` (unless another request already has).
+    /// This client, sharing its members, their sessions and the choice of
+    /// member, whose retry-safe attempts take at most `timeout` (and never
+    /// longer than this client's own): for a request whose budget is
+    /// shorter than the caller's deadline (a lease's refresh, due before
+    /// its next one), so that it still moves on from a silent member in
+    /// time.
+    pub(crate) fn with_attempt_timeout(&self, timeout: Duration) -> EtcdClient {
+        EtcdClient {
+            inner: Arc::clone(&self.inner),
+            attempt_timeout: self
+                .attempt_timeout
+                .min(timeout.max(Duration::from_millis(1))),
+        }
+    }
+
+    /// Moves on from member `index` (unless another request already has)
+    /// to the next one in order that is not demoted, or, when every other
+    /// one is, to the next one in order.
     fn advance(&self, index: usize) {
-        let next = (index + 1) % self.inner.members.len();
+        let members = self.inner.members.len();
+        let next = (1..members)
+            .map(|step| (index + step) % members)
+            .find(|&next| !self.inner.members[next].is_demoted())
+            .unwrap_or((index + 1) % members);
         let _ =
             self.inner
                 .current
@@ -274,7 +319,7 @@ impl EtcdClient {
             let member = self.member(index);
             // Making a session sends nothing of the request, so it is cut
             // short as a read would be, even for a write.
-            let safe_deadline = deadline.min(Instant::now() + self.inner.attempt_timeout);
+            let safe_deadline = deadline.min(Instant::now() + self.attempt_timeout);
             let attempt_deadline = match retry {
                 Retry::Safe => safe_deadline,
                 Retry::Unsafe => deadline,
@@ -287,16 +332,25 @@ impl EtcdClient {
                 Err(err @ EtcdError::AuthFailed { .. }) => return Err(err),
                 Err(err) => {
                     tracing::debug!(endpoint = member.url(), error = %err, "etcd member unreachable");
+                    member.demote();
                     self.advance(index);
                     remember(&mut last, err);
                     continue;
                 }
             };
             let status = match timeout_at(attempt_deadline, attempt(session.clone())).await {
-                Ok(Ok(reply)) => return Ok(reply),
+                Ok(Ok(reply)) => {
+                    member.answered();
+                    return Ok(reply);
+                }
                 Ok(Err(status)) => status,
                 Err(_elapsed) => {
+                    tracing::debug!(
+                        endpoint = member.url(),
+                        "etcd member did not answer in time"
+                    );
                     member.forget(&session);
+                    member.demote();
                     self.advance(index);
                     if retry == Retry::Unsafe {
                         return Err(EtcdError::OutcomeUnknown {
@@ -314,15 +368,25 @@ impl EtcdClient {
                 }
             };
             match verdict(&status) {
-                Verdict::Answer => return Err(EtcdError::Rejected { source: status }),
-                Verdict::BadToken => member.forget(&session),
-                Verdict::NotApplied => self.advance(index),
+                Verdict::Answer => {
+                    member.answered();
+                    return Err(EtcdError::Rejected { source: status });
+                }
+                Verdict::BadToken => {
+                    member.answered();
+                    member.forget(&session);
+                }
+                Verdict::NotApplied => {
+                    member.answered();
+                    self.advance(index);
+                }
                 Verdict::NotSent => {
                     member.forget(&session);
                     self.advance(index);
                 }
                 Verdict::Lost => {
                     member.forget(&session);
+                    member.demote();
                     self.advance(index);
                     if retry == Retry::Unsafe {
                         return Err(EtcdError::OutcomeUnknown {
@@ -418,6 +482,64 @@ mod tests {
             .build()
             .expect_err("no endpoints");
         assert!(matches!(err, EtcdError::NoEndpoints));
+    }
+
+    fn three_members() -> EtcdClient {
+        EtcdClient::builder([
+            "http://127.0.0.1:1",
+            "http://127.0.0.1:2",
+            "http://127.0.0.1:3",
+        ])
+        .build()
+        .expect("valid endpoints")
+    }
+
+    #[test]
+    fn moving_on_passes_over_a_demoted_member_until_it_answers_again() {
+        let client = three_members();
+        let members = &client.inner.members;
+        members[1].demote();
+        client.advance(0);
+        assert_eq!(client.current_endpoint(), "http://127.0.0.1:3");
+        members[1].answered();
+        client.advance(2);
+        assert_eq!(client.current_endpoint(), "http://127.0.0.1:1");
+        client.advance(0);
+        assert_eq!(client.current_endpoint(), "http://127.0.0.1:2");
+    }
+
+    #[test]
+    fn with_every_other_member_demoted_the_next_in_order_is_tried() {
+        let client = three_members();
+        for member in &client.inner.members {
+            member.demote();
+        }
+        client.advance(0);
+        assert_eq!(client.current_endpoint(), "http://127.0.0.1:2");
+    }
+
+    #[test]
+    fn a_request_already_moved_on_is_not_moved_again() {
+        let client = three_members();
+        client.advance(0);
+        // A second request that failed on the first member too.
+        client.advance(0);
+        assert_eq!(client.current_endpoint(), "http://127.0.0.1:2");
+    }
+
+    #[test]
+    fn a_view_with_a_shorter_attempt_shares_the_choice_of_member() {
+        let client = three_members();
+        let view = client.with_attempt_timeout(Duration::from_millis(100));
+        assert_eq!(view.attempt_timeout, Duration::from_millis(100));
+        assert_eq!(
+            client
+                .with_attempt_timeout(Duration::from_secs(60))
+                .attempt_timeout,
+            DEFAULT_ATTEMPT_TIMEOUT
+        );
+        view.advance(0);
+        assert_eq!(client.current_endpoint(), "http://127.0.0.1:2");
     }
 
     #[tokio::test]

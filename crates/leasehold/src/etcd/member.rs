@@ -388,8 +388,8 @@ impl Session {
     }
 }
 
-/// One member: where it is, and the session to it, made when first needed
-/// and forgotten when it fails.
+/// One member: where it is, the session to it, made when first needed
+/// and forgotten when it fails, and whether it is demoted.
 pub(crate) struct Member {
     url: Arc<str>,
     endpoint: Endpoint,
@@ -397,6 +397,11 @@ pub(crate) struct Member {
     tls: Option<Tls>,
     session: Mutex<Option<Session>>,
     generations: AtomicU64,
+    /// Set when the member fell silent (an attempt timed out, its answer
+    /// was lost, it could not be reached); cleared when it answers again.
+    /// A client moving on from a failed member skips demoted ones while
+    /// another is left (see [`EtcdClient`](super::EtcdClient)).
+    demoted: AtomicBool,
 }
 
 impl fmt::Debug for Member {
@@ -455,7 +460,28 @@ impl Member {
             tls,
             session: Mutex::new(None),
             generations: AtomicU64::new(0),
+            demoted: AtomicBool::new(false),
         })
+    }
+
+    /// Marks the member silent: the client passes over it while another
+    /// member is left.
+    pub(crate) fn demote(&self) {
+        if !self.demoted.swap(true, Ordering::Relaxed) {
+            tracing::debug!(endpoint = %self.url, "etcd member demoted until it answers again");
+        }
+    }
+
+    /// The member answered: it is no longer passed over.
+    pub(crate) fn answered(&self) {
+        if self.demoted.swap(false, Ordering::Relaxed) {
+            tracing::debug!(endpoint = %self.url, "etcd member answers again");
+        }
+    }
+
+    /// Whether the member fell silent and has not answered since.
+    pub(crate) fn is_demoted(&self) -> bool {
+        self.demoted.load(Ordering::Relaxed)
     }
 
     /// The endpoint as given.
@@ -524,6 +550,7 @@ impl Member {
         if let Some(credentials) = credentials {
             session.token = Some(self.authenticate(&session, credentials, deadline).await?);
         }
+        self.answered();
         *self.lock() = Some(session.clone());
         Ok(session)
     }

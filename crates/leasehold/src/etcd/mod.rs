@@ -22,7 +22,9 @@
 //!   timeout when that is safe: reads always; writes only when they are
 //!   known not to have been applied. A write whose answer was lost is
 //!   reported as [`EtcdError::OutcomeUnknown`], never resent blindly (see
-//!   [`EtcdClient`]).
+//!   [`EtcdClient`]). A member that fell silent is passed over until it
+//!   answers again, so the requests after a move start where the answer
+//!   came from.
 //! - Errors are typed ([`EtcdError`]) and never carry a password or a
 //!   token ([`Credentials`]' `Debug` hides the password).
 //! - A keep-alive's success does not prove a lock is held: see

@@ -17,6 +17,7 @@ use crate::lease::{
 };
 use crate::service::Service;
 use crate::token::LeaseToken;
+use crate::watchdog;
 
 /// The pause between two tries of a delete whose answers were lost.
 const SETTLE_PAUSE: Duration = Duration::from_millis(10);
@@ -58,6 +59,18 @@ impl Held {
         ))
         .when(Compare::lease(self.key.as_str(), Cmp::Equal, self.lease))
     }
+}
+
+/// Whether our key is still ours, by a linearizable read of the key.
+async fn is_ours(client: &EtcdClient, held: &Held, deadline: Instant) -> Result<bool> {
+    let read = client
+        .range(&Range::key(held.key.as_str()), deadline)
+        .await
+        .map_err(|source| Error::Etcd {
+            op: "refresh",
+            source,
+        })?;
+    Ok(read.kvs.first().is_some_and(|kv| held.is(kv)))
 }
 
 /// The etcd side of every lease an [`EtcdLocker`](super::EtcdLocker) and its
@@ -129,19 +142,6 @@ impl EtcdBackend {
             .remove(token);
     }
 
-    /// Whether our key is still ours, by a linearizable read of the key.
-    pub(super) async fn is_ours(&self, held: &Held, deadline: Instant) -> Result<bool> {
-        let read = self
-            .client
-            .range(&Range::key(held.key.as_str()), deadline)
-            .await
-            .map_err(|source| Error::Etcd {
-                op: "refresh",
-                source,
-            })?;
-        Ok(read.kvs.first().is_some_and(|kv| held.is(kv)))
-    }
-
     /// Revokes etcd lease `lease` (its keys go with it) within one command
     /// timeout from now, as a future of its own, for a task: what a waiter
     /// leaving the queue (or a lease let go) is allowed. A failure is
@@ -169,6 +169,16 @@ impl EtcdBackend {
     /// was revoked). Sent one after the other they would prove no more: a
     /// key deleted after the read is found by the next refresh either way,
     /// and the renewed lease counts from before both were sent.
+    ///
+    /// Both are safe to send again on another member (a keep-alive renews
+    /// our lease to its granted TTL however often it lands, a read changes
+    /// nothing), so each is split into attempts that fit the refresh's
+    /// budget: at most half of what is left before the next refresh is due
+    /// (`ttl / 3`, the watchdog's period and its bound on a refresh). A
+    /// silent member (paused, cut off) costs the first attempt; the second
+    /// goes to a member that answers, within the budget, and the members
+    /// that fell silent are passed over by the next refreshes too (see
+    /// [`EtcdClient`]).
     async fn refresh_part(&self, part: &Part, ttl: Duration, deadline: Instant) -> Result<bool> {
         let Some(held) = self.held(&part.token) else {
             return Ok(false);
@@ -178,9 +188,14 @@ impl EtcdBackend {
                 "an etcd lease keeps the ttl it was granted: refresh with at most the acquire's ttl",
             ));
         }
+        let now = Instant::now();
+        let budget = deadline.min(now + watchdog::period(ttl));
+        let client = self
+            .client
+            .with_attempt_timeout(budget.saturating_duration_since(now) / 2);
         let (kept, ours) = futures_util::future::join(
-            self.client.keep_alive_once(held.lease, deadline),
-            self.is_ours(&held, deadline),
+            client.keep_alive_once(held.lease, deadline),
+            is_ours(&client, &held, deadline),
         )
         .await;
         match kept {

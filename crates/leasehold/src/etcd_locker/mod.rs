@@ -95,6 +95,46 @@
 //! lengthen an etcd lease past the TTL it was granted with (it is refused,
 //! [`Error::InvalidOptions`]).
 //!
+//! # One slow member
+//!
+//! The locker talks to one member at a time (the first endpoint, to begin
+//! with). A member that stops answering (paused, overloaded, cut off from
+//! its clients) while the cluster keeps its leader costs a held lease
+//! nothing:
+//!
+//! - **A refresh moves within its own budget.** Its keep-alive and its
+//!   read are both safe to send again on another member (a keep-alive only
+//!   renews our etcd lease to its granted TTL again, a read changes
+//!   nothing), so each is split into attempts of at most half the
+//!   refresh's budget (`ttl / 3`, the watchdog's period and its bound on a
+//!   refresh) and at most a third of the command timeout: the first
+//!   attempt waits on the silent member, the next goes to another member
+//!   and is answered before the next refresh is due. A 2 s lease with the
+//!   default 1 s command timeout waits 333 ms at most on a paused member.
+//!   A waiter's keep-alives (every `ttl / 3`) are split the same way, so a
+//!   waiter keeps its etcd lease, and its place in the queue.
+//! - **The next requests start where the answer came from.** A member that
+//!   timed out (or lost its connection, or could not be reached) is
+//!   demoted until it answers again: the client passes over it whenever it
+//!   moves on, and tries it again only when every other member has failed
+//!   too. A member paused again later costs nothing while the client talks
+//!   to another.
+//! - **What counts stays the same.** A refresh is confirmed only when etcd
+//!   answered both the keep-alive (with a TTL) and the read (our key,
+//!   ours); the new validity counts from before its first attempt, so never
+//!   from later than the keep-alive that landed. A keep-alive left on the
+//!   paused member may still renew our etcd lease when the member wakes:
+//!   that only lengthens the lease on etcd's side (a holder that died
+//!   meanwhile blocks the lock for up to one more TTL), never the holder's
+//!   idea of it.
+//!
+//! Writes do not move mid-request: a waiter's create, a release's delete
+//! and the leader record wait on their member until their deadline (cut
+//! short, a write's outcome would be unknown), then are settled on another
+//! member by reading the key, as above. Measured with an `Election` (TTL
+//! 2 s, 3 members, the first endpoint's member paused 10 s, twice per run):
+//! see `docs/operations.md`.
+//!
 //! # Fencing tokens
 //!
 //! The fencing token of a lease taken with [`FencedKeys`](crate::FencedKeys)
@@ -235,7 +275,9 @@ impl EtcdLockerBuilder {
     /// Bounds every etcd request that has no tighter deadline of its own (a
     /// release; each request of an acquire whose deadline is further away;
     /// a refresh's keep-alive and read together). A read moves to the next
-    /// member after a third of it.
+    /// member after a third of it, and a refresh's keep-alive and read
+    /// after half of the refresh's budget (`ttl / 3`) if that is shorter,
+    /// so that one silent member never costs a refresh.
     ///
     /// Defaults to [`DEFAULT_COMMAND_TIMEOUT`] (1 s).
     pub fn command_timeout(mut self, timeout: Duration) -> Self {

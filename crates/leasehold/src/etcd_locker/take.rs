@@ -308,6 +308,10 @@ async fn wait_turn(
     let client = &backend.client;
     let read_place = place_read(&backend.queue(&target.lock), held);
     let keep_every = (ttl / 3).max(Duration::from_millis(1));
+    // A keep-alive is due every `keep_every`: its attempts fit in half of
+    // that, so a silent member costs one and the next member renews our
+    // etcd lease in time, as a held lease's refresh does.
+    let keeper = client.with_attempt_timeout(keep_every / 2);
     let mut waited = false;
     let mut next_keep_alive = Instant::now() + keep_every;
     loop {
@@ -384,7 +388,7 @@ async fn wait_turn(
                     }
                     () = tokio::time::sleep_until(next_keep_alive) => {
                         let (_, deadline) = rounds.attempt()?;
-                        match client.keep_alive_once(held.lease, deadline).await {
+                        match keeper.keep_alive_once(held.lease, deadline).await {
                             Ok(_) => {
                                 rounds.answered();
                                 next_keep_alive = Instant::now() + keep_every;
