@@ -24,7 +24,7 @@ pub(crate) struct Rounds<'a> {
     opts: &'a AcquireOptions,
     command_timeout: Duration,
     budget: Budget,
-    waits: Peekable<Waits>,
+    waits: Peekable<std::iter::Skip<Waits>>,
     attempts: u32,
     /// Whether the last attempt's request had less than the command
     /// timeout: the caller's deadline cut it short.
@@ -44,13 +44,18 @@ impl<'a> Rounds<'a> {
         budget: Budget,
         command_timeout: Duration,
     ) -> Self {
+        // Attempts this acquire already made (a take again after a win
+        // too few replicas acknowledged): the count, and the strategy's
+        // waits, go on from there, so `max_attempts` bounds them all.
+        let done = Progress::attempts_so_far();
+        let skipped = usize::try_from(done).unwrap_or(usize::MAX);
         Rounds {
             key,
             opts,
             command_timeout,
             budget,
-            waits: opts.retry.waits().peekable(),
-            attempts: 0,
+            waits: opts.retry.waits().skip(skipped).peekable(),
+            attempts: done,
             cut_short: false,
             saw_busy: false,
             fault: None,
@@ -262,6 +267,19 @@ impl Progress {
     /// Time spent waiting for the lock.
     pub(crate) fn waited(&self) -> Duration {
         self.waited
+    }
+
+    /// Attempts made so far by the acquire this task runs (0 if none is
+    /// observed).
+    pub(crate) fn attempts_so_far() -> u32 {
+        PROGRESS
+            .try_with(|shared| {
+                shared
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .attempts
+            })
+            .unwrap_or(0)
     }
 
     /// Applies `f` to the progress of the acquire this task runs, if any.

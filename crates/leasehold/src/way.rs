@@ -168,7 +168,6 @@ async fn take_replicated<W: Way>(
     progress: &Mutex<Progress>,
 ) -> Result<Lease> {
     let deadline = budget.deadline();
-    let mut waits = opts.retry.waits();
     // The last win too few replicas acknowledged, if any.
     let mut unreplicated: Option<Error> = None;
     loop {
@@ -193,8 +192,13 @@ async fn take_replicated<W: Way>(
             Err(err @ Error::NotReplicated { .. }) => err,
             other => return other,
         };
-        let Some(wake) = waits
-            .next()
+        // The strategy's wait after the attempts made so far (every take
+        // counts on from the last: `max_attempts` bounds them all).
+        let made = Progress::read(progress, Instant::now()).attempts;
+        let Some(wake) = opts
+            .retry
+            .waits()
+            .nth(usize::try_from(made.saturating_sub(1)).unwrap_or(usize::MAX))
             .map(|wait| Instant::now() + wait)
             .filter(|&wake| wake < deadline)
         else {
@@ -510,5 +514,85 @@ mod send_tests {
             assert_send(&quorum.acquire_with("k", ttl, &opts));
             assert_send(&quorum.acquire_all(["a", "b"], ttl, &opts));
         }
+    }
+}
+
+#[cfg(test)]
+mod replica_retry_tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use crate::backend::{Claim, Held, LockService, Reply, Step};
+    use crate::{AcquireOptions, Error, Lessor, RetryStrategy, Service};
+
+    /// A service whose lock is free at the first step, busy for the next
+    /// three, then free again, and whose replicas never acknowledge.
+    #[derive(Clone, Default)]
+    struct Unreplicated {
+        steps: Arc<AtomicU32>,
+    }
+
+    impl LockService for Unreplicated {
+        type Entry = ();
+
+        fn service(&self) -> Service {
+            Service::named("test")
+        }
+
+        fn command_timeout(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+
+        fn step<'a>(&'a self, _: &'a Claim, (): &'a mut (), _: Instant) -> Reply<'a, Step> {
+            let n = self.steps.fetch_add(1, Ordering::SeqCst) + 1;
+            Box::pin(async move {
+                Ok(if n == 1 || n > 4 {
+                    Step::won(None)
+                } else {
+                    Step::busy()
+                })
+            })
+        }
+
+        fn undo<'a>(&'a self, _: &'a Claim, (): &'a mut (), _: Instant) -> Reply<'a, ()> {
+            Box::pin(async { Ok(()) })
+        }
+
+        fn refresh<'a>(&'a self, _: &'a Held, _: Duration, _: Instant) -> Reply<'a, bool> {
+            Box::pin(async { Ok(true) })
+        }
+
+        fn release<'a>(&'a self, _: &'a Held, _: Instant) -> Reply<'a, bool> {
+            Box::pin(async { Ok(true) })
+        }
+
+        fn offers_replicas(&self) -> bool {
+            true
+        }
+
+        fn wait_replicas<'a>(&'a self, _: &'a str, _: u32, _: Duration) -> Reply<'a, u64> {
+            Box::pin(async { Ok(0) })
+        }
+    }
+
+    /// `max_attempts` bounds every attempt of an acquire, those of its
+    /// take again after an unreplicated win included: three attempts here
+    /// (an unreplicated win, then two busy), where a take counting its own
+    /// from zero made four (and, busy longer, up to n x n).
+    #[tokio::test(start_paused = true)]
+    async fn max_attempts_counts_across_takes_after_unreplicated_wins() {
+        let service = Unreplicated::default();
+        let opts = AcquireOptions::new()
+            .retry(RetryStrategy::constant(Duration::from_millis(10)).max_attempts(3))
+            .wait(Duration::from_secs(10))
+            .wait_replicas(1, Duration::from_millis(50));
+        let got = service
+            .acquire_with("k", Duration::from_secs(1), &opts)
+            .await;
+        assert!(matches!(got, Err(Error::NotReplicated { .. })), "{got:?}");
+        assert_eq!(service.steps.load(Ordering::SeqCst), 3);
     }
 }
