@@ -188,6 +188,12 @@ impl HandoffStyle {
 ///   processes take turns in batches instead of caller by caller: with
 ///   relay on, FIFO holds within a process and between the batches of
 ///   processes; with it off, across all callers.
+/// - A local waiter waits for the holder it knows of: if the key is lost
+///   behind that holder's back (deleted by hand, evicted), a caller of
+///   another process takes it at once, but a caller of this locker waits
+///   until the holder gives its lease back or, at the latest, until that
+///   lease runs out as the holder counts it (its TTL). Safe (the lost
+///   lease's release is refused), and one TTL of delay at most.
 /// - A local waiter that stops waiting in process because no lease of ours
 ///   on the key is alive any more (its holder hung, or an outage outlasted
 ///   it) queues in Redis as a unit of its own. While such a unit waits
