@@ -197,3 +197,64 @@ async fn fenced_acquire_works_because_both_keys_share_a_slot() -> TestResult {
     );
     Ok(())
 }
+
+/// The conformance suite's faults on a Redis Cluster: a lock or counter
+/// deleted on the node that serves its slot. Pausing is not offered: with
+/// every node stopped, the cluster's own failure detection, not the lock,
+/// is what a check would see.
+struct OnCluster<'a>(&'a RedisCluster);
+
+fn testkit(err: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::service(
+        leasehold::Service::named("testkit"),
+        "fault",
+        leasehold::backend::ServiceFault::Refused,
+        err,
+    )
+}
+
+impl OnCluster<'_> {
+    fn del(&self, key: &str) -> leasehold::Result<()> {
+        let slot = self.0.slot_of(key).map_err(testkit)?;
+        let node = self
+            .0
+            .node_for_slot(slot)
+            .ok_or_else(|| testkit(std::io::Error::other("no node serves the slot")))?;
+        node.redis_cli(&["DEL", key]).map_err(testkit)?;
+        Ok(())
+    }
+}
+
+impl leasehold::conformance::Faults for OnCluster<'_> {
+    fn offers(&self) -> leasehold::conformance::Offered {
+        leasehold::conformance::Offered::ALL.pause(false)
+    }
+
+    async fn expire(&self, key: &str) -> leasehold::Result<()> {
+        self.del(key)
+    }
+
+    async fn lose_fence(&self, fence_key: &str) -> leasehold::Result<()> {
+        self.del(fence_key)
+    }
+}
+
+/// Polling over a Redis Cluster connection keeps the `LockService`
+/// contract: every check passes but the paused one, which is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_passes_the_conformance_suite() -> TestResult {
+    use leasehold::conformance::{self, Settings, Verdict};
+    let cluster = RedisCluster::start(3)?;
+    let client = redis::cluster::ClusterClient::new(cluster.urls())?;
+    let locker = Locker::builder().build(client.get_async_connection().await?)?;
+    let report = conformance::run(&locker, &OnCluster(&cluster), &Settings::default()).await;
+    assert!(report.is_ok(), "{report}");
+    let skipped: Vec<_> = report
+        .checks
+        .iter()
+        .filter(|c| c.verdict != Verdict::Passed)
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(skipped, ["a_paused_service_is_never_success"], "{report}");
+    Ok(())
+}
