@@ -72,8 +72,8 @@
 //!   undo, if the last step's outcome was unknown     (one request)
 //!   step                                             (one request)
 //!     won           -> the lease (then the watchdog, if asked)
-//!     busy          -> wait: the strategy's next wait, or the step's
-//!                      wake-up, whichever comes first, never past the
+//!     busy          -> wait: the strategy's next wait, or (a queued
+//!                      service) the step's wake-up alone; never past the
 //!                      deadline; out of waits or time -> NotAcquired
 //!     error, may pass -> as busy, remembered for the give-up
 //!     error, final  -> returned
@@ -128,8 +128,8 @@ use crate::token::LeaseToken;
 pub type Reply<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 
 /// A wake-up for a waiter: resolves when the lock may have become free
-/// (a notification, a watch), so the retry loop tries again before the
-/// strategy's next wait is over.
+/// (a notification, a watch, or the service's own fallback timer), and the
+/// retry loop steps again then.
 pub type Wake = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// A lock service, the seam every backend implements: see the
@@ -456,8 +456,12 @@ impl Step {
     }
 
     /// Someone else holds the lock, and `wake` resolves when it may have
-    /// become free: the loop steps again at `wake` or after the strategy's
-    /// next wait, whichever comes first (never past the deadline).
+    /// become free: the loop steps again when `wake` resolves (never past
+    /// the deadline, or the caller's cancellation), not after the
+    /// strategy's wait. The strategy still counts the round (its
+    /// `max_attempts` bounds the steps), but a queued service decides when
+    /// to look again: put its fallback timer (a holder's expiry, a poll
+    /// where notifications cannot arrive) into `wake`.
     pub fn busy_until(wake: impl Future<Output = ()> + Send + 'static) -> Step {
         Step {
             kind: StepKind::Busy(Some(Box::pin(wake))),

@@ -333,8 +333,8 @@ pub(crate) trait Attempts {
 /// The one retry loop: one attempt per round for an acquire within
 /// `budget`, each bounded by the budget's deadline and `command_timeout`
 /// and raced against the caller's cancellation token, with waits from the
-/// retry strategy in between (cut short by the attempt's wake-up, if it
-/// offered one). Returns what the winning attempt returned and when it was
+/// retry strategy in between (or, after a busy attempt that offered a
+/// wake-up, until that wake-up). Returns what the winning attempt returned and when it was
 /// sent.
 ///
 /// # Riding out transient faults
@@ -388,16 +388,23 @@ pub(crate) async fn drive<A: Attempts>(
             }
             Err(err) => return Err(err),
         }
-        let wake_at = rounds.deadline().min(Instant::now() + rounds.next_wait()?);
-        let sleep = tokio::time::sleep_until(wake_at);
+        let wait = rounds.next_wait()?;
         match driver.attempts.wake() {
-            None => unless_cancelled!(&rounds, sleep)?,
-            Some(wake) => unless_cancelled!(&rounds, async {
-                tokio::select! {
-                    () = sleep => {}
-                    () = wake => {}
-                }
-            })?,
+            None => {
+                let wake_at = rounds.deadline().min(Instant::now() + wait);
+                unless_cancelled!(&rounds, tokio::time::sleep_until(wake_at))?;
+            }
+            // A queued service says when to look again; the deadline
+            // still bounds the wait.
+            Some(wake) => {
+                let deadline = rounds.deadline();
+                unless_cancelled!(&rounds, async {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(deadline) => {}
+                        () = wake => {}
+                    }
+                })?;
+            }
         }
     }
 }

@@ -245,3 +245,79 @@ impl<S: LockService> Lessor for S {
         way::acquire_all_of(&Stepped(self), keys, ttl, opts).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use crate::backend::{Claim, Held, LockService, Reply, Step};
+    use crate::{AcquireOptions, Lessor, RetryStrategy, Service};
+
+    /// A queued service: busy until `free_at`, and says so with a wake-up
+    /// at that moment.
+    #[derive(Clone)]
+    struct Queued {
+        free_at: Instant,
+        steps: Arc<AtomicU32>,
+    }
+
+    impl LockService for Queued {
+        type Entry = ();
+
+        fn service(&self) -> Service {
+            Service::named("queued")
+        }
+
+        fn command_timeout(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+
+        fn step<'a>(&'a self, _: &'a Claim, (): &'a mut (), _: Instant) -> Reply<'a, Step> {
+            self.steps.fetch_add(1, Ordering::SeqCst);
+            let free_at = self.free_at;
+            Box::pin(async move {
+                Ok(if Instant::now() >= free_at {
+                    Step::won(None)
+                } else {
+                    Step::busy_until(tokio::time::sleep_until(free_at))
+                })
+            })
+        }
+
+        fn undo<'a>(&'a self, _: &'a Claim, (): &'a mut (), _: Instant) -> Reply<'a, ()> {
+            Box::pin(async { Ok(()) })
+        }
+
+        fn refresh<'a>(&'a self, _: &'a Held, _: Duration, _: Instant) -> Reply<'a, bool> {
+            Box::pin(async { Ok(true) })
+        }
+
+        fn release<'a>(&'a self, _: &'a Held, _: Instant) -> Reply<'a, bool> {
+            Box::pin(async { Ok(true) })
+        }
+    }
+
+    /// A busy step with a wake-up is stepped again at the wake-up, not at
+    /// the strategy's (much shorter) waits: two steps, where polling every
+    /// millisecond made thousands.
+    #[tokio::test(start_paused = true)]
+    async fn a_queued_service_is_stepped_again_at_its_wake_up_alone() -> crate::Result<()> {
+        let service = Queued {
+            free_at: Instant::now() + Duration::from_secs(5),
+            steps: Arc::default(),
+        };
+        let opts = AcquireOptions::new()
+            .retry(RetryStrategy::constant(Duration::from_millis(1)))
+            .wait(Duration::from_secs(10));
+        let lease = service
+            .acquire_with("k", Duration::from_secs(1), &opts)
+            .await?;
+        lease.release().await?;
+        assert_eq!(service.steps.load(Ordering::SeqCst), 2);
+        Ok(())
+    }
+}
