@@ -10,6 +10,8 @@
 mod guard;
 #[path = "guarded.rs"]
 mod guarded;
+#[path = "locker.rs"]
+mod locker;
 #[path = "pg.rs"]
 mod pg;
 #[path = "recommended.rs"]

@@ -1,0 +1,390 @@
+//! PostgreSQL as the lock service: [`PgLocker`], a lease table in the
+//! database you already run (a first slice of it: polling, see below).
+//!
+//! A [`PgLocker`] is a [`LockService`], so a [`Lessor`](leasehold::Lessor):
+//! the same [`Lease`](leasehold::Lease), watchdog, fencing tokens,
+//! `acquire_all`, `with_lock` and `Election` as every other way, through
+//! leasehold's public seam (this crate is outside the core).
+//!
+//! # The tables
+//!
+//! [`PgLocker::setup`] creates two (idempotent):
+//!
+//! - `leasehold_leases (resource, holder, expires_at)`: one row per lock
+//!   key while someone holds it or held it; `holder` is the lease's token.
+//! - `leasehold_lease_counters (fence_key, last)`: the last fencing token
+//!   issued per fence key. Neither a release nor a lease row deleted by
+//!   hand removes it, so a token is never issued twice while the database
+//!   keeps its data (a counter deleted by hand restarts at 1: the guard
+//!   refuses the repeats, and the holder's `raise_fence` heals it).
+//!
+//! # Each step is one statement
+//!
+//! No session state and only unnamed statements (`query_typed`), so it
+//! works through any pool. Expiry is decided on the **database's clock**
+//! (`clock_timestamp()`, never `now()`, the transaction's start); the
+//! holder's own validity runs from its request's send time on its
+//! monotonic clock, as on Redis. A database clock stepped forward ends
+//! leases early.
+//!
+//! - acquire: `INSERT ... ON CONFLICT (resource) DO UPDATE ... WHERE
+//!   expires_at <= clock_timestamp() RETURNING`, and for a fenced key the
+//!   counter's increment in the same statement, only when the lock was won;
+//! - refresh and release: `UPDATE` / `DELETE ... WHERE resource = $1 AND
+//!   holder = $2 AND expires_at > clock_timestamp()`;
+//! - raise a fence: `greatest(last, $2)`.
+//!
+//! Every request is bounded by the deadline it is given; one whose answer
+//! did not come is an unknown outcome (retried by the acquire only after
+//! the token-checked undo).
+//!
+//! # Not yet
+//!
+//! Waiters poll (no `LISTEN/NOTIFY` wake-up yet); no leader record (an
+//! `Election` elects, but `leader` cannot name it); `synchronous_commit`
+//! is the role's; tokens are not yet checked across a promoted standby.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold::backend::{Claim, Held, Reply, ServiceFault, Step};
+use leasehold::{FencingToken, LockService, Service};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Config, Row};
+
+use crate::connector::Connector;
+use crate::error::Result;
+
+/// How errors name PostgreSQL as a lock service.
+const POSTGRESQL: Service = Service::named("postgresql");
+
+/// How long one request may take when the caller's deadline is further
+/// away: 1 s.
+pub const DEFAULT_LOCK_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
+
+const SETUP: &str = "\
+CREATE TABLE IF NOT EXISTS leasehold_leases (
+    resource text PRIMARY KEY,
+    holder text NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+CREATE TABLE IF NOT EXISTS leasehold_lease_counters (
+    fence_key text PRIMARY KEY,
+    last bigint NOT NULL
+);";
+
+const TAKE: &str = "\
+INSERT INTO leasehold_leases AS l (resource, holder, expires_at)
+VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond')
+ON CONFLICT (resource) DO UPDATE
+    SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
+    WHERE l.expires_at <= clock_timestamp()
+RETURNING 0::bigint";
+
+const TAKE_FENCED: &str = "\
+WITH won AS (
+    INSERT INTO leasehold_leases AS l (resource, holder, expires_at)
+    VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond')
+    ON CONFLICT (resource) DO UPDATE
+        SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
+        WHERE l.expires_at <= clock_timestamp()
+    RETURNING 1
+)
+INSERT INTO leasehold_lease_counters AS c (fence_key, last)
+SELECT $4, 1 FROM won
+ON CONFLICT (fence_key) DO UPDATE SET last = c.last + 1
+RETURNING last";
+
+const REFRESH: &str = "\
+UPDATE leasehold_leases
+SET expires_at = clock_timestamp() + $3 * interval '1 millisecond'
+WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()";
+
+const RELEASE: &str = "\
+DELETE FROM leasehold_leases
+WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()";
+
+const UNDO: &str = "DELETE FROM leasehold_leases WHERE resource = $1 AND holder = $2";
+
+const RAISE: &str = "\
+INSERT INTO leasehold_lease_counters AS c (fence_key, last) VALUES ($1, $2)
+ON CONFLICT (fence_key) DO UPDATE SET last = greatest(c.last, EXCLUDED.last)";
+
+/// Takes leases in a PostgreSQL table: see the [module docs](self).
+/// Cheap to clone: clones share one connection (pipelined), opened again
+/// when it is found closed.
+#[derive(Clone)]
+pub struct PgLocker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Config,
+    connector: Connector,
+    client: Mutex<Option<Arc<Client>>>,
+    command_timeout: Duration,
+}
+
+impl std::fmt::Debug for PgLocker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLocker")
+            .field("command_timeout", &self.inner.command_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgLocker {
+    /// A locker on the database at `url` (as [`connect`](crate::connect)
+    /// reads it), connected now; run [`setup`](Self::setup) once.
+    ///
+    /// # Errors
+    /// As [`connect`](crate::connect).
+    pub async fn connect(url: &str) -> Result<PgLocker> {
+        let (config, connector) = crate::config(url)?;
+        let (client, connection) = config
+            .connect(connector.clone())
+            .await
+            .map_err(crate::Error::from_pg)?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(PgLocker {
+            inner: Arc::new(Inner {
+                config,
+                connector,
+                client: Mutex::new(Some(Arc::new(client))),
+                command_timeout: DEFAULT_LOCK_COMMAND_TIMEOUT,
+            }),
+        })
+    }
+
+    /// Creates the lease and counter tables if they are missing.
+    ///
+    /// # Errors
+    /// [`Error::Postgres`](crate::Error::Postgres) when the server refuses
+    /// (no permission to create tables).
+    pub async fn setup(&self) -> Result<()> {
+        let client = self.inner.client.lock().await.clone();
+        let client = match client.filter(|c| !c.is_closed()) {
+            Some(client) => client,
+            None => {
+                let (client, connection) = self
+                    .inner
+                    .config
+                    .connect(self.inner.connector.clone())
+                    .await
+                    .map_err(crate::Error::from_pg)?;
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                let client = Arc::new(client);
+                *self.inner.client.lock().await = Some(client.clone());
+                client
+            }
+        };
+        client
+            .batch_execute(SETUP)
+            .await
+            .map_err(crate::Error::from_pg)
+    }
+
+    /// The connection, opened again if it was found closed, by `deadline`.
+    async fn client(&self, deadline: Instant) -> leasehold::Result<Arc<Client>> {
+        let mut slot = self.inner.client.lock().await;
+        if let Some(client) = slot.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(client.clone());
+        }
+        *slot = None;
+        let connect = self.inner.config.connect(self.inner.connector.clone());
+        let (client, connection) = match tokio::time::timeout_at(deadline, connect).await {
+            Err(_elapsed) => {
+                return Err(fault(
+                    "connect",
+                    ServiceFault::Transient,
+                    "no connection before the deadline",
+                ));
+            }
+            Ok(Err(err)) => return Err(pg_fault("connect", err, false)),
+            Ok(Ok(pair)) => pair,
+        };
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let client = Arc::new(client);
+        *slot = Some(client.clone());
+        Ok(client)
+    }
+
+    /// One statement, bounded by `deadline`: its rows.
+    async fn query(
+        &self,
+        op: &'static str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+        deadline: Instant,
+    ) -> leasehold::Result<Vec<Row>> {
+        let start = Instant::now();
+        let client = self.client(deadline).await?;
+        match tokio::time::timeout_at(deadline, client.query_typed(sql, params)).await {
+            Err(_elapsed) => Err(leasehold::Error::Timeout {
+                service: POSTGRESQL,
+                op,
+                after: start.elapsed(),
+            }),
+            Ok(Err(err)) => Err(pg_fault(op, err, true)),
+            Ok(Ok(rows)) => Ok(rows),
+        }
+    }
+
+    /// One statement, bounded by `deadline`: how many rows it changed.
+    async fn execute(
+        &self,
+        op: &'static str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+        deadline: Instant,
+    ) -> leasehold::Result<u64> {
+        let start = Instant::now();
+        let client = self.client(deadline).await?;
+        match tokio::time::timeout_at(deadline, client.execute_typed(sql, params)).await {
+            Err(_elapsed) => Err(leasehold::Error::Timeout {
+                service: POSTGRESQL,
+                op,
+                after: start.elapsed(),
+            }),
+            Ok(Err(err)) => Err(pg_fault(op, err, true)),
+            Ok(Ok(n)) => Ok(n),
+        }
+    }
+}
+
+fn fault(op: &'static str, kind: ServiceFault, why: &'static str) -> leasehold::Error {
+    leasehold::Error::service(POSTGRESQL, op, kind, why)
+}
+
+/// A driver error as a lock service's: the server's refusal (retryable
+/// for a connection, shutdown, resource or serialization class), or a
+/// connection that failed (`sent`: with the request out, its outcome is
+/// unknown).
+fn pg_fault(op: &'static str, err: tokio_postgres::Error, sent: bool) -> leasehold::Error {
+    let kind = match err.as_db_error().map(|db| db.code().code().to_owned()) {
+        Some(code)
+            if ["08", "40", "53", "57"]
+                .iter()
+                .any(|class| code.starts_with(class)) =>
+        {
+            ServiceFault::Transient
+        }
+        Some(_) => ServiceFault::Refused,
+        None if sent => ServiceFault::Unknown,
+        None => ServiceFault::Transient,
+    };
+    leasehold::Error::service(POSTGRESQL, op, kind, crate::Error::from_pg(err))
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl LockService for PgLocker {
+    type Entry = ();
+
+    fn service(&self) -> Service {
+        POSTGRESQL
+    }
+
+    fn command_timeout(&self) -> Duration {
+        self.inner.command_timeout
+    }
+
+    fn step<'a>(&'a self, claim: &'a Claim, (): &'a mut (), deadline: Instant) -> Reply<'a, Step> {
+        Box::pin(async move {
+            let (key, holder, ttl) = (claim.key(), claim.token().as_str(), millis(claim.ttl()));
+            let rows = match claim.fence_key() {
+                None => {
+                    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+                        (&key, Type::TEXT),
+                        (&holder, Type::TEXT),
+                        (&ttl, Type::INT8),
+                    ];
+                    self.query("acquire", TAKE, &params, deadline).await?
+                }
+                Some(fence_key) => {
+                    let params: [(&(dyn ToSql + Sync), Type); 4] = [
+                        (&key, Type::TEXT),
+                        (&holder, Type::TEXT),
+                        (&ttl, Type::INT8),
+                        (&fence_key, Type::TEXT),
+                    ];
+                    self.query("acquire", TAKE_FENCED, &params, deadline)
+                        .await?
+                }
+            };
+            let Some(row) = rows.first() else {
+                return Ok(Step::busy());
+            };
+            if claim.fence_key().is_none() {
+                return Ok(Step::won(None));
+            }
+            let last: i64 = row.get(0);
+            let fence = u64::try_from(last)
+                .ok()
+                .filter(|&value| value > 0)
+                .map(FencingToken::new)
+                .ok_or(leasehold::Error::UnexpectedReply {
+                    service: POSTGRESQL,
+                    op: "acquire",
+                })?;
+            Ok(Step::won(Some(fence)))
+        })
+    }
+
+    fn undo<'a>(&'a self, claim: &'a Claim, (): &'a mut (), deadline: Instant) -> Reply<'a, ()> {
+        Box::pin(async move {
+            let (key, holder) = (claim.key(), claim.token().as_str());
+            let params: [(&(dyn ToSql + Sync), Type); 2] =
+                [(&key, Type::TEXT), (&holder, Type::TEXT)];
+            self.execute("acquire", UNDO, &params, deadline).await?;
+            Ok(())
+        })
+    }
+
+    fn refresh<'a>(&'a self, held: &'a Held, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(async move {
+            let (key, holder, ttl) = (held.key(), held.token().as_str(), millis(ttl));
+            let params: [(&(dyn ToSql + Sync), Type); 3] = [
+                (&key, Type::TEXT),
+                (&holder, Type::TEXT),
+                (&ttl, Type::INT8),
+            ];
+            Ok(self.execute("refresh", REFRESH, &params, deadline).await? == 1)
+        })
+    }
+
+    fn release<'a>(&'a self, held: &'a Held, deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(async move {
+            let (key, holder) = (held.key(), held.token().as_str());
+            let params: [(&(dyn ToSql + Sync), Type); 2] =
+                [(&key, Type::TEXT), (&holder, Type::TEXT)];
+            Ok(self.execute("release", RELEASE, &params, deadline).await? == 1)
+        })
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        fence_key: &'a str,
+        at_least: FencingToken,
+        deadline: Instant,
+    ) -> Reply<'a, ()> {
+        Box::pin(async move {
+            let at_least = i64::try_from(at_least.get()).unwrap_or(i64::MAX);
+            let params: [(&(dyn ToSql + Sync), Type); 2] =
+                [(&fence_key, Type::TEXT), (&at_least, Type::INT8)];
+            self.execute("raise fence", RAISE, &params, deadline)
+                .await?;
+            Ok(())
+        })
+    }
+}
