@@ -8,10 +8,13 @@
 //!
 //! # The tables
 //!
-//! [`PgLocker::setup`] creates two (idempotent):
+//! [`PgLocker::setup`] creates three (idempotent):
 //!
 //! - `leasehold_leases (resource, holder, expires_at)`: one row per lock
 //!   key while someone holds it or held it; `holder` is the lease's token.
+//! - `leasehold_leader_records (record_key, holder, body)`: an
+//!   election's leader record, written only while its writer holds the
+//!   election's lock, and read only while that writer still does.
 //! - `leasehold_lease_counters (fence_key, last)`: the last fencing token
 //!   issued per fence key. Neither a release nor a lease row deleted by
 //!   hand removes it, so a token is never issued twice while the database
@@ -40,9 +43,9 @@
 //!
 //! # Not yet
 //!
-//! Waiters poll (no `LISTEN/NOTIFY` wake-up yet); no leader record (an
-//! `Election` elects, but `leader` cannot name it); `synchronous_commit`
-//! is the role's; tokens are not yet checked across a promoted standby.
+//! Waiters poll (no `LISTEN/NOTIFY` wake-up yet); `synchronous_commit`
+//! is the role's; tokens are not yet checked across a promoted standby;
+//! no constructor from the caller's pool yet.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,6 +76,11 @@ CREATE TABLE IF NOT EXISTS leasehold_leases (
 CREATE TABLE IF NOT EXISTS leasehold_lease_counters (
     fence_key text PRIMARY KEY,
     last bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS leasehold_leader_records (
+    record_key text PRIMARY KEY,
+    holder text NOT NULL,
+    body text NOT NULL
 );";
 
 const TAKE: &str = "\
@@ -107,6 +115,21 @@ DELETE FROM leasehold_leases
 WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()";
 
 const UNDO: &str = "DELETE FROM leasehold_leases WHERE resource = $1 AND holder = $2";
+
+const ANNOUNCE: &str = "\
+INSERT INTO leasehold_leader_records AS r (record_key, holder, body)
+SELECT $3, $2, $4 WHERE EXISTS (
+    SELECT 1 FROM leasehold_leases
+    WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()
+)
+ON CONFLICT (record_key) DO UPDATE SET holder = EXCLUDED.holder, body = EXCLUDED.body";
+
+const LEADER: &str = "\
+SELECT r.body,
+       ceil(extract(epoch FROM (l.expires_at - clock_timestamp())) * 1000)::bigint
+FROM leasehold_leases l
+JOIN leasehold_leader_records r ON r.record_key = $2 AND r.holder = l.holder
+WHERE l.resource = $1 AND l.expires_at > clock_timestamp()";
 
 const RAISE: &str = "\
 INSERT INTO leasehold_lease_counters AS c (fence_key, last) VALUES ($1, $2)
@@ -385,6 +408,42 @@ impl LockService for PgLocker {
             self.execute("raise fence", RAISE, &params, deadline)
                 .await?;
             Ok(())
+        })
+    }
+
+    fn announce<'a>(
+        &'a self,
+        held: &'a Held,
+        record_key: &'a str,
+        body: &'a str,
+        deadline: Instant,
+    ) -> Reply<'a, bool> {
+        Box::pin(async move {
+            let (key, holder) = (held.key(), held.token().as_str());
+            let params: [(&(dyn ToSql + Sync), Type); 4] = [
+                (&key, Type::TEXT),
+                (&holder, Type::TEXT),
+                (&record_key, Type::TEXT),
+                (&body, Type::TEXT),
+            ];
+            Ok(self
+                .execute("announce", ANNOUNCE, &params, deadline)
+                .await?
+                == 1)
+        })
+    }
+
+    fn leader_record<'a>(
+        &'a self,
+        key: &'a str,
+        record_key: &'a str,
+    ) -> Reply<'a, Option<(String, i64)>> {
+        let deadline = Instant::now() + self.inner.command_timeout;
+        Box::pin(async move {
+            let params: [(&(dyn ToSql + Sync), Type); 2] =
+                [(&key, Type::TEXT), (&record_key, Type::TEXT)];
+            let rows = self.query("read leader", LEADER, &params, deadline).await?;
+            Ok(rows.first().map(|row| (row.get(0), row.get(1))))
         })
     }
 }
