@@ -124,7 +124,28 @@
 //!
 //! A builder refuses settings it cannot use with [`Error::InvalidOptions`]
 //! before any I/O. And they take leases with the same four calls, the
-//! [`Lessor`] trait: code that works with any way is generic over it.
+//! [`Lessor`] trait (`use leasehold::Lessor`): code that works with any
+//! way is generic over it, and a lock service of your own is one
+//! [`LockService`] implementation away from the same calls.
+//!
+//! # What the crate exports, by what you do with it
+//!
+//! - **Take a lease**: [`Lessor`] (the four calls) and the ways:
+//!   [`Locker`], [`HandoffLocker`], [`Quorum`], `EtcdLocker` (feature
+//!   `etcd`), `MemoryLocker` (feature `memory`), any of them as one type
+//!   ([`DynLessor`]); [`AcquireOptions`], [`RetryStrategy`]; the keys
+//!   ([`LockKeys`], [`FencedKeys`]); connecting ([`client`], [`Endpoint`],
+//!   [`Connection`], `Sentinel`).
+//! - **The lease**: [`Lease`], [`Finished`], [`LostCause`], the
+//!   [`watchdog`] module; [`LeaseToken`], [`HolderId`].
+//! - **Fencing**: [`FencingToken`] (the `leasehold-pg` guard stores it).
+//! - **Leadership**: [`Election`], [`Term`], [`Leader`], [`Observer`].
+//! - **Errors**: [`Error`] (and [`Error::is_retryable`]), [`GiveUpReason`],
+//!   [`Service`] (which lock service an error came from).
+//! - **Your own lock service**: [`LockService`] and the [`backend`] module
+//!   (its contract); the `conformance` suite (feature `conformance`).
+//! - **Watching it run**: [`diagnostics`], [`metrics`] (feature
+//!   `metrics`), [`LockerStats`].
 //!
 //! # Leadership
 //!
