@@ -244,7 +244,7 @@ pub use error::{DriverError, Error, Result};
 pub use guard::{FENCES_DDL, Guard, Setup, guard, guard_token, guard_with_options, setup};
 pub use guarded::{Guarded, guarded, guarded_with_options};
 pub use leasehold::FencingToken;
-pub use locker::{DEFAULT_LOCK_COMMAND_TIMEOUT, PgLocker};
+pub use locker::{DEFAULT_LOCK_COMMAND_TIMEOUT, DEFAULT_POLL_EVERY, PgLocker, PgLockerBuilder};
 pub use options::GuardOptions;
 pub use schema::{reset_wallet, setup_wallets};
 pub use tables::{FENCES, LEDGER, WALLETS};

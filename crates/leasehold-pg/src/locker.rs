@@ -41,10 +41,20 @@
 //! did not come is an unknown outcome (retried by the acquire only after
 //! the token-checked undo).
 //!
+//! # Waiting
+//!
+//! A release is followed by `pg_notify('leasehold_leases', key)` in its
+//! own statement (a full notification queue never fails the release);
+//! each locker `LISTEN`s on a connection of its own, and a waiter steps
+//! again when a release is notified, or every
+//! [`poll_every`](PgLockerBuilder::poll_every) (a holder that died and
+//! whose lease ran out; PgBouncer in transaction mode, where `LISTEN`
+//! cannot work). Any release wakes every waiter of the locker (not only
+//! those of its key): a herd on a busy database, to measure.
+//!
 //! # Not yet
 //!
-//! Waiters poll (no `LISTEN/NOTIFY` wake-up yet); `synchronous_commit`
-//! is the role's; tokens are not yet checked across a promoted standby;
+//! `synchronous_commit` is the role's; tokens are not yet checked across a promoted standby;
 //! no constructor from the caller's pool yet.
 
 use std::sync::Arc;
@@ -52,10 +62,10 @@ use std::time::Duration;
 
 use leasehold::backend::{Claim, Held, Reply, ServiceFault, Step};
 use leasehold::{FencingToken, LockService, Service};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Config, Row};
+use tokio_postgres::{AsyncMessage, Client, Config, Row};
 
 use crate::connector::Connector;
 use crate::error::Result;
@@ -131,6 +141,10 @@ FROM leasehold_leases l
 JOIN leasehold_leader_records r ON r.record_key = $2 AND r.holder = l.holder
 WHERE l.resource = $1 AND l.expires_at > clock_timestamp()";
 
+const LISTEN: &str = "LISTEN leasehold_leases";
+
+const NOTIFY: &str = "SELECT pg_notify('leasehold_leases', $1)";
+
 const RAISE: &str = "\
 INSERT INTO leasehold_lease_counters AS c (fence_key, last) VALUES ($1, $2)
 ON CONFLICT (fence_key) DO UPDATE SET last = greatest(c.last, EXCLUDED.last)";
@@ -148,6 +162,11 @@ struct Inner {
     connector: Connector,
     client: Mutex<Option<Arc<Client>>>,
     command_timeout: Duration,
+    /// The connection that `LISTEN`s for releases, while it lives.
+    listener: Mutex<Option<Arc<Client>>>,
+    /// Bumped on every release notified (and when the listener ends).
+    wakes: Arc<watch::Sender<u64>>,
+    poll_every: Duration,
 }
 
 impl std::fmt::Debug for PgLocker {
@@ -158,13 +177,48 @@ impl std::fmt::Debug for PgLocker {
     }
 }
 
-impl PgLocker {
+/// How often a waiter looks again when no release notification came (a
+/// holder that died, or notifications that cannot arrive): 500 ms.
+pub const DEFAULT_POLL_EVERY: Duration = Duration::from_millis(500);
+
+/// Builds a [`PgLocker`] with non-default settings.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct PgLockerBuilder {
+    command_timeout: Duration,
+    poll_every: Duration,
+}
+
+impl PgLockerBuilder {
+    /// The bound on one request when the caller's deadline is further
+    /// away. Defaults to [`DEFAULT_LOCK_COMMAND_TIMEOUT`] (1 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// How often a waiter looks again when no release was notified (a
+    /// holder that died and whose lease ran out; a connection through
+    /// PgBouncer in transaction mode, where `LISTEN` cannot work).
+    /// Defaults to [`DEFAULT_POLL_EVERY`] (500 ms).
+    pub fn poll_every(mut self, every: Duration) -> Self {
+        self.poll_every = every;
+        self
+    }
+
     /// A locker on the database at `url` (as [`connect`](crate::connect)
-    /// reads it), connected now; run [`setup`](Self::setup) once.
+    /// reads it), connected now; run [`PgLocker::setup`] once.
     ///
     /// # Errors
-    /// As [`connect`](crate::connect).
-    pub async fn connect(url: &str) -> Result<PgLocker> {
+    /// [`Error::Lease`](crate::Error::Lease) with
+    /// [`InvalidOptions`](leasehold::Error::InvalidOptions) for a zero
+    /// timeout or poll interval; else as [`connect`](crate::connect).
+    pub async fn connect(self, url: &str) -> Result<PgLocker> {
+        if self.command_timeout.is_zero() || self.poll_every.is_zero() {
+            return Err(crate::Error::Lease(leasehold::Error::InvalidOptions(
+                "command_timeout and poll_every must be positive",
+            )));
+        }
         let (config, connector) = crate::config(url)?;
         let (client, connection) = config
             .connect(connector.clone())
@@ -178,9 +232,72 @@ impl PgLocker {
                 config,
                 connector,
                 client: Mutex::new(Some(Arc::new(client))),
-                command_timeout: DEFAULT_LOCK_COMMAND_TIMEOUT,
+                command_timeout: self.command_timeout,
+                listener: Mutex::new(None),
+                wakes: Arc::new(watch::Sender::new(0)),
+                poll_every: self.poll_every,
             }),
         })
+    }
+}
+
+impl PgLocker {
+    /// A locker on the database at `url` with the default settings: as
+    /// [`PgLockerBuilder::connect`].
+    ///
+    /// # Errors
+    /// As [`connect`](crate::connect).
+    pub async fn connect(url: &str) -> Result<PgLocker> {
+        PgLocker::builder().connect(url).await
+    }
+
+    /// A builder with the default settings.
+    pub fn builder() -> PgLockerBuilder {
+        PgLockerBuilder {
+            command_timeout: DEFAULT_LOCK_COMMAND_TIMEOUT,
+            poll_every: DEFAULT_POLL_EVERY,
+        }
+    }
+
+    /// Makes sure a connection of ours `LISTEN`s for releases, by
+    /// `deadline`; best effort (without one, waiters poll).
+    async fn listening(&self, deadline: Instant) {
+        let mut slot = self.inner.listener.lock().await;
+        if slot.as_ref().is_some_and(|c| !c.is_closed()) {
+            return;
+        }
+        *slot = None;
+        let connect = self.inner.config.connect(self.inner.connector.clone());
+        let Ok(Ok((client, mut connection))) = tokio::time::timeout_at(deadline, connect).await
+        else {
+            return;
+        };
+        let wakes = self.inner.wakes.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(message)) =
+                std::future::poll_fn(|cx| connection.poll_message(cx)).await
+            {
+                if matches!(message, AsyncMessage::Notification(_)) {
+                    wakes.send_modify(|n| *n = n.wrapping_add(1));
+                }
+            }
+            // Ended: waiters look again (and the next step listens anew).
+            wakes.send_modify(|n| *n = n.wrapping_add(1));
+        });
+        let listen = client.batch_execute(LISTEN);
+        if let Ok(Ok(())) = tokio::time::timeout_at(deadline, listen).await {
+            *slot = Some(Arc::new(client));
+        }
+    }
+
+    /// Tells the waiters (every locker's listener) that `key` was given
+    /// back. Its own statement, after the release committed: a full
+    /// notification queue must never fail a release. Best effort.
+    async fn notify(&self, key: &str, deadline: Instant) {
+        let params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::TEXT)];
+        if let Err(err) = self.query("notify", NOTIFY, &params, deadline).await {
+            tracing::debug!(key, error = %err, "could not notify a release; waiters will poll");
+        }
     }
 
     /// Creates the lease and counter tables if they are missing.
@@ -324,6 +441,10 @@ impl LockService for PgLocker {
 
     fn step<'a>(&'a self, claim: &'a Claim, (): &'a mut (), deadline: Instant) -> Reply<'a, Step> {
         Box::pin(async move {
+            // Subscribed, and listening, before the request: a release
+            // after it is never missed.
+            let mut woken = self.inner.wakes.subscribe();
+            self.listening(deadline).await;
             let (key, holder, ttl) = (claim.key(), claim.token().as_str(), millis(claim.ttl()));
             let rows = match claim.fence_key() {
                 None => {
@@ -346,7 +467,13 @@ impl LockService for PgLocker {
                 }
             };
             let Some(row) = rows.first() else {
-                return Ok(Step::busy());
+                let poll = tokio::time::sleep(self.inner.poll_every);
+                return Ok(Step::busy_until(async move {
+                    tokio::select! {
+                        _ = woken.changed() => {}
+                        () = poll => {}
+                    }
+                }));
             };
             if claim.fence_key().is_none() {
                 return Ok(Step::won(None));
@@ -391,7 +518,11 @@ impl LockService for PgLocker {
             let (key, holder) = (held.key(), held.token().as_str());
             let params: [(&(dyn ToSql + Sync), Type); 2] =
                 [(&key, Type::TEXT), (&holder, Type::TEXT)];
-            Ok(self.execute("release", RELEASE, &params, deadline).await? == 1)
+            let released = self.execute("release", RELEASE, &params, deadline).await? == 1;
+            if released {
+                self.notify(key, deadline).await;
+            }
+            Ok(released)
         })
     }
 

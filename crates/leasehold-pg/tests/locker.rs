@@ -78,3 +78,37 @@ async fn it_passes_the_conformance_suite() -> TestResult {
     );
     Ok(())
 }
+
+/// A waiter is woken by a release's notification, not by its poll: with
+/// a poll every minute and a wait of 20 s, it still gets the lock once
+/// the holder gives it back. (If the release lands before the waiter's
+/// first request, that request takes the lock: the test passes without
+/// the wake-up, never fails for it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_the_release_not_its_poll() -> TestResult {
+    use std::time::Duration;
+
+    use leasehold::{AcquireOptions, Lessor, RetryStrategy};
+
+    let server = PostgresServer::start()?;
+    let holder = PgLocker::connect(&server.url()).await?;
+    holder.setup().await?;
+    let waiter = PgLocker::builder()
+        .poll_every(Duration::from_secs(60))
+        .connect(&server.url())
+        .await?;
+    let ttl = Duration::from_secs(30);
+    let lease = holder.acquire("job", ttl).await?;
+    // The waiter's locker listens from its first request on.
+    let once = AcquireOptions::new().retry(RetryStrategy::none());
+    let busy = waiter.acquire_with("job", ttl, &once).await;
+    assert!(matches!(busy, Err(Error::NotAcquired { .. })), "{busy:?}");
+    let waiting = tokio::spawn(async move {
+        let opts = AcquireOptions::new().wait(Duration::from_secs(20));
+        waiter.acquire_with("job", ttl, &opts).await
+    });
+    lease.release().await?;
+    let won = waiting.await??;
+    won.release().await?;
+    Ok(())
+}
