@@ -7,8 +7,8 @@
 //! behind a pointer, its futures boxed: one allocation per call, the same
 //! leases with the same guarantees (it only forwards), and itself a
 //! [`Lessor`], so an [`Election`](crate::Election) or generic code takes
-//! it as it takes the way inside. The trait stays sealed: a `DynLessor`
-//! can only be made from one of the ways the crate argues for.
+//! it as it takes the way inside: one of the crate's ways, or a lock
+//! service of yours ([`LockService`](crate::LockService)).
 
 use std::fmt;
 use std::future::Future;
