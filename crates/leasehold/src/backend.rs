@@ -280,13 +280,7 @@ pub trait LockService: Clone + Send + Sync + 'static {
         _replicas: u32,
         _timeout: Duration,
     ) -> Reply<'a, u64> {
-        let service = self.service();
-        Box::pin(async move {
-            Err(Error::NotOffered {
-                service,
-                what: "wait_replicas",
-            })
-        })
+        not_offered(self.service(), "wait_replicas")
     }
 
     /// Raises the fence counter `fence_key` to at least `at_least`, never
@@ -302,13 +296,7 @@ pub trait LockService: Clone + Send + Sync + 'static {
         _at_least: FencingToken,
         _deadline: Instant,
     ) -> Reply<'a, ()> {
-        let service = self.service();
-        Box::pin(async move {
-            Err(Error::NotOffered {
-                service,
-                what: "raise_fence",
-            })
-        })
+        not_offered(self.service(), "raise_fence")
     }
 
     /// Writes the leader record `record_key` (`body`) of an election whose
@@ -328,13 +316,7 @@ pub trait LockService: Clone + Send + Sync + 'static {
         _body: &'a str,
         _deadline: Instant,
     ) -> Reply<'a, bool> {
-        let service = self.service();
-        Box::pin(async move {
-            Err(Error::NotOffered {
-                service,
-                what: "election",
-            })
-        })
+        not_offered(self.service(), "election")
     }
 
     /// The leader record `record_key` of the election whose lock is `key`,
@@ -349,13 +331,7 @@ pub trait LockService: Clone + Send + Sync + 'static {
         _key: &'a str,
         _record_key: &'a str,
     ) -> Reply<'a, Option<(String, i64)>> {
-        let service = self.service();
-        Box::pin(async move {
-            Err(Error::NotOffered {
-                service,
-                what: "election",
-            })
-        })
+        not_offered(self.service(), "election")
     }
 }
 
@@ -484,4 +460,9 @@ impl std::fmt::Debug for Step {
                 .finish(),
         }
     }
+}
+
+/// A default of [`LockService`]: the service does not offer `what`.
+fn not_offered<'a, T: Send + 'a>(service: Service, what: &'static str) -> Reply<'a, T> {
+    Box::pin(std::future::ready(Err(Error::NotOffered { service, what })))
 }
