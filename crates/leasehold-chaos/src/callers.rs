@@ -69,6 +69,11 @@ impl Lock {
         }
     }
 
+    /// The way of taking a lease, `None` for [`Lock::none`].
+    pub(crate) fn lessor(&self) -> Option<&DynLessor> {
+        self.lessor.as_ref()
+    }
+
     /// Whether this is [`Lock::none`]: the callers take no lease.
     pub fn is_none(&self) -> bool {
         self.lessor.is_none()
@@ -495,25 +500,7 @@ impl Callers {
 async fn release_recorded(recorder: &Recorder, actor: &str, key: String, lease: Lease) {
     let token = label(&lease);
     if let Some(cause) = lease.lost() {
-        recorder.record(
-            actor,
-            Kind::Lost {
-                key: key.clone(),
-                token: token.clone(),
-                cause: cause_name(cause).to_owned(),
-            },
-        );
-        if cause == leasehold::LostCause::Unreachable {
-            recorder.record(
-                actor,
-                Kind::CallerError {
-                    call: "refresh".to_owned(),
-                    key: key.clone(),
-                    error: "lease_lost_unreachable".to_owned(),
-                    detail: cause.to_string(),
-                },
-            );
-        }
+        record_lost(recorder, actor, &key, &token, cause);
     }
     // Stamped when the holder lets go: it writes nothing after, and Redis
     // may hand the lock on before the reply is back.
@@ -537,6 +524,37 @@ async fn release_recorded(recorder: &Recorder, actor: &str, key: String, lease: 
     );
 }
 
+/// Records that the lease `token` on `key` was lost for `cause`, and,
+/// when the watchdog gave it up as unreachable, a refresh
+/// [`Kind::CallerError`].
+pub(crate) fn record_lost(
+    recorder: &Recorder,
+    actor: &str,
+    key: &str,
+    token: &str,
+    cause: leasehold::LostCause,
+) {
+    recorder.record(
+        actor,
+        Kind::Lost {
+            key: key.to_owned(),
+            token: token.to_owned(),
+            cause: cause_name(cause).to_owned(),
+        },
+    );
+    if cause == leasehold::LostCause::Unreachable {
+        recorder.record(
+            actor,
+            Kind::CallerError {
+                call: "refresh".to_owned(),
+                key: key.to_owned(),
+                error: "lease_lost_unreachable".to_owned(),
+                detail: cause.to_string(),
+            },
+        );
+    }
+}
+
 /// A short label of a lease's token: its first 8 hex digits, enough to
 /// tell holders apart in one run, too short to release anyone's lock.
 pub fn label(lease: &Lease) -> String {
@@ -553,7 +571,7 @@ pub(crate) fn reason(err: &Error) -> String {
 }
 
 /// A [`Kind::CallerError`] for `err`, returned by `call` on `key`.
-fn caller_error(call: &str, key: &str, err: &Error) -> Kind {
+pub(crate) fn caller_error(call: &str, key: &str, err: &Error) -> Kind {
     let error = match err {
         Error::Timeout { .. } => "timeout",
         Error::Unreachable { .. } => "unreachable",

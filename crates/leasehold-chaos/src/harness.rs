@@ -149,6 +149,7 @@ use crate::fault::{Fault, schedule};
 use crate::history::{Event, Kind};
 use crate::isolated::{self, CallerFailure};
 use crate::lab::{Lab, LabError, run_nemesis};
+use crate::leaders::{self, Candidate};
 use crate::outcome::{Outcome, STOPPED, Writes};
 use crate::recorder::Recorder;
 use crate::timeline;
@@ -180,6 +181,10 @@ pub enum HarnessError {
     /// A caller's thread or runtime could not be started.
     #[error("could not start a caller thread")]
     Runtime(#[source] std::io::Error),
+    /// [`Harness::run_leaders`] was given [`Lock::none`]: an election
+    /// needs a lock.
+    #[error("a leader run needs a lock: Lock::none was given")]
+    NoLock,
     /// A caller panicked: in your write path, or taking the lock.
     #[error("a caller panicked (the write path or the lock)")]
     CallerPanicked,
@@ -415,22 +420,70 @@ impl Harness {
         W: AsyncFn(&mut S, Call<'_>) -> Outcome + Send + Sync + 'static,
         C: AsyncFnOnce(&Writes) -> Vec<Kind>,
     {
-        if self.fault != Fault::None && self.windows(self.callers).is_empty() {
-            return Err(HarnessError::NoFaultWindow {
-                fault: self.fault,
-                duration: self.duration,
-                ttl: self.ttl,
-            });
+        let control = self.prepare(lab, lock).await?;
+        let body = Arc::new(isolated::writer(Arc::new(write)));
+        let (recorder, writes) = self.drive(lab, lock, Arc::new(setup), body).await?;
+        self.judged(control, recorder, writes, check_state).await
+    }
+
+    /// Runs your own leader loop on every caller (see the
+    /// [`leaders`] module): the negative control first
+    /// (unless off, or this run is one), then `lead` on each caller, given
+    /// its state from `setup` and its [`Candidate`] (the lab's lock to
+    /// build your [`Election`](leasehold::Election) on, the TTL, the run's
+    /// shutdown, the records of its terms and writes), until the run ends
+    /// and your loop returns; then asks `check_state` for your final
+    /// state and checks the whole history, as [`run`](Self::run) does.
+    ///
+    /// `lead` is called once per caller; an error it returns is recorded
+    /// as the campaign's error and that candidate stops. It must return
+    /// once [`Candidate::shutdown`] is cancelled
+    /// ([`Election::serve`](leasehold::Election::serve) does).
+    ///
+    /// The built-in negative control is the harness's own (a lease per
+    /// term of [`term`](Self::term) writes, a blind counter): it shows
+    /// that the fault and the settings can break a write path without its
+    /// check; a control of your own loop with its check removed is
+    /// stronger ([`RunReport::with_control`]).
+    ///
+    /// # Errors
+    /// As [`run_with`](Self::run_with); [`HarnessError::NoLock`] for
+    /// [`Lock::none`] (an election needs a lock).
+    pub async fn run_leaders<S, F, L, C>(
+        &self,
+        lab: &Lab,
+        lock: &Lock,
+        setup: F,
+        lead: L,
+        check_state: C,
+    ) -> Result<RunReport, HarnessError>
+    where
+        S: 'static,
+        F: AsyncFn(u32) -> S + Send + Sync + 'static,
+        L: AsyncFn(&mut S, &Candidate<'_>) -> leasehold::Result<()> + Send + Sync + 'static,
+        C: AsyncFnOnce(&Writes) -> Vec<Kind>,
+    {
+        if lock.is_none() {
+            return Err(HarnessError::NoLock);
         }
-        self.check_lab(lab).await?;
-        let control = if self.control || self.negative == NegativeControl::Off {
-            None
-        } else {
-            Some(self.run_builtin_control(lab, lock).await?)
-        };
-        let (recorder, writes) = self
-            .drive(lab, lock, Arc::new(setup), Arc::new(write))
-            .await?;
+        let control = self.prepare(lab, lock).await?;
+        let body = Arc::new(leaders::leader(Arc::new(lead)));
+        let (recorder, writes) = self.drive(lab, lock, Arc::new(setup), body).await?;
+        self.judged(control, recorder, writes, check_state).await
+    }
+
+    /// The run's final state from `check_state`, recorded, and the whole
+    /// history checked, with `control` as its negative control.
+    async fn judged<C>(
+        &self,
+        control: Option<RunReport>,
+        recorder: Recorder,
+        writes: Writes,
+        check_state: C,
+    ) -> Result<RunReport, HarnessError>
+    where
+        C: AsyncFnOnce(&Writes) -> Vec<Kind>,
+    {
         for kind in check_state(&writes).await {
             recorder.record("checker", kind);
         }
@@ -439,6 +492,24 @@ impl Harness {
         Ok(match control {
             Some(control) => report.with_control(control),
             None => report,
+        })
+    }
+
+    /// Checks the settings and the lab, then runs the built-in negative
+    /// control unless it is off or this run is one: its report.
+    async fn prepare(&self, lab: &Lab, lock: &Lock) -> Result<Option<RunReport>, HarnessError> {
+        if self.fault != Fault::None && self.windows(self.callers).is_empty() {
+            return Err(HarnessError::NoFaultWindow {
+                fault: self.fault,
+                duration: self.duration,
+                ttl: self.ttl,
+            });
+        }
+        self.check_lab(lab).await?;
+        Ok(if self.control || self.negative == NegativeControl::Off {
+            None
+        } else {
+            Some(self.run_builtin_control(lab, lock).await?)
         })
     }
 
@@ -492,24 +563,24 @@ impl Harness {
 
     /// Starts the callers and waits for their setups; then runs them under
     /// the fault schedule: the history so far and what the writes reported.
-    async fn drive<S, F, W>(
+    async fn drive<S, F, B>(
         &self,
         lab: &Lab,
         lock: &Lock,
         setup: Arc<F>,
-        write: Arc<W>,
+        body: Arc<B>,
     ) -> Result<(Recorder, Writes), HarnessError>
     where
         S: 'static,
         F: AsyncFn(u32) -> S + Send + Sync + 'static,
-        W: AsyncFn(&mut S, Call<'_>) -> Outcome + Send + Sync + 'static,
+        B: AsyncFn(isolated::Seat<'_>, &mut S) -> Writes + Send + Sync + 'static,
     {
         let settings = self.callers_of(0, self.callers);
         let stall = Stall::freezing();
         let stop = CancellationToken::new();
         // Stops the callers if this future is dropped mid-run.
         let _stop_on_drop = stop.clone().drop_guard();
-        let mut callers = isolated::start(&settings, lock, &stop, &stall, setup, write);
+        let mut callers = isolated::start(&settings, lock, &stop, &stall, setup, body);
         let ready = callers.ready().await;
         if !ready {
             // A caller failed before the run: stop the others, report it.
@@ -721,6 +792,11 @@ impl RunReport {
         for violation in &self.check.violations {
             out.push_str(&format!("\n  violation: {violation}"));
         }
+        if self.check.is_control() && !self.caught() {
+            for reason in self.not_caught_because() {
+                out.push_str(&format!("\n  not caught: {reason}"));
+            }
+        }
         out.push_str(&format!("\n  {}", self.check.errors));
         out.push_str(&match &self.control {
             ControlVerdict::NotRun if self.check.is_control() => {
@@ -730,11 +806,75 @@ impl RunReport {
             ControlVerdict::Caught { violations } => format!(
                 "\n  negative control: the write path without its check was caught ({violations} violations): the test can detect a broken write path"
             ),
-            ControlVerdict::CaughtNothing { writes } => format!(
-                "\n  negative control caught NOTHING in {writes} writes: under this fault and these settings a write path without its check breaks no invariant, so double holders here prove nothing; use a fault that breaks the lock (holder-pause, key-loss, early-expiry), a shorter TTL, a longer run, or a pause point between the read and the write"
-            ),
+            ControlVerdict::CaughtNothing { writes } => {
+                let mut text = format!(
+                    "\n  negative control caught NOTHING in {writes} writes: under this fault and these settings a write path without its check breaks no invariant, so double holders here prove nothing"
+                );
+                let reasons = self
+                    .control_report
+                    .as_deref()
+                    .map(RunReport::not_caught_because)
+                    .unwrap_or_default();
+                for reason in reasons {
+                    text.push_str(&format!("\n  control not caught: {reason}"));
+                }
+                text
+            }
         });
         out
+    }
+
+    /// For a run that broke no invariant (a control that was not caught):
+    /// what kept its writes right, from its history, most telling first.
+    /// A write path without its check can still be safe: something else in
+    /// it refused the stale writes (a primary key, a unique constraint, a
+    /// conditional update), the watchdog stopped them before they wrote,
+    /// they came back unknown (which excuses a lost update), or the lock
+    /// never broke where a write was in flight. Empty for a run that
+    /// caught something.
+    pub fn not_caught_because(&self) -> Vec<String> {
+        if self.caught() {
+            return Vec::new();
+        }
+        let w = &self.check.counts.writes;
+        let mut reasons = Vec::new();
+        if self.check.overlaps.is_empty() {
+            reasons.push(
+                "no two callers held the lock at once: the fault never broke the lock (use a fault that does: holder-pause with a pause point in the path, key-loss, early-expiry; a shorter TTL; a longer run)"
+                    .to_owned(),
+            );
+        }
+        if w.refused_stale > 0 {
+            reasons.push(format!(
+                "{} writes were refused by the path itself: it still checks something (a fence, a primary key, a unique constraint, a conditional update); a control is the path with every such check removed",
+                w.refused_stale
+            ));
+        }
+        let stopped = self.stopped();
+        if stopped > 0 {
+            reasons.push(format!(
+                "the watchdog stopped {stopped} writes before they wrote: a holder that woke past its lease was stopped before its write; to test the database instead, put the pause point just before the commit, inside its shield"
+            ));
+        }
+        if w.unknown > 0 {
+            reasons.push(format!(
+                "{} writes came back unknown: an unknown write excuses a lost update of its amount",
+                w.unknown
+            ));
+        }
+        let failed = (w.failed + w.insufficient).saturating_sub(stopped);
+        if failed > 0 {
+            reasons.push(format!(
+                "{failed} writes failed before they wrote (rolled back, a business rule, an error): a stale holder's write that fails writes nothing wrong"
+            ));
+        }
+        if reasons.is_empty() {
+            reasons.push(format!(
+                "{} double holders, but no stale write landed between another holder's read and write (no pause point between the read and the write, or none reached during a double holding)",
+                self.check.overlaps.len()
+            ));
+        }
+        reasons
     }
 
     /// The run's timeline: one self-contained HTML page with an SVG.

@@ -49,6 +49,18 @@ struct Context {
     stall: Stall,
 }
 
+/// One caller's place in a run, as its body sees it once the run starts:
+/// the callers' settings, the lock, the run's stop, the pause point's
+/// stall, its number and the run's recorder.
+pub(crate) struct Seat<'a> {
+    pub(crate) settings: &'a Callers,
+    pub(crate) lock: &'a Lock,
+    pub(crate) stop: &'a CancellationToken,
+    pub(crate) stall: &'a Stall,
+    pub(crate) task: u32,
+    pub(crate) recorder: &'a Recorder,
+}
+
 /// Why a caller thread could not run.
 #[derive(Debug)]
 pub(crate) enum CallerFailure {
@@ -92,19 +104,21 @@ impl Drop for Ready {
 /// Starts `settings.tasks` caller threads. Each builds its runtime, runs `setup`
 /// (its state of its own, e.g. a database connection, opened on its own
 /// runtime), then waits for [`Started::go`]; from then until `stop` it
-/// runs `write` with that state.
-pub(crate) fn start<S, F, W>(
+/// runs `body` with its [`Seat`] and that state: the caller loop around a
+/// write path ([`writer`]) or a candidate's leader loop
+/// ([`leaders`](crate::leaders)).
+pub(crate) fn start<S, F, B>(
     settings: &Callers,
     lock: &Lock,
     stop: &CancellationToken,
     stall: &Stall,
     setup: Arc<F>,
-    write: Arc<W>,
+    body: Arc<B>,
 ) -> Started
 where
     S: 'static,
     F: AsyncFn(u32) -> S + Send + Sync + 'static,
-    W: AsyncFn(&mut S, Call<'_>) -> Outcome + Send + Sync + 'static,
+    B: AsyncFn(Seat<'_>, &mut S) -> Writes + Send + Sync + 'static,
 {
     let writes = Arc::new(Mutex::new(Writes::default()));
     let (ready_tx, ready) = mpsc::channel();
@@ -117,8 +131,8 @@ where
                 stop: stop.clone(),
                 stall: stall.clone(),
             };
-            let (stop, setup, write, writes) =
-                (stop.clone(), setup.clone(), write.clone(), writes.clone());
+            let (stop, setup, body, writes) =
+                (stop.clone(), setup.clone(), body.clone(), writes.clone());
             let (ready, mut go) = (Ready(Some(ready_tx.clone())), go_rx.clone());
             std::thread::Builder::new()
                 .name(format!("caller-{task}"))
@@ -138,7 +152,15 @@ where
                         };
                         match recorder {
                             Some(recorder) => {
-                                caller(&context, task, &recorder, &mut state, &*write).await
+                                let seat = Seat {
+                                    settings: &context.settings,
+                                    lock: &context.lock,
+                                    stop: &context.stop,
+                                    stall: &context.stall,
+                                    task,
+                                    recorder: &recorder,
+                                };
+                                body(seat, &mut state).await
                             }
                             None => Writes::default(),
                         }
@@ -210,35 +232,36 @@ impl Started {
     }
 }
 
-/// One caller: [`Callers::caller`] (the loop the worker processes run
-/// too, recording every caller error) with `write` given the caller's
-/// `state`; what it wrote is tallied. The write is never cut short by the
-/// harness (the write path decides, see [`Call::run`]).
-async fn caller<S, W>(
-    context: &Context,
-    task: u32,
-    recorder: &Recorder,
-    state: &mut S,
-    write: &W,
-) -> Writes
+/// The body of a caller around a write path: [`Callers::caller`] (the
+/// loop the worker processes run too, recording every caller error) with
+/// `write` given the caller's state; what it wrote is tallied. The write
+/// is never cut short by the harness (the write path decides, see
+/// [`Call::run`]).
+pub(crate) fn writer<S, W>(
+    write: Arc<W>,
+) -> impl AsyncFn(Seat<'_>, &mut S) -> Writes + Send + Sync + 'static
 where
-    W: AsyncFn(&mut S, Call<'_>) -> Outcome,
+    S: 'static,
+    W: AsyncFn(&mut S, Call<'_>) -> Outcome + Send + Sync + 'static,
 {
-    let Context {
-        settings,
-        lock,
-        stop,
-        stall,
-    } = context;
-    let mut writes = Writes::default();
-    let tallied = async |call: Call<'_>| {
-        let (resource, amount) = (call.resource.to_owned(), call.amount);
-        let outcome = write(state, call).await;
-        writes.add(&resource, amount, &outcome);
-        Written::from(outcome)
-    };
-    settings
-        .caller(task, lock, recorder, stop, stall, tallied)
-        .await;
-    writes
+    async move |seat: Seat<'_>, state: &mut S| {
+        let mut writes = Writes::default();
+        let tallied = async |call: Call<'_>| {
+            let (resource, amount) = (call.resource.to_owned(), call.amount);
+            let outcome = write(state, call).await;
+            writes.add(&resource, amount, &outcome);
+            Written::from(outcome)
+        };
+        seat.settings
+            .caller(
+                seat.task,
+                seat.lock,
+                seat.recorder,
+                seat.stop,
+                seat.stall,
+                tallied,
+            )
+            .await;
+        writes
+    }
 }

@@ -41,6 +41,7 @@ mod fault;
 pub mod harness;
 mod isolated;
 mod lab;
+pub mod leaders;
 mod outcome;
 mod recorder;
 
@@ -51,6 +52,7 @@ pub use fault::{CLOCK_JUMP, CLOCK_RATE, Fault, UnknownFault, Window, schedule};
 pub use harness::{Harness, HarnessError, NegativeControl, RunReport};
 pub use history::{Event, Kind, WriteOutcome};
 pub use lab::{ACL_RULES, ACL_USER, Lab, LabError, LabOptions, Pauser, run_nemesis};
+pub use leaders::{Candidate, TermRecord};
 pub use outcome::{Outcome, Stopped, Tally, Writes};
 pub use recorder::{Recorder, start_from_micros, start_to_micros};
 pub use report::{MatrixVerdict, Row, check_file, rows, verdict};

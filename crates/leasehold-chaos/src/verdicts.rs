@@ -28,7 +28,10 @@
 //!
 //! A negative control itself is **control caught** (what it is for) or
 //! **control missed** (a failure: the checker or the fault is not
-//! working); a run whose mode makes no safety claim under its fault is
+//! working, or the path without its check still has something that keeps
+//! it right, which the harness's summary names:
+//! [`RunReport::not_caught_because`](crate::RunReport::not_caught_because));
+//! a run whose mode makes no safety claim under its fault is
 //! **reported**, not judged.
 //!
 //! A run without a lock ([`Lock::none`](crate::Lock::none): the database
@@ -245,7 +248,7 @@ impl fmt::Display for Verdict {
                 write!(f, "control caught: {violations} violations")
             }
             Verdict::ControlMissed => {
-                f.write_str("FAILED: control missed (the checker or the fault is not working)")
+                f.write_str("FAILED: control missed (its writes broke no invariant: the checker, the fault, or something still checking in the path)")
             }
             Verdict::Reported { violations } => {
                 write!(f, "reported: {violations} violations (no safety claim)")

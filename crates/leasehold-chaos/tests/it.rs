@@ -10,6 +10,8 @@
 mod check;
 #[path = "harness.rs"]
 mod harness;
+#[path = "leaders.rs"]
+mod leaders;
 #[path = "report.rs"]
 mod report;
 #[path = "sqlx_guard.rs"]

@@ -186,6 +186,37 @@ fn a_control_run_of_the_harness_is_caught_or_missed() {
         "{}",
         missed.summary()
     );
+    // It says why nothing was caught: here the lock never broke.
+    assert!(caught.not_caught_because().is_empty());
+    let why = missed.not_caught_because();
+    assert!(
+        why.iter()
+            .any(|r| r.starts_with("no two callers held the lock")),
+        "{why:?}"
+    );
+    assert!(missed.summary().contains("\n  not caught: no two callers"));
+    // A path without its fence check that still refused stale writes
+    // (a primary key, a constraint) says so.
+    let mut h = History::wallet("no-guard", "process-pause", true);
+    h.acquired(100, "w0.t0", "aaaa", 1)
+        .acquired(150, "w0.t1", "bbbb", 2)
+        .write(200, "w0.t1", 10, 2, WriteOutcome::Accepted)
+        .write(250, "w0.t0", 10, 1, WriteOutcome::RefusedStale)
+        .released(300, "w0.t0", "aaaa")
+        .released(300, "w0.t1", "bbbb")
+        .final_state(6_000, WALLET, 90, 10, 1);
+    let refused = RunReport::new(h.events);
+    assert_eq!(refused.verdict(), Verdict::ControlMissed);
+    let why = refused.not_caught_because();
+    assert!(
+        why.iter()
+            .any(|r| r.starts_with("1 writes were refused by the path itself")),
+        "{why:?}"
+    );
+    assert!(
+        !why.iter().any(|r| r.starts_with("no two callers")),
+        "{why:?}"
+    );
     // A history without a run header is broken, not judged some other way.
     let mut headless = History::headless();
     headless.push(0, "w0.t0", Kind::Budget { wait_ms: 1 });
