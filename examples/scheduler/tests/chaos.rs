@@ -14,9 +14,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::Locker;
+use leasehold::{Election, Locker};
 use leasehold_chaos::{
-    Call, Fault, Harness, Kind, Lab, LabOptions, Lock, Outcome, RunReport, Verdict, Writes,
+    Call, Candidate, Fault, Harness, Kind, Lab, LabOptions, Lock, Outcome, RunReport, Verdict,
+    Writes,
 };
 use leasehold_pg::tokio_postgres::Client;
 use leasehold_testkit::PostgresServer;
@@ -47,7 +48,7 @@ fn connect(url: String) -> impl AsyncFn(u32) -> Db + Send + Sync + 'static {
     async move |_caller: u32| leasehold_pg::connect(&url).await.ok()
 }
 
-fn outcome(ran: Result<Ran, Error>) -> Outcome {
+fn outcome(ran: &Result<Ran, Error>) -> Outcome {
     match ran {
         Ok(Ran::Done { .. }) => Outcome::Committed,
         Ok(Ran::Refused) => Outcome::Refused,
@@ -57,9 +58,34 @@ fn outcome(ran: Result<Ran, Error>) -> Outcome {
     }
 }
 
-/// One slot as the leader runs it: the guarded [`run_due`], or with
-/// `guarded` false the same slot without the guard; the pause point just
-/// before the commit, where the watchdog cannot stop a paused leader.
+/// One slot under `lease`: the guarded [`run_due`], or with `guarded`
+/// false the same slot without the guard; `pause` just before the
+/// commit, where the watchdog cannot stop a paused leader.
+async fn slot(
+    lease: &leasehold::Lease,
+    db: &mut Client,
+    schedule: &Schedule,
+    leader: &str,
+    guarded: bool,
+    pause: impl AsyncFnOnce(),
+) -> Result<Ran, Error> {
+    if guarded {
+        return run_due(lease, db, schedule, leader, pause).await;
+    }
+    let tx = db.transaction().await?;
+    let term = lease.fence().map_or(0, |f| i64::try_from(f).unwrap_or(0));
+    let ran = run_slot(&tx, schedule, leader, term).await?;
+    lease
+        .shield(async {
+            pause().await;
+            tx.commit().await
+        })
+        .await
+        .map_err(Error::Commit)?;
+    Ok(ran)
+}
+
+/// One slot as the leader runs it ([`slot`]), under the watchdog.
 fn leader(
     url: String,
     guarded: bool,
@@ -79,27 +105,11 @@ fn leader(
         };
         let schedule = schedule(call.resource);
         let pause = async || call.pause_point().await;
-        let ran = if guarded {
-            call.run(run_due(lease, db, &schedule, call.actor, pause))
-                .await
-        } else {
-            call.run(async {
-                let tx = db.transaction().await?;
-                let term = call.fence().map_or(0, |f| i64::try_from(f).unwrap_or(0));
-                let ran = run_slot(&tx, &schedule, call.actor, term).await?;
-                lease
-                    .shield(async {
-                        pause().await;
-                        tx.commit().await
-                    })
-                    .await
-                    .map_err(Error::Commit)?;
-                Ok(ran)
-            })
+        match call
+            .run(slot(lease, db, &schedule, call.actor, guarded, pause))
             .await
-        };
-        match ran {
-            Ok(ran) => outcome(ran),
+        {
+            Ok(ran) => outcome(&ran),
             Err(stopped) => stopped.into(),
         }
     }
@@ -198,6 +208,91 @@ async fn run(
         .await?)
 }
 
+/// A term's work as the scheduler's own (its `lead`: due slots until the
+/// term ends, a refusal ending it through the guard, a broken connection
+/// opened again), with `step` running each slot: where the harness
+/// records it and places its pause point. The connection is the
+/// caller's, kept across terms.
+async fn lead(
+    url: &str,
+    db: &mut Db,
+    mut step: impl AsyncFnMut(&mut Client) -> Result<Ran, Error>,
+) {
+    loop {
+        if db.as_ref().is_none_or(Client::is_closed) {
+            *db = leasehold_pg::connect(url).await.ok();
+        }
+        let wait = match db.as_mut() {
+            None => Duration::from_millis(100),
+            Some(client) => match step(client).await {
+                Ok(Ran::Done { .. }) => Duration::ZERO,
+                Ok(Ran::NotDue { wait }) => wait,
+                // The guard has ended the term: `serve` stops the work.
+                Ok(Ran::Refused) => return std::future::pending().await,
+                Err(_) => Duration::from_millis(100),
+            },
+        };
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// One run of three schedulers leading through their election
+/// (`Election::serve`, the guard ending a term on a refusal with no call
+/// of theirs) on the schedule `name`: each term and each slot recorded,
+/// the pause point just before each slot's commit.
+async fn run_leaders(
+    servers: &Servers,
+    name: &str,
+    harness: Harness,
+    guarded: bool,
+) -> Result<RunReport, Box<dyn std::error::Error>> {
+    let resources = vec![resource(name)];
+    let client = servers.lab.client()?;
+    let lock = Lock::new(Locker::connect(&client).await?, true);
+    let (url, checked_url) = (servers.url.clone(), servers.url.clone());
+    let schedule = schedule(&resources[0]);
+    let check = async |writes: &Writes| invariants(&checked_url, &resources, writes).await;
+    let serve = async move |db: &mut Db, candidate: &Candidate<'_>| {
+        let election = Election::builder(candidate.lessor(), &schedule.name)
+            .candidate(candidate.actor())
+            .ttl(candidate.ttl())
+            .budget(candidate.wait())
+            .build()?;
+        election
+            .serve(candidate.shutdown(), async |term| {
+                let record = candidate.term(term);
+                let step = async |db: &mut Client| {
+                    let mut ran = Ok(Ran::NotDue {
+                        wait: Duration::ZERO,
+                    });
+                    record
+                        .write(async |call| {
+                            let pause = async || call.pause_point().await;
+                            ran =
+                                slot(term.lease(), db, &schedule, call.actor, guarded, pause).await;
+                            outcome(&ran)
+                        })
+                        .await;
+                    ran
+                };
+                lead(&url, db, step).await;
+            })
+            .await?;
+        Ok(())
+    };
+    Ok(harness
+        .resources(vec![(resource(name), 0)])
+        .callers(3)
+        .run_leaders(
+            &servers.lab,
+            &lock,
+            connect(servers.url.clone()),
+            serve,
+            check,
+        )
+        .await?)
+}
+
 /// `fault` is held with double holders absorbed, and the path without its
 /// guard is caught under it (the first of three seeds that catches it).
 async fn held_and_exercised(fault: Fault, ttl: Duration, term: u32, watchdog: bool) -> TestResult {
@@ -237,6 +332,53 @@ async fn held_and_exercised(fault: Fault, ttl: Duration, term: u32, watchdog: bo
         format!("{fault}: the unguarded scheduler was caught in none of 3 seeds: {controls:#?}")
             .into(),
     )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schedulers_own_leader_loop_runs_each_slot_once_when_a_leader_pauses() -> TestResult {
+    let servers = servers().await?;
+    let harness = |seed: u64| {
+        Harness::new("scheduler-serve")
+            .ttl(Duration::from_millis(200))
+            .wait(Duration::from_secs(5))
+            .duration(Duration::from_secs(3))
+            .seed(seed)
+            .fault(Fault::HolderPause)
+    };
+    let mut controls = Vec::new();
+    for seed in [31, 32, 33] {
+        let name = format!("serve-unguarded-{seed}");
+
+        let control = run_leaders(&servers, &name, harness(seed).control(true), false).await?;
+        eprintln!("serve unguarded, seed {seed}: {}", control.summary());
+        if !control.caught() {
+            controls.push(control.summary());
+            continue;
+        }
+        let name = format!("serve-guarded-{seed}");
+        let report = run_leaders(&servers, &name, harness(seed), true)
+            .await?
+            .with_control(control);
+        eprintln!("serve guarded, seed {seed}: {}", report.summary());
+        assert!(report.holds(), "{}", report.summary());
+        assert!(
+            report.check.counts.writes.accepted > 0,
+            "{}",
+            report.summary()
+        );
+        // The terms of more than one leader are in the history.
+        let mut leaders: Vec<&str> = report
+            .events
+            .iter()
+            .filter(|e| matches!(e.kind, Kind::Acquired { .. }))
+            .map(|e| e.actor.as_str())
+            .collect();
+        leaders.sort_unstable();
+        leaders.dedup();
+        assert!(leaders.len() > 1, "one leader only: {}", report.summary());
+        return Ok(());
+    }
+    Err(format!("the unguarded scheduler loop was caught in none of 3 seeds: {controls:#?}").into())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
