@@ -73,8 +73,12 @@ LEASEHOLD_REDIS_SERVER="$valkey" cargo run -p leasehold-cli --locked --quiet -- 
 # the same tests see the rows say unsupported.
 LEASEHOLD_REDIS_SERVER="$valkey" cargo test -p leasehold-testkit --locked --test it -- clock::
 LEASEHOLD_REDIS_SERVER="$valkey" cargo test -p leasehold-cli --locked --test it -- chaos::a_clock
+# A 300 ms lease (not the 100 ms default): both faults still break it (a
+# 10 s step, a clock three times as fast), and a watchdog starved by a busy
+# machine for a few scheduler slices does not lose it as unreachable, an
+# error to callers these rows do not test (seen with two busy loops beside).
 LEASEHOLD_REDIS_SERVER="$valkey" cargo run -p leasehold-cli --locked --quiet -- chaos \
-  --modes leader --faults clock-jump,clock-fast --duration 3s
+  --modes leader --faults clock-jump,clock-fast --duration 3s --ttl 300ms
 # The etcd suites again on etcd 3.5 (Debian trixie's package, fetched once
 # by scripts/etcd35.sh); `cargo test` above ran them on bookworm's 3.4.23.
 LEASEHOLD_ETCD="$(scripts/etcd35.sh)" cargo test -p leasehold --locked --test deployments -- etcd
