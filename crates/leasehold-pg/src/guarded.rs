@@ -96,12 +96,11 @@
 //! ```
 //!
 //! - The hook is a parameter of its own, not a [`GuardOptions`] setting:
-//!   those are shared with the guard alone
-//!   ([`guard_with_options`](crate::guard_with_options)), where there is
-//!   no commit to hook, and they are plain data. As a parameter, the hook
-//!   may borrow the caller's locals (a chaos test's `call`) for as long as
-//!   `guarded_with_hook` runs: no `'static`, no boxing, and the returned
-//!   future is `Send` when the hook's is.
+//!   those are shared with the guard alone ([`guard_with_options`]),
+//!   where there is no commit to hook, and they are plain data. As a
+//!   parameter, the hook may borrow the caller's locals (a chaos test's
+//!   `call`) for as long as `guarded_with_hook` runs: no `'static`, no
+//!   boxing, and the returned future is `Send` when the hook's is.
 //! - It runs at most once: not when the guard refused, the work returned
 //!   `Err` or the lease was found lost during the work (nothing is
 //!   committed then). It does run after a work that swallowed a failed
