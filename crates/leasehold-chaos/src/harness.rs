@@ -131,7 +131,8 @@
 //!   guard's idle bound (the lease's TTL, at least 1 s) has the server end
 //!   the paused holder's session: nothing written (`SessionEnded`, or
 //!   `CommitUnknown` when the woken client had not read the close yet,
-//!   which the checker accepts either way). In a transaction of your own, the same place is
+//!   which the checker accepts either way). In a transaction of your own,
+//!   the same place is
 //!   `lease.shield(async { call.pause_point().await; tx.commit().await })`,
 //!   as in the `examples/job-runner` crate.
 //!
