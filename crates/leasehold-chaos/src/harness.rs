@@ -77,14 +77,64 @@
 //!   write reached the check with its old fence and was refused (the blue
 //!   diamond). What this placement tests: that your check refuses a
 //!   holder that outlived its lease.
-//! - **Just before the commit, inside its shield**
-//!   (`lease.shield(async { call.pause_point().await; tx.commit().await })`):
-//!   a pause the watchdog cannot stop (a GC pause as the `COMMIT` is sent).
-//!   This tests the database check for real. With the fence **guard**
-//!   first in the transaction, the paused holder keeps the guard's row
-//!   lock, so a newer holder's guard waits for it, then wins; without the
-//!   guard, the newer holder reads the same state and both commit. The
-//!   `examples/job-runner` crate puts it there.
+//! - **Just before the commit, inside its shield**: a pause the watchdog
+//!   cannot stop (a GC pause as the `COMMIT` is sent). This tests the
+//!   database check for real. With the fence **guard** first in the
+//!   transaction, the paused holder keeps the guard's row lock, so a newer
+//!   holder's guard waits for it, then wins; without the guard, the newer
+//!   holder reads the same state and both commit. `leasehold-pg`'s
+//!   `guarded_with_hook` (`leasehold_pg::sqlx::guarded_with_hook` on sqlx)
+//!   runs a hook of yours there, after your work returned `Ok` and inside
+//!   the commit's shield:
+//!
+//!   ```no_run
+//!   use leasehold_chaos::{Call, Outcome};
+//!   use leasehold_pg::{Error, GuardOptions, Guarded, tokio_postgres::Client};
+//!
+//!   /// A debit of `call.amount` from `call.resource`'s balance, guarded,
+//!   /// with the pause point just before the commit.
+//!   async fn debit(db: &mut Client, call: Call<'_>) -> Outcome {
+//!       let Some(lease) = call.lease else {
+//!           return Outcome::NotWritten("no lease".into());
+//!       };
+//!       let done = leasehold_pg::guarded_with_hook(
+//!           db,
+//!           lease,
+//!           &GuardOptions::default(),
+//!           async |tx| {
+//!               tx.execute(
+//!                   "UPDATE accounts SET balance = balance - $1 WHERE name = $2",
+//!                   &[&call.amount, &call.resource],
+//!               )
+//!               .await?;
+//!               Ok::<_, Error>(())
+//!           },
+//!           async || call.pause_point().await,
+//!       )
+//!       .await;
+//!       match done {
+//!           Ok(Guarded::Committed(())) => Outcome::Committed,
+//!           Ok(Guarded::Refused { .. }) => Outcome::Refused,
+//!           // Stopped by the watchdog before the commit: rolled back.
+//!           Ok(Guarded::Lost(_)) => Outcome::Stopped,
+//!           Ok(_) => Outcome::Unknown("an outcome this path does not know".into()),
+//!           Err(err @ Error::CommitUnknown(_)) => Outcome::Unknown(err.to_string()),
+//!           Err(err) => Outcome::NotWritten(err.to_string()),
+//!       }
+//!   }
+//!   ```
+//!
+//!   The hook borrows `call` for as long as the call runs; nothing needs
+//!   to be `'static`. `guarded` runs your work under the lease's watchdog
+//!   (and starts it, with [`Harness::watchdog`] off too), so no
+//!   [`Call::run`] is needed around it. A pause there longer than the
+//!   guard's idle bound (the lease's TTL, at least 1 s) has the server end
+//!   the paused holder's session: nothing written (`SessionEnded`, or
+//!   `CommitUnknown` when the woken client had not read the close yet,
+//!   which the checker accepts either way). In a transaction of your own,
+//!   the same place is
+//!   `lease.shield(async { call.pause_point().await; tx.commit().await })`,
+//!   as in the `examples/job-runner` crate.
 //!
 //!   Picture: `docs/pause-point-guard.png` in the repository (the
 //!   job-runner's guarded `run_next` on PostgreSQL). `w0.t2` froze just

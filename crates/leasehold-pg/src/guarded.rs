@@ -50,6 +50,71 @@
 //!   sent: nothing written; retryable, on a new connection.
 //! - `Err(Error::CommitUnknown)`: the `COMMIT` got no answer; whether it
 //!   landed is unknown. Every other error means nothing was written.
+//!
+//! # A hook before the commit
+//!
+//! [`guarded_with_hook`] runs a hook of yours after the work returned
+//! `Ok` and right before the `COMMIT` is sent, inside the commit's
+//! [shield](Lease::shield): the watchdog cannot stop it. It is made for
+//! fault-injection tests, where it is the place for a holder pause
+//! (`leasehold-chaos`'s `call.pause_point()`): a pause there is a GC
+//! pause as the `COMMIT` is sent, which no watchdog can save. While the
+//! hook runs, the transaction is open: the work's writes are not visible
+//! to anyone else, and the guard's row lock is held, so a newer holder's
+//! guard waits for it. What a pause there tests is the guard's row lock:
+//! the paused holder is already past its check (the guard accepted it
+//! while its lease was valid), its commit lands when it wakes, and the
+//! newer holder's guard, which waited for the row, then sees the newer
+//! fence and writes after it. Nothing is lost and nothing is written
+//! twice, which no check made before the commit could show.
+//!
+//! ```no_run
+//! use leasehold::Lease;
+//! use leasehold_pg::{GuardOptions, Guarded, tokio_postgres::Client};
+//!
+//! /// Pays 10 out of alice's account; `before_commit` runs just before
+//! /// the commit (in a chaos test: `async || call.pause_point().await`).
+//! async fn pay(
+//!     db: &mut Client,
+//!     lease: &Lease,
+//!     before_commit: impl AsyncFnOnce(),
+//! ) -> Result<Guarded<u64>, leasehold_pg::Error> {
+//!     leasehold_pg::guarded_with_hook(
+//!         db,
+//!         lease,
+//!         &GuardOptions::default(),
+//!         async |tx| {
+//!             let paid = tx
+//!                 .execute("UPDATE accounts SET balance = balance - 10 WHERE name = 'alice'", &[])
+//!                 .await?;
+//!             Ok(paid)
+//!         },
+//!         before_commit,
+//!     )
+//!     .await
+//! }
+//! ```
+//!
+//! - The hook is a parameter of its own, not a [`GuardOptions`] setting:
+//!   those are shared with the guard alone ([`guard_with_options`]),
+//!   where there is no commit to hook, and they are plain data. As a
+//!   parameter, the hook may borrow the caller's locals (a chaos test's
+//!   `call`) for as long as `guarded_with_hook` runs: no `'static`, no
+//!   boxing, and the returned future is `Send` when the hook's is.
+//! - It runs at most once: not when the guard refused, the work returned
+//!   `Err` or the lease was found lost during the work (nothing is
+//!   committed then). It does run after a work that swallowed a failed
+//!   statement and returned `Ok`; the commit's check then answers
+//!   [`Error::Aborted`].
+//! - In production, use [`guarded`] or [`guarded_with_options`] (they are
+//!   this with a hook that does nothing). A hook that waits keeps the
+//!   transaction open and the row locked, and the watchdog cannot stop
+//!   it: past the guard's idle bound (the lease's TTL, at least 1 s: see
+//!   [A holder that freezes](mod@crate::guard#a-holder-that-freezes)) the
+//!   server ends the session, and nothing is written. The answer is then
+//!   [`Error::SessionEnded`], or [`Error::CommitUnknown`] when the client
+//!   had not yet read the server's close as the `COMMIT` went out (a
+//!   holder whose whole process was paused).
 
 use leasehold::{FencingToken, Lease, LostCause};
 use tokio_postgres::error::SqlState;
@@ -148,6 +213,37 @@ pub async fn guarded_with_options<T, E>(
 where
     E: From<Error>,
 {
+    guarded_with_hook(db, lease, options, work, async || {}).await
+}
+
+/// [`guarded_with_options`] with `before_commit` run after `work`
+/// returned `Ok` and right before the `COMMIT` is sent, inside the
+/// commit's [shield](Lease::shield) (the watchdog cannot stop it), with
+/// the transaction open and the guard's row locked: the place for a
+/// fault-injection test's pause (see [A hook before the
+/// commit](self#a-hook-before-the-commit)). It runs at most once, and
+/// not when nothing is to be committed (a refusal, the work's error, the
+/// lease lost during the work).
+///
+/// # Errors
+/// As [`guarded`]. A hook that keeps the transaction idle past the
+/// guard's idle bound (the lease's TTL, at least 1 s) has its session
+/// ended by the server, and nothing written: [`Error::SessionEnded`], or
+/// [`Error::CommitUnknown`] when the client had not yet read the close.
+///
+/// # Cancel safety
+/// As [`guarded`]: dropped while `before_commit` runs, the transaction
+/// is rolled back (its `COMMIT` was not sent).
+pub async fn guarded_with_hook<T, E>(
+    db: &mut Client,
+    lease: &Lease,
+    options: &GuardOptions,
+    work: impl AsyncFnOnce(&Transaction<'_>) -> Result<T, E>,
+    before_commit: impl AsyncFnOnce(),
+) -> Result<Guarded<T>, E>
+where
+    E: From<Error>,
+{
     let ran = lease
         .run(async {
             let tx = db.transaction().await.map_err(Error::from_pg)?;
@@ -155,7 +251,12 @@ where
                 return Ok(refusal);
             }
             let output = work(&tx).await?;
-            lease.shield(commit(tx)).await?;
+            lease
+                .shield(async {
+                    before_commit().await;
+                    commit(tx).await
+                })
+                .await?;
             Ok(Guarded::Committed(output))
         })
         .await;

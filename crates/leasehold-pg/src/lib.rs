@@ -242,7 +242,7 @@ pub use connect::{config, connect};
 pub use connector::Connector;
 pub use error::{DriverError, Error, Result};
 pub use guard::{FENCES_DDL, Guard, Setup, guard, guard_token, guard_with_options, setup};
-pub use guarded::{Guarded, guarded, guarded_with_options};
+pub use guarded::{Guarded, guarded, guarded_with_hook, guarded_with_options};
 pub use leasehold::FencingToken;
 pub use locker::{DEFAULT_LOCK_COMMAND_TIMEOUT, DEFAULT_POLL_EVERY, PgLocker, PgLockerBuilder};
 pub use options::GuardOptions;

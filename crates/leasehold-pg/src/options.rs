@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 /// How the guard treats a transaction that holds its row: for
-/// [`guard_with_options`](crate::guard_with_options) and
-/// [`guarded_with_options`](crate::guarded_with_options) (and their sqlx
+/// [`guard_with_options`](crate::guard_with_options),
+/// [`guarded_with_options`](crate::guarded_with_options) and
+/// [`guarded_with_hook`](crate::guarded_with_hook) (and their sqlx
 /// forms). `GuardOptions::default()` is what [`guard`](crate::guard())
 /// and [`guarded`](crate::guarded()) use.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,5 +1,6 @@
 //! The fence guard on sqlx 0.8 (feature `sqlx`): [`guard`],
-//! [`guard_token`], [`setup`] and [`guarded`], on a
+//! [`guard_token`], [`setup`] and [`guarded`] (with options, with a hook
+//! before the commit: [`guarded_with_hook`]), on a
 //! [`PgConnection`] or inside a sqlx transaction.
 //!
 //! The same statements as on tokio-postgres (said once, in the
@@ -308,6 +309,65 @@ pub async fn guarded_with_options<T, E>(
 where
     E: From<Error>,
 {
+    guarded_with_hook(db, lease, options, work, async || {}).await
+}
+
+/// [`guarded_with_hook`](crate::guarded_with_hook) on sqlx:
+/// [`guarded_with_options`] with `before_commit` run after `work`
+/// returned `Ok` and right before the commit (before its check's
+/// `SELECT 1`), inside the commit's [shield](Lease::shield) (the watchdog
+/// cannot stop it), with the transaction open and the guard's row
+/// locked: the place for a fault-injection test's pause (see [A hook
+/// before the commit](mod@crate::guarded#a-hook-before-the-commit)). It
+/// runs at most once, and not when nothing is to be committed (a
+/// refusal, the work's error, the lease lost during the work).
+///
+/// ```no_run
+/// use leasehold::Lease;
+/// use leasehold_pg::{GuardOptions, Guarded};
+/// use sqlx::PgConnection;
+///
+/// async fn pay(
+///     db: &mut PgConnection,
+///     lease: &Lease,
+///     before_commit: impl AsyncFnOnce(),
+/// ) -> Result<Guarded<u64>, leasehold_pg::Error> {
+///     leasehold_pg::sqlx::guarded_with_hook(
+///         db,
+///         lease,
+///         &GuardOptions::default(),
+///         async |tx: &mut PgConnection| {
+///             let paid = sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE name = 'alice'")
+///                 .execute(&mut *tx)
+///                 .await?;
+///             Ok(paid.rows_affected())
+///         },
+///         before_commit,
+///     )
+///     .await
+/// }
+/// ```
+///
+/// # Errors
+/// As [`guarded`]. A hook that keeps the transaction idle past the
+/// guard's idle bound (the lease's TTL, at least 1 s) has its session
+/// ended by the server, and nothing written: [`Error::SessionEnded`] (the
+/// check's `SELECT 1` finds the session ended before the `COMMIT` goes
+/// out).
+///
+/// # Cancel safety
+/// As [`guarded`]: dropped while `before_commit` runs, the transaction
+/// is rolled back (its `COMMIT` was not sent).
+pub async fn guarded_with_hook<T, E>(
+    db: &mut PgConnection,
+    lease: &Lease,
+    options: &GuardOptions,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+    before_commit: impl AsyncFnOnce(),
+) -> Result<Guarded<T>, E>
+where
+    E: From<Error>,
+{
     if db.is_in_transaction() {
         return Err(E::from(Error::InTransaction));
     }
@@ -318,7 +378,12 @@ where
                 return Ok(refusal);
             }
             let output = work(&mut *tx).await?;
-            lease.shield(commit(tx)).await?;
+            lease
+                .shield(async {
+                    before_commit().await;
+                    commit(tx).await
+                })
+                .await?;
             Ok(Guarded::Committed(output))
         })
         .await;

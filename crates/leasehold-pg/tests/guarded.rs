@@ -7,7 +7,9 @@
 //! bound set for the transaction alone, a holder frozen mid-statement
 //! taken over by the next (and a take-over sparing its own and a newer
 //! holder's transaction), a refused term ended with no call of the
-//! user's; and `FencingToken` as a `bigint`.
+//! user's; the hook before the commit (after the work, inside the
+//! commit's shield, the transaction still open; not run when nothing is
+//! committed); and `FencingToken` as a `bigint`.
 
 use leasehold::Lessor;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,8 +17,10 @@ use std::time::Duration;
 
 use leasehold::{AcquireOptions, FencedKeys, FencingToken, Locker, LostCause, MemoryLocker};
 use leasehold_pg::tokio_postgres::Client;
+use leasehold_pg::tokio_postgres::error::SqlState;
 use leasehold_pg::{Error, GuardOptions, Guarded};
 use leasehold_testkit::{Direction, FaultProxy, RedisServer};
+use tokio::sync::oneshot;
 
 mod common;
 use common::{chain, frozen_lease, server, superseded_term};
@@ -648,6 +652,140 @@ async fn a_refused_term_ends_without_the_user_marking_it() -> TestResult {
     assert_eq!(value(&db, table).await?, 2);
     stale.resign().await?;
     newer.resign().await?;
+    Ok(())
+}
+
+/// `guarded_with_hook`: the hook runs after the work and before the
+/// `COMMIT`, inside the commit's shield. While it waits, another session
+/// does not see the work's write and cannot take the guard's row, and a
+/// lease lost meanwhile does not stop it; once it returns, the
+/// transaction commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hook_runs_between_the_work_and_the_commit_inside_its_shield() -> TestResult {
+    let table = "guarded_hook";
+    let (mut db, server) = db(table).await?;
+    let watcher = leasehold_pg::connect(&server.url()).await?;
+    let lock = MemoryLocker::new();
+    let keys = FencedKeys::for_resource("guarded:hook")?;
+    let lease = lock.acquire(&keys, TTL).await?;
+    // A first transaction creates the guard's row (an uncommitted insert
+    // would be invisible to the watcher's `FOR UPDATE NOWAIT`).
+    assert_eq!(
+        leasehold_pg::guarded(&mut db, &lease, async |tx| bump(tx, table).await).await?,
+        Guarded::Committed(1)
+    );
+
+    let worked = AtomicBool::new(false);
+    let (reached, hook_reached) = oneshot::channel();
+    let (let_go, hook_let_go) = oneshot::channel::<()>();
+    let options = GuardOptions::new();
+    let guarded = leasehold_pg::guarded_with_hook(
+        &mut db,
+        &lease,
+        &options,
+        async |tx| {
+            let n = bump(tx, table).await?;
+            worked.store(true, Ordering::SeqCst);
+            Ok::<_, Error>(n)
+        },
+        async || {
+            // The watchdog finds the lease lost while the hook runs: as
+            // the hook waits, the work is raced against that loss.
+            lease.mark_superseded();
+            let _ = reached.send(worked.load(Ordering::SeqCst));
+            let _ = hook_let_go.await;
+        },
+    );
+    let observe = async {
+        let after_the_work = hook_reached.await?;
+        let seen = value(&watcher, table).await?;
+        let row = watcher
+            .query(
+                "SELECT 1 FROM leasehold_fences WHERE resource = $1 FOR UPDATE NOWAIT",
+                &[&keys.fence()],
+            )
+            .await;
+        let _ = let_go.send(());
+        Ok::<_, Box<dyn std::error::Error>>((after_the_work, seen, row))
+    };
+    let (done, observed) =
+        tokio::time::timeout(HUNG, async { tokio::join!(guarded, observe) }).await?;
+    let (after_the_work, seen, row) = observed?;
+    assert!(after_the_work, "the hook ran before the work ended");
+    assert_eq!(seen, 1, "the work's write was visible while the hook ran");
+    match row {
+        Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {}
+        other => return Err(format!("the guard's row was not locked: {other:?}").into()),
+    }
+    assert_eq!(done?, Guarded::Committed(2), "the hook was not shielded");
+    assert_eq!(value(&watcher, table).await?, 2);
+    Ok(())
+}
+
+/// `guarded_with_hook`: the hook does not run when there is nothing to
+/// commit (the work's error, a refused guard), and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hook_does_not_run_when_nothing_is_committed() -> TestResult {
+    let table = "guarded_hook_skipped";
+    let (mut db, _server) = db(table).await?;
+    let lock = MemoryLocker::new();
+    let keys = FencedKeys::for_resource("guarded:hook-skipped")?;
+    let old = lock.acquire(&keys, TTL).await?;
+    let hooked = AtomicBool::new(false);
+    let hook = async || hooked.store(true, Ordering::SeqCst);
+
+    // The work's error: rolled back, the hook not run.
+    let failed: Result<Guarded<i64>, Error> = leasehold_pg::guarded_with_hook(
+        &mut db,
+        &old,
+        &GuardOptions::new(),
+        async |tx| {
+            bump(tx, table).await?;
+            Err(Error::NotFenced)
+        },
+        hook,
+    )
+    .await;
+    assert!(matches!(failed, Err(Error::NotFenced)), "{failed:?}");
+    assert!(
+        !hooked.load(Ordering::SeqCst),
+        "the hook ran after an error"
+    );
+    assert_eq!(value(&db, table).await?, 0);
+
+    // A refusal: a newer holder has written.
+    lock.expire(keys.lock());
+    let newer = lock.acquire(&keys, TTL).await?;
+    assert_eq!(
+        leasehold_pg::guarded(&mut db, &newer, async |tx| bump(tx, table).await).await?,
+        Guarded::Committed(1)
+    );
+    let refused = leasehold_pg::guarded_with_hook(
+        &mut db,
+        &old,
+        &GuardOptions::new(),
+        async |tx| bump(tx, table).await,
+        hook,
+    )
+    .await?;
+    assert!(matches!(refused, Guarded::Refused { .. }), "{refused:?}");
+    assert!(
+        !hooked.load(Ordering::SeqCst),
+        "the hook ran after a refusal"
+    );
+    assert_eq!(value(&db, table).await?, 1);
+
+    // The control: after a work that returned `Ok`, it runs.
+    let done = leasehold_pg::guarded_with_hook(
+        &mut db,
+        &newer,
+        &GuardOptions::new(),
+        async |tx| bump(tx, table).await,
+        hook,
+    )
+    .await?;
+    assert_eq!(done, Guarded::Committed(2));
+    assert!(hooked.load(Ordering::SeqCst), "the hook did not run");
     Ok(())
 }
 

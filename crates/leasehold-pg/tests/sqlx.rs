@@ -1,16 +1,20 @@
 //! The fence guard, `setup` and `guarded` on sqlx (feature `sqlx`), against
 //! a real PostgreSQL and Redis: the same cases as on tokio-postgres
 //! (tests/guard.rs, tests/guarded.rs), the same answers (a holder frozen
-//! in its transaction included); and `FencingToken` as an `INT8`.
+//! in its transaction included), the hook before the commit; and
+//! `FencingToken` as an `INT8`.
 
 use leasehold::Lessor;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use leasehold::{AcquireOptions, FencedKeys, FencingToken, HolderId, Locker, LostCause};
+use leasehold::{
+    AcquireOptions, FencedKeys, FencingToken, HolderId, Locker, LostCause, MemoryLocker,
+};
 use leasehold_pg::{Error, FENCES, Guard, GuardOptions, Guarded, Setup};
 use leasehold_testkit::{Direction, FaultProxy, PostgresServer, RedisServer};
 use sqlx::{Connection, Executor, PgConnection};
+use tokio::sync::oneshot;
 
 mod common;
 use common::{chain, frozen_lease, server, superseded_term};
@@ -841,6 +845,146 @@ async fn a_refused_term_ends_without_the_user_marking_it() -> TestResult {
 
 fn url_of(pg: &PostgresServer, name: &str) -> String {
     pg.url().replace("/postgres", &format!("/{name}"))
+}
+
+/// `guarded_with_hook` on sqlx: the hook runs after the work and before
+/// the commit, inside the commit's shield. While it waits, another
+/// session does not see the work's write and cannot take the guard's
+/// row, and a lease lost meanwhile does not stop it; once it returns,
+/// the transaction commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hook_runs_between_the_work_and_the_commit_inside_its_shield() -> TestResult {
+    let pg = server()?;
+    let name = "sqlx_hook";
+    let mut db = db(&pg, name).await?;
+    let url = pg.url().replace("/postgres", &format!("/{name}"));
+    let mut watcher = PgConnection::connect(&url).await?;
+    let lock = MemoryLocker::new();
+    let keys = FencedKeys::for_resource("sqlx:hook")?;
+    let lease = lock.acquire(&keys, TTL).await?;
+    // A first transaction creates the guard's row (an uncommitted insert
+    // would be invisible to the watcher's `FOR UPDATE NOWAIT`).
+    assert_eq!(
+        leasehold_pg::sqlx::guarded(&mut db, &lease, async |tx: &mut PgConnection| bump(tx)
+            .await)
+        .await?,
+        Guarded::Committed(1)
+    );
+
+    let worked = AtomicBool::new(false);
+    let (reached, hook_reached) = oneshot::channel();
+    let (let_go, hook_let_go) = oneshot::channel::<()>();
+    let options = GuardOptions::new();
+    let guarded = leasehold_pg::sqlx::guarded_with_hook(
+        &mut db,
+        &lease,
+        &options,
+        async |tx: &mut PgConnection| {
+            let n = bump(tx).await?;
+            worked.store(true, Ordering::SeqCst);
+            Ok::<_, Error>(n)
+        },
+        async || {
+            // The watchdog finds the lease lost while the hook runs: as
+            // the hook waits, the work is raced against that loss.
+            lease.mark_superseded();
+            let _ = reached.send(worked.load(Ordering::SeqCst));
+            let _ = hook_let_go.await;
+        },
+    );
+    let observe = async {
+        let after_the_work = hook_reached.await?;
+        let seen = value(&mut watcher).await?;
+        let row =
+            sqlx::query("SELECT 1 FROM leasehold_fences WHERE resource = $1 FOR UPDATE NOWAIT")
+                .bind(keys.fence())
+                .fetch_all(&mut watcher)
+                .await;
+        let _ = let_go.send(());
+        Ok::<_, Box<dyn std::error::Error>>((after_the_work, seen, row.map(|rows| rows.len())))
+    };
+    let (done, observed) =
+        tokio::time::timeout(HUNG, async { tokio::join!(guarded, observe) }).await?;
+    let (after_the_work, seen, row) = observed?;
+    assert!(after_the_work, "the hook ran before the work ended");
+    assert_eq!(seen, 1, "the work's write was visible while the hook ran");
+    match row {
+        Err(sqlx::Error::Database(err)) if err.code().as_deref() == Some("55P03") => {}
+        other => return Err(format!("the guard's row was not locked: {other:?}").into()),
+    }
+    assert_eq!(done?, Guarded::Committed(2), "the hook was not shielded");
+    assert_eq!(value(&mut watcher).await?, 2);
+    Ok(())
+}
+
+/// `guarded_with_hook` on sqlx: the hook does not run when there is
+/// nothing to commit (the work's error, a refused guard), and nothing is
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hook_does_not_run_when_nothing_is_committed() -> TestResult {
+    let pg = server()?;
+    let mut db = db(&pg, "sqlx_hook_skipped").await?;
+    let lock = MemoryLocker::new();
+    let keys = FencedKeys::for_resource("sqlx:hook-skipped")?;
+    let old = lock.acquire(&keys, TTL).await?;
+    let hooked = AtomicBool::new(false);
+    let hook = async || hooked.store(true, Ordering::SeqCst);
+
+    // The work's error: rolled back, the hook not run.
+    let failed: Result<Guarded<i64>, Error> = leasehold_pg::sqlx::guarded_with_hook(
+        &mut db,
+        &old,
+        &GuardOptions::new(),
+        async |tx: &mut PgConnection| {
+            bump(tx).await?;
+            Err(Error::NotFenced)
+        },
+        hook,
+    )
+    .await;
+    assert!(matches!(failed, Err(Error::NotFenced)), "{failed:?}");
+    assert!(
+        !hooked.load(Ordering::SeqCst),
+        "the hook ran after an error"
+    );
+    assert_eq!(value(&mut db).await?, 0);
+
+    // A refusal: a newer holder has written.
+    lock.expire(keys.lock());
+    let newer = lock.acquire(&keys, TTL).await?;
+    assert_eq!(
+        leasehold_pg::sqlx::guarded(&mut db, &newer, async |tx: &mut PgConnection| bump(tx)
+            .await)
+        .await?,
+        Guarded::Committed(1)
+    );
+    let refused = leasehold_pg::sqlx::guarded_with_hook(
+        &mut db,
+        &old,
+        &GuardOptions::new(),
+        async |tx: &mut PgConnection| bump(tx).await,
+        hook,
+    )
+    .await?;
+    assert!(matches!(refused, Guarded::Refused { .. }), "{refused:?}");
+    assert!(
+        !hooked.load(Ordering::SeqCst),
+        "the hook ran after a refusal"
+    );
+    assert_eq!(value(&mut db).await?, 1);
+
+    // The control: after a work that returned `Ok`, it runs.
+    let done = leasehold_pg::sqlx::guarded_with_hook(
+        &mut db,
+        &newer,
+        &GuardOptions::new(),
+        async |tx: &mut PgConnection| bump(tx).await,
+        hook,
+    )
+    .await?;
+    assert_eq!(done, Guarded::Committed(2));
+    assert!(hooked.load(Ordering::SeqCst), "the hook did not run");
+    Ok(())
 }
 
 #[tokio::test]
