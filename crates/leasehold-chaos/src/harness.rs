@@ -601,7 +601,13 @@ impl Harness {
             },
         );
         // Where faults marked from outside go (`RunReport::with_fault_marks`).
-        recorder.record_at(0, "coordinator", crate::marks::wall_clock(start));
+        recorder.record_at(
+            0,
+            "coordinator",
+            Kind::WallClock {
+                unix_us: crate::recorder::start_to_micros(start),
+            },
+        );
         let windows = schedule(self.fault, self.seed, self.duration, self.ttl, self.callers);
         let keys: Vec<String> = self.resources.iter().map(|(r, _)| lock_key(r)).collect();
         let stopped = Arc::new(AtomicBool::new(false));
