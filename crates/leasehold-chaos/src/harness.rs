@@ -650,6 +650,14 @@ impl Harness {
                 wait_ms: u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX),
             },
         );
+        // Where faults marked from outside go (`RunReport::with_fault_marks`).
+        recorder.record_at(
+            0,
+            "coordinator",
+            Kind::WallClock {
+                unix_us: crate::recorder::start_to_micros(start),
+            },
+        );
         let windows = schedule(self.fault, self.seed, self.duration, self.ttl, self.callers);
         let keys: Vec<String> = self.resources.iter().map(|(r, _)| lock_key(r)).collect();
         let stopped = Arc::new(AtomicBool::new(false));

@@ -192,6 +192,16 @@ pub enum Kind {
         /// The error's message (the library's messages hold no secret).
         detail: String,
     },
+    /// Where the history's clock stands on the system clock, recorded by
+    /// the coordinator at the run's start: this event's `at_us` is
+    /// `unix_us` microseconds since the Unix epoch. It lets fault windows
+    /// marked from outside on the wall clock be placed in the history
+    /// (see [`mod@crate::marks`]), during the run or after it.
+    WallClock {
+        /// The wall-clock time of `at_us`, in microseconds since the Unix
+        /// epoch.
+        unix_us: u64,
+    },
     /// A user-supplied invariant check's verdict (the library harness).
     Invariant {
         /// Whether the state is right.

@@ -31,6 +31,7 @@
 
 pub mod check;
 pub mod history;
+pub mod marks;
 pub mod report;
 pub mod timeline;
 pub mod verdicts;
@@ -53,6 +54,7 @@ pub use harness::{Harness, HarnessError, NegativeControl, RunReport};
 pub use history::{Event, Kind, WriteOutcome};
 pub use lab::{ACL_RULES, ACL_USER, Lab, LabError, LabOptions, Pauser, run_nemesis};
 pub use leaders::{Candidate, TermRecord};
+pub use marks::{MarkedWindow, MarksError};
 pub use outcome::{Outcome, Stopped, Tally, Writes};
 pub use recorder::{Recorder, start_from_micros, start_to_micros};
 pub use report::{MatrixVerdict, Row, check_file, rows, verdict};

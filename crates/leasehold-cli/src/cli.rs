@@ -971,11 +971,42 @@ pub(crate) enum ChaosAction {
         /// Print the check as one JSON object.
         #[arg(long)]
         json: bool,
+        /// Place the fault windows marked in FILE in the history first
+        /// (as `chaos --fault-marks` does), and judge the run under them.
+        #[arg(long, value_name = "FILE")]
+        fault_marks: Option<PathBuf>,
+    },
+    /// Appends a fault mark to FILE, stamped with the wall clock: `chaos
+    /// mark start redis-stall --file marks.txt` before your own fault,
+    /// `chaos mark end redis-stall --file marks.txt` after it; `chaos
+    /// --fault-marks marks.txt` then judges its runs under those windows
+    /// (docs/chaos.md, "Faults of your own").
+    Mark {
+        /// `start` or `end`.
+        #[arg(value_enum)]
+        edge: MarkEdge,
+        /// The fault's name: one of --faults' names (redis-stall for a
+        /// `CLIENT PAUSE ALL`, etcd-member-pause, net-cut, key-loss...) to
+        /// be judged as that fault, any other word for a fault of unknown
+        /// effect.
+        name: String,
+        /// The marks file (created if missing; the line is appended).
+        #[arg(long, value_name = "FILE")]
+        file: PathBuf,
     },
     /// A worker process (started by `chaos` itself; reads its spec on
     /// stdin).
     #[command(hide = true)]
     Worker,
+}
+
+/// A fault mark's edge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum MarkEdge {
+    /// The fault starts.
+    Start,
+    /// The fault ends.
+    End,
 }
 
 impl ChaosArgs {
@@ -986,7 +1017,7 @@ impl ChaosArgs {
                 json: *json,
                 metrics_addr: None,
             },
-            Some(ChaosAction::Worker) => OutputFlags::default(),
+            Some(ChaosAction::Worker | ChaosAction::Mark { .. }) => OutputFlags::default(),
             None => OutputFlags {
                 json: self.matrix.json,
                 metrics_addr: None,
@@ -1128,6 +1159,19 @@ pub(crate) struct MatrixArgs {
     /// Write each run's history (`.jsonl`) and timeline (`.html`) here.
     #[arg(long)]
     pub(crate) report: Option<PathBuf>,
+    /// Faults you inject yourself (your own CLIENT PAUSE, kill -STOP, network
+    /// cut): FILE gets a line `<unix-ms> start <name>` before each and
+    /// `<unix-ms> end <name>` after it (`leasehold chaos mark`, or `echo
+    /// "$(date +%s%3N) start redis-stall" >> FILE`), during the run. At
+    /// each run's end the windows that fall in it are placed in its
+    /// history as its own fault windows: the run is named after them
+    /// (with --faults none), its control judged under them (a name of
+    /// --faults' list is judged as that fault), and the errors returned to
+    /// its callers judged against them. A window with no end is cut at the
+    /// run's end (and said so); a line that is not a mark is an error
+    /// naming it, after the run's history is saved. Created if missing
+    #[arg(long, value_name = "FILE")]
+    pub(crate) fault_marks: Option<PathBuf>,
 }
 
 /// The chaos quorum mode's size: 3 or 5.

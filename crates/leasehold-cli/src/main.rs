@@ -218,6 +218,11 @@ fn is_usage(err: &anyhow::Error) -> bool {
                 cause.downcast_ref::<leasehold::Error>(),
                 Some(leasehold::Error::InvalidUrl(_) | leasehold::Error::TlsFile { .. })
             )
+            // A marks file or history to fix (one that cannot be read is
+            // an i/o error, as a history's is).
+            || cause
+                .downcast_ref::<leasehold_chaos::MarksError>()
+                .is_some_and(|err| !matches!(err, leasehold_chaos::MarksError::Read { .. }))
             || matches!(
                 cause.downcast_ref::<leasehold_pg::Error>(),
                 Some(

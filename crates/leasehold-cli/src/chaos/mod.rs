@@ -14,6 +14,7 @@ use leasehold_chaos::{
 use leasehold_testkit::PostgresServer;
 
 mod lock_rpc;
+mod marks;
 mod modes;
 mod run;
 mod worker;
@@ -30,7 +31,15 @@ pub(crate) async fn run(args: &ChaosArgs) -> anyhow::Result<ExitCode> {
             worker::run().await?;
             Ok(ExitCode::SUCCESS)
         }
-        Some(ChaosAction::Check { file, json }) => check(file, *json),
+        Some(ChaosAction::Check {
+            file,
+            json,
+            fault_marks,
+        }) => check(file, *json, fault_marks.as_deref()),
+        Some(ChaosAction::Mark { edge, name, file }) => {
+            marks::append(*edge, name, file)?;
+            Ok(ExitCode::SUCCESS)
+        }
         None => matrix(&args.matrix).await,
     }
 }
@@ -38,10 +47,22 @@ pub(crate) async fn run(args: &ChaosArgs) -> anyhow::Result<ExitCode> {
 /// `chaos check FILE`: the run's line and its violations, then the
 /// verdict `chaos` would have given a matrix of this one run, which is
 /// also the exit status (a violation, a control that caught nothing, a
-/// judged error returned to a caller: 1).
-fn check(file: &Path, json: bool) -> anyhow::Result<ExitCode> {
-    let report = leasehold_chaos::check_file(file)
+/// judged error returned to a caller: 1). With `--fault-marks`, under the
+/// windows marked there.
+fn check(file: &Path, json: bool, fault_marks: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let mut events = leasehold_chaos::report::read_history(file)
         .with_context(|| format!("checking {}", file.display()))?;
+    if let Some(marks_file) = fault_marks {
+        let marked = marks::apply(&mut events, marks_file).with_context(|| {
+            format!(
+                "placing the fault marks of {} in {}",
+                marks_file.display(),
+                file.display()
+            )
+        })?;
+        note_marked(&file.display().to_string(), &marked);
+    }
+    let report = leasehold_chaos::check(&events);
     let verdict = leasehold_chaos::verdict(&leasehold_chaos::rows(std::slice::from_ref(&report)));
     if json {
         println!("{}", serde_json::to_string(&report)?);
@@ -118,6 +139,15 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating the report directory {}", dir.display()))?;
     }
+    if let Some(file) = &args.fault_marks {
+        // The injector appends to it as the runs go.
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(file)
+            .with_context(|| format!("opening the fault marks file {}", file.display()))?;
+    }
+    let mut marked_runs = 0;
 
     let mut cells: Vec<(ChaosMode, Fault)> = modes
         .iter()
@@ -203,6 +233,36 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
                     }
                 },
             };
+            let report = match &args.fault_marks {
+                None => report,
+                Some(file) => {
+                    let mut events = report.events.clone();
+                    match marks::apply(&mut events, file) {
+                        Ok(marked) => {
+                            let run = format!("{} x {fault} seed {seed}", mode.name());
+                            note_marked(&run, &marked);
+                            marked_runs += usize::from(!marked.windows.is_empty());
+                            RunReport::new(events)
+                        }
+                        Err(err) => {
+                            // Nothing of the run is lost: its history is
+                            // saved as recorded, to be re-checked once the
+                            // file is fixed.
+                            let dir = args.report.clone().unwrap_or_else(|| {
+                                file.parent().unwrap_or(Path::new(".")).to_owned()
+                            });
+                            save(&dir, mode, fault, seed, &report)?;
+                            return Err(anyhow::Error::new(err).context(format!(
+                                "placing the fault marks of {} in run {} x {fault} seed {seed} (its history is saved unmarked in {}: fix the file, then `leasehold chaos check HISTORY --fault-marks {}`)",
+                                file.display(),
+                                mode.name(),
+                                dir.display(),
+                                file.display(),
+                            )));
+                        }
+                    }
+                }
+            };
             if let Some(dir) = &args.report {
                 save(dir, mode, fault, seed, &report)?;
             }
@@ -218,14 +278,19 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
                 }
             }
             if !json {
-                let control = report::control_for(&leasehold_chaos::rows(&results), fault.name());
+                // The run's fault, renamed after the windows marked in it.
+                let named = report
+                    .check
+                    .header
+                    .as_ref()
+                    .map_or(fault.name(), |h| h.fault.as_str());
+                let control = report::control_for(&leasehold_chaos::rows(&results), named);
                 let grants = expired.map_or_else(String::new, |grants| {
                     format!("; lock rpc grants whose key was already gone {grants}")
                 });
                 note!(
-                    "chaos: {} x {} seed {seed}: {}{grants}",
+                    "chaos: {} x {named} seed {seed}: {}{grants}",
                     mode.name(),
-                    fault,
                     one_line(&report.check, &control)
                 );
             }
@@ -233,6 +298,14 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         }
     }
     drop(progress);
+    if let Some(file) = &args.fault_marks
+        && marked_runs == 0
+    {
+        note!(
+            "chaos: no window marked in {} fell in any run: the runs are judged as under their own faults alone",
+            file.display()
+        );
+    }
     let rows = leasehold_chaos::rows(&results);
     if json {
         for row in &rows {
@@ -448,6 +521,13 @@ async fn pool(postgres: &PostgresServer) -> anyhow::Result<deadpool_postgres::Po
     leasehold_pg::setup_wallets(client).await?;
     drop(db);
     Ok(pool)
+}
+
+/// Says which marked windows `run` got, and what was cut of them.
+fn note_marked(run: &str, marked: &leasehold_chaos::marks::Marked) {
+    for window in &marked.windows {
+        note!("chaos: {run}: marked fault {window}");
+    }
 }
 
 /// One run in a line: its writes, double holders, its verdict given what

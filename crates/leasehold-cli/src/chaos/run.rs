@@ -197,6 +197,8 @@ pub(crate) async fn run_one(
             wait_ms: millis(plan.wait),
         },
     );
+    // Where faults marked from outside go (`--fault-marks`).
+    recorder.record_at(0, "coordinator", leasehold_chaos::marks::wall_clock(start));
     let mut stdins = Vec::new();
     for worker in &mut workers {
         if let Some(mut stdin) = worker.stdin.take() {
