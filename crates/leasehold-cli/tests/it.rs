@@ -14,6 +14,8 @@ mod bench_leader;
 mod chaos;
 #[path = "chaos_etcd.rs"]
 mod chaos_etcd;
+#[path = "chaos_etcd_user.rs"]
+mod chaos_etcd_user;
 #[path = "chaos_tls.rs"]
 mod chaos_tls;
 #[path = "cli.rs"]
