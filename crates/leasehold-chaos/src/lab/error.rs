@@ -103,9 +103,9 @@ pub enum LabError {
         endpoint: String,
         /// The user name given, if any.
         user: Option<String>,
-        /// The etcd client's error.
+        /// The etcd client's error (boxed: it is large).
         #[source]
-        source: leasehold::etcd::EtcdError,
+        source: Box<leasehold::etcd::EtcdError>,
     },
     /// The user of the etcd cluster given to
     /// [`LabOptions::etcd_endpoints`] may not read or write the lock keys'
@@ -127,9 +127,9 @@ pub enum LabError {
         needs: &'static str,
         /// The prefix the lock keys live under.
         prefix: &'static str,
-        /// The etcd client's error.
+        /// The etcd client's error (boxed: it is large).
         #[source]
-        source: leasehold::etcd::EtcdError,
+        source: Box<leasehold::etcd::EtcdError>,
     },
 }
 

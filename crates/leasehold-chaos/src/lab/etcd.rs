@@ -35,6 +35,12 @@ const ACCESS_TIMEOUT: Duration = Duration::from_secs(5);
 /// per lease) may take.
 const REVOKE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long one revoke round may take on the user's cluster, where each
+/// round's new client also makes a TLS handshake and authenticates (a
+/// password hash check in etcd) before its read: a slow handshake on a
+/// loaded machine must not fail the run.
+const EXTERNAL_REVOKE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The prefix [`Fault::EtcdRevoke`] looks under: the etcd way's keys
 /// (`leasehold/`) and the Lock RPC control's (`leasehold-rpc/`).
 pub(super) const ETCD_LOCK_PREFIX: &str = "leasehold";
@@ -65,6 +71,11 @@ impl EtcdAccess {
     /// A client of `endpoints` with these TLS files and credentials.
     fn client(&self, endpoints: &[String]) -> Result<EtcdClient, LabError> {
         let mut builder = EtcdClient::builder(endpoints.to_vec());
+        if self.tls.is_some() || self.credentials.is_some() {
+            // A first attempt carries the handshake and the
+            // authentication: give it the round's whole time.
+            builder = builder.attempt_timeout(EXTERNAL_REVOKE_TIMEOUT);
+        }
         if let Some(files) = &self.tls {
             let config = leasehold::tls::client_config(files).map_err(LabError::Tls)?;
             builder = builder.tls(leasehold::etcd::TlsSettings::new(config));
@@ -329,7 +340,12 @@ impl EtcdLab {
                 let what = what.to_owned();
                 move |source| LabError::Etcd { what, source }
             };
-            let deadline = tokio::time::Instant::now() + REVOKE_TIMEOUT;
+            let timeout = if self.cluster.is_some() {
+                REVOKE_TIMEOUT
+            } else {
+                EXTERNAL_REVOKE_TIMEOUT
+            };
+            let deadline = tokio::time::Instant::now() + timeout;
             let held = client
                 .range(&Range::prefix(ETCD_LOCK_PREFIX), deadline)
                 .await
@@ -483,14 +499,14 @@ fn access_error(
         EtcdError::AuthFailed { .. } => LabError::EtcdAuth {
             endpoint,
             user,
-            source,
+            source: Box::new(source),
         },
         EtcdError::Rejected { source: status } => {
             if status.message().contains("user name is empty") {
                 LabError::EtcdAuth {
                     endpoint,
                     user,
-                    source,
+                    source: Box::new(source),
                 }
             } else if status.message().contains("permission denied") {
                 LabError::EtcdPermission {
@@ -498,7 +514,7 @@ fn access_error(
                     user,
                     needs,
                     prefix: ETCD_LOCK_PREFIX,
-                    source,
+                    source: Box::new(source),
                 }
             } else {
                 LabError::Etcd {
