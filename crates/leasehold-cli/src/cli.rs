@@ -294,6 +294,9 @@ failover and redlock change (see their --help):
     Redis too: it deletes and expires lock:{wallet:N} keys, raises
     fence:{wallet:N}, and the chosen faults may run SCRIPT FLUSH, CLIENT
     KILL and CLIENT PAUSE (see --redis-url); postgres stays throwaway.
+    With --etcd-endpoints, your etcd too: the etcd modes write and delete
+    keys under leasehold/ (and leasehold-rpc/), and etcd-revoke revokes
+    every lease that holds a key under leasehold.
     With --report DIR, writes one .jsonl history and one .html timeline
     per run into DIR.
   Exit code 1: a safe mode showed a violation, or a negative control
