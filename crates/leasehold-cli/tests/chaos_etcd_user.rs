@@ -102,7 +102,7 @@ fn the_etcd_mode_runs_on_the_users_etcd_and_skips_the_process_faults() -> TestRe
         "--modes",
         "etcd",
         "--faults",
-        "none,etcd-leader-kill,etcd-restart",
+        "none,etcd-revoke,etcd-leader-kill,etcd-restart",
     ];
     args.extend(flags.iter().map(String::as_str));
     // The skipped faults' windows must fit the run too (the matrix checks
@@ -123,6 +123,13 @@ fn the_etcd_mode_runs_on_the_users_etcd_and_skips_the_process_faults() -> TestRe
         .ok_or_else(|| format!("no etcd x none row in {stdout}"))?;
     assert_eq!(none["violations"], 0, "{none}");
     assert!(none["accepted"].as_u64() > Some(0), "{none}");
+    // The revoke needs etcd's API only: it ran there, as the user.
+    let revoked = rows
+        .iter()
+        .find(|r| r["mode"] == "etcd" && r["fault"] == "etcd-revoke")
+        .ok_or_else(|| format!("no etcd x etcd-revoke row in {stdout}"))?;
+    assert_eq!(revoked["violations"], 0, "{revoked}");
+    assert!(revoked["accepted"].as_u64() > Some(0), "{revoked}");
     // The faults that need the members' processes did not run there: a
     // note names each, and no row claims them.
     for fault in ["etcd-leader-kill", "etcd-restart"] {
