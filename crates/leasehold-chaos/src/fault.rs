@@ -415,6 +415,18 @@ impl Fault {
         )
     }
 
+    /// True for the etcd faults that need control of the etcd members (a
+    /// process killed or paused, its network cut, the whole cluster
+    /// restarted, its `NOSPACE` alarm raised), so they cannot run against
+    /// a user's own cluster ([`LabOptions::etcd_endpoints`]). Only
+    /// [`Fault::EtcdRevoke`] of the etcd faults does not: it needs the
+    /// lock keys' leases and etcd's API alone.
+    ///
+    /// [`LabOptions::etcd_endpoints`]: crate::LabOptions::etcd_endpoints
+    pub const fn needs_etcd_process(self) -> bool {
+        self.needs_etcd() && !matches!(self, Fault::EtcdRevoke)
+    }
+
     /// True for the faults of a Redis Cluster, which run on a throwaway
     /// cluster of three masters with a replica each.
     pub const fn needs_cluster(self) -> bool {

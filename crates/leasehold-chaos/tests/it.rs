@@ -8,6 +8,8 @@
 
 #[path = "check.rs"]
 mod check;
+#[path = "etcd_user.rs"]
+mod etcd_user;
 #[path = "harness.rs"]
 mod harness;
 #[path = "leaders.rs"]

@@ -294,6 +294,9 @@ failover and redlock change (see their --help):
     Redis too: it deletes and expires lock:{wallet:N} keys, raises
     fence:{wallet:N}, and the chosen faults may run SCRIPT FLUSH, CLIENT
     KILL and CLIENT PAUSE (see --redis-url); postgres stays throwaway.
+    With --etcd-endpoints, your etcd too: the etcd modes write and delete
+    keys under leasehold/ (and leasehold-rpc/), and etcd-revoke revokes
+    every lease that holds a key under leasehold.
     With --report DIR, writes one .jsonl history and one .html timeline
     per run into DIR.
   Exit code 1: a safe mode showed a violation, or a negative control
@@ -1071,7 +1074,8 @@ pub(crate) struct MatrixArgs {
     /// scripts/valkey.sh's Valkey; on Debian's redis-server their rows say
     /// unsupported); a throwaway 3-member etcd cluster for the etcd modes
     /// (etcd and etcd-lock-rpc, which run none, holder-pause, the
-    /// postgres faults and the etcd-* faults)
+    /// postgres faults and the etcd-* faults; on --etcd-endpoints, of the
+    /// etcd-* faults only etcd-revoke)
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     pub(crate) faults: Vec<leasehold_chaos::Fault>,
     /// Worker processes per run.
@@ -1156,6 +1160,8 @@ pub(crate) struct MatrixArgs {
     /// files).
     #[arg(long, requires = "redis_url")]
     pub(crate) cluster: bool,
+    #[command(flatten)]
+    pub(crate) etcd: crate::env::EtcdFlags,
     /// Write each run's history (`.jsonl`) and timeline (`.html`) here.
     #[arg(long)]
     pub(crate) report: Option<PathBuf>,
@@ -1221,7 +1227,8 @@ pub(crate) enum ChaosMode {
     /// transaction.
     Db,
     /// The etcd way of taking a lease (`EtcdLocker`, on a
-    /// throwaway 3-member etcd cluster; the fence is the key's creation
+    /// throwaway 3-member etcd cluster or on --etcd-endpoints, over TLS
+    /// and as --etcd-user if given; the fence is the key's creation
     /// revision, its guard row `etcd:fence:{wallet:N}`) and the fence guard
     /// first in a transaction, as `guard`. Runs only when named.
     Etcd,
@@ -1229,7 +1236,9 @@ pub(crate) enum ChaosMode {
     /// lease kept alive every ttl/3) and a blind read-modify-write, no
     /// database check. Counts the grants etcd made to a session whose lease
     /// had already expired (Jepsen's etcd 3.4.3 finding, fixed in 3.5.0).
-    /// Runs only when named.
+    /// Runs only when named; on --etcd-endpoints only over plain http://
+    /// without --etcd-user (its Lock RPC client speaks neither TLS nor
+    /// etcd's authentication).
     EtcdLockRpc,
 }
 

@@ -95,6 +95,118 @@ impl TlsFlags {
     }
 }
 
+/// The environment variable `chaos --etcd-user`'s password is read
+/// from (never a flag: a flag's value shows in `ps`).
+pub(crate) const ETCD_PASSWORD_ENV: &str = "LEASEHOLD_ETCD_PASSWORD";
+
+/// How `chaos` reaches the user's etcd cluster: `--etcd-endpoints`, its
+/// TLS files and its user.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct EtcdFlags {
+    /// Run the etcd modes against your own etcd cluster: its members'
+    /// client endpoints, comma-separated (http://, or https:// with
+    /// --etcd-tls-ca and, if it asks for a client certificate,
+    /// --etcd-tls-cert and --etcd-tls-key; no user or password in them:
+    /// --etcd-user), instead of a throwaway 3-member cluster. Only the
+    /// faults that need no control of the members run there (none,
+    /// holder-pause, the postgres faults, etcd-revoke); the ones that
+    /// kill, pause, cut off or restart members, or raise the NOSPACE
+    /// alarm, are skipped with a note naming them. Before any run it
+    /// checks that the user may read and write under the prefix
+    /// leasehold (exit 3 naming the endpoint, never the password).
+    /// etcd-revoke revokes every lease holding a key under leasehold: use
+    /// a test cluster
+    #[arg(long, value_name = "URL", value_delimiter = ',')]
+    pub(crate) etcd_endpoints: Vec<String>,
+    /// CA certificates (PEM) to verify https:// --etcd-endpoints against
+    /// [default: the system's trusted roots]
+    #[arg(long, value_name = "FILE", requires = "etcd_endpoints")]
+    pub(crate) etcd_tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for an etcd that asks for one
+    /// (--client-cert-auth); needs --etcd-tls-key
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires_all = ["etcd_endpoints", "etcd_tls_key"]
+    )]
+    pub(crate) etcd_tls_cert: Option<PathBuf>,
+    /// The etcd client certificate's private key (PEM); needs
+    /// --etcd-tls-cert
+    #[arg(long, value_name = "FILE", requires = "etcd_tls_cert")]
+    pub(crate) etcd_tls_key: Option<PathBuf>,
+    /// The etcd user the workers and the fault injector authenticate as
+    /// on --etcd-endpoints; its password comes from the environment
+    /// variable LEASEHOLD_ETCD_PASSWORD (no flag, on purpose: it would
+    /// show in ps), and is never printed
+    #[arg(long, value_name = "NAME", requires = "etcd_endpoints")]
+    pub(crate) etcd_user: Option<String>,
+}
+
+impl EtcdFlags {
+    /// How to reach the endpoints: the TLS files and the user, its
+    /// password read from [`ETCD_PASSWORD_ENV`]. A user without a
+    /// password there is a usage error.
+    pub(crate) fn access(&self) -> Result<EtcdAccess, Usage> {
+        let password = match &self.etcd_user {
+            None => None,
+            Some(_) => Some(std::env::var(ETCD_PASSWORD_ENV).map_err(|_| {
+                Usage(format!(
+                    "--etcd-user needs its password in the environment variable {ETCD_PASSWORD_ENV}"
+                ))
+            })?),
+        };
+        Ok(EtcdAccess {
+            tls: TlsFlags {
+                tls_ca: self.etcd_tls_ca.clone(),
+                tls_cert: self.etcd_tls_cert.clone(),
+                tls_key: self.etcd_tls_key.clone(),
+            },
+            user: self.etcd_user.clone(),
+            password,
+        })
+    }
+}
+
+/// The TLS files and the user for the user's etcd cluster, as the
+/// coordinator hands them to the workers (in their spec, on stdin).
+/// `Debug` never shows the password.
+#[derive(Clone, Default, serde::Serialize, serde::Deserialize)]
+pub(crate) struct EtcdAccess {
+    /// The files for `https://` endpoints (in `TlsFlags`' shape).
+    pub(crate) tls: TlsFlags,
+    pub(crate) user: Option<String>,
+    pub(crate) password: Option<String>,
+}
+
+impl std::fmt::Debug for EtcdAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAccess")
+            .field("tls", &self.tls)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl EtcdAccess {
+    /// Whether the access needs more than plain gRPC: TLS files or a user.
+    pub(crate) fn is_set(&self) -> bool {
+        self.tls.is_set() || self.user.is_some()
+    }
+
+    /// The TLS files, if any.
+    pub(crate) fn tls_files(&self) -> Option<leasehold::tls::TlsFiles> {
+        self.tls.is_set().then(|| self.tls.files())
+    }
+
+    /// The user and its password, if a user is given.
+    pub(crate) fn credentials(&self) -> Option<leasehold::etcd::Credentials> {
+        self.user.as_ref().map(|user| {
+            leasehold::etcd::Credentials::new(user, self.password.clone().unwrap_or_default())
+        })
+    }
+}
+
 impl RedisFlags {
     /// Where `url` leads: a `redis+sentinel://` URL's sentinels, or the
     /// redis-rs client for one server (see [`client`](Self::client)).

@@ -107,8 +107,16 @@ const EXPECTED: &[Expect] = &[
     },
     Expect {
         subcommand: &["chaos"],
-        uses: &["--redis-url", "--tls-ca", "--runs", "--json"],
-        changes: &["none of yours", ".jsonl", ".html"],
+        uses: &[
+            "--redis-url",
+            "--tls-ca",
+            "--etcd-endpoints",
+            "--etcd-tls-ca",
+            "--etcd-user",
+            "--runs",
+            "--json",
+        ],
+        changes: &["none of yours", "leasehold/", ".jsonl", ".html"],
     },
     Expect {
         subcommand: &["bench", "contention"],

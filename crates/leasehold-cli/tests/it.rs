@@ -16,6 +16,8 @@ mod chaos;
 mod chaos_etcd;
 #[path = "chaos_marks.rs"]
 mod chaos_marks;
+#[path = "chaos_etcd_user.rs"]
+mod chaos_etcd_user;
 #[path = "chaos_tls.rs"]
 mod chaos_tls;
 #[path = "cli.rs"]

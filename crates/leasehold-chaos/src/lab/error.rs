@@ -78,8 +78,11 @@ pub enum LabError {
     /// [`LabOptions::tls`]: super::LabOptions::tls
     #[error("the redis url's tls settings cannot be used")]
     Tls(#[source] leasehold::Error),
-    /// A request of the lab's own to its throwaway etcd cluster failed (an
-    /// operator's lease revoke, [`Fault::EtcdRevoke`]).
+    /// A request of the lab's own to its etcd cluster failed (an
+    /// operator's lease revoke, [`Fault::EtcdRevoke`]; reaching the
+    /// cluster given to [`LabOptions::etcd_endpoints`]).
+    ///
+    /// [`LabOptions::etcd_endpoints`]: super::LabOptions::etcd_endpoints
     #[error("{what} failed on the etcd cluster")]
     Etcd {
         /// What was being done.
@@ -88,6 +91,54 @@ pub enum LabError {
         #[source]
         source: leasehold::etcd::EtcdError,
     },
+    /// The etcd cluster given to [`LabOptions::etcd_endpoints`] refused
+    /// the lab's user or password (or asked for one, or has no
+    /// authentication enabled though credentials were given), found when
+    /// the lab starts, before any run. Never shows the password.
+    ///
+    /// [`LabOptions::etcd_endpoints`]: super::LabOptions::etcd_endpoints
+    #[error("etcd at {endpoint} refused to authenticate {}", user_shown(user.as_deref()))]
+    EtcdAuth {
+        /// The member that refused.
+        endpoint: String,
+        /// The user name given, if any.
+        user: Option<String>,
+        /// The etcd client's error (boxed: it is large).
+        #[source]
+        source: Box<leasehold::etcd::EtcdError>,
+    },
+    /// The user of the etcd cluster given to
+    /// [`LabOptions::etcd_endpoints`] may not read or write the lock keys'
+    /// prefix, found when the lab starts, before any run. Grant its role
+    /// `readwrite` on the prefix (`etcdctl role grant-permission ROLE
+    /// readwrite leasehold --prefix`).
+    ///
+    /// [`LabOptions::etcd_endpoints`]: super::LabOptions::etcd_endpoints
+    #[error(
+        "etcd at {endpoint} does not let {} {needs} keys under the prefix {prefix:?} (grant its role readwrite on that prefix)",
+        user_shown(user.as_deref())
+    )]
+    EtcdPermission {
+        /// The member that refused.
+        endpoint: String,
+        /// The user name given, if any.
+        user: Option<String>,
+        /// `read` or `readwrite`.
+        needs: &'static str,
+        /// The prefix the lock keys live under.
+        prefix: &'static str,
+        /// The etcd client's error (boxed: it is large).
+        #[source]
+        source: Box<leasehold::etcd::EtcdError>,
+    },
+}
+
+/// `user "NAME"`, or `the anonymous user`.
+fn user_shown(user: Option<&str>) -> String {
+    match user {
+        Some(user) => format!("user {user:?}"),
+        None => "the anonymous user".to_owned(),
+    }
 }
 
 pub(super) fn server(what: impl Into<String>) -> impl FnOnce(leasehold_testkit::Error) -> LabError {

@@ -10,7 +10,10 @@
 //! can also stand in front
 //! of your own Redis or Redis Cluster ([`LabOptions::redis_url`],
 //! [`LabOptions::cluster_urls`]) for the faults that need no control of
-//! the Redis processes. The nemesis runs on its own thread, so the
+//! the Redis processes, or of your own etcd cluster
+//! ([`LabOptions::etcd_endpoints`], with TLS and a user) for the faults
+//! that need no control of its members. The nemesis runs on its own
+//! thread, so the
 //! blocking server control never stalls the callers.
 //!
 //! The parts, by job: `options` (what a lab is asked for), `start` (the
@@ -33,6 +36,12 @@
 //!   documented commands ([`HARNESS_ACL_RULES`](crate::HARNESS_ACL_RULES)
 //!   on top of [`ACL_RULES`], per fault [`Fault::needs_commands`]) and
 //!   checks them before a run ([`Lab::check_fault`]).
+//! - **Your etcd**: [`LabOptions::etcd_endpoints`] (`https://` with
+//!   [`LabOptions::etcd_tls`], a user with
+//!   [`LabOptions::etcd_credentials`]); the lab checks the user's
+//!   access to the lock keys before a run and injects only
+//!   [`Fault::EtcdRevoke`] there (the other etcd faults need the
+//!   members' processes: [`Fault::needs_etcd_process`]).
 //! - **The proxy's port**: [`LabOptions::proxy_port`].
 //! - **Throwaway servers configured like yours**, for the faults that
 //!   need the process: [`LabOptions::redis_options`] (TLS with client
@@ -41,6 +50,8 @@
 //!   PostgreSQL.
 //!
 //! [`Fault::needs_commands`]: crate::fault::Fault::needs_commands
+//! [`Fault::EtcdRevoke`]: crate::fault::Fault::EtcdRevoke
+//! [`Fault::needs_etcd_process`]: crate::fault::Fault::needs_etcd_process
 //! [`PostgresServer::start_tls`]: leasehold_testkit::PostgresServer::start_tls
 
 mod acl;
@@ -142,12 +153,13 @@ impl Lab {
     /// The URLs of a Redlock quorum: [`redis_url`](Self::redis_url) first
     /// (the node faults hit), then the extra nodes. On a cluster, its
     /// masters' URLs, the seed list of a cluster client. On an etcd lab,
-    /// its members' client endpoints (`http://127.0.0.1:PORT`).
+    /// its members' client endpoints (`http://127.0.0.1:PORT`, or those
+    /// given to [`LabOptions::etcd_endpoints`]).
     pub fn node_urls(&self) -> Vec<String> {
         match &self.servers().primary {
             Primary::Cluster { cluster, .. } => return cluster.urls(),
             Primary::ExternalCluster { urls, .. } => return urls.clone(),
-            Primary::Etcd(etcd) => return etcd.cluster.endpoints(),
+            Primary::Etcd(etcd) => return etcd.endpoints.clone(),
             _ => {}
         }
         let mut urls = vec![self.redis_url()];

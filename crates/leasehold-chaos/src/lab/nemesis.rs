@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use super::etcd::NEEDS_ETCD_PROCESS;
 use super::inject::NEEDS_FAKE_CLOCK;
 use super::servers::Primary;
 use super::{Lab, LabError};
@@ -16,7 +17,10 @@ use crate::recorder::Recorder;
 impl Lab {
     /// Checks, before a run, that this lab can inject `fault` as asked:
     /// the servers it needs ([`LabError::Unsupported`]: the fault proxy,
-    /// control of the Redis process), and on a Redis given by URL that its
+    /// control of the Redis process, control of the etcd members, which
+    /// an etcd given by
+    /// [`LabOptions::etcd_endpoints`](super::LabOptions::etcd_endpoints)
+    /// refuses), and on a Redis given by URL that its
     /// user may run the fault's commands ([`Fault::needs_commands`],
     /// each probed in a harmless form, see
     /// [`HARNESS_ACL_RULES`](crate::HARNESS_ACL_RULES)):
@@ -42,6 +46,14 @@ impl Lab {
             return Err(LabError::Unsupported {
                 fault,
                 needs: "a throwaway etcd cluster (LabOptions::etcd, the etcd modes)",
+            });
+        }
+        if fault.needs_etcd_process()
+            && matches!(&servers.primary, Primary::Etcd(lab) if lab.cluster.is_none())
+        {
+            return Err(LabError::Unsupported {
+                fault,
+                needs: NEEDS_ETCD_PROCESS,
             });
         }
         if etcd

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use leasehold::etcd::Credentials;
 use leasehold::tls::TlsFiles;
 use leasehold_testkit::{PostgresServer, RedisOptions};
 
@@ -31,6 +32,9 @@ pub struct LabOptions {
     pub(super) redis_options: Option<RedisOptions>,
     pub(super) fake_clock: bool,
     pub(super) etcd: bool,
+    pub(super) etcd_endpoints: Vec<String>,
+    pub(super) etcd_tls: Option<TlsFiles>,
+    pub(super) etcd_credentials: Option<Credentials>,
 }
 
 impl LabOptions {
@@ -256,6 +260,77 @@ impl LabOptions {
     /// [`Lab::node_urls`]: super::Lab::node_urls
     pub fn etcd(mut self, on: bool) -> Self {
         self.etcd = on;
+        self
+    }
+
+    /// Your own etcd cluster (its members' client endpoints,
+    /// `http://host:port` or `https://host:port`, all of one scheme; the
+    /// TLS files with [`etcd_tls`](Self::etcd_tls), the user with
+    /// [`etcd_credentials`](Self::etcd_credentials)) instead of a
+    /// throwaway one: an etcd lab (as [`etcd`](Self::etcd)) whose callers
+    /// dial these endpoints ([`Lab::node_urls`]). No user name or password
+    /// in an endpoint ([`LabError::Options`]): endpoints are shown in
+    /// errors and logs, credentials never are.
+    ///
+    /// Only the faults that need no control of the members can run then:
+    /// [`Fault::EtcdRevoke`] (etcd's API only), the holder pause and the
+    /// PostgreSQL faults. The others ([`Fault::needs_etcd_process`]: a
+    /// member killed, paused or cut off, a restart, the `NOSPACE` alarm)
+    /// are [`LabError::Unsupported`] from [`Lab::check_fault`], before the
+    /// run, never injected into your cluster.
+    ///
+    /// [`Lab::start`] checks access before any run: it reads the lock
+    /// keys' prefix (`leasehold`, which holds the etcd way's `leasehold/`
+    /// and the Lock RPC control's `leasehold-rpc/`) and sends a
+    /// transaction that writes a probe key under each but whose condition
+    /// never holds (etcd checks the permission of its writes all the
+    /// same; nothing is applied). A refused user or password is
+    /// [`LabError::EtcdAuth`], a missing permission
+    /// [`LabError::EtcdPermission`], each naming the endpoint and never a
+    /// secret. The user needs `readwrite` on the prefix `leasehold`
+    /// (`etcdctl role grant-permission ROLE readwrite leasehold
+    /// --prefix`); granting and revoking leases needs no more.
+    ///
+    /// The lab changes that cluster: [`Fault::EtcdRevoke`] revokes every
+    /// lease that holds a key under `leasehold` (yours too, if you keep
+    /// keys there). Point it at a test cluster. Defaults to none.
+    ///
+    /// [`Lab::node_urls`]: super::Lab::node_urls
+    /// [`Lab::check_fault`]: super::Lab::check_fault
+    /// [`Lab::start`]: super::Lab::start
+    pub fn etcd_endpoints<I, S>(mut self, endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.etcd_endpoints = endpoints.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The TLS files (CA, client certificate and key: the library's
+    /// [`TlsFiles`], read as [`leasehold::EtcdLockerBuilder::tls`] reads
+    /// them) for `https://` [`etcd_endpoints`](Self::etcd_endpoints): the
+    /// lab's own client uses them, and so must your callers
+    /// ([`Lab::etcd_tls_files`]). Files for `http://` endpoints, or
+    /// without endpoints of yours (the throwaway cluster is plain), are
+    /// [`LabError::Options`]. Defaults to none.
+    ///
+    /// [`Lab::etcd_tls_files`]: super::Lab::etcd_tls_files
+    pub fn etcd_tls(mut self, files: TlsFiles) -> Self {
+        self.etcd_tls = Some(files);
+        self
+    }
+
+    /// The user and password the lab authenticates as on
+    /// [`etcd_endpoints`](Self::etcd_endpoints) (etcd's authentication),
+    /// as your callers must too ([`Lab::etcd_credentials`]). The password
+    /// is never shown ([`Credentials`]' `Debug` hides it). Without
+    /// endpoints of yours (the throwaway cluster has no users):
+    /// [`LabError::Options`]. Defaults to none.
+    ///
+    /// [`Lab::etcd_credentials`]: super::Lab::etcd_credentials
+    pub fn etcd_credentials(mut self, credentials: Credentials) -> Self {
+        self.etcd_credentials = Some(credentials);
         self
     }
 

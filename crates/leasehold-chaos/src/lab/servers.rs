@@ -39,8 +39,8 @@ pub(super) enum Primary {
         setup: RedisSentinel,
         old: Option<u16>,
     },
-    /// A throwaway etcd cluster of three members, for the etcd modes: no
-    /// Redis at all.
+    /// An etcd cluster (a throwaway one of three members, or the user's),
+    /// for the etcd modes: no Redis at all.
     Etcd(EtcdLab),
 }
 

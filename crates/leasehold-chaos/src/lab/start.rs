@@ -70,15 +70,22 @@ impl Lab {
     /// server to answer): call it from `spawn_blocking` in async code.
     ///
     /// # Errors
-    /// [`LabError::Server`] when a server does not start.
+    /// [`LabError::Server`] when a server does not start;
+    /// [`LabError::Options`] for options that do not go together; for a
+    /// server of yours, what reaching it met ([`LabError::External`],
+    /// [`LabError::Tls`], and on etcd [`LabError::EtcdAuth`],
+    /// [`LabError::EtcdPermission`], [`LabError::Etcd`]).
     pub fn start(options: &LabOptions) -> Result<Lab, LabError> {
-        if options.etcd {
+        if options.etcd || !options.etcd_endpoints.is_empty() {
             if options.redis_url.is_some() || !options.cluster_urls.is_empty() {
-                return Err(LabError::Options(
-                    "an etcd lab starts its own etcd cluster: no redis url",
-                ));
+                return Err(LabError::Options("an etcd lab has no redis: no redis url"));
             }
             return Self::start_etcd(options);
+        }
+        if options.etcd_tls.is_some() || options.etcd_credentials.is_some() {
+            return Err(LabError::Options(
+                "etcd tls files or credentials for a lab without etcd (LabOptions::etcd_endpoints)",
+            ));
         }
         if let Some(url) = &options.redis_url {
             return Self::start_external(options, url);

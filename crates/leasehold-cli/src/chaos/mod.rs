@@ -13,6 +13,7 @@ use leasehold_chaos::{
 };
 use leasehold_testkit::PostgresServer;
 
+mod etcd;
 mod lock_rpc;
 mod marks;
 mod modes;
@@ -102,6 +103,7 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         None => Vec::new(),
     };
     check_urls(args, &seeds)?;
+    let etcd = etcd::EtcdTarget::from_flags(args)?;
     // A fault that would never happen must not pass for one that held.
     if let Some(fault) = faults.iter().find(|&&fault| {
         fault != Fault::None
@@ -134,6 +136,7 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
             port: args.proxy_port,
             host: args.proxy_host.clone(),
         },
+        etcd,
     };
     if let Some(dir) = &args.report {
         std::fs::create_dir_all(dir)
@@ -159,6 +162,10 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     cells.sort_by_key(|(mode, fault)| mode.expect(*fault) != modes::Expect::Breaks);
     if args.redis_url.is_some() {
         let (run, skipped): (Vec<_>, Vec<_>) = cells.into_iter().partition(|(mode, fault)| {
+            if mode.is_etcd() && plan.etcd.is_some() {
+                // On the user's etcd: set aside below, if at all.
+                return true;
+            }
             // On a cluster the callers reach the nodes directly (no proxy),
             // and a command to "the" primary has no one node to go to.
             let proxied = !matches!(
@@ -194,6 +201,10 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         );
         cells = run;
         check_access(&plan, &cells).await?;
+    }
+    if let Some(target) = &plan.etcd {
+        cells = etcd::keep_runnable(cells)?;
+        etcd::check_access(target, &cells).await?;
     }
     let postgres = Arc::new(
         tokio::task::spawn_blocking(PostgresServer::start)
@@ -451,7 +462,8 @@ fn check_urls(args: &MatrixArgs, seeds: &[String]) -> anyhow::Result<()> {
 /// ACL does not grant is the lab's `Permission` error, naming it.
 async fn check_access(plan: &Plan, cells: &[(ChaosMode, Fault)]) -> anyhow::Result<()> {
     let mut faults: Vec<Fault> = Vec::new();
-    for &(_, fault) in cells {
+    // The etcd modes run on etcd, never on --redis-url.
+    for &(_, fault) in cells.iter().filter(|(mode, _)| !mode.is_etcd()) {
         if !faults.contains(&fault) {
             faults.push(fault);
         }

@@ -14,6 +14,7 @@ use leasehold_pg::Snapshot;
 use leasehold_pg::tokio_postgres::{Client, GenericClient};
 
 use crate::cli::ChaosMode;
+use crate::env::EtcdAccess;
 use crate::ledger;
 
 /// How long any Redis request of a worker may take.
@@ -98,12 +99,14 @@ impl ChaosMode {
 
     /// Connects the mode's lock to `urls` (one, or a quorum's), over TLS
     /// with `tls` for a `rediss://` URL (a cluster and Sentinel here are
-    /// plain TCP).
+    /// plain TCP); the etcd mode to its endpoints with `etcd`'s TLS files
+    /// and user.
     pub(crate) async fn lock(
         self,
         urls: &[String],
         cluster: bool,
         tls: &TlsFiles,
+        etcd: &EtcdAccess,
     ) -> anyhow::Result<Lock> {
         // Every mode but the blind control writes with a fencing token.
         let fenced = self != ChaosMode::Blind;
@@ -112,10 +115,15 @@ impl ChaosMode {
             ChaosMode::Etcd => {
                 // The endpoints come rotated per worker: each starts at
                 // another member, as services spread over a cluster do.
-                let locker = EtcdLocker::builder(urls.to_vec())
-                    .command_timeout(ETCD_COMMAND_TIMEOUT)
-                    .connect()
-                    .await?;
+                let mut builder =
+                    EtcdLocker::builder(urls.to_vec()).command_timeout(ETCD_COMMAND_TIMEOUT);
+                if let Some(files) = etcd.tls_files() {
+                    builder = builder.tls(files);
+                }
+                if let Some(credentials) = etcd.credentials() {
+                    builder = builder.credentials(credentials);
+                }
+                let locker = builder.connect().await?;
                 return Ok(Lock::new(locker, true));
             }
             ChaosMode::EtcdLockRpc => {

@@ -15,11 +15,12 @@ use leasehold_testkit::PostgresServer;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_util::task::AbortOnDropHandle;
 
+use super::etcd::EtcdTarget;
 use super::modes::Expect;
 use super::worker::Spec;
 use crate::child;
 use crate::cli::ChaosMode;
-use crate::env::TlsFlags;
+use crate::env::{EtcdAccess, TlsFlags};
 
 /// The settings every run of one invocation shares.
 #[derive(Debug, Clone)]
@@ -45,6 +46,9 @@ pub(crate) struct Plan {
     pub(crate) tls: TlsFlags,
     /// The fault proxy in front of [`redis_url`](Self::redis_url).
     pub(crate) proxy: Proxy,
+    /// The user's etcd cluster, for the etcd modes, instead of a
+    /// throwaway one.
+    pub(crate) etcd: Option<EtcdTarget>,
 }
 
 /// The fault proxy's settings in front of the user's Redis.
@@ -107,8 +111,11 @@ pub(crate) async fn run_one(
     postgres: &Arc<PostgresServer>,
     pool: &Pool,
 ) -> anyhow::Result<RunReport> {
-    let options = plan
-        .lab_options()
+    let servers = match &plan.etcd {
+        Some(target) if mode.is_etcd() => target.lab_options(),
+        _ => plan.lab_options(),
+    };
+    let options = servers
         .for_fault(fault)
         .etcd(mode.is_etcd())
         .nodes(mode.nodes(plan.quorum_nodes))
@@ -163,6 +170,10 @@ pub(crate) async fn run_one(
             redis_urls,
             cluster,
             tls: plan.tls.clone(),
+            etcd: match &plan.etcd {
+                Some(target) if mode.is_etcd() => target.access.clone(),
+                _ => EtcdAccess::default(),
+            },
             database_url: database_url.clone(),
             resources: resources.iter().map(|(r, _)| r.clone()).collect(),
             ttl_ms: millis(plan.ttl),

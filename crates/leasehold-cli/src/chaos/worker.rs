@@ -17,7 +17,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::lock_rpc::RpcCallers;
 use crate::cli::ChaosMode;
-use crate::env::TlsFlags;
+use crate::env::{EtcdAccess, TlsFlags};
 
 /// What a worker prints once connected.
 pub(crate) const READY: &[u8] = b"ready\n";
@@ -37,6 +37,10 @@ pub(crate) struct Spec {
     /// The TLS files for `rediss://` URLs (the user's Redis).
     #[serde(default)]
     pub(crate) tls: TlsFlags,
+    /// The TLS files and the user for the user's etcd (the etcd modes on
+    /// `--etcd-endpoints`).
+    #[serde(default)]
+    pub(crate) etcd: EtcdAccess,
     pub(crate) database_url: String,
     pub(crate) resources: Vec<String>,
     pub(crate) ttl_ms: u64,
@@ -63,7 +67,12 @@ async fn connect_lock(spec: &Spec) -> anyhow::Result<Lock> {
     loop {
         match spec
             .mode
-            .lock(&spec.redis_urls, spec.cluster, &spec.tls.files())
+            .lock(
+                &spec.redis_urls,
+                spec.cluster,
+                &spec.tls.files(),
+                &spec.etcd,
+            )
             .await
         {
             Err(err) if std::time::Instant::now() < give_up && may_pass(&err) => {
@@ -97,6 +106,10 @@ pub(crate) async fn run() -> anyhow::Result<()> {
         .context("no worker spec on stdin")?;
     let spec: Spec = serde_json::from_str(&input).context("parsing the worker spec")?;
     let pool = crate::env::pg_pool(&spec.database_url, spec.tasks as usize)?;
+    anyhow::ensure!(
+        spec.mode != ChaosMode::EtcdLockRpc || !spec.etcd.is_set(),
+        "etcd's Lock RPC control speaks neither tls nor etcd's authentication"
+    );
     // etcd's Lock RPC is not a leasehold lock: its callers run apart.
     let lock = if spec.mode == ChaosMode::EtcdLockRpc {
         None

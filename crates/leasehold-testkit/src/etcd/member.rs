@@ -542,6 +542,71 @@ impl EtcdMember {
         }
     }
 
+    /// Adds the etcd user `name` with `password`, and a role of the same
+    /// name granted `readwrite` (or, with `readwrite` false, only `read`)
+    /// on the keys under `prefix` (`/v3/auth/user/add`, `role/add`,
+    /// `role/grant`, `user/grant`): a user to test etcd's authentication
+    /// and permissions with. Before [`enable_auth`](Self::enable_auth).
+    ///
+    /// # Errors
+    ///
+    /// As for [`put`](Self::put).
+    pub fn add_user(
+        &self,
+        name: &str,
+        password: &str,
+        prefix: &str,
+        readwrite: bool,
+    ) -> Result<(), Error> {
+        let mut end = prefix.as_bytes().to_vec();
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let perm = if readwrite { "READWRITE" } else { "READ" };
+        self.auth_request("/v3/auth/user/add", &user_body(name, password))?;
+        self.auth_request("/v3/auth/role/add", &format!(r#"{{"name":"{name}"}}"#))?;
+        self.auth_request(
+            "/v3/auth/role/grant",
+            &format!(
+                r#"{{"name":"{name}","perm":{{"permType":"{perm}","key":"{}","range_end":"{}"}}}}"#,
+                gateway::base64_encode(prefix.as_bytes()),
+                gateway::base64_encode(&end)
+            ),
+        )?;
+        self.auth_request(
+            "/v3/auth/user/grant",
+            &format!(r#"{{"user":"{name}","role":"{name}"}}"#),
+        )
+    }
+
+    /// Adds the `root` user with `root_password` and the `root` role, and
+    /// turns etcd's authentication on (`/v3/auth/enable`): from then on
+    /// every request needs a user, and the test kit's own requests through
+    /// the gateway ([`put`](Self::put), [`get`](Self::get),
+    /// [`status`](Self::status)) are refused or see nothing.
+    ///
+    /// # Errors
+    ///
+    /// As for [`put`](Self::put).
+    pub fn enable_auth(&self, root_password: &str) -> Result<(), Error> {
+        self.auth_request("/v3/auth/user/add", &user_body("root", root_password))?;
+        self.auth_request("/v3/auth/role/add", r#"{"name":"root"}"#)?;
+        self.auth_request("/v3/auth/user/grant", r#"{"user":"root","role":"root"}"#)?;
+        self.auth_request("/v3/auth/enable", "{}")
+    }
+
+    /// One request of etcd's auth API through the gateway; a reply that
+    /// holds an error is [`Error::EtcdReply`] (the request, which may hold
+    /// a password, is never part of it).
+    fn auth_request(&self, path: &str, body: &str) -> Result<(), Error> {
+        let reply = gateway::post(self.operator_addr, path, body, REQUEST_TIMEOUT)?;
+        if reply.trim_start().starts_with('{') && !reply.contains(r#""error""#) {
+            Ok(())
+        } else {
+            Err(gateway::unexpected(self.operator_addr, path, &reply))
+        }
+    }
+
     /// Reads `key` through this member with a linearizable read (the
     /// default, which needs the leader and a quorum); `None` if it is
     /// absent.
@@ -581,6 +646,18 @@ impl EtcdMember {
         };
         Ok(Some(String::from_utf8_lossy(&value).into_owned()))
     }
+}
+
+/// The JSON of a user and its password, the password escaped.
+fn user_body(name: &str, password: &str) -> String {
+    let escaped: String = password
+        .chars()
+        .flat_map(|c| match c {
+            '"' | '\\' => vec!['\\', c],
+            c => vec![c],
+        })
+        .collect();
+    format!(r#"{{"name":"{name}","password":"{escaped}"}}"#)
 }
 
 impl Drop for EtcdMember {
