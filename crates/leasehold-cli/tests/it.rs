@@ -14,10 +14,10 @@ mod bench_leader;
 mod chaos;
 #[path = "chaos_etcd.rs"]
 mod chaos_etcd;
-#[path = "chaos_marks.rs"]
-mod chaos_marks;
 #[path = "chaos_etcd_user.rs"]
 mod chaos_etcd_user;
+#[path = "chaos_marks.rs"]
+mod chaos_marks;
 #[path = "chaos_tls.rs"]
 mod chaos_tls;
 #[path = "cli.rs"]
