@@ -308,7 +308,7 @@ failover and redlock change (see their --help):
 ",
         exit_codes!()
     ))]
-    Chaos(ChaosArgs),
+    Chaos(Box<ChaosArgs>),
 }
 
 impl Cli {
