@@ -354,7 +354,10 @@ async fn a_held_lease_rides_out_its_member_paused_past_its_ttl_twice() -> TestRe
 async fn a_waiter_keeps_its_place_while_its_member_is_paused_past_its_ttl() -> TestResult {
     let cluster = start();
     let prefix = "t-slow-waiter/";
-    let ttl = Duration::from_secs(1);
+    // 2 s, not etcd's 1 s minimum: the keep-alives' move to another member
+    // must land within a third of it, which a busy 2-core machine (the
+    // whole suite beside) once missed at 1 s.
+    let ttl = Duration::from_secs(2);
     let leader = cluster.wait_for_leader(PATIENT)?;
     let follower = (leader + 1) % cluster.len();
     let on_leader = locker_at(&cluster, prefix, leader).await?;
@@ -382,7 +385,12 @@ async fn a_waiter_keeps_its_place_while_its_member_is_paused_past_its_ttl() -> T
     assert!(holder.lost().is_none(), "{:?}", holder.lost());
     holder.release().await?;
     let lease = timeout(PATIENT, first).await???;
-    assert!(!second.is_finished(), "the second waiter was served first");
+    if second.is_finished() {
+        // Served while the first holds it, or given up with an error:
+        // either fails, and says which.
+        let outcome = second.await?.map(|lease| lease.fence());
+        panic!("the second waiter finished while the first held the lock: {outcome:?}");
+    }
     lease.release().await?;
     timeout(PATIENT, second).await???.release().await?;
     Ok(())
