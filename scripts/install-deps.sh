@@ -6,7 +6,7 @@
 # (to drive a test server's clock), etcd (the testkit's EtcdCluster;
 # Debian bookworm's etcd-server is 3.4.23; LEASEHOLD_ETCD may name
 # another etcd binary for the tests, such as the 3.5 release
-# scripts/etcd35.sh fetches), and a
+# scripts/etcd35.sh fetches), PgBouncer, and a
 # headless Chromium (the chaos timeline's rendering test; any of
 # chromium, chromium-browser or google-chrome will do). Idempotent:
 # installs nothing when all is present.
@@ -28,6 +28,9 @@ command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 # default), or with curl from a pinned address.
 [ -r /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+# PgBouncer (the testkit's PgBouncer, transaction pooling in front of a
+# throwaway PostgreSQL) from Debian's package (1.18 on bookworm).
+command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
 
 have_pg=no
 if command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1; then

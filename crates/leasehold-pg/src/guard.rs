@@ -278,8 +278,16 @@
 //!   take-over): 2001 to 2027 ms.
 //! - Through PgBouncer in transaction mode: the session ended is the
 //!   server connection the frozen client's transaction runs on, which is
-//!   what keeps the row; the settings are `SET LOCAL`, the marks
-//!   transaction-level, as everywhere in the guard.
+//!   what keeps the row; PgBouncer ends the frozen client's connection
+//!   with it, and the next holder commits on another server connection.
+//!   The settings are `SET LOCAL`, the marks transaction-level, as
+//!   everywhere in the guard: the next client on that server connection
+//!   does not inherit the bound. Tested on both drivers through Debian's
+//!   PgBouncer 1.18 (`through_pgbouncer_*` in `tests/guarded.rs` and
+//!   `tests/sqlx.rs`). On sqlx the guard's own statements are unnamed
+//!   (`persistent(false)`), as a statement prepared by name on one server
+//!   connection is not on the next; give your own statements inside
+//!   `guarded` the same through PgBouncer in transaction mode.
 //!
 //! # Several resources (a transfer)
 //!

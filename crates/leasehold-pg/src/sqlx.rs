@@ -114,7 +114,14 @@ impl Statements for PgConnection {
         } else {
             GUARD
         };
-        let mut query = ::sqlx::query(sql).bind(resource).bind(fence).bind(holder);
+        // Unnamed (`persistent(false)`): a statement prepared on one
+        // transaction's server connection is not on the next one's
+        // behind PgBouncer in transaction mode.
+        let mut query = ::sqlx::query(sql)
+            .persistent(false)
+            .bind(resource)
+            .bind(fence)
+            .bind(holder);
         if let Some(idle_ms) = idle_ms {
             query = query.bind(idle_ms);
         }
@@ -127,7 +134,7 @@ impl Statements for PgConnection {
     }
 
     async fn flag(&mut self, sql: &'static str, args: &[&str]) -> Result<bool> {
-        let mut query = ::sqlx::query_scalar(sql);
+        let mut query = ::sqlx::query_scalar(sql).persistent(false);
         for arg in args {
             query = query.bind(*arg);
         }
@@ -144,6 +151,7 @@ impl Statements for PgConnection {
 
     async fn take_over(&mut self, resource: &str, fence: i64, holder: &str) -> Result<bool> {
         Ok(::sqlx::query_scalar(TAKE_OVER)
+            .persistent(false)
             .bind(resource)
             .bind(fence)
             .bind(holder)

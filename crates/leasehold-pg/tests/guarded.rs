@@ -231,10 +231,31 @@ async fn a_session_the_server_ended_before_the_commit_did_not_commit() -> TestRe
 /// and its commit, once it thaws, says it did not commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_frozen_in_its_transaction_stalls_the_next_only_for_its_lease() -> TestResult {
+    frozen_between_statements("guarded_frozen", false).await
+}
+
+/// The same through PgBouncer in transaction mode (pool of 2): the
+/// guard's bound is transaction-local (`SET LOCAL`), so it holds on the
+/// pooled server connection the frozen transaction runs on; the server
+/// ends that connection, PgBouncer ends the frozen client's with it, and
+/// the next holder, on the other server connection, commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_pgbouncer_a_frozen_holder_stalls_the_next_only_for_its_lease() -> TestResult {
+    frozen_between_statements("guarded_frozen_pgbouncer", true).await
+}
+
+/// A holder frozen between statements, and the next holder, on
+/// connections straight to the server or through PgBouncer.
+async fn frozen_between_statements(table: &str, through_pgbouncer: bool) -> TestResult {
     let redis = RedisServer::start()?;
-    let table = "guarded_frozen";
-    let (mut next_db, server) = db(table).await?;
-    let mut frozen_db = leasehold_pg::connect(&server.url()).await?;
+    let (db, server) = db(table).await?;
+    let bouncer = match through_pgbouncer {
+        true => Some(leasehold_testkit::PgBouncer::start(&server)?),
+        false => None,
+    };
+    let url = bouncer.as_ref().map_or_else(|| server.url(), |b| b.url());
+    let mut next_db = leasehold_pg::connect(&url).await?;
+    let mut frozen_db = leasehold_pg::connect(&url).await?;
     let keys = FencedKeys::for_resource("guarded:frozen")?;
     let (frozen, runtime) = frozen_lease(redis.url(), keys.clone(), SHORT)?;
     let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
@@ -277,7 +298,9 @@ async fn a_holder_frozen_in_its_transaction_stalls_the_next_only_for_its_lease()
     let err = frozen_outcome.err().ok_or("a frozen holder committed")?;
     assert!(matches!(err, Error::SessionEnded(_)), "{}", chain(&err));
     assert!(err.is_retryable());
-    assert_eq!(value(&next_db, table).await?, 1);
+    // Read on the direct connection (a statement outside a transaction
+    // through PgBouncer may not find its prepared statement).
+    assert_eq!(value(&db, table).await?, 1);
     drop(frozen);
     runtime.shutdown_background();
     Ok(())
@@ -824,5 +847,48 @@ async fn a_fencing_token_binds_and_reads_as_a_bigint() -> TestResult {
         .await?
         .try_get::<_, FencingToken>(0);
     assert!(zero.is_err());
+    Ok(())
+}
+
+/// Through PgBouncer in transaction mode with a single server connection
+/// (every client's transactions run on it, one after the other), the
+/// guard's idle bound is its transaction's alone (`SET LOCAL`): the next
+/// client's transaction, on the same server connection, sees the
+/// server's default. A session-wide `SET` would follow that connection
+/// to whoever runs on it next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_pgbouncer_the_guards_bound_stays_in_its_transaction() -> TestResult {
+    let redis = RedisServer::start()?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let (_db, server) = db("guarded_pgbouncer_local").await?;
+    let bouncer = leasehold_testkit::PgBouncer::start_with_pool(&server, 1)?;
+    let mut first = leasehold_pg::connect(&bouncer.url()).await?;
+    let mut next = leasehold_pg::connect(&bouncer.url()).await?;
+    let lease = locker
+        .acquire(&FencedKeys::for_resource("guarded:pgbouncer")?, TTL)
+        .await?;
+    const SESSION: &str = "SELECT pg_backend_pid(),
+        (extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint";
+    let inside = leasehold_pg::guarded(&mut first, &lease, async |tx| {
+        let row = tx.query_one(SESSION, &[]).await?;
+        Ok::<(i32, i64), Error>((row.get(0), row.get(1)))
+    })
+    .await?;
+    let Guarded::Committed((pid, bound)) = inside else {
+        return Err(format!("not committed: {inside:?}").into());
+    };
+    // Set inside: from the lease's remaining validity, up to its TTL.
+    assert!(
+        bound > 0 && bound <= i64::try_from(TTL.as_millis())?,
+        "{bound}"
+    );
+    let tx = next.transaction().await?;
+    let row = tx.query_one(SESSION, &[]).await?;
+    tx.commit().await?;
+    let (next_pid, next_bound): (i32, i64) = (row.get(0), row.get(1));
+    // The same server connection (a pool of one), without the bound.
+    assert_eq!(next_pid, pid);
+    assert_eq!(next_bound, 0);
+    lease.release().await?;
     Ok(())
 }

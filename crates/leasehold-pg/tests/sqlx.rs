@@ -599,9 +599,32 @@ async fn guarded_says_what_the_database_holds() -> TestResult {
 /// frozen one's commit says it did not commit (as on tokio-postgres).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_frozen_in_its_transaction_stalls_the_next_only_for_its_lease() -> TestResult {
+    frozen_between_statements("sqlx_frozen", false).await
+}
+
+/// The same through PgBouncer in transaction mode (pool of 2): the
+/// guard's bound is transaction-local and its statements unnamed, so the
+/// frozen holder's server connection is ended and the next holder
+/// commits on the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_pgbouncer_a_frozen_holder_stalls_the_next_only_for_its_lease() -> TestResult {
+    frozen_between_statements("sqlx_frozen_pgbouncer", true).await
+}
+
+/// A holder frozen between statements, and the next holder, on
+/// connections straight to the server or through PgBouncer.
+async fn frozen_between_statements(name: &str, through_pgbouncer: bool) -> TestResult {
     let pg = server()?;
-    let mut next_db = db(&pg, "sqlx_frozen").await?;
-    let mut frozen_db = PgConnection::connect(&url_of(&pg, "sqlx_frozen")).await?;
+    let mut direct = db(&pg, name).await?;
+    let bouncer = match through_pgbouncer {
+        true => Some(leasehold_testkit::PgBouncer::start(&pg)?),
+        false => None,
+    };
+    let url = bouncer
+        .as_ref()
+        .map_or_else(|| url_of(&pg, name), |b| b.url_for(name));
+    let mut next_db = PgConnection::connect(&url).await?;
+    let mut frozen_db = PgConnection::connect(&url).await?;
     let redis = RedisServer::start()?;
     let keys = FencedKeys::for_resource("sqlx:frozen")?;
     let (frozen, runtime) = frozen_lease(redis.url(), keys.clone(), Duration::from_secs(1))?;
@@ -640,7 +663,7 @@ async fn a_holder_frozen_in_its_transaction_stalls_the_next_only_for_its_lease()
     let err = frozen_outcome.err().ok_or("a frozen holder committed")?;
     assert!(matches!(err, Error::SessionEnded(_)), "{}", chain(&err));
     assert!(err.is_retryable());
-    assert_eq!(value(&mut next_db).await?, 1);
+    assert_eq!(value(&mut direct).await?, 1);
     drop(frozen);
     runtime.shutdown_background();
     Ok(())
@@ -1039,5 +1062,99 @@ async fn a_fencing_token_binds_and_reads_as_an_int8() -> TestResult {
         .fetch_one(&mut db)
         .await;
     assert!(small.is_err(), "{small:?}");
+    Ok(())
+}
+
+/// Through PgBouncer in transaction mode (pool of 2), two clients whose
+/// guarded transactions are open at once, round after round, each run on
+/// whichever server connection is free: a statement the guard had
+/// prepared by name on one would be missing on the other ("prepared
+/// statement ... does not exist"). The guard's statements are unnamed,
+/// so every transaction commits, on both server connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_pgbouncer_guarded_transactions_move_between_server_connections() -> TestResult {
+    let pg = server()?;
+    let name = "sqlx_pgbouncer_moves";
+    let _direct = db(&pg, name).await?;
+    let bouncer = leasehold_testkit::PgBouncer::start(&pg)?;
+    let redis = RedisServer::start()?;
+    let locker = Locker::connect(&leasehold::redis::Client::open(redis.url())?).await?;
+    let mut clients = [
+        PgConnection::connect(&bouncer.url_for(name)).await?,
+        PgConnection::connect(&bouncer.url_for(name)).await?,
+    ];
+    // The second client prepares a statement of its own first (named,
+    // sqlx's default), so the two clients' names no longer match
+    // statement for statement: a named guard statement of one client
+    // would then meet the other's statement under its name.
+    let mut own = clients[1].begin().await?;
+    let one: i32 = sqlx::query_scalar("SELECT $1::int")
+        .bind(1)
+        .fetch_one(&mut *own)
+        .await?;
+    own.commit().await?;
+    assert_eq!(one, 1);
+    let leases = [
+        locker
+            .acquire(&FencedKeys::for_resource("sqlx:moves:a")?, TTL)
+            .await?,
+        locker
+            .acquire(&FencedKeys::for_resource("sqlx:moves:b")?, TTL)
+            .await?,
+    ];
+    let mut seen: [Vec<i32>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..8 {
+        // Both transactions open at once (two server connections), the
+        // first to begin alternating.
+        let both = tokio::sync::Barrier::new(2);
+        let (began_tx, began_rx) = oneshot::channel::<()>();
+        let [a, b] = &mut clients;
+        let (first, second) = if round % 2 == 0 { (a, b) } else { (b, a) };
+        let (first_lease, second_lease) = if round % 2 == 0 {
+            (&leases[0], &leases[1])
+        } else {
+            (&leases[1], &leases[0])
+        };
+        let work = async |tx: &mut PgConnection| {
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .persistent(false)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(Error::from)?;
+            both.wait().await;
+            Ok::<i32, Error>(pid)
+        };
+        let one = async {
+            let began = leasehold_pg::sqlx::guarded(first, first_lease, async |tx| {
+                let _ = began_tx.send(());
+                work(tx).await
+            });
+            began.await
+        };
+        let two = async {
+            let _ = began_rx.await;
+            leasehold_pg::sqlx::guarded(second, second_lease, work).await
+        };
+        let (one, two) = tokio::time::timeout(HUNG, async { tokio::join!(one, two) }).await?;
+        let (Guarded::Committed(p1), Guarded::Committed(p2)) = (one?, two?) else {
+            return Err("a guarded transaction did not commit".into());
+        };
+        let (i1, i2) = if round % 2 == 0 { (0, 1) } else { (1, 0) };
+        seen[i1].push(p1);
+        seen[i2].push(p2);
+    }
+    for (client, pids) in seen.iter().enumerate() {
+        let mut distinct = pids.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            2,
+            "client {client} ran on one server connection only: {pids:?}"
+        );
+    }
+    for lease in leases {
+        lease.release().await?;
+    }
     Ok(())
 }

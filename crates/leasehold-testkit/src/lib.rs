@@ -56,6 +56,7 @@ mod connection;
 mod error;
 mod etcd;
 mod faults;
+mod pgbouncer;
 mod postgres;
 mod process;
 mod proxy;
@@ -75,6 +76,7 @@ pub use etcd::{
 pub use faults::{
     descendants, is_process_paused, pause_process, resume_process, stop_this_process,
 };
+pub use pgbouncer::PgBouncer;
 pub use postgres::PostgresServer;
 pub use process::free_port;
 pub use proxy::{Direction, FaultProxy, Faults};

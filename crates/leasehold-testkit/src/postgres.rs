@@ -496,7 +496,7 @@ fn debian_bin_dirs(lib_dir: &Path) -> Vec<PathBuf> {
 /// The user to run PostgreSQL as: the `postgres` system user if this process
 /// is root (PostgreSQL refuses to run as root), otherwise `None` (the
 /// current user).
-fn run_as() -> Result<Option<(Uid, Gid)>, Error> {
+pub(crate) fn run_as() -> Result<Option<(Uid, Gid)>, Error> {
     if !Uid::effective().is_root() {
         return Ok(None);
     }
@@ -512,7 +512,7 @@ fn run_as() -> Result<Option<(Uid, Gid)>, Error> {
 }
 
 /// Makes `path` owned by the user PostgreSQL runs as, if that is not us.
-fn give_to(path: &Path, run_as: Option<(Uid, Gid)>) -> Result<(), Error> {
+pub(crate) fn give_to(path: &Path, run_as: Option<(Uid, Gid)>) -> Result<(), Error> {
     match run_as {
         Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid.as_raw()), Some(gid.as_raw()))
             .map_err(process::io_err(path)),
