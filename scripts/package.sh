@@ -106,15 +106,19 @@ publish=(cargo publish --dry-run --locked "${packages[@]/#/-p}" "${dirty[@]}")
 # package's Cargo.lock names leasehold from crates.io, where the patch sends
 # it elsewhere.
 install_cli() {
-  local version root patches=()
+  local version root pkg patches=()
   version=$(cargo metadata --format-version 1 --no-deps --locked |
     python3 -c 'import json,sys; print({p["name"]: p["version"] for p in json.load(sys.stdin)["packages"]}["leasehold-cli"])')
+  # Where the dry run unpacked the packages: the target directory's
+  # package/ (CARGO_TARGET_DIR may put it outside the repository).
+  pkg="$(cargo metadata --format-version 1 --no-deps --locked |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/package"
   for name in leasehold leasehold-pg leasehold-testkit leasehold-chaos; do
-    patches+=(--config "patch.crates-io.$name.path=\"$PWD/target/package/$name-$version\"")
+    patches+=(--config "patch.crates-io.$name.path=\"$pkg/$name-$version\"")
   done
   root="$control/install"
-  cargo install --debug --quiet --path "target/package/leasehold-cli-$version" \
-    --root "$root" --target-dir target/package/install-target "${patches[@]}"
+  cargo install --debug --quiet --path "$pkg/leasehold-cli-$version" \
+    --root "$root" --target-dir "$pkg/install-target" "${patches[@]}"
   "$root/bin/leasehold" --version
   echo "install: cargo install --path target/package/leasehold-cli-$version installs a working leasehold"
 }
