@@ -245,6 +245,17 @@ impl EtcdClient {
             .url()
     }
 
+    /// Whether the member at `endpoint` fell silent (an attempt there
+    /// timed out, its answer was lost, it could not be reached) and has
+    /// not answered since: a watch open there may be waiting on a member
+    /// that will not speak (see [`WatchStream::endpoint`](super::WatchStream::endpoint)).
+    pub(crate) fn is_demoted(&self, endpoint: &str) -> bool {
+        self.inner
+            .members
+            .iter()
+            .any(|member| member.url() == endpoint && member.is_demoted())
+    }
+
     fn member(&self, index: usize) -> &Member {
         &self.inner.members[index % self.inner.members.len()]
     }

@@ -112,7 +112,11 @@
 //!   and is answered before the next refresh is due. A 2 s lease with the
 //!   default 1 s command timeout waits 333 ms at most on a paused member.
 //!   A waiter's keep-alives (every `ttl / 3`) are split the same way, so a
-//!   waiter keeps its etcd lease, and its place in the queue.
+//!   waiter keeps its etcd lease, and its place in the queue. A waiter's
+//!   watch on a member its keep-alive found silent is opened again on
+//!   another member (from the revision after the last one it saw, so it
+//!   misses nothing) at once, not when the connection's own ping gives up
+//!   (up to 10 s later).
 //! - **The next requests start where the answer came from.** A member that
 //!   timed out (or lost its connection, or could not be reached) is
 //!   demoted until it answers again: the client passes over it whenever it

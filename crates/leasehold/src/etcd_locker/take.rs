@@ -402,6 +402,14 @@ async fn wait_turn(
                             }
                             Err(err) => return Err(failed(err)),
                         }
+                        // The keep-alive found the watch's member silent
+                        // (and moved on): the watch there would wait for
+                        // the connection's own ping to fail (seconds), so
+                        // it moves now, missing nothing.
+                        if client.is_demoted(watch.endpoint()) {
+                            from = watch.next_revision();
+                            continue 'watch;
+                        }
                     }
                     batch = watch.next() => match batch {
                         Ok(batch) if batch.events.iter().any(|e| e.kind == EventKind::Delete) => {
