@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use leasehold::etcd::{Credentials, EtcdClient, Range, TlsSettings};
 use leasehold::tls::TlsFiles;
-use leasehold::{EtcdLocker, FencedKeys};
+use leasehold::{EtcdLocker, FencedKeys, Lessor};
 use leasehold_chaos::{Fault, Harness, Kind, Lab, LabError, LabOptions, Lock, NegativeControl};
 use leasehold_testkit::{ClientAuth, EtcdCluster, TestCerts};
 

@@ -176,6 +176,20 @@ pub trait LockService: Clone + Send + Sync + 'static {
         self.service().name()
     }
 
+    /// The fence key a fenced lease of this service is guarded under (its
+    /// [`Lease::fence_key_for`](crate::Lease::fence_key_for), the row of a
+    /// fence table), for the fence key the caller named; the claim's
+    /// [`fence_key`](Claim::fence_key) is this. Defaults to the caller's
+    /// key: tokens of services that share it must be comparable (one
+    /// counter) or raisable (a refused holder lifts its counter past the
+    /// stored fence). A service whose tokens are neither (etcd's
+    /// revisions, ZooKeeper's zxids) names rows of its own, with its name
+    /// in front (`etcd:fence:{wallet:42}`), so the guard never compares
+    /// them with another service's.
+    fn fence_key_of(&self, fence_key: &str) -> String {
+        fence_key.to_owned()
+    }
+
     /// Refuses a TTL the service cannot honour (a ZooKeeper session timeout
     /// shorter than it), with [`Error::InvalidOptions`] or
     /// [`Error::InvalidTtl`]; never changes it silently. Called before any

@@ -212,10 +212,11 @@
 //! 3. **Ways of taking a lease**: every [`LockService`] is driven by one
 //!    retry loop (`rounds::drive`) and is a [`Lessor`] through one
 //!    implementation (`served`): polling ([`Locker`]), Redlock
-//!    ([`Quorum`]) and in memory for tests (`MemoryLocker`, feature
-//!    `memory`). Hand-off with its relay ([`HandoffLocker`]) and etcd
-//!    (`EtcdLocker`, feature `etcd`) still implement the crate's own
-//!    `Way` and drive their own waits through the same `Rounds`. All
+//!    ([`Quorum`]), etcd (`EtcdLocker`, feature `etcd`: a queued service,
+//!    its place kept across steps, woken by watch) and in memory for
+//!    tests (`MemoryLocker`, feature `memory`). Hand-off with its relay
+//!    ([`HandoffLocker`]) still implements the crate's own `Way` and
+//!    drives its own waits through the same `Rounds`. All
 //!    check options in one place, turn the caller's wait into one deadline
 //!    at their entry and share one routine for several keys.
 //! 4. The crate root: these docs and the `pub use` list.

@@ -112,12 +112,6 @@ impl<'a> Rounds<'a> {
         self.fault = None;
     }
 
-    /// Notes that the service answered a request (no fault to report).
-    #[cfg(feature = "etcd")]
-    pub(crate) fn answered(&mut self) {
-        self.fault = None;
-    }
-
     /// Notes a fault that may pass, met by the last request: what giving
     /// up during it reports ([`ran_out`](Self::ran_out)). A timeout only
     /// because the caller's deadline cut the request short, right after an
@@ -164,7 +158,7 @@ impl<'a> Rounds<'a> {
     /// deadline left it less than the command timeout, and that deadline
     /// has now passed.
     fn timed_out_at_the_deadline(&self, err: &Error) -> bool {
-        self.cut_short && matches!(err, Error::Timeout { .. }) && self.budget.is_spent()
+        self.cut_short && is_timeout(err) && self.budget.is_spent()
     }
 
     /// Counts an attempt answered without a request (in process).
@@ -305,6 +299,20 @@ impl Progress {
     }
 }
 
+/// Whether `err` is a request that ran out of time (Redis's timeout,
+/// etcd's deadline passing before any member answered).
+fn is_timeout(err: &Error) -> bool {
+    #[cfg(feature = "etcd")]
+    if let Error::Etcd {
+        source: crate::etcd::EtcdError::DeadlineExceeded { .. },
+        ..
+    } = err
+    {
+        return true;
+    }
+    matches!(err, Error::Timeout { .. })
+}
+
 /// One acquire's requests, as the retry loop ([`drive`]) sees them: an
 /// attempt at the lock, the undo of an attempt whose outcome is unknown,
 /// and what to do when the acquire ends without a win.
@@ -382,7 +390,9 @@ pub(crate) async fn drive<A: Attempts>(
             Ok(None) => rounds.busy(),
             // What an attempt cut short by the deadline may have taken is
             // undone by `abandon` (the undo is still owed).
-            Err(err) if fault_may_pass(&err) => {
+            // An attempt whose outcome is unknown is ridden out as well:
+            // the undo owed goes before the next attempt.
+            Err(err) if fault_may_pass(&err) || crate::call::may_have_acted(&err) => {
                 tracing::debug!(key, error = %err, "acquire attempt failed; retrying within the deadline");
                 rounds.met(err);
             }

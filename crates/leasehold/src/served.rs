@@ -134,7 +134,7 @@ impl<S: LockService> Way for Stepped<'_, S> {
         let claim = Claim {
             key: target.lock,
             token: LeaseToken::generate()?,
-            fence_key: target.fence,
+            fence_key: target.fence.map(|fence| service.fence_key_of(&fence)),
             ttl,
         };
         let steps = Steps {

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use leasehold::tls::{TlsFailure, TlsFiles};
-use leasehold::{CertificateProblem, Error, EtcdLocker, FencedKeys};
+use leasehold::{CertificateProblem, Error, EtcdLocker, FencedKeys, Lessor};
 use leasehold_testkit::{ClientAuth, EtcdCluster, TestCerts};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;

@@ -4,17 +4,14 @@
 //! revision, under our etcd lease), never by a keep-alive alone.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::{Claim, Held as Part};
 use crate::error::{Error, Result};
 use crate::etcd::{Cmp, Compare, EtcdClient, EtcdError, KeyValue, Op, Range, Txn};
-use crate::fencing::FencingToken;
-use crate::lease::{
-    Backend, Part, Reply, release_retrying, release_runtime, spawn_dropped_release,
-};
 use crate::service::Service;
 use crate::token::LeaseToken;
 use crate::watchdog;
@@ -120,6 +117,26 @@ impl EtcdBackend {
         format!("{}record/{}", self.prefix, escaped(record_key))
     }
 
+    /// What `claim`'s key is on etcd once created under etcd lease `lease`
+    /// at `revision`.
+    pub(super) fn held_for(&self, claim: &Claim, lease: i64, revision: i64) -> Held {
+        Held {
+            lease,
+            key: self.waiter_key(claim.key(), lease),
+            revision,
+            ttl: claim.ttl(),
+        }
+    }
+
+    /// Revokes etcd lease `lease` in the background (a waiter leaving the
+    /// queue): see [`revoke_now`](Self::revoke_now). With no runtime, its
+    /// TTL ends it.
+    pub(super) fn spawn_revoke(&self, lease: i64) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(self.revoke_now(lease));
+        }
+    }
+
     pub(super) fn hold(&self, token: &LeaseToken, held: Held) {
         self.held
             .lock()
@@ -179,8 +196,13 @@ impl EtcdBackend {
     /// goes to a member that answers, within the budget, and the members
     /// that fell silent are passed over by the next refreshes too (see
     /// [`EtcdClient`]).
-    async fn refresh_part(&self, part: &Part, ttl: Duration, deadline: Instant) -> Result<bool> {
-        let Some(held) = self.held(&part.token) else {
+    pub(super) async fn refresh_part(
+        &self,
+        part: &Part,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<bool> {
+        let Some(held) = self.held(part.token()) else {
             return Ok(false);
         };
         if ttl > held.ttl {
@@ -212,8 +234,8 @@ impl EtcdBackend {
     /// (whatever the delete found: nothing of ours should outlive the
     /// release). A delete whose outcome is unknown is an error, never a
     /// success or a `NotHeld` we cannot know.
-    async fn release_part(&self, part: &Part, deadline: Instant) -> Result<bool> {
-        let Some(held) = self.held(&part.token) else {
+    pub(super) async fn release_part(&self, part: &Part, deadline: Instant) -> Result<bool> {
+        let Some(held) = self.held(part.token()) else {
             return Ok(false);
         };
         let txn = self.release_txn(&held);
@@ -242,7 +264,7 @@ impl EtcdBackend {
             // Definite, or unknown: either way the lease goes, so the lock
             // is free at once (a retry would find nothing to learn from).
             self.revoke_by(held.lease, deadline).await;
-            self.forget(&part.token);
+            self.forget(part.token());
         }
         deleted.map_err(|source| Error::Etcd {
             op: "release",
@@ -305,14 +327,14 @@ impl EtcdBackend {
 
     /// Writes the leader record under our etcd lease, if our key is still
     /// ours.
-    async fn announce_part(
+    pub(super) async fn announce_part(
         &self,
         part: &Part,
         record_key: &str,
         body: &str,
         deadline: Instant,
     ) -> Result<bool> {
-        let Some(held) = self.held(&part.token) else {
+        let Some(held) = self.held(part.token()) else {
             return Ok(false);
         };
         let txn = held.still_ours(Txn::new()).then(Op::put(
@@ -379,59 +401,6 @@ impl EtcdBackend {
                 source,
             })?;
         Ok(ttl.map(|ttl| (body, ttl.ttl.saturating_mul(1000))))
-    }
-}
-
-impl Backend for EtcdBackend {
-    fn service(&self) -> crate::service::Service {
-        crate::service::Service::ETCD
-    }
-
-    fn command_timeout(&self) -> Duration {
-        self.command_timeout
-    }
-
-    fn refresh<'a>(&'a self, part: &'a Part, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
-        Box::pin(self.refresh_part(part, ttl, deadline))
-    }
-
-    fn release<'a>(&'a self, part: &'a Part, deadline: Instant) -> Reply<'a, bool> {
-        Box::pin(self.release_part(part, deadline))
-    }
-
-    /// An etcd fencing token is its key's creation revision, which no
-    /// request can raise: refused (the `leasehold-pg` guard then reports
-    /// the refusal unhealed, which is the outcome either way).
-    fn raise_fence<'a>(
-        &'a self,
-        _fence_key: &'a str,
-        _at_least: FencingToken,
-        _deadline: Instant,
-    ) -> Reply<'a, ()> {
-        Box::pin(std::future::ready(Err(Error::InvalidOptions(
-            "an etcd fencing token is its lock key's revision, which cannot be raised",
-        ))))
-    }
-
-    fn announce<'a>(
-        &'a self,
-        part: &'a Part,
-        record_key: &'a str,
-        body: &'a str,
-        deadline: Instant,
-    ) -> Reply<'a, bool> {
-        Box::pin(self.announce_part(part, record_key, body, deadline))
-    }
-
-    fn release_dropped(self: Arc<Self>, part: Part, until: Instant) {
-        let Some(runtime) = release_runtime(&part.key) else {
-            self.forget(&part.token);
-            return;
-        };
-        spawn_dropped_release(&runtime, part.key.clone(), async move {
-            let per_try = self.command_timeout;
-            release_retrying(&*self, &part, until, per_try).await
-        });
     }
 }
 

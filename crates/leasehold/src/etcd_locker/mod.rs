@@ -20,10 +20,11 @@
 //!    hex>` under it, only if absent (`create_revision == 0`). The key's
 //!    creation revision is its place in the queue: revisions only grow, so
 //!    no later key can get ahead of ours. The same transaction reads the
-//!    queue's oldest key (after our put), so an uncontended acquire knows
-//!    it is first without another request. A create whose outcome is
-//!    unknown is settled by reading the key (it carries our lease or is
-//!    absent).
+//!    queue's two newest keys (after our put: ours, and the one just ahead
+//!    of it), so an uncontended acquire knows it is first, and a contended
+//!    one what to watch, without another request. A create whose outcome
+//!    is unknown is sent again by the next step (created only if absent:
+//!    the key it finds carries our lease, or it creates it).
 //! 2. **Wait by watch, in FIFO order.** The owner is the key with the
 //!    lowest creation revision under the lock's prefix. Behind another
 //!    key, we watch the key just before ours for its delete (from the
@@ -43,16 +44,22 @@
 //!    etcd lease goes with the linearizable read of the queue: the lock
 //!    is ours when both answer and the read finds our key (still there,
 //!    at our revision, under our lease) with no key created before it,
-//!    before the lease is handed over; it counts from the keep-alive's send time. First in line at once,
-//!    the grant's send time counts (the key was created under it, so the
-//!    etcd lease was alive then and lasts its TTL from the grant on).
+//!    before the lease is handed over; it counts from the step's start,
+//!    before the keep-alive was sent. First in line at once, the step's
+//!    start counts too, before the grant (the key was created under it, so
+//!    the etcd lease was alive then and lasts its TTL from the grant on).
 //! 4. **Give up cleanly.** On the deadline, an error or cancellation (or
 //!    the acquire's future dropped) our etcd lease is revoked, so our key
 //!    goes with it and is not left to become owner after we gave up (if
-//!    etcd cannot be reached, the etcd lease's TTL ends it). The revoke is
-//!    awaited within the caller's deadline only; at or past the deadline
-//!    it finishes in the background, so giving up never makes the caller
-//!    wait past its deadline.
+//!    etcd cannot be reached, the etcd lease's TTL ends it). The revoke
+//!    runs in the background, so giving up never makes the caller wait
+//!    for it.
+//!
+//! Each of these is a step of the crate's one retry loop (the
+//! [`LockService`] seam every service implements): the acquire's place in
+//! the queue is the step's entry, kept from one step to the next; a busy
+//! step's wake-up is the watch of step 2, which also keeps our etcd lease
+//! alive; the step after it is the read of step 3.
 //!
 //! A **refresh** is a keep-alive of the etcd lease *and* a read of the key,
 //! sent together (one round trip's wait):
@@ -193,30 +200,27 @@
 //!
 //! # Options that differ from Redis
 //!
-//! The retry strategy only decides whether to wait at all
-//! ([`RetryStrategy::none`](crate::RetryStrategy::none): one look, no
-//! wait): a waiter is woken by watch, not by polling.
+//! A waiter is woken by watch, not by polling: each wake-up counts as one
+//! of the retry strategy's waits (so
+//! [`RetryStrategy::none`](crate::RetryStrategy::none) is one look, no
+//! wait, and a strategy's number of attempts bounds the steps), and the
+//! strategy's waits pace the steps after a fault.
 //! [`AcquireOptions::wait_replicas`](crate::AcquireOptions::wait_replicas)
 //! is refused (etcd commits on a majority before it answers).
 
 mod backend;
 mod take;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::budget::Budget;
+use crate::backend::{Claim, Held, LockService, Reply, Step};
 use crate::error::{Error, Result};
 use crate::etcd::{Credentials, EtcdClient, Range};
-use crate::fencing::{LockKeys, Target};
-use crate::lease::{Lease, Reply};
-use crate::lessor::Lessor;
 use crate::locker::DEFAULT_COMMAND_TIMEOUT;
-use crate::options::{AcquireOptions, Supports};
-use crate::way::{self, Way};
+use crate::service::Service;
 
 use self::backend::EtcdBackend;
 
@@ -228,7 +232,7 @@ pub const DEFAULT_ETCD_PREFIX: &str = "leasehold/";
 /// for the recipe, and what it does and does not promise.
 ///
 /// The same four calls as [`Locker`](crate::Locker) and the same
-/// [`Lease`], through the same [`Lessor`] trait: waiters are served in
+/// [`Lease`](crate::Lease), through the same [`Lessor`](crate::Lessor) trait: waiters are served in
 /// FIFO order of their keys' revisions, woken by watch; the fencing token
 /// of a fenced lease is its key's creation revision. Cheap to clone:
 /// clones share the client.
@@ -440,121 +444,86 @@ impl EtcdLocker {
     {
         EtcdLocker::builder(endpoints).connect().await
     }
-
-    /// The bound on a single etcd request; see
-    /// [`EtcdLockerBuilder::command_timeout`].
-    pub fn command_timeout(&self) -> Duration {
-        self.backend.command_timeout
-    }
-
-    /// Takes the lease on `keys` for `ttl` with the default
-    /// [`AcquireOptions`].
-    ///
-    /// # Errors
-    /// As [`acquire_with`](Self::acquire_with).
-    ///
-    /// # Cancel safety
-    /// As [`acquire_with`](Self::acquire_with).
-    pub async fn acquire(&self, keys: impl LockKeys, ttl: Duration) -> Result<Lease> {
-        self.acquire_with(keys, ttl, &AcquireOptions::default())
-            .await
-    }
-
-    /// Takes the lease on `keys` for `ttl` as `opts` says: joins the lock's
-    /// queue and waits by watch for its turn until the deadline (see the
-    /// module docs).
-    ///
-    /// # Errors
-    /// [`Error::InvalidTtl`], [`Error::InvalidKey`], [`Error::InvalidOptions`]
-    /// (`wait_replicas`) before any I/O; [`Error::NotAcquired`] when the
-    /// deadline passed (or the caller cancelled) while others held the
-    /// lock, or the retry strategy has no wait at all and the lock was
-    /// held; [`Error::Etcd`] when etcd could not be asked, or our waiter key
-    /// vanished while we waited (our etcd lease ended). In every error
-    /// case our etcd lease was revoked (or its TTL ends it).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a dropped acquire revokes its etcd lease in the
-    /// background (the TTL is the fallback).
-    pub async fn acquire_with(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> Result<Lease> {
-        way::acquire_with(self, keys, ttl, opts).await
-    }
-
-    /// Takes every one of `keys` for `ttl`, in one global order (sorted by
-    /// lock key), as one [`Lease`]: each lock under its own etcd lease,
-    /// kept alive by the one watchdog.
-    ///
-    /// # Errors
-    /// As [`acquire_with`](Self::acquire_with), for the first key that
-    /// fails (the keys already taken are given back first);
-    /// [`Error::InvalidKey`] for no keys.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the keys already taken are released in the background.
-    pub async fn acquire_all<K: LockKeys>(
-        &self,
-        keys: impl IntoIterator<Item = K>,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> Result<Lease> {
-        way::acquire_all_of(self, keys, ttl, opts).await
-    }
-
-    /// Takes the lease, runs `work` under the watchdog, gives it back: as
-    /// [`Lessor::with_lock`].
-    ///
-    /// # Errors
-    /// As [`Lessor::with_lock`].
-    ///
-    /// # Cancel safety
-    /// As [`Lessor::with_lock`].
-    pub async fn with_lock<T>(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-        work: impl AsyncFnOnce(&Lease) -> T,
-    ) -> Result<crate::Finished<T>> {
-        Lessor::with_lock(self, keys, ttl, opts, work).await
-    }
 }
 
-impl Way for EtcdLocker {
-    /// etcd commits a write on a majority before it answers: there are no
-    /// replicas to wait for.
-    fn supports(&self) -> Supports {
-        Supports {
-            wait_replicas: false,
-        }
-    }
+/// etcd as a [`LockService`]: each step joins the lock's queue or reads
+/// our place in it; a busy step's wake-up is a watch on the
+/// key just ahead of ours, which keeps our etcd lease alive meanwhile.
+impl LockService for EtcdLocker {
+    type Entry = take::Entry;
 
-    fn mode(&self) -> &'static str {
-        "etcd"
+    fn service(&self) -> Service {
+        Service::ETCD
     }
 
     fn command_timeout(&self) -> Duration {
         self.backend.command_timeout
     }
 
-    async fn take(
-        &self,
-        target: Target,
-        ttl: Duration,
-        opts: &AcquireOptions,
-        budget: Budget,
-    ) -> Result<Lease> {
-        take::take(&self.backend, target, ttl, opts, budget).await
+    /// Joining the queue is two requests, one after the other (the grant,
+    /// then the create): each gets the command timeout.
+    fn step_timeout(&self) -> Duration {
+        self.backend.command_timeout.saturating_mul(2)
     }
-}
 
-impl crate::lessor::sealed::Sealed for EtcdLocker {
-    fn service(&self) -> crate::service::Service {
-        crate::service::Service::ETCD
+    fn mode(&self) -> &'static str {
+        "etcd"
+    }
+
+    /// Its own row in a fence table: an etcd revision is not comparable
+    /// with a Redis counter, and cannot be raised (see the module docs).
+    fn fence_key_of(&self, fence_key: &str) -> String {
+        format!("etcd:{fence_key}")
+    }
+
+    fn step<'a>(
+        &'a self,
+        claim: &'a Claim,
+        entry: &'a mut take::Entry,
+        deadline: Instant,
+    ) -> Reply<'a, Step> {
+        Box::pin(take::step(&self.backend, claim, entry, deadline))
+    }
+
+    /// Nothing to give back before the next step: a create whose answer
+    /// was lost is sent again by it (created only if absent, under our
+    /// etcd lease), which finds the key ours if the lost one landed.
+    fn undo<'a>(
+        &'a self,
+        _claim: &'a Claim,
+        _entry: &'a mut take::Entry,
+        _deadline: Instant,
+    ) -> Reply<'a, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Revokes the acquire's etcd lease, if a step was granted one: our
+    /// key, if any, goes with it (in the background; its TTL is the
+    /// fallback).
+    fn abandon(&self, _claim: Claim, entry: take::Entry, _maybe_taken: bool) {
+        if let Some(lease) = entry.lease() {
+            self.backend.spawn_revoke(lease);
+        }
+    }
+
+    /// Renews our etcd lease and reads our key, together (see the module
+    /// docs).
+    fn refresh<'a>(&'a self, held: &'a Held, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(self.backend.refresh_part(held, ttl, deadline))
+    }
+
+    fn release<'a>(&'a self, held: &'a Held, deadline: Instant) -> Reply<'a, bool> {
+        Box::pin(self.backend.release_part(held, deadline))
+    }
+
+    fn announce<'a>(
+        &'a self,
+        held: &'a Held,
+        record_key: &'a str,
+        body: &'a str,
+        deadline: Instant,
+    ) -> Reply<'a, bool> {
+        Box::pin(self.backend.announce_part(held, record_key, body, deadline))
     }
 
     fn leader_record<'a>(
@@ -563,34 +532,5 @@ impl crate::lessor::sealed::Sealed for EtcdLocker {
         record_key: &'a str,
     ) -> Reply<'a, Option<(String, i64)>> {
         Box::pin(self.backend.leader_record(key, record_key))
-    }
-}
-
-/// The same calls as the inherent methods.
-impl Lessor for EtcdLocker {
-    fn acquire(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        EtcdLocker::acquire(self, keys, ttl)
-    }
-
-    fn acquire_with(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        EtcdLocker::acquire_with(self, keys, ttl, opts)
-    }
-
-    fn acquire_all<K: LockKeys>(
-        &self,
-        keys: impl IntoIterator<Item = K> + Send,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        EtcdLocker::acquire_all(self, keys, ttl, opts)
     }
 }

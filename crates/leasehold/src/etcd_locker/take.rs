@@ -1,59 +1,52 @@
-//! Taking one lock on etcd: join the lock's queue (a key under an etcd
-//! lease of our own, created only if absent), wait by watch for the key
-//! just before ours to go, and confirm by the key itself before the lease
-//! is handed over. See the [module docs](super) for why each step is safe.
+//! Taking one lock on etcd, step by step, as the crate's one retry loop
+//! drives every [`LockService`](crate::backend::LockService): join the
+//! lock's queue (a key under an etcd lease of our own, created only if
+//! absent), then, while a key is ahead of ours, a wake-up that watches it
+//! go (and keeps our etcd lease alive meanwhile), and a step that confirms
+//! our place by the key itself before the lease is handed over. See the
+//! [module docs](super) for why each step is safe.
+//!
+//! The acquire's place in the queue is its [`Entry`]: the loop hands it to
+//! every step of the same acquire, so a step after a wait (or after a
+//! fault) reads where the last one left off, and the acquire's end without
+//! a win revokes its etcd lease ([`EtcdLocker::abandon`](super::EtcdLocker)).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::budget::Budget;
-use crate::error::{Error, GiveUpReason, Result};
+use crate::backend::{Claim, Step};
+use crate::error::{Error, Result};
 use crate::etcd::{
-    Cmp, Compare, EtcdError, EventKind, KeyValue, Op, Range, Txn, TxnResult, WatchKeys,
+    Cmp, Compare, EtcdClient, EtcdError, EventKind, KeyValue, Op, Range, Txn, TxnResult, WatchKeys,
 };
-use crate::fencing::{FencingToken, Target};
-use crate::lease::{Lease, Part};
-use crate::options::AcquireOptions;
-use crate::rounds::Rounds;
+use crate::fencing::FencingToken;
 use crate::service::Service;
-use crate::token::LeaseToken;
 
 use super::backend::{EtcdBackend, Held};
 
-/// Our place in a lock's queue until the lease is handed over: dropped
-/// before that (an error, giving up, the caller dropping the acquire), it
-/// revokes our etcd lease, and our key goes with it.
-struct Queued {
-    backend: Arc<EtcdBackend>,
+/// One acquire's place in a lock's queue, kept across its steps: the etcd
+/// lease it was granted, and once the create landed, its key's creation
+/// revision.
+#[derive(Debug, Default)]
+pub struct Entry {
+    joined: Option<Joined>,
+}
+
+#[derive(Debug)]
+struct Joined {
     lease: i64,
-    armed: bool,
+    /// Our key's creation revision: `None` until a create was answered
+    /// (the first one, or one sent again after a lost answer).
+    revision: Option<i64>,
 }
 
-impl Queued {
-    /// Leaves the queue: revokes our etcd lease, so our key goes with it.
-    /// The revoke is awaited until `deadline` (the caller's) at most, and
-    /// carries on in the background past it (bounded by the command
-    /// timeout; if etcd cannot be reached, the lease's TTL ends it): a
-    /// caller never waits past its deadline for it. With time left, as on
-    /// an error early in the wait, no key of ours is left when the caller
-    /// hears we gave up; at the deadline itself, it goes a moment later.
-    async fn leave(mut self, deadline: Instant) {
-        self.armed = false;
-        self.backend.revoke_by(self.lease, deadline).await;
-    }
-}
-
-impl Drop for Queued {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(self.backend.revoke_now(self.lease));
+impl Entry {
+    /// The etcd lease a step may have left behind: revoked when the acquire
+    /// ends without a win.
+    pub(super) fn lease(&self) -> Option<i64> {
+        self.joined.as_ref().map(|joined| joined.lease)
     }
 }
 
@@ -65,93 +58,199 @@ fn failed(source: EtcdError) -> Error {
     }
 }
 
-/// Takes the lock on `target` for `ttl` within `budget`, as `opts` says.
-pub(super) async fn take(
+/// The pause before asking again after a fault that may pass (etcd
+/// electing a leader, a member going away), inside a wake-up.
+const FAULT_PAUSE: Duration = Duration::from_millis(50);
+
+/// One step towards the lock `claim` names, within `deadline`: join the
+/// queue if this acquire has no place in it yet (grant an etcd lease, then
+/// create our key under it: two requests, one after the other), else read
+/// our place and renew our etcd lease (two requests, sent together). Won
+/// when our key is the oldest; else busy until the key just ahead of ours
+/// goes. A place that is gone (our etcd lease ended: its keep-alives failed
+/// for a whole TTL, or an operator revoked it) is given up and the acquire
+/// joins again at the back, in the same step.
+pub(super) async fn step(
     backend: &Arc<EtcdBackend>,
-    target: Target,
-    ttl: Duration,
-    opts: &AcquireOptions,
-    budget: Budget,
-) -> Result<Lease> {
-    let token = LeaseToken::generate()?;
-    let mut rounds = Rounds::new(&target.lock, opts, budget, backend.command_timeout);
+    claim: &Claim,
+    entry: &mut Entry,
+    deadline: Instant,
+) -> Result<Step> {
+    let mut rejoined = false;
     loop {
-        // A grant is safe to send again: a lease granted by a try whose
-        // answer was lost has no key, and its TTL ends it.
-        let (sent_at, grant) = loop {
-            let (sent_at, deadline) = rounds.attempt()?;
-            match backend.client.grant(ttl, deadline).await {
-                Ok(grant) => break (sent_at, grant),
-                Err(err) if err.is_retryable() => {
-                    rounds.met(failed(err));
-                    pause(&rounds).await?;
-                }
-                Err(err) => return Err(failed(err)),
+        let place = match &entry.joined {
+            None => join(backend, claim, entry, deadline).await?,
+            Some(Joined {
+                lease,
+                revision: None,
+            }) => {
+                let lease = *lease;
+                create(backend, claim, entry, lease, deadline).await?
+            }
+            Some(Joined {
+                lease,
+                revision: Some(revision),
+            }) => {
+                let held = backend.held_for(claim, *lease, *revision);
+                look(backend, claim, &held, deadline).await?
             }
         };
-        rounds.answered();
-        let queued = Queued {
-            backend: backend.clone(),
-            lease: grant.id,
-            armed: true,
-        };
-        let waiting = async {
-            let key = backend.waiter_key(&target.lock, grant.id);
-            let queue = backend.queue(&target.lock);
-            let (held, first) = join(backend, &key, &queue, grant.id, ttl, &mut rounds).await?;
-            let won = if first {
-                Won::AtOnce
-            } else {
-                wait_turn(backend, &target, &held, ttl, &mut rounds).await?
-            };
-            Ok::<_, Error>((held, won))
-        };
-        let (held, won) = match waiting.await {
-            Ok(taken) => taken,
-            // Our etcd lease ended while we waited (its keep-alives failed
-            // for a whole TTL, or an operator revoked it): our place is
-            // gone, so we join again at the back, within the same wait.
-            Err(Error::Etcd {
-                source: EtcdError::LeaseNotFound { .. },
-                ..
-            }) => {
-                queued.leave(rounds.deadline()).await;
+        let (held, place, read_at) = match place {
+            Some(found) => found,
+            None => {
+                // Our place is gone: leave it (its etcd lease may still
+                // live), and join again at the back: at once the first
+                // time, after the loop's next wait if the new place went
+                // too.
+                if let Some(lease) = entry.joined.take().map(|joined| joined.lease) {
+                    backend.spawn_revoke(lease);
+                }
                 tracing::debug!(
-                    key = target.lock,
+                    key = claim.key(),
                     "our waiter key went with its etcd lease; joining the queue again"
                 );
+                if rejoined {
+                    return Ok(Step::busy());
+                }
+                rejoined = true;
                 continue;
             }
-            Err(err) => {
-                queued.leave(rounds.deadline()).await;
-                return Err(err);
+        };
+        return match place {
+            Place::First => {
+                let fence = match claim.fence_key() {
+                    Some(_) => Some(fence_of(held.revision)?),
+                    None => None,
+                };
+                backend.hold(claim.token(), held);
+                Ok(Step::won(fence))
+            }
+            Place::Behind { ahead } => Ok(Step::busy_until(wait_turn(
+                backend.client.clone(),
+                held.lease,
+                claim.ttl(),
+                ahead.key,
+                read_at + 1,
+            ))),
+        };
+    }
+}
+
+/// Grants our etcd lease (safe to send again: a lease granted by a try
+/// whose answer was lost has no key, and its TTL ends it), then creates our
+/// key under it.
+async fn join(
+    backend: &Arc<EtcdBackend>,
+    claim: &Claim,
+    entry: &mut Entry,
+    deadline: Instant,
+) -> Result<Option<(Held, Place, i64)>> {
+    let grant = backend
+        .client
+        .grant(claim.ttl(), deadline)
+        .await
+        .map_err(failed)?;
+    // Kept before the create goes out: an acquire that ends during it
+    // revokes the lease, and the key with it.
+    entry.joined = Some(Joined {
+        lease: grant.id,
+        revision: None,
+    });
+    create(backend, claim, entry, grant.id, deadline).await
+}
+
+/// Creates our key `key` under etcd lease `lease`, if absent: our place in
+/// the queue, at the key's creation revision. The create is safe to send
+/// again: a try whose answer was lost (the step's error says so, and the
+/// next step sends it again) makes the next one find the key under our
+/// lease. `None` when our etcd lease ended before the key was made.
+async fn create(
+    backend: &EtcdBackend,
+    claim: &Claim,
+    entry: &mut Entry,
+    lease: i64,
+    deadline: Instant,
+) -> Result<Option<(Held, Place, i64)>> {
+    let key = backend.waiter_key(claim.key(), lease);
+    let queue = backend.queue(claim.key());
+    // The two newest keys of the queue, read in the same transaction (after
+    // our put: a read in a transaction sees its own writes): ours, and the
+    // one just ahead of it, if any. So an uncontended acquire knows it
+    // holds the lock, and a contended one what to watch, without another
+    // request.
+    let create = Txn::new()
+        .when(Compare::create_revision(key.as_str(), Cmp::Equal, 0))
+        .then(Op::put(key.as_str(), "", lease))
+        .then(Op::range(
+            Range::prefix(queue.as_str()).newest_first().limit(2),
+        ))
+        .otherwise(Op::range(Range::key(key.as_str())));
+    let txn = match backend.client.txn(&create, deadline).await {
+        Ok(txn) => txn,
+        // Our etcd lease ended while the create was refused or out of reach
+        // (no keep-alive goes before we are in the queue).
+        Err(err) if err.is_lease_not_found() => return Ok(None),
+        Err(err) => return Err(failed(err)),
+    };
+    let read_at = txn.header.revision;
+    if txn.succeeded {
+        let held = backend.held_for(claim, lease, read_at);
+        entry.joined = Some(Joined {
+            lease,
+            revision: Some(read_at),
+        });
+        let newest = txn.ranges().next().cloned().unwrap_or_default();
+        let place = match newest.as_slice() {
+            [mine] if held.is(mine) => Place::First,
+            [mine, ahead] if held.is(mine) => Place::Behind {
+                ahead: ahead.clone(),
+            },
+            _ => {
+                return Err(Error::UnexpectedReply {
+                    service: Service::ETCD,
+                    op: "acquire",
+                });
             }
         };
-        // The lease counts from the send time of the request that proved
-        // it ours: first in line at once, the grant's (the read after our
-        // create saw our key first, under the etcd lease granted then);
-        // after a wait, the keep-alive's, sent with the confirming read.
-        let confirmed_at = match won {
-            Won::AtOnce => sent_at,
-            Won::After { confirmed_at } => confirmed_at,
-        };
-        let fence = match target.fence {
-            Some(_) => Some(fence_of(held.revision)?),
-            None => None,
-        };
-        let part = Part {
-            key: target.lock,
-            token,
-            // Its own resource name in a fence table: an etcd revision is
-            // not comparable with a Redis counter (see the module docs).
-            fence_key: target.fence.map(|fence| format!("etcd:{fence}")),
-            fence,
-        };
-        let mut queued = queued;
-        queued.armed = false;
-        backend.hold(&part.token, held);
-        return Ok(Lease::new(backend.clone(), part, ttl, confirmed_at));
+        return Ok(Some((held, place, read_at)));
     }
+    // The key exists: ours (our lease's ID is in its name) only if under
+    // our lease, which a try whose answer was lost made. Then where it
+    // stands is read as after a wait.
+    let Some(mine) = txn.first_range().first().filter(|kv| kv.lease == lease) else {
+        return Ok(None);
+    };
+    let held = backend.held_for(claim, lease, mine.create_revision);
+    entry.joined = Some(Joined {
+        lease,
+        revision: Some(held.revision),
+    });
+    look(backend, claim, &held, deadline).await
+}
+
+/// Reads our place and renews our etcd lease, sent together: if the read
+/// finds us first, the lock is ours, and the lease counts from the step's
+/// start, before the keep-alive was sent (its renewal counts from when it
+/// landed). `None` when our place is gone.
+async fn look(
+    backend: &EtcdBackend,
+    claim: &Claim,
+    held: &Held,
+    deadline: Instant,
+) -> Result<Option<(Held, Place, i64)>> {
+    let client = &backend.client;
+    let read_place = place_read(&backend.queue(claim.key()), held);
+    let (read, kept) = futures_util::future::join(
+        client.txn(&read_place, deadline),
+        client.keep_alive_once(held.lease, deadline),
+    )
+    .await;
+    let read = match (read, kept) {
+        (Ok(_), Err(EtcdError::LeaseNotFound { .. })) => return Ok(None),
+        (Ok(read), Ok(_)) => read,
+        (Err(err), _) | (Ok(_), Err(err)) => return Err(failed(err)),
+    };
+    Ok(place(&read, held).map(|place| (held.clone(), place, read.header.revision)))
 }
 
 /// The fencing token of a key created at `revision`.
@@ -162,95 +261,12 @@ fn fence_of(revision: i64) -> Result<FencingToken> {
     })
 }
 
-/// How we got to the head of the queue.
-enum Won {
-    /// First in line when our key was created.
-    AtOnce,
-    /// After waiting; confirmed by a keep-alive sent at `confirmed_at` and
-    /// a read of the queue sent with it (our key there, first: so our
-    /// etcd lease was alive when the read was served, after the send).
-    After { confirmed_at: Instant },
-}
-
-/// Creates our key `key` under etcd lease `lease`, if absent: our place in
-/// the queue, at the key's creation revision. The create is safe to send
-/// again, so a fault that may pass (and a create whose answer was lost) is
-/// ridden out within the budget: a try that landed unseen makes the next
-/// one find the key under our lease.
-async fn join(
-    backend: &EtcdBackend,
-    key: &str,
-    queue: &str,
-    lease: i64,
-    ttl: Duration,
-    rounds: &mut Rounds<'_>,
-) -> Result<(Held, bool)> {
-    // The queue's oldest key, read in the same transaction (after our put:
-    // a read in a transaction sees the transaction's own writes), so an
-    // uncontended acquire knows it holds the lock without another request.
-    let oldest = || Op::range(Range::prefix(queue).oldest_first().limit(1));
-    let create = Txn::new()
-        .when(Compare::create_revision(key, Cmp::Equal, 0))
-        .then(Op::put(key, "", lease))
-        .then(oldest())
-        .otherwise(Op::range(Range::key(key)))
-        .otherwise(oldest());
-    loop {
-        let (_, deadline) = rounds.attempt()?;
-        let (revision, owner) = match backend.client.txn(&create, deadline).await {
-            Ok(txn) if txn.succeeded => (txn.header.revision, txn.ranges().next().cloned()),
-            // The key exists: ours (our lease's ID is in its name) only if
-            // under our lease, which a try whose answer was lost made.
-            Ok(txn) => {
-                let mut ranges = txn.ranges();
-                match ranges
-                    .next()
-                    .and_then(|mine| mine.first().filter(|kv| kv.lease == lease))
-                {
-                    Some(kv) => (kv.create_revision, ranges.next().cloned()),
-                    None => return Err(failed(EtcdError::LeaseNotFound { lease })),
-                }
-            }
-            Err(err) if err.is_retryable() || err.is_outcome_unknown() => {
-                rounds.met(failed(err));
-                pause(rounds).await?;
-                continue;
-            }
-            // Our etcd lease ended while the create was refused or out of
-            // reach (no keep-alive goes before we are in the queue): our
-            // caller grants a new one, within the same wait.
-            Err(err) if err.is_lease_not_found() => {
-                return Err(failed(EtcdError::LeaseNotFound { lease }));
-            }
-            Err(err) => return Err(failed(err)),
-        };
-        let held = Held {
-            lease,
-            key: key.to_owned(),
-            revision,
-            ttl,
-        };
-        let first = owner
-            .as_deref()
-            .and_then(<[KeyValue]>::first)
-            .is_some_and(|kv| held.is(kv));
-        if first {
-            rounds.answered();
-        } else {
-            rounds.busy();
-        }
-        return Ok((held, first));
-    }
-}
-
 /// Where we stand in the queue, as read at one revision.
 enum Place {
     /// Our key is the oldest: we hold the lock.
     First,
     /// `ahead` is the key just before ours.
     Behind { ahead: KeyValue },
-    /// Our key is gone (our etcd lease ended while we waited).
-    Gone,
 }
 
 /// The read that tells our [`Place`], in one read-only transaction: our
@@ -268,174 +284,92 @@ fn place_read(queue: &str, held: &Held) -> Txn {
         ))
 }
 
-/// Our place, from the answer to [`place_read`].
-fn place(read: &TxnResult, held: &Held) -> Place {
+/// Our place, from the answer to [`place_read`]; `None` when our key is
+/// gone (our etcd lease ended while we waited).
+fn place(read: &TxnResult, held: &Held) -> Option<Place> {
     let mut ranges = read.ranges();
     let (mine, ahead) = (ranges.next(), ranges.next());
     if !mine
         .and_then(|kvs| kvs.first())
         .is_some_and(|kv| held.is(kv))
     {
-        return Place::Gone;
+        return None;
     }
-    match ahead
-        .and_then(|kvs| kvs.first())
-        .filter(|kv| kv.create_revision < held.revision)
-    {
-        None => Place::First,
-        Some(ahead) => Place::Behind {
-            ahead: ahead.clone(),
+    Some(
+        match ahead
+            .and_then(|kvs| kvs.first())
+            .filter(|kv| kv.create_revision < held.revision)
+        {
+            None => Place::First,
+            Some(ahead) => Place::Behind {
+                ahead: ahead.clone(),
+            },
         },
-    }
+    )
 }
 
-/// The pause before asking again after a fault that may pass (etcd
-/// electing a leader, a member going away).
-const FAULT_PAUSE: Duration = Duration::from_millis(50);
-
-/// Waits, by watch, until our key is the oldest in the queue, keeping our
-/// etcd lease alive meanwhile; gives up at the budget's deadline or when
-/// the caller cancels. A fault that may pass (no leader for a while, a
-/// member gone) is ridden out within the budget, and returned if the
-/// deadline comes during it, as the Redis ways do.
-async fn wait_turn(
-    backend: &EtcdBackend,
-    target: &Target,
-    held: &Held,
-    ttl: Duration,
-    rounds: &mut Rounds<'_>,
-) -> Result<Won> {
-    let client = &backend.client;
-    let read_place = place_read(&backend.queue(&target.lock), held);
+/// The wake-up of a waiter whose key is behind `ahead`: resolves when
+/// `ahead` is deleted (from revision `from` on), keeping our etcd lease
+/// `lease` alive meanwhile (every `ttl / 3`). It also resolves when there
+/// is something to read (our etcd lease is gone, the history from `from`
+/// was compacted, a fault that is not a member's silence): the next step
+/// reads our place and says. The loop drops it at the acquire's deadline
+/// or cancellation.
+///
+/// A watch whose member falls silent moves to another member, missing
+/// nothing (it starts again from the revision after the last one it saw):
+/// when its stream breaks, and as soon as a keep-alive finds its member
+/// silent, not when the connection's own ping gives up (seconds later).
+async fn wait_turn(client: EtcdClient, lease: i64, ttl: Duration, ahead: Vec<u8>, from: i64) {
     let keep_every = (ttl / 3).max(Duration::from_millis(1));
     // A keep-alive is due every `keep_every`: its attempts fit in half of
     // that, so a silent member costs one and the next member renews our
     // etcd lease in time, as a held lease's refresh does.
     let keeper = client.with_attempt_timeout(keep_every / 2);
-    let mut waited = false;
+    let bound = keep_every.max(Duration::from_secs(1));
     let mut next_keep_alive = Instant::now() + keep_every;
+    let mut from = from;
     loop {
-        let (sent_at, deadline) = rounds.attempt()?;
-        // After a wait, a keep-alive of our etcd lease goes with the read:
-        // if the read finds us first, the lock is ours, and the lease
-        // counts from the keep-alive's send time (see `Won::After`).
-        let (read, kept) = if waited {
-            let (read, kept) = futures_util::future::join(
-                client.txn(&read_place, deadline),
-                client.keep_alive_once(held.lease, deadline),
-            )
-            .await;
-            (read, Some(kept))
-        } else {
-            (client.txn(&read_place, deadline).await, None)
-        };
-        let read = match (read, kept) {
-            (Ok(_), Some(Err(EtcdError::LeaseNotFound { .. }))) => {
-                return Err(failed(EtcdError::LeaseNotFound { lease: held.lease }));
-            }
-            (Ok(read), None | Some(Ok(_))) => read,
-            (Err(err), _) | (Ok(_), Some(Err(err))) if err.is_retryable() => {
-                rounds.met(failed(err));
-                pause(rounds).await?;
+        let mut watch = match client
+            .watch(&WatchKeys::key(ahead.clone()), from, Instant::now() + bound)
+            .await
+        {
+            Ok(watch) => watch,
+            Err(err) if err.is_retryable() => {
+                tokio::time::sleep(FAULT_PAUSE).await;
                 continue;
             }
-            (Err(err), _) | (Ok(_), Some(Err(err))) => return Err(failed(err)),
+            Err(_) => return,
         };
-        rounds.answered();
-        let ahead = match place(&read, held) {
-            Place::First if !waited => return Ok(Won::AtOnce),
-            Place::First => {
-                return Ok(Won::After {
-                    confirmed_at: sent_at,
-                });
-            }
-            Place::Gone => return Err(failed(EtcdError::LeaseNotFound { lease: held.lease })),
-            Place::Behind { ahead } => {
-                rounds.busy();
-                ahead
-            }
-        };
-        if !waited {
-            // A strategy with no wait (one attempt) gives up at once.
-            rounds.next_wait()?;
-            waited = true;
-        }
-        // The key ahead of ours can only go: wait for its delete, from
-        // the revision just after the read that saw it.
-        let mut from = read.header.revision + 1;
-        'watch: loop {
-            let (_, deadline) = rounds.attempt()?;
-            let mut watch = match client
-                .watch(&WatchKeys::key(ahead.key.clone()), from, deadline)
-                .await
-            {
-                Ok(watch) => watch,
-                Err(EtcdError::Compacted { .. }) => break 'watch,
-                Err(err) if err.is_retryable() => {
-                    rounds.met(failed(err));
-                    pause(rounds).await?;
-                    continue 'watch;
-                }
-                Err(err) => return Err(failed(err)),
-            };
-            rounds.answered();
-            loop {
-                tokio::select! {
-                    biased;
-                    () = rounds.cancelled() => return Err(rounds.give_up(GiveUpReason::Cancelled)),
-                    () = tokio::time::sleep_until(rounds.deadline()) => {
-                        return Err(rounds.ran_out(GiveUpReason::DeadlineExpired));
+        loop {
+            tokio::select! {
+                biased;
+                () = tokio::time::sleep_until(next_keep_alive) => {
+                    match keeper.keep_alive_once(lease, Instant::now() + bound).await {
+                        Ok(_) => next_keep_alive = Instant::now() + keep_every,
+                        // Our etcd lease lives on for a while: try again
+                        // soon; if it ends, our key goes and the next
+                        // read says so.
+                        Err(err) if err.is_retryable() => {
+                            next_keep_alive = Instant::now() + FAULT_PAUSE;
+                        }
+                        Err(_) => return,
                     }
-                    () = tokio::time::sleep_until(next_keep_alive) => {
-                        let (_, deadline) = rounds.attempt()?;
-                        match keeper.keep_alive_once(held.lease, deadline).await {
-                            Ok(_) => {
-                                rounds.answered();
-                                next_keep_alive = Instant::now() + keep_every;
-                            }
-                            // Our etcd lease lives on for a while: try
-                            // again soon; if it ends, our key goes and the
-                            // next read says so.
-                            Err(err) if err.is_retryable() => {
-                                rounds.met(failed(err));
-                                next_keep_alive = Instant::now() + FAULT_PAUSE;
-                            }
-                            Err(err) => return Err(failed(err)),
-                        }
-                        // The keep-alive found the watch's member silent
-                        // (and moved on): the watch there would wait for
-                        // the connection's own ping to fail (seconds), so
-                        // it moves now, missing nothing.
-                        if client.is_demoted(watch.endpoint()) {
-                            from = watch.next_revision();
-                            continue 'watch;
-                        }
+                    if client.is_demoted(watch.endpoint()) {
+                        from = watch.next_revision();
+                        break;
                     }
-                    batch = watch.next() => match batch {
-                        Ok(batch) if batch.events.iter().any(|e| e.kind == EventKind::Delete) => {
-                            break 'watch;
-                        }
-                        Ok(_) => {}
-                        Err(EtcdError::WatchLost { .. }) => {
-                            from = watch.next_revision();
-                            continue 'watch;
-                        }
-                        Err(EtcdError::Compacted { .. }) => break 'watch,
-                        Err(err) => return Err(failed(err)),
-                    },
                 }
+                batch = watch.next() => match batch {
+                    Ok(batch) if batch.events.iter().any(|e| e.kind == EventKind::Delete) => return,
+                    Ok(_) => {}
+                    Err(EtcdError::WatchLost { .. }) => {
+                        from = watch.next_revision();
+                        break;
+                    }
+                    Err(_) => return,
+                },
             }
         }
-    }
-}
-
-/// A short pause after a fault, cut short by the budget's deadline; gives
-/// up if the caller cancels meanwhile.
-async fn pause(rounds: &Rounds<'_>) -> Result<()> {
-    let wake = (Instant::now() + FAULT_PAUSE).min(rounds.deadline());
-    tokio::select! {
-        biased;
-        () = rounds.cancelled() => Err(rounds.give_up(GiveUpReason::Cancelled)),
-        () = tokio::time::sleep_until(wake) => Ok(()),
     }
 }
