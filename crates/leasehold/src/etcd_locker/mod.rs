@@ -4,9 +4,10 @@
 //! [`Lease`], the same calls and the same guard, on a consensus store.
 //! Verified by the fault matrix like the Redis ways (`leasehold chaos
 //! --modes etcd`, and the side-by-side table in the repository's
-//! `docs/chaos.md`): a lease on etcd, too, is lost by a holder paused past
-//! its TTL, so the lock is an efficiency lock there as well, and the
-//! fencing token checked by the database is what keeps the data right.
+//! `docs/history/chaos-results.md`): a lease on etcd, too, is lost by a
+//! holder paused past its TTL, so the lock is an efficiency lock there as
+//! well, and the fencing token checked by the database is what keeps the
+//! data right.
 //!
 //! # The recipe, and why each step is safe
 //!

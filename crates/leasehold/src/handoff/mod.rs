@@ -257,8 +257,9 @@ impl HandoffStyle {
 /// # Which design, and why
 ///
 /// Three designs are implemented and measured side by side by `leasehold
-/// bench contention` (see `BENCHMARKS.md`, 50 and 500 callers working 2 ms
-/// each on one key, medians):
+/// bench contention` (see `BENCHMARKS.md`, and every mode's table in
+/// `docs/history/benchmarks.md`: 50 and 500 callers working 2 ms each on
+/// one key, medians):
 ///
 /// - [`HandoffStyle::Wake`], relay off: the release deletes the lock and
 ///   only *wakes* the first waiter, which takes it with its own request.
