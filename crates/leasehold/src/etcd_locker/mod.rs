@@ -241,7 +241,7 @@ pub const DEFAULT_ETCD_PREFIX: &str = "leasehold/";
 /// ```no_run
 /// # async fn demo() -> leasehold::Result<()> {
 /// use std::time::Duration;
-/// use leasehold::{EtcdLocker, FencedKeys};
+/// use leasehold::{EtcdLocker, FencedKeys, Lessor};
 ///
 /// let locker = EtcdLocker::builder(["http://127.0.0.1:2379"])
 ///     .command_timeout(Duration::from_millis(500))
