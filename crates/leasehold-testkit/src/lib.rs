@@ -56,6 +56,7 @@ mod connection;
 mod error;
 mod etcd;
 mod faults;
+mod partition;
 mod pgbouncer;
 mod postgres;
 mod process;
