@@ -63,7 +63,6 @@ mod connection;
 mod error;
 mod etcd;
 mod faults;
-mod partition;
 mod pgbouncer;
 mod postgres;
 mod process;

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use super::gateway;
+use super::partition::{Gate, Partition, Side};
 use crate::Error;
 use crate::certs::{ClientAuth, ServerTls};
-use crate::partition::{Gate, Partition, Side};
 use crate::process::{self, ChildProcess, POLL_INTERVAL};
 
 /// How long a test's own request to a member may take. A write or a
@@ -109,8 +109,8 @@ impl EtcdMember {
         let operator_addr = operator_port.map_or(client_addr, |port| {
             SocketAddr::from((Ipv4Addr::LOCALHOST, port))
         });
-        let client_gate = Gate::start("etcd", partition, index, Side::Client, client_addr)?;
-        let peer_gate = Gate::start("etcd", partition, index, Side::Peer, peer_addr)?;
+        let client_gate = Gate::start(partition, index, Side::Client, client_addr)?;
+        let peer_gate = Gate::start(partition, index, Side::Peer, peer_addr)?;
         Ok(Self {
             index,
             name: format!("m{index}"),

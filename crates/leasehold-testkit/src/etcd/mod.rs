@@ -44,6 +44,7 @@
 
 mod gateway;
 mod member;
+mod partition;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -54,10 +55,10 @@ use std::time::{Duration, Instant};
 
 use member::START_TIMEOUT;
 pub use member::{EtcdMember, EtcdMemberStatus};
+use partition::Partition;
 
 use crate::Error;
 use crate::certs::{ClientAuth, ServerTls};
-use crate::partition::Partition;
 use crate::process::{self, POLL_INTERVAL, PORT_ATTEMPTS};
 
 /// The environment variable naming the `etcd` binary to start instead of

@@ -1,22 +1,21 @@
-//! Cutting a member of a cluster off: a gate (a small TCP proxy) in front
-//! of every member's peer ports and client port, and one shared table of
-//! who is cut. The etcd and ZooKeeper kits both use it.
+//! Cutting etcd members off: a gate (a small TCP proxy) in front of every
+//! member's peer port and client port, and one shared table of who is cut.
 //!
-//! Members of a consensus cluster *dial* each other: etcd members keep two
-//! raft stream connections (`GET /raft/stream/...`) open to each peer and
-//! `POST` pipeline messages, snapshots and forwarded lease renewals
-//! (`/leases`) on connections of their own; a ZooKeeper follower dials its
-//! leader's quorum port, and every server dials the others' election
-//! ports. Refusing only what comes *in* to a member therefore leaves what
-//! it sends out: a "cut" leader would still reach its followers. So the
-//! members are given their peers' gates as their peers' addresses, and
-//! every gate asks who dialled before it forwards: the connecting socket's
+//! Members talk raft over HTTP on their peer URLs, and each one *dials*
+//! the others: every member keeps two stream connections (`GET
+//! /raft/stream/...`) open to each peer and `POST`s pipeline messages,
+//! snapshots and forwarded lease renewals (`/leases`) on connections of its
+//! own. Refusing only what comes *in* to a member therefore leaves what it
+//! sends out: a "cut" leader would still reach its followers. So the
+//! members advertise their gates' ports as their peer URLs, and every
+//! gate asks who dialled before it forwards: the connecting socket's
 //! inode is looked up in `/proc/net/tcp` and found among the members'
 //! file descriptors (`/proc/PID/fd`). A connection is refused (closed at
 //! once) when its target or its dialler is cut off, and cutting a member
 //! closes every open connection it has through the gates. That covers
-//! every connection a member makes and needs no parsing of the protocol.
-//! Linux only, as the rest of the crate.
+//! every request a member makes, with or without rafthttp's
+//! `X-Server-From` header, and needs no HTTP parsing. Linux only, as the
+//! rest of the crate.
 
 use std::collections::HashMap;
 use std::io;
@@ -33,9 +32,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Which of a member's ports a gate stands in front of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Side {
-    /// Traffic from the other members (etcd's raft, ZooKeeper's quorum
-    /// and election ports).
+pub(super) enum Side {
+    /// Raft traffic from the other members.
     Peer,
     /// Requests from clients.
     Client,
@@ -51,7 +49,7 @@ struct Cut {
 /// Who is cut off, the members' process ids (to tell who dialled), and the
 /// connections open through the gates.
 #[derive(Debug)]
-pub(crate) struct Partition {
+pub(super) struct Partition {
     state: Mutex<State>,
 }
 
@@ -93,7 +91,7 @@ impl State {
 
 impl Partition {
     /// A partition of `members` members, none of them cut off.
-    pub(crate) fn new(members: usize) -> Arc<Self> {
+    pub(super) fn new(members: usize) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
                 cut: vec![Cut::default(); members],
@@ -109,13 +107,13 @@ impl Partition {
     }
 
     /// Records member `member`'s process id (`None` while it is stopped).
-    pub(crate) fn set_pid(&self, member: usize, pid: Option<u32>) {
+    pub(super) fn set_pid(&self, member: usize, pid: Option<u32>) {
         self.lock().pids[member] = pid;
     }
 
     /// Cuts member `member` off from its peers, and from its clients too if
     /// `clients`, closing the connections that no longer may pass.
-    pub(crate) fn cut(&self, member: usize, clients: bool) {
+    pub(super) fn cut(&self, member: usize, clients: bool) {
         let mut state = self.lock();
         state.cut[member] = Cut {
             peers: true,
@@ -135,17 +133,17 @@ impl Partition {
     }
 
     /// Lets member `member`'s connections pass again.
-    pub(crate) fn heal(&self, member: usize) {
+    pub(super) fn heal(&self, member: usize) {
         self.lock().cut[member] = Cut::default();
     }
 
     /// Whether member `member` is cut off from its peers.
-    pub(crate) fn is_cut(&self, member: usize) -> bool {
+    pub(super) fn is_cut(&self, member: usize) -> bool {
         self.lock().cut[member].peers
     }
 
     /// Closes every connection through the gates.
-    pub(crate) fn close_all(&self) {
+    pub(super) fn close_all(&self) {
         for (_, conn) in self.lock().conns.drain() {
             conn.close();
         }
@@ -190,16 +188,14 @@ fn socket_inode(local: u16, remote: u16) -> Option<u64> {
 /// A gate in front of one port of one member: accepts on a loopback port
 /// of its own and forwards what the [`Partition`] lets pass.
 #[derive(Debug)]
-pub(crate) struct Gate {
+pub(super) struct Gate {
     addr: SocketAddr,
     stopped: Arc<AtomicBool>,
 }
 
 impl Gate {
-    /// Starts a gate forwarding to `upstream`, member `member`'s `side`;
-    /// `kind` (`etcd`, `zk`) names its threads.
-    pub(crate) fn start(
-        kind: &'static str,
+    /// Starts a gate forwarding to `upstream`, member `member`'s `side`.
+    pub(super) fn start(
         partition: &Arc<Partition>,
         member: usize,
         side: Side,
@@ -211,7 +207,7 @@ impl Gate {
         let partition = Arc::clone(partition);
         let stop = Arc::clone(&stopped);
         thread::Builder::new()
-            .name(format!("{kind}-gate-{member}-{side:?}"))
+            .name(format!("etcd-gate-{member}-{side:?}"))
             .spawn(move || {
                 for accepted in listener.incoming() {
                     if stop.load(Ordering::SeqCst) {
@@ -223,7 +219,7 @@ impl Gate {
                     };
                     let partition = Arc::clone(&partition);
                     let _ = thread::Builder::new()
-                        .name(format!("{kind}-gate-{member}-conn"))
+                        .name(format!("etcd-gate-{member}-conn"))
                         .spawn(move || serve(&partition, client, addr, member, side, upstream));
                 }
             })
@@ -232,7 +228,7 @@ impl Gate {
     }
 
     /// The gate's address, which the member advertises.
-    pub(crate) fn addr(&self) -> SocketAddr {
+    pub(super) fn addr(&self) -> SocketAddr {
         self.addr
     }
 }
@@ -296,7 +292,7 @@ fn serve(
         return;
     };
     let upstream_copy = thread::Builder::new()
-        .name(format!("gate-{to}-copy"))
+        .name(format!("etcd-gate-{to}-copy"))
         .spawn(move || copy(client_in, server));
     copy(server_in, client);
     if let Ok(handle) = upstream_copy {
