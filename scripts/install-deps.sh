@@ -6,7 +6,8 @@
 # (to drive a test server's clock), etcd (the testkit's EtcdCluster;
 # Debian bookworm's etcd-server is 3.4.23; LEASEHOLD_ETCD may name
 # another etcd binary for the tests, such as the 3.5 release
-# scripts/etcd35.sh fetches), PgBouncer, and a
+# scripts/etcd35.sh fetches), PgBouncer, ZooKeeper with a JDK, Curator
+# and kazoo (the testkit's ZooKeeperEnsemble and its interop checks), and a
 # headless Chromium (the chaos timeline's rendering test; any of
 # chromium, chromium-browser or google-chrome will do). Idempotent:
 # installs nothing when all is present.
@@ -31,6 +32,18 @@ command -v curl >/dev/null 2>&1 || need+=(curl)
 # PgBouncer (the testkit's PgBouncer, transaction pooling in front of a
 # throwaway PostgreSQL) from Debian's package (1.18 on bookworm).
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
+
+# ZooKeeper (the testkit's ZooKeeperEnsemble) from Debian's zookeeper
+# package (3.8.0 on bookworm): its jars under /usr/share/java, started with
+# java directly. A JDK, not only a JRE: the Curator interop check compiles
+# a small Java program against Debian's Curator (libcurator-recipes-java);
+# kazoo is the Python client the same checks use. Debian's python3-kazoo
+# serves Debian's /usr/bin/python3 (a python3 earlier on PATH, such as
+# pyenv's, does not see it), so the check looks at its files.
+[ -r /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
+command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
+[ -r /usr/share/java/curator-recipes.jar ] || need+=(libcurator-recipes-java)
+[ -r /usr/lib/python3/dist-packages/kazoo/__init__.py ] || need+=(python3-kazoo)
 
 have_pg=no
 if command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1; then

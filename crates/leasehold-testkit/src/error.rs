@@ -1,6 +1,7 @@
 //! The crate's error type.
 
 use std::io;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -259,6 +260,45 @@ pub enum Error {
     EtcdClusterSize {
         /// The number asked for.
         members: usize,
+    },
+
+    /// A four-letter word sent to a ZooKeeper server's client port got no
+    /// answer: connecting failed (the server is stopped), or the time ran
+    /// out (it is paused).
+    #[error("four-letter word {word} to zookeeper at {addr} failed")]
+    ZooKeeperRequest {
+        /// The server's client address.
+        addr: SocketAddr,
+        /// The word sent, e.g. `srvr`.
+        word: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// No ZooKeeper server said it leads in time.
+    #[error("the zookeeper ensemble had no leader within {timeout:?}")]
+    ZooKeeperNoLeader {
+        /// How long it was given.
+        timeout: Duration,
+    },
+
+    /// A ZooKeeper ensemble of this many members cannot be started.
+    #[error("a zookeeper ensemble needs at least one member, not {members}")]
+    ZooKeeperEnsembleSize {
+        /// The number asked for.
+        members: usize,
+    },
+
+    /// A ZooKeeper tick time that is not a whole number of milliseconds,
+    /// at least 1 ms (the server's `tickTime` is an integer number of
+    /// milliseconds).
+    #[error(
+        "a zookeeper tick time must be a whole number of milliseconds, at least 1 ms, not {tick_time:?}"
+    )]
+    ZooKeeperTickTime {
+        /// The tick time asked for.
+        tick_time: Duration,
     },
 
     /// The server cannot be started with these settings.

@@ -45,6 +45,13 @@
 //! `PATH` (Debian's `etcd-server`, 3.4.23) unless [`ETCD_ENV`],
 //! `LEASEHOLD_ETCD`, names another binary.
 //!
+//! [`ZooKeeperEnsemble`] starts a real ZooKeeper ensemble (three servers,
+//! or one) as JVMs on Debian's jars (`zookeeper` 3.8.0), on free loopback
+//! ports with a small tick ([`ZOOKEEPER_TICK_TIME`], 200 ms, so sessions
+//! of 0.4 to 4 s; [`ZooKeeperEnsemble::start_with`] chooses another), and
+//! waits until it has a leader. Members can be stopped, restarted on
+//! their data, or paused (not yet cut off from their peers).
+//!
 //! When a test panics while a server handle is alive, the server's log is
 //! printed to stderr as the handle is dropped.
 
@@ -63,6 +70,7 @@ mod proxy;
 mod redis;
 mod resp;
 mod sentinel;
+mod zookeeper;
 
 pub use acl::LOCK_USER_ACL;
 pub use certs::{ClientAuth, ServerTls, TestCerts};
@@ -83,3 +91,7 @@ pub use proxy::{Direction, FaultProxy, Faults};
 pub use redis::{AclRefusal, RedisOptions, RedisServer, SERVER_ENV};
 pub use resp::Reply;
 pub use sentinel::{RedisSentinel, SENTINEL_DOWN_AFTER, SENTINEL_FAILOVER_TIMEOUT};
+pub use zookeeper::{
+    ZOOKEEPER_CLASSPATH_ENV, ZOOKEEPER_SYNC_LIMIT, ZOOKEEPER_TICK_TIME, ZooKeeperEnsemble,
+    ZooKeeperMember, ZooKeeperMode,
+};

@@ -24,3 +24,5 @@ mod redis;
 mod sentinel;
 #[path = "tls.rs"]
 mod tls;
+#[path = "zookeeper.rs"]
+mod zookeeper;
