@@ -632,6 +632,10 @@ pub(crate) async fn guard_with<S: Statements>(
     if fenced.is_empty() {
         return Err(Error::NotFenced);
     }
+    let lease_rows = match options.check_lease_row {
+        true => Some(crate::lease_row::rows(lease)?),
+        false => None,
+    };
     fenced.sort();
     for (resource, key, token, holder) in fenced {
         let guarded = async {
@@ -675,6 +679,11 @@ pub(crate) async fn guard_with<S: Statements>(
             lease.mark_superseded();
             return Ok(found);
         }
+    }
+    if let Some(rows) = &lease_rows
+        && let Some(key) = crate::lease_row::first_ended(tx, rows).await?
+    {
+        return Err(crate::lease_row::ended(lease, key));
     }
     Ok(Guard::Accepted)
 }

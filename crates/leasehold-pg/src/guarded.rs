@@ -33,7 +33,11 @@
 //!   of yours); retry with a new lease.
 //! - `Ok(Guarded::Lost(cause))`: the lease was found lost before the work
 //!   finished; the work was stopped at an `.await` and its transaction
-//!   rolled back. Nothing was written.
+//!   rolled back. Nothing was written. With
+//!   [`GuardOptions::check_lease_row`] (a lease a
+//!   [`PgLocker`](crate::PgLocker) took on this database), also when the
+//!   lease's own row was found ended, at the guard or right before the
+//!   `COMMIT` (`LostCause::Expired`): see [`lease_row`](crate::lease_row).
 //! - `Err(err)` from the work: rolled back, nothing written. Your error
 //!   type takes this crate's ([`Error`]) too.
 //! - `Err(Error::Aborted)`: a statement failed inside the work and the
@@ -247,20 +251,63 @@ where
     let ran = lease
         .run(async {
             let tx = db.transaction().await.map_err(Error::from_pg)?;
-            if let Some(refusal) = refused(guard_with_options(&tx, lease, options).await?) {
-                return Ok(refusal);
+            if let Some(outcome) = guarded_by(guard_with_options(&tx, lease, options).await)? {
+                return Ok(outcome);
             }
+            let check = lease_check(lease, options)?;
             let output = work(&tx).await?;
-            lease
+            let committed = lease
                 .shield(async {
                     before_commit().await;
-                    commit(tx).await
+                    commit(tx, check.as_deref()).await
                 })
                 .await?;
-            Ok(Guarded::Committed(output))
+            Ok(committed.finish(output))
         })
         .await;
     settle(ran)
+}
+
+/// What a guarded commit came to.
+pub(crate) enum Commit {
+    /// Committed.
+    Done,
+    /// The commit's check of the lease's rows found one ended: rolled
+    /// back, nothing written.
+    Ended,
+}
+
+impl Commit {
+    /// The transaction's outcome, with the work's `output` if it committed.
+    pub(crate) fn finish<T>(self, output: T) -> Guarded<T> {
+        match self {
+            Commit::Done => Guarded::Committed(output),
+            Commit::Ended => Guarded::Lost(LostCause::Expired),
+        }
+    }
+}
+
+/// The guard's verdict as the guarded transaction takes it: a refusal, or
+/// the lease's rows found ended ([`GuardOptions::check_lease_row`]), is
+/// the outcome; `None` goes on.
+pub(crate) fn guarded_by<T>(found: Result<Guard, Error>) -> Result<Option<Guarded<T>>, Error> {
+    match found {
+        Ok(found) => Ok(refused(found)),
+        Err(Error::Lease(leasehold::Error::LeaseLost { cause, .. })) => {
+            Ok(Some(Guarded::Lost(cause)))
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// The commit's check of the lease's rows, if `options` asks for it.
+pub(crate) fn lease_check(lease: &Lease, options: &GuardOptions) -> Result<Option<String>, Error> {
+    if !options.check_lease_row {
+        return Ok(None);
+    }
+    Ok(Some(crate::lease_row::commit_check(
+        &crate::lease_row::rows(lease)?,
+    )))
 }
 
 /// The outcome of a refused guard; `None` when it accepted.
@@ -297,23 +344,35 @@ pub(crate) fn settle<T, E: From<Error>>(
 }
 
 /// Commits `tx`, refusing to call a transaction an earlier error aborted
-/// committed: `SELECT 1` and `COMMIT` in one batch (one round trip); in an
-/// aborted transaction the `SELECT` fails and the `COMMIT` never runs.
-async fn commit(tx: Transaction<'_>) -> Result<(), Error> {
+/// committed: `SELECT 1` (or `check`, the lease rows' check) and `COMMIT`
+/// in one batch (one round trip); in an aborted transaction the first
+/// statement fails and the `COMMIT` never runs, as when the check finds
+/// the lease ended.
+async fn commit(tx: Transaction<'_>, check: Option<&str>) -> Result<Commit, Error> {
     // Closed already (the server ended the session while the work ran,
     // and the client read its last word): the batch below fails to be
     // sent, so no COMMIT goes out. Closed later, it may have gone out.
     let closed = tx.client().is_closed();
-    match tx.batch_execute("SELECT 1; COMMIT").await {
+    let batch = format!("{}; COMMIT", check.unwrap_or("SELECT 1"));
+    match tx.batch_execute(&batch).await {
         Ok(()) => {
             // The COMMIT ended the transaction; the handle's drop would
             // send a ROLLBACK that only draws a warning from the server.
             std::mem::forget(tx);
-            Ok(())
+            Ok(Commit::Done)
         }
         Err(err) if err.code() == Some(&SqlState::IN_FAILED_SQL_TRANSACTION) => {
             drop(tx); // rolled back
             Err(Error::Aborted(err.into()))
+        }
+        Err(err) if err.code().map(SqlState::code) == Some(crate::lease_row::LEASE_ENDED) => {
+            drop(tx); // rolled back
+            let message = err.as_db_error().map(|db| db.message().to_owned());
+            tracing::warn!(
+                message = message.unwrap_or_default(),
+                "the lease ended before the commit (its row, on the database's clock): rolled back"
+            );
+            Ok(Commit::Ended)
         }
         Err(err)
             if err.as_db_error().is_some_and(|db| {
@@ -324,7 +383,15 @@ async fn commit(tx: Transaction<'_>) -> Result<(), Error> {
             // serialization failure) or ended an idle session before it
             // (`SessionEnded`): it rolled the transaction back. A session
             // terminated in its place may have committed first: unknown.
-            std::mem::forget(tx);
+            // With the lease rows' check first in the batch, the error may
+            // be the check's (a timeout, a deadlock), the COMMIT not run
+            // and the transaction left aborted: the handle's ROLLBACK ends
+            // it (after a refused COMMIT it only draws a warning).
+            if check.is_some() {
+                drop(tx);
+            } else {
+                std::mem::forget(tx);
+            }
             Err(Error::from_pg(err))
         }
         Err(err) if closed && err.is_closed() => Err(Error::SessionEnded(err.into())),

@@ -225,6 +225,7 @@ mod ddl;
 mod error;
 pub mod guard;
 pub mod guarded;
+pub mod lease_row;
 pub mod locker;
 pub mod metrics;
 mod options;

@@ -13,10 +13,11 @@ use std::time::Duration;
 #[must_use]
 pub struct GuardOptions {
     pub(crate) take_over_after: Option<Duration>,
+    pub(crate) check_lease_row: bool,
 }
 
 impl GuardOptions {
-    /// The defaults: no take-over.
+    /// The defaults: no take-over, no check of the lease's own rows.
     pub fn new() -> GuardOptions {
         GuardOptions::default()
     }
@@ -41,6 +42,29 @@ impl GuardOptions {
     /// Defaults to off: the guard waits for the row as long as it takes.
     pub fn take_over_after(mut self, wait: Duration) -> GuardOptions {
         self.take_over_after = Some(wait.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// Checks the lease's own rows too, for a lease a
+    /// [`PgLocker`](crate::PgLocker) took on the database this transaction
+    /// writes to: the guard reads them after the fence check (each still
+    /// ours, unexpired on the database's clock), and
+    /// [`guarded`](crate::guarded()) checks them again right before the
+    /// `COMMIT` (on tokio-postgres in the `COMMIT`'s own batch, no round
+    /// trip of its own), so a holder that froze after its guard and thawed
+    /// past its lease's end is refused at commit even when nobody has
+    /// taken the lock since, which the fence alone cannot see. Either
+    /// check failing is [`Guarded::Lost`](crate::Guarded::Lost) with
+    /// `LostCause::Expired` from `guarded` (from the guard alone,
+    /// [`Error::Lease`](crate::Error::Lease) with `LeaseLost`): nothing
+    /// written. No lock on a lease row is held during the work. See the
+    /// [`lease_row`](crate::lease_row) module.
+    ///
+    /// Defaults to off. On with a lease another service granted, the
+    /// guard refuses it ([`Error::Lease`](crate::Error::Lease) with
+    /// `InvalidOptions`): it has no rows here to check.
+    pub fn check_lease_row(mut self, check: bool) -> GuardOptions {
+        self.check_lease_row = check;
         self
     }
 }

@@ -97,7 +97,7 @@ use leasehold::{FencingToken, HolderId, Lease};
 
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Setup, guard_token_with, guard_with, logged};
-use crate::guarded::{Guarded, refused, settle};
+use crate::guarded::{Commit, Guarded, guarded_by, lease_check, settle};
 use crate::options::GuardOptions;
 use crate::statements::{GUARD, GUARD_BOUNDED, Statements, TAKE_OVER, Verdict};
 
@@ -382,29 +382,40 @@ where
     let ran = lease
         .run(async {
             let mut tx = db.begin().await.map_err(Error::from)?;
-            if let Some(refusal) = refused(guard_with(&mut *tx, lease, options).await?) {
-                return Ok(refusal);
+            if let Some(outcome) = guarded_by(guard_with(&mut *tx, lease, options).await)? {
+                return Ok(outcome);
             }
+            let check = lease_check(lease, options)?;
             let output = work(&mut *tx).await?;
-            lease
+            let committed = lease
                 .shield(async {
                     before_commit().await;
-                    commit(tx).await
+                    commit(tx, check.as_deref()).await
                 })
                 .await?;
-            Ok(Guarded::Committed(output))
+            Ok(committed.finish(output))
         })
         .await;
     settle(ran)
 }
 
 /// Commits `tx`, refusing to call a transaction an earlier error aborted
-/// committed: `SELECT 1` first (it fails in an aborted transaction, which
-/// is then rolled back), then sqlx's `COMMIT` (see [the module
+/// committed: `SELECT 1` (or `check`, the lease rows' check) first (it
+/// fails in an aborted transaction, which is then rolled back), then
+/// sqlx's `COMMIT` (see [the module
 /// docs](self#the-commits-check-costs-a-round-trip-here)).
-async fn commit(mut tx: Transaction<'_, Postgres>) -> Result<()> {
+async fn commit(mut tx: Transaction<'_, Postgres>, check: Option<&str>) -> Result<Commit> {
     // Dropped on an error: rolled back. `Error::Aborted` for 25P02.
-    if let Err(err) = tx.execute("SELECT 1").await {
+    if let Err(err) = tx.execute(check.unwrap_or("SELECT 1")).await {
+        if matches!(&err, ::sqlx::Error::Database(db)
+            if db.code().as_deref() == Some(crate::lease_row::LEASE_ENDED))
+        {
+            tracing::warn!(
+                error = %err,
+                "the lease ended before the commit (its row, on the database's clock): rolled back"
+            );
+            return Ok(Commit::Ended);
+        }
         return Err(match Error::from(err) {
             // The connection is gone and the COMMIT was never sent: the
             // transaction did not commit. (A session the server ended,
@@ -414,7 +425,7 @@ async fn commit(mut tx: Transaction<'_, Postgres>) -> Result<()> {
         });
     }
     match tx.commit().await {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(Commit::Done),
         // The server refused the COMMIT (a deferred constraint, a
         // serialization failure): it rolled the transaction back. A
         // session terminated in its place may have committed first

@@ -10,6 +10,8 @@
 mod guard;
 #[path = "guarded.rs"]
 mod guarded;
+#[path = "lease_row.rs"]
+mod lease_row;
 #[path = "locker.rs"]
 mod locker;
 #[path = "pg.rs"]

@@ -190,6 +190,14 @@ impl Lease {
             .map(|p| p.token.holder())
     }
 
+    /// The token that marks `key` as ours on the lock service, for a lease
+    /// on several keys (each lock is taken with its own); `None` if the
+    /// lease does not hold `key`. A service that keeps the token in a
+    /// table (`leasehold-pg`'s `PgLocker`) is asked with it.
+    pub fn token_for(&self, key: &str) -> Option<&LeaseToken> {
+        self.parts.iter().find(|p| p.key == key).map(|p| &p.token)
+    }
+
     /// The fencing token issued with the lock on [`key`](Self::key), if it
     /// was taken with [`FencedKeys`](crate::FencedKeys); `None` for a plain
     /// lock. Send it with every write the lease protects, and have the
