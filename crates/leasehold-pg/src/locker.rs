@@ -41,6 +41,36 @@
 //! did not come is an unknown outcome (retried by the acquire only after
 //! the token-checked undo).
 //!
+//! # Durable whatever the role's default
+//!
+//! A token is only as good as the commit that issued it: a take
+//! acknowledged before its WAL was written is lost in a crash, and its
+//! token issued again (`synchronous_commit = off`), or lost in a failover
+//! (`local`, with synchronous standbys named). So every write that
+//! confirms something to its caller (a take and its counter's increment,
+//! a refresh, a release, a raised fence, a leader record) commits with
+//! `synchronous_commit = on`, pinned in its own statement:
+//! `set_config('synchronous_commit', 'on', true)` is a condition of the
+//! statement's `WHERE`, so a row is written only where it was evaluated,
+//! and the setting is the transaction's (as `SET LOCAL`), read by the
+//! commit that ends the statement. No session state, so it holds through
+//! PgBouncer in transaction mode, and `ALTER ROLE ... SET
+//! synchronous_commit` (or the database's, or the server's default)
+//! cannot void it. The undo of an abandoned take is not pinned: an undo
+//! lost in a crash leaves a lease that its TTL ends.
+//!
+//! With synchronous standbys named (`synchronous_standby_names`), a take
+//! is confirmed only once a synchronous standby has flushed it. While none
+//! answers, the take's commit waits: the acquire ends with an error at its
+//! deadline, never a lease. The waiting transaction is committed locally
+//! and not yet visible: it holds its row (another taker of the key waits
+//! behind it) until the standby answers, the setting is cleared or the
+//! wait is cancelled (`pg_cancel_backend`, `pg_terminate_backend`; a client
+//! that goes away is not noticed meanwhile). Then its lease becomes
+//! visible, with its expiry counted from the take: its TTL ends it, and
+//! its token is spent, never issued again. A locker's clones share one
+//! connection, so their later requests queue behind the waiting one.
+//!
 //! # Waiting
 //!
 //! A release is followed by `pg_notify('leasehold_leases', key)` in its
@@ -54,8 +84,8 @@
 //!
 //! # Not yet
 //!
-//! `synchronous_commit` is the role's; tokens are not yet checked across a promoted standby;
-//! no constructor from the caller's pool yet.
+//! Tokens are not yet checked across a promoted standby; no constructor
+//! from the caller's pool yet.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,7 +125,8 @@ CREATE TABLE IF NOT EXISTS leasehold_leader_records (
 
 const TAKE: &str = "\
 INSERT INTO leasehold_leases AS l (resource, holder, expires_at)
-VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond')
+SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond'
+WHERE set_config('synchronous_commit', 'on', true) IS NOT NULL
 ON CONFLICT (resource) DO UPDATE
     SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
     WHERE l.expires_at <= clock_timestamp()
@@ -104,7 +135,8 @@ RETURNING 0::bigint";
 const TAKE_FENCED: &str = "\
 WITH won AS (
     INSERT INTO leasehold_leases AS l (resource, holder, expires_at)
-    VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond')
+    SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond'
+    WHERE set_config('synchronous_commit', 'on', true) IS NOT NULL
     ON CONFLICT (resource) DO UPDATE
         SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
         WHERE l.expires_at <= clock_timestamp()
@@ -118,17 +150,20 @@ RETURNING last";
 const REFRESH: &str = "\
 UPDATE leasehold_leases
 SET expires_at = clock_timestamp() + $3 * interval '1 millisecond'
-WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()";
+WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()
+    AND set_config('synchronous_commit', 'on', true) IS NOT NULL";
 
 const RELEASE: &str = "\
 DELETE FROM leasehold_leases
-WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()";
+WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()
+    AND set_config('synchronous_commit', 'on', true) IS NOT NULL";
 
 const UNDO: &str = "DELETE FROM leasehold_leases WHERE resource = $1 AND holder = $2";
 
 const ANNOUNCE: &str = "\
 INSERT INTO leasehold_leader_records AS r (record_key, holder, body)
-SELECT $3, $2, $4 WHERE EXISTS (
+SELECT $3, $2, $4
+WHERE set_config('synchronous_commit', 'on', true) IS NOT NULL AND EXISTS (
     SELECT 1 FROM leasehold_leases
     WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()
 )
@@ -146,7 +181,8 @@ const LISTEN: &str = "LISTEN leasehold_leases";
 const NOTIFY: &str = "SELECT pg_notify('leasehold_leases', $1)";
 
 const RAISE: &str = "\
-INSERT INTO leasehold_lease_counters AS c (fence_key, last) VALUES ($1, $2)
+INSERT INTO leasehold_lease_counters AS c (fence_key, last)
+SELECT $1, $2 WHERE set_config('synchronous_commit', 'on', true) IS NOT NULL
 ON CONFLICT (fence_key) DO UPDATE SET last = greatest(c.last, EXCLUDED.last)";
 
 /// Takes leases in a PostgreSQL table: see the [module docs](self).

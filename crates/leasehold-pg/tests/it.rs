@@ -12,6 +12,8 @@ mod guard;
 mod guarded;
 #[path = "locker.rs"]
 mod locker;
+#[path = "locker_durable.rs"]
+mod locker_durable;
 #[path = "pg.rs"]
 mod pg;
 #[path = "recommended.rs"]

@@ -1,0 +1,183 @@
+//! `PgLocker`'s commits are durable whatever the role's default: every
+//! write that confirms a lease or issues a token commits with
+//! `synchronous_commit = on`, pinned in its own statement. Shown with a
+//! synchronous standby that does not exist (a take is never confirmed,
+//! while a plain statement of the same role commits at once).
+
+use std::time::Duration;
+
+use leasehold::{AcquireOptions, Error, FencedKeys, FencingToken, Lessor};
+use leasehold_pg::PgLocker;
+use leasehold_pg::tokio_postgres::Client;
+use leasehold_testkit::PostgresServer;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A hang detector, not a timing assertion.
+const HUNG: Duration = Duration::from_secs(60);
+
+/// The role the locker logs in as, and its password.
+const ROLE: &str = "leasehold_locker";
+const ROLE_PASSWORD: &str = "locker-password";
+
+/// A standby that never connects.
+const MISSING_STANDBY: &str = "leasehold_missing_standby";
+
+/// `url` with the locker's role in place of the superuser.
+fn as_role(server: &PostgresServer) -> String {
+    format!(
+        "postgres://{ROLE}:{ROLE_PASSWORD}@{}:{}/postgres",
+        server.host(),
+        server.port()
+    )
+}
+
+/// A fenced lease's token.
+fn token(lease: &leasehold::Lease) -> Result<u64, &'static str> {
+    lease
+        .fence()
+        .map(FencingToken::get)
+        .ok_or("a fenced take without a token")
+}
+
+async fn count(db: &Client, sql: &str, arg: &str) -> Result<i64, Box<dyn std::error::Error>> {
+    Ok(db.query_one(sql, &[&arg]).await?.get(0))
+}
+
+/// Returns once the server makes a commit that asks for
+/// `synchronous_commit = on` wait for the missing standby: the reload
+/// reaches the backends through the checkpointer some time after
+/// `pg_reload_conf()` returns. A probe commit is seen waiting on
+/// `SyncRep`, then cancelled (it stays committed locally).
+async fn until_commits_wait(url: &str, admin: &Client) -> TestResult {
+    loop {
+        let probe = leasehold_pg::connect(url).await?;
+        let pid: i32 = probe
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0);
+        let write = tokio::spawn(async move {
+            probe
+                .batch_execute("SET synchronous_commit = on; INSERT INTO sync_probe VALUES (0)")
+                .await
+        });
+        loop {
+            if write.is_finished() {
+                // Committed without waiting: not in force yet.
+                write.await??;
+                break;
+            }
+            let waiting: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE pid = $1 AND wait_event = 'SyncRep'",
+                    &[&pid],
+                )
+                .await?
+                .get(0);
+            if waiting == 1 {
+                admin
+                    .execute("SELECT pg_cancel_backend($1)", &[&pid])
+                    .await?;
+                tokio::time::timeout(HUNG, write).await???;
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// With `synchronous_standby_names` naming a standby that does not exist
+/// and the locker's role defaulting to `synchronous_commit = local`, a
+/// plain statement of that role commits at once (the control: the role's
+/// default is in force), but a take through `PgLocker` is never
+/// confirmed: its commit waits for the standby, and the acquire ends with
+/// an error at its deadline. The waiting take holds its row's lock (a
+/// transaction still in progress) until the standby setting is cleared;
+/// then it commits and its lease ends with its TTL: another locker takes
+/// the lock, with a token above the one the waiting take consumed.
+/// (Fails with the pin removed from the take: the lease is confirmed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_waits_for_the_synchronous_standby_whatever_the_roles_default() -> TestResult {
+    let ttl = Duration::from_secs(3);
+    let server = tokio::task::spawn_blocking(PostgresServer::start).await??;
+    let admin = leasehold_pg::connect(&server.url()).await?;
+    PgLocker::connect(&server.url()).await?.setup().await?;
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE sync_probe (n int);
+             CREATE ROLE {ROLE} LOGIN PASSWORD '{ROLE_PASSWORD}';
+             GRANT ALL ON leasehold_leases, leasehold_lease_counters,
+                 leasehold_leader_records, sync_probe TO {ROLE};
+             ALTER ROLE {ROLE} SET synchronous_commit = local"
+        ))
+        .await?;
+    admin
+        .batch_execute(&format!(
+            "ALTER SYSTEM SET synchronous_standby_names = '{MISSING_STANDBY}'"
+        ))
+        .await?;
+    admin.batch_execute("SELECT pg_reload_conf()").await?;
+    until_commits_wait(&server.url(), &admin).await?;
+
+    // The control: the role's own statements do not wait.
+    let as_locker = leasehold_pg::connect(&as_role(&server)).await?;
+    let default: String = as_locker
+        .query_one("SHOW synchronous_commit", &[])
+        .await?
+        .get(0);
+    assert_eq!(default, "local");
+    tokio::time::timeout(
+        HUNG,
+        as_locker.execute("INSERT INTO sync_probe VALUES (1)", &[]),
+    )
+    .await??;
+
+    let locker = PgLocker::connect(&as_role(&server)).await?;
+    let keys = FencedKeys::new("{sync}:job", "{sync}:fence")?;
+    let opts = AcquireOptions::new().wait(Duration::from_secs(2));
+    let taken = tokio::time::timeout(HUNG, locker.acquire_with(&keys, ttl, &opts)).await?;
+    let err = match taken {
+        Ok(lease) => panic!(
+            "a lease confirmed while its commit had no synchronous standby: {:?}",
+            lease.fence()
+        ),
+        Err(err) => err,
+    };
+    eprintln!("the acquire ended with: {err:?}");
+    assert!(
+        matches!(err, Error::NotAcquired { .. } | Error::Timeout { .. }),
+        "{err:?}"
+    );
+    let waiting = count(
+        &admin,
+        "SELECT count(*) FROM pg_stat_activity WHERE usename = $1 AND wait_event = 'SyncRep'",
+        ROLE,
+    )
+    .await?;
+    assert!(waiting >= 1, "no take of the locker waits for the standby");
+    let seen = count(
+        &admin,
+        "SELECT count(*) FROM leasehold_leases WHERE resource = $1",
+        "{sync}:job",
+    )
+    .await?;
+    assert_eq!(seen, 0, "a waiting commit is not visible to others yet");
+
+    admin
+        .batch_execute("ALTER SYSTEM RESET synchronous_standby_names")
+        .await?;
+    admin.batch_execute("SELECT pg_reload_conf()").await?;
+    let other = PgLocker::connect(&server.url()).await?;
+    let lease = other
+        .acquire_with(&keys, ttl, &AcquireOptions::new().wait(HUNG))
+        .await?;
+    let fence = token(&lease)?;
+    eprintln!("after the standby setting was cleared, another locker's token: {fence}");
+    assert!(
+        fence >= 2,
+        "the waiting take's token (1) issued again: {fence}"
+    );
+    lease.release().await?;
+    Ok(())
+}
