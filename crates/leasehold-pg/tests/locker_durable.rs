@@ -2,11 +2,16 @@
 //! write that confirms a lease or issues a token commits with
 //! `synchronous_commit = on`, pinned in its own statement. Shown with a
 //! synchronous standby that does not exist (a take is never confirmed,
-//! while a plain statement of the same role commits at once).
+//! while a plain statement of the same role commits at once), and with
+//! PostgreSQL restarted fast and crashed (`immediate`) right after a take
+//! on a server whose default is `synchronous_commit = off`: the lease
+//! confirmed before is still recorded, and the next token is above every
+//! token issued before.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{AcquireOptions, Error, FencedKeys, FencingToken, Lessor};
+use leasehold::{AcquireOptions, Error, FencedKeys, FencingToken, Lessor, RetryStrategy};
 use leasehold_pg::PgLocker;
 use leasehold_pg::tokio_postgres::Client;
 use leasehold_testkit::PostgresServer;
@@ -179,5 +184,74 @@ async fn a_take_waits_for_the_synchronous_standby_whatever_the_roles_default() -
         "the waiting take's token (1) issued again: {fence}"
     );
     lease.release().await?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// `pg_ctl stop -m fast`: a shutdown checkpoint writes everything out.
+    Fast,
+    /// `pg_ctl stop -m immediate`: nothing is written out.
+    Crash,
+}
+
+/// Fenced leases taken and given back, one held, then PostgreSQL stopped
+/// right away (fast, then crashed) and started again, on a server whose
+/// default is `synchronous_commit = off` (an acknowledged commit may still
+/// be in memory): the held lease is still recorded (its row keeps the
+/// lock from another locker, and its holder gives it back), and the next
+/// token is above every token issued before. (The crash fails with the
+/// pin removed: the last takes are lost, the held lock is taken again,
+/// and tokens repeat.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_never_repeat_across_a_restart_and_a_crash() -> TestResult {
+    let ttl = Duration::from_secs(60);
+    let server = Arc::new(tokio::task::spawn_blocking(PostgresServer::start).await??);
+    let url = server.url();
+    let locker = PgLocker::connect(&url).await?;
+    locker.setup().await?;
+    let fence = "{restart}:fence";
+    let wait = AcquireOptions::new().wait(HUNG);
+    let once = AcquireOptions::new().retry(RetryStrategy::none());
+    let mut issued: Vec<u64> = Vec::new();
+    for (round, stop) in [Stop::Fast, Stop::Crash].into_iter().enumerate() {
+        for n in 0..5 {
+            let keys = FencedKeys::new(format!("{{restart}}:{round}:free:{n}"), fence)?;
+            let lease = locker.acquire_with(&keys, ttl, &wait).await?;
+            issued.push(token(&lease)?);
+            lease.release().await?;
+        }
+        let held_keys = FencedKeys::new(format!("{{restart}}:{round}:held"), fence)?;
+        let held = locker.acquire_with(&held_keys, ttl, &wait).await?;
+        issued.push(token(&held)?);
+
+        let pg = server.clone();
+        tokio::task::spawn_blocking(move || {
+            match stop {
+                Stop::Fast => pg.stop()?,
+                Stop::Crash => pg.crash()?,
+            }
+            pg.start_again()
+        })
+        .await??;
+
+        let other = PgLocker::connect(&url).await?;
+        let busy = other.acquire_with(&held_keys, ttl, &once).await;
+        assert!(
+            matches!(busy, Err(Error::NotAcquired { .. })),
+            "{stop:?}: a lease confirmed before is gone: {:?}",
+            busy.map(|lease| lease.fence())
+        );
+        let keys = FencedKeys::new(format!("{{restart}}:{round}:next"), fence)?;
+        let next = other.acquire_with(&keys, ttl, &wait).await?;
+        let after = token(&next)?;
+        assert!(
+            issued.iter().all(|&before| after > before),
+            "{stop:?}: token {after} after {issued:?} were issued"
+        );
+        issued.push(after);
+        next.release().await?;
+        held.release().await?;
+    }
     Ok(())
 }
