@@ -78,9 +78,21 @@
 //! each locker `LISTEN`s on a connection of its own, and a waiter steps
 //! again when a release is notified, or every
 //! [`poll_every`](PgLockerBuilder::poll_every) (a holder that died and
-//! whose lease ran out; PgBouncer in transaction mode, where `LISTEN`
-//! cannot work). Any release wakes every waiter of the locker (not only
-//! those of its key): a herd on a busy database, to measure.
+//! whose lease ran out; notifications that cannot arrive). Any release
+//! wakes every waiter of the locker (not only those of its key): a herd
+//! on a busy database, to measure.
+//!
+//! **Through PgBouncer in transaction mode**, turn listening off
+//! ([`PgLockerBuilder::listen`]`(false)`): waiters then poll, and every
+//! step works unchanged (one statement each, unnamed, no session state).
+//! Left on, nothing fails and nothing hangs, but `LISTEN` wakes no one
+//! there: it runs on whichever server connection is free and leaves that
+//! pooled connection listening; a notification is delivered to whatever
+//! client runs a transaction on it at the time, or dropped by PgBouncer
+//! (with a warning in its log) while it is idle, never to the locker's
+//! listening connection, which holds no server connection between its
+//! transactions. The locker cannot tell PgBouncer from a server, so this
+//! is the caller's setting.
 //!
 //! # Not yet
 //!
@@ -203,6 +215,8 @@ struct Inner {
     /// Bumped on every release notified (and when the listener ends).
     wakes: Arc<watch::Sender<u64>>,
     poll_every: Duration,
+    /// Whether waiters are woken by `LISTEN` (else they only poll).
+    listen: bool,
 }
 
 impl std::fmt::Debug for PgLocker {
@@ -223,6 +237,7 @@ pub const DEFAULT_POLL_EVERY: Duration = Duration::from_millis(500);
 pub struct PgLockerBuilder {
     command_timeout: Duration,
     poll_every: Duration,
+    listen: bool,
 }
 
 impl PgLockerBuilder {
@@ -239,6 +254,19 @@ impl PgLockerBuilder {
     /// Defaults to [`DEFAULT_POLL_EVERY`] (500 ms).
     pub fn poll_every(mut self, every: Duration) -> Self {
         self.poll_every = every;
+        self
+    }
+
+    /// Whether waiters are woken by `LISTEN` on a connection of the
+    /// locker's own; with `false` they look again every
+    /// [`poll_every`](Self::poll_every) only, and the locker opens one
+    /// connection. Turn it off through PgBouncer in transaction mode (see
+    /// [Waiting](crate::locker#waiting)): there `LISTEN` wakes no one, and
+    /// leaves a pooled server connection listening. Releases are notified
+    /// either way, so lockers that listen are woken by this one's.
+    /// Defaults to true.
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
         self
     }
 
@@ -272,6 +300,7 @@ impl PgLockerBuilder {
                 listener: Mutex::new(None),
                 wakes: Arc::new(watch::Sender::new(0)),
                 poll_every: self.poll_every,
+                listen: self.listen,
             }),
         })
     }
@@ -292,12 +321,17 @@ impl PgLocker {
         PgLockerBuilder {
             command_timeout: DEFAULT_LOCK_COMMAND_TIMEOUT,
             poll_every: DEFAULT_POLL_EVERY,
+            listen: true,
         }
     }
 
     /// Makes sure a connection of ours `LISTEN`s for releases, by
-    /// `deadline`; best effort (without one, waiters poll).
+    /// `deadline`, unless turned off; best effort (without one, waiters
+    /// poll).
     async fn listening(&self, deadline: Instant) {
+        if !self.inner.listen {
+            return;
+        }
         let mut slot = self.inner.listener.lock().await;
         if slot.as_ref().is_some_and(|c| !c.is_closed()) {
             return;
