@@ -92,16 +92,58 @@ async fn until_commits_wait(url: &str, admin: &Client) -> TestResult {
     }
 }
 
+/// The locker's statements, by how their text begins: each must be seen
+/// waiting for the standby.
+const WRITES: [(&str, &str); 4] = [
+    ("fenced take", "WITH won AS"),
+    ("refresh", "UPDATE leasehold_leases"),
+    ("release", "DELETE FROM leasehold_leases\n"),
+    ("raise fence", "INSERT INTO leasehold_lease_counters"),
+];
+
+/// Returns once a statement of each of [`WRITES`], run as the locker's
+/// role, is seen waiting on `SyncRep`; an error naming those never seen
+/// after [`HUNG`].
+async fn until_each_waits(admin: &Client) -> TestResult {
+    let hung = tokio::time::Instant::now() + HUNG;
+    loop {
+        let waiting: Vec<String> = admin
+            .query(
+                "SELECT query FROM pg_stat_activity
+                 WHERE usename = $1 AND wait_event = 'SyncRep'",
+                &[&ROLE],
+            )
+            .await?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let missing: Vec<&str> = WRITES
+            .iter()
+            .filter(|(_, start)| !waiting.iter().any(|q| q.starts_with(start)))
+            .map(|(name, _)| *name)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > hung {
+            return Err(format!("never seen waiting for the standby: {missing:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// With `synchronous_standby_names` naming a standby that does not exist
 /// and the locker's role defaulting to `synchronous_commit = local`, a
 /// plain statement of that role commits at once (the control: the role's
-/// default is in force), but a take through `PgLocker` is never
-/// confirmed: its commit waits for the standby, and the acquire ends with
-/// an error at its deadline. The waiting take holds its row's lock (a
-/// transaction still in progress) until the standby setting is cleared;
-/// then it commits and its lease ends with its TTL: another locker takes
-/// the lock, with a token above the one the waiting take consumed.
-/// (Fails with the pin removed from the take: the lease is confirmed.)
+/// default is in force), but no write of `PgLocker` is confirmed: a take
+/// (fenced, with its counter), a refresh, a release and a raised fence
+/// are each seen waiting for the standby, and the acquire ends with an
+/// error at its deadline. The waiting take holds its row's lock (a
+/// transaction still in progress, not visible) until the standby setting
+/// is cleared; then it commits and its lease ends with its TTL: another
+/// locker takes the lock, with a token above the one the waiting take
+/// spent. (Fails with any one pin removed: with the take's, the lease is
+/// confirmed; with another's, its statement is never seen waiting.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_take_waits_for_the_synchronous_standby_whatever_the_roles_default() -> TestResult {
     let ttl = Duration::from_secs(3);
@@ -117,6 +159,18 @@ async fn a_take_waits_for_the_synchronous_standby_whatever_the_roles_default() -
              ALTER ROLE {ROLE} SET synchronous_commit = local"
         ))
         .await?;
+    // Leases to refresh, release and raise the fence of, each through a
+    // locker (a connection) of its own, taken before the standby is named.
+    let long = Duration::from_secs(30);
+    let mut held = Vec::new();
+    for keys in [
+        FencedKeys::new("{sync}:refresh", "{sync}:other")?,
+        FencedKeys::new("{sync}:release", "{sync}:other")?,
+        FencedKeys::new("{sync}:raise", "{sync}:other")?,
+    ] {
+        let locker = PgLocker::connect(&as_role(&server)).await?;
+        held.push(locker.acquire(&keys, long).await?);
+    }
     admin
         .batch_execute(&format!(
             "ALTER SYSTEM SET synchronous_standby_names = '{MISSING_STANDBY}'"
@@ -138,6 +192,16 @@ async fn a_take_waits_for_the_synchronous_standby_whatever_the_roles_default() -
     )
     .await??;
 
+    let (refreshed, released, raised) = match <[_; 3]>::try_from(held) {
+        Ok([a, b, c]) => (a, b, c),
+        Err(_) => return Err("three leases".into()),
+    };
+    let writes = [
+        tokio::spawn(async move { refreshed.refresh(long).await }),
+        tokio::spawn(async move { released.release().await }),
+        tokio::spawn(async move { raised.raise_fence(FencingToken::new(100)).await }),
+    ];
+
     let locker = PgLocker::connect(&as_role(&server)).await?;
     let keys = FencedKeys::new("{sync}:job", "{sync}:fence")?;
     let opts = AcquireOptions::new().wait(Duration::from_secs(2));
@@ -154,13 +218,15 @@ async fn a_take_waits_for_the_synchronous_standby_whatever_the_roles_default() -
         matches!(err, Error::NotAcquired { .. } | Error::Timeout { .. }),
         "{err:?}"
     );
-    let waiting = count(
-        &admin,
-        "SELECT count(*) FROM pg_stat_activity WHERE usename = $1 AND wait_event = 'SyncRep'",
-        ROLE,
-    )
-    .await?;
-    assert!(waiting >= 1, "no take of the locker waits for the standby");
+    until_each_waits(&admin).await?;
+    for write in writes {
+        if write.is_finished() {
+            let outcome = write.await?;
+            assert!(outcome.is_err(), "a write confirmed without the standby");
+        } else {
+            write.abort();
+        }
+    }
     let seen = count(
         &admin,
         "SELECT count(*) FROM leasehold_leases WHERE resource = $1",
