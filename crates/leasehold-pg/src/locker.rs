@@ -49,15 +49,17 @@
 //! (`local`, with synchronous standbys named). So every write that
 //! confirms something to its caller (a take and its counter's increment,
 //! a refresh, a release, a raised fence, a leader record) commits with
-//! `synchronous_commit = on`, pinned in its own statement:
-//! `set_config('synchronous_commit', 'on', true)` is a condition of the
+//! `synchronous_commit = on` (or `remote_apply` where that is in force
+//! already: never weaker), pinned in its own statement:
+//! `set_config('synchronous_commit', ..., true)` is a condition of the
 //! statement's `WHERE`, so a row is written only where it was evaluated,
 //! and the setting is the transaction's (as `SET LOCAL`), read by the
 //! commit that ends the statement. No session state, so it holds through
 //! PgBouncer in transaction mode, and `ALTER ROLE ... SET
 //! synchronous_commit` (or the database's, or the server's default)
-//! cannot void it. The undo of an abandoned take is not pinned: an undo
-//! lost in a crash leaves a lease that its TTL ends.
+//! cannot void it; any role may set it (no privilege needed). The undo of
+//! an abandoned take is not pinned: an undo lost in a crash leaves a
+//! lease that its TTL ends.
 //!
 //! With synchronous standbys named (`synchronous_standby_names`), a take
 //! is confirmed only once a synchronous standby has flushed it. While none
@@ -135,20 +137,39 @@ CREATE TABLE IF NOT EXISTS leasehold_leader_records (
     body text NOT NULL
 );";
 
-const TAKE: &str = "\
+/// The condition every write that confirms something carries (the module
+/// docs, "Durable whatever the role's default"): `synchronous_commit` for
+/// the statement's own transaction, `on` unless `remote_apply` (stronger)
+/// is in force already. Always true.
+macro_rules! durable {
+    () => {
+        "set_config('synchronous_commit',
+    CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END,
+    true) IS NOT NULL"
+    };
+}
+
+const TAKE: &str = concat!(
+    "\
 INSERT INTO leasehold_leases AS l (resource, holder, expires_at)
 SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond'
-WHERE set_config('synchronous_commit', 'on', true) IS NOT NULL
+WHERE ",
+    durable!(),
+    "
 ON CONFLICT (resource) DO UPDATE
     SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
     WHERE l.expires_at <= clock_timestamp()
-RETURNING 0::bigint";
+RETURNING 0::bigint"
+);
 
-const TAKE_FENCED: &str = "\
+const TAKE_FENCED: &str = concat!(
+    "\
 WITH won AS (
     INSERT INTO leasehold_leases AS l (resource, holder, expires_at)
     SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond'
-    WHERE set_config('synchronous_commit', 'on', true) IS NOT NULL
+    WHERE ",
+    durable!(),
+    "
     ON CONFLICT (resource) DO UPDATE
         SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
         WHERE l.expires_at <= clock_timestamp()
@@ -157,29 +178,40 @@ WITH won AS (
 INSERT INTO leasehold_lease_counters AS c (fence_key, last)
 SELECT $4, 1 FROM won
 ON CONFLICT (fence_key) DO UPDATE SET last = c.last + 1
-RETURNING last";
+RETURNING last"
+);
 
-const REFRESH: &str = "\
+const REFRESH: &str = concat!(
+    "\
 UPDATE leasehold_leases
 SET expires_at = clock_timestamp() + $3 * interval '1 millisecond'
 WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()
-    AND set_config('synchronous_commit', 'on', true) IS NOT NULL";
+    AND ",
+    durable!()
+);
 
-const RELEASE: &str = "\
+const RELEASE: &str = concat!(
+    "\
 DELETE FROM leasehold_leases
 WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()
-    AND set_config('synchronous_commit', 'on', true) IS NOT NULL";
+    AND ",
+    durable!()
+);
 
 const UNDO: &str = "DELETE FROM leasehold_leases WHERE resource = $1 AND holder = $2";
 
-const ANNOUNCE: &str = "\
+const ANNOUNCE: &str = concat!(
+    "\
 INSERT INTO leasehold_leader_records AS r (record_key, holder, body)
 SELECT $3, $2, $4
-WHERE set_config('synchronous_commit', 'on', true) IS NOT NULL AND EXISTS (
+WHERE ",
+    durable!(),
+    " AND EXISTS (
     SELECT 1 FROM leasehold_leases
     WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()
 )
-ON CONFLICT (record_key) DO UPDATE SET holder = EXCLUDED.holder, body = EXCLUDED.body";
+ON CONFLICT (record_key) DO UPDATE SET holder = EXCLUDED.holder, body = EXCLUDED.body"
+);
 
 const LEADER: &str = "\
 SELECT r.body,
@@ -192,10 +224,14 @@ const LISTEN: &str = "LISTEN leasehold_leases";
 
 const NOTIFY: &str = "SELECT pg_notify('leasehold_leases', $1)";
 
-const RAISE: &str = "\
+const RAISE: &str = concat!(
+    "\
 INSERT INTO leasehold_lease_counters AS c (fence_key, last)
-SELECT $1, $2 WHERE set_config('synchronous_commit', 'on', true) IS NOT NULL
-ON CONFLICT (fence_key) DO UPDATE SET last = greatest(c.last, EXCLUDED.last)";
+SELECT $1, $2 WHERE ",
+    durable!(),
+    "
+ON CONFLICT (fence_key) DO UPDATE SET last = greatest(c.last, EXCLUDED.last)"
+);
 
 /// Takes leases in a PostgreSQL table: see the [module docs](self).
 /// Cheap to clone: clones share one connection (pipelined), opened again
