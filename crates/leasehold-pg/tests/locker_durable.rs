@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{AcquireOptions, Error, FencedKeys, FencingToken, Lessor, RetryStrategy};
+use leasehold::{AcquireOptions, Election, Error, FencedKeys, FencingToken, Lessor, RetryStrategy};
 use leasehold_pg::PgLocker;
 use leasehold_pg::tokio_postgres::Client;
 use leasehold_testkit::PostgresServer;
@@ -261,14 +261,16 @@ enum Stop {
     Crash,
 }
 
-/// Fenced leases taken and given back, one held, then PostgreSQL stopped
-/// right away (fast, then crashed) and started again, on a server whose
-/// default is `synchronous_commit = off` (an acknowledged commit may still
-/// be in memory): the held lease is still recorded (its row keeps the
-/// lock from another locker, and its holder gives it back), and the next
+/// Fenced leases taken and given back, one held, an election won, then
+/// PostgreSQL stopped right away (fast, then crashed) and started again,
+/// on a server whose default is `synchronous_commit = off` (an
+/// acknowledged commit may still be in memory): the held lease is still
+/// recorded (its row keeps the lock from another locker, and its holder
+/// gives it back), the leader is still named by its record, and the next
 /// token is above every token issued before. (The crash fails with the
-/// pin removed: the last takes are lost, the held lock is taken again,
-/// and tokens repeat.)
+/// take's pin removed: the last takes are lost, the held lock is taken
+/// again, and tokens repeat; with the leader record's, no leader is
+/// named.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_never_repeat_across_a_restart_and_a_crash() -> TestResult {
     let ttl = Duration::from_secs(60);
@@ -290,6 +292,10 @@ async fn tokens_never_repeat_across_a_restart_and_a_crash() -> TestResult {
         let held_keys = FencedKeys::new(format!("{{restart}}:{round}:held"), fence)?;
         let held = locker.acquire_with(&held_keys, ttl, &wait).await?;
         issued.push(token(&held)?);
+        let election = Election::builder(locker.clone(), format!("restart-{round}"))
+            .ttl(ttl)
+            .build()?;
+        let term = election.campaign().await?;
 
         let pg = server.clone();
         tokio::task::spawn_blocking(move || {
@@ -308,6 +314,16 @@ async fn tokens_never_repeat_across_a_restart_and_a_crash() -> TestResult {
             "{stop:?}: a lease confirmed before is gone: {:?}",
             busy.map(|lease| lease.fence())
         );
+        let observed = Election::builder(other.clone(), format!("restart-{round}"))
+            .build()?
+            .leader()
+            .await?;
+        assert_eq!(
+            observed.map(|leader| leader.fence),
+            Some(term.fence()),
+            "{stop:?}: the leader's record is gone"
+        );
+        term.resign().await?;
         let keys = FencedKeys::new(format!("{{restart}}:{round}:next"), fence)?;
         let next = other.acquire_with(&keys, ttl, &wait).await?;
         let after = token(&next)?;
