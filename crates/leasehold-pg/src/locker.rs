@@ -64,7 +64,8 @@
 //! With synchronous standbys named (`synchronous_standby_names`), a take
 //! is confirmed only once a synchronous standby has flushed it. While none
 //! answers, the take's commit waits: the acquire ends with an error at its
-//! deadline, never a lease. The waiting transaction is committed locally
+//! deadline, never a lease (a refresh's, a release's and a raised fence's
+//! wait too: a lease not refreshed runs out). The waiting transaction is committed locally
 //! and not yet visible: it holds its row (another taker of the key waits
 //! behind it) until the standby answers, the setting is cleared or the
 //! wait is cancelled (`pg_cancel_backend`, `pg_terminate_backend`; a client
