@@ -41,6 +41,39 @@
 //! did not come is an unknown outcome (retried by the acquire only after
 //! the token-checked undo).
 //!
+//! # Durable whatever the role's default
+//!
+//! A token is only as good as the commit that issued it: a take
+//! acknowledged before its WAL was written is lost in a crash, and its
+//! token issued again (`synchronous_commit = off`), or lost in a failover
+//! (`local`, with synchronous standbys named). So every write that
+//! confirms something to its caller (a take and its counter's increment,
+//! a refresh, a release, a raised fence, a leader record) commits with
+//! `synchronous_commit = on` (or `remote_apply` where that is in force
+//! already: never weaker), pinned in its own statement:
+//! `set_config('synchronous_commit', ..., true)` is a condition of the
+//! statement's `WHERE`, so a row is written only where it was evaluated,
+//! and the setting is the transaction's (as `SET LOCAL`), read by the
+//! commit that ends the statement. No session state, so it holds through
+//! PgBouncer in transaction mode, and `ALTER ROLE ... SET
+//! synchronous_commit` (or the database's, or the server's default)
+//! cannot void it; any role may set it (no privilege needed). The undo of
+//! an abandoned take is not pinned: an undo lost in a crash leaves a
+//! lease that its TTL ends.
+//!
+//! With synchronous standbys named (`synchronous_standby_names`), a take
+//! is confirmed only once a synchronous standby has flushed it. While none
+//! answers, the take's commit waits: the acquire ends with an error at its
+//! deadline, never a lease (a refresh's, a release's and a raised fence's
+//! wait too: a lease not refreshed runs out). The waiting transaction is committed locally
+//! and not yet visible: it holds its row (another taker of the key waits
+//! behind it) until the standby answers, the setting is cleared or the
+//! wait is cancelled (`pg_cancel_backend`, `pg_terminate_backend`; a client
+//! that goes away is not noticed meanwhile). Then its lease becomes
+//! visible, with its expiry counted from the take: its TTL ends it, and
+//! its token is spent, never issued again. A locker's clones share one
+//! connection, so their later requests queue behind the waiting one.
+//!
 //! # Waiting
 //!
 //! A release is followed by `pg_notify('leasehold_leases', key)` in its
@@ -48,14 +81,26 @@
 //! each locker `LISTEN`s on a connection of its own, and a waiter steps
 //! again when a release is notified, or every
 //! [`poll_every`](PgLockerBuilder::poll_every) (a holder that died and
-//! whose lease ran out; PgBouncer in transaction mode, where `LISTEN`
-//! cannot work). Any release wakes every waiter of the locker (not only
-//! those of its key): a herd on a busy database, to measure.
+//! whose lease ran out; notifications that cannot arrive). Any release
+//! wakes every waiter of the locker (not only those of its key): a herd
+//! on a busy database, to measure.
+//!
+//! **Through PgBouncer in transaction mode**, turn listening off
+//! ([`PgLockerBuilder::listen`]`(false)`): waiters then poll, and every
+//! step works unchanged (one statement each, unnamed, no session state).
+//! Left on, nothing fails and nothing hangs, but `LISTEN` wakes no one
+//! there: it runs on whichever server connection is free and leaves that
+//! pooled connection listening; a notification is delivered to whatever
+//! client runs a transaction on it at the time, or dropped by PgBouncer
+//! (with a warning in its log) while it is idle, never to the locker's
+//! listening connection, which holds no server connection between its
+//! transactions. The locker cannot tell PgBouncer from a server, so this
+//! is the caller's setting.
 //!
 //! # Not yet
 //!
-//! `synchronous_commit` is the role's; tokens are not yet checked across a promoted standby;
-//! no constructor from the caller's pool yet.
+//! Tokens are not yet checked across a promoted standby; no constructor
+//! from the caller's pool yet.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,18 +138,39 @@ CREATE TABLE IF NOT EXISTS leasehold_leader_records (
     body text NOT NULL
 );";
 
-const TAKE: &str = "\
+/// The condition every write that confirms something carries (the module
+/// docs, "Durable whatever the role's default"): `synchronous_commit` for
+/// the statement's own transaction, `on` unless `remote_apply` (stronger)
+/// is in force already. Always true.
+macro_rules! durable {
+    () => {
+        "set_config('synchronous_commit',
+    CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END,
+    true) IS NOT NULL"
+    };
+}
+
+const TAKE: &str = concat!(
+    "\
 INSERT INTO leasehold_leases AS l (resource, holder, expires_at)
-VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond')
+SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond'
+WHERE ",
+    durable!(),
+    "
 ON CONFLICT (resource) DO UPDATE
     SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
     WHERE l.expires_at <= clock_timestamp()
-RETURNING 0::bigint";
+RETURNING 0::bigint"
+);
 
-const TAKE_FENCED: &str = "\
+const TAKE_FENCED: &str = concat!(
+    "\
 WITH won AS (
     INSERT INTO leasehold_leases AS l (resource, holder, expires_at)
-    VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond')
+    SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond'
+    WHERE ",
+    durable!(),
+    "
     ON CONFLICT (resource) DO UPDATE
         SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
         WHERE l.expires_at <= clock_timestamp()
@@ -113,26 +179,40 @@ WITH won AS (
 INSERT INTO leasehold_lease_counters AS c (fence_key, last)
 SELECT $4, 1 FROM won
 ON CONFLICT (fence_key) DO UPDATE SET last = c.last + 1
-RETURNING last";
+RETURNING last"
+);
 
-const REFRESH: &str = "\
+const REFRESH: &str = concat!(
+    "\
 UPDATE leasehold_leases
 SET expires_at = clock_timestamp() + $3 * interval '1 millisecond'
-WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()";
+WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()
+    AND ",
+    durable!()
+);
 
-const RELEASE: &str = "\
+const RELEASE: &str = concat!(
+    "\
 DELETE FROM leasehold_leases
-WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()";
+WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()
+    AND ",
+    durable!()
+);
 
 const UNDO: &str = "DELETE FROM leasehold_leases WHERE resource = $1 AND holder = $2";
 
-const ANNOUNCE: &str = "\
+const ANNOUNCE: &str = concat!(
+    "\
 INSERT INTO leasehold_leader_records AS r (record_key, holder, body)
-SELECT $3, $2, $4 WHERE EXISTS (
+SELECT $3, $2, $4
+WHERE ",
+    durable!(),
+    " AND EXISTS (
     SELECT 1 FROM leasehold_leases
     WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()
 )
-ON CONFLICT (record_key) DO UPDATE SET holder = EXCLUDED.holder, body = EXCLUDED.body";
+ON CONFLICT (record_key) DO UPDATE SET holder = EXCLUDED.holder, body = EXCLUDED.body"
+);
 
 const LEADER: &str = "\
 SELECT r.body,
@@ -145,9 +225,14 @@ const LISTEN: &str = "LISTEN leasehold_leases";
 
 const NOTIFY: &str = "SELECT pg_notify('leasehold_leases', $1)";
 
-const RAISE: &str = "\
-INSERT INTO leasehold_lease_counters AS c (fence_key, last) VALUES ($1, $2)
-ON CONFLICT (fence_key) DO UPDATE SET last = greatest(c.last, EXCLUDED.last)";
+const RAISE: &str = concat!(
+    "\
+INSERT INTO leasehold_lease_counters AS c (fence_key, last)
+SELECT $1, $2 WHERE ",
+    durable!(),
+    "
+ON CONFLICT (fence_key) DO UPDATE SET last = greatest(c.last, EXCLUDED.last)"
+);
 
 /// Takes leases in a PostgreSQL table: see the [module docs](self).
 /// Cheap to clone: clones share one connection (pipelined), opened again
@@ -167,6 +252,8 @@ struct Inner {
     /// Bumped on every release notified (and when the listener ends).
     wakes: Arc<watch::Sender<u64>>,
     poll_every: Duration,
+    /// Whether waiters are woken by `LISTEN` (else they only poll).
+    listen: bool,
 }
 
 impl std::fmt::Debug for PgLocker {
@@ -187,6 +274,7 @@ pub const DEFAULT_POLL_EVERY: Duration = Duration::from_millis(500);
 pub struct PgLockerBuilder {
     command_timeout: Duration,
     poll_every: Duration,
+    listen: bool,
 }
 
 impl PgLockerBuilder {
@@ -203,6 +291,19 @@ impl PgLockerBuilder {
     /// Defaults to [`DEFAULT_POLL_EVERY`] (500 ms).
     pub fn poll_every(mut self, every: Duration) -> Self {
         self.poll_every = every;
+        self
+    }
+
+    /// Whether waiters are woken by `LISTEN` on a connection of the
+    /// locker's own; with `false` they look again every
+    /// [`poll_every`](Self::poll_every) only, and the locker opens one
+    /// connection. Turn it off through PgBouncer in transaction mode (see
+    /// [Waiting](crate::locker#waiting)): there `LISTEN` wakes no one, and
+    /// leaves a pooled server connection listening. Releases are notified
+    /// either way, so lockers that listen are woken by this one's.
+    /// Defaults to true.
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
         self
     }
 
@@ -236,6 +337,7 @@ impl PgLockerBuilder {
                 listener: Mutex::new(None),
                 wakes: Arc::new(watch::Sender::new(0)),
                 poll_every: self.poll_every,
+                listen: self.listen,
             }),
         })
     }
@@ -256,12 +358,17 @@ impl PgLocker {
         PgLockerBuilder {
             command_timeout: DEFAULT_LOCK_COMMAND_TIMEOUT,
             poll_every: DEFAULT_POLL_EVERY,
+            listen: true,
         }
     }
 
     /// Makes sure a connection of ours `LISTEN`s for releases, by
-    /// `deadline`; best effort (without one, waiters poll).
+    /// `deadline`, unless turned off; best effort (without one, waiters
+    /// poll).
     async fn listening(&self, deadline: Instant) {
+        if !self.inner.listen {
+            return;
+        }
         let mut slot = self.inner.listener.lock().await;
         if slot.as_ref().is_some_and(|c| !c.is_closed()) {
             return;

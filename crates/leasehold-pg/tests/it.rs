@@ -14,6 +14,8 @@ mod guarded;
 mod lease_row;
 #[path = "locker.rs"]
 mod locker;
+#[path = "locker_durable.rs"]
+mod locker_durable;
 #[path = "pg.rs"]
 mod pg;
 #[path = "recommended.rs"]

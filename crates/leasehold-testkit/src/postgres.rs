@@ -400,6 +400,23 @@ impl PostgresServer {
         self.shutdown()
     }
 
+    /// Crashes the server: an immediate shutdown (`SIGQUIT` to the
+    /// postmaster, as `pg_ctl stop -m immediate`; `SIGKILL` after 5 s):
+    /// every process exits at once, nothing is written out, and
+    /// [`start_again`](Self::start_again) goes through crash recovery. A
+    /// commit survives only if its WAL was written before: with this
+    /// server's `synchronous_commit=off`, the last commits acknowledged to
+    /// a session that did not ask for `synchronous_commit=on` may be lost
+    /// (with `fsync=off`, what was written survives a process crash, not a
+    /// machine's). A stopped server is left stopped.
+    ///
+    /// # Errors
+    ///
+    /// A signal or wait error.
+    pub fn crash(&self) -> Result<(), Error> {
+        self.shutdown()
+    }
+
     /// Starts a [stopped](Self::stop) server again, on the same port with
     /// the same data and settings, and waits until it accepts connections
     /// (after crash recovery). A running server is left as it is.
