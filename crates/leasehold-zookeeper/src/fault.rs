@@ -1,9 +1,11 @@
 //! ZooKeeper's errors as a lock service's faults.
 
+use leasehold::Service;
 use leasehold::backend::ServiceFault;
 use zookeeper_client::Error as ZkError;
 
-use crate::locker::ZOOKEEPER;
+/// How errors name ZooKeeper as a lock service.
+pub(crate) const ZOOKEEPER: Service = Service::named("zookeeper");
 
 /// The source of a fault whose request got no answer by its deadline.
 pub(crate) const NO_ANSWER: &str = "no answer before the deadline";

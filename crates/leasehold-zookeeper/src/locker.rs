@@ -13,15 +13,12 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use leasehold::backend::ServiceFault;
-use leasehold::{Error, LeaseToken, Result, Service};
+use leasehold::{Error, LeaseToken, Result};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use zookeeper_client::{Client, SessionState};
 
-use crate::fault::{NO_ANSWER, zk_fault};
-
-/// How errors name ZooKeeper as a lock service.
-pub(crate) const ZOOKEEPER: Service = Service::named("zookeeper");
+use crate::fault::{NO_ANSWER, ZOOKEEPER, zk_fault};
 
 /// The session timeout a locker asks for unless told otherwise: 10 s.
 /// The servers grant between 2 and 20 ticks (4 to 40 s with ZooKeeper's

@@ -46,9 +46,9 @@ use leasehold::{Error, FencingToken, LeaseToken, LockService, Result, Service};
 use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
 
-use crate::fault::{within, zk_fault};
+use crate::fault::{ZOOKEEPER, within, zk_fault};
 use crate::layout::{contenders, decode_record, encode_record, node_prefix};
-use crate::locker::{ZOOKEEPER, ZkLocker, ended};
+use crate::locker::{ZkLocker, ended};
 
 /// One acquire's place in a lock's queue, kept across its steps.
 #[derive(Debug, Default)]

@@ -21,11 +21,11 @@ use leasehold_testkit::ZooKeeperEnsemble;
 use leasehold_zookeeper::ZkLocker;
 use zookeeper_client::Client;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+use common::{PATIENCE, until_contenders};
 
-/// Long enough for anything that should happen to happen: a hang guard,
-/// never a timing assertion.
-const PATIENCE: Duration = Duration::from_secs(20);
+mod common;
+
+type TestResult = common::TestResult;
 
 struct Zk {
     ensemble: ZooKeeperEnsemble,
@@ -52,35 +52,6 @@ async fn contenders(raw: &Client, dir: &str) -> Result<Vec<String>, zookeeper_cl
     };
     children.sort_by(|a, b| a[a.len().saturating_sub(10)..].cmp(&b[b.len().saturating_sub(10)..]));
     Ok(children)
-}
-
-/// Waits (on a watch of the directory, `PATIENCE` at most) until the lock
-/// `dir` has `n` contenders.
-async fn until_contenders(raw: &Client, dir: &str, n: usize) -> TestResult {
-    let wait = async {
-        loop {
-            let watched = match raw.list_and_watch_children(dir).await {
-                Ok((children, watcher)) => Some((children.len(), watcher)),
-                Err(zookeeper_client::Error::NoNode) => None,
-                Err(err) => return Err(err),
-            };
-            match watched {
-                Some((count, _)) if count == n => return Ok(()),
-                Some((_, watcher)) => {
-                    watcher.changed().await;
-                }
-                None if n == 0 => return Ok(()),
-                None => {
-                    let (_, watcher) = raw.check_and_watch_stat(dir).await?;
-                    watcher.changed().await;
-                }
-            }
-        }
-    };
-    tokio::time::timeout(PATIENCE, wait)
-        .await
-        .map_err(|_| format!("{dir} never had {n} contenders"))??;
-    Ok(())
 }
 
 impl Faults for Zk {
