@@ -431,10 +431,19 @@ impl PgLocker {
                 client
             }
         };
-        client
-            .batch_execute(SETUP)
-            .await
-            .map_err(crate::Error::from_pg)
+        // One transaction serialized by the setup's advisory lock: two
+        // `CREATE TABLE IF NOT EXISTS` at once may both create, and one
+        // fails on the catalog's unique index.
+        let setup = format!("BEGIN; {}; {SETUP}; COMMIT", crate::statements::SETUP_LOCK);
+        match client.batch_execute(&setup).await {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                // Failed inside the transaction: end it, so the
+                // connection is usable again.
+                let _ = client.batch_execute("ROLLBACK").await;
+                Err(crate::Error::from_pg(err))
+            }
+        }
     }
 
     /// The connection, opened again if it was found closed, by `deadline`.

@@ -31,18 +31,14 @@ type Db = (Client, PgLocker, String, Arc<PostgresServer>);
 /// A database with the fence table, the lease tables and a one-row table
 /// of the test's own; a locker on it.
 async fn db(table: &str) -> Result<Db, Box<dyn std::error::Error>> {
-    // The tests share a server; its lease tables are made once at a time
-    // (two `CREATE TABLE IF NOT EXISTS` at once may both create).
-    static SETUP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    // The tests share a server, and set it up at once: each setup is
+    // serialized by its advisory lock.
     let server = server()?;
     let url = server.url();
     let mut db = leasehold_pg::connect(&url).await?;
     let locker = PgLocker::connect(&url).await?;
-    {
-        let _one = SETUP.lock().await;
-        leasehold_pg::setup(&mut db).await?;
-        locker.setup().await?;
-    }
+    leasehold_pg::setup(&mut db).await?;
+    locker.setup().await?;
     db.batch_execute(&format!(
         "CREATE TABLE {table} (id int PRIMARY KEY, n bigint NOT NULL);
          INSERT INTO {table} VALUES (1, 0);"
