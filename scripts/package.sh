@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packages every crate meant for users (leasehold-testkit, leasehold,
-# leasehold-pg, leasehold-chaos, leasehold-cli) as crates.io would get them
+# leasehold-pg, leasehold-zookeeper, leasehold-chaos, leasehold-cli) as crates.io would get them
 # and builds the packages (each against the packaged others, through cargo's
 # local overlay), then installs the CLI's `leasehold` binary with `cargo
 # install --path` from its package (its leasehold dependencies patched to
@@ -89,7 +89,7 @@ fi
 # packages from earlier overlays go first; nothing else in the cargo home is
 # touched.
 cargo_home=${CARGO_HOME:-$HOME/.cargo}
-for stale in "$cargo_home"/registry/src/-*/leasehold-[0-9]* "$cargo_home"/registry/src/-*/leasehold-{pg,testkit,chaos,cli}-[0-9]*; do
+for stale in "$cargo_home"/registry/src/-*/leasehold-[0-9]* "$cargo_home"/registry/src/-*/leasehold-{pg,zookeeper,testkit,chaos,cli}-[0-9]*; do
   if [ -d "$stale" ]; then
     rm -rf "$stale"
   fi
@@ -97,7 +97,7 @@ done
 
 # The integration tests stay out of the packages (cargo says "ignoring test
 # ..."): they need the repository (its README, other crates' tests).
-packages=(leasehold-testkit leasehold leasehold-pg leasehold-chaos leasehold-cli)
+packages=(leasehold-testkit leasehold leasehold-pg leasehold-zookeeper leasehold-chaos leasehold-cli)
 publish=(cargo publish --dry-run --locked "${packages[@]/#/-p}" "${dirty[@]}")
 
 # `cargo install --path` of the packaged CLI, its path dependencies replaced
