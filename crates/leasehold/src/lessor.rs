@@ -10,11 +10,15 @@ use crate::options::AcquireOptions;
 
 /// A way of taking a lease.
 ///
-/// A *lessor* is whoever grants a lease. leasehold has four:
+/// A *lessor* is whoever grants a lease. This crate has four:
 /// [`Locker`] (polling Redis), [`HandoffLocker`] (queued hand-off on
 /// Redis), [`Quorum`] (Redlock) and, with the feature `etcd`, `EtcdLocker`
 /// (etcd's leases and transactions); for tests, with the feature `memory`,
-/// `MemoryLocker` (a table in the process). They differ in the service they use,
+/// `MemoryLocker` (a table in the process). Crates of their own add
+/// PostgreSQL (`leasehold-pg`'s `PgLocker`, a lease table) and ZooKeeper
+/// (`leasehold-zookeeper`'s `ZkLocker`, Curator's lock recipe), through
+/// the seam any service of yours implements too
+/// ([`LockService`](crate::LockService)). They differ in the service they use,
 /// how a caller waits and how many servers must agree; they take the same keys, options and TTLs and return the same
 /// [`Lease`], with the same guarantees (the crate docs list them). Code that
 /// works with any of them is generic over this trait:
