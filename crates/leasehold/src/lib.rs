@@ -132,8 +132,9 @@
 //!
 //! - **Take a lease**: [`Lessor`] (the four calls) and the ways:
 //!   [`Locker`], [`HandoffLocker`], [`Quorum`], `EtcdLocker` (feature
-//!   `etcd`), `MemoryLocker` (feature `memory`), any of them as one type
-//!   ([`DynLessor`]); [`AcquireOptions`], [`RetryStrategy`]; the keys
+//!   `etcd`), `MemoryLocker` (feature `memory`), and in crates of their
+//!   own `PgLocker` (`leasehold-pg`) and `ZkLocker`
+//!   (`leasehold-zookeeper`); any of them as one type ([`DynLessor`]); [`AcquireOptions`], [`RetryStrategy`]; the keys
 //!   ([`LockKeys`], [`FencedKeys`]); connecting ([`client`], [`Endpoint`],
 //!   [`Connection`], `Sentinel`).
 //! - **The lease**: [`Lease`], [`Finished`], [`LostCause`], the
