@@ -200,9 +200,9 @@ impl EtcdAccess {
     }
 
     /// The user and its password, if a user is given.
-    pub(crate) fn credentials(&self) -> Option<leasehold::etcd::Credentials> {
+    pub(crate) fn credentials(&self) -> Option<leasehold_etcd::client::Credentials> {
         self.user.as_ref().map(|user| {
-            leasehold::etcd::Credentials::new(user, self.password.clone().unwrap_or_default())
+            leasehold_etcd::client::Credentials::new(user, self.password.clone().unwrap_or_default())
         })
     }
 }

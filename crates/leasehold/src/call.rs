@@ -113,8 +113,6 @@ pub(crate) fn may_have_acted(err: &Error) -> bool {
     match err {
         Error::Timeout { .. } => true,
         Error::Unreachable { source, .. } => !never_sent(source),
-        #[cfg(feature = "etcd")]
-        Error::Etcd { source, .. } => source.is_outcome_unknown(),
         Error::Service { fault, .. } => *fault == crate::error::ServiceFault::Unknown,
         _ => false,
     }

@@ -10,11 +10,11 @@ use crate::options::AcquireOptions;
 
 /// A way of taking a lease.
 ///
-/// A *lessor* is whoever grants a lease. This crate has four:
+/// A *lessor* is whoever grants a lease. This crate has three:
 /// [`Locker`] (polling Redis), [`HandoffLocker`] (queued hand-off on
-/// Redis), [`Quorum`] (Redlock) and, with the feature `etcd`, `EtcdLocker`
-/// (etcd's leases and transactions); for tests, with the feature `memory`,
-/// `MemoryLocker` (a table in the process). Crates of their own add
+/// Redis) and [`Quorum`] (Redlock); for tests, with the feature `memory`,
+/// `MemoryLocker` (a table in the process). Crates of their own add etcd
+/// (`leasehold-etcd`'s `EtcdLocker`, etcd's leases and transactions),
 /// PostgreSQL (`leasehold-pg`'s `PgLocker`, a lease table) and ZooKeeper
 /// (`leasehold-zookeeper`'s `ZkLocker`, Curator's lock recipe), through
 /// the seam any service of yours implements too
@@ -115,8 +115,8 @@ pub trait Lessor: sealed::Sealed + Clone + Send + Sync + 'static {
     ///   [`AcquireOptions::wait_replicas`] is set and too few replicas
     ///   acknowledged the lock: it was released again;
     /// - a quorum adds [`Error::QuorumNotReached`](crate::Error::QuorumNotReached);
-    ///   etcd [`Error::Etcd`](crate::Error::Etcd); a service outside this
-    ///   crate [`Error::Service`](crate::Error::Service).
+    ///   a service outside this crate (etcd, PostgreSQL, ZooKeeper)
+    ///   [`Error::Service`](crate::Error::Service).
     ///
     /// # Cancel safety
     /// Cancel safe. If the future is dropped (or times out) while a request

@@ -131,9 +131,9 @@
 //! # What the crate exports, by what you do with it
 //!
 //! - **Take a lease**: [`Lessor`] (the four calls) and the ways:
-//!   [`Locker`], [`HandoffLocker`], [`Quorum`], `EtcdLocker` (feature
-//!   `etcd`), `MemoryLocker` (feature `memory`), and in crates of their
-//!   own `PgLocker` (`leasehold-pg`) and `ZkLocker`
+//!   [`Locker`], [`HandoffLocker`], [`Quorum`], `MemoryLocker` (feature
+//!   `memory`), and in crates of their own `EtcdLocker`
+//!   (`leasehold-etcd`), `PgLocker` (`leasehold-pg`) and `ZkLocker`
 //!   (`leasehold-zookeeper`); any of them as one type ([`DynLessor`]); [`AcquireOptions`], [`RetryStrategy`]; the keys
 //!   ([`LockKeys`], [`FencedKeys`]); connecting ([`client`], [`Endpoint`],
 //!   [`Connection`], `Sentinel`).
@@ -151,7 +151,7 @@
 //! # Leadership
 //!
 //! An [`Election`] runs a singleton (a scheduler, a migration, a consumer)
-//! over any of them (`EtcdLocker` too): candidates [`campaign`](Election::campaign), the
+//! over any of them (`leasehold-etcd`'s `EtcdLocker` too): candidates [`campaign`](Election::campaign), the
 //! winner gets a [`Term`] (its lease under the watchdog, and a fencing
 //! token greater than every earlier term's), a leader that stops is
 //! replaced within its TTL and one that [resigns](Term::resign) at once,
@@ -213,8 +213,9 @@
 //! 3. **Ways of taking a lease**: every [`LockService`] is driven by one
 //!    retry loop (`rounds::drive`) and is a [`Lessor`] through one
 //!    implementation (`served`): polling ([`Locker`]), Redlock
-//!    ([`Quorum`]), etcd (`EtcdLocker`, feature `etcd`: a queued service,
-//!    its place kept across steps, woken by watch) and in memory for
+//!    ([`Quorum`]), in the crates of their own etcd (`leasehold-etcd`: a
+//!    queued service, its place kept across steps, woken by watch),
+//!    PostgreSQL and ZooKeeper, and in memory for
 //!    tests (`MemoryLocker`, feature `memory`). Hand-off with its relay
 //!    ([`HandoffLocker`]) still implements the crate's own `Way` and
 //!    drives its own waits through the same `Rounds`. All
@@ -255,9 +256,6 @@ pub mod watchdog;
 // The ways of taking a lease.
 pub mod election;
 mod erased;
-// Leases on etcd.
-#[cfg(feature = "etcd")]
-mod etcd_locker;
 #[cfg(feature = "handoff")]
 mod handoff;
 mod lessor;
@@ -290,11 +288,6 @@ pub mod tls;
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub mod sentinel;
-// etcd's v3 API over gRPC (protocol layer: the etcd way's client, its
-// errors and credentials).
-#[cfg(feature = "etcd")]
-#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
-pub mod etcd;
 
 #[cfg(test)]
 mod give_up_tests;
@@ -309,9 +302,6 @@ pub use election::{
 pub use endpoint::Endpoint;
 pub use erased::DynLessor;
 pub use error::{ClientError, Error, GiveUpReason, Result, TlsFileRole};
-#[cfg(feature = "etcd")]
-#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
-pub use etcd_locker::{DEFAULT_ETCD_PREFIX, EtcdLocker, EtcdLockerBuilder};
 pub use fencing::{FencedKeys, FencingToken, LockKeys, TokenRange};
 #[cfg(feature = "handoff")]
 #[cfg_attr(docsrs, doc(cfg(feature = "handoff")))]

@@ -299,18 +299,18 @@ impl Progress {
     }
 }
 
-/// Whether `err` is a request that ran out of time (Redis's timeout,
-/// etcd's deadline passing before any member answered).
+/// Whether `err` may be a request that ran out of time: Redis's timeout,
+/// or a service's fault that may pass (a service outside the crate cannot
+/// say more; at a spent deadline, the deadline is what cut it short).
 fn is_timeout(err: &Error) -> bool {
-    #[cfg(feature = "etcd")]
-    if let Error::Etcd {
-        source: crate::etcd::EtcdError::DeadlineExceeded { .. },
-        ..
-    } = err
-    {
-        return true;
-    }
-    matches!(err, Error::Timeout { .. })
+    matches!(
+        err,
+        Error::Timeout { .. }
+            | Error::Service {
+                fault: crate::error::ServiceFault::Transient | crate::error::ServiceFault::Unknown,
+                ..
+            }
+    )
 }
 
 /// One acquire's requests, as the retry loop ([`drive`]) sees them: an

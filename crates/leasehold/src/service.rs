@@ -13,7 +13,7 @@ pub struct Service(&'static str);
 impl Service {
     /// Redis (or Valkey): polling, hand-off, Redlock, Cluster, Sentinel.
     pub const REDIS: Service = Service("redis");
-    /// etcd (`EtcdLocker`, feature `etcd`).
+    /// etcd (`leasehold-etcd`'s `EtcdLocker`).
     pub const ETCD: Service = Service("etcd");
 
     /// A service by the name its messages should use: lowercase, as a

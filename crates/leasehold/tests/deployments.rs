@@ -1,5 +1,5 @@
-//! Beyond one server: Redlock, Redis Cluster, Sentinel, replicas, recovery after a restart, TLS,
-//! and the etcd client and leases on etcd (TLS too) on a real etcd cluster.
+//! Beyond one server: Redlock, Redis Cluster, Sentinel, replicas, recovery after a restart,
+//! TLS.
 //!
 //! One test binary for several test files (each a module, as it was a
 //! binary before): fewer binaries to link, less disk. Each module keeps
@@ -9,14 +9,6 @@
 
 #[path = "cluster.rs"]
 mod cluster;
-#[path = "etcd.rs"]
-mod etcd;
-#[path = "etcd_lease.rs"]
-mod etcd_lease;
-#[path = "etcd_pause.rs"]
-mod etcd_pause;
-#[path = "etcd_tls.rs"]
-mod etcd_tls;
 #[path = "handoff_cluster.rs"]
 mod handoff_cluster;
 #[path = "quorum.rs"]

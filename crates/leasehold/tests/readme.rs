@@ -70,7 +70,7 @@ fn the_recommended_debit_runs_unchanged_on_etcd() -> TestResult {
         PostgresServer::start()?,
     );
     tokio::runtime::Runtime::new()?.block_on(async {
-        let locker = leasehold::EtcdLocker::connect(etcd.endpoints()).await?;
+        let locker = leasehold_etcd::EtcdLocker::connect(etcd.endpoints()).await?;
         let mut db = leasehold_pg::connect(&pg.url()).await?;
         leasehold_pg::setup(&mut db).await?;
         db.batch_execute(

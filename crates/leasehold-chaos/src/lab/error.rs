@@ -89,7 +89,7 @@ pub enum LabError {
         what: String,
         /// The etcd client's error.
         #[source]
-        source: leasehold::etcd::EtcdError,
+        source: leasehold_etcd::client::EtcdError,
     },
     /// The etcd cluster given to [`LabOptions::etcd_endpoints`] refused
     /// the lab's user or password (or asked for one, or has no
@@ -105,7 +105,7 @@ pub enum LabError {
         user: Option<String>,
         /// The etcd client's error (boxed: it is large).
         #[source]
-        source: Box<leasehold::etcd::EtcdError>,
+        source: Box<leasehold_etcd::client::EtcdError>,
     },
     /// The user of the etcd cluster given to
     /// [`LabOptions::etcd_endpoints`] may not read or write the lock keys'
@@ -129,7 +129,7 @@ pub enum LabError {
         prefix: &'static str,
         /// The etcd client's error (boxed: it is large).
         #[source]
-        source: Box<leasehold::etcd::EtcdError>,
+        source: Box<leasehold_etcd::client::EtcdError>,
     },
 }
 

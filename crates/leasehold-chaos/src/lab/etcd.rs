@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use leasehold::etcd::{Cmp, Compare, Credentials, EtcdClient, EtcdError, Op, Range, Txn};
+use leasehold_etcd::client::{Cmp, Compare, Credentials, EtcdClient, EtcdError, Op, Range, Txn};
 use leasehold::tls::TlsFiles;
 use leasehold_testkit::EtcdCluster;
 
@@ -78,7 +78,7 @@ impl EtcdAccess {
         }
         if let Some(files) = &self.tls {
             let config = leasehold::tls::client_config(files).map_err(LabError::Tls)?;
-            builder = builder.tls(leasehold::etcd::TlsSettings::new(config));
+            builder = builder.tls(leasehold_etcd::client::TlsSettings::new(config));
         }
         if let Some(credentials) = &self.credentials {
             builder = builder.credentials(credentials.clone());

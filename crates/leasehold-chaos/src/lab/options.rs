@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use leasehold::etcd::Credentials;
+use leasehold_etcd::client::Credentials;
 use leasehold::tls::TlsFiles;
 use leasehold_testkit::{PostgresServer, RedisOptions};
 
@@ -308,7 +308,7 @@ impl LabOptions {
     }
 
     /// The TLS files (CA, client certificate and key: the library's
-    /// [`TlsFiles`], read as [`leasehold::EtcdLockerBuilder::tls`] reads
+    /// [`TlsFiles`], read as [`leasehold_etcd::EtcdLockerBuilder::tls`] reads
     /// them) for `https://` [`etcd_endpoints`](Self::etcd_endpoints): the
     /// lab's own client uses them, and so must your callers
     /// ([`Lab::etcd_tls_files`]). Files for `http://` endpoints, or

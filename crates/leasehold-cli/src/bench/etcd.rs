@@ -24,7 +24,8 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use leasehold::{EtcdLocker, RetryStrategy};
+use leasehold::RetryStrategy;
+use leasehold_etcd::EtcdLocker;
 use leasehold_testkit::EtcdCluster;
 use serde_json::{Map, Value, json};
 

@@ -29,7 +29,7 @@ use std::time::Duration;
 use anyhow::Context;
 use deadpool_postgres::Pool;
 use leasehold::CancellationToken;
-use leasehold::etcd::{EtcdClient, Range};
+use leasehold_etcd::client::{EtcdClient, Range};
 use leasehold_chaos::{Call, Kind, Recorder, Stall, lock_key};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use tokio::time::Instant;

@@ -20,7 +20,7 @@ use super::Observer;
 impl<L: Lessor> Election<L> {
     /// An election named `name` over `lessor` (a [`Locker`](crate::Locker),
     /// [`HandoffLocker`](crate::HandoffLocker), [`Quorum`](crate::Quorum),
-    /// or with the feature `etcd` an `EtcdLocker`).
+    /// or a lessor of another crate: `leasehold-etcd`'s `EtcdLocker`, ...).
     /// Its lock is `lock:{leader:<name>}`, its fence counter
     /// `fence:{leader:<name>}` and its leader record
     /// `lock:{leader:<name>}:leader` (one slot; the README's ACL covers

@@ -467,23 +467,6 @@ pub enum Error {
         source: redis::ServerError,
     },
 
-    /// etcd failed a request of an [`EtcdLocker`](crate::EtcdLocker) (feature
-    /// `etcd`): the cluster was unreachable or did not answer by the
-    /// deadline, refused the request, or (a write) may or may not have
-    /// applied it ([`EtcdError::is_outcome_unknown`](crate::etcd::EtcdError::is_outcome_unknown)):
-    /// a release that ends this way never claims it gave the lock back.
-    /// Retryable when the source is.
-    #[cfg(feature = "etcd")]
-    #[error("etcd error during {op}")]
-    Etcd {
-        /// The operation that failed (`"acquire"`, `"refresh"`,
-        /// `"release"`, ...).
-        op: &'static str,
-        /// The etcd client's error.
-        #[source]
-        source: crate::etcd::EtcdError,
-    },
-
     /// A request of a lock service outside this crate (a
     /// [`LockService`](crate::backend::LockService) of another crate)
     /// failed: `fault` says whether it may have acted and whether trying
@@ -557,8 +540,6 @@ impl Error {
             | Error::SentinelUnreachable { .. }
             | Error::NoPrimary { .. }
             | Error::OutOfMemory { .. } => true,
-            #[cfg(feature = "etcd")]
-            Error::Etcd { source, .. } => source.is_retryable(),
             Error::Service { fault, .. } => *fault != ServiceFault::Refused,
             Error::Redis { source, .. } => {
                 source.is_io_error()

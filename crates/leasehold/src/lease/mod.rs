@@ -528,9 +528,8 @@ impl Lease {
     /// If a try that may have acted got no answer and a later try finds
     /// the key gone, the release cannot tell whether it deleted the key or
     /// found it gone, and never claims either: while the lease is still
-    /// valid that is [`Error::Timeout`] (the key may have been lost; on
-    /// etcd, an [`Error::Etcd`] whose source's `is_outcome_unknown()` is
-    /// true), once it ran out [`Error::LeaseLost`]
+    /// valid that is [`Error::Timeout`] (the key may have been lost), once
+    /// it ran out [`Error::LeaseLost`]
     /// ([`LostCause::Unreachable`]), as when Redis stayed out of reach:
     /// either way the lease is over.
     ///

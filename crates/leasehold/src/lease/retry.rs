@@ -295,42 +295,4 @@ mod tests {
             assert_eq!(tries, 2);
         }
     }
-
-    /// An etcd delete whose answer was lost and which the backend could
-    /// not settle (it is not retried: a resend cannot tell more): while
-    /// the lease is valid the unknown outcome is the caller's error, once
-    /// it ran out the lease is over (lost, unreachable), as on Redis.
-    /// Never `Ok` and never `NotHeld`.
-    #[cfg(feature = "etcd")]
-    #[tokio::test(start_paused = true)]
-    async fn an_unsettled_etcd_release_is_unknown_then_lost() {
-        fn unsettled() -> Error {
-            Error::Etcd {
-                op: "release",
-                source: crate::etcd::EtcdError::OutcomeUnknown {
-                    endpoint: "http://127.0.0.1:1".to_owned(),
-                    source: None,
-                },
-            }
-        }
-        for (lease_for, expired) in [
-            (Duration::from_secs(5), false),
-            (Duration::from_millis(50), true),
-        ] {
-            let (outcome, tries) =
-                release_lost(Duration::from_millis(60), unsettled, lease_for).await;
-            match (&outcome, expired) {
-                (Err(Error::Etcd { source, .. }), false) if source.is_outcome_unknown() => {}
-                (
-                    Err(Error::LeaseLost {
-                        cause: LostCause::Unreachable,
-                        ..
-                    }),
-                    true,
-                ) => {}
-                _ => panic!("lease for {lease_for:?}: {outcome:?}"),
-            }
-            assert_eq!(tries, 1);
-        }
-    }
 }

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use leasehold::etcd::{
+use leasehold_etcd::client::{
     Cmp, Compare, Credentials, EtcdClient, EtcdError, EventKind, Op, OpResult, Range, Txn,
     WatchKeys,
 };
@@ -608,7 +608,7 @@ async fn a_paused_member_costs_a_read_one_attempt_timeout_and_a_write_its_deadli
         .expect("read");
     assert_ne!(read.header.member_id, follower_id);
     assert!(
-        started.elapsed() < leasehold::etcd::DEFAULT_ATTEMPT_TIMEOUT + SLACK * 2,
+        started.elapsed() < leasehold_etcd::client::DEFAULT_ATTEMPT_TIMEOUT + SLACK * 2,
         "{:?}",
         started.elapsed()
     );

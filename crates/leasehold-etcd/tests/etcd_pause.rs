@@ -20,7 +20,8 @@
 
 use std::time::Duration;
 
-use leasehold::{Election, EtcdLocker, LostCause};
+use leasehold::{Election, LostCause};
+use leasehold_etcd::EtcdLocker;
 use leasehold_testkit::EtcdCluster;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;

@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use leasehold::tls::{TlsFailure, TlsFiles};
-use leasehold::{CertificateProblem, Error, EtcdLocker, FencedKeys, Lessor};
+use leasehold::{CertificateProblem, Error, FencedKeys, Lessor};
+use leasehold_etcd::EtcdLocker;
 use leasehold_testkit::{ClientAuth, EtcdCluster, TestCerts};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;

@@ -97,7 +97,7 @@ struct OneConnection {
 
 /// Where a TLS stream notes the failure it met.
 #[cfg(feature = "tls")]
-type TlsFailureSlot = Arc<Mutex<Option<crate::tls_failure::TlsFailure>>>;
+type TlsFailureSlot = Arc<Mutex<Option<leasehold::tls::TlsFailure>>>;
 
 /// How a member's connection speaks TLS: the client settings and the name
 /// its certificate must carry.
@@ -189,7 +189,7 @@ async fn speaks_plain_http(host: &str, port: u16) -> bool {
 /// nothing and reads what comes first: an alert (our certificate refused)
 /// or the member's first frame (none). See [`Member::tls_reason`].
 #[cfg(feature = "tls")]
-async fn probe_tls(endpoint: &Endpoint, tls: &Tls) -> Option<crate::tls_failure::TlsFailure> {
+async fn probe_tls(endpoint: &Endpoint, tls: &Tls) -> Option<leasehold::tls::TlsFailure> {
     use tokio::io::AsyncReadExt;
     let mut connector = OneConnection {
         tls: Some(tls.clone()),
@@ -197,12 +197,12 @@ async fn probe_tls(endpoint: &Endpoint, tls: &Tls) -> Option<crate::tls_failure:
     };
     let mut stream = match connector.call(endpoint.uri().clone()).await {
         Ok(stream) => stream.into_inner(),
-        Err(err) => return crate::tls_failure::classify(&err),
+        Err(err) => return leasehold::tls::classify(&err),
     };
     let mut first = [0u8; 1];
     match stream.read(&mut first).await {
         Ok(_) => None,
-        Err(err) => crate::tls_failure::classify(&err),
+        Err(err) => leasehold::tls::classify(&err),
     }
 }
 
@@ -220,7 +220,7 @@ enum Stream {
 #[cfg(feature = "tls")]
 fn note<T>(slot: &TlsFailureSlot, result: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
     if let Poll::Ready(Err(err)) = &result
-        && let Some(failure) = crate::tls_failure::classify(err)
+        && let Some(failure) = leasehold::tls::classify(err)
     {
         *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(failure);
     }
@@ -593,8 +593,8 @@ impl Member {
     /// What a failed connect was: a TLS failure, named, or any other.
     fn connect_failed(&self, source: tonic::transport::Error) -> EtcdError {
         #[cfg(feature = "tls")]
-        if let Some(failure) = crate::tls_failure::classify(&source).or_else(|| {
-            caused_by::<PlainPort>(&source).then_some(crate::tls_failure::TlsFailure::NotTls)
+        if let Some(failure) = leasehold::tls::classify(&source).or_else(|| {
+            caused_by::<PlainPort>(&source).then_some(leasehold::tls::TlsFailure::NotTls)
         }) {
             return EtcdError::Tls {
                 endpoint: self.url.to_string(),

@@ -12,8 +12,9 @@
 use leasehold::Lessor;
 use std::time::Duration;
 
-use leasehold::etcd::{EtcdClient, EventKind, KeyValue, Range, WatchKeys, WatchStream};
-use leasehold::{AcquireOptions, Error, EtcdLocker, FencedKeys, GiveUpReason, Lease};
+use leasehold_etcd::client::{EtcdClient, EventKind, KeyValue, Range, WatchKeys, WatchStream};
+use leasehold::{AcquireOptions, Error, FencedKeys, GiveUpReason, Lease};
+use leasehold_etcd::EtcdLocker;
 use leasehold_testkit::{Direction, EtcdCluster, FaultProxy};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
@@ -597,7 +598,7 @@ async fn an_election_over_etcd_names_its_leader_and_hands_over_on_resign() -> Te
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refresh_checks_the_key_not_just_the_keep_alive() -> TestResult {
-    use leasehold::etcd::{Op, Txn};
+    use leasehold_etcd::client::{Op, Txn};
     let cluster = start();
     let (prefix, etcd) = ("t-key-loss/", raw(&cluster));
     let locker = locker(&cluster, prefix).await?;

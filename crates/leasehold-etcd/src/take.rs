@@ -1,5 +1,5 @@
 //! Taking one lock on etcd, step by step, as the crate's one retry loop
-//! drives every [`LockService`](crate::backend::LockService): join the
+//! drives every [`LockService`](leasehold::backend::LockService): join the
 //! lock's queue (a key under an etcd lease of our own, created only if
 //! absent), then, while a key is ahead of ours, a wake-up that watches it
 //! go (and keeps our etcd lease alive meanwhile), and a step that confirms
@@ -16,13 +16,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Claim, Step};
-use crate::error::{Error, Result};
-use crate::etcd::{
+use leasehold::backend::{Claim, Step};
+use leasehold::{Error, Result};
+use crate::client::{
     Cmp, Compare, EtcdClient, EtcdError, EventKind, KeyValue, Op, Range, Txn, TxnResult, WatchKeys,
 };
-use crate::fencing::FencingToken;
-use crate::service::Service;
+use leasehold::FencingToken;
+use leasehold::Service;
 
 use super::backend::{EtcdBackend, Held};
 
@@ -52,10 +52,7 @@ impl Entry {
 
 /// The error of an etcd request made while taking a lock.
 fn failed(source: EtcdError) -> Error {
-    Error::Etcd {
-        op: "acquire",
-        source,
-    }
+    crate::error::failed("acquire", source)
 }
 
 /// The pause before asking again after a fault that may pass (etcd

@@ -75,7 +75,7 @@ pub enum EtcdError {
         /// The member.
         endpoint: String,
         /// What the handshake's failure says.
-        failure: crate::tls_failure::TlsFailure,
+        failure: leasehold::tls::TlsFailure,
         /// The transport's error.
         #[source]
         source: tonic::transport::Error,
@@ -90,7 +90,7 @@ pub enum EtcdError {
         /// The member.
         endpoint: String,
         /// What the alert says.
-        failure: crate::tls_failure::TlsFailure,
+        failure: leasehold::tls::TlsFailure,
         /// What the request saw after it (a lost connection, no answer).
         #[source]
         source: Box<EtcdError>,
@@ -236,7 +236,7 @@ impl EtcdError {
 
     /// The TLS failure this error is, if it is one.
     #[cfg(feature = "tls")]
-    pub fn tls_failure(&self) -> Option<crate::tls_failure::TlsFailure> {
+    pub fn tls_failure(&self) -> Option<leasehold::tls::TlsFailure> {
         match self {
             Self::Tls { failure, .. } | Self::TlsRefused { failure, .. } => Some(*failure),
             _ => None,

@@ -1,4 +1,4 @@
-//! What an etcd lease is to the [`Lease`](crate::Lease) it backs: the
+//! What an etcd lease is to the [`Lease`](leasehold::Lease) it backs: the
 //! etcd side of refresh, release, the leader record and a dropped lease,
 //! each confirmed by the lock key itself (still there, created at our
 //! revision, under our etcd lease), never by a keep-alive alone.
@@ -9,12 +9,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Claim, Held as Part};
-use crate::error::{Error, Result};
-use crate::etcd::{Cmp, Compare, EtcdClient, EtcdError, KeyValue, Op, Range, Txn};
-use crate::service::Service;
-use crate::token::LeaseToken;
-use crate::watchdog;
+use leasehold::backend::{Claim, Held as Part};
+use leasehold::{Error, Result};
+use crate::client::{Cmp, Compare, EtcdClient, EtcdError, KeyValue, Op, Range, Txn};
+use leasehold::Service;
+use leasehold::LeaseToken;
 
 /// The pause between two tries of a delete whose answers were lost.
 const SETTLE_PAUSE: Duration = Duration::from_millis(10);
@@ -63,10 +62,7 @@ async fn is_ours(client: &EtcdClient, held: &Held, deadline: Instant) -> Result<
     let read = client
         .range(&Range::key(held.key.as_str()), deadline)
         .await
-        .map_err(|source| Error::Etcd {
-            op: "refresh",
-            source,
-        })?;
+        .map_err(|source| crate::error::failed("refresh", source))?;
     Ok(read.kvs.first().is_some_and(|kv| held.is(kv)))
 }
 
@@ -211,7 +207,7 @@ impl EtcdBackend {
             ));
         }
         let now = Instant::now();
-        let budget = deadline.min(now + watchdog::period(ttl));
+        let budget = deadline.min(now + ttl / 3);
         let client = self
             .client
             .with_attempt_timeout(budget.saturating_duration_since(now) / 2);
@@ -223,10 +219,7 @@ impl EtcdBackend {
         match kept {
             Ok(_) => ours,
             Err(EtcdError::LeaseNotFound { .. }) => Ok(false),
-            Err(source) => Err(Error::Etcd {
-                op: "refresh",
-                source,
-            }),
+            Err(source) => Err(crate::error::failed("refresh", source)),
         }
     }
 
@@ -266,10 +259,7 @@ impl EtcdBackend {
             self.revoke_by(held.lease, deadline).await;
             self.forget(part.token());
         }
-        deleted.map_err(|source| Error::Etcd {
-            op: "release",
-            source,
-        })
+        deleted.map_err(|source| crate::error::failed("release", source))
     }
 
     /// The key a release writes under our etcd lease in the transaction
@@ -344,10 +334,7 @@ impl EtcdBackend {
         ));
         match self.client.txn(&txn, deadline).await {
             Ok(txn) => Ok(txn.succeeded),
-            Err(source) => Err(Error::Etcd {
-                op: "announce",
-                source,
-            }),
+            Err(source) => Err(crate::error::failed("announce", source)),
         }
     }
 
@@ -370,12 +357,9 @@ impl EtcdBackend {
             .client
             .txn(&read, deadline)
             .await
-            .map_err(|source| Error::Etcd {
-                op: "leader",
-                source,
-            })?;
+            .map_err(|source| crate::error::failed("leader", source))?;
         let mut ranges = read.results.into_iter().filter_map(|result| match result {
-            crate::etcd::OpResult::Range(kvs) => Some(kvs),
+            crate::client::OpResult::Range(kvs) => Some(kvs),
             _ => None,
         });
         let (owner, record) = (
@@ -396,10 +380,7 @@ impl EtcdBackend {
             .client
             .time_to_live(owner.lease, deadline)
             .await
-            .map_err(|source| Error::Etcd {
-                op: "leader",
-                source,
-            })?;
+            .map_err(|source| crate::error::failed("leader", source))?;
         Ok(ttl.map(|ttl| (body, ttl.ttl.saturating_mul(1000))))
     }
 }
