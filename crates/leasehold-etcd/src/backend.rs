@@ -168,6 +168,18 @@ impl EtcdBackend {
         }
     }
 
+    /// Revokes etcd lease `lease` by `deadline`: whether etcd said so (the
+    /// lease is gone, or was already).
+    pub(super) async fn revoke(&self, lease: i64, deadline: Instant) -> bool {
+        match self.client.revoke(lease, deadline).await {
+            Ok(_) => true,
+            Err(err) => {
+                tracing::debug!(lease = format_args!("{lease:x}"), error = %err, "could not revoke an etcd lease by the deadline");
+                false
+            }
+        }
+    }
+
     /// [`revoke_now`](Self::revoke_now) in a task, awaited until `deadline`
     /// (the caller's) at most: past it, the revoke carries on in the
     /// background, so a caller never waits past its deadline for this

@@ -287,9 +287,28 @@ impl LockService for EtcdLocker {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    /// Revokes the acquire's etcd lease, if a step was granted one: our
-    /// key, if any, goes with it (in the background; its TTL is the
-    /// fallback).
+    /// Revokes the acquire's etcd lease, if a step was granted one, by
+    /// `deadline`: our key goes with it before the caller hears the error
+    /// (what is not done by then, `abandon` finishes in the background).
+    fn leave<'a>(
+        &'a self,
+        _claim: &'a Claim,
+        entry: &'a mut take::Entry,
+        deadline: Instant,
+    ) -> Reply<'a, ()> {
+        Box::pin(async move {
+            if let Some(lease) = entry.lease()
+                && self.backend.revoke(lease, deadline).await
+            {
+                entry.left();
+            }
+            Ok(())
+        })
+    }
+
+    /// Revokes the acquire's etcd lease, if a step was granted one (and
+    /// [`leave`](LockService::leave) did not): our key, if any, goes with
+    /// it (in the background; its TTL is the fallback).
     fn abandon(&self, _claim: Claim, entry: take::Entry, _maybe_taken: bool) {
         if let Some(lease) = entry.lease() {
             self.backend.spawn_revoke(lease);

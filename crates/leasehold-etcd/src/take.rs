@@ -48,6 +48,11 @@ impl Entry {
     pub(super) fn lease(&self) -> Option<i64> {
         self.joined.as_ref().map(|joined| joined.lease)
     }
+
+    /// Our etcd lease was revoked: nothing is left to give back.
+    pub(super) fn left(&mut self) {
+        self.joined = None;
+    }
 }
 
 /// The error of an etcd request made while taking a lock.

@@ -77,6 +77,7 @@
 //!                      deadline; out of waits or time -> NotAcquired
 //!     error, may pass -> as busy, remembered for the give-up
 //!     error, final  -> returned
+//! on an error: leave (awaited, by the deadline), then abandon
 //! on any end without a win: abandon (sync, never blocks)
 //! ```
 //!
@@ -230,6 +231,21 @@ pub trait LockService: Clone + Send + Sync + 'static {
         entry: &'a mut Self::Entry,
         deadline: Instant,
     ) -> Reply<'a, ()>;
+
+    /// An acquire of `claim` ended with an error (gave up, failed,
+    /// cancelled; not dropped): leave any queue `entry` keeps a place in
+    /// now, by `deadline` (the acquire's), so that the caller hears the
+    /// error only once the place is gone; [`abandon`](Self::abandon) runs
+    /// after it (for what is left, and alone for a dropped acquire).
+    /// Defaults to nothing: a service whose steps keep no place.
+    fn leave<'a>(
+        &'a self,
+        _claim: &'a Claim,
+        _entry: &'a mut Self::Entry,
+        _deadline: Instant,
+    ) -> Reply<'a, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 
     /// An acquire of `claim` ended without a win (gave up, cancelled,
     /// dropped): give back what it may hold (`maybe_taken`: a step's

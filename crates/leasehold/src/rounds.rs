@@ -336,6 +336,13 @@ pub(crate) trait Attempts {
     fn wake(&mut self) -> Option<crate::backend::Wake> {
         None
     }
+
+    /// The acquire ended with an error (not dropped): give up any place
+    /// an attempt keeps (a queue entry) now, by `deadline`, before the
+    /// caller hears it; [`abandon`](Self::abandon) runs after it.
+    fn leave(&mut self, _deadline: Instant) -> impl Future<Output = ()> {
+        async {}
+    }
 }
 
 /// The one retry loop: one attempt per round for an acquire within
@@ -367,7 +374,10 @@ pub(crate) trait Attempts {
 ///
 /// If the acquire ends without a win (gave up, failed, cancelled, or its
 /// future dropped), `abandon` runs, told whether an attempt may still
-/// land; it must not block.
+/// land; it must not block. Before that, an acquire that ends with an
+/// error (not one dropped) first awaits `leave`, until the budget's
+/// deadline at most: a queued service gives up its place before the
+/// caller hears the error.
 pub(crate) async fn drive<A: Attempts>(
     key: &str,
     opts: &AcquireOptions,
@@ -381,8 +391,22 @@ pub(crate) async fn drive<A: Attempts>(
         owed: false,
         won: false,
     };
+    let outcome = rounds_until_won(key, &mut rounds, &mut driver).await;
+    if outcome.is_err() {
+        let deadline = rounds.deadline();
+        let _ = tokio::time::timeout_at(deadline, driver.attempts.leave(deadline)).await;
+    }
+    outcome
+}
+
+/// The rounds of [`drive`], until a win or the error that ends them.
+async fn rounds_until_won<A: Attempts>(
+    key: &str,
+    rounds: &mut Rounds<'_>,
+    driver: &mut Driver<A>,
+) -> Result<(A::Won, Instant)> {
     loop {
-        match round(&mut rounds, &mut driver).await? {
+        match round(rounds, driver).await? {
             Ok(Some(won)) => {
                 driver.won = true;
                 return Ok(won);
@@ -402,13 +426,13 @@ pub(crate) async fn drive<A: Attempts>(
         match driver.attempts.wake() {
             None => {
                 let wake_at = rounds.deadline().min(Instant::now() + wait);
-                unless_cancelled!(&rounds, tokio::time::sleep_until(wake_at))?;
+                unless_cancelled!(&*rounds, tokio::time::sleep_until(wake_at))?;
             }
             // A queued service says when to look again; the deadline
             // still bounds the wait.
             Some(wake) => {
                 let deadline = rounds.deadline();
-                unless_cancelled!(&rounds, async {
+                unless_cancelled!(&*rounds, async {
                     tokio::select! {
                         () = tokio::time::sleep_until(deadline) => {}
                         () = wake => {}

@@ -204,6 +204,13 @@ impl<S: LockService> Attempts for Steps<'_, S> {
     fn wake(&mut self) -> Option<Wake> {
         self.wake.take()
     }
+
+    async fn leave(&mut self, deadline: Instant) {
+        let (service, claim) = (self.service, self.claim);
+        if let Err(err) = service.leave(claim, self.entry(), deadline).await {
+            tracing::debug!(key = claim.key(), error = %err, "could not leave the queue; abandoning");
+        }
+    }
 }
 
 impl<S: LockService> Sealed for S {
@@ -263,6 +270,7 @@ mod tests {
     struct Queued {
         free_at: Instant,
         steps: Arc<AtomicU32>,
+        left: Arc<AtomicU32>,
     }
 
     impl LockService for Queued {
@@ -292,6 +300,11 @@ mod tests {
             Box::pin(async { Ok(()) })
         }
 
+        fn leave<'a>(&'a self, _: &'a Claim, (): &'a mut (), _: Instant) -> Reply<'a, ()> {
+            self.left.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok(()) })
+        }
+
         fn refresh<'a>(&'a self, _: &'a Held, _: Duration, _: Instant) -> Reply<'a, bool> {
             Box::pin(async { Ok(true) })
         }
@@ -309,6 +322,7 @@ mod tests {
         let service = Queued {
             free_at: Instant::now() + Duration::from_secs(5),
             steps: Arc::default(),
+            left: Arc::default(),
         };
         let opts = AcquireOptions::new()
             .retry(RetryStrategy::constant(Duration::from_millis(1)))
@@ -318,6 +332,33 @@ mod tests {
             .await?;
         lease.release().await?;
         assert_eq!(service.steps.load(Ordering::SeqCst), 2);
+        Ok(())
+    }
+
+    /// An acquire that gives up leaves its place (the service's `leave`)
+    /// before the caller hears it, once; one that wins does not.
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_that_gives_up_leaves_before_it_returns() -> crate::Result<()> {
+        let service = Queued {
+            free_at: Instant::now() + Duration::from_secs(5),
+            steps: Arc::default(),
+            left: Arc::default(),
+        };
+        let opts = AcquireOptions::new().wait(Duration::from_secs(1));
+        let gave_up = service
+            .acquire_with("k", Duration::from_secs(1), &opts)
+            .await;
+        assert!(
+            matches!(gave_up, Err(crate::Error::NotAcquired { .. })),
+            "{gave_up:?}"
+        );
+        assert_eq!(service.left.load(Ordering::SeqCst), 1);
+        let opts = AcquireOptions::new().wait(Duration::from_secs(10));
+        let lease = service
+            .acquire_with("k", Duration::from_secs(1), &opts)
+            .await?;
+        lease.release().await?;
+        assert_eq!(service.left.load(Ordering::SeqCst), 1);
         Ok(())
     }
 }
