@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packages every crate meant for users (leasehold-testkit, leasehold,
-# leasehold-pg, leasehold-zookeeper, leasehold-chaos, leasehold-cli) as crates.io would get them
+# leasehold-pg, leasehold-etcd, leasehold-zookeeper, leasehold-chaos, leasehold-cli) as crates.io would get them
 # and builds the packages (each against the packaged others, through cargo's
 # local overlay), then installs the CLI's `leasehold` binary with `cargo
 # install --path` from its package (its leasehold dependencies patched to
@@ -89,7 +89,7 @@ fi
 # packages from earlier overlays go first; nothing else in the cargo home is
 # touched.
 cargo_home=${CARGO_HOME:-$HOME/.cargo}
-for stale in "$cargo_home"/registry/src/-*/leasehold-[0-9]* "$cargo_home"/registry/src/-*/leasehold-{pg,zookeeper,testkit,chaos,cli}-[0-9]*; do
+for stale in "$cargo_home"/registry/src/-*/leasehold-[0-9]* "$cargo_home"/registry/src/-*/leasehold-{pg,etcd,zookeeper,testkit,chaos,cli}-[0-9]*; do
   if [ -d "$stale" ]; then
     rm -rf "$stale"
   fi
@@ -97,7 +97,7 @@ done
 
 # The integration tests stay out of the packages (cargo says "ignoring test
 # ..."): they need the repository (its README, other crates' tests).
-packages=(leasehold-testkit leasehold leasehold-pg leasehold-zookeeper leasehold-chaos leasehold-cli)
+packages=(leasehold-testkit leasehold leasehold-pg leasehold-etcd leasehold-zookeeper leasehold-chaos leasehold-cli)
 publish=(cargo publish --dry-run --locked "${packages[@]/#/-p}" "${dirty[@]}")
 
 # `cargo install --path` of the packaged CLI, its path dependencies replaced
@@ -113,7 +113,7 @@ install_cli() {
   # package/ (CARGO_TARGET_DIR may put it outside the repository).
   pkg="$(cargo metadata --format-version 1 --no-deps --locked |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/package"
-  for name in leasehold leasehold-pg leasehold-testkit leasehold-chaos; do
+  for name in leasehold leasehold-pg leasehold-etcd leasehold-testkit leasehold-chaos; do
     patches+=(--config "patch.crates-io.$name.path=\"$pkg/$name-$version\"")
   done
   root="$control/install"

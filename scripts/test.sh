@@ -17,15 +17,17 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # feature alone; all of them is the workspace run above. The library target
 # only: the tests' dev-dependencies turn every feature on. leasehold-pg
 # without and with tls (rustls only then), the same way.
-for features in "" quorum handoff cluster tls sentinel metrics postgres sqlx etcd memory conformance; do
+for features in "" quorum handoff cluster tls sentinel metrics postgres sqlx memory conformance; do
   cargo clippy -p leasehold --no-default-features ${features:+--features "$features"} \
     --lib --locked -- -D warnings
 done
-# The etcd feature builds with no protoc anywhere: its gRPC code is generated
+# leasehold-etcd builds with no protoc anywhere: its gRPC code is generated
 # once and committed (scripts/gen-etcd-proto.sh), no build script runs it.
-PROTOC=/nonexistent cargo build -p leasehold --no-default-features --features etcd --lib --locked
+PROTOC=/nonexistent cargo build -p leasehold-etcd --lib --locked
 for features in "" tls; do
   cargo clippy -p leasehold-pg --no-default-features ${features:+--features "$features"} \
+    --lib --locked -- -D warnings
+  cargo clippy -p leasehold-etcd --no-default-features ${features:+--features "$features"} \
     --lib --locked -- -D warnings
 done
 if cargo tree --locked -e normal -p leasehold -p leasehold-pg --prefix none |
@@ -81,7 +83,7 @@ LEASEHOLD_REDIS_SERVER="$valkey" cargo run -p leasehold-cli --locked --quiet -- 
   --modes leader --faults clock-jump,clock-fast --duration 3s --ttl 300ms
 # The etcd suites again on etcd 3.5 (Debian trixie's package, fetched once
 # by scripts/etcd35.sh); `cargo test` above ran them on bookworm's 3.4.23.
-LEASEHOLD_ETCD="$(scripts/etcd35.sh)" cargo test -p leasehold --locked --test deployments -- etcd
+LEASEHOLD_ETCD="$(scripts/etcd35.sh)" cargo test -p leasehold-etcd --locked --test etcd
 # Package leasehold and leasehold-pg as crates.io would get them, build the
 # packages, and check the MSRV (it prints which kind of check ran).
 scripts/package.sh

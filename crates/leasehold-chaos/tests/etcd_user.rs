@@ -8,11 +8,11 @@
 
 use std::time::Duration;
 
-use leasehold_etcd::client::{Credentials, EtcdClient, Range, TlsSettings};
 use leasehold::tls::TlsFiles;
 use leasehold::{FencedKeys, Lessor};
-use leasehold_etcd::EtcdLocker;
 use leasehold_chaos::{Fault, Harness, Kind, Lab, LabError, LabOptions, Lock, NegativeControl};
+use leasehold_etcd::EtcdLocker;
+use leasehold_etcd::client::{Credentials, EtcdClient, Range, TlsSettings};
 use leasehold_testkit::{ClientAuth, EtcdCluster, TestCerts};
 
 mod common;

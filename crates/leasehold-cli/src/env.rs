@@ -202,7 +202,10 @@ impl EtcdAccess {
     /// The user and its password, if a user is given.
     pub(crate) fn credentials(&self) -> Option<leasehold_etcd::client::Credentials> {
         self.user.as_ref().map(|user| {
-            leasehold_etcd::client::Credentials::new(user, self.password.clone().unwrap_or_default())
+            leasehold_etcd::client::Credentials::new(
+                user,
+                self.password.clone().unwrap_or_default(),
+            )
         })
     }
 }

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::client::{Cmp, Compare, EtcdClient, EtcdError, KeyValue, Op, Range, Txn};
+use leasehold::LeaseToken;
+use leasehold::Service;
 use leasehold::backend::{Claim, Held as Part};
 use leasehold::{Error, Result};
-use crate::client::{Cmp, Compare, EtcdClient, EtcdError, KeyValue, Op, Range, Txn};
-use leasehold::Service;
-use leasehold::LeaseToken;
 
 /// The pause between two tries of a delete whose answers were lost.
 const SETTLE_PAUSE: Duration = Duration::from_millis(10);

@@ -57,7 +57,7 @@
 //!    for it.
 //!
 //! Each of these is a step of the crate's one retry loop (the
-//! [`LockService`] seam every service implements): the acquire's place in
+//! [`LockService`](leasehold::LockService) seam every service implements): the acquire's place in
 //! the queue is the step's entry, kept from one step to the next; a busy
 //! step's wake-up is the watch of step 2, which also keeps our etcd lease
 //! alive; the step after it is the read of step 3.
@@ -72,7 +72,7 @@
 //! *released* key (`PREFIX/released/<lease ID in hex>`) under our etcd
 //! lease, then revokes the etcd lease (which takes the released key too;
 //! awaited within the release's deadline, finished in the background past
-//! it): [`Error::NotHeld`] when the key was not ours any more. A delete
+//! it): [`Error::NotHeld`](leasehold::Error::NotHeld) when the key was not ours any more. A delete
 //! whose answer is lost (its member paused, or lost its leader
 //! mid-request) gets half the release's time; then the same transaction
 //! is sent again on another member (it acts only while the key is ours,
@@ -80,10 +80,13 @@
 //! (its released key is there), the release is a success it knows.
 //! Found not applied with no released key left, the lost try may still
 //! have deleted the key before our etcd lease ended (an operator revoked
-//! it, or it ran out): an [`Error::Etcd`] error whose source
-//! [`is_outcome_unknown`](crate::etcd::EtcdError::is_outcome_unknown)
-//! while the lease is valid, [`Error::LeaseLost`] once it ran out (as on
-//! Redis), never a success (or a `NotHeld`) the release cannot know. The etcd
+//! it, or it ran out): an unknown outcome
+//! ([`ServiceFault::Unknown`](leasehold::backend::ServiceFault::Unknown),
+//! the [`EtcdError`] inside), which the lease core reports as
+//! [`Error::Timeout`](leasehold::Error::Timeout) while the lease is valid
+//! and [`Error::LeaseLost`](leasehold::Error::LeaseLost) once it ran out
+//! (as on Redis), never a success (or a `NotHeld`) the release cannot
+//! know. The etcd
 //! lease is revoked in every case, so the lock is free at once. A cluster
 //! out of space (etcd's `NOSPACE` alarm) refuses the released key's put,
 //! and so the whole transaction: the release then sends the guarded
@@ -92,7 +95,7 @@
 //! its wait, as it rides out a full Redis (etcd grants no lease until an
 //! operator frees space), and returns the refusal if the wait runs out
 //! during it
-//! ([`EtcdError::is_no_space`](crate::etcd::EtcdError::is_no_space)).
+//! ([`EtcdError::is_no_space`](crate::EtcdError::is_no_space)).
 //! Every request of an acquire is bounded by its deadline (and the command
 //! timeout), every refresh and release by the lease's bounds, as on Redis.
 //!
@@ -101,7 +104,7 @@
 //! its idea of the lease is never longer than etcd's, but a holder that
 //! dies blocks the lock for up to the granted TTL. A refresh cannot
 //! lengthen an etcd lease past the TTL it was granted with (it is refused,
-//! [`Error::InvalidOptions`]).
+//! [`Error::InvalidOptions`](leasehold::Error::InvalidOptions)).
 //!
 //! # One slow member
 //!
@@ -149,14 +152,14 @@
 //!
 //! # Fencing tokens
 //!
-//! The fencing token of a lease taken with [`FencedKeys`](crate::FencedKeys)
+//! The fencing token of a lease taken with [`FencedKeys`](leasehold::FencedKeys)
 //! is its key's creation revision: strictly increasing across the whole
 //! cluster, so across the holders of one lock (it is what etcd's docs call
 //! the token). It is **not comparable with a Redis fence counter** for the
 //! same resource (those are about 1.8 x 10^15, revisions are small), and it
-//! cannot be raised ([`Lease::raise_fence`](crate::Lease::raise_fence)
+//! cannot be raised ([`Lease::raise_fence`](leasehold::Lease::raise_fence)
 //! fails). So an etcd lease names its resource in a fence table
-//! differently: its [`fence_key_for`](crate::Lease::fence_key_for) is the
+//! differently: its [`fence_key_for`](leasehold::Lease::fence_key_for) is the
 //! fence key with `etcd:` in front (`etcd:fence:{wallet:42}`), a row of its
 //! own in the `leasehold-pg` fences table, never compared with the Redis
 //! row. **Moving a resource from Redis to etcd**: stop every Redis holder
@@ -192,10 +195,10 @@
 //! # TLS and authentication
 //!
 //! `https://` endpoints (with the `tls` feature) are verified as Redis's
-//! `rediss://` URLs are, with the same [`TlsFiles`](crate::tls::TlsFiles)
+//! `rediss://` URLs are, with the same [`TlsFiles`](leasehold::tls::TlsFiles)
 //! ([`EtcdLockerBuilder::tls`]); a refused certificate, our certificate
 //! refused and a plain port are named at [`connect`](EtcdLockerBuilder::connect)
-//! ([`EtcdError::tls_failure`](crate::etcd::EtcdError::tls_failure)).
+//! ([`EtcdError::tls_failure`](crate::EtcdError::tls_failure)).
 //! etcd's users and passwords: [`EtcdLockerBuilder::credentials`]; the
 //! password never appears in a log or an error.
 //!
@@ -203,10 +206,10 @@
 //!
 //! A waiter is woken by watch, not by polling: each wake-up counts as one
 //! of the retry strategy's waits (so
-//! [`RetryStrategy::none`](crate::RetryStrategy::none) is one look, no
+//! [`RetryStrategy::none`](leasehold::RetryStrategy::none) is one look, no
 //! wait, and a strategy's number of attempts bounds the steps), and the
 //! strategy's waits pace the steps after a fault.
-//! [`AcquireOptions::wait_replicas`](crate::AcquireOptions::wait_replicas)
+//! [`AcquireOptions::wait_replicas`](leasehold::AcquireOptions::wait_replicas)
 //! is refused (etcd commits on a majority before it answers).
 //!
 //! # Moving from `leasehold`'s `etcd` feature
@@ -237,3 +240,8 @@ mod take;
 pub use client::{Credentials, EtcdError};
 pub use error::etcd_error;
 pub use locker::{DEFAULT_ETCD_PREFIX, EtcdLocker, EtcdLockerBuilder};
+
+/// The README's example, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

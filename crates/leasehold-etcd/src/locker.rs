@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use leasehold::backend::{Claim, Held, LockService, Reply, Step};
-use leasehold::{Error, Result};
 use crate::client::{Credentials, EtcdClient, Range};
 use leasehold::DEFAULT_COMMAND_TIMEOUT;
 use leasehold::Service;
+use leasehold::backend::{Claim, Held, LockService, Reply, Step};
+use leasehold::{Error, Result};
 
 use crate::backend::EtcdBackend;
 use crate::take;
@@ -20,7 +20,7 @@ use crate::take;
 /// [`EtcdLockerBuilder::prefix`] says otherwise: `leasehold/`.
 pub const DEFAULT_ETCD_PREFIX: &str = "leasehold/";
 
-/// Takes leases on an etcd cluster (feature `etcd`): see the module docs
+/// Takes leases on an etcd cluster: see the [crate docs](crate)
 /// for the recipe, and what it does and does not promise.
 ///
 /// The same four calls as [`Locker`](leasehold::Locker) and the same
@@ -32,7 +32,8 @@ pub const DEFAULT_ETCD_PREFIX: &str = "leasehold/";
 /// ```no_run
 /// # async fn demo() -> leasehold::Result<()> {
 /// use std::time::Duration;
-/// use leasehold::{EtcdLocker, FencedKeys, Lessor};
+/// use leasehold::{FencedKeys, Lessor};
+/// use leasehold_etcd::EtcdLocker;
 ///
 /// let locker = EtcdLocker::builder(["http://127.0.0.1:2379"])
 ///     .command_timeout(Duration::from_millis(500))
@@ -177,9 +178,9 @@ impl EtcdLockerBuilder {
                 ));
             }
             0 => None,
-            _ => Some(crate::client::TlsSettings::new(leasehold::tls::client_config(
-                &self.tls,
-            )?)),
+            _ => Some(crate::client::TlsSettings::new(
+                leasehold::tls::client_config(&self.tls)?,
+            )),
         };
         let mut client = EtcdClient::builder(self.endpoints)
             .attempt_timeout((self.command_timeout / 3).max(Duration::from_millis(1)));

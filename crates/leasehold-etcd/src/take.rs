@@ -16,13 +16,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use leasehold::backend::{Claim, Step};
-use leasehold::{Error, Result};
 use crate::client::{
     Cmp, Compare, EtcdClient, EtcdError, EventKind, KeyValue, Op, Range, Txn, TxnResult, WatchKeys,
 };
 use leasehold::FencingToken;
 use leasehold::Service;
+use leasehold::backend::{Claim, Step};
+use leasehold::{Error, Result};
 
 use super::backend::{EtcdBackend, Held};
 

@@ -1,10 +1,9 @@
-//! The etcd protocol layer (`leasehold::etcd`, feature `etcd`) against a
+//! The etcd protocol layer (`leasehold_etcd::client`, feature `client`) against a
 //! real etcd cluster: a create-if-absent transaction under a lease names
 //! the owner; keys go with their lease (revoked or expired); a watch sees
 //! a delete and resumes from its revision; every request is bounded by
 //! its deadline, moves off a stopped leader within it, and errors by it
 //! on a cut-off member, after which another member answers.
-#![cfg(feature = "etcd")]
 
 use std::time::Duration;
 

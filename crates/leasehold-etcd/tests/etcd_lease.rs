@@ -1,4 +1,4 @@
-//! The etcd way of taking a lease (`EtcdLocker`, feature `etcd`) against a
+//! The etcd way of taking a lease (`leasehold_etcd::EtcdLocker`) against a
 //! real 3-member etcd cluster: acquire and release; waiters woken by watch
 //! in FIFO order; fencing tokens (key revisions) strictly increasing across
 //! holders; refresh; a lease revoked (or its key deleted) behind the
@@ -7,14 +7,13 @@
 //! cancel) leaves no key behind; a stopped leader costs a held lease
 //! nothing; several locks in one lease; an election; the fence guard
 //! orders etcd holders.
-#![cfg(feature = "etcd")]
 
 use leasehold::Lessor;
 use std::time::Duration;
 
-use leasehold_etcd::client::{EtcdClient, EventKind, KeyValue, Range, WatchKeys, WatchStream};
 use leasehold::{AcquireOptions, Error, FencedKeys, GiveUpReason, Lease};
-use leasehold_etcd::EtcdLocker;
+use leasehold_etcd::client::{EtcdClient, EventKind, KeyValue, Range, WatchKeys, WatchStream};
+use leasehold_etcd::{EtcdError, EtcdLocker, etcd_error};
 use leasehold_testkit::{Direction, EtcdCluster, FaultProxy};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
@@ -783,7 +782,7 @@ async fn a_cluster_out_of_space_still_takes_its_locks_back() -> TestResult {
         .acquire_with("s", Duration::from_secs(10), &opts)
         .await;
     match &refused {
-        Err(Error::Etcd { source, .. }) if source.is_no_space() => {}
+        Err(err) if etcd_error(err).is_some_and(EtcdError::is_no_space) => {}
         other => panic!("an acquire whose wait ran out on a full cluster: {other:?}"),
     }
     assert!(!patient_one.is_finished());
@@ -800,12 +799,12 @@ async fn bad_settings_and_an_unreachable_cluster_fail_at_connect() {
         .connect()
         .await;
     assert!(
-        matches!(&nobody, Err(Error::Etcd { op: "connect", .. })),
+        matches!(&nobody, Err(Error::Service { op: "connect", .. })),
         "{nobody:?}"
     );
     assert!(matches!(
         EtcdLocker::builder(["not a url"]).connect().await,
-        Err(Error::Etcd { op: "connect", .. })
+        Err(Error::Service { op: "connect", .. })
     ));
     assert!(matches!(
         EtcdLocker::builder(["http://127.0.0.1:1"])
@@ -816,7 +815,7 @@ async fn bad_settings_and_an_unreachable_cluster_fail_at_connect() {
     ));
     assert!(matches!(
         EtcdLocker::builder(Vec::<String>::new()).connect().await,
-        Err(Error::Etcd { op: "connect", .. })
+        Err(Error::Service { op: "connect", .. })
     ));
 }
 

@@ -16,7 +16,6 @@
 //! the term's TTL (default 2000), `LEASEHOLD_PAUSE_COMMAND_TIMEOUT_MS` the
 //! lockers' command timeout (default 1000, the default); `RUST_LOG` as
 //! usual.
-#![cfg(feature = "etcd")]
 
 use std::time::Duration;
 

@@ -4,13 +4,12 @@
 //! right files, and each wrong setting is a typed error at connect, named
 //! as on Redis (a certificate we refuse, ours refused, a plain port), or
 //! refused before any I/O.
-#![cfg(all(feature = "etcd", feature = "tls"))]
 
 use std::time::Duration;
 
 use leasehold::tls::{TlsFailure, TlsFiles};
 use leasehold::{CertificateProblem, Error, FencedKeys, Lessor};
-use leasehold_etcd::EtcdLocker;
+use leasehold_etcd::{EtcdError, EtcdLocker, etcd_error};
 use leasehold_testkit::{ClientAuth, EtcdCluster, TestCerts};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -39,10 +38,11 @@ async fn connect(endpoints: Vec<String>, files: TlsFiles) -> Result<EtcdLocker, 
 #[track_caller]
 fn failure(result: Result<EtcdLocker, Error>) -> Option<TlsFailure> {
     match result {
-        Err(Error::Etcd {
-            op: "connect",
-            source,
-        }) if source.tls_failure().is_some() => source.tls_failure(),
+        Err(err @ Error::Service { op: "connect", .. })
+            if etcd_error(&err).and_then(EtcdError::tls_failure).is_some() =>
+        {
+            etcd_error(&err).and_then(EtcdError::tls_failure)
+        }
         other => panic!("expected a tls failure at connect, got {other:?}"),
     }
 }

@@ -61,7 +61,6 @@ fn the_ten_line_lock_runs() -> TestResult {
 /// The README's claim that on etcd only the connect line differs: the
 /// same `debit`, given an `EtcdLocker`, debits once, fenced by the key's
 /// revision in a row of its own.
-#[cfg(feature = "etcd")]
 #[test]
 fn the_recommended_debit_runs_unchanged_on_etcd() -> TestResult {
     use recommended::{Debit, debit};

@@ -14,8 +14,8 @@
 
 use std::time::Duration;
 
-use leasehold_etcd::client::{Cmp, Compare, Credentials, EtcdClient, EtcdError, Op, Range, Txn};
 use leasehold::tls::TlsFiles;
+use leasehold_etcd::client::{Cmp, Compare, Credentials, EtcdClient, EtcdError, Op, Range, Txn};
 use leasehold_testkit::EtcdCluster;
 
 use super::error::server;

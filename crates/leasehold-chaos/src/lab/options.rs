@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use leasehold_etcd::client::Credentials;
 use leasehold::tls::TlsFiles;
+use leasehold_etcd::client::Credentials;
 use leasehold_testkit::{PostgresServer, RedisOptions};
 
 use super::LabError;

@@ -9,7 +9,7 @@ use super::api::etcdserverpb::{
     response_op,
 };
 use super::api::mvccpb;
-use super::client::{EtcdClient, Retry};
+use super::calls::{EtcdClient, Retry};
 use super::error::EtcdError;
 
 /// A key and what etcd keeps with it.

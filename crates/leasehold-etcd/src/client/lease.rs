@@ -17,7 +17,7 @@ use super::api::etcdserverpb::lease_client::LeaseClient;
 use super::api::etcdserverpb::{
     LeaseGrantRequest, LeaseKeepAliveRequest, LeaseRevokeRequest, LeaseTimeToLiveRequest,
 };
-use super::client::{EtcdClient, Retry};
+use super::calls::{EtcdClient, Retry};
 use super::error::EtcdError;
 use super::kv::Header;
 

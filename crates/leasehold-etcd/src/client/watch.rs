@@ -16,7 +16,7 @@ use tonic::Streaming;
 use super::api::etcdserverpb::watch_client::WatchClient;
 use super::api::etcdserverpb::{WatchCreateRequest, WatchRequest, WatchResponse, watch_request};
 use super::api::mvccpb::event::EventType;
-use super::client::{EtcdClient, Retry};
+use super::calls::{EtcdClient, Retry};
 use super::error::EtcdError;
 use super::kv::{KeyValue, prefix_end};
 
