@@ -252,11 +252,28 @@ impl TermRecord<'_> {
             Some(self.term.lease()),
             candidate.seat.stall,
         );
+        // A write dropped mid-flight (the loop's term ended, or the run's
+        // shutdown stopped `serve`, while its commit was out) may have
+        // landed: recorded as unknown, never as nothing.
+        let mut pending = Pending {
+            record: self,
+            op,
+            started_us,
+            resource: Some((resource.clone(), amount)),
+        };
         let outcome = write(call).await;
+        pending.resource = None;
+        self.tally(op, started_us, resource, amount, &outcome);
+        outcome
+    }
+
+    /// Tallies and records one write of the term.
+    fn tally(&self, op: u64, started_us: u64, resource: String, amount: i64, outcome: &Outcome) {
+        let candidate = self.candidate;
         candidate
             .writes
             .borrow_mut()
-            .add(&resource, amount, &outcome);
+            .add(&resource, amount, outcome);
         let (recorded, detail) = outcome.recorded();
         candidate.seat.recorder.record(
             &candidate.actor,
@@ -271,7 +288,6 @@ impl TermRecord<'_> {
                 detail,
             },
         );
-        outcome
     }
 
     /// The term's fencing token.
@@ -323,5 +339,26 @@ where
             candidate.record_error(&err);
         }
         candidate.into_writes()
+    }
+}
+
+/// A write of a [`TermRecord`] under way: recorded as
+/// [`Outcome::Unknown`] if its future is dropped before it answers.
+struct Pending<'r, 'c> {
+    record: &'r TermRecord<'c>,
+    op: u64,
+    started_us: u64,
+    /// `None` once the write answered.
+    resource: Option<(String, i64)>,
+}
+
+impl Drop for Pending<'_, '_> {
+    fn drop(&mut self) {
+        if let Some((resource, amount)) = self.resource.take() {
+            let outcome =
+                Outcome::Unknown("dropped while under way (its commit may have landed)".to_owned());
+            self.record
+                .tally(self.op, self.started_us, resource, amount, &outcome);
+        }
     }
 }
