@@ -300,12 +300,14 @@ impl Progress {
 }
 
 /// Whether `err` may be a request that ran out of time: Redis's timeout,
-/// or a service's fault that may pass (a service outside the crate cannot
-/// say more; at a spent deadline, the deadline is what cut it short).
+/// a quorum the nodes did not make in time, or a service's fault that may
+/// pass (a service outside the crate cannot say more; at a spent deadline,
+/// the deadline is what cut it short).
 fn is_timeout(err: &Error) -> bool {
     matches!(
         err,
         Error::Timeout { .. }
+            | Error::QuorumNotReached { .. }
             | Error::Service {
                 fault: crate::error::ServiceFault::Transient | crate::error::ServiceFault::Unknown,
                 ..
@@ -525,4 +527,63 @@ async fn round<A: Attempts>(
         Attempt::Won(won) => Some((won, sent_at)),
         Attempt::Busy => None,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn quorum_lost(key: &str) -> Error {
+        Error::QuorumNotReached {
+            key: key.to_owned(),
+            got: 0,
+            needed: 2,
+            failed_nodes: 3,
+        }
+    }
+
+    /// A quorum the nodes did not make in the sliver of wait the deadline
+    /// left says nothing new: the fault met before is what the caller
+    /// hears. One lost with the whole command timeout is news.
+    #[tokio::test(start_paused = true)]
+    async fn a_quorum_cut_short_by_the_deadline_keeps_the_fault_before_it() {
+        let opts = AcquireOptions::new();
+        let mut rounds = Rounds::new("k", &opts, Budget::from_now(100 * MS), 300 * MS);
+        rounds.attempt().expect("within the wait");
+        rounds.met(Error::NotReplicated {
+            key: "k".to_owned(),
+            acked: 0,
+            wanted: 1,
+        });
+        rounds.attempt().expect("within the wait");
+        tokio::time::sleep(100 * MS).await;
+        rounds.met(quorum_lost("cut short"));
+        assert!(
+            matches!(
+                rounds.ran_out(GiveUpReason::DeadlineExpired),
+                Error::NotReplicated { .. }
+            ),
+            "the fault before the cut-short attempt"
+        );
+
+        let mut rounds = Rounds::new("k", &opts, Budget::from_now(1000 * MS), 300 * MS);
+        rounds.attempt().expect("within the wait");
+        rounds.met(Error::NotReplicated {
+            key: "k".to_owned(),
+            acked: 0,
+            wanted: 1,
+        });
+        rounds.attempt().expect("within the wait");
+        tokio::time::sleep(300 * MS).await;
+        rounds.met(quorum_lost("whole timeout"));
+        assert!(
+            matches!(
+                rounds.ran_out(GiveUpReason::DeadlineExpired),
+                Error::QuorumNotReached { key, .. } if key == "whole timeout"
+            ),
+            "a quorum lost with time to answer is the news"
+        );
+    }
 }
