@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use leasehold::{
-    AcquireOptions, Election, Error, FencingToken, HandoffLocker, Lessor, Locker, LostCause,
-    Quorum, RetryStrategy, TermOutcome,
+    Election, Error, FencingToken, HandoffLocker, Lessor, Locker, LostCause, Quorum, RetryStrategy,
+    TermOutcome,
 };
 use leasehold_testkit::{FaultProxy, RedisServer};
 
@@ -43,10 +43,11 @@ async fn polling(urls: &[String], timeout: Duration) -> Made<Locker> {
 
 async fn handoff(urls: &[String], timeout: Duration) -> Made<HandoffLocker> {
     let client = redis::Client::open(urls[0].as_str())?;
-    Ok(HandoffLocker::builder()
+    let locker = Locker::builder()
         .command_timeout(timeout)
         .connect(&client)
-        .await?)
+        .await?;
+    Ok(HandoffLocker::builder().build(locker, &client).await?)
 }
 
 async fn quorum(urls: &[String], timeout: Duration) -> Made<Quorum> {
@@ -378,6 +379,50 @@ async fn a_campaign_rides_out_a_restart_shorter_than_its_budget() -> TestResult 
     Ok(())
 }
 
+/// The settings a campaign's acquires take are honoured: a cancelled
+/// token ends a waiting campaign, and a replica wait no replica can
+/// answer keeps a term from starting.
+#[tokio::test]
+async fn a_campaign_honours_its_cancel_token_and_replica_wait() -> TestResult {
+    let servers = RedisServer::start_many(1)?;
+    let urls = urls(&servers);
+    let leader = election(polling(&urls, SECOND).await?, "settings", "a", 10 * SECOND)?;
+    let term = leader.campaign().await?;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let follower = Election::builder(polling(&urls, SECOND).await?, "settings")
+        .candidate("b")
+        .cancel(cancel.clone())
+        .build()?;
+    let waiting = tokio::spawn(async move { follower.campaign().await });
+    cancel.cancel();
+    let ended = tokio::time::timeout(HUNG, waiting).await?;
+    assert!(
+        matches!(
+            ended?,
+            Err(Error::NotAcquired {
+                reason: leasehold::GiveUpReason::Cancelled,
+                ..
+            })
+        ),
+        "a cancelled campaign"
+    );
+    term.resign().await?;
+
+    // No replica to acknowledge: the term never starts; the campaign
+    // rides it out for its budget, then says why.
+    let unreplicated = Election::builder(polling(&urls, SECOND).await?, "replicas")
+        .wait_replicas(1, Duration::from_millis(50))
+        .budget(SECOND)
+        .build()?;
+    let got = tokio::time::timeout(HUNG, unreplicated.campaign()).await?;
+    assert!(
+        matches!(got, Err(Error::NotReplicated { .. })),
+        "{:?}",
+        got.map(|t| t.fence())
+    );
+    Ok(())
+}
+
 /// Bad input is refused before any I/O, and what cannot pass returns at
 /// once instead of being ridden out.
 #[tokio::test]
@@ -403,14 +448,7 @@ async fn bad_input_gets_a_typed_error() -> TestResult {
         Err(Error::InvalidOptions(_))
     ));
     assert!(matches!(
-        refused(Election::builder(locker.clone(), "x").options(AcquireOptions::new().wait(SECOND))),
-        Err(Error::InvalidOptions(_))
-    ));
-    assert!(matches!(
-        refused(
-            Election::builder(locker.clone(), "x")
-                .options(AcquireOptions::new().retry(RetryStrategy::none()))
-        ),
+        refused(Election::builder(locker.clone(), "x").retry(RetryStrategy::none())),
         Err(Error::InvalidOptions(_))
     ));
 

@@ -183,22 +183,9 @@ async fn every_builder_refuses_bad_settings_before_any_io() -> TestResult {
     let locker = Locker::builder().fence_ttl(Some(zero));
     refused(locker.connect(&nowhere).await.map(drop), "locker fence");
 
-    let handoff = HandoffLocker::builder().command_timeout(zero);
-    refused(handoff.connect(&nowhere).await.map(drop), "handoff");
-    // Over a locker of yours, the locker's settings are its own.
     let server = RedisServer::start()?;
     let client = redis::Client::open(server.url())?;
     let yours = Locker::connect(&client).await?;
-    let handoff = HandoffLocker::builder().command_timeout(SECOND);
-    refused(
-        handoff.build(yours.clone(), &client).await.map(drop),
-        "handoff over a locker",
-    );
-    let handoff = HandoffLocker::builder().fence_ttl(None);
-    refused(
-        handoff.build(yours.clone(), &client).await.map(drop),
-        "handoff fence over a locker",
-    );
 
     let quorum = Quorum::builder().node_timeout(zero);
     refused(

@@ -66,11 +66,14 @@ impl Way {
                     Kind::Relay => (HandoffStyle::Grant, 16),
                     _ => (HandoffStyle::Grant, 0),
                 };
+                let locker = Locker::builder()
+                    .fence_ttl(fence_ttl)
+                    .connect(&client)
+                    .await?;
                 let handoff = HandoffLocker::builder()
                     .style(style)
                     .relay_limit(limit)
-                    .fence_ttl(fence_ttl)
-                    .connect(&client)
+                    .build(locker, &client)
                     .await?;
                 Way::Handoff(handoff)
             }

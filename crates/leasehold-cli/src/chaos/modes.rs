@@ -178,10 +178,11 @@ impl ChaosMode {
                     anyhow::bail!("{} does not run on redis sentinel", self.name())
                 }
                 ChaosMode::Handoff => {
-                    let handoff = HandoffLocker::builder()
+                    let locker = Locker::builder()
                         .command_timeout(COMMAND_TIMEOUT)
                         .connect(&sentinel)
                         .await?;
+                    let handoff = HandoffLocker::builder().build(locker, &sentinel).await?;
                     Lock::new(handoff, fenced)
                 }
                 _ => {
@@ -219,10 +220,11 @@ impl ChaosMode {
                 Lock::new(quorum, fenced)
             }
             ChaosMode::Handoff => {
-                let handoff = HandoffLocker::builder()
+                let locker = Locker::builder()
                     .command_timeout(COMMAND_TIMEOUT)
                     .connect(&client)
                     .await?;
+                let handoff = HandoffLocker::builder().build(locker, &client).await?;
                 Lock::new(handoff, fenced)
             }
             _ => {

@@ -8,6 +8,9 @@ use crate::error::{Error, Result};
 use crate::fencing::FencedKeys;
 use crate::lessor::Lessor;
 use crate::options::AcquireOptions;
+use crate::retry::RetryStrategy;
+
+use tokio_util::sync::CancellationToken;
 
 use super::{
     DEFAULT_FAULT_BUDGET, DEFAULT_OBSERVE_EVERY, DEFAULT_STEP_DOWN, DEFAULT_TERM_TTL, Election,
@@ -85,18 +88,35 @@ impl<L: Lessor> ElectionBuilder<L> {
         self
     }
 
-    /// The options of every acquire a campaign makes: the retry strategy
-    /// (how often a follower on a [`Locker`](crate::Locker) polls),
-    /// `wait_replicas`, a `cancel` token (cancelling it ends a campaign
-    /// with [`Error::NotAcquired`]). The campaign decides how long each
-    /// acquire waits (and always starts the watchdog), so a `wait` or
-    /// `deadline` is refused by
-    /// [`build`](Self::build), as is a retry strategy that gives up before
-    /// its deadline (`none()`, `max_attempts`): a follower keeps waiting.
+    /// How often a follower tries again (on a way whose followers poll:
+    /// [`Locker`](crate::Locker), [`Quorum`](crate::Quorum)). A strategy
+    /// that gives up before its deadline (`none()`, `max_attempts`) is
+    /// refused by [`build`](Self::build): a follower keeps waiting. How
+    /// long each acquire of a campaign waits is the campaign's own.
     ///
-    /// Defaults to [`AcquireOptions::new`].
-    pub fn options(mut self, options: AcquireOptions) -> Self {
-        self.options = options;
+    /// Defaults to [`RetryStrategy::default`] (5 to 15 ms apart).
+    pub fn retry(mut self, retry: RetryStrategy) -> Self {
+        self.options = self.options.retry(retry);
+        self
+    }
+
+    /// Each term's lease is confirmed by `replicas` replicas within
+    /// `timeout`, as [`AcquireOptions::wait_replicas`] says (on a way
+    /// without replicas, the campaign's first acquire returns
+    /// [`Error::InvalidOptions`]).
+    ///
+    /// Defaults to no replica wait.
+    pub fn wait_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.options = self.options.wait_replicas(replicas, timeout);
+        self
+    }
+
+    /// Cancelling `token` ends a campaign (and an observer's wait) with
+    /// [`Error::NotAcquired`] (reason `Cancelled`).
+    ///
+    /// Defaults to none.
+    pub fn cancel(mut self, token: CancellationToken) -> Self {
+        self.options = self.options.cancel(token);
         self
     }
 
@@ -131,8 +151,8 @@ impl<L: Lessor> ElectionBuilder<L> {
     ///   not share a slot);
     /// - [`Error::InvalidTtl`] for a TTL Redis would refuse;
     /// - [`Error::InvalidOptions`] for an empty candidate, a zero budget or
-    ///   observation period, or options the campaign cannot honour (see
-    ///   [`options`](Self::options)).
+    ///   observation period, or a retry strategy that gives up early (see
+    ///   [`retry`](Self::retry)).
     pub fn build(self) -> Result<Election<L>> {
         if self.name.is_empty() {
             return Err(Error::InvalidKey {
@@ -157,11 +177,6 @@ impl<L: Lessor> ElectionBuilder<L> {
         if self.observe_every.is_zero() {
             return Err(Error::InvalidOptions(
                 "election: the observation period must be positive",
-            ));
-        }
-        if !matches!(self.options.deadline, crate::options::Deadline::Default) {
-            return Err(Error::InvalidOptions(
-                "election: options must not set a wait or deadline (each campaign round sets its own)",
             ));
         }
         if self.options.retry.gives_up_early() {

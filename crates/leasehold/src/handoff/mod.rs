@@ -36,15 +36,17 @@ use std::future::Future;
 
 use crate::connection::Connection;
 use crate::endpoint::Endpoint;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fencing::LockKeys;
 use crate::lease::Lease;
 use crate::lessor::Lessor;
-use crate::locker::{Locker, LockerBuilder};
+use crate::locker::Locker;
 use crate::node::RedisConnection;
 use crate::options::AcquireOptions;
 use crate::token::LeaseToken;
 use crate::way;
+#[cfg(doc)]
+use crate::{error::Error, locker::LockerBuilder};
 
 use self::local::{Local, Waiters};
 use self::pubsub::route;
@@ -379,8 +381,11 @@ impl<C: RedisConnection> std::fmt::Debug for HandoffLocker<C> {
 }
 
 /// Builds a [`HandoffLocker`]: [`connect`](Self::connect) opens its own
-/// [`Locker`] and pub/sub connection, [`build`](Self::build) goes over a
-/// locker you have (sharing its connection and stats).
+/// [`Locker`] (with the default settings) and pub/sub connection,
+/// [`build`](Self::build) goes over a locker you have (sharing its
+/// connection and stats). The locker's settings (command timeout, fence
+/// counters' lifetime) are set in one place, its [`LockerBuilder`]: for
+/// other values than the defaults, build the locker and go over it.
 ///
 /// ```no_run
 /// # async fn demo(client: redis::Client) -> leasehold::Result<()> {
@@ -388,13 +393,16 @@ impl<C: RedisConnection> std::fmt::Debug for HandoffLocker<C> {
 /// use leasehold::{HandoffLocker, HandoffStyle, Locker};
 ///
 /// let handoff = HandoffLocker::builder()
-///     .command_timeout(Duration::from_millis(500))
 ///     .relay_limit(0)
 ///     .connect(&client)
 ///     .await?;
 ///
-/// // Over a locker of yours: hand-off and polling share its connection.
-/// let locker = Locker::connect(&client).await?;
+/// // Over a locker of yours, with its own settings: hand-off and
+/// // polling share its connection.
+/// let locker = Locker::builder()
+///     .command_timeout(Duration::from_millis(500))
+///     .connect(&client)
+///     .await?;
 /// let waking = HandoffLocker::builder()
 ///     .style(HandoffStyle::Wake)
 ///     .build(locker.clone(), &client)
@@ -406,41 +414,11 @@ impl<C: RedisConnection> std::fmt::Debug for HandoffLocker<C> {
 #[must_use]
 #[derive(Debug, Clone)]
 pub struct HandoffLockerBuilder {
-    locker: LockerBuilder,
-    /// Whether a setting of the locker was given: [`build`](Self::build)
-    /// refuses it, since the locker it is given has its own.
-    locker_set: bool,
     style: HandoffStyle,
     relay_limit: u32,
 }
 
 impl HandoffLockerBuilder {
-    /// The command timeout of the locker [`connect`](Self::connect) opens;
-    /// see [`LockerBuilder::command_timeout`]. It also bounds opening the
-    /// pub/sub connection and subscribing. [`build`](Self::build) refuses
-    /// it: the locker it is given has its own.
-    ///
-    /// Defaults to [`DEFAULT_COMMAND_TIMEOUT`](crate::DEFAULT_COMMAND_TIMEOUT)
-    /// (1 s).
-    pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.locker = self.locker.command_timeout(timeout);
-        self.locker_set = true;
-        self
-    }
-
-    /// The fence counters' lifetime for the locker
-    /// [`connect`](Self::connect) opens; see [`LockerBuilder::fence_ttl`].
-    /// [`build`](Self::build) refuses it: the locker it is given has its
-    /// own.
-    ///
-    /// Defaults to [`DEFAULT_FENCE_TTL`](crate::DEFAULT_FENCE_TTL) (30
-    /// days).
-    pub fn fence_ttl(mut self, ttl: Option<Duration>) -> Self {
-        self.locker = self.locker.fence_ttl(ttl);
-        self.locker_set = true;
-        self
-    }
-
     /// How many passes in a row a release may make to other waiters of
     /// this locker (see [relay](HandoffLocker#in-process-relay)) before the
     /// next one serves Redis's queue (other processes' waiters) first. `0`
@@ -461,18 +439,18 @@ impl HandoffLockerBuilder {
         self
     }
 
-    /// Checks the settings, opens a locker on `redis` (a `&redis::Client`,
-    /// or a [`&Sentinel`](crate::Sentinel) whose primary both connections
-    /// follow across failovers; a reconnecting connection, as
-    /// [`LockerBuilder::connect`]), then the pub/sub
+    /// Opens a locker with the default settings on `redis` (a
+    /// `&redis::Client`, or a [`&Sentinel`](crate::Sentinel) whose primary
+    /// both connections follow across failovers; a reconnecting
+    /// connection, as [`LockerBuilder::connect`]), then the pub/sub
     /// connection, subscribes to this locker's channel and starts the task
     /// that routes hand-offs to waiters (and reconnects the pub/sub
     /// connection when it drops). Every step is bounded by the command
-    /// timeout.
+    /// timeout. For a locker with other settings, see
+    /// [`build`](Self::build).
     ///
     /// # Errors
-    /// As [`LockerBuilder::connect`] ([`Error::InvalidOptions`] before any
-    /// I/O, [`Error::Unreachable`], [`Error::Timeout`], [`Error::Auth`], the
+    /// As [`LockerBuilder::connect`] ([`Error::Unreachable`], [`Error::Timeout`], [`Error::Auth`], the
     /// TLS errors, and through Sentinel [`Error::UnknownMaster`],
     /// [`Error::SentinelUnreachable`], [`Error::NoPrimary`]), for either
     /// connection; [`Error::Unsupported`] when the server has no sharded
@@ -484,7 +462,7 @@ impl HandoffLockerBuilder {
     /// Cancel safe: dropping the future drops the half-open connections.
     pub async fn connect(self, redis: impl Into<Endpoint>) -> Result<HandoffLocker> {
         let endpoint = redis.into();
-        let locker = self.locker.clone().connect(endpoint.clone()).await?;
+        let locker = Locker::builder().connect(endpoint.clone()).await?;
         self.subscribe(locker, endpoint.into()).await
     }
 
@@ -501,10 +479,7 @@ impl HandoffLockerBuilder {
     /// locker's command timeout.
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`], before any I/O, when
-    /// [`command_timeout`](Self::command_timeout) or
-    /// [`fence_ttl`](Self::fence_ttl) was set (they are the locker's own:
-    /// set them on its [`LockerBuilder`]); [`Error::Unreachable`],
+    /// [`Error::Unreachable`],
     /// [`Error::Timeout`] or [`Error::Auth`] when the pub/sub connection
     /// cannot be opened; [`Error::Unsupported`] when the server has no
     /// sharded pub/sub (Redis older than 7.0); [`Error::InvalidOptions`] for
@@ -519,11 +494,6 @@ impl HandoffLockerBuilder {
         locker: Locker<C>,
         client: impl Into<HandoffClient>,
     ) -> Result<HandoffLocker<C>> {
-        if self.locker_set {
-            return Err(Error::InvalidOptions(
-                "command_timeout and fence_ttl belong to the locker given to build: set them on its builder",
-            ));
-        }
         self.subscribe(locker, client.into()).await
     }
 
@@ -581,8 +551,6 @@ impl HandoffLocker {
     /// ([`HandoffLockerBuilder::build`]).
     pub fn builder() -> HandoffLockerBuilder {
         HandoffLockerBuilder {
-            locker: Locker::builder(),
-            locker_set: false,
             style: HandoffStyle::default(),
             relay_limit: DEFAULT_RELAY_LIMIT,
         }
