@@ -30,8 +30,10 @@
 //! # When ZooKeeper
 //!
 //! When a ZooKeeper ensemble is already there (Kafka, Hadoop, HBase, Solr
-//! shops), and when JVM services lock with Apache Curator: a leasehold lock
-//! queues with Curator's `InterProcessMutex` on the same path. Every lock
+//! shops), and when JVM services lock with Apache Curator or Python ones
+//! with kazoo: a leasehold lock queues with Curator's `InterProcessMutex`
+//! and kazoo's `Lock` on the same path (kazoo with
+//! [one option](#curator-and-kazoo-on-the-same-lock)). Every lock
 //! operation is a write the ensemble commits on a majority (fsync'd on
 //! each), so a lock costs more than on a single Redis, and survives the
 //! loss of a minority of servers.
@@ -101,6 +103,37 @@
 //!   negotiated session timeout as the time to live, since ZooKeeper does
 //!   not tell one client how long another's session has left.
 //!
+//! # Curator and kazoo on the same lock
+//!
+//! Give the other recipe the lock's directory, [`ZkLocker::lock_path`]
+//! (`/leasehold/<key>` by default).
+//!
+//! - **Curator**'s `InterProcessMutex` needs nothing: its nodes are ours
+//!   (tests/curator.rs, `curator_and_leasehold_exclude_each_other`, on
+//!   Debian's Curator 5.4.0).
+//! - **kazoo**'s `Lock` needs `extra_lock_patterns=["-lock-"]`. kazoo
+//!   names its contenders `<uuid>__lock__<sequence>` and counts as
+//!   contenders only the children matching `(?:<patterns>)(-?\d{10})$`,
+//!   its own `__lock__` and the extra patterns (regular expressions,
+//!   kazoo 2.7.1 and later). Without the pattern it does not see a
+//!   leasehold (or Curator) holder and takes the lock beside it. leasehold
+//!   needs nothing either way: kazoo's nodes end in the sequence too.
+//!
+//! ```python
+//! # ZkLocker::lock_path("jobs:nightly") on the Rust side
+//! lock = zk.Lock("/leasehold/jobs:nightly", "report-worker",
+//!                extra_lock_patterns=["-lock-"])
+//! with lock:  # waits behind a leasehold holder, and it behind us
+//!     ...
+//! ```
+//!
+//! Tested against Debian's python3-kazoo 2.8.0 in tests/kazoo.rs:
+//! `kazoo_with_the_curator_pattern_and_leasehold_exclude_each_other`
+//! (whichever holds first, the other waits; kazoo waits behind leasehold's
+//! node; its `acquire(timeout=...)` raises `LockTimeout` rather than
+//! returning `False`) and
+//! `kazoo_without_the_pattern_takes_the_lock_beside_leasehold`.
+//!
 //! # The client: `zookeeper-client`
 //!
 //! The connection is kezhuw's [`zookeeper_client`]: async from the ground up
@@ -114,9 +147,9 @@
 //!
 //! # Not yet
 //!
-//! A tested way back after the ensemble is rebuilt empty; kazoo's `Lock`
-//! against ours; the chaos verifier's `zookeeper` mode; TLS and SASL (the
-//! client has them behind features this crate does not turn on yet).
+//! A tested way back after the ensemble is rebuilt empty; the chaos
+//! verifier's `zookeeper` mode; TLS and SASL (the client has them behind
+//! features this crate does not turn on yet).
 
 mod fault;
 mod layout;
