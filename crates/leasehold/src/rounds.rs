@@ -67,12 +67,6 @@ impl<'a> Rounds<'a> {
         self.budget.deadline()
     }
 
-    /// When the acquire started.
-    #[cfg(feature = "handoff")]
-    pub(crate) fn start(&self) -> Instant {
-        self.budget.start()
-    }
-
     /// The error for giving up now, for `reason`, leaving aside any fault
     /// being ridden out (for a cancel, or where none can be).
     pub(crate) fn give_up(&self, reason: GiveUpReason) -> Error {
@@ -161,20 +155,6 @@ impl<'a> Rounds<'a> {
         self.cut_short && is_timeout(err) && self.budget.is_spent()
     }
 
-    /// Counts an attempt answered without a request (in process).
-    #[cfg(feature = "handoff")]
-    pub(crate) fn attempt_in_process(&mut self) {
-        self.attempts = self.attempts.saturating_add(1);
-        let now = Instant::now();
-        Progress::update(|p| p.attempt(self.attempts, now));
-    }
-
-    /// Whether the strategy allows another wait (without using it).
-    #[cfg(feature = "handoff")]
-    pub(crate) fn may_wait(&mut self) -> bool {
-        self.waits.peek().is_some()
-    }
-
     /// The strategy's next wait; gives up when none is left.
     /// Once it returns a wait, the acquire counts as waiting for the lock
     /// until its next attempt (or its end).
@@ -213,8 +193,6 @@ macro_rules! unless_cancelled {
         }
     }};
 }
-#[cfg(feature = "handoff")]
-pub(crate) use unless_cancelled;
 
 tokio::task_local! {
     /// The progress of the acquire this task is running, if it is observed
@@ -333,10 +311,14 @@ pub(crate) trait Attempts {
     /// when an attempt's outcome is still unknown. Must not block.
     fn abandon(&mut self, maybe_taken: bool);
 
-    /// A wake-up the last busy attempt offered (the lock may be free
-    /// when it resolves), taken by the loop for its next wait.
-    fn wake(&mut self) -> Option<crate::backend::Wake> {
-        None
+    /// The wait between two attempts: until `until` (the retry
+    /// strategy's next wait, capped by the deadline) by default. A queued
+    /// service waits for what its last attempt left it (a wake-up, a
+    /// signal that the lock is ours), until `deadline` at most. Raced
+    /// against the caller's cancellation (dropped then): must be cancel
+    /// safe, keeping in `self` whatever it received.
+    fn pause(&mut self, until: Instant, _deadline: Instant) -> impl Future<Output = ()> {
+        tokio::time::sleep_until(until)
     }
 
     /// The acquire ended with an error (not dropped): give up any place
@@ -349,9 +331,9 @@ pub(crate) trait Attempts {
 
 /// The one retry loop: one attempt per round for an acquire within
 /// `budget`, each bounded by the budget's deadline and `command_timeout`
-/// and raced against the caller's cancellation token, with waits from the
-/// retry strategy in between (or, after a busy attempt that offered a
-/// wake-up, until that wake-up). Returns what the winning attempt returned and when it was
+/// and raced against the caller's cancellation token, with a pause in
+/// between ([`Attempts::pause`]: the retry strategy's wait, or what a
+/// queued service waits for: a wake-up, a release's signal). Returns what the winning attempt returned and when it was
 /// sent.
 ///
 /// # Riding out transient faults
@@ -425,23 +407,9 @@ async fn rounds_until_won<A: Attempts>(
             Err(err) => return Err(err),
         }
         let wait = rounds.next_wait()?;
-        match driver.attempts.wake() {
-            None => {
-                let wake_at = rounds.deadline().min(Instant::now() + wait);
-                unless_cancelled!(&*rounds, tokio::time::sleep_until(wake_at))?;
-            }
-            // A queued service says when to look again; the deadline
-            // still bounds the wait.
-            Some(wake) => {
-                let deadline = rounds.deadline();
-                unless_cancelled!(&*rounds, async {
-                    tokio::select! {
-                        () = tokio::time::sleep_until(deadline) => {}
-                        () = wake => {}
-                    }
-                })?;
-            }
-        }
+        let deadline = rounds.deadline();
+        let until = deadline.min(Instant::now() + wait);
+        unless_cancelled!(&*rounds, driver.attempts.pause(until, deadline))?;
     }
 }
 

@@ -201,8 +201,18 @@ impl<S: LockService> Attempts for Steps<'_, S> {
         self.service.abandon(self.claim.clone(), entry, maybe_taken);
     }
 
-    fn wake(&mut self) -> Option<Wake> {
-        self.wake.take()
+    /// A busy step's wake-up says when to look again (the deadline still
+    /// bounds the wait); without one, the strategy's wait.
+    async fn pause(&mut self, until: Instant, deadline: Instant) {
+        match self.wake.take() {
+            None => tokio::time::sleep_until(until).await,
+            Some(wake) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(deadline) => {}
+                    () = wake => {}
+                }
+            }
+        }
     }
 
     async fn leave(&mut self, deadline: Instant) {

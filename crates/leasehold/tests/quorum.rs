@@ -249,8 +249,11 @@ async fn a_cancelled_acquire_releases_what_it_got() -> TestResult {
 async fn release_after_expiry_reports_not_held() -> TestResult {
     let servers = RedisServer::start_many(3)?;
     let quorum = quorum_over(&servers).await?;
+    // Long enough that a loaded machine's votes still leave it valid (a
+    // 20 ms lease was sometimes not won at all); the test then waits for
+    // the servers to expire it.
     let lease = quorum
-        .acquire_with(&keys("wallet:7")?, Duration::from_millis(20), &once())
+        .acquire_with(&keys("wallet:7")?, Duration::from_millis(500), &once())
         .await?;
     until(|| servers.iter().all(|s| !has_key(s, "lock:{wallet:7}"))).await?;
     let err = lease.release().await.err();

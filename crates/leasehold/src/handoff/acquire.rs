@@ -1,6 +1,10 @@
 //! The acquire side of hand-off: a caller queues in process behind a unit
 //! of its locker (relay on), then in Redis's queue, until a release hands
-//! it the lock, its re-check takes it, or it gives up.
+//! it the lock, its re-check takes it, or it gives up. The waiting is the
+//! one retry loop's ([`rounds::drive`]): hand-off gives it one step per
+//! attempt (a place taken in process, or one run of the acquire script)
+//! and one wait per pause ([`Queuing`]), and keeps its place across
+//! rounds.
 
 use std::time::Duration;
 
@@ -9,19 +13,21 @@ use tokio::time::Instant;
 
 use crate::budget::Budget;
 use crate::call;
-use crate::error::{Error, GiveUpReason, Result};
+use crate::error::{Error, Result};
 use crate::fencing::{FencingToken, Target};
 use crate::lease::Lease;
+use crate::node::Attempt;
 use crate::node::{RedisConnection, not_a_fence, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
-use crate::rounds::{Rounds, unless_cancelled};
+use crate::rounds::{self, Attempts, Progress};
 use crate::service::Service;
 use crate::token::LeaseToken;
 use crate::way::Way;
 
 use super::local::Signal;
-use super::relay::{Entry, Relay, Ticket, Turn};
+use super::relay::{Entry, Turn};
 use super::release::{fence_of, queue_keys};
+use super::subscriptions::ChannelUse;
 use super::waiting::{LocalWaiting, Unit, Waiting};
 use super::{HandoffLocker, TARGET};
 
@@ -72,8 +78,20 @@ impl<C: RedisConnection> Way for HandoffLocker<C> {
         opts: &AcquireOptions,
         budget: Budget,
     ) -> Result<Lease> {
-        let mut rounds = Rounds::new(&target.lock, opts, budget, self.command_timeout());
-        let lease = self.wait_queued(&target, ttl, &mut rounds).await?;
+        let token = LeaseToken::generate()?;
+        let made = usize::try_from(Progress::attempts_so_far()).unwrap_or(usize::MAX);
+        let queuing = Queuing {
+            may_wait: opts.retry.waits().nth(made).is_some(),
+            handoff: self,
+            target: &target,
+            token: &token,
+            ttl,
+            start: budget.start(),
+            deadline: budget.deadline(),
+            place: Place::Start,
+        };
+        let timeout = self.command_timeout();
+        let (lease, _) = rounds::drive(&target.lock, opts, budget, timeout, queuing).await?;
         // A lease found handed over to us is counted from our last request
         // that saw the lock busy (the hand-over came later, at a time we do
         // not know): after a long wait in the queue it may arrive with
@@ -107,188 +125,290 @@ impl<C: RedisConnection> Way for HandoffLocker<C> {
     }
 }
 
-impl<C: RedisConnection> HandoffLocker<C> {
-    /// The waiting part of an acquire, in `rounds`: in process, then in
-    /// Redis.
-    async fn wait_queued(
-        &self,
-        target: &Target,
-        ttl: Duration,
-        rounds: &mut Rounds<'_>,
-    ) -> Result<Lease> {
-        let key = target.lock.as_str();
-        let fence_key = target.fence.as_deref();
-        let backend = &self.inner.backend;
-        rounds.check_cancelled()?;
-        let unit = match &backend.local.relay {
-            None => None,
-            Some(relay) => {
-                let may_wait = rounds.may_wait();
-                match relay.enter(key, ttl, fence_key, may_wait) {
-                    Entry::Represent => {}
-                    // Queuing in process is an attempt (answered locally)
-                    // and uses up one wait of the strategy, as a busy join
-                    // would.
+/// One acquire's place, as the one retry loop ([`rounds::drive`]) drives
+/// it: each attempt is one step (a place taken in process, or one run of
+/// the acquire script), each pause one wait (for our turn in process, a
+/// release's signal, or the re-check); give-up, cancel and a dropped
+/// future leave the queue through the guards the place holds.
+struct Queuing<'a, C: RedisConnection> {
+    handoff: &'a HandoffLocker<C>,
+    target: &'a Target,
+    token: &'a LeaseToken,
+    ttl: Duration,
+    /// When the acquire started: the earliest a lease handed to it can
+    /// count from.
+    start: Instant,
+    /// The acquire's deadline: how long our entry in Redis's queue lives.
+    deadline: Instant,
+    /// Whether the retry strategy allows a wait after the first attempt
+    /// (else a caller behind a unit of ours is told busy, not queued).
+    may_wait: bool,
+    place: Place<'a, C>,
+}
+
+/// Where an acquire waits.
+enum Place<'a, C: RedisConnection> {
+    /// Nowhere yet.
+    Start,
+    /// In this locker's queue, behind a unit of ours (relay on).
+    InProcess(InProcess<'a, C>),
+    /// In Redis's queue, as a unit of its own.
+    Redis(Box<InRedis<'a, C>>),
+    /// Won: the lease exists.
+    Won,
+}
+
+/// Queued in process: our ticket, and what the last pause brought.
+struct InProcess<'a, C: RedisConnection> {
+    waiting: LocalWaiting<'a, C>,
+    /// Our turn, once it came.
+    came: Option<Came>,
+}
+
+/// What our turn in process brought.
+enum Came {
+    /// The lease, passed on by a holder of ours (a lease at once, so that
+    /// dropped before it is handed out, its drop passes it on).
+    Lease(Lease),
+    /// The place in Redis's queue (or the unit passing to us was dropped
+    /// mid-way): go to Redis as the unit.
+    Place,
+}
+
+/// In Redis's queue: our registration and subscription, and what the last
+/// reply and pause said.
+struct InRedis<'a, C: RedisConnection> {
+    waiting: Waiting<'a, C>,
+    /// Subscribed while we wait, so that a release's `SPUBLISH` finds us.
+    listening: ChannelUse,
+    signals: mpsc::UnboundedReceiver<Signal>,
+    /// The send time of our last request that saw the lock busy: a
+    /// hand-over came after it.
+    last_busy: Instant,
+    /// A release granted us the lock (in process: no request needed).
+    granted: Option<u64>,
+    /// How soon to look again with no signal.
+    recheck: Duration,
+}
+
+impl<C: RedisConnection> Attempts for Queuing<'_, C> {
+    type Won = Lease;
+
+    async fn attempt(&mut self, deadline: Instant) -> Result<Attempt<Lease>> {
+        let key = self.target.lock.as_str();
+        let relay = self.handoff.inner.backend.local.relay.as_ref();
+        let unit = match (std::mem::replace(&mut self.place, Place::Won), relay) {
+            (Place::Redis(queued), _) => return self.in_redis(queued, deadline).await,
+            (Place::Start, None) => None,
+            (Place::Start, Some(relay)) => {
+                match relay.enter(key, self.ttl, self.target.fence.as_deref(), self.may_wait) {
+                    Entry::Represent => Some(relay),
+                    // Busy behind a unit of ours, for a caller that may not
+                    // wait: an attempt answered locally.
                     Entry::Busy => {
-                        rounds.attempt_in_process();
-                        return Err(rounds.give_up(GiveUpReason::RetriesExhausted));
+                        self.place = Place::Start;
+                        return Ok(Attempt::Busy);
                     }
+                    // Queuing in process is an attempt, answered locally.
                     Entry::Queued(ticket) => {
-                        rounds.attempt_in_process();
-                        rounds.next_wait()?;
-                        let waited = self.wait_in_process(relay, target, ttl, ticket, rounds);
-                        if let Some(lease) = waited.await? {
-                            return Ok(lease);
+                        self.place = Place::InProcess(InProcess {
+                            waiting: LocalWaiting {
+                                handoff: self.handoff,
+                                target: self.target,
+                                ticket: Some(ticket),
+                                _counted: crate::metrics::Waiter::enter(
+                                    crate::metrics::Queue::Process,
+                                ),
+                            },
+                            came: None,
+                        });
+                        return Ok(Attempt::Busy);
+                    }
+                }
+            }
+            (Place::InProcess(mut local), Some(relay)) => {
+                match local.came.take() {
+                    Some(Came::Lease(lease)) => return Ok(Attempt::Won(lease)),
+                    Some(Came::Place) => Some(relay),
+                    // Our fallback came: while a holder of ours is alive we
+                    // stay behind it; else we go to Redis as a unit.
+                    None if relay
+                        .held_until(key)
+                        .is_some_and(|until| until > Instant::now()) =>
+                    {
+                        self.place = Place::InProcess(local);
+                        return Ok(Attempt::Busy);
+                    }
+                    None => {
+                        let ticket = local.waiting.ticket.take();
+                        match ticket.and_then(|t| relay.leave(key, t, true)) {
+                            Some(Turn::Lease {
+                                token,
+                                validity,
+                                fence,
+                            }) => {
+                                handed(key, "relay", fence);
+                                let lease =
+                                    self.handoff.relayed(self.target, token, validity, fence);
+                                return Ok(Attempt::Won(lease));
+                            }
+                            Some(Turn::Represent) | None => Some(relay),
                         }
                     }
                 }
-                Some(Unit {
-                    relay,
-                    key,
-                    armed: true,
-                })
             }
+            (Place::InProcess(_), None) | (Place::Won, _) => None,
         };
-        let token = LeaseToken::generate()?;
-        let px = ttl_millis(ttl);
-        let counters = &backend.node.counters;
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let waiting = Waiting::enter(self, target, &token, ttl, tx, unit);
-        // Subscribed (below, before each request that may queue us) while we
-        // wait, so that a release's `SPUBLISH` finds us.
+        let unit = unit.map(|relay| Unit {
+            relay,
+            key,
+            armed: true,
+        });
+        let backend = &self.handoff.inner.backend;
+        let (tx, signals) = mpsc::unbounded_channel();
+        let waiting = Waiting::enter(self.handoff, self.target, self.token, self.ttl, tx, unit);
         let listening = backend
             .subs
             .use_channel(backend.subs.channels.for_key(key), key);
+        let queued = Box::new(InRedis {
+            waiting,
+            listening,
+            signals,
+            last_busy: self.start,
+            granted: None,
+            recheck: self.ttl,
+        });
+        self.in_redis(queued, deadline).await
+    }
 
-        let mut last_busy = rounds.start();
-        loop {
-            let (sent_at, call_deadline) = rounds.attempt()?;
-            counters.acquire_request();
-            let lifetime = ttl_millis(rounds.deadline().saturating_duration_since(sent_at));
-            let request = self.try_or_enqueue(
-                target,
-                &token,
-                &listening.channel,
-                px,
-                lifetime,
-                call_deadline,
-            );
-            let holder_left = match unless_cancelled!(rounds, request)? {
-                Ok(Found::TookIt(fence)) => return Ok(waiting.into_lease(sent_at, fence)),
-                Ok(Found::HandedOver(fence)) => {
-                    handed(key, "recheck", fence_of(fence));
-                    return Ok(waiting.into_lease(last_busy, fence));
-                }
-                Ok(Found::Waiting(holder_left)) => {
-                    // Only a reply that saw the lock busy bounds when a
-                    // later hand-over can have happened.
-                    last_busy = sent_at;
-                    rounds.busy();
-                    holder_left
-                }
-                // A waiter rides out a fault that may pass (a dropped
-                // connection, a Redis restart, `LOADING`, ...) until its
-                // deadline: the connection reconnects for the next request,
-                // which re-joins the queue (a restarted Redis has lost it)
-                // with the same token. If a request whose reply was lost had
-                // taken the lock, the next finds our token on it and we own
-                // it (`HandedOver`, counted from before that request).
-                Err(err) if call::fault_may_pass(&err) => {
-                    tracing::debug!(target: TARGET, key, error = %err, "re-check failed; the waiter retries");
-                    rounds.met(err);
-                    Some(RECHECK_AFTER_FAILURE)
-                }
-                Err(err) => return Err(err),
-            };
-            rounds.next_wait()?;
-            // Due no later than the holder's expiry (as last seen), so a dead
-            // holder is noticed at once; at least once per TTL of our own.
-            let recheck =
-                holder_left.map_or(ttl, |left| (left + Duration::from_millis(1)).min(ttl));
-            let wake = rounds.deadline().min(Instant::now() + recheck);
-            tokio::select! {
-                biased;
-                () = rounds.cancelled() => return Err(rounds.give_up(GiveUpReason::Cancelled)),
-                signal = rx.recv() => match signal {
-                    Some(Signal::Granted(fence)) => {
-                        handed(key, "grant", fence_of(fence));
-                        return Ok(waiting.into_lease(last_busy, fence));
+    /// Nothing to undo: the next run of the acquire script, with the same
+    /// token, finds a lock an unanswered run took (handed over, counted
+    /// from before that run).
+    async fn undo(&mut self, _deadline: Instant) -> Result<()> {
+        Ok(())
+    }
+
+    /// The place's guards leave the queues when the place is dropped.
+    fn abandon(&mut self, _maybe_taken: bool) {}
+
+    async fn pause(&mut self, _until: Instant, deadline: Instant) {
+        let key = self.target.lock.as_str();
+        match &mut self.place {
+            Place::InProcess(local) => {
+                let Some(ticket) = local.waiting.ticket.as_mut() else {
+                    return;
+                };
+                // Due when our holders' leases run out (as they know it),
+                // so a holder that never gives its lease back blocks us at
+                // most until then; with no holder of ours alive, after our
+                // own TTL.
+                let relay = self.handoff.inner.backend.local.relay.as_ref();
+                let fallback = relay
+                    .and_then(|relay| relay.held_until(key))
+                    .map_or(Instant::now() + self.ttl, |until| {
+                        until + Duration::from_millis(1)
+                    })
+                    .min(deadline);
+                tokio::select! {
+                    turn = ticket.turn() => {
+                        local.waiting.ticket = None;
+                        local.came = Some(match turn {
+                            Some(Turn::Lease { token, validity, fence }) => {
+                                handed(key, "relay", fence);
+                                Came::Lease(self.handoff.relayed(self.target, token, validity, fence))
+                            }
+                            // `None`: the unit that was passing to us was
+                            // dropped mid-way; its place is ours.
+                            Some(Turn::Represent) | None => Came::Place,
+                        });
                     }
-                    Some(Signal::Woken) | None => {}
-                },
-                () = tokio::time::sleep_until(wake) => {}
+                    () = tokio::time::sleep_until(fallback) => {}
+                }
             }
+            Place::Redis(queued) => {
+                let wake = deadline.min(Instant::now() + queued.recheck);
+                tokio::select! {
+                    signal = queued.signals.recv() => {
+                        if let Some(Signal::Granted(fence)) = signal {
+                            queued.granted = Some(fence);
+                        }
+                    }
+                    () = tokio::time::sleep_until(wake) => {}
+                }
+            }
+            Place::Start | Place::Won => {}
         }
     }
+}
 
-    /// Waits in this locker's queue for `target` until a unit of ours passes
-    /// us the lease (`Some`) or its place in Redis's queue (`None`: go to
-    /// Redis), or our fallback timer (one TTL) sends us to Redis as a unit
-    /// of our own. Gives up as `rounds` says.
-    async fn wait_in_process(
-        &self,
-        relay: &Relay,
-        target: &Target,
-        ttl: Duration,
-        ticket: Ticket,
-        rounds: &Rounds<'_>,
-    ) -> Result<Option<Lease>> {
-        let key = target.lock.as_str();
-        let mut waiting = LocalWaiting {
-            handoff: self,
-            target,
-            ticket: Some(ticket),
-            _counted: crate::metrics::Waiter::enter(crate::metrics::Queue::Process),
-        };
-        let deadline = rounds.deadline();
-        let cancelled = rounds.cancelled();
-        tokio::pin!(cancelled);
-        let turn = loop {
-            // Due when our holders' leases run out (as they know it), so a
-            // holder that never gives its lease back blocks us at most until
-            // then; with no holder of ours alive, after our own TTL.
-            let fallback = relay
-                .held_until(key)
-                .map_or(Instant::now() + ttl, |until| {
-                    until + Duration::from_millis(1)
-                })
-                .min(deadline);
-            let Some(ticket) = waiting.ticket.as_mut() else {
-                break None;
-            };
-            tokio::select! {
-                biased;
-                () = &mut cancelled => return Err(rounds.give_up(GiveUpReason::Cancelled)),
-                turn = ticket.turn() => {
-                    waiting.ticket = None;
-                    break turn;
-                }
-                () = tokio::time::sleep_until(fallback) => {
-                    if fallback >= deadline {
-                        return Err(rounds.give_up(GiveUpReason::DeadlineExpired));
-                    }
-                    if relay.held_until(key).is_some_and(|until| until > Instant::now()) {
-                        continue;
-                    }
-                    break waiting.ticket.take().and_then(|t| relay.leave(key, t, true));
-                }
+impl<'a, C: RedisConnection> Queuing<'a, C> {
+    /// One step in Redis's queue: a grant that came is the win; else one
+    /// run of the acquire script (which joins the queue, or finds the lock
+    /// ours).
+    async fn in_redis(
+        &mut self,
+        mut queued: Box<InRedis<'a, C>>,
+        deadline: Instant,
+    ) -> Result<Attempt<Lease>> {
+        let key = self.target.lock.as_str();
+        if let Some(fence) = queued.granted.take() {
+            handed(key, "grant", fence_of(fence));
+            return Ok(Attempt::Won(
+                queued.waiting.into_lease(queued.last_busy, fence),
+            ));
+        }
+        let backend = &self.handoff.inner.backend;
+        let sent_at = Instant::now();
+        backend.node.counters.acquire_request();
+        let lifetime = ttl_millis(self.deadline.saturating_duration_since(sent_at));
+        let found = self
+            .handoff
+            .try_or_enqueue(
+                self.target,
+                self.token,
+                &queued.listening.channel,
+                ttl_millis(self.ttl),
+                lifetime,
+                deadline,
+            )
+            .await;
+        let found = match found {
+            Ok(Found::TookIt(fence)) => {
+                return Ok(Attempt::Won(queued.waiting.into_lease(sent_at, fence)));
+            }
+            Ok(Found::HandedOver(fence)) => {
+                handed(key, "recheck", fence_of(fence));
+                return Ok(Attempt::Won(
+                    queued.waiting.into_lease(queued.last_busy, fence),
+                ));
+            }
+            Ok(Found::Waiting(holder_left)) => {
+                // Due no later than the holder's expiry (as last seen), so
+                // a dead holder is noticed at once; at least once per TTL
+                // of our own.
+                queued.last_busy = sent_at;
+                queued.recheck = holder_left.map_or(self.ttl, |left| {
+                    (left + Duration::from_millis(1)).min(self.ttl)
+                });
+                Ok(Attempt::Busy)
+            }
+            // A waiter rides out a fault that may pass (a dropped
+            // connection, a Redis restart, `LOADING`, ...) until its
+            // deadline: the connection reconnects for the next request,
+            // which re-joins the queue (a restarted Redis has lost it) with
+            // the same token.
+            Err(err) => {
+                tracing::debug!(target: TARGET, key, error = %err, "re-check failed");
+                queued.recheck = RECHECK_AFTER_FAILURE;
+                Err(err)
             }
         };
-        Ok(match turn {
-            Some(Turn::Lease {
-                token,
-                validity,
-                fence,
-            }) => {
-                handed(key, "relay", fence);
-                Some(self.relayed(target, token, validity, fence))
-            }
-            // `None` from the ticket: the unit that was passing to us was
-            // dropped mid-way; its place is ours.
-            Some(Turn::Represent) | None => None,
-        })
+        self.place = Place::Redis(queued);
+        found
     }
+}
 
+impl<C: RedisConnection> HandoffLocker<C> {
     /// One run of the acquire script, once `channel` (ours for this key) is
     /// subscribed.
     async fn try_or_enqueue(
