@@ -174,3 +174,102 @@ async fn through_pgbouncer_a_waiter_is_served_by_its_poll() -> TestResult {
     }
     Ok(())
 }
+
+/// A hang detector, not a timing assertion.
+const HUNG: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Another session holds the lease row of `stuck` (`SELECT ... FOR
+/// UPDATE` in an open transaction), so `locker`'s take of that key waits
+/// for the row lock: that acquire ends with an error at its deadline, and
+/// then an acquire of another key on a clone of the same locker is served
+/// (within a generous wait), and the stuck statement is cancelled on the
+/// server (no backend is left waiting for the row). `raw` is a superuser
+/// session on the server itself.
+async fn a_stuck_statement_holds_up_no_later_request(
+    locker: &PgLocker,
+    raw: &tokio_postgres::Client,
+    blocker: &mut tokio_postgres::Client,
+) -> TestResult {
+    use std::time::Duration;
+
+    use leasehold::{AcquireOptions, Lessor, RetryStrategy};
+
+    let ttl = Duration::from_secs(30);
+    raw.execute(
+        "INSERT INTO leasehold_leases (resource, holder, expires_at)
+         VALUES ('stuck', 'someone else', clock_timestamp() - interval '1 hour')
+         ON CONFLICT (resource) DO NOTHING",
+        &[],
+    )
+    .await?;
+    let tx = blocker.transaction().await?;
+    let locked = tx
+        .query(
+            "SELECT 1 FROM leasehold_leases WHERE resource = 'stuck' FOR UPDATE",
+            &[],
+        )
+        .await?;
+    assert_eq!(locked.len(), 1, "the stuck key's row is locked");
+
+    let once = AcquireOptions::new().retry(RetryStrategy::none());
+    let stuck = tokio::time::timeout(HUNG, locker.acquire_with("stuck", ttl, &once)).await?;
+    assert!(
+        matches!(
+            stuck,
+            Err(Error::Timeout { .. } | Error::NotAcquired { .. })
+        ),
+        "{:?}",
+        stuck.map(|lease| lease.fence())
+    );
+
+    let clone = locker.clone();
+    let wait = AcquireOptions::new().wait(Duration::from_secs(10));
+    let free = tokio::time::timeout(HUNG, clone.acquire_with("free", ttl, &wait))
+        .await?
+        .map_err(|err| format!("another key, after a stuck statement: {err:?}"))?;
+    free.release().await?;
+
+    // The stuck take was cancelled, not left waiting for the row.
+    let hung = tokio::time::Instant::now() + HUNG;
+    loop {
+        let waiting: i64 = raw
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock'
+                   AND query LIKE 'INSERT INTO leasehold_leases%'",
+                &[],
+            )
+            .await?
+            .get(0);
+        if waiting == 0 {
+            break;
+        }
+        if tokio::time::Instant::now() > hung {
+            return Err("the stuck take is still waiting for the row".into());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tx.rollback().await?;
+    Ok(())
+}
+
+/// A request that timed out behind a row lock leaves the locker's
+/// connection free for the next ones (its statement is cancelled and the
+/// connection retired), listening or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_statement_holds_up_no_later_request_on_its_connection() -> TestResult {
+    let server = PostgresServer::start()?;
+    let raw = leasehold_pg::connect(&server.url()).await?;
+    let mut blocker = leasehold_pg::connect(&server.url()).await?;
+    for listen in [true, false] {
+        let locker = PgLocker::builder()
+            .listen(listen)
+            .connect(&server.url())
+            .await?;
+        locker.setup().await?;
+        a_stuck_statement_holds_up_no_later_request(&locker, &raw, &mut blocker)
+            .await
+            .map_err(|err| format!("listen {listen}: {err}"))?;
+    }
+    Ok(())
+}
