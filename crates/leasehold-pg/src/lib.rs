@@ -168,6 +168,18 @@
 //! own); users of diesel-async run the guard's one statement themselves
 //! (see [On sqlx and other drivers](mod@guard#on-sqlx-and-other-drivers)).
 //!
+//! # The lease table as a lock service
+//!
+//! [`PgLocker`] takes leases in a table of the database you already run,
+//! as a [`LockService`](leasehold::LockService): see the [`locker`]
+//! module. It opens its own connection ([`PgLocker::connect`]) or, with
+//! the crate feature `deadpool` (off by default), takes one per request
+//! from your deadpool-postgres 0.14 pool ([`PgLocker::from_pool`], its
+//! waiters polling; the crate re-exports `deadpool_postgres`). Either way
+//! a request that does not end by its deadline cancels its statement and
+//! gives up its connection, so one statement stuck on a lock holds up no
+//! other request ([One stuck statement](locker#one-stuck-statement)).
+//!
 //! # Tracing
 //!
 //! Through the `tracing` facade (no subscriber is installed):
