@@ -1,8 +1,9 @@
 //! PostgreSQL as the lock service (`PgLocker`): the conformance suite
-//! against a throwaway server, straight and through PgBouncer in
-//! transaction mode, with every fault it can be put through (a lease row
-//! or a counter deleted by hand, the server's processes stopped with
-//! SIGSTOP).
+//! against a throwaway server, straight, through PgBouncer in transaction
+//! mode and on a deadpool pool, with every fault it can be put through (a
+//! lease row or a counter deleted by hand, the server's processes stopped
+//! with SIGSTOP); a statement stuck on a row lock holds up no later
+//! request, on the locker's own connection or a pool.
 
 use leasehold::backend::ServiceFault;
 use leasehold::conformance::{self, Faults, Offered, Settings, Verdict};
