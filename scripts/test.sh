@@ -30,6 +30,9 @@ for features in "" tls; do
   cargo clippy -p leasehold-etcd --no-default-features ${features:+--features "$features"} \
     --lib --locked -- -D warnings
 done
+# leasehold-pg's locker on a deadpool pool (feature deadpool) alone.
+cargo clippy -p leasehold-pg --no-default-features --features deadpool \
+  --lib --locked -- -D warnings
 if cargo tree --locked -e normal -p leasehold -p leasehold-pg --prefix none |
   grep -E '^(rustls|aws-lc-rs) v'; then
   echo "rustls in the default build of leasehold and leasehold-pg (above)" >&2

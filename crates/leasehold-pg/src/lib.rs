@@ -168,6 +168,18 @@
 //! own); users of diesel-async run the guard's one statement themselves
 //! (see [On sqlx and other drivers](mod@guard#on-sqlx-and-other-drivers)).
 //!
+//! # The lease table as a lock service
+//!
+//! [`PgLocker`] takes leases in a table of the database you already run,
+//! as a [`LockService`](leasehold::LockService): see the [`locker`]
+//! module. It opens its own connection ([`PgLocker::connect`]) or, with
+//! the crate feature `deadpool` (off by default), takes one per request
+//! from your deadpool-postgres 0.14 pool ([`PgLocker::from_pool`], its
+//! waiters polling; the crate re-exports `deadpool_postgres`). Either way
+//! a request that does not end by its deadline cancels its statement and
+//! gives up its connection, so one statement stuck on a lock holds up no
+//! other request ([One stuck statement](locker#one-stuck-statement)).
+//!
 //! # Tracing
 //!
 //! Through the `tracing` facade (no subscriber is installed):
@@ -214,9 +226,14 @@
 //! returns the same [`Connector`] type either way, so turning the feature
 //! on breaks no code that names it.
 
-// The TLS docs link `leasehold::tls`, which a build without the `tls`
-// feature leaves out; checked where it is on (docs.rs, the workspace).
-#![cfg_attr(not(feature = "tls"), allow(rustdoc::broken_intra_doc_links))]
+// The TLS docs link `leasehold::tls`, and the locker's docs
+// `PgLockerBuilder::pool`, which a build without the `tls` or `deadpool`
+// feature leaves out; checked where both are on (docs.rs, the tests'
+// build).
+#![cfg_attr(
+    not(all(feature = "tls", feature = "deadpool")),
+    allow(rustdoc::broken_intra_doc_links)
+)]
 
 mod client;
 mod connect;
@@ -257,6 +274,12 @@ pub use write::{
 /// Re-exported so callers can name the client types without adding a
 /// matching version of the crate themselves.
 pub use tokio_postgres;
+
+/// Re-exported (crate feature `deadpool`) so callers can build the pool
+/// [`PgLockerBuilder::pool`] takes without adding a matching version of
+/// the crate themselves.
+#[cfg(feature = "deadpool")]
+pub use deadpool_postgres;
 
 /// The README's example, compiled as a doctest (the crate docs above are
 /// the reference; the README is the repository and crates.io page).

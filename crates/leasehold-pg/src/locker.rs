@@ -68,18 +68,54 @@
 //! wait too: a lease not refreshed runs out). The waiting transaction is committed locally
 //! and not yet visible: it holds its row (another taker of the key waits
 //! behind it) until the standby answers, the setting is cleared or the
-//! wait is cancelled (`pg_cancel_backend`, `pg_terminate_backend`; a client
-//! that goes away is not noticed meanwhile). Then its lease becomes
-//! visible, with its expiry counted from the take: its TTL ends it, and
-//! its token is spent, never issued again. A locker's clones share one
-//! connection, so their later requests queue behind the waiting one.
+//! wait is cancelled (`pg_cancel_backend`, `pg_terminate_backend`, or the
+//! locker's own cancel at the request's deadline: see below; a client that
+//! goes away is not noticed meanwhile). Then its lease becomes visible,
+//! with its expiry counted from the take: its TTL ends it, and its token
+//! is spent, never issued again.
+//!
+//! # One stuck statement
+//!
+//! A statement can wait far past its request's deadline: blocked on a row
+//! (or table) lock held by another session's open transaction, or on a
+//! synchronous standby that does not answer. The server runs one
+//! statement at a time per connection, so every later request sent on
+//! that connection would queue behind it, on every key. So a request that
+//! does not end by its deadline (an [`Error::Timeout`](leasehold::Error::Timeout),
+//! whose outcome is unknown), or whose future is dropped while its
+//! statement is under way, **retires its connection** and **cancels its
+//! statement**:
+//!
+//! - connected by [`PgLocker::connect`], the shared connection is marked:
+//!   no new request is sent on it, the next one opens a fresh connection,
+//!   and the old one closes once the requests already queued on it end
+//!   (each by its own deadline);
+//! - on a pool ([`PgLockerBuilder::pool`]), the connection is never given
+//!   back: it is taken out of the pool for good (the pool may open
+//!   another in its place) and closed;
+//! - the statement is cancelled in the background, best effort, as
+//!   `pg_cancel_backend` would: a cancel request on a connection of its
+//!   own, bounded by the [command timeout](PgLockerBuilder::command_timeout).
+//!   For the locker's own connection it speaks TLS as that connection
+//!   does; on a pool it speaks none (as libpq's `PQcancel` did before
+//!   PostgreSQL 17: the request carries the backend's key, never a
+//!   password), so a server that takes TLS connections only refuses it,
+//!   and the statement then ends on its own. A cancel that comes late
+//!   (the statement ended meanwhile) may cancel the next statement queued
+//!   on that retired connection, which then fails as retryable.
+//!
+//! A statement that is not cancelled still ends on its own: a take that
+//! waited for its row may then win, after its acquire has given up; the
+//! acquire's undo (token-checked) may run before it, so that lease then
+//! stays until its TTL ends it, as any unknown outcome's.
 //!
 //! # Waiting
 //!
 //! A release is followed by `pg_notify('leasehold_leases', key)` in its
 //! own statement (a full notification queue never fails the release);
-//! each locker `LISTEN`s on a connection of its own, and a waiter steps
-//! again when a release is notified, or every
+//! each locker `LISTEN`s on a connection of its own (not one built on a
+//! pool: see [On your pool](#on-your-pool)), and a waiter steps again when
+//! a release is notified, or every
 //! [`poll_every`](PgLockerBuilder::poll_every) (a holder that died and
 //! whose lease ran out; notifications that cannot arrive). Any release
 //! wakes every waiter of the locker (not only those of its key): a herd
@@ -97,12 +133,27 @@
 //! transactions. The locker cannot tell PgBouncer from a server, so this
 //! is the caller's setting.
 //!
+//! # On your pool
+//!
+//! With the crate feature `deadpool`, [`PgLockerBuilder::pool`] (or
+//! [`PgLocker::from_pool`]) builds a locker on the caller's
+//! `deadpool_postgres::Pool` (deadpool-postgres 0.14, re-exported as
+//! `leasehold_pg::deadpool_postgres`): each request takes a pooled
+//! connection for its one statement and gives it back, unless it did not
+//! end (see above). Such a locker does **not** `LISTEN`: a pooled
+//! connection's driver task drops notifications, and the pool does not
+//! tell its connection settings, so waiters look again every
+//! [`poll_every`](PgLockerBuilder::poll_every) (its releases still
+//! notify other lockers that listen). For prompt wake-ups, keep a locker
+//! from [`PgLocker::connect`] for waiting (it opens two connections).
+//!
 //! # Not yet
 //!
 //! Tokens are not yet checked across a promoted standby; no constructor
-//! from the caller's pool yet.
+//! from a sqlx pool yet.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use leasehold::backend::{Claim, Held, Reply, ServiceFault, Step};
@@ -235,17 +286,18 @@ ON CONFLICT (fence_key) DO UPDATE SET last = greatest(c.last, EXCLUDED.last)"
 );
 
 /// Takes leases in a PostgreSQL table: see the [module docs](self).
-/// Cheap to clone: clones share one connection (pipelined), opened again
-/// when it is found closed.
+/// Cheap to clone. Connected by [`PgLocker::connect`], clones share one
+/// connection (pipelined), opened again when it is found closed or was
+/// retired (a request on it did not end: see [One stuck
+/// statement](self#one-stuck-statement)); built on a pool
+/// ([`PgLockerBuilder::pool`]), each request takes a pooled connection.
 #[derive(Clone)]
 pub struct PgLocker {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    config: Config,
-    connector: Connector,
-    client: Mutex<Option<Arc<Client>>>,
+    source: Source,
     command_timeout: Duration,
     /// The connection that `LISTEN`s for releases, while it lives.
     listener: Mutex<Option<Arc<Client>>>,
@@ -256,10 +308,161 @@ struct Inner {
     listen: bool,
 }
 
+/// Where a request's connection comes from. One per locker, behind its
+/// `Arc`: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Source {
+    /// One connection of the locker's own, shared by its clones; the
+    /// listener is opened with the same settings.
+    Own {
+        config: Config,
+        connector: Connector,
+        client: Mutex<Option<Arc<Shared>>>,
+    },
+    /// The caller's pool: a connection per request (and no listener).
+    #[cfg(feature = "deadpool")]
+    Pool(deadpool_postgres::Pool),
+}
+
+impl Source {
+    /// The settings of the locker's own connections (none on a pool).
+    fn own(&self) -> Option<(&Config, &Connector)> {
+        match self {
+            Source::Own {
+                config, connector, ..
+            } => Some((config, connector)),
+            #[cfg(feature = "deadpool")]
+            Source::Pool(_) => None,
+        }
+    }
+}
+
+/// The locker's own connection, and whether it was retired: a request on
+/// it did not end, so no new request is sent on it (those under way on it
+/// end as they will, and it closes after the last).
+struct Shared {
+    client: Client,
+    retired: AtomicBool,
+}
+
+/// One request's connection, held for one statement: the size of the
+/// pooled variant costs nothing next to the statement.
+#[allow(clippy::large_enum_variant)]
+enum Conn {
+    Shared(Arc<Shared>),
+    #[cfg(feature = "deadpool")]
+    Pooled(deadpool_postgres::Object),
+}
+
+impl Conn {
+    fn client(&self) -> &Client {
+        match self {
+            Conn::Shared(shared) => &shared.client,
+            #[cfg(feature = "deadpool")]
+            Conn::Pooled(object) => object,
+        }
+    }
+}
+
+/// A connection with a statement of ours under way. Dropped before
+/// [`done`](Request::done) (its deadline passed, or the caller dropped
+/// the request), the statement's connection is retired (the shared one
+/// marked, a pooled one taken out of its pool and closed) and the
+/// statement cancelled, in the background: the next request never queues
+/// behind it.
+struct Request<'a> {
+    inner: &'a Inner,
+    /// Always `Some` until `done` or the drop.
+    conn: Option<Conn>,
+}
+
+impl Request<'_> {
+    fn client(&self) -> Option<&Client> {
+        self.conn.as_ref().map(Conn::client)
+    }
+
+    /// The statement ended: the connection is given back as it is.
+    fn done(mut self) {
+        self.conn = None;
+    }
+}
+
+impl Drop for Request<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.inner.retire(conn);
+        }
+    }
+}
+
+impl Inner {
+    /// Retires `conn`, whose statement did not end, and cancels that
+    /// statement in the background (best effort, bounded by the command
+    /// timeout; needs a tokio runtime, else only the retirement).
+    fn retire(&self, conn: Conn) {
+        let token = conn.client().cancel_token();
+        let within = self.command_timeout;
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        match conn {
+            Conn::Shared(shared) => {
+                shared.retired.store(true, Ordering::Release);
+                if let (Some(runtime), Source::Own { connector, .. }) = (runtime, &self.source) {
+                    let connector = connector.clone();
+                    runtime.spawn(async move {
+                        cancelled(
+                            tokio::time::timeout(within, token.cancel_query(connector)).await,
+                        );
+                    });
+                }
+            }
+            #[cfg(feature = "deadpool")]
+            Conn::Pooled(object) => {
+                // Out of the pool for good, and closed: never handed out
+                // again with the statement still running.
+                drop(deadpool_postgres::Object::take(object));
+                if let Some(runtime) = runtime {
+                    runtime.spawn(async move {
+                        let cancel = token.cancel_query(tokio_postgres::NoTls);
+                        cancelled(tokio::time::timeout(within, cancel).await);
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Logs a cancel that did not go through (the statement then ends on its
+/// own: see [One stuck statement](self#one-stuck-statement)).
+fn cancelled(
+    outcome: std::result::Result<
+        std::result::Result<(), tokio_postgres::Error>,
+        tokio::time::error::Elapsed,
+    >,
+) {
+    match outcome {
+        Ok(Ok(())) => tracing::debug!("cancelled a statement that did not end by its deadline"),
+        Ok(Err(err)) => {
+            tracing::debug!(error = %err, "could not cancel a statement that did not end by its deadline");
+        }
+        Err(_elapsed) => {
+            tracing::debug!(
+                "could not cancel a statement that did not end by its deadline: no answer"
+            );
+        }
+    }
+}
+
 impl std::fmt::Debug for PgLocker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let source = match &self.inner.source {
+            Source::Own { .. } => "own connection",
+            #[cfg(feature = "deadpool")]
+            Source::Pool(_) => "deadpool",
+        };
         f.debug_struct("PgLocker")
+            .field("source", &source)
             .field("command_timeout", &self.inner.command_timeout)
+            .field("listen", &self.inner.listen)
             .finish_non_exhaustive()
     }
 }
@@ -274,7 +477,9 @@ pub const DEFAULT_POLL_EVERY: Duration = Duration::from_millis(500);
 pub struct PgLockerBuilder {
     command_timeout: Duration,
     poll_every: Duration,
-    listen: bool,
+    /// `None`: the default of the constructor (listen on a connection of
+    /// our own; a pool-built locker polls).
+    listen: Option<bool>,
 }
 
 impl PgLockerBuilder {
@@ -301,10 +506,20 @@ impl PgLockerBuilder {
     /// [Waiting](crate::locker#waiting)): there `LISTEN` wakes no one, and
     /// leaves a pooled server connection listening. Releases are notified
     /// either way, so lockers that listen are woken by this one's.
-    /// Defaults to true.
+    /// Defaults to true for [`connect`](Self::connect); a locker on a pool
+    /// ([`pool`](Self::pool)) cannot listen.
     pub fn listen(mut self, listen: bool) -> Self {
-        self.listen = listen;
+        self.listen = Some(listen);
         self
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.command_timeout.is_zero() || self.poll_every.is_zero() {
+            return Err(crate::Error::Lease(leasehold::Error::InvalidOptions(
+                "command_timeout and poll_every must be positive",
+            )));
+        }
+        Ok(())
     }
 
     /// A locker on the database at `url` (as [`connect`](crate::connect)
@@ -315,11 +530,7 @@ impl PgLockerBuilder {
     /// [`InvalidOptions`](leasehold::Error::InvalidOptions) for a zero
     /// timeout or poll interval; else as [`connect`](crate::connect).
     pub async fn connect(self, url: &str) -> Result<PgLocker> {
-        if self.command_timeout.is_zero() || self.poll_every.is_zero() {
-            return Err(crate::Error::Lease(leasehold::Error::InvalidOptions(
-                "command_timeout and poll_every must be positive",
-            )));
-        }
+        self.check()?;
         let (config, connector) = crate::config(url)?;
         let (client, connection) = config
             .connect(connector.clone())
@@ -328,18 +539,67 @@ impl PgLockerBuilder {
         tokio::spawn(async move {
             let _ = connection.await;
         });
-        Ok(PgLocker {
-            inner: Arc::new(Inner {
+        let client = Arc::new(Shared {
+            client,
+            retired: AtomicBool::new(false),
+        });
+        Ok(self.build(
+            Source::Own {
                 config,
                 connector,
-                client: Mutex::new(Some(Arc::new(client))),
+                client: Mutex::new(Some(client)),
+            },
+            self.listen.unwrap_or(true),
+        ))
+    }
+
+    /// A locker on the caller's deadpool-postgres pool (crate feature
+    /// `deadpool`): each request takes a connection from `pool` for one
+    /// statement, bounded by the request's deadline (the wait for a free
+    /// connection too), and gives it back. Nothing is connected now; run
+    /// [`PgLocker::setup`] once.
+    ///
+    /// A connection whose statement did not end (its deadline passed, or
+    /// the request was dropped) is not given back: it is taken out of the
+    /// pool for good (`Object::take`, so the pool may open another) and
+    /// closed, and the statement is cancelled (see [One stuck
+    /// statement](crate::locker#one-stuck-statement)).
+    ///
+    /// **No `LISTEN`**: waiters look again every
+    /// [`poll_every`](Self::poll_every) (a pooled connection's driver task
+    /// drops notifications, and the pool does not tell its settings to
+    /// open a connection of our own). Releases are still notified, so
+    /// other lockers that listen are woken by this one's. Each statement
+    /// is unnamed and keeps no session state, so any pool works, PgBouncer
+    /// in transaction mode behind it too; the pool's recycling method is
+    /// the caller's.
+    ///
+    /// # Errors
+    /// [`Error::Lease`](crate::Error::Lease) with
+    /// [`InvalidOptions`](leasehold::Error::InvalidOptions) for a zero
+    /// timeout or poll interval, or for `listen(true)`.
+    #[cfg(feature = "deadpool")]
+    pub fn pool(self, pool: deadpool_postgres::Pool) -> Result<PgLocker> {
+        self.check()?;
+        if self.listen == Some(true) {
+            return Err(crate::Error::Lease(leasehold::Error::InvalidOptions(
+                "a locker on a pool cannot listen: its waiters poll (leave listen unset or false)",
+            )));
+        }
+        Ok(self.build(Source::Pool(pool), false))
+    }
+
+    fn build(&self, source: Source, listen: bool) -> PgLocker {
+        PgLocker {
+            inner: Arc::new(Inner {
+                source,
                 command_timeout: self.command_timeout,
                 listener: Mutex::new(None),
                 wakes: Arc::new(watch::Sender::new(0)),
                 poll_every: self.poll_every,
-                listen: self.listen,
+                listen,
             }),
-        })
+        }
     }
 }
 
@@ -353,12 +613,24 @@ impl PgLocker {
         PgLocker::builder().connect(url).await
     }
 
+    /// A locker on the caller's deadpool-postgres pool with the default
+    /// settings (crate feature `deadpool`): as [`PgLockerBuilder::pool`]
+    /// (its waiters poll).
+    ///
+    /// # Errors
+    /// None with the default settings; the `Result` is
+    /// [`PgLockerBuilder::pool`]'s.
+    #[cfg(feature = "deadpool")]
+    pub fn from_pool(pool: deadpool_postgres::Pool) -> Result<PgLocker> {
+        PgLocker::builder().pool(pool)
+    }
+
     /// A builder with the default settings.
     pub fn builder() -> PgLockerBuilder {
         PgLockerBuilder {
             command_timeout: DEFAULT_LOCK_COMMAND_TIMEOUT,
             poll_every: DEFAULT_POLL_EVERY,
-            listen: true,
+            listen: None,
         }
     }
 
@@ -369,12 +641,18 @@ impl PgLocker {
         if !self.inner.listen {
             return;
         }
-        let mut slot = self.inner.listener.lock().await;
+        let Some((config, connector)) = self.inner.source.own() else {
+            return;
+        };
+        let Ok(mut slot) = tokio::time::timeout_at(deadline, self.inner.listener.lock()).await
+        else {
+            return;
+        };
         if slot.as_ref().is_some_and(|c| !c.is_closed()) {
             return;
         }
         *slot = None;
-        let connect = self.inner.config.connect(self.inner.connector.clone());
+        let connect = config.connect(connector.clone());
         let Ok(Ok((client, mut connection))) = tokio::time::timeout_at(deadline, connect).await
         else {
             return;
@@ -411,31 +689,48 @@ impl PgLocker {
     ///
     /// # Errors
     /// [`Error::Postgres`](crate::Error::Postgres) when the server refuses
-    /// (no permission to create tables).
+    /// (no permission to create tables); as [`connect`](crate::connect)
+    /// when no connection can be opened; on a pool,
+    /// [`Error::Lease`](crate::Error::Lease) with an
+    /// [`Error::Service`](leasehold::Error::Service) when it gives none
+    /// (closed, or its own wait timed out).
     pub async fn setup(&self) -> Result<()> {
-        let client = self.inner.client.lock().await.clone();
-        let client = match client.filter(|c| !c.is_closed()) {
-            Some(client) => client,
-            None => {
-                let (client, connection) = self
-                    .inner
-                    .config
-                    .connect(self.inner.connector.clone())
-                    .await
-                    .map_err(crate::Error::from_pg)?;
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                let client = Arc::new(client);
-                *self.inner.client.lock().await = Some(client.clone());
-                client
+        let conn = match &self.inner.source {
+            Source::Own {
+                config,
+                connector,
+                client,
+            } => {
+                let mut slot = client.lock().await;
+                match slot.as_ref().filter(|c| usable(c)) {
+                    Some(shared) => Conn::Shared(shared.clone()),
+                    None => {
+                        let shared = open(config, connector)
+                            .await
+                            .map_err(crate::Error::from_pg)?;
+                        *slot = Some(shared.clone());
+                        Conn::Shared(shared)
+                    }
+                }
             }
+            #[cfg(feature = "deadpool")]
+            Source::Pool(pool) => Conn::Pooled(pool.get().await.map_err(|err| match err {
+                deadpool_postgres::PoolError::Backend(err) => crate::Error::from_pg(err),
+                other => crate::Error::Lease(pool_fault("setup", other)),
+            })?),
+        };
+        let request = Request {
+            inner: &self.inner,
+            conn: Some(conn),
+        };
+        let Some(client) = request.client() else {
+            return Err(crate::Error::Lease(given_back("setup")));
         };
         // One transaction serialized by the setup's advisory lock: two
         // `CREATE TABLE IF NOT EXISTS` at once may both create, and one
         // fails on the catalog's unique index.
         let setup = format!("BEGIN; {}; {SETUP}; COMMIT", crate::statements::SETUP_LOCK);
-        match client.batch_execute(&setup).await {
+        let outcome = match client.batch_execute(&setup).await {
             Ok(()) => Ok(()),
             Err(err) => {
                 // Failed inside the transaction: end it, so the
@@ -443,34 +738,54 @@ impl PgLocker {
                 let _ = client.batch_execute("ROLLBACK").await;
                 Err(crate::Error::from_pg(err))
             }
-        }
+        };
+        request.done();
+        outcome
     }
 
-    /// The connection, opened again if it was found closed, by `deadline`.
-    async fn client(&self, deadline: Instant) -> leasehold::Result<Arc<Client>> {
-        let mut slot = self.inner.client.lock().await;
-        if let Some(client) = slot.as_ref().filter(|c| !c.is_closed()) {
-            return Ok(client.clone());
-        }
-        *slot = None;
-        let connect = self.inner.config.connect(self.inner.connector.clone());
-        let (client, connection) = match tokio::time::timeout_at(deadline, connect).await {
-            Err(_elapsed) => {
-                return Err(fault(
-                    "connect",
-                    ServiceFault::Transient,
-                    "no connection before the deadline",
-                ));
-            }
-            Ok(Err(err)) => return Err(pg_fault("connect", err, false)),
-            Ok(Ok(pair)) => pair,
+    /// A connection for one request, by `deadline`: the locker's own
+    /// (opened again if it was found closed or was retired), or a pooled
+    /// one.
+    async fn conn(&self, deadline: Instant) -> leasehold::Result<Conn> {
+        let no_connection = || {
+            fault(
+                "connect",
+                ServiceFault::Transient,
+                "no connection before the deadline",
+            )
         };
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        let client = Arc::new(client);
-        *slot = Some(client.clone());
-        Ok(client)
+        match &self.inner.source {
+            Source::Own {
+                config,
+                connector,
+                client,
+            } => {
+                let mut slot = tokio::time::timeout_at(deadline, client.lock())
+                    .await
+                    .map_err(|_| no_connection())?;
+                if let Some(shared) = slot.as_ref().filter(|c| usable(c)) {
+                    return Ok(Conn::Shared(shared.clone()));
+                }
+                *slot = None;
+                match tokio::time::timeout_at(deadline, open(config, connector)).await {
+                    Err(_elapsed) => Err(no_connection()),
+                    Ok(Err(err)) => Err(pg_fault("connect", err, false)),
+                    Ok(Ok(shared)) => {
+                        *slot = Some(shared.clone());
+                        Ok(Conn::Shared(shared))
+                    }
+                }
+            }
+            #[cfg(feature = "deadpool")]
+            Source::Pool(pool) => match tokio::time::timeout_at(deadline, pool.get()).await {
+                Err(_elapsed) => Err(no_connection()),
+                Ok(Err(deadpool_postgres::PoolError::Backend(err))) => {
+                    Err(pg_fault("connect", err, false))
+                }
+                Ok(Err(err)) => Err(pool_fault("connect", err)),
+                Ok(Ok(object)) => Ok(Conn::Pooled(object)),
+            },
+        }
     }
 
     /// One statement, bounded by `deadline`: its rows.
@@ -482,16 +797,15 @@ impl PgLocker {
         deadline: Instant,
     ) -> leasehold::Result<Vec<Row>> {
         let start = Instant::now();
-        let client = self.client(deadline).await?;
-        match tokio::time::timeout_at(deadline, client.query_typed(sql, params)).await {
-            Err(_elapsed) => Err(leasehold::Error::Timeout {
-                service: POSTGRESQL,
-                op,
-                after: start.elapsed(),
-            }),
-            Ok(Err(err)) => Err(pg_fault(op, err, true)),
-            Ok(Ok(rows)) => Ok(rows),
-        }
+        let request = Request {
+            inner: &self.inner,
+            conn: Some(self.conn(deadline).await?),
+        };
+        let Some(client) = request.client() else {
+            return Err(given_back(op));
+        };
+        let outcome = tokio::time::timeout_at(deadline, client.query_typed(sql, params)).await;
+        finish(op, start, request, outcome)
     }
 
     /// One statement, bounded by `deadline`: how many rows it changed.
@@ -503,17 +817,92 @@ impl PgLocker {
         deadline: Instant,
     ) -> leasehold::Result<u64> {
         let start = Instant::now();
-        let client = self.client(deadline).await?;
-        match tokio::time::timeout_at(deadline, client.execute_typed(sql, params)).await {
-            Err(_elapsed) => Err(leasehold::Error::Timeout {
+        let request = Request {
+            inner: &self.inner,
+            conn: Some(self.conn(deadline).await?),
+        };
+        let Some(client) = request.client() else {
+            return Err(given_back(op));
+        };
+        let outcome = tokio::time::timeout_at(deadline, client.execute_typed(sql, params)).await;
+        finish(op, start, request, outcome)
+    }
+}
+
+/// Opens a connection of the locker's own and drives it on a task.
+async fn open(
+    config: &Config,
+    connector: &Connector,
+) -> std::result::Result<Arc<Shared>, tokio_postgres::Error> {
+    let (client, connection) = config.connect(connector.clone()).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(Arc::new(Shared {
+        client,
+        retired: AtomicBool::new(false),
+    }))
+}
+
+/// Whether a new request may be sent on the locker's own connection.
+fn usable(shared: &Arc<Shared>) -> bool {
+    !shared.client.is_closed() && !shared.retired.load(Ordering::Acquire)
+}
+
+/// A request's end: a statement that did not end by its deadline is a
+/// timeout (its connection retired as `request` drops), else the
+/// statement's outcome, its connection given back.
+fn finish<T>(
+    op: &'static str,
+    start: Instant,
+    request: Request<'_>,
+    outcome: std::result::Result<
+        std::result::Result<T, tokio_postgres::Error>,
+        tokio::time::error::Elapsed,
+    >,
+) -> leasehold::Result<T> {
+    match outcome {
+        Err(_elapsed) => {
+            drop(request);
+            Err(leasehold::Error::Timeout {
                 service: POSTGRESQL,
                 op,
                 after: start.elapsed(),
-            }),
-            Ok(Err(err)) => Err(pg_fault(op, err, true)),
-            Ok(Ok(n)) => Ok(n),
+            })
+        }
+        Ok(Err(err)) => {
+            request.done();
+            Err(pg_fault(op, err, true))
+        }
+        Ok(Ok(value)) => {
+            request.done();
+            Ok(value)
         }
     }
+}
+
+/// A request whose connection was already given back: never made (a
+/// [`Request`] holds its connection until it ends).
+fn given_back(op: &'static str) -> leasehold::Error {
+    fault(
+        op,
+        ServiceFault::Transient,
+        "the request's connection was given back",
+    )
+}
+
+/// A pool that gives no connection, for another reason than the server's
+/// (closed, its own wait timed out, its hook failed, no runtime for its
+/// timeouts): nothing was sent.
+#[cfg(feature = "deadpool")]
+fn pool_fault(op: &'static str, err: deadpool_postgres::PoolError) -> leasehold::Error {
+    let kind = match err {
+        deadpool_postgres::PoolError::Timeout(_) | deadpool_postgres::PoolError::Backend(_) => {
+            ServiceFault::Transient
+        }
+        _ => ServiceFault::Refused,
+    };
+    leasehold::Error::service(POSTGRESQL, op, kind, err)
 }
 
 fn fault(op: &'static str, kind: ServiceFault, why: &'static str) -> leasehold::Error {

@@ -1,13 +1,15 @@
 //! PostgreSQL as the lock service (`PgLocker`): the conformance suite
-//! against a throwaway server, straight and through PgBouncer in
-//! transaction mode, with every fault it can be put through (a lease row
-//! or a counter deleted by hand, the server's processes stopped with
-//! SIGSTOP).
+//! against a throwaway server, straight, through PgBouncer in transaction
+//! mode and on a deadpool pool, with every fault it can be put through (a
+//! lease row or a counter deleted by hand, the server's processes stopped
+//! with SIGSTOP); a statement stuck on a row lock holds up no later
+//! request, on the locker's own connection or a pool.
 
 use leasehold::backend::ServiceFault;
 use leasehold::conformance::{self, Faults, Offered, Settings, Verdict};
 use leasehold::{Error, Service};
 use leasehold_pg::PgLocker;
+use leasehold_pg::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use leasehold_testkit::{PgBouncer, PostgresServer};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -64,13 +66,19 @@ impl Faults for OnPostgres<'_> {
 /// itself.
 async fn conforms(server: &PostgresServer, url: &str, listen: bool) -> TestResult {
     let locker = PgLocker::builder().listen(listen).connect(url).await?;
-    locker.setup().await?;
     let other = PgLocker::builder().listen(listen).connect(url).await?;
+    conforms_with(server, &locker, &other).await
+}
+
+/// The conformance suite on `locker` and `other`, its faults made on the
+/// server itself.
+async fn conforms_with(server: &PostgresServer, locker: &PgLocker, other: &PgLocker) -> TestResult {
+    locker.setup().await?;
     let faults = OnPostgres {
         server,
         raw: leasehold_pg::connect(&server.url()).await?,
     };
-    let report = conformance::run_pair(&locker, &other, &faults, &Settings::default()).await;
+    let report = conformance::run_pair(locker, other, &faults, &Settings::default()).await;
     assert!(report.is_ok(), "{report}");
     assert!(
         report.checks.iter().all(|c| c.verdict == Verdict::Passed),
@@ -96,6 +104,54 @@ async fn it_passes_the_conformance_suite_through_pgbouncer() -> TestResult {
     let server = PostgresServer::start()?;
     let bouncer = PgBouncer::start(&server)?;
     conforms(&server, &bouncer.url(), false).await
+}
+
+/// A deadpool-postgres pool of at most `size` connections to `url`, built
+/// as the crate docs say (`leasehold_pg::config`); none is opened yet.
+fn pool(url: &str, size: usize) -> Result<Pool, Box<dyn std::error::Error>> {
+    let (config, connector) = leasehold_pg::config(url)?;
+    let manager = Manager::from_config(
+        config,
+        connector,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Ok(Pool::builder(manager).max_size(size).build()?)
+}
+
+/// Every check passes on lockers built on pools (a connection per
+/// request, waiters polling), the faults' included: the server paused
+/// (requests time out, their connections are taken out of the pool) and
+/// resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_pool_it_passes_the_conformance_suite() -> TestResult {
+    let server = PostgresServer::start()?;
+    let locker = PgLocker::from_pool(pool(&server.url(), 4)?)?;
+    let other = PgLocker::builder()
+        .poll_every(std::time::Duration::from_millis(100))
+        .pool(pool(&server.url(), 4)?)?;
+    conforms_with(&server, &locker, &other).await
+}
+
+/// A locker on a pool cannot listen: asking for it is refused before
+/// anything is connected, not ignored.
+#[tokio::test]
+async fn on_a_pool_listening_is_refused() -> TestResult {
+    let built = PgLocker::builder()
+        .listen(true)
+        .pool(pool("postgres://nobody@127.0.0.1:1/none", 1)?);
+    assert!(
+        matches!(
+            built,
+            Err(leasehold_pg::Error::Lease(Error::InvalidOptions(_)))
+        ),
+        "{built:?}"
+    );
+    PgLocker::builder()
+        .listen(false)
+        .pool(pool("postgres://nobody@127.0.0.1:1/none", 1)?)?;
+    Ok(())
 }
 
 /// A waiter is woken by a release's notification, not by its poll: with
@@ -173,4 +229,148 @@ async fn through_pgbouncer_a_waiter_is_served_by_its_poll() -> TestResult {
         won.release().await?;
     }
     Ok(())
+}
+
+/// A hang detector, not a timing assertion.
+const HUNG: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The server process of the one statement of `locker`'s lease table
+/// seen waiting for a lock, once there is one.
+async fn waiting_take(raw: &tokio_postgres::Client) -> Result<i32, Box<dyn std::error::Error>> {
+    let hung = tokio::time::Instant::now() + HUNG;
+    loop {
+        let pids: Vec<i32> = raw
+            .query(
+                "SELECT pid FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock'
+                   AND query LIKE 'INSERT INTO leasehold_leases%'",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        match pids[..] {
+            [pid] => return Ok(pid),
+            [] if tokio::time::Instant::now() < hung => {}
+            _ => return Err(format!("waiting takes: {pids:?}").into()),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Another session holds the lease row of `stuck` (`SELECT ... FOR
+/// UPDATE` in an open transaction), so `locker`'s take of that key waits
+/// for the row lock: that acquire ends with an error at its deadline;
+/// then an acquire of another key on a clone of the same locker is served
+/// (within a generous wait), and the stuck statement's server session
+/// ends (its statement cancelled, its connection closed, not kept for
+/// later requests) while the row is still locked. `raw` is a superuser
+/// session on the server itself.
+async fn a_stuck_statement_holds_up_no_later_request(
+    locker: &PgLocker,
+    raw: &tokio_postgres::Client,
+    blocker: &mut tokio_postgres::Client,
+) -> TestResult {
+    use std::time::Duration;
+
+    use leasehold::{AcquireOptions, Lessor, RetryStrategy};
+
+    let ttl = Duration::from_secs(30);
+    raw.execute(
+        "INSERT INTO leasehold_leases (resource, holder, expires_at)
+         VALUES ('stuck', 'someone else', clock_timestamp() - interval '1 hour')
+         ON CONFLICT (resource) DO NOTHING",
+        &[],
+    )
+    .await?;
+    let tx = blocker.transaction().await?;
+    let locked = tx
+        .query(
+            "SELECT 1 FROM leasehold_leases WHERE resource = 'stuck' FOR UPDATE",
+            &[],
+        )
+        .await?;
+    assert_eq!(locked.len(), 1, "the stuck key's row is locked");
+
+    let taker = locker.clone();
+    let stuck = tokio::spawn(async move {
+        let once = AcquireOptions::new().retry(RetryStrategy::none());
+        taker
+            .acquire_with("stuck", ttl, &once)
+            .await
+            .map(|lease| lease.fence())
+    });
+    let pid = waiting_take(raw).await?;
+    let stuck = tokio::time::timeout(HUNG, stuck).await??;
+    assert!(
+        matches!(
+            stuck,
+            Err(Error::Timeout { .. } | Error::NotAcquired { .. })
+        ),
+        "{stuck:?}"
+    );
+
+    let clone = locker.clone();
+    let wait = AcquireOptions::new().wait(Duration::from_secs(10));
+    let free = tokio::time::timeout(HUNG, clone.acquire_with("free", ttl, &wait))
+        .await?
+        .map_err(|err| format!("another key, after a stuck statement: {err:?}"))?;
+    free.release().await?;
+
+    // The stuck take's session ended: cancelled (else it would still wait
+    // for the row) and its connection closed (else it would sit idle,
+    // kept for later requests).
+    let hung = tokio::time::Instant::now() + HUNG;
+    loop {
+        let state: Option<String> = raw
+            .query_opt(
+                "SELECT coalesce(wait_event_type, '') || ' ' || coalesce(state, '')
+                 FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await?
+            .map(|row| row.get(0));
+        let Some(state) = state else { break };
+        if tokio::time::Instant::now() > hung {
+            return Err(format!("the stuck take's session is still there: {state}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tx.rollback().await?;
+    Ok(())
+}
+
+/// A request that timed out behind a row lock leaves the locker's
+/// connection free for the next ones (its statement is cancelled and the
+/// connection retired), listening or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_statement_holds_up_no_later_request_on_its_connection() -> TestResult {
+    let server = PostgresServer::start()?;
+    let raw = leasehold_pg::connect(&server.url()).await?;
+    let mut blocker = leasehold_pg::connect(&server.url()).await?;
+    for listen in [true, false] {
+        let locker = PgLocker::builder()
+            .listen(listen)
+            .connect(&server.url())
+            .await?;
+        locker.setup().await?;
+        a_stuck_statement_holds_up_no_later_request(&locker, &raw, &mut blocker)
+            .await
+            .map_err(|err| format!("listen {listen}: {err}"))?;
+    }
+    Ok(())
+}
+
+/// The same on a pool of one connection: the connection whose statement
+/// is stuck is taken out of the pool (and its statement cancelled), so
+/// the pool opens another for the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_pool_a_stuck_statement_holds_up_no_later_request() -> TestResult {
+    let server = PostgresServer::start()?;
+    let raw = leasehold_pg::connect(&server.url()).await?;
+    let mut blocker = leasehold_pg::connect(&server.url()).await?;
+    let locker = PgLocker::from_pool(pool(&server.url(), 1)?)?;
+    locker.setup().await?;
+    a_stuck_statement_holds_up_no_later_request(&locker, &raw, &mut blocker).await
 }

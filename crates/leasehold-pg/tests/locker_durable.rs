@@ -137,13 +137,14 @@ async fn until_each_waits(admin: &Client) -> TestResult {
 /// plain statement of that role commits at once (the control: the role's
 /// default is in force), but no write of `PgLocker` is confirmed: a take
 /// (fenced, with its counter), a refresh, a release and a raised fence
-/// are each seen waiting for the standby, and the acquire ends with an
-/// error at its deadline. The waiting take holds its row's lock (a
-/// transaction still in progress, not visible) until the standby setting
-/// is cleared; then it commits and its lease ends with its TTL: another
-/// locker takes the lock, with a token above the one the waiting take
-/// spent. (Fails with any one pin removed: with the take's, the lease is
-/// confirmed; with another's, its statement is never seen waiting.)
+/// are each seen waiting for the standby (each request's deadline far
+/// away), and the acquire ends with an error at its deadline. The waiting
+/// take is not visible while it waits; at the acquire's deadline the
+/// locker cancels it, so it commits locally (visible) and its lease ends
+/// with its TTL: once the standby setting is cleared, another locker takes
+/// the lock, with a token above the one the waiting take spent. (Fails
+/// with any one pin removed: with the take's, the lease is confirmed; with
+/// another's, its statement is never seen waiting.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_take_waits_for_the_synchronous_standby_whatever_the_roles_default() -> TestResult {
     let ttl = Duration::from_secs(3);
@@ -168,7 +169,12 @@ async fn a_take_waits_for_the_synchronous_standby_whatever_the_roles_default() -
         FencedKeys::new("{sync}:release", "{sync}:other")?,
         FencedKeys::new("{sync}:raise", "{sync}:other")?,
     ] {
-        let locker = PgLocker::connect(&as_role(&server)).await?;
+        // Requests that wait until they are seen waiting: a request
+        // cancels its statement at its deadline.
+        let locker = PgLocker::builder()
+            .command_timeout(HUNG)
+            .connect(&as_role(&server))
+            .await?;
         held.push(locker.acquire(&keys, long).await?);
     }
     admin
@@ -202,10 +208,25 @@ async fn a_take_waits_for_the_synchronous_standby_whatever_the_roles_default() -
         tokio::spawn(async move { raised.raise_fence(FencingToken::new(100)).await }),
     ];
 
-    let locker = PgLocker::connect(&as_role(&server)).await?;
+    let locker = PgLocker::builder()
+        .command_timeout(HUNG)
+        .connect(&as_role(&server))
+        .await?;
     let keys = FencedKeys::new("{sync}:job", "{sync}:fence")?;
-    let opts = AcquireOptions::new().wait(Duration::from_secs(2));
-    let taken = tokio::time::timeout(HUNG, locker.acquire_with(&keys, ttl, &opts)).await?;
+    let taking = keys.clone();
+    let acquire = tokio::spawn(async move {
+        let opts = AcquireOptions::new().wait(Duration::from_secs(15));
+        locker.acquire_with(&taking, ttl, &opts).await
+    });
+    until_each_waits(&admin).await?;
+    let seen = count(
+        &admin,
+        "SELECT count(*) FROM leasehold_leases WHERE resource = $1",
+        "{sync}:job",
+    )
+    .await?;
+    assert_eq!(seen, 0, "a waiting commit is not visible to others yet");
+    let taken = tokio::time::timeout(HUNG, acquire).await??;
     let err = match taken {
         Ok(lease) => panic!(
             "a lease confirmed while its commit had no synchronous standby: {:?}",
@@ -218,7 +239,6 @@ async fn a_take_waits_for_the_synchronous_standby_whatever_the_roles_default() -
         matches!(err, Error::NotAcquired { .. } | Error::Timeout { .. }),
         "{err:?}"
     );
-    until_each_waits(&admin).await?;
     for write in writes {
         if write.is_finished() {
             let outcome = write.await?;
@@ -227,13 +247,22 @@ async fn a_take_waits_for_the_synchronous_standby_whatever_the_roles_default() -
             write.abort();
         }
     }
-    let seen = count(
+    // The locker cancelled its take's wait at the acquire's deadline: the
+    // take committed locally, its lease now visible (until its TTL).
+    let hung = tokio::time::Instant::now() + HUNG;
+    while count(
         &admin,
         "SELECT count(*) FROM leasehold_leases WHERE resource = $1",
         "{sync}:job",
     )
-    .await?;
-    assert_eq!(seen, 0, "a waiting commit is not visible to others yet");
+    .await?
+        == 0
+    {
+        if tokio::time::Instant::now() > hung {
+            return Err("the timed-out take's wait was never cancelled".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     admin
         .batch_execute("ALTER SYSTEM RESET synchronous_standby_names")
