@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use leasehold::{AcquireOptions, Error, HandoffLocker, Lease, Locker};
+use leasehold::{AcquireOptions, Error, HandoffLocker, Lease, Lessor, Locker};
 use leasehold_testkit::{Failover, RedisCluster};
 use redis::AsyncCommands;
 use redis::cluster::ClusterClient;

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use leasehold::{
     AcquireOptions, CancellationToken, Error, FencedKeys, GiveUpReason, HandoffLocker, Lease,
+    Lessor,
 };
 use leasehold_testkit::RedisServer;
 use proptest::prelude::*;

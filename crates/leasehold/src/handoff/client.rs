@@ -22,7 +22,7 @@ use crate::endpoint::Endpoint;
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use leasehold::redis::{ProtocolVersion, cluster::ClusterClient};
-/// use leasehold::{HandoffLocker, Locker};
+/// use leasehold::{HandoffLocker, Lessor, Locker};
 ///
 /// let client = ClusterClient::builder(["redis://10.0.0.1:7000"])
 ///     .use_protocol(ProtocolVersion::RESP3)

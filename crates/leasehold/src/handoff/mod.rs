@@ -286,6 +286,46 @@ impl HandoffStyle {
 /// becomes turns of up to `relay_limit` leases (documented above);
 /// `relay_limit(0)` restores strict per-caller FIFO.
 ///
+/// # Taking a lease
+///
+/// With the four calls of [`Lessor`] (`use leasehold::Lessor`): the
+/// caller waits in the key's FIFO queue until a release hands the lock
+/// over. Given [`FencedKeys`](crate::FencedKeys), every holder gets its
+/// own [`FencingToken`], issued in the same atomic step that gives it the
+/// lock (its own acquire, a release's grant, or a relay's pass), so tokens
+/// grow strictly from holder to holder. Use the same fence key for every
+/// caller of one lock key. The lease's release hands the lock to the next
+/// waiter.
+///
+/// The options' deadline and cancellation token apply exactly as in
+/// [`Lessor::acquire_with`]. The retry strategy's *waits* are not used (a
+/// waiter sleeps until it is handed the lock, or until the holder's lease
+/// runs out as last seen), but its length is: each wait consumes one, so
+/// [`RetryStrategy::none`](crate::RetryStrategy::none) makes one attempt
+/// and [`max_attempts`](crate::RetryStrategy::max_attempts) bounds the
+/// attempts. Queuing in process behind another task of this locker
+/// ([relay](#in-process-relay)) is an attempt answered locally, and so is
+/// the turn that comes to it there. [`AcquireOptions::watchdog`] and
+/// [`AcquireOptions::wait_replicas`] apply as everywhere, to a lease passed
+/// on in process too.
+///
+/// **Errors**, as [`Lessor::acquire_with`]: [`Error::NotAcquired`] with the
+/// reason (retries exhausted, deadline expired, cancelled), whatever the
+/// options; [`Error::InvalidTtl`] / [`Error::InvalidKey`] (and a zero
+/// replica wait timeout, [`Error::InvalidOptions`]) before any I/O;
+/// [`Error::NotReplicated`] when too few replicas acknowledged (the lock
+/// was passed on); [`Error::InvalidFence`] when the fence key holds no
+/// counter. A waiter rides out a dropped connection or a Redis restart: a
+/// re-check that fails with a fault that may pass ([`Error::Unreachable`],
+/// [`Error::Timeout`], ...) is retried 50 ms later (the connection
+/// reconnects meanwhile) until the deadline.
+///
+/// **Cancel safety**: cancel safe. If the future is dropped while waiting
+/// (or a request is in flight), a best-effort "leave" script is spawned
+/// that removes our queue entry and passes on a lock that was handed to
+/// us; the entry's expiry and the lease's TTL are the fallback. Dropped
+/// while waiting for replicas, the lease exists and its drop passes it on.
+///
 /// # Limits
 ///
 /// - All callers of one key must use hand-off mode: a polling acquire on the
@@ -564,102 +604,6 @@ impl<C: RedisConnection> HandoffLocker<C> {
         &self.inner.locker
     }
 
-    /// Takes the lease on `keys` for `ttl`, queued, with the default
-    /// [`AcquireOptions`].
-    ///
-    /// See [`acquire_with`](Self::acquire_with) for errors and cancel safety.
-    pub async fn acquire(&self, keys: impl LockKeys, ttl: Duration) -> Result<Lease> {
-        self.acquire_with(keys, ttl, &AcquireOptions::default())
-            .await
-    }
-
-    /// Takes the lease on `keys` for `ttl`, waiting in the key's FIFO queue
-    /// until a release hands it over, as `opts` says. Given
-    /// [`FencedKeys`](crate::FencedKeys), every holder gets its own
-    /// [`FencingToken`], issued in the same atomic step that gives it the
-    /// lock (its own acquire, a release's grant, or a relay's pass), so
-    /// tokens grow strictly from holder to holder. Use the same fence key
-    /// for every caller of one lock key.
-    ///
-    /// `opts`'s deadline and cancellation token apply exactly as in
-    /// [`Lessor::acquire_with`](crate::Lessor::acquire_with). Its retry strategy's *waits* are not used
-    /// (a waiter sleeps until it is handed the lock or its fallback timer
-    /// fires), but its length is: each fallback re-check consumes one wait,
-    /// so [`RetryStrategy::none`](crate::RetryStrategy::none) makes one
-    /// attempt and [`max_attempts`](crate::RetryStrategy::max_attempts)
-    /// bounds the number of requests. Queuing in process behind another
-    /// task of this locker ([relay](#in-process-relay)) counts as one
-    /// attempt and uses one wait.
-    ///
-    /// [`AcquireOptions::watchdog`] and
-    /// [`AcquireOptions::wait_replicas`] apply as in
-    /// [`Lessor::acquire_with`](crate::Lessor::acquire_with), to a lease passed on in process too.
-    ///
-    /// The lease's release hands the lock to the next waiter.
-    ///
-    /// # Errors
-    /// As [`Lessor::acquire_with`](crate::Lessor::acquire_with): [`Error::NotAcquired`] with the reason
-    /// (retries exhausted, deadline expired, cancelled), whatever the
-    /// options; [`Error::InvalidTtl`] / [`Error::InvalidKey`] (and a zero
-    /// replica wait timeout, [`Error::InvalidOptions`]) before any I/O;
-    /// [`Error::NotReplicated`] when too few replicas acknowledged (the lock
-    /// was passed on); [`Error::InvalidFence`] when the fence key holds no
-    /// counter; a failure of the first request returned at once. Once
-    /// queued, a waiter rides out a dropped connection or a Redis restart: a
-    /// re-check that fails with [`Error::Unreachable`] or
-    /// [`Error::Timeout`] is retried 50 ms later (the connection reconnects
-    /// meanwhile) until the deadline.
-    ///
-    /// # Cancel safety
-    /// Cancel safe. If the future is dropped while waiting (or a request is
-    /// in flight), a best-effort "leave" script is spawned that removes our
-    /// queue entry and passes on a lock that was handed to us; the entry's
-    /// expiry and the lease's TTL are the fallback. Dropped while waiting
-    /// for replicas, the lease exists and its drop passes it on.
-    pub async fn acquire_with(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> Result<Lease> {
-        way::acquire_with(self, keys, ttl, opts).await
-    }
-
-    /// Takes the leases on every one of `keys`, queued, in one global order,
-    /// as one [`Lease`]; see [`Lessor::acquire_all`](crate::Lessor::acquire_all).
-    ///
-    /// # Errors
-    /// As [`Lessor::acquire_all`](crate::Lessor::acquire_all).
-    ///
-    /// # Cancel safety
-    /// Cancel safe, as [`acquire_with`](Self::acquire_with).
-    pub async fn acquire_all<K: LockKeys>(
-        &self,
-        keys: impl IntoIterator<Item = K>,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> Result<Lease> {
-        way::acquire_all_of(self, keys, ttl, opts).await
-    }
-
-    /// Takes the lease on `keys`, queued, runs `work` while it is held and
-    /// releases it; see [`Lessor::with_lock`](crate::Lessor::with_lock).
-    ///
-    /// # Errors
-    /// As [`Lessor::with_lock`](crate::Lessor::with_lock).
-    ///
-    /// # Cancel safety
-    /// As [`Lessor::with_lock`](crate::Lessor::with_lock).
-    pub async fn with_lock<T>(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-        work: impl AsyncFnOnce(&Lease) -> T,
-    ) -> Result<crate::Finished<T>> {
-        Lessor::with_lock(self, keys, ttl, opts, work).await
-    }
-
     /// How many callers of this locker wait *in process* for `key` (see
     /// [relay](HandoffLocker#in-process-relay)): queued behind a holder or
     /// waiter of this same locker, without a request of their own. Zero
@@ -692,14 +636,15 @@ impl<C: RedisConnection> crate::lessor::sealed::Sealed for HandoffLocker<C> {
     }
 }
 
-/// The same calls as the inherent methods.
+/// Its four calls (`use leasehold::Lessor`): see [Taking a
+/// lease](HandoffLocker#taking-a-lease) for what hand-off adds.
 impl<C: RedisConnection> Lessor for HandoffLocker<C> {
     fn acquire(
         &self,
         keys: impl LockKeys,
         ttl: Duration,
     ) -> impl Future<Output = Result<Lease>> + Send {
-        HandoffLocker::acquire(self, keys, ttl)
+        async move { way::acquire_with(self, keys, ttl, &AcquireOptions::default()).await }
     }
 
     fn acquire_with(
@@ -708,7 +653,7 @@ impl<C: RedisConnection> Lessor for HandoffLocker<C> {
         ttl: Duration,
         opts: &AcquireOptions,
     ) -> impl Future<Output = Result<Lease>> + Send {
-        HandoffLocker::acquire_with(self, keys, ttl, opts)
+        way::acquire_with(self, keys, ttl, opts)
     }
 
     fn acquire_all<K: LockKeys>(
@@ -717,6 +662,6 @@ impl<C: RedisConnection> Lessor for HandoffLocker<C> {
         ttl: Duration,
         opts: &AcquireOptions,
     ) -> impl Future<Output = Result<Lease>> + Send {
-        HandoffLocker::acquire_all(self, keys, ttl, opts)
+        way::acquire_all_of(self, keys, ttl, opts)
     }
 }
