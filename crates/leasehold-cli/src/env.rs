@@ -364,6 +364,26 @@ pub(crate) fn pg_pool(url: &str, size: usize) -> anyhow::Result<Pool> {
         .context("building the postgresql pool")
 }
 
+/// A connection from `pool`; a connection that could not be opened says
+/// what the server said ([`leasehold_pg::Error`]).
+pub(crate) async fn pg_connection(pool: &Pool) -> anyhow::Result<deadpool_postgres::Object> {
+    pool.get()
+        .await
+        .map_err(pool_error)
+        .context("connecting to postgresql")
+}
+
+/// A pool's error, a backend's one as [`leasehold_pg::Error`] (its message
+/// names the outcome, its source chain the server's words).
+pub(crate) fn pool_error(err: deadpool_postgres::PoolError) -> anyhow::Error {
+    match err {
+        deadpool_postgres::PoolError::Backend(err) => {
+            anyhow::Error::new(leasehold_pg::Error::from(err))
+        }
+        other => anyhow::Error::new(other),
+    }
+}
+
 async fn open_postgres(url: Option<String>) -> anyhow::Result<Postgres> {
     let (url, throwaway) = match url {
         Some(url) => (url, None),
@@ -385,12 +405,7 @@ async fn open_postgres(url: Option<String>) -> anyhow::Result<Postgres> {
     let mut client = pool
         .get()
         .await
-        .map_err(|err| match err {
-            deadpool_postgres::PoolError::Backend(err) => {
-                anyhow::Error::new(leasehold_pg::Error::from(err))
-            }
-            other => anyhow::Error::new(other),
-        })
+        .map_err(pool_error)
         .with_context(|| format!("connecting to postgresql at {shown}"))?;
     let client: &mut deadpool_postgres::tokio_postgres::Client = &mut client;
     leasehold_pg::setup(client)

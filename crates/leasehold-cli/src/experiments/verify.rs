@@ -27,12 +27,12 @@ pub(crate) async fn run(
     let spend = &args.spend;
     let pool = database.postgres().await?.clone();
     {
-        let db = pool.get().await.context("connecting to postgresql")?;
+        let db = crate::env::pg_connection(&pool).await?;
         leasehold_pg::reset_wallet(&**db, WALLET_ID, spend.initial).await?;
     }
     let keys = FencedKeys::for_resource(RESOURCE)?;
     if mode == WriteMode::Guard {
-        let db = pool.get().await.context("connecting to postgresql")?;
+        let db = crate::env::pg_connection(&pool).await?;
         db.execute(
             "DELETE FROM leasehold_fences WHERE resource = $1",
             &[&keys.fence()],
@@ -65,7 +65,7 @@ pub(crate) async fn run(
                 None
             };
             let fence = lease.as_ref().and_then(leasehold::Lease::fence);
-            let mut db = pool.get().await.context("connecting to postgresql")?;
+            let mut db = crate::env::pg_connection(&pool).await?;
             let client: &mut leasehold_pg::tokio_postgres::Client = &mut db;
             let debit = match (mode, fence) {
                 (WriteMode::ForUpdate, _) => {
@@ -134,12 +134,7 @@ pub(crate) async fn run(
     let elapsed = start.elapsed();
     holds.check(ttl);
 
-    let db = database
-        .postgres()
-        .await?
-        .get()
-        .await
-        .context("connecting to postgresql")?;
+    let db = crate::env::pg_connection(database.postgres().await?).await?;
     let audit = leasehold_pg::audit(&**db, WALLET_ID).await?;
     let rejected = rejected.load(Ordering::Relaxed);
     let ended = ended.load(Ordering::Relaxed);
