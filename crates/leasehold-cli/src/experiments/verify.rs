@@ -41,6 +41,18 @@ pub(crate) async fn run(
         .map_err(leasehold_pg::Error::from)
         .context("resetting the wallet's fence guard")?;
     }
+    // Every spender's connection open before the run starts (the sessions
+    // the last run's guard ended are gone from the pool): the run counts
+    // what its spenders meet, not the pool's cold start (no more than the
+    // pool holds: one more would wait for ever). A connection that cannot
+    // be opened here fails the run, with the server's words.
+    let callers = usize::try_from(spend.callers).unwrap_or(usize::MAX);
+    let warm = futures_util::future::try_join_all(
+        (0..callers.min(pool.status().max_size)).map(|_| crate::env::pg_connection(&pool)),
+    )
+    .await
+    .context("opening the spenders' connections")?;
+    drop(warm);
     let mut conn = env.redis.clone();
     let () = conn
         .del(&[keys.lock(), keys.fence()])
