@@ -351,9 +351,9 @@ impl Env {
 /// included, as [`leasehold_pg::config`] reads them); none is opened yet.
 pub(crate) fn pg_pool(url: &str, size: usize) -> anyhow::Result<Pool> {
     let (config, connector) = leasehold_pg::config(url)?;
-    let manager = Manager::from_config(
+    let manager = Manager::from_connect(
         config,
-        connector,
+        OffRuntimeConnect { tls: connector },
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -362,6 +362,94 @@ pub(crate) fn pg_pool(url: &str, size: usize) -> anyhow::Result<Pool> {
         .max_size(size.max(1))
         .build()
         .context("building the postgresql pool")
+}
+
+/// Opens the pool's connections as deadpool's own connector does, with two
+/// differences.
+///
+/// - The handshake runs on a blocking thread: its SCRAM password proof
+///   (4096 rounds of HMAC-SHA-256, unoptimised in a debug build) would
+///   otherwise hold a runtime worker for a long while per connection, and
+///   fifty connections opened at once stalled every task beside them (on
+///   a busy 2-core machine, spenders' lock attempts took a second each,
+///   and their waits ran out).
+/// - A connection that ends with an error is logged with its whole cause,
+///   the server's message and SQLSTATE (deadpool says `db error`).
+struct OffRuntimeConnect {
+    tls: leasehold_pg::Connector,
+}
+
+impl deadpool_postgres::Connect for OffRuntimeConnect {
+    fn connect(
+        &self,
+        pg_config: &deadpool_postgres::tokio_postgres::Config,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<
+            (
+                deadpool_postgres::tokio_postgres::Client,
+                tokio::task::JoinHandle<()>,
+            ),
+            deadpool_postgres::tokio_postgres::Error,
+        >,
+    > {
+        let (config, tls) = (pg_config.clone(), self.tls.clone());
+        Box::pin(async move {
+            // The handshake's I/O stays on this runtime (the CLI's
+            // multi-threaded one drives it); only its CPU work moves.
+            let runtime = tokio::runtime::Handle::current();
+            let (off, off_tls) = (config.clone(), tls.clone());
+            let handshake =
+                tokio::task::spawn_blocking(move || runtime.block_on(off.connect(off_tls)));
+            let (client, connection) = match handshake.await {
+                Ok(connected) => connected?,
+                // No blocking thread to run it on (the runtime is shutting
+                // down): here, then.
+                Err(_) => config.connect(tls).await?,
+            };
+            let driver = tokio::spawn(async move {
+                if let Err(err) = connection.await {
+                    log_connection_end(err);
+                }
+            });
+            Ok((client, driver))
+        })
+    }
+}
+
+/// Logs how a pooled connection ended, in the server's words. A session
+/// the server ended for idling (25P03, 57P05: the fence guard's idle bound
+/// at work) is what the experiments count as `ended`: at debug level.
+fn log_connection_end(err: deadpool_postgres::tokio_postgres::Error) {
+    let err = leasehold_pg::Error::from(err);
+    let idle = matches!(&err, leasehold_pg::Error::SessionEnded(source)
+        if matches!(source.code(), Some("25P03" | "57P05")));
+    let cause = crate::report::describe(&anyhow::Error::new(err));
+    if idle {
+        tracing::debug!("postgresql connection ended: {cause}");
+    } else {
+        tracing::warn!("postgresql connection ended: {cause}");
+    }
+}
+
+/// A connection from `pool`; a connection that could not be opened says
+/// what the server said ([`leasehold_pg::Error`]).
+pub(crate) async fn pg_connection(pool: &Pool) -> anyhow::Result<deadpool_postgres::Object> {
+    pool.get()
+        .await
+        .map_err(pool_error)
+        .context("connecting to postgresql")
+}
+
+/// A pool's error, a backend's one as [`leasehold_pg::Error`] (its message
+/// names the outcome, its source chain the server's words).
+pub(crate) fn pool_error(err: deadpool_postgres::PoolError) -> anyhow::Error {
+    match err {
+        deadpool_postgres::PoolError::Backend(err) => {
+            anyhow::Error::new(leasehold_pg::Error::from(err))
+        }
+        other => anyhow::Error::new(other),
+    }
 }
 
 async fn open_postgres(url: Option<String>) -> anyhow::Result<Postgres> {
@@ -385,12 +473,7 @@ async fn open_postgres(url: Option<String>) -> anyhow::Result<Postgres> {
     let mut client = pool
         .get()
         .await
-        .map_err(|err| match err {
-            deadpool_postgres::PoolError::Backend(err) => {
-                anyhow::Error::new(leasehold_pg::Error::from(err))
-            }
-            other => anyhow::Error::new(other),
-        })
+        .map_err(pool_error)
         .with_context(|| format!("connecting to postgresql at {shown}"))?;
     let client: &mut deadpool_postgres::tokio_postgres::Client = &mut client;
     leasehold_pg::setup(client)

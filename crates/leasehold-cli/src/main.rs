@@ -95,7 +95,7 @@ fn main() -> ExitCode {
         }
         Ok(Ok(code)) => code,
         Ok(Err(err)) => {
-            eprintln!("error: {}", redact::redact_text(&report::chain(&err)));
+            eprintln!("error: {}", redact::redact_text(&report::describe(&err)));
             if is_usage(&err) {
                 ExitCode::from(exit::USAGE)
             } else {

@@ -35,6 +35,9 @@ pub(crate) struct Report {
     pub(crate) headline: Option<String>,
 }
 
+/// How the note of a caller's error starts.
+const ERROR_NOTE: &str = "error: ";
+
 impl Report {
     /// The tutorial's check: the balance must equal the initial balance
     /// minus what the accepted spends took, and must not be negative.
@@ -72,7 +75,7 @@ impl Report {
     pub(crate) fn errors(mut self, tally: &crate::wallet::Tally) -> Report {
         self.errors = tally.errors;
         for message in &tally.first_errors {
-            self.notes.push(format!("error: {message}"));
+            self.notes.push(format!("{ERROR_NOTE}{message}"));
         }
         self
     }
@@ -170,9 +173,24 @@ impl Report {
         Value::Object(object)
     }
 
+    /// The first callers' errors, for stderr beside the JSON line:
+    /// `leasehold: run 3: error: ...`.
+    fn error_lines(&self) -> Vec<String> {
+        self.notes
+            .iter()
+            .filter(|line| line.starts_with(ERROR_NOTE))
+            .map(|line| format!("leasehold: run {}: {line}", self.run))
+            .collect()
+    }
+
     /// Prints the run: the check line and its figures, or one JSON line.
     pub(crate) fn print(&self, json: bool) {
         if json {
+            // Stdout is the JSON line alone; the first errors' causes go
+            // to stderr, where the human format's notes would be of no use.
+            for line in self.error_lines() {
+                crate::progress::note!("{line}");
+            }
             println!("{}", self.to_json());
             return;
         }
@@ -225,6 +243,27 @@ pub(crate) fn chain(err: &anyhow::Error) -> String {
     parts.join(": ")
 }
 
+/// [`chain`], with the SQLSTATE of an error the PostgreSQL server answered
+/// with where the text does not say it yet: tokio-postgres's `db error`
+/// hides the server's words in its source, a [`DbError`], whose message
+/// says neither its code nor (never) a password.
+///
+/// [`DbError`]: leasehold_pg::tokio_postgres::error::DbError
+pub(crate) fn describe(err: &anyhow::Error) -> String {
+    let mut text = chain(err);
+    let codes = err.chain().filter_map(|cause| {
+        cause
+            .downcast_ref::<leasehold_pg::tokio_postgres::error::DbError>()
+            .map(|db| db.code().code())
+    });
+    for code in codes {
+        if !text.contains(code) {
+            text.push_str(&format!(" (sqlstate {code})"));
+        }
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,6 +285,35 @@ mod tests {
         let r = Report::check("x", 0, 10, 1, -10, Duration::ZERO);
         assert_eq!(r.expected, -10);
         assert!(!r.ok);
+    }
+
+    #[test]
+    fn the_callers_errors_are_told_beside_the_json_line() {
+        let tally = crate::wallet::Tally {
+            accepted: 1,
+            errors: 2,
+            first_errors: vec!["connecting to postgresql: refused".into()],
+        };
+        let r = Report::check("verify", 100, 10, 1, 90, Duration::ZERO)
+            .note("started")
+            .errors(&tally)
+            .with_run(3);
+        assert_eq!(
+            r.error_lines(),
+            ["leasehold: run 3: error: connecting to postgresql: refused"]
+        );
+        assert_eq!(r.to_json()["errors"], 2);
+        assert!(
+            Report::check("x", 1, 1, 0, 1, Duration::ZERO)
+                .error_lines()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_description_without_a_server_error_is_the_chain() {
+        let err = anyhow::anyhow!("refused").context("connecting to postgresql");
+        assert_eq!(describe(&err), "connecting to postgresql: refused");
     }
 
     #[test]

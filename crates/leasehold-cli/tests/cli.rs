@@ -653,6 +653,31 @@ fn experiments_without_postgres_do_not_start_it() -> TestResult {
 }
 
 #[test]
+fn a_postgres_refusal_says_the_servers_words_and_sqlstate_without_the_password() -> TestResult {
+    let server = leasehold_testkit::PostgresServer::start()?;
+    let url = format!(
+        "postgres://{}:pg-wrong-secret-7@127.0.0.1:{}/postgres",
+        server.user(),
+        server.port()
+    );
+    let out = leasehold(&["verify", "--database-url", &url, "--json"])?;
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(!out.status.success(), "{stderr}");
+    // tokio-postgres says only "db error"; the server said why, and its
+    // SQLSTATE (28P01 invalid_password).
+    assert!(
+        stderr.contains("password authentication failed for user"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("(sqlstate 28P01)"), "{stderr}");
+    assert!(
+        !stderr.contains("pg-wrong-secret-7") && !stderr.contains(server.password()),
+        "password leaked: {stderr}"
+    );
+    Ok(())
+}
+
+#[test]
 fn unreachable_postgres_is_a_clear_error_without_the_password() -> TestResult {
     let port = leasehold_testkit::free_port()?;
     let url = format!("postgres://app:pg-secret-42@127.0.0.1:{port}/app");

@@ -133,7 +133,7 @@ struct Series {
 pub(crate) async fn run(db: &Database, args: &GuardArgs, json: bool) -> anyhow::Result<()> {
     let pool = db.postgres().await?;
     let url = db.postgres_url().await?;
-    let mut setup = pool.get().await.context("connecting to postgresql")?;
+    let mut setup = crate::env::pg_connection(pool).await?;
     leasehold_pg::setup(&mut **setup).await?;
     setup
         .batch_execute(
@@ -387,7 +387,7 @@ async fn upstream(config: &Config) -> anyhow::Result<SocketAddr> {
 async fn clients(pool: &Pool, n: usize) -> anyhow::Result<Vec<Object>> {
     let mut clients = Vec::new();
     for _ in 0..n {
-        clients.push(pool.get().await.context("connecting to postgresql")?);
+        clients.push(crate::env::pg_connection(pool).await?);
     }
     Ok(clients)
 }

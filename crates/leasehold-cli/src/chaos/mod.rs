@@ -527,7 +527,7 @@ fn save(
 
 async fn pool(postgres: &PostgresServer) -> anyhow::Result<deadpool_postgres::Pool> {
     let pool = crate::env::pg_pool(&postgres.url(), 4)?;
-    let mut db = pool.get().await.context("connecting to postgresql")?;
+    let mut db = crate::env::pg_connection(&pool).await?;
     let client: &mut deadpool_postgres::tokio_postgres::Client = &mut db;
     leasehold_pg::setup(client).await?;
     leasehold_pg::setup_wallets(client).await?;

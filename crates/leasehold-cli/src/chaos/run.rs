@@ -294,7 +294,7 @@ pub(crate) async fn run_one(
     }
     anyhow::ensure!(failures.is_empty(), "{}", failures.join("; "));
 
-    let db = pool.get().await.context("connecting to postgresql")?;
+    let db = crate::env::pg_connection(pool).await?;
     for (resource, _) in &resources {
         let id = super::modes::wallet_id(resource).context("a wallet resource")?;
         let audit = leasehold_pg::audit(&**db, id).await?;
@@ -350,7 +350,7 @@ fn millis(d: Duration) -> u64 {
 
 /// Resets every wallet and its fence guard row.
 async fn reset(pool: &Pool, resources: &[(String, i64)]) -> anyhow::Result<()> {
-    let db = pool.get().await.context("connecting to postgresql")?;
+    let db = crate::env::pg_connection(pool).await?;
     for (resource, initial) in resources {
         let id = super::modes::wallet_id(resource).context("a wallet resource")?;
         leasehold_pg::reset_wallet(&**db, id, *initial).await?;

@@ -64,7 +64,7 @@ struct Holder {
 
 pub(crate) async fn run(db: &Database, args: &FailoverArgs) -> anyhow::Result<Report> {
     let pool = db.postgres().await?;
-    let db = pool.get().await.context("connecting to postgresql")?;
+    let db = crate::env::pg_connection(pool).await?;
     leasehold_pg::reset_wallet(&**db, WALLET_ID, INITIAL).await?;
     let check = if args.unfenced {
         WriteCheck::Unchecked

@@ -25,7 +25,7 @@ const AMOUNT: i64 = 10;
 
 pub(crate) async fn run(env: &Env, db: &Database, args: &FencingArgs) -> anyhow::Result<Report> {
     let pool = db.postgres().await?;
-    let db = pool.get().await.context("connecting to postgresql")?;
+    let db = crate::env::pg_connection(pool).await?;
     leasehold_pg::reset_wallet(&**db, WALLET_ID, INITIAL).await?;
     let keys = FencedKeys::for_resource(RESOURCE)?;
     let mut conn = env.redis.clone();

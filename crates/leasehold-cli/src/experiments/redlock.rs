@@ -42,7 +42,7 @@ pub(crate) async fn run(db: &Database, args: &RedlockArgs) -> anyhow::Result<Rep
     let spend = &args.spend;
     let pool = db.postgres().await?.clone();
     {
-        let db = pool.get().await.context("connecting to postgresql")?;
+        let db = crate::env::pg_connection(&pool).await?;
         leasehold_pg::reset_wallet(&**db, WALLET_ID, spend.initial).await?;
     }
     let nodes = args.nodes;
@@ -117,7 +117,7 @@ pub(crate) async fn run(db: &Database, args: &RedlockArgs) -> anyhow::Result<Rep
             if counters.acquired.fetch_add(1, Ordering::Relaxed) + 1 == fault_after {
                 fault_now.notify_one();
             }
-            let db = pool.get().await.context("connecting to postgresql")?;
+            let db = crate::env::pg_connection(&pool).await?;
             let fence = lease.fence().context("a fenced quorum lease has a fence")?;
             let written =
                 ledger::read_and_debit(&**db, amount, work, fence, WriteCheck::CheckAndSet).await;
@@ -261,11 +261,7 @@ impl Drop for Done {
 }
 
 async fn pool_audit(db: &Database) -> anyhow::Result<deadpool_postgres::Object> {
-    db.postgres()
-        .await?
-        .get()
-        .await
-        .context("connecting to postgresql")
+    crate::env::pg_connection(db.postgres().await?).await
 }
 
 /// Microseconds as milliseconds with one decimal: `1.3ms`.

@@ -27,12 +27,12 @@ pub(crate) async fn run(
     let spend = &args.spend;
     let pool = database.postgres().await?.clone();
     {
-        let db = pool.get().await.context("connecting to postgresql")?;
+        let db = crate::env::pg_connection(&pool).await?;
         leasehold_pg::reset_wallet(&**db, WALLET_ID, spend.initial).await?;
     }
     let keys = FencedKeys::for_resource(RESOURCE)?;
     if mode == WriteMode::Guard {
-        let db = pool.get().await.context("connecting to postgresql")?;
+        let db = crate::env::pg_connection(&pool).await?;
         db.execute(
             "DELETE FROM leasehold_fences WHERE resource = $1",
             &[&keys.fence()],
@@ -41,6 +41,18 @@ pub(crate) async fn run(
         .map_err(leasehold_pg::Error::from)
         .context("resetting the wallet's fence guard")?;
     }
+    // Every spender's connection open before the run starts (the sessions
+    // the last run's guard ended are gone from the pool): the run counts
+    // what its spenders meet, not the pool's cold start (no more than the
+    // pool holds: one more would wait for ever). A connection that cannot
+    // be opened here fails the run, with the server's words.
+    let callers = usize::try_from(spend.callers).unwrap_or(usize::MAX);
+    let warm = futures_util::future::try_join_all(
+        (0..callers.min(pool.status().max_size)).map(|_| crate::env::pg_connection(&pool)),
+    )
+    .await
+    .context("opening the spenders' connections")?;
+    drop(warm);
     let mut conn = env.redis.clone();
     let () = conn
         .del(&[keys.lock(), keys.fence()])
@@ -65,7 +77,7 @@ pub(crate) async fn run(
                 None
             };
             let fence = lease.as_ref().and_then(leasehold::Lease::fence);
-            let mut db = pool.get().await.context("connecting to postgresql")?;
+            let mut db = crate::env::pg_connection(&pool).await?;
             let client: &mut leasehold_pg::tokio_postgres::Client = &mut db;
             let debit = match (mode, fence) {
                 (WriteMode::ForUpdate, _) => {
@@ -134,12 +146,7 @@ pub(crate) async fn run(
     let elapsed = start.elapsed();
     holds.check(ttl);
 
-    let db = database
-        .postgres()
-        .await?
-        .get()
-        .await
-        .context("connecting to postgresql")?;
+    let db = crate::env::pg_connection(database.postgres().await?).await?;
     let audit = leasehold_pg::audit(&**db, WALLET_ID).await?;
     let rejected = rejected.load(Ordering::Relaxed);
     let ended = ended.load(Ordering::Relaxed);
