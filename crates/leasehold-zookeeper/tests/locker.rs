@@ -275,9 +275,20 @@ struct Counted {
     refreshes: Arc<AtomicU32>,
     /// The refreshes sent when the holder's watch fired, once it did.
     fired_after: Arc<Mutex<Option<u32>>>,
+    /// Told when a holder's watch first waits (its request sent).
+    armed: Arc<tokio::sync::Notify>,
 }
 
 impl Counted {
+    fn new(inner: ZkLocker) -> Counted {
+        Counted {
+            inner,
+            refreshes: Arc::default(),
+            fired_after: Arc::default(),
+            armed: Arc::default(),
+        }
+    }
+
     fn fired_after(&self) -> Option<u32> {
         *self
             .fired_after
@@ -355,10 +366,20 @@ impl LockService for Counted {
     }
 
     fn watch_held(&self, held: &Held) -> Option<Wake> {
-        let watch = self.inner.watch_held(held)?;
+        let mut watch = self.inner.watch_held(held)?;
         let (refreshes, fired_after) = (self.refreshes.clone(), self.fired_after.clone());
+        let armed = self.armed.clone();
         Some(Box::pin(async move {
-            watch.await;
+            let mut told = false;
+            std::future::poll_fn(|cx| {
+                let polled = watch.as_mut().poll(cx);
+                if polled.is_pending() && !told {
+                    told = true;
+                    armed.notify_one();
+                }
+                polled
+            })
+            .await;
             let sent = refreshes.load(Ordering::SeqCst);
             let mut fired = fired_after
                 .lock()
@@ -376,11 +397,7 @@ impl LockService for Counted {
 /// watch fired, and this fails.
 async fn a_deleted_node_is_seen_by_the_holders_watch(zk: &Zk) -> TestResult {
     let key = "watched";
-    let counted = Counted {
-        inner: zk.locker.clone(),
-        refreshes: Arc::default(),
-        fired_after: Arc::default(),
-    };
+    let counted = Counted::new(zk.locker.clone());
     let ttl = zk.locker.session_timeout();
     let opts = AcquireOptions::new().watchdog(true);
     let lease = counted.acquire_with(key, ttl, &opts).await?;
@@ -407,6 +424,54 @@ async fn a_deleted_node_is_seen_by_the_holders_watch(zk: &Zk) -> TestResult {
     let released = lease.release().await;
     if !matches!(released, Err(Error::NotHeld { .. })) {
         return Err(format!("the release of a deleted node: {released:?}").into());
+    }
+    Ok(())
+}
+
+/// A change of the holder's node's data (what an election's leader
+/// record writes) is not a loss: the watch is set again, with no refresh
+/// sent, and a deletion after it is still seen at once.
+async fn a_data_change_on_the_held_node_is_not_a_loss(zk: &Zk) -> TestResult {
+    let key = "watched-data";
+    let counted = Counted::new(zk.locker.clone());
+    let ttl = zk.locker.session_timeout();
+    let opts = AcquireOptions::new().watchdog(true);
+    let lease = counted.acquire_with(key, ttl, &opts).await?;
+    let lost = lease.watch()?;
+    tokio::time::timeout(PATIENCE, counted.armed.notified())
+        .await
+        .map_err(|_| "the holder's watch never waited")?;
+    // A request on the holder's session, answered after its watch's.
+    LockService::leader_record(&zk.locker, key, "probe").await?;
+    let dir = zk.locker.lock_path(key);
+    let node = contenders(&zk.raw, &dir)
+        .await?
+        .first()
+        .cloned()
+        .ok_or("no holder's node")?;
+    zk.raw
+        .set_data(&format!("{dir}/{node}"), b"changed", None)
+        .await?;
+    // The change's event reaches the session before this answer.
+    LockService::leader_record(&zk.locker, key, "probe").await?;
+    if lease.lost().is_some() || lost.is_cancelled() {
+        return Err(format!("a data change lost the lease: {:?}", lease.lost()).into());
+    }
+    zk.expire(key).await?;
+    tokio::time::timeout(PATIENCE, lost.cancelled())
+        .await
+        .map_err(|_| "the lease was never found lost")?;
+    let (fired_after, refreshes) = (
+        counted.fired_after(),
+        counted.refreshes.load(Ordering::SeqCst),
+    );
+    // A wake on the data change would have cost a refresh (finding the
+    // node ours) and left the deletion to the timed refresh: two.
+    if fired_after != Some(0) || refreshes != 1 {
+        return Err(format!(
+            "the watch fired after {fired_after:?} refreshes; {refreshes} refreshes in all"
+        )
+        .into());
     }
     Ok(())
 }
@@ -500,6 +565,7 @@ async fn zk_locker_keeps_every_promise() -> TestResult {
     scenario!(fences_grow_across_holders);
     scenario!(a_deleted_node_is_a_lost_lease);
     scenario!(a_deleted_node_is_seen_by_the_holders_watch);
+    scenario!(a_data_change_on_the_held_node_is_not_a_loss);
     scenario!(a_lost_create_leaves_nothing);
     scenario!(conformance_suite);
     assert!(failed.is_empty(), "{}", failed.join("\n"));
