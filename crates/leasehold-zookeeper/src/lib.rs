@@ -74,6 +74,18 @@
 //! the guard then refuses every holder until an operator acts (not yet
 //! tooled).
 //!
+//! **A node deleted by hand is a lost lease, at once.** A lease's watchdog
+//! watches the holder's own node
+//! ([`LockService::watch_held`](leasehold::LockService::watch_held)): when
+//! an operator's `deleteall` or a script removes it, or its session ends,
+//! the watchdog refreshes there and then instead of up to a third of the
+//! TTL later, and that refresh, finding the node gone, ends the lease as
+//! lost ([`LostCause::Expired`](leasehold::LostCause::Expired)): the work's
+//! token fires. A watch that fires for anything else (a fault while setting
+//! it) costs that one refresh, never the lease. The next contender may
+//! hold the lock by the time the holder hears of it: the watch narrows the
+//! overlap to about a round trip, the fence still guards the data.
+//!
 //! **Nothing left behind.** A waiter that gives up, is cancelled or
 //! dropped, or whose create's answer was lost, has its node found again by
 //! the acquire's unique prefix and deleted, in the background while its

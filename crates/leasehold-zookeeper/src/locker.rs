@@ -5,7 +5,7 @@
 //! connect string); a session that ended (expired on the server's clock,
 //! closed, refused) is replaced by a new one at the next request, and
 //! every node of the old one is gone with it: a lease it held is lost,
-//! which its next refresh reports.
+//! which its watch on its node (or its next refresh) reports.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -30,6 +30,20 @@
 //! (ZOOKEEPER-4026: `czxid` -1); the node's own `Stat` is then read back
 //! before the win.
 //!
+//! # The holder's watch
+//!
+//! A lease's watchdog arms [`LockService::watch_held`]: a watch on the
+//! holder's own node (an `exists` with a watch, on the session that made
+//! it). It resolves when the node is deleted (by hand: an operator's
+//! `deleteall`, a script), when the session ends (expired, closed), when
+//! the node is missing or not ours as it is armed, and when it cannot be
+//! armed (a fault): the watchdog then refreshes at once, and only that
+//! refresh (the node still there, owned by our session) decides. A change
+//! of the node's data (an election's leader record, written by this
+//! holder) is not a loss: the watch is set again. ZooKeeper keeps a watch
+//! across a reconnection within the session, and delivers a deletion that
+//! happened meanwhile when it sets it again.
+//!
 //! # Why a win lasts the TTL
 //!
 //! The lock is the node, and the node lives as long as the session. The
@@ -41,10 +55,10 @@
 
 use std::time::Duration;
 
-use leasehold::backend::{Claim, Held, Reply, ServiceFault, Step};
+use leasehold::backend::{Claim, Held, Reply, ServiceFault, Step, Wake};
 use leasehold::{Error, FencingToken, LeaseToken, LockService, Result, Service};
 use tokio::time::Instant;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType};
 
 use crate::fault::{ZOOKEEPER, within, zk_fault};
 use crate::layout::{contenders, decode_record, encode_record, node_prefix};
@@ -266,6 +280,36 @@ impl ZkLocker {
         Ok(Step::busy())
     }
 
+    /// Returns once the node of the lock `key` held under `token` may be
+    /// gone: deleted, not ours, its session ended, or a fault while
+    /// watching it (the watchdog's refresh then decides).
+    async fn until_gone(&self, key: &str, token: &LeaseToken) {
+        loop {
+            let deadline = Instant::now() + self.inner.command_timeout;
+            let Ok(client) = self.current(deadline).await else {
+                return;
+            };
+            if ended(client.state()) {
+                return;
+            }
+            let Ok(Some(path)) = self.held_path(&client, key, token, "watch", deadline).await
+            else {
+                return;
+            };
+            let watcher = match within(deadline, client.check_and_watch_stat(&path)).await {
+                Ok((Some(stat), watcher)) if stat.ephemeral_owner == client.session_id().0 => {
+                    watcher
+                }
+                _ => return,
+            };
+            let event = watcher.changed().await;
+            if event.event_type != EventType::NodeDataChanged {
+                return;
+            }
+            // Our own leader record was written: still ours; watch again.
+        }
+    }
+
     /// Our node is the lowest: the lock is ours, fenced by the node's
     /// `czxid` (read back when the create's answer did not carry it).
     async fn won(
@@ -418,6 +462,15 @@ impl LockService for ZkLocker {
             }
             Ok(ours)
         })
+    }
+
+    /// A watch on our node: resolves when it is deleted or its session
+    /// ends (the crate docs say what that gives a holder).
+    fn watch_held(&self, held: &Held) -> Option<Wake> {
+        let (locker, key, token) = (self.clone(), held.key().to_owned(), held.token().clone());
+        Some(Box::pin(
+            async move { locker.until_gone(&key, &token).await },
+        ))
     }
 
     /// Deletes our node: `Ok(false)` when it was already gone.

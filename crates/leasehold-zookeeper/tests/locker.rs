@@ -2,23 +2,27 @@
 //! ZooKeeper server: the conformance suite with the faults it can offer,
 //! then the queue's own promises (FIFO, no node left behind by a waiter
 //! that gave up, was cancelled or lost its create's answer, the TTL rule,
-//! a node deleted by hand, fences across holders).
+//! a node deleted by hand, seen by the holder's watch, fences across
+//! holders).
 //!
 //! A ZooKeeper server is a JVM, heavy on a small machine, so this file
 //! starts one, with a 1 s tick (sessions of 2 to 20 s, for the suite's
 //! 10 s TTL), and one test runs every scenario on it in turn, each on its
 //! own keys, reporting every scenario that failed.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold::backend::ServiceFault;
+use leasehold::backend::{Claim, Held, Reply, ServiceFault, Step, Wake};
 use leasehold::conformance::{self, Faults, Offered, Settings, Verdict};
 use leasehold::{
-    AcquireOptions, CancellationToken, Error, FencedKeys, GiveUpReason, Lessor, RetryStrategy,
-    Service,
+    AcquireOptions, CancellationToken, Error, FencedKeys, FencingToken, GiveUpReason, Lessor,
+    LockService, LostCause, RetryStrategy, Service,
 };
 use leasehold_testkit::ZooKeeperEnsemble;
 use leasehold_zookeeper::ZkLocker;
+use tokio::time::Instant;
 use zookeeper_client::Client;
 
 use common::{PATIENCE, until_contenders};
@@ -263,6 +267,215 @@ async fn a_deleted_node_is_a_lost_lease(zk: &Zk) -> TestResult {
     Ok(())
 }
 
+/// A `ZkLocker` that counts the refreshes sent through it and notes how
+/// many had been sent when its holder's watch fired.
+#[derive(Clone)]
+struct Counted {
+    inner: ZkLocker,
+    refreshes: Arc<AtomicU32>,
+    /// The refreshes sent when the holder's watch fired, once it did.
+    fired_after: Arc<Mutex<Option<u32>>>,
+    /// Told when a holder's watch first waits (its request sent).
+    armed: Arc<tokio::sync::Notify>,
+}
+
+impl Counted {
+    fn new(inner: ZkLocker) -> Counted {
+        Counted {
+            inner,
+            refreshes: Arc::default(),
+            fired_after: Arc::default(),
+            armed: Arc::default(),
+        }
+    }
+
+    fn fired_after(&self) -> Option<u32> {
+        *self
+            .fired_after
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl LockService for Counted {
+    type Entry = <ZkLocker as LockService>::Entry;
+
+    fn service(&self) -> Service {
+        self.inner.service()
+    }
+
+    fn command_timeout(&self) -> Duration {
+        self.inner.command_timeout()
+    }
+
+    fn fence_key_of(&self, fence_key: &str) -> String {
+        self.inner.fence_key_of(fence_key)
+    }
+
+    fn check_ttl(&self, ttl: Duration) -> leasehold::Result<()> {
+        self.inner.check_ttl(ttl)
+    }
+
+    fn step<'a>(
+        &'a self,
+        claim: &'a Claim,
+        entry: &'a mut Self::Entry,
+        deadline: Instant,
+    ) -> Reply<'a, Step> {
+        self.inner.step(claim, entry, deadline)
+    }
+
+    fn undo<'a>(
+        &'a self,
+        claim: &'a Claim,
+        entry: &'a mut Self::Entry,
+        deadline: Instant,
+    ) -> Reply<'a, ()> {
+        self.inner.undo(claim, entry, deadline)
+    }
+
+    fn leave<'a>(
+        &'a self,
+        claim: &'a Claim,
+        entry: &'a mut Self::Entry,
+        deadline: Instant,
+    ) -> Reply<'a, ()> {
+        self.inner.leave(claim, entry, deadline)
+    }
+
+    fn abandon(&self, claim: Claim, entry: Self::Entry, maybe_taken: bool) {
+        self.inner.abandon(claim, entry, maybe_taken);
+    }
+
+    fn refresh<'a>(&'a self, held: &'a Held, ttl: Duration, deadline: Instant) -> Reply<'a, bool> {
+        self.refreshes.fetch_add(1, Ordering::SeqCst);
+        self.inner.refresh(held, ttl, deadline)
+    }
+
+    fn release<'a>(&'a self, held: &'a Held, deadline: Instant) -> Reply<'a, bool> {
+        self.inner.release(held, deadline)
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        fence_key: &'a str,
+        at_least: FencingToken,
+        deadline: Instant,
+    ) -> Reply<'a, ()> {
+        self.inner.raise_fence(fence_key, at_least, deadline)
+    }
+
+    fn watch_held(&self, held: &Held) -> Option<Wake> {
+        let mut watch = self.inner.watch_held(held)?;
+        let (refreshes, fired_after) = (self.refreshes.clone(), self.fired_after.clone());
+        let armed = self.armed.clone();
+        Some(Box::pin(async move {
+            let mut told = false;
+            std::future::poll_fn(|cx| {
+                let polled = watch.as_mut().poll(cx);
+                if polled.is_pending() && !told {
+                    told = true;
+                    armed.notify_one();
+                }
+                polled
+            })
+            .await;
+            let sent = refreshes.load(Ordering::SeqCst);
+            let mut fired = fired_after
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            fired.get_or_insert(sent);
+        }))
+    }
+}
+
+/// A holder's node deleted by another ZooKeeper client is a lost lease at
+/// once: the holder's watch fires before any refresh was sent, and the one
+/// refresh that confirms it (the node gone) ends the lease. The TTL is the
+/// session timeout (20 s), so the first refresh on the timer is due ~6.7 s
+/// after the win: without the watch, that refresh finds the loss, with no
+/// watch fired, and this fails.
+async fn a_deleted_node_is_seen_by_the_holders_watch(zk: &Zk) -> TestResult {
+    let key = "watched";
+    let counted = Counted::new(zk.locker.clone());
+    let ttl = zk.locker.session_timeout();
+    let opts = AcquireOptions::new().watchdog(true);
+    let lease = counted.acquire_with(key, ttl, &opts).await?;
+    let lost = lease.watch()?;
+    // Deleted before or after the watch is set: one set on a missing node
+    // fires at once, one set before fires on the deletion.
+    zk.expire(key).await?;
+    tokio::time::timeout(PATIENCE, lost.cancelled())
+        .await
+        .map_err(|_| "the lease was never found lost")?;
+    let (fired_after, refreshes) = (
+        counted.fired_after(),
+        counted.refreshes.load(Ordering::SeqCst),
+    );
+    if fired_after != Some(0) || refreshes != 1 {
+        return Err(format!(
+            "the watch fired after {fired_after:?} refreshes; {refreshes} refreshes in all"
+        )
+        .into());
+    }
+    if lease.lost() != Some(LostCause::Expired) {
+        return Err(format!("lost as {:?}", lease.lost()).into());
+    }
+    let released = lease.release().await;
+    if !matches!(released, Err(Error::NotHeld { .. })) {
+        return Err(format!("the release of a deleted node: {released:?}").into());
+    }
+    Ok(())
+}
+
+/// A change of the holder's node's data (what an election's leader
+/// record writes) is not a loss: the watch is set again, with no refresh
+/// sent, and a deletion after it is still seen at once.
+async fn a_data_change_on_the_held_node_is_not_a_loss(zk: &Zk) -> TestResult {
+    let key = "watched-data";
+    let counted = Counted::new(zk.locker.clone());
+    let ttl = zk.locker.session_timeout();
+    let opts = AcquireOptions::new().watchdog(true);
+    let lease = counted.acquire_with(key, ttl, &opts).await?;
+    let lost = lease.watch()?;
+    tokio::time::timeout(PATIENCE, counted.armed.notified())
+        .await
+        .map_err(|_| "the holder's watch never waited")?;
+    // A request on the holder's session, answered after its watch's.
+    LockService::leader_record(&zk.locker, key, "probe").await?;
+    let dir = zk.locker.lock_path(key);
+    let node = contenders(&zk.raw, &dir)
+        .await?
+        .first()
+        .cloned()
+        .ok_or("no holder's node")?;
+    zk.raw
+        .set_data(&format!("{dir}/{node}"), b"changed", None)
+        .await?;
+    // The change's event reaches the session before this answer.
+    LockService::leader_record(&zk.locker, key, "probe").await?;
+    if lease.lost().is_some() || lost.is_cancelled() {
+        return Err(format!("a data change lost the lease: {:?}", lease.lost()).into());
+    }
+    zk.expire(key).await?;
+    tokio::time::timeout(PATIENCE, lost.cancelled())
+        .await
+        .map_err(|_| "the lease was never found lost")?;
+    let (fired_after, refreshes) = (
+        counted.fired_after(),
+        counted.refreshes.load(Ordering::SeqCst),
+    );
+    // A wake on the data change would have cost a refresh (finding the
+    // node ours) and left the deletion to the timed refresh: two.
+    if fired_after != Some(0) || refreshes != 1 {
+        return Err(format!(
+            "the watch fired after {fired_after:?} refreshes; {refreshes} refreshes in all"
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// Tokens grow across holders on two sessions, a waiter's included, and
 /// are the lock nodes' creation zxids.
 async fn fences_grow_across_holders(zk: &Zk) -> TestResult {
@@ -351,6 +564,8 @@ async fn zk_locker_keeps_every_promise() -> TestResult {
     scenario!(waiters_that_leave_leave_nothing);
     scenario!(fences_grow_across_holders);
     scenario!(a_deleted_node_is_a_lost_lease);
+    scenario!(a_deleted_node_is_seen_by_the_holders_watch);
+    scenario!(a_data_change_on_the_held_node_is_not_a_loss);
     scenario!(a_lost_create_leaves_nothing);
     scenario!(conformance_suite);
     assert!(failed.is_empty(), "{}", failed.join("\n"));

@@ -57,6 +57,37 @@
 //!    [`release`](LockService::release), spawned and retried until the
 //!    lease would have ended.)
 //!
+//! # The holder's watch: hearing of a loss between refreshes
+//!
+//! A service that can tell its holder at once that a lock is gone (a
+//! ZooKeeper watch on the holder's own node, a notification) offers it
+//! through [`watch_held`](LockService::watch_held): a [`Wake`] that
+//! resolves when the service saw a *sign* that the lock may be gone. The
+//! lease's watchdog selects on it beside its refresh timer, and when it
+//! resolves, confirms with one token-checked
+//! [`refresh`](LockService::refresh) at once: `Ok(false)` ends the lease
+//! as lost ([`LostCause::Expired`](crate::LostCause::Expired), as a
+//! refresh on the timer would have), `Ok(true)` keeps it. A signal alone
+//! never ends a lease:
+//!
+//! - a sign is not a finding: a watch also fires for a session event, a
+//!   change of the node's data, or a fault in setting it up, and only the
+//!   token-checked refresh says whether the lock still carries our token;
+//!   ending a lease the service still holds for us would stop the work for
+//!   nothing, and let no one else in;
+//! - the refresh is the check every other loss goes through, so a lease is
+//!   lost for one reason only (the service said it is not ours, or could
+//!   not say so before the lease's validity ran out), whatever woke the
+//!   watchdog.
+//!
+//! A spurious wake therefore costs one refresh, never a live lease. The
+//! watchdog arms the signal when it starts and again after each refresh
+//! *on its timer* that confirmed the lease; a wake it found spurious (or
+//! could not settle: the refresh failed) is not re-armed until then. So a
+//! signal that fires at once every time costs at most one extra refresh
+//! per refresh period, and a loss right after a spurious wake is still
+//! found by the next refresh on the timer, as without a signal.
+//!
 //! Errors name the service ([`service`](LockService::service)); a cause
 //! the crate's [`Error`] has no variant for is an [`Error::Service`] made
 //! with [`Error::service`], which says whether the request may have acted
@@ -128,9 +159,11 @@ use crate::token::LeaseToken;
 /// its arguments for `'a`.
 pub type Reply<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 
-/// A wake-up for a waiter: resolves when the lock may have become free
-/// (a notification, a watch, or the service's own fallback timer), and the
-/// retry loop steps again then.
+/// A wake-up: for a waiter ([`Step::busy_until`]), resolves when the lock
+/// may have become free (a notification, a watch, or the service's own
+/// fallback timer), and the retry loop steps again then; for a holder
+/// ([`LockService::watch_held`]), resolves when the lock may be gone, and
+/// the lease's watchdog refreshes at once then.
 pub type Wake = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// A lock service, the seam every backend implements: see the
@@ -286,6 +319,36 @@ pub trait LockService: Clone + Send + Sync + 'static {
     /// A fault of the service; one whose outcome is unknown never becomes
     /// `Ok`.
     fn release<'a>(&'a self, held: &'a Held, deadline: Instant) -> Reply<'a, bool>;
+
+    /// A signal that `held`'s lock may be gone, for the lease's watchdog to
+    /// confirm at once instead of at its next refresh (the
+    /// [module docs](self#the-holders-watch-hearing-of-a-loss-between-refreshes)
+    /// say why a signal alone never ends a lease). Defaults to `None`: no
+    /// signal, and the watchdog finds a loss by its refreshes alone.
+    ///
+    /// The wake-up is created when the watchdog starts (and again after a
+    /// refresh on its timer confirmed the lease, if it fired) and dropped
+    /// when the lease ends; it is lazy (a future), so whatever it sets up
+    /// (a watch) happens when it is first polled, at once. An
+    /// implementation must guarantee:
+    ///
+    /// - **It resolves when the lock is gone.** Once the service removed
+    ///   `held`'s lock (deleted, expired, taken over, the session that held
+    ///   it ended), the wake-up resolves, or had already: arming it on a
+    ///   lock already gone resolves at once. That is the whole point; a
+    ///   loss it misses is found by the next refresh, as without it.
+    /// - **It may resolve spuriously**, but only on a sign (a session
+    ///   event, a fault while arming it, a change it cannot tell from a
+    ///   loss): each wake costs a refresh, and the watchdog does not re-arm
+    ///   a spurious one until its next timed refresh, so one that resolves
+    ///   for nothing wastes at most one refresh per period and misses the
+    ///   losses of that period.
+    /// - **It is cheap while pending**: it never blocks its thread, and
+    ///   gives back what it set up when dropped (a watch removed, a
+    ///   subscription closed).
+    fn watch_held(&self, _held: &Held) -> Option<Wake> {
+        None
+    }
 
     /// Whether it can confirm a win on replicas
     /// ([`AcquireOptions::wait_replicas`](crate::AcquireOptions::wait_replicas)):

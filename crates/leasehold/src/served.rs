@@ -83,6 +83,10 @@ impl<S: LockService> Backend for Served<S> {
         self.0.announce(part, record_key, body, deadline)
     }
 
+    fn watch_held(&self, part: &Part) -> Option<Wake> {
+        self.0.watch_held(part)
+    }
+
     fn release_dropped(self: Arc<Self>, part: Part, until: Instant) {
         spawn_release(self.0.clone(), part, until);
     }

@@ -33,13 +33,22 @@
 //!   instant the key may have expired and been taken, and nothing we can
 //!   learn later undoes the overlap.
 //!
+//! A service that can say at once that the lock may be gone (ZooKeeper's
+//! watch on the holder's own node: see
+//! [`LockService::watch_held`](crate::LockService::watch_held)) wakes the
+//! watchdog between refreshes: it confirms with one refresh there and
+//! then, and cancels the token only if that refresh says the key no longer
+//! holds our token ([`LostCause::Expired`], as above). A signal alone never
+//! ends a lease, and one the refresh finds spurious costs that refresh.
+//!
 //! A failed refresh that is not yet fatal has no caller to report to; it is
 //! logged as a `tracing` warning (target `leasehold::watchdog`).
 //!
 //! # What it cannot do
 //!
 //! The watchdog **narrows the window; it does not close it**. It learns of a
-//! loss at best one refresh period late, the work must notice the
+//! loss at best one refresh period late (one round trip late, on a service
+//! that signals a loss), the work must notice the
 //! cancellation (an `.await` that does not reach a cancellation point keeps
 //! running), and a holder paused by the operating system, a garbage
 //! collector or a stopped VM runs nothing at all, watchdog included, until it
@@ -73,6 +82,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::Wake;
 use crate::error::{Error, Result};
 use crate::service::Service;
 
@@ -235,30 +245,58 @@ pub(crate) fn period(ttl: Duration) -> Duration {
     ttl / 3
 }
 
+/// Resolves when `gone` (armed) does, disarming it; never while unarmed.
+async fn fired(gone: &mut Option<Wake>) {
+    match gone {
+        Some(wake) => {
+            wake.await;
+            *gone = None;
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// The watchdog loop: refreshes through `refresh(ttl, deadline)` every
 /// `ttl / 3` until the signal is cancelled, cancelling it when the lease is
 /// lost. Generic over `refresh` so the schedule can be tested with a fake
 /// backend under paused time. `refresh` returns `Ok(false)` when the key no
 /// longer holds our token.
-pub(crate) async fn keep<F, Fut>(shared: Arc<Shared>, key: String, service: Service, mut refresh: F)
-where
+///
+/// `arm` gives the service's signal that the lease may be gone
+/// ([`LockService::watch_held`](crate::LockService::watch_held); `None`:
+/// none): when it resolves, one refresh is sent at once to confirm, and
+/// only its `Ok(false)` loses the lease. It is armed at the start and
+/// again after each refresh on the timer that confirmed the lease, never
+/// right after a wake, so a signal that keeps firing costs at most one
+/// extra refresh per period.
+pub(crate) async fn keep<F, Fut, A>(
+    shared: Arc<Shared>,
+    key: String,
+    service: Service,
+    mut refresh: F,
+    mut arm: A,
+) where
     F: FnMut(Duration, Instant) -> Fut,
     Fut: Future<Output = Result<bool>>,
+    A: FnMut() -> Option<Wake>,
 {
     let signal = shared.signal();
     let mut last_sent = shared.validity().confirmed_at;
     // Whether a refresh failed since the last confirmation.
     let mut failing = false;
+    let mut gone = arm();
     loop {
         let validity = shared.validity();
         let period = period(validity.ttl);
         let valid_until = validity.until();
         let next = last_sent.max(validity.confirmed_at) + period;
-        tokio::select! {
+        // Whether the service's signal woke us (rather than the timer).
+        let woken = tokio::select! {
             biased;
             () = signal.cancelled() => return,
-            () = tokio::time::sleep_until(next.min(valid_until)) => {}
-        }
+            () = tokio::time::sleep_until(next.min(valid_until)) => false,
+            () = fired(&mut gone) => true,
+        };
         let validity = shared.validity();
         let now = Instant::now();
         if now >= validity.until() {
@@ -270,7 +308,13 @@ where
             lost(&shared, &key, cause);
             return;
         }
-        if now < next {
+        if woken {
+            tracing::debug!(
+                target: "leasehold::watchdog",
+                key,
+                "the service signalled the lease may be gone; confirming with a refresh"
+            );
+        } else if now < next {
             // Woken early by a changed validity (a manual refresh); re-plan.
             continue;
         }
@@ -296,6 +340,15 @@ where
                 tracing::debug!(target: "leasehold::watchdog", key, ttl_ms, by = "watchdog", outcome = "ok", "refreshed");
                 shared.confirm(sent_at, validity.ttl);
                 failing = false;
+                if woken {
+                    tracing::debug!(
+                        target: "leasehold::watchdog",
+                        key,
+                        "the lease is still ours: the signal was spurious; it is armed again after the next refresh"
+                    );
+                } else if gone.is_none() {
+                    gone = arm();
+                }
             }
             Ok(false) | Err(Error::WrongType { .. }) => {
                 crate::metrics::refresh("watchdog", "not_held");
@@ -425,6 +478,7 @@ mod tests {
             "k".into(),
             Service::REDIS,
             fake.clone().refresher(),
+            || None,
         ));
         (shared, task)
     }
@@ -535,6 +589,7 @@ mod tests {
                 counter.fetch_add(1, Ordering::Relaxed);
                 async { Ok(true) }
             },
+            || None,
         )));
         tokio::time::sleep(250 * MS).await;
         assert_eq!(calls.load(Ordering::Relaxed), 2);
@@ -542,6 +597,243 @@ mod tests {
         tokio::time::sleep(2000 * MS).await;
         assert_eq!(calls.load(Ordering::Relaxed), 2);
         assert!(!shared.signal().is_cancelled(), "aborting is not a loss");
+    }
+
+    /// A service's loss signal that fires every time it is armed, beside
+    /// refreshes that always find the lease ours: each wake costs one
+    /// refresh, and the signal is armed again only after a refresh on the
+    /// timer, so it adds at most one refresh per period (and the lease is
+    /// kept).
+    #[tokio::test(start_paused = true)]
+    async fn a_signal_that_keeps_firing_costs_at_most_one_refresh_per_period() {
+        let fake = Fake::new(vec![]);
+        let arms = Arc::new(AtomicU32::new(0));
+        let counter = arms.clone();
+        let shared = Shared::new(fake.start, TTL);
+        let task = tokio::spawn(keep(
+            shared.clone(),
+            "k".into(),
+            Service::REDIS,
+            fake.clone().refresher(),
+            move || -> Option<Wake> {
+                counter.fetch_add(1, Ordering::Relaxed);
+                Some(Box::pin(std::future::ready(())))
+            },
+        ));
+        tokio::time::sleep(350 * MS).await;
+        // A wake at 0 (armed at the start), then each timed refresh at
+        // 100, 200, 300 re-arms it, and it wakes at once again.
+        assert_eq!(
+            fake.sent(),
+            [0, 100, 100, 200, 200, 300, 300].map(|m| m * MS)
+        );
+        assert_eq!(arms.load(Ordering::Relaxed), 4);
+        assert_eq!(shared.lost(), None);
+        assert_eq!(shared.validity().until() - fake.start, 600 * MS);
+        shared.end();
+        task.await.expect("watchdog task");
+    }
+
+    /// A lock service whose holder hears of a loss between refreshes: its
+    /// locks are ours until `delete` (by hand, elsewhere), and every
+    /// `watch_held` wake-up resolves once the lock is gone.
+    #[derive(Clone)]
+    struct Watched {
+        /// The keys whose lock was deleted.
+        deleted: Arc<Mutex<Vec<String>>>,
+        /// Bumped by every deletion: what the armed wake-ups wait on.
+        deletions: Arc<tokio::sync::watch::Sender<u32>>,
+        /// How many refreshes were sent, told to whoever waits.
+        refreshes: Arc<tokio::sync::watch::Sender<u32>>,
+        /// How many wake-ups were handed out.
+        arms: Arc<AtomicU32>,
+        /// When set, a wake-up resolves although nothing was deleted (a
+        /// session event).
+        spurious: Arc<tokio::sync::Notify>,
+    }
+
+    impl Watched {
+        fn new() -> Watched {
+            Watched {
+                deleted: Arc::default(),
+                deletions: Arc::new(tokio::sync::watch::Sender::new(0)),
+                refreshes: Arc::new(tokio::sync::watch::Sender::new(0)),
+                arms: Arc::default(),
+                spurious: Arc::default(),
+            }
+        }
+
+        fn is_deleted(&self, key: &str) -> bool {
+            self.deleted.lock().expect("lock").iter().any(|k| k == key)
+        }
+
+        fn delete(&self, key: &str) {
+            self.deleted.lock().expect("lock").push(key.to_owned());
+            self.deletions.send_modify(|n| *n += 1);
+        }
+
+        fn refreshes(&self) -> u32 {
+            *self.refreshes.borrow()
+        }
+
+        async fn until_refreshes(&self, n: u32) {
+            let mut seen = self.refreshes.subscribe();
+            seen.wait_for(|sent| *sent >= n).await.expect("sender kept");
+        }
+    }
+
+    impl crate::backend::LockService for Watched {
+        type Entry = ();
+
+        fn service(&self) -> Service {
+            Service::named("watched")
+        }
+
+        fn command_timeout(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+
+        fn step<'a>(
+            &'a self,
+            _: &'a crate::backend::Claim,
+            (): &'a mut (),
+            _: Instant,
+        ) -> crate::backend::Reply<'a, crate::backend::Step> {
+            Box::pin(async { Ok(crate::backend::Step::won(None)) })
+        }
+
+        fn undo<'a>(
+            &'a self,
+            _: &'a crate::backend::Claim,
+            (): &'a mut (),
+            _: Instant,
+        ) -> crate::backend::Reply<'a, ()> {
+            Box::pin(async { Ok(()) })
+        }
+
+        fn refresh<'a>(
+            &'a self,
+            held: &'a crate::backend::Held,
+            _: Duration,
+            _: Instant,
+        ) -> crate::backend::Reply<'a, bool> {
+            self.refreshes.send_modify(|n| *n += 1);
+            let ours = !self.is_deleted(held.key());
+            Box::pin(async move { Ok(ours) })
+        }
+
+        fn release<'a>(
+            &'a self,
+            held: &'a crate::backend::Held,
+            _: Instant,
+        ) -> crate::backend::Reply<'a, bool> {
+            let ours = !self.is_deleted(held.key());
+            Box::pin(async move { Ok(ours) })
+        }
+
+        fn watch_held(&self, held: &crate::backend::Held) -> Option<Wake> {
+            self.arms.fetch_add(1, Ordering::SeqCst);
+            let (service, key) = (self.clone(), held.key().to_owned());
+            let mut deletions = self.deletions.subscribe();
+            Some(Box::pin(async move {
+                let spurious = service.spurious.notified();
+                let mut spurious = std::pin::pin!(spurious);
+                loop {
+                    if service.is_deleted(&key) {
+                        return;
+                    }
+                    tokio::select! {
+                        () = &mut spurious => return,
+                        changed = deletions.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }))
+        }
+    }
+
+    const LONG: Duration = Duration::from_secs(9);
+
+    /// A lock deleted by hand is a lost lease at once: the service's signal
+    /// wakes the watchdog, one refresh confirms it is not ours, and the
+    /// work's token fires, before the first refresh on the timer was due
+    /// (the paused clock has not moved).
+    #[tokio::test(start_paused = true)]
+    async fn a_signalled_loss_is_confirmed_by_one_refresh_and_ends_the_lease() -> Result<()> {
+        use crate::Lessor;
+        let service = Watched::new();
+        let opts = crate::AcquireOptions::new().watchdog(true);
+        let lease = service.acquire_with("k", LONG, &opts).await?;
+        let token = lease.watch()?;
+        let start = Instant::now();
+        service.delete("k");
+        token.cancelled().await;
+        assert_eq!(lease.lost(), Some(LostCause::Expired));
+        assert_eq!(service.refreshes(), 1, "one confirming refresh");
+        assert_eq!(
+            Instant::now(),
+            start,
+            "found by a timed refresh, not the signal"
+        );
+        assert!(matches!(lease.release().await, Err(Error::NotHeld { .. })));
+        Ok(())
+    }
+
+    /// A wake-up with the lock still ours (a session event) costs one
+    /// refresh, which keeps the lease; the signal is armed again only after
+    /// the next refresh on the timer, and a deletion then ends the lease at
+    /// once.
+    #[tokio::test(start_paused = true)]
+    async fn a_spurious_signal_costs_one_refresh_and_keeps_the_lease() -> Result<()> {
+        use crate::Lessor;
+        let service = Watched::new();
+        let opts = crate::AcquireOptions::new().watchdog(true);
+        let lease = service.acquire_with("k", LONG, &opts).await?;
+        let token = lease.watch()?;
+        let start = lease.confirmed_at();
+        // The watchdog armed its signal and waits on it.
+        tokio::task::yield_now().await;
+        assert_eq!(service.arms.load(Ordering::SeqCst), 1);
+        service.spurious.notify_waiters();
+        service.until_refreshes(1).await;
+        assert_eq!(Instant::now(), start, "the refresh was the signal's");
+        assert_eq!(lease.lost(), None);
+        assert!(!token.is_cancelled());
+        // Not armed again until the timed refresh, a period after the
+        // signal's.
+        assert_eq!(service.arms.load(Ordering::SeqCst), 1);
+        service.until_refreshes(2).await;
+        assert_eq!(Instant::now(), start + period(LONG));
+        assert_eq!(lease.lost(), None);
+        tokio::task::yield_now().await;
+        assert_eq!(service.arms.load(Ordering::SeqCst), 2);
+        let deleted_at = Instant::now();
+        service.delete("k");
+        token.cancelled().await;
+        assert_eq!(lease.lost(), Some(LostCause::Expired));
+        assert_eq!(service.refreshes(), 3);
+        assert_eq!(Instant::now(), deleted_at);
+        Ok(())
+    }
+
+    /// A lease on several locks: the loss of any one, signalled, ends it.
+    #[tokio::test(start_paused = true)]
+    async fn a_signalled_loss_of_one_of_several_locks_ends_the_lease() -> Result<()> {
+        use crate::Lessor;
+        let service = Watched::new();
+        let opts = crate::AcquireOptions::new().watchdog(true);
+        let lease = service.acquire_all(["a", "b"], LONG, &opts).await?;
+        let token = lease.watch()?;
+        let start = Instant::now();
+        service.delete("b");
+        token.cancelled().await;
+        assert_eq!(lease.lost(), Some(LostCause::Expired));
+        assert_eq!(Instant::now(), start);
+        assert_eq!(service.arms.load(Ordering::SeqCst), 2, "one signal a lock");
+        Ok(())
     }
 
     #[test]

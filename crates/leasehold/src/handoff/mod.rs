@@ -639,12 +639,8 @@ impl<C: RedisConnection> crate::lessor::sealed::Sealed for HandoffLocker<C> {
 /// Its four calls (`use leasehold::Lessor`): see [Taking a
 /// lease](HandoffLocker#taking-a-lease) for what hand-off adds.
 impl<C: RedisConnection> Lessor for HandoffLocker<C> {
-    fn acquire(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        async move { way::acquire_with(self, keys, ttl, &AcquireOptions::default()).await }
+    async fn acquire(&self, keys: impl LockKeys, ttl: Duration) -> Result<Lease> {
+        way::acquire_with(self, keys, ttl, &AcquireOptions::default()).await
     }
 
     fn acquire_with(

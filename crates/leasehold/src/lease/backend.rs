@@ -18,6 +18,7 @@ use super::Lease;
 pub(crate) use crate::backend::Held as Part;
 
 pub(crate) use crate::backend::Reply;
+use crate::backend::Wake;
 
 /// What granted a lease, as the lease sees it: the token-checked steps on
 /// one lock. Implemented by each way of taking a lease.
@@ -60,6 +61,15 @@ pub(crate) trait Backend: Send + Sync + 'static {
         body: &'a str,
         deadline: Instant,
     ) -> Reply<'a, bool>;
+
+    /// A signal that `part`'s lock may be gone, which the watchdog confirms
+    /// with a refresh at once ([`LockService::watch_held`]); `None`: no
+    /// signal, refreshes alone find a loss.
+    ///
+    /// [`LockService::watch_held`]: crate::LockService::watch_held
+    fn watch_held(&self, _part: &Part) -> Option<Wake> {
+        None
+    }
 
     /// Notes that the lease sharing `shared` now holds `key` (a lease on
     /// several keys took in another lock).

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
+use crate::backend::Wake;
 use crate::error::{Error, Result};
 use crate::fencing::FencingToken;
 use crate::metrics;
@@ -457,11 +458,14 @@ impl Lease {
                         Ok(gone.is_none())
                     }
                 };
+                let (backend, parts) = (self.backend.clone(), self.parts.clone());
+                let arm = move || any_gone(&*backend, &parts);
                 let task = runtime.spawn(watchdog::keep(
                     self.shared.clone(),
                     self.key().to_owned(),
                     self.backend.service(),
                     refresh,
+                    arm,
                 ));
                 AbortOnDropHandle::new(task)
             });
@@ -579,6 +583,26 @@ impl Lease {
             }
         }
         outcome
+    }
+}
+
+/// The service's signal that any of `parts`' locks may be gone: resolves
+/// when the first part's does; `None` when no part has one.
+fn any_gone(backend: &dyn Backend, parts: &[Part]) -> Option<Wake> {
+    let mut wakes: Vec<Wake> = parts.iter().filter_map(|p| backend.watch_held(p)).collect();
+    match wakes.len() {
+        0 => None,
+        1 => wakes.pop(),
+        _ => Some(Box::pin(std::future::poll_fn(move |cx| {
+            if wakes
+                .iter_mut()
+                .any(|wake| wake.as_mut().poll(cx).is_ready())
+            {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        }))),
     }
 }
 
