@@ -424,7 +424,7 @@ fn log_connection_end(err: deadpool_postgres::tokio_postgres::Error) {
     let err = leasehold_pg::Error::from(err);
     let idle = matches!(&err, leasehold_pg::Error::SessionEnded(source)
         if matches!(source.code(), Some("25P03" | "57P05")));
-    let cause = crate::report::describe(&anyhow::Error::new(err));
+    let cause = crate::cause::describe(&anyhow::Error::new(err));
     if idle {
         tracing::debug!("postgresql connection ended: {cause}");
     } else {

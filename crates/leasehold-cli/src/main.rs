@@ -18,6 +18,7 @@ use crate::progress::note;
 use crate::report::Report;
 
 mod bench;
+mod cause;
 mod chaos;
 mod child;
 mod cli;
@@ -95,7 +96,7 @@ fn main() -> ExitCode {
         }
         Ok(Ok(code)) => code,
         Ok(Err(err)) => {
-            eprintln!("error: {}", redact::redact_text(&report::describe(&err)));
+            eprintln!("error: {}", redact::redact_text(&cause::describe(&err)));
             if is_usage(&err) {
                 ExitCode::from(exit::USAGE)
             } else {

@@ -113,7 +113,7 @@ where
     while let Some(joined) = tasks.join_next().await {
         let failure = match joined {
             Ok(Ok(())) => None,
-            Ok(Err(err)) => Some(crate::redact::redact_text(&crate::report::describe(&err))),
+            Ok(Err(err)) => Some(crate::redact::redact_text(&crate::cause::describe(&err))),
             Err(err) => Some(format!("caller task failed: {err}")),
         };
         if let Some(message) = failure {

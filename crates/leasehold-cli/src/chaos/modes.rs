@@ -293,7 +293,7 @@ impl ChaosMode {
                 };
                 ledger::debit_unchecked(&tx, &read, amount, None)
                     .await
-                    .map_err(|err| Step::Before(crate::report::describe(&err)))?;
+                    .map_err(|err| Step::Before(crate::cause::describe(&err)))?;
                 tx.commit().await.map_err(during)?;
                 Ok(WriteOutcome::Accepted.into())
             }
@@ -303,7 +303,7 @@ impl ChaosMode {
                 };
                 ledger::debit_unchecked(&*client, &read, amount, None)
                     .await
-                    .map_err(|err| Step::During(crate::report::describe(&err)))?;
+                    .map_err(|err| Step::During(crate::cause::describe(&err)))?;
                 Ok(WriteOutcome::Accepted.into())
             }
             ChaosMode::Fenced | ChaosMode::Cas | ChaosMode::Handoff | ChaosMode::Quorum => {
@@ -381,7 +381,7 @@ fn during(err: impl Into<leasehold_pg::Error>) -> Step {
 }
 
 fn describe(err: leasehold_pg::Error) -> String {
-    crate::report::describe(&anyhow::Error::new(err))
+    crate::cause::describe(&anyhow::Error::new(err))
 }
 
 fn written(outcome: Outcome) -> Written {

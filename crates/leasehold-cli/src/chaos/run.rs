@@ -287,7 +287,7 @@ pub(crate) async fn run_one(
         Some(Ok(())) => {}
         Some(Err(err)) => anyhow::bail!(
             "the nemesis failed ({}): {}",
-            crate::report::chain(&anyhow::Error::new(err)),
+            crate::cause::chain(&anyhow::Error::new(err)),
             lab.logs()
         ),
         None => anyhow::bail!("the nemesis panicked"),
