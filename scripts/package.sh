@@ -98,6 +98,13 @@ done
 # The integration tests stay out of the packages (cargo says "ignoring test
 # ..."): they need the repository (its README, other crates' tests).
 packages=(leasehold-testkit leasehold leasehold-pg leasehold-etcd leasehold-zookeeper leasehold-chaos leasehold-cli)
+# The dry run builds each package against the packaged others, taken from a
+# local registry: cargo takes a registry crate of one version for immutable,
+# so a build of leasehold 0.1.0 left by an earlier run in this target
+# directory would be used again, stale (a trait method added since was
+# missing in leasehold-zookeeper's verification). Every artifact of ours
+# goes first; the dependencies' builds stay.
+cargo clean --locked "${packages[@]/#/-p}"
 publish=(cargo publish --dry-run --locked "${packages[@]/#/-p}" "${dirty[@]}")
 
 # `cargo install --path` of the packaged CLI, its path dependencies replaced
