@@ -14,20 +14,18 @@
 //! 2.7.1 or later. `scripts/install-deps.sh` installs it; a machine
 //! without it fails these tests, saying so, rather than skipping them.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use leasehold::{AcquireOptions, Error, Lessor, RetryStrategy};
-use leasehold_testkit::ZooKeeperEnsemble;
-use leasehold_zookeeper::ZkLocker;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
-use tokio::task::JoinHandle;
+use tokio::process::Command;
 use zookeeper_client::Client;
 
 use common::{PATIENCE, TestResult, until_contenders};
+use peer::{Peer, setup};
 
 mod common;
+#[path = "common/peer.rs"]
+mod peer;
 
 /// What kazoo must be told to count leasehold's (and Curator's)
 /// `_c_<uuid>-lock-<sequence>` nodes as contenders: kazoo 2.8.0 matches
@@ -39,121 +37,41 @@ fn python() -> String {
     std::env::var("LEASEHOLD_KAZOO_PYTHON").unwrap_or_else(|_| "/usr/bin/python3".to_owned())
 }
 
-/// One `kazoo_lock.py` process with its lock on one path.
-struct Kazoo {
-    child: Child,
-    lines: Lines<BufReader<ChildStdout>>,
-    /// Everything the program writes to stderr, once it has exited.
-    stderr: Option<JoinHandle<String>>,
+/// Starts `kazoo_lock.py` on `path` (its lock constructed with `patterns`
+/// as `extra_lock_patterns`) and waits until it is connected.
+async fn kazoo(
+    hosts: &str,
+    path: &str,
+    patterns: &[&str],
+) -> Result<Peer, Box<dyn std::error::Error>> {
+    let program = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kazoo_lock.py");
+    let python = python();
+    let mut command = Command::new(&python);
+    command.arg(&program).arg(hosts).arg(path).args(patterns);
+    let mut kazoo = Peer::spawn("kazoo_lock.py", command).map_err(|err| {
+        format!(
+            "cannot run {python} ({err}): the kazoo interop test needs Debian's python3 \
+             with python3-kazoo (scripts/install-deps.sh installs it), or \
+             LEASEHOLD_KAZOO_PYTHON naming a python with kazoo"
+        )
+    })?;
+    let started = kazoo.next().await.map_err(|err| {
+        format!(
+            "{err}\n(the kazoo interop test needs {python} with kazoo: Debian's \
+             python3-kazoo, which scripts/install-deps.sh installs, or \
+             LEASEHOLD_KAZOO_PYTHON naming a python with kazoo)"
+        )
+    })?;
+    if !started.starts_with("STARTED kazoo ") {
+        return Err(format!("kazoo_lock.py said {started:?}, not STARTED").into());
+    }
+    Ok(kazoo)
 }
 
-impl Kazoo {
-    /// Starts the program (its lock constructed with `patterns` as
-    /// `extra_lock_patterns`) and waits until it is connected.
-    async fn start(
-        hosts: &str,
-        path: &str,
-        patterns: &[&str],
-    ) -> Result<Kazoo, Box<dyn std::error::Error>> {
-        let program = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kazoo_lock.py");
-        let python = python();
-        let mut child = Command::new(&python)
-            .arg(&program)
-            .arg(hosts)
-            .arg(path)
-            .args(patterns)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|err| {
-                format!(
-                    "cannot run {python} ({err}): the kazoo interop test needs Debian's python3 \
-                     with python3-kazoo (scripts/install-deps.sh installs it), or \
-                     LEASEHOLD_KAZOO_PYTHON naming a python with kazoo"
-                )
-            })?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let mut stderr = child.stderr.take().ok_or("no stderr")?;
-        let stderr = tokio::spawn(async move {
-            let mut text = String::new();
-            let _ = stderr.read_to_string(&mut text).await;
-            text
-        });
-        let mut kazoo = Kazoo {
-            child,
-            lines: BufReader::new(stdout).lines(),
-            stderr: Some(stderr),
-        };
-        let started = kazoo.next().await.map_err(|err| {
-            format!(
-                "{err}\n(the kazoo interop test needs {python} with kazoo: Debian's \
-                 python3-kazoo, which scripts/install-deps.sh installs, or \
-                 LEASEHOLD_KAZOO_PYTHON naming a python with kazoo)"
-            )
-        })?;
-        if !started.starts_with("STARTED kazoo ") {
-            return Err(format!("kazoo_lock.py said {started:?}, not STARTED").into());
-        }
-        Ok(kazoo)
-    }
-
-    /// The next line the program says (a hang guard at most); its stderr
-    /// in the error if it ended instead.
-    async fn next(&mut self) -> Result<String, Box<dyn std::error::Error>> {
-        let line = tokio::time::timeout(PATIENCE, self.lines.next_line())
-            .await
-            .map_err(|_| "kazoo_lock.py said nothing")??;
-        if let Some(line) = line {
-            return Ok(line);
-        }
-        let stderr = match self.stderr.take() {
-            Some(task) => tokio::time::timeout(PATIENCE, task)
-                .await
-                .map_err(|_| "kazoo_lock.py's stderr never closed")??,
-            None => String::new(),
-        };
-        Err(format!("kazoo_lock.py ended; its stderr:\n{stderr}").into())
-    }
-
-    /// Waits for the next line, which must be `want`.
-    async fn expect(&mut self, want: &str) -> TestResult {
-        let line = self.next().await?;
-        if line != want {
-            return Err(format!("kazoo said {line:?}, not {want}").into());
-        }
-        Ok(())
-    }
-
-    async fn say(&mut self, command: &str) -> TestResult {
-        let stdin = self.child.stdin.as_mut().ok_or("no stdin")?;
-        stdin.write_all(format!("{command}\n").as_bytes()).await?;
-        stdin.flush().await?;
-        Ok(())
-    }
-
-    /// Stops the program and waits for it to end.
-    async fn quit(mut self) -> TestResult {
-        self.say("quit").await?;
-        let status = tokio::time::timeout(PATIENCE, self.child.wait()).await??;
-        if !status.success() {
-            return Err(format!("kazoo_lock.py exited with {status}").into());
-        }
-        Ok(())
-    }
-}
-
-/// A throwaway ensemble, a raw client on it and a `ZkLocker`.
-async fn setup() -> Result<(ZooKeeperEnsemble, Client, ZkLocker), Box<dyn std::error::Error>> {
-    let ensemble = ZooKeeperEnsemble::start_with(1, Duration::from_secs(1))?;
-    let hosts = ensemble.connect_string();
-    let raw = Client::connect(&hosts).await?;
-    let locker = ZkLocker::builder()
-        .session_timeout(Duration::from_secs(20))
-        .connect(&hosts)
-        .await?;
-    Ok((ensemble, raw, locker))
+/// Stops the program and waits for it to end.
+async fn quit(mut kazoo: Peer) -> TestResult {
+    kazoo.say("quit").await?;
+    kazoo.exited().await
 }
 
 /// The only contender in `dir`.
@@ -173,7 +91,7 @@ async fn kazoo_with_the_curator_pattern_and_leasehold_exclude_each_other() -> Te
     let ttl = Duration::from_secs(10);
     let once = AcquireOptions::new().retry(RetryStrategy::none());
     let patient = AcquireOptions::new().wait(PATIENCE);
-    let mut kazoo = Kazoo::start(&ensemble.connect_string(), &path, &[CURATOR_PATTERN]).await?;
+    let mut kazoo = kazoo(&ensemble.connect_string(), &path, &[CURATOR_PATTERN]).await?;
 
     // kazoo holds first: leasehold finds the lock busy, queues behind
     // kazoo's `__lock__` node, and wins when kazoo releases.
@@ -218,7 +136,7 @@ async fn kazoo_with_the_curator_pattern_and_leasehold_exclude_each_other() -> Te
         .await?
         .release()
         .await?;
-    kazoo.quit().await?;
+    quit(kazoo).await?;
     Ok(())
 }
 
@@ -232,7 +150,7 @@ async fn kazoo_without_the_pattern_takes_the_lock_beside_leasehold() -> TestResu
     let path = locker.lock_path(key);
     let ttl = Duration::from_secs(10);
     let once = AcquireOptions::new().retry(RetryStrategy::none());
-    let mut kazoo = Kazoo::start(&ensemble.connect_string(), &path, &[]).await?;
+    let mut kazoo = kazoo(&ensemble.connect_string(), &path, &[]).await?;
 
     let lease = locker.acquire_with(key, ttl, &once).await?;
     kazoo.say("try").await?;
@@ -259,6 +177,6 @@ async fn kazoo_without_the_pattern_takes_the_lock_beside_leasehold() -> TestResu
         .await?
         .release()
         .await?;
-    kazoo.quit().await?;
+    quit(kazoo).await?;
     Ok(())
 }
