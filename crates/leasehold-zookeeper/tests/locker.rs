@@ -389,6 +389,26 @@ impl LockService for Counted {
     }
 }
 
+/// Waits until `lost` fires, then checks the loss was the watch's: it
+/// fired before any refresh was sent, and one refresh (the confirming
+/// one) was sent in all.
+async fn found_lost_by_the_watch(counted: &Counted, lost: &CancellationToken) -> TestResult {
+    tokio::time::timeout(PATIENCE, lost.cancelled())
+        .await
+        .map_err(|_| "the lease was never found lost")?;
+    let (fired_after, refreshes) = (
+        counted.fired_after(),
+        counted.refreshes.load(Ordering::SeqCst),
+    );
+    if fired_after != Some(0) || refreshes != 1 {
+        return Err(format!(
+            "the watch fired after {fired_after:?} refreshes; {refreshes} refreshes in all"
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// A holder's node deleted by another ZooKeeper client is a lost lease at
 /// once: the holder's watch fires before any refresh was sent, and the one
 /// refresh that confirms it (the node gone) ends the lease. The TTL is the
@@ -405,19 +425,7 @@ async fn a_deleted_node_is_seen_by_the_holders_watch(zk: &Zk) -> TestResult {
     // Deleted before or after the watch is set: one set on a missing node
     // fires at once, one set before fires on the deletion.
     zk.expire(key).await?;
-    tokio::time::timeout(PATIENCE, lost.cancelled())
-        .await
-        .map_err(|_| "the lease was never found lost")?;
-    let (fired_after, refreshes) = (
-        counted.fired_after(),
-        counted.refreshes.load(Ordering::SeqCst),
-    );
-    if fired_after != Some(0) || refreshes != 1 {
-        return Err(format!(
-            "the watch fired after {fired_after:?} refreshes; {refreshes} refreshes in all"
-        )
-        .into());
-    }
+    found_lost_by_the_watch(&counted, &lost).await?;
     if lease.lost() != Some(LostCause::Expired) {
         return Err(format!("lost as {:?}", lease.lost()).into());
     }
@@ -458,21 +466,9 @@ async fn a_data_change_on_the_held_node_is_not_a_loss(zk: &Zk) -> TestResult {
         return Err(format!("a data change lost the lease: {:?}", lease.lost()).into());
     }
     zk.expire(key).await?;
-    tokio::time::timeout(PATIENCE, lost.cancelled())
-        .await
-        .map_err(|_| "the lease was never found lost")?;
-    let (fired_after, refreshes) = (
-        counted.fired_after(),
-        counted.refreshes.load(Ordering::SeqCst),
-    );
     // A wake on the data change would have cost a refresh (finding the
     // node ours) and left the deletion to the timed refresh: two.
-    if fired_after != Some(0) || refreshes != 1 {
-        return Err(format!(
-            "the watch fired after {fired_after:?} refreshes; {refreshes} refreshes in all"
-        )
-        .into());
-    }
+    found_lost_by_the_watch(&counted, &lost).await?;
     Ok(())
 }
 

@@ -512,13 +512,10 @@ mod tests {
         }
     }
 
-    /// A quorum the nodes did not make in the sliver of wait the deadline
-    /// left says nothing new: the fault met before is what the caller
-    /// hears. One lost with the whole command timeout is news.
-    #[tokio::test(start_paused = true)]
-    async fn a_quorum_cut_short_by_the_deadline_keeps_the_fault_before_it() {
-        let opts = AcquireOptions::new();
-        let mut rounds = Rounds::new("k", &opts, Budget::from_now(100 * MS), 300 * MS);
+    /// Rounds for a wait of `wait` (300 ms command timeout) whose first
+    /// attempt met a fault that may pass, and whose second is sent.
+    fn after_a_fault(opts: &AcquireOptions, wait: Duration) -> Rounds<'_> {
+        let mut rounds = Rounds::new("k", opts, Budget::from_now(wait), 300 * MS);
         rounds.attempt().expect("within the wait");
         rounds.met(Error::NotReplicated {
             key: "k".to_owned(),
@@ -526,6 +523,16 @@ mod tests {
             wanted: 1,
         });
         rounds.attempt().expect("within the wait");
+        rounds
+    }
+
+    /// A quorum the nodes did not make in the sliver of wait the deadline
+    /// left says nothing new: the fault met before is what the caller
+    /// hears. One lost with the whole command timeout is news.
+    #[tokio::test(start_paused = true)]
+    async fn a_quorum_cut_short_by_the_deadline_keeps_the_fault_before_it() {
+        let opts = AcquireOptions::new();
+        let mut rounds = after_a_fault(&opts, 100 * MS);
         tokio::time::sleep(100 * MS).await;
         rounds.met(quorum_lost("cut short"));
         assert!(
@@ -536,14 +543,7 @@ mod tests {
             "the fault before the cut-short attempt"
         );
 
-        let mut rounds = Rounds::new("k", &opts, Budget::from_now(1000 * MS), 300 * MS);
-        rounds.attempt().expect("within the wait");
-        rounds.met(Error::NotReplicated {
-            key: "k".to_owned(),
-            acked: 0,
-            wanted: 1,
-        });
-        rounds.attempt().expect("within the wait");
+        let mut rounds = after_a_fault(&opts, 1000 * MS);
         tokio::time::sleep(300 * MS).await;
         rounds.met(quorum_lost("whole timeout"));
         assert!(
