@@ -26,8 +26,12 @@ use crate::options::AcquireOptions;
 type Boxed<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 
 /// Any [`Lessor`] ([`Locker`](crate::Locker),
-/// [`HandoffLocker`](crate::HandoffLocker) or [`Quorum`](crate::Quorum),
-/// over any connection) as one type, so the way can be chosen at run time.
+/// [`HandoffLocker`](crate::HandoffLocker) or [`Quorum`](crate::Quorum)
+/// over any connection, `MemoryLocker` (feature `memory`), or a lessor of
+/// another crate: `leasehold-etcd`'s `EtcdLocker`, `leasehold-pg`'s
+/// `PgLocker`, `leasehold-zookeeper`'s `ZkLocker`, your own
+/// [`LockService`](crate::LockService)) as one type, so the way can be
+/// chosen at run time.
 /// Cheap to clone (it shares the lessor). Its calls are the lessor's, with
 /// the same errors and cancel safety.
 ///

@@ -151,7 +151,7 @@
 //! # Leadership
 //!
 //! An [`Election`] runs a singleton (a scheduler, a migration, a consumer)
-//! over any of them (`leasehold-etcd`'s `EtcdLocker` too): candidates [`campaign`](Election::campaign), the
+//! over any of them (`EtcdLocker`, `PgLocker` and `ZkLocker` too): candidates [`campaign`](Election::campaign), the
 //! winner gets a [`Term`] (its lease under the watchdog, and a fencing
 //! token greater than every earlier term's), a leader that stops is
 //! replaced within its TTL and one that [resigns](Term::resign) at once,

@@ -23,7 +23,10 @@ use super::Observer;
 impl<L: Lessor> Election<L> {
     /// An election named `name` over `lessor` (a [`Locker`](crate::Locker),
     /// [`HandoffLocker`](crate::HandoffLocker), [`Quorum`](crate::Quorum),
-    /// or a lessor of another crate: `leasehold-etcd`'s `EtcdLocker`, ...).
+    /// `MemoryLocker` (feature `memory`), or a lessor of another crate:
+    /// `leasehold-etcd`'s `EtcdLocker`, `leasehold-pg`'s `PgLocker`,
+    /// `leasehold-zookeeper`'s `ZkLocker`, any
+    /// [`LockService`](crate::LockService) that keeps a leader record).
     /// Its lock is `lock:{leader:<name>}`, its fence counter
     /// `fence:{leader:<name>}` and its leader record
     /// `lock:{leader:<name>}:leader` (one slot; the README's ACL covers

@@ -59,14 +59,19 @@ pub(crate) fn check_ttl(ttl: Duration) -> Result<()> {
 /// A held lease on one or more lock keys.
 ///
 /// Every way of taking a lease returns this type: [`Locker`](crate::Locker)
-/// (polling), [`HandoffLocker`](crate::HandoffLocker) (queued) and
-/// [`Quorum`](crate::Quorum) (Redlock), for one key or, with `acquire_all`,
-/// several. Each key carries a 128-bit token of this holder alone, and, if
-/// fenced, its own [`FencingToken`].
+/// (polling Redis), [`HandoffLocker`](crate::HandoffLocker) (queued on
+/// Redis), [`Quorum`](crate::Quorum) (Redlock), `MemoryLocker` (feature
+/// `memory`), and the lessors of other crates (`leasehold-etcd`'s
+/// `EtcdLocker`, `leasehold-pg`'s `PgLocker`, `leasehold-zookeeper`'s
+/// `ZkLocker`, any [`LockService`](crate::LockService)), for one key or,
+/// with `acquire_all`, several. Each key carries a 128-bit token of this
+/// holder alone, and, if fenced, its own [`FencingToken`].
 ///
-/// A lease is not a mutex: Redis deletes the key when the TTL runs out,
-/// whether or not the holder has finished, and a holder paused past its TTL
-/// cannot tell. [`remaining`](Self::remaining) is the holder's conservative
+/// A lease is not a mutex: the service takes the lock back when the lease
+/// runs out (Redis deletes the key at its TTL, etcd ends its lease, a
+/// PostgreSQL lease row expires on the database's clock, a ZooKeeper
+/// session expires), whether or not the holder has finished, and a holder
+/// paused past it cannot tell. [`remaining`](Self::remaining) is the holder's conservative
 /// local estimate, counted on a monotonic clock from when the last request
 /// that proved we hold the keys (the acquire or a refresh) was sent (less a
 /// drift margin for a quorum).
