@@ -71,8 +71,7 @@
 //! ([`Lease::fence_key_for`](leasehold::Lease::fence_key_for)), never
 //! compared with another service's tokens; `raise_fence` is refused. A
 //! rebuilt (emptied) ensemble restarts its zxids below the stored fence:
-//! the guard then refuses every holder until an operator acts (not yet
-//! tooled).
+//! see [A rebuilt ensemble](#a-rebuilt-ensemble) for the way back.
 //!
 //! **A node deleted by hand is a lost lease, at once.** A lease's watchdog
 //! watches the holder's own node
@@ -92,6 +91,40 @@
 //! session lives: an orphan node would hold the lock for the session's
 //! whole life. Every request is bounded by the caller's deadline; one cut
 //! short whose outcome is unknown is never reported as a success.
+//!
+//! # A rebuilt ensemble
+//!
+//! An ensemble rebuilt empty, or restored from a backup older than its
+//! last writes, starts its zxids again: every new holder's token is then
+//! below the fence the guard stored, and the guard refuses them all, for
+//! as long as that fence stands. Deleting the fence rows is not the way
+//! back: a holder from before the rebuild, with its larger token, would
+//! then be accepted over the new holders' writes.
+//!
+//! The way back is the locker's **generation**
+//! ([`ZkLockerBuilder::generation`]): a token is `generation * 2^56 +
+//! czxid`, so every token of generation `g + 1` is above every token of
+//! generation `g`, whatever the ensembles' zxids (a zxid stays below 2^56
+//! until its ensemble has had 2^24 leader elections; a lock whose czxid
+//! does not fit is refused, never given a token that could wrap).
+//!
+//! 1. Rebuild or restore the ensemble.
+//! 2. Give every client of it the next generation (0 by default, so the
+//!    first rebuild is `.generation(1)`; at most [`MAX_GENERATION`]) and
+//!    restart them.
+//! 3. Nothing else: the guard takes the new holders' tokens (above every
+//!    stored fence), and refuses a holder still on the old generation (a
+//!    lease taken before the rebuild, a client not yet restarted) once a
+//!    holder of the new one has written to the resource. Until a client
+//!    is restarted its writes are refused, never accepted over newer ones.
+//!
+//! Keep the generation in the clients' configuration with the connect
+//! string: a client started later with an older one is refused as above.
+//! Tested in tests/rebuilt.rs,
+//! `after_a_rebuild_the_next_generation_is_accepted_and_the_old_one_refused`
+//! (a rebuilt ensemble's holder refused at generation 0; at generation 1
+//! accepted, and then both the holder from before the rebuild and a
+//! client still at generation 0 refused).
 //!
 //! # The layout (Curator's)
 //!
@@ -159,8 +192,7 @@
 //!
 //! # Not yet
 //!
-//! A tested way back after the ensemble is rebuilt empty; the chaos
-//! verifier's `zookeeper` mode; TLS and SASL (the client has them behind
+//! The chaos verifier's `zookeeper` mode; TLS and SASL (the client has them behind
 //! features this crate does not turn on yet).
 
 mod fault;
@@ -169,7 +201,8 @@ mod locker;
 mod service;
 
 pub use locker::{
-    DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT, DEFAULT_ZK_COMMAND_TIMEOUT, ZkLocker, ZkLockerBuilder,
+    DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT, DEFAULT_ZK_COMMAND_TIMEOUT, MAX_GENERATION, ZkLocker,
+    ZkLockerBuilder,
 };
 
 /// The README's example, compiled as a doctest (the crate docs above are

@@ -32,6 +32,11 @@ pub const DEFAULT_ZK_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 /// The node under which every lock's directory lives: `/leasehold`.
 pub const DEFAULT_ROOT: &str = "/leasehold";
 
+/// The highest [generation](ZkLockerBuilder::generation): 127, so that a
+/// token (`generation * 2^56 + czxid`) fits the guard's signed 64-bit
+/// fence column.
+pub const MAX_GENERATION: u8 = 127;
+
 /// Takes leases on a ZooKeeper ensemble: see the [crate docs](crate).
 /// Cheap to clone: clones share one session.
 #[derive(Clone)]
@@ -43,6 +48,8 @@ pub(crate) struct Inner {
     connect_string: String,
     asked: Duration,
     pub(crate) command_timeout: Duration,
+    /// The generation above every token's `czxid`.
+    pub(crate) generation: u8,
     root: String,
     /// The session's client, replaced when its session ended.
     client: Mutex<Client>,
@@ -59,6 +66,7 @@ impl std::fmt::Debug for ZkLocker {
             .field("root", &self.inner.root)
             .field("session_timeout", &self.session_timeout())
             .field("command_timeout", &self.inner.command_timeout)
+            .field("generation", &self.inner.generation)
             .finish_non_exhaustive()
     }
 }
@@ -70,6 +78,7 @@ pub struct ZkLockerBuilder {
     session_timeout: Duration,
     command_timeout: Duration,
     root: String,
+    generation: u8,
 }
 
 impl ZkLockerBuilder {
@@ -97,13 +106,34 @@ impl ZkLockerBuilder {
         self
     }
 
+    /// The ensemble's generation, set above every fencing token: a token
+    /// is `generation * 2^56 + czxid`. Raise it by one (on every client of
+    /// the ensemble) after the ensemble was rebuilt or restored from an
+    /// older backup: its zxids start again below the fences the guard
+    /// stored, and without a new generation the guard refuses every
+    /// holder until the fence rows are dealt with. With it, the new
+    /// holders' tokens are above every token of the old ensemble, so the
+    /// guard takes them, and a holder still on the old generation (a
+    /// client not yet given the setting, or a lease taken before the
+    /// rebuild) is refused once a holder of the new one has written: never
+    /// accepted over a newer write. The crate docs, "A rebuilt ensemble",
+    /// give the steps. Defaults to 0 (the token is the `czxid` itself).
+    ///
+    /// [`connect`](Self::connect) refuses a generation above
+    /// [`MAX_GENERATION`].
+    pub fn generation(mut self, generation: u8) -> Self {
+        self.generation = generation;
+        self
+    }
+
     /// A locker on the ensemble `connect_string` (`host:port,host:port`,
     /// optionally with a chroot, `host:port/chroot`), with its session
     /// established now.
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`] for a zero timeout or a root that is not
-    /// an absolute path without a trailing `/`; [`Error::Service`] when no
+    /// [`Error::InvalidOptions`] for a zero timeout, a root that is not
+    /// an absolute path without a trailing `/`, or a generation above
+    /// [`MAX_GENERATION`]; [`Error::Service`] when no
     /// session could be established within about the session timeout
     /// (transient) or the connect string is wrong (refused).
     ///
@@ -120,6 +150,11 @@ impl ZkLockerBuilder {
                 "root must be an absolute zookeeper path without a trailing /",
             ));
         }
+        if self.generation > MAX_GENERATION {
+            return Err(Error::InvalidOptions(
+                "generation must be at most 127 (MAX_GENERATION)",
+            ));
+        }
         let client = open(connect_string, self.session_timeout).await?;
         let negotiated = millis(client.session_timeout());
         Ok(ZkLocker {
@@ -127,6 +162,7 @@ impl ZkLockerBuilder {
                 connect_string: connect_string.to_owned(),
                 asked: self.session_timeout,
                 command_timeout: self.command_timeout,
+                generation: self.generation,
                 root: self.root,
                 client: Mutex::new(client),
                 negotiated_ms: AtomicU64::new(negotiated),
@@ -176,6 +212,7 @@ impl ZkLocker {
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             command_timeout: DEFAULT_ZK_COMMAND_TIMEOUT,
             root: DEFAULT_ROOT.to_owned(),
+            generation: 0,
         }
     }
 

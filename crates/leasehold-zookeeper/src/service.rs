@@ -100,6 +100,27 @@ fn container() -> zookeeper_client::CreateOptions<'static> {
     CreateMode::Container.with_acls(Acls::anyone_all())
 }
 
+/// Where a fencing token's generation starts: the low 56 bits are the
+/// lock node's `czxid`, the bits above them the locker's
+/// [generation](crate::ZkLockerBuilder::generation).
+const GENERATION_SHIFT: u32 = 56;
+
+/// Why a won lock could not be fenced.
+const CZXID_OUT_OF_RANGE: &str =
+    "the lock node's czxid does not fit below the generation bits (2^56)";
+
+/// The fencing token of a lock node created at `czxid`, under the
+/// locker's `generation`: `generation * 2^56 + czxid`. A zxid is the
+/// ensemble's epoch (32 bits, one per leader election) above a counter
+/// (32 bits), so it stays below 2^56 until 2^24 elections; `None` past
+/// that (never a token that could wrap below an earlier one), or for a
+/// negative `czxid`.
+pub(crate) fn fence_of(generation: u8, czxid: i64) -> Option<FencingToken> {
+    let czxid = u64::try_from(czxid).ok()?;
+    (czxid < 1 << GENERATION_SHIFT)
+        .then(|| FencingToken::new((u64::from(generation) << GENERATION_SHIFT) | czxid))
+}
+
 fn unexpected(op: &'static str) -> Error {
     Error::UnexpectedReply {
         service: ZOOKEEPER,
@@ -337,9 +358,14 @@ impl ZkLocker {
         };
         let fence = match claim.fence_key() {
             None => None,
-            Some(_) => Some(FencingToken::new(
-                u64::try_from(czxid).map_err(|_| unexpected("acquire"))?,
-            )),
+            Some(_) => Some(fence_of(self.inner.generation, czxid).ok_or_else(|| {
+                Error::service(
+                    ZOOKEEPER,
+                    "acquire",
+                    ServiceFault::Refused,
+                    CZXID_OUT_OF_RANGE,
+                )
+            })?),
         };
         self.remember(claim.token(), path);
         Ok(Step::won(fence))
@@ -555,5 +581,26 @@ impl LockService for ZkLocker {
             let ttl = i64::try_from(self.session_timeout().as_millis()).unwrap_or(i64::MAX);
             Ok(decode_record(&data, record_key).map(|body| (body, ttl)))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_the_generation_above_the_czxid_and_never_wraps() {
+        let token = |generation, czxid| fence_of(generation, czxid).map(FencingToken::get);
+        assert_eq!(token(0, 0x2_0000_0005), Some(0x2_0000_0005));
+        assert_eq!(token(1, 5), Some((1 << 56) + 5));
+        // Every token of a generation is above every token of the one
+        // before, whatever the czxids.
+        assert!(token(1, 1) > token(0, (1 << 56) - 1));
+        assert_eq!(
+            token(crate::MAX_GENERATION, (1 << 56) - 1),
+            Some(i64::MAX.unsigned_abs())
+        );
+        assert_eq!(token(0, 1 << 56), None);
+        assert_eq!(token(0, -1), None);
     }
 }
