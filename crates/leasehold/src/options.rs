@@ -67,8 +67,9 @@ impl AcquireOptions {
         Self::default()
     }
 
-    /// Keep trying for at most `wait` from the start of the call. Every Redis
-    /// request the acquire sends is bounded by the same deadline.
+    /// Keep trying for at most `wait` from the start of the call. Every
+    /// request the acquire sends to the lock service is bounded by the same
+    /// deadline.
     ///
     /// Defaults to [`DEFAULT_WAIT`] (10 s).
     pub fn wait(mut self, wait: Duration) -> Self {
@@ -115,8 +116,15 @@ impl AcquireOptions {
         self
     }
 
-    /// After the acquire wins (plain or fenced), send `WAIT replicas
-    /// timeout` on the same connection; if fewer than `replicas` replicas
+    /// Polling and hand-off on Redis only ([`Locker`](crate::Locker),
+    /// [`HandoffLocker`](crate::HandoffLocker); a way
+    /// that cannot wait for its replicas refuses it with
+    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions): a Redlock
+    /// quorum, whose majority is its replication; etcd and ZooKeeper,
+    /// whose commits are a majority's; PostgreSQL, whose commits are as
+    /// synchronous as its standbys are set to be; memory). After
+    /// the acquire wins (plain or fenced), send `WAIT replicas timeout` on
+    /// the same connection; if fewer than `replicas` replicas
     /// acknowledged the lock within `timeout`, release it (token-checked)
     /// and take it again (a new token) after the retry strategy's next
     /// wait, until the acquire's deadline; then fail with
