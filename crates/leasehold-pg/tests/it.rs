@@ -6,6 +6,8 @@
 //! shared servers, as when it was a binary.
 #![allow(clippy::duplicate_mod)]
 
+#[path = "clock.rs"]
+mod clock;
 #[path = "guard.rs"]
 mod guard;
 #[path = "guarded.rs"]

@@ -17,6 +17,7 @@ use tempfile::TempDir;
 
 use crate::Error;
 use crate::certs::{ClientAuth, ServerTls};
+use crate::clock::FakeClock;
 use crate::process::{self, ChildProcess, HOST, POLL_INTERVAL, PORT_ATTEMPTS};
 
 /// The database superuser created by `initdb`.
@@ -72,6 +73,9 @@ pub struct PostgresServer {
     log_path: PathBuf,
     paused: AtomicBool,
     tls: bool,
+    /// Its libfaketime clock, when started with one
+    /// ([`start_with_fake_clock`](Self::start_with_fake_clock)).
+    clock: Option<FakeClock>,
     /// Declared last so it is removed after the process is gone.
     dir: TempDir,
 }
@@ -96,7 +100,42 @@ impl PostgresServer {
     /// user, [`Error::Initdb`], or any error from spawning the server or
     /// waiting for it to become ready.
     pub fn start() -> Result<PostgresServer, Error> {
-        Self::start_inner(None)
+        Self::start_inner(None, false)
+    }
+
+    /// Like [`start`](Self::start), with the server's wall clock driven by
+    /// libfaketime (preloaded, its setting in a file of the server's
+    /// directory, as a Redis server's fake clock is), so a test can step it forward with
+    /// [`jump_clock`](Self::jump_clock): `clock_timestamp()`, `now()` and
+    /// every time the server reads. Its monotonic clock (timeouts, waits)
+    /// is left alone. Whether the server follows is for the test to check
+    /// (its `clock_timestamp()` before and after a jump): the test kit
+    /// speaks no SQL.
+    ///
+    /// # Errors
+    ///
+    /// As for [`start`](Self::start); [`Error::LibraryNotFound`] without
+    /// libfaketime (`scripts/install-deps.sh` installs it).
+    pub fn start_with_fake_clock() -> Result<PostgresServer, Error> {
+        Self::start_inner(None, true)
+    }
+
+    /// Steps the server's wall clock `by` forward, from where the fake
+    /// clock stands: a lease whose expiry falls in the step has ended on
+    /// the server's clock. The step is not undone.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::FakeClock`] if the server was not started with
+    /// [`start_with_fake_clock`](Self::start_with_fake_clock);
+    /// [`Error::Io`] if the clock's file cannot be written.
+    pub fn jump_clock(&self, by: Duration) -> Result<(), Error> {
+        let clock = self.clock.as_ref().ok_or_else(|| Error::FakeClock {
+            server: self.name(),
+            reason: "it runs on the machine's clock (start it with PostgresServer::start_with_fake_clock)",
+        })?;
+        let by_ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        clock.set_offset(clock.setting().offset_ms.saturating_add(by_ms))
     }
 
     /// Like [`start`](Self::start), with TLS on (`ssl=on`): the server
@@ -132,10 +171,10 @@ impl PostgresServer {
     /// As for [`start`](Self::start), and [`Error::Io`] when a file cannot
     /// be written.
     pub fn start_tls(tls: &ServerTls) -> Result<PostgresServer, Error> {
-        Self::start_inner(Some(tls))
+        Self::start_inner(Some(tls), false)
     }
 
-    fn start_inner(tls: Option<&ServerTls>) -> Result<PostgresServer, Error> {
+    fn start_inner(tls: Option<&ServerTls>, fake_clock: bool) -> Result<PostgresServer, Error> {
         let binaries = find_binaries()?;
         let run_as = run_as()?;
         let dir = tempfile::Builder::new()
@@ -151,6 +190,11 @@ impl PostgresServer {
             Some(tls) => tls_settings(dir.path(), tls, run_as)?,
             None => Vec::new(),
         };
+        let clock = if fake_clock {
+            Some(FakeClock::new(dir.path())?)
+        } else {
+            None
+        };
 
         let log_path = dir.path().join("postgres.log");
         let port = process::free_port()?;
@@ -161,6 +205,7 @@ impl PostgresServer {
             port,
             run_as,
             &settings,
+            clock.as_ref(),
         )?;
         let mut server = PostgresServer {
             process: Mutex::new(process),
@@ -172,6 +217,7 @@ impl PostgresServer {
             log_path,
             paused: AtomicBool::new(false),
             tls: tls.is_some(),
+            clock,
             dir,
         };
         for attempt in 1..=PORT_ATTEMPTS {
@@ -188,6 +234,7 @@ impl PostgresServer {
                         server.port,
                         run_as,
                         &settings,
+                        server.clock.as_ref(),
                     )?;
                 }
                 Err(Retry::PortTaken) => {}
@@ -436,6 +483,7 @@ impl PostgresServer {
             self.port,
             self.run_as,
             &self.settings,
+            self.clock.as_ref(),
         )?;
         *self.process() = process;
         match self.wait_ready() {
@@ -632,7 +680,7 @@ fn tls_settings(
 }
 
 /// Spawns `postgres` in the foreground, logging to `log_path` (truncated),
-/// with extra `-c` `settings`.
+/// with extra `-c` `settings`, on `clock` if given.
 fn spawn_postgres(
     binary: &Path,
     dir: &Path,
@@ -640,6 +688,7 @@ fn spawn_postgres(
     port: u16,
     run_as: Option<(Uid, Gid)>,
     settings: &[String],
+    clock: Option<&FakeClock>,
 ) -> Result<ChildProcess, Error> {
     let log = File::create(log_path).map_err(process::io_err(log_path))?;
     let log_copy = log.try_clone().map_err(process::io_err(log_path))?;
@@ -669,6 +718,13 @@ fn spawn_postgres(
         command.arg("-c").arg(setting);
     }
     configure(&mut command, dir, run_as);
+    if let Some(clock) = clock {
+        let (set, remove) = clock.env();
+        for name in remove {
+            command.env_remove(name);
+        }
+        command.envs(set);
+    }
     let child = command
         .stdout(log_copy)
         .stderr(log)
