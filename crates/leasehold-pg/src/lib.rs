@@ -254,6 +254,7 @@ mod statements;
 mod tables;
 #[cfg(feature = "tls")]
 mod tls;
+mod wakes;
 mod write;
 
 pub use connect::{config, connect};

@@ -117,9 +117,10 @@
 //! pool: see [On your pool](#on-your-pool)), and a waiter steps again when
 //! a release is notified, or every
 //! [`poll_every`](PgLockerBuilder::poll_every) (a holder that died and
-//! whose lease ran out; notifications that cannot arrive). Any release
-//! wakes every waiter of the locker (not only those of its key): a herd
-//! on a busy database, to measure.
+//! whose lease ran out; notifications that cannot arrive). A release
+//! wakes the locker's waiters of its key alone: the waiters of other keys
+//! send nothing (no herd). Every locker that listens still hears every
+//! release on the database and sorts it in memory.
 //!
 //! **Through PgBouncer in transaction mode**, turn listening off
 //! ([`PgLockerBuilder::listen`]`(false)`): waiters then poll, and every
@@ -158,13 +159,14 @@ use std::time::Duration;
 
 use leasehold::backend::{Claim, Held, Reply, ServiceFault, Step};
 use leasehold::{FencingToken, LockService, Service};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Config, Row};
 
 use crate::connector::Connector;
 use crate::error::Result;
+use crate::wakes::Wakes;
 
 /// How errors name PostgreSQL as a lock service.
 const POSTGRESQL: Service = Service::named("postgresql");
@@ -301,8 +303,9 @@ struct Inner {
     command_timeout: Duration,
     /// The connection that `LISTEN`s for releases, while it lives.
     listener: Mutex<Option<Arc<Client>>>,
-    /// Bumped on every release notified (and when the listener ends).
-    wakes: Arc<watch::Sender<u64>>,
+    /// The waiters, by key: woken by a release of their key (everyone
+    /// when the listener ends).
+    wakes: Arc<Wakes>,
     poll_every: Duration,
     /// Whether waiters are woken by `LISTEN` (else they only poll).
     listen: bool,
@@ -595,7 +598,7 @@ impl PgLockerBuilder {
                 source,
                 command_timeout: self.command_timeout,
                 listener: Mutex::new(None),
-                wakes: Arc::new(watch::Sender::new(0)),
+                wakes: Arc::new(Wakes::new()),
                 poll_every: self.poll_every,
                 listen,
             }),
@@ -662,12 +665,12 @@ impl PgLocker {
             while let Some(Ok(message)) =
                 std::future::poll_fn(|cx| connection.poll_message(cx)).await
             {
-                if matches!(message, AsyncMessage::Notification(_)) {
-                    wakes.send_modify(|n| *n = n.wrapping_add(1));
+                if let AsyncMessage::Notification(released) = message {
+                    wakes.released(released.payload());
                 }
             }
             // Ended: waiters look again (and the next step listens anew).
-            wakes.send_modify(|n| *n = n.wrapping_add(1));
+            wakes.everyone();
         });
         let listen = client.batch_execute(LISTEN);
         if let Ok(Ok(())) = tokio::time::timeout_at(deadline, listen).await {
@@ -948,7 +951,7 @@ impl LockService for PgLocker {
         Box::pin(async move {
             // Subscribed, and listening, before the request: a release
             // after it is never missed.
-            let mut woken = self.inner.wakes.subscribe();
+            let mut woken = self.inner.wakes.subscribe(claim.key());
             self.listening(deadline).await;
             let (key, holder, ttl) = (claim.key(), claim.token().as_str(), millis(claim.ttl()));
             let rows = match claim.fence_key() {
@@ -975,7 +978,7 @@ impl LockService for PgLocker {
                 let poll = tokio::time::sleep(self.inner.poll_every);
                 return Ok(Step::busy_until(async move {
                     tokio::select! {
-                        _ = woken.changed() => {}
+                        () = woken.changed() => {}
                         () = poll => {}
                     }
                 }));
