@@ -154,138 +154,29 @@
 //! from a sqlx pool yet.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use leasehold::backend::{Claim, Held, Reply, ServiceFault, Step};
+use leasehold::backend::{Claim, Held, Reply, Step};
 use leasehold::{FencingToken, LockService, Service};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, Config, Row};
+use tokio_postgres::{AsyncMessage, Client};
 
-use crate::connector::Connector;
 use crate::error::Result;
 use crate::wakes::Wakes;
 
-/// How errors name PostgreSQL as a lock service.
-const POSTGRESQL: Service = Service::named("postgresql");
+mod conn;
+mod sql;
+
+use conn::{Connections, POSTGRESQL, Source};
+use sql::{
+    ANNOUNCE, LEADER, LISTEN, NOTIFY, RAISE, REFRESH, RELEASE, SETUP, TAKE, TAKE_FENCED, UNDO,
+};
 
 /// How long one request may take when the caller's deadline is further
 /// away: 1 s.
 pub const DEFAULT_LOCK_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
-
-const SETUP: &str = "\
-CREATE TABLE IF NOT EXISTS leasehold_leases (
-    resource text PRIMARY KEY,
-    holder text NOT NULL,
-    expires_at timestamptz NOT NULL
-);
-CREATE TABLE IF NOT EXISTS leasehold_lease_counters (
-    fence_key text PRIMARY KEY,
-    last bigint NOT NULL
-);
-CREATE TABLE IF NOT EXISTS leasehold_leader_records (
-    record_key text PRIMARY KEY,
-    holder text NOT NULL,
-    body text NOT NULL
-);";
-
-/// The condition every write that confirms something carries (the module
-/// docs, "Durable whatever the role's default"): `synchronous_commit` for
-/// the statement's own transaction, `on` unless `remote_apply` (stronger)
-/// is in force already. Always true.
-macro_rules! durable {
-    () => {
-        "set_config('synchronous_commit',
-    CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END,
-    true) IS NOT NULL"
-    };
-}
-
-const TAKE: &str = concat!(
-    "\
-INSERT INTO leasehold_leases AS l (resource, holder, expires_at)
-SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond'
-WHERE ",
-    durable!(),
-    "
-ON CONFLICT (resource) DO UPDATE
-    SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
-    WHERE l.expires_at <= clock_timestamp()
-RETURNING 0::bigint"
-);
-
-const TAKE_FENCED: &str = concat!(
-    "\
-WITH won AS (
-    INSERT INTO leasehold_leases AS l (resource, holder, expires_at)
-    SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond'
-    WHERE ",
-    durable!(),
-    "
-    ON CONFLICT (resource) DO UPDATE
-        SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
-        WHERE l.expires_at <= clock_timestamp()
-    RETURNING 1
-)
-INSERT INTO leasehold_lease_counters AS c (fence_key, last)
-SELECT $4, 1 FROM won
-ON CONFLICT (fence_key) DO UPDATE SET last = c.last + 1
-RETURNING last"
-);
-
-const REFRESH: &str = concat!(
-    "\
-UPDATE leasehold_leases
-SET expires_at = clock_timestamp() + $3 * interval '1 millisecond'
-WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()
-    AND ",
-    durable!()
-);
-
-const RELEASE: &str = concat!(
-    "\
-DELETE FROM leasehold_leases
-WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()
-    AND ",
-    durable!()
-);
-
-const UNDO: &str = "DELETE FROM leasehold_leases WHERE resource = $1 AND holder = $2";
-
-const ANNOUNCE: &str = concat!(
-    "\
-INSERT INTO leasehold_leader_records AS r (record_key, holder, body)
-SELECT $3, $2, $4
-WHERE ",
-    durable!(),
-    " AND EXISTS (
-    SELECT 1 FROM leasehold_leases
-    WHERE resource = $1 AND holder = $2 AND expires_at > clock_timestamp()
-)
-ON CONFLICT (record_key) DO UPDATE SET holder = EXCLUDED.holder, body = EXCLUDED.body"
-);
-
-const LEADER: &str = "\
-SELECT r.body,
-       ceil(extract(epoch FROM (l.expires_at - clock_timestamp())) * 1000)::bigint
-FROM leasehold_leases l
-JOIN leasehold_leader_records r ON r.record_key = $2 AND r.holder = l.holder
-WHERE l.resource = $1 AND l.expires_at > clock_timestamp()";
-
-const LISTEN: &str = "LISTEN leasehold_leases";
-
-const NOTIFY: &str = "SELECT pg_notify('leasehold_leases', $1)";
-
-const RAISE: &str = concat!(
-    "\
-INSERT INTO leasehold_lease_counters AS c (fence_key, last)
-SELECT $1, $2 WHERE ",
-    durable!(),
-    "
-ON CONFLICT (fence_key) DO UPDATE SET last = greatest(c.last, EXCLUDED.last)"
-);
 
 /// Takes leases in a PostgreSQL table: see the [module docs](self).
 /// Cheap to clone. Connected by [`PgLocker::connect`], clones share one
@@ -299,8 +190,7 @@ pub struct PgLocker {
 }
 
 struct Inner {
-    source: Source,
-    command_timeout: Duration,
+    conns: Connections,
     /// The connection that `LISTEN`s for releases, while it lives.
     listener: Mutex<Option<Arc<Client>>>,
     /// The waiters, by key: woken by a release of their key (everyone
@@ -311,160 +201,11 @@ struct Inner {
     listen: bool,
 }
 
-/// Where a request's connection comes from. One per locker, behind its
-/// `Arc`: the size of the larger variant costs nothing.
-#[allow(clippy::large_enum_variant)]
-enum Source {
-    /// One connection of the locker's own, shared by its clones; the
-    /// listener is opened with the same settings.
-    Own {
-        config: Config,
-        connector: Connector,
-        client: Mutex<Option<Arc<Shared>>>,
-    },
-    /// The caller's pool: a connection per request (and no listener).
-    #[cfg(feature = "deadpool")]
-    Pool(deadpool_postgres::Pool),
-}
-
-impl Source {
-    /// The settings of the locker's own connections (none on a pool).
-    fn own(&self) -> Option<(&Config, &Connector)> {
-        match self {
-            Source::Own {
-                config, connector, ..
-            } => Some((config, connector)),
-            #[cfg(feature = "deadpool")]
-            Source::Pool(_) => None,
-        }
-    }
-}
-
-/// The locker's own connection, and whether it was retired: a request on
-/// it did not end, so no new request is sent on it (those under way on it
-/// end as they will, and it closes after the last).
-struct Shared {
-    client: Client,
-    retired: AtomicBool,
-}
-
-/// One request's connection, held for one statement: the size of the
-/// pooled variant costs nothing next to the statement.
-#[allow(clippy::large_enum_variant)]
-enum Conn {
-    Shared(Arc<Shared>),
-    #[cfg(feature = "deadpool")]
-    Pooled(deadpool_postgres::Object),
-}
-
-impl Conn {
-    fn client(&self) -> &Client {
-        match self {
-            Conn::Shared(shared) => &shared.client,
-            #[cfg(feature = "deadpool")]
-            Conn::Pooled(object) => object,
-        }
-    }
-}
-
-/// A connection with a statement of ours under way. Dropped before
-/// [`done`](Request::done) (its deadline passed, or the caller dropped
-/// the request), the statement's connection is retired (the shared one
-/// marked, a pooled one taken out of its pool and closed) and the
-/// statement cancelled, in the background: the next request never queues
-/// behind it.
-struct Request<'a> {
-    inner: &'a Inner,
-    /// Always `Some` until `done` or the drop.
-    conn: Option<Conn>,
-}
-
-impl Request<'_> {
-    fn client(&self) -> Option<&Client> {
-        self.conn.as_ref().map(Conn::client)
-    }
-
-    /// The statement ended: the connection is given back as it is.
-    fn done(mut self) {
-        self.conn = None;
-    }
-}
-
-impl Drop for Request<'_> {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            self.inner.retire(conn);
-        }
-    }
-}
-
-impl Inner {
-    /// Retires `conn`, whose statement did not end, and cancels that
-    /// statement in the background (best effort, bounded by the command
-    /// timeout; needs a tokio runtime, else only the retirement).
-    fn retire(&self, conn: Conn) {
-        let token = conn.client().cancel_token();
-        let within = self.command_timeout;
-        let runtime = tokio::runtime::Handle::try_current().ok();
-        match conn {
-            Conn::Shared(shared) => {
-                shared.retired.store(true, Ordering::Release);
-                if let (Some(runtime), Source::Own { connector, .. }) = (runtime, &self.source) {
-                    let connector = connector.clone();
-                    runtime.spawn(async move {
-                        cancelled(
-                            tokio::time::timeout(within, token.cancel_query(connector)).await,
-                        );
-                    });
-                }
-            }
-            #[cfg(feature = "deadpool")]
-            Conn::Pooled(object) => {
-                // Out of the pool for good, and closed: never handed out
-                // again with the statement still running.
-                drop(deadpool_postgres::Object::take(object));
-                if let Some(runtime) = runtime {
-                    runtime.spawn(async move {
-                        let cancel = token.cancel_query(tokio_postgres::NoTls);
-                        cancelled(tokio::time::timeout(within, cancel).await);
-                    });
-                }
-            }
-        }
-    }
-}
-
-/// Logs a cancel that did not go through (the statement then ends on its
-/// own: see [One stuck statement](self#one-stuck-statement)).
-fn cancelled(
-    outcome: std::result::Result<
-        std::result::Result<(), tokio_postgres::Error>,
-        tokio::time::error::Elapsed,
-    >,
-) {
-    match outcome {
-        Ok(Ok(())) => tracing::debug!("cancelled a statement that did not end by its deadline"),
-        Ok(Err(err)) => {
-            tracing::debug!(error = %err, "could not cancel a statement that did not end by its deadline");
-        }
-        Err(_elapsed) => {
-            tracing::debug!(
-                "could not cancel a statement that did not end by its deadline: no answer"
-            );
-        }
-    }
-}
-
 impl std::fmt::Debug for PgLocker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let source = match &self.inner.source {
-            Source::Own { .. } => "own connection",
-            #[cfg(feature = "deadpool")]
-            Source::Pool(_) => "deadpool",
-        };
         f.debug_struct("PgLocker")
-            .field("source", &source)
-            .field("command_timeout", &self.inner.command_timeout)
+            .field("source", &self.inner.conns.kind())
+            .field("command_timeout", &self.inner.conns.command_timeout)
             .field("listen", &self.inner.listen)
             .finish_non_exhaustive()
     }
@@ -535,17 +276,9 @@ impl PgLockerBuilder {
     pub async fn connect(self, url: &str) -> Result<PgLocker> {
         self.check()?;
         let (config, connector) = crate::config(url)?;
-        let (client, connection) = config
-            .connect(connector.clone())
+        let client = conn::open(&config, &connector)
             .await
             .map_err(crate::Error::from_pg)?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        let client = Arc::new(Shared {
-            client,
-            retired: AtomicBool::new(false),
-        });
         Ok(self.build(
             Source::Own {
                 config,
@@ -595,8 +328,10 @@ impl PgLockerBuilder {
     fn build(&self, source: Source, listen: bool) -> PgLocker {
         PgLocker {
             inner: Arc::new(Inner {
-                source,
-                command_timeout: self.command_timeout,
+                conns: Connections {
+                    source,
+                    command_timeout: self.command_timeout,
+                },
                 listener: Mutex::new(None),
                 wakes: Arc::new(Wakes::new()),
                 poll_every: self.poll_every,
@@ -644,7 +379,7 @@ impl PgLocker {
         if !self.inner.listen {
             return;
         }
-        let Some((config, connector)) = self.inner.source.own() else {
+        let Some((config, connector)) = self.inner.conns.source.own() else {
             return;
         };
         let Ok(mut slot) = tokio::time::timeout_at(deadline, self.inner.listener.lock()).await
@@ -683,7 +418,12 @@ impl PgLocker {
     /// notification queue must never fail a release. Best effort.
     async fn notify(&self, key: &str, deadline: Instant) {
         let params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::TEXT)];
-        if let Err(err) = self.query("notify", NOTIFY, &params, deadline).await {
+        if let Err(err) = self
+            .inner
+            .conns
+            .query("notify", NOTIFY, &params, deadline)
+            .await
+        {
             tracing::debug!(key, error = %err, "could not notify a release; waiters will poll");
         }
     }
@@ -698,238 +438,12 @@ impl PgLocker {
     /// [`Error::Service`](leasehold::Error::Service) when it gives none
     /// (closed, or its own wait timed out).
     pub async fn setup(&self) -> Result<()> {
-        let conn = match &self.inner.source {
-            Source::Own {
-                config,
-                connector,
-                client,
-            } => {
-                let mut slot = client.lock().await;
-                match slot.as_ref().filter(|c| usable(c)) {
-                    Some(shared) => Conn::Shared(shared.clone()),
-                    None => {
-                        let shared = open(config, connector)
-                            .await
-                            .map_err(crate::Error::from_pg)?;
-                        *slot = Some(shared.clone());
-                        Conn::Shared(shared)
-                    }
-                }
-            }
-            #[cfg(feature = "deadpool")]
-            Source::Pool(pool) => Conn::Pooled(pool.get().await.map_err(|err| match err {
-                deadpool_postgres::PoolError::Backend(err) => crate::Error::from_pg(err),
-                other => crate::Error::Lease(pool_fault("setup", other)),
-            })?),
-        };
-        let request = Request {
-            inner: &self.inner,
-            conn: Some(conn),
-        };
-        let Some(client) = request.client() else {
-            return Err(crate::Error::Lease(given_back("setup")));
-        };
         // One transaction serialized by the setup's advisory lock: two
         // `CREATE TABLE IF NOT EXISTS` at once may both create, and one
         // fails on the catalog's unique index.
         let setup = format!("BEGIN; {}; {SETUP}; COMMIT", crate::statements::SETUP_LOCK);
-        let outcome = match client.batch_execute(&setup).await {
-            Ok(()) => Ok(()),
-            Err(err) => {
-                // Failed inside the transaction: end it, so the
-                // connection is usable again.
-                let _ = client.batch_execute("ROLLBACK").await;
-                Err(crate::Error::from_pg(err))
-            }
-        };
-        request.done();
-        outcome
+        self.inner.conns.batch(&setup).await
     }
-
-    /// A connection for one request, by `deadline`: the locker's own
-    /// (opened again if it was found closed or was retired), or a pooled
-    /// one.
-    async fn conn(&self, deadline: Instant) -> leasehold::Result<Conn> {
-        let no_connection = || {
-            fault(
-                "connect",
-                ServiceFault::Transient,
-                "no connection before the deadline",
-            )
-        };
-        match &self.inner.source {
-            Source::Own {
-                config,
-                connector,
-                client,
-            } => {
-                let mut slot = tokio::time::timeout_at(deadline, client.lock())
-                    .await
-                    .map_err(|_| no_connection())?;
-                if let Some(shared) = slot.as_ref().filter(|c| usable(c)) {
-                    return Ok(Conn::Shared(shared.clone()));
-                }
-                *slot = None;
-                match tokio::time::timeout_at(deadline, open(config, connector)).await {
-                    Err(_elapsed) => Err(no_connection()),
-                    Ok(Err(err)) => Err(pg_fault("connect", err, false)),
-                    Ok(Ok(shared)) => {
-                        *slot = Some(shared.clone());
-                        Ok(Conn::Shared(shared))
-                    }
-                }
-            }
-            #[cfg(feature = "deadpool")]
-            Source::Pool(pool) => match tokio::time::timeout_at(deadline, pool.get()).await {
-                Err(_elapsed) => Err(no_connection()),
-                Ok(Err(deadpool_postgres::PoolError::Backend(err))) => {
-                    Err(pg_fault("connect", err, false))
-                }
-                Ok(Err(err)) => Err(pool_fault("connect", err)),
-                Ok(Ok(object)) => Ok(Conn::Pooled(object)),
-            },
-        }
-    }
-
-    /// One statement, bounded by `deadline`: its rows.
-    async fn query(
-        &self,
-        op: &'static str,
-        sql: &str,
-        params: &[(&(dyn ToSql + Sync), Type)],
-        deadline: Instant,
-    ) -> leasehold::Result<Vec<Row>> {
-        let start = Instant::now();
-        let request = Request {
-            inner: &self.inner,
-            conn: Some(self.conn(deadline).await?),
-        };
-        let Some(client) = request.client() else {
-            return Err(given_back(op));
-        };
-        let outcome = tokio::time::timeout_at(deadline, client.query_typed(sql, params)).await;
-        finish(op, start, request, outcome)
-    }
-
-    /// One statement, bounded by `deadline`: how many rows it changed.
-    async fn execute(
-        &self,
-        op: &'static str,
-        sql: &str,
-        params: &[(&(dyn ToSql + Sync), Type)],
-        deadline: Instant,
-    ) -> leasehold::Result<u64> {
-        let start = Instant::now();
-        let request = Request {
-            inner: &self.inner,
-            conn: Some(self.conn(deadline).await?),
-        };
-        let Some(client) = request.client() else {
-            return Err(given_back(op));
-        };
-        let outcome = tokio::time::timeout_at(deadline, client.execute_typed(sql, params)).await;
-        finish(op, start, request, outcome)
-    }
-}
-
-/// Opens a connection of the locker's own and drives it on a task.
-async fn open(
-    config: &Config,
-    connector: &Connector,
-) -> std::result::Result<Arc<Shared>, tokio_postgres::Error> {
-    let (client, connection) = config.connect(connector.clone()).await?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(Arc::new(Shared {
-        client,
-        retired: AtomicBool::new(false),
-    }))
-}
-
-/// Whether a new request may be sent on the locker's own connection.
-fn usable(shared: &Arc<Shared>) -> bool {
-    !shared.client.is_closed() && !shared.retired.load(Ordering::Acquire)
-}
-
-/// A request's end: a statement that did not end by its deadline is a
-/// timeout (its connection retired as `request` drops), else the
-/// statement's outcome, its connection given back.
-fn finish<T>(
-    op: &'static str,
-    start: Instant,
-    request: Request<'_>,
-    outcome: std::result::Result<
-        std::result::Result<T, tokio_postgres::Error>,
-        tokio::time::error::Elapsed,
-    >,
-) -> leasehold::Result<T> {
-    match outcome {
-        Err(_elapsed) => {
-            drop(request);
-            Err(leasehold::Error::Timeout {
-                service: POSTGRESQL,
-                op,
-                after: start.elapsed(),
-            })
-        }
-        Ok(Err(err)) => {
-            request.done();
-            Err(pg_fault(op, err, true))
-        }
-        Ok(Ok(value)) => {
-            request.done();
-            Ok(value)
-        }
-    }
-}
-
-/// A request whose connection was already given back: never made (a
-/// [`Request`] holds its connection until it ends).
-fn given_back(op: &'static str) -> leasehold::Error {
-    fault(
-        op,
-        ServiceFault::Transient,
-        "the request's connection was given back",
-    )
-}
-
-/// A pool that gives no connection, for another reason than the server's
-/// (closed, its own wait timed out, its hook failed, no runtime for its
-/// timeouts): nothing was sent.
-#[cfg(feature = "deadpool")]
-fn pool_fault(op: &'static str, err: deadpool_postgres::PoolError) -> leasehold::Error {
-    let kind = match err {
-        deadpool_postgres::PoolError::Timeout(_) | deadpool_postgres::PoolError::Backend(_) => {
-            ServiceFault::Transient
-        }
-        _ => ServiceFault::Refused,
-    };
-    leasehold::Error::service(POSTGRESQL, op, kind, err)
-}
-
-fn fault(op: &'static str, kind: ServiceFault, why: &'static str) -> leasehold::Error {
-    leasehold::Error::service(POSTGRESQL, op, kind, why)
-}
-
-/// A driver error as a lock service's: the server's refusal (retryable
-/// for a connection, shutdown, resource or serialization class), or a
-/// connection that failed (`sent`: with the request out, its outcome is
-/// unknown).
-fn pg_fault(op: &'static str, err: tokio_postgres::Error, sent: bool) -> leasehold::Error {
-    let kind = match err.as_db_error().map(|db| db.code().code().to_owned()) {
-        Some(code)
-            if ["08", "40", "53", "57"]
-                .iter()
-                .any(|class| code.starts_with(class)) =>
-        {
-            ServiceFault::Transient
-        }
-        Some(_) => ServiceFault::Refused,
-        None if sent => ServiceFault::Unknown,
-        None => ServiceFault::Transient,
-    };
-    leasehold::Error::service(POSTGRESQL, op, kind, crate::Error::from_pg(err))
 }
 
 fn millis(d: Duration) -> i64 {
@@ -944,7 +458,7 @@ impl LockService for PgLocker {
     }
 
     fn command_timeout(&self) -> Duration {
-        self.inner.command_timeout
+        self.inner.conns.command_timeout
     }
 
     fn step<'a>(&'a self, claim: &'a Claim, (): &'a mut (), deadline: Instant) -> Reply<'a, Step> {
@@ -961,7 +475,10 @@ impl LockService for PgLocker {
                         (&holder, Type::TEXT),
                         (&ttl, Type::INT8),
                     ];
-                    self.query("acquire", TAKE, &params, deadline).await?
+                    self.inner
+                        .conns
+                        .query("acquire", TAKE, &params, deadline)
+                        .await?
                 }
                 Some(fence_key) => {
                     let params: [(&(dyn ToSql + Sync), Type); 4] = [
@@ -970,7 +487,9 @@ impl LockService for PgLocker {
                         (&ttl, Type::INT8),
                         (&fence_key, Type::TEXT),
                     ];
-                    self.query("acquire", TAKE_FENCED, &params, deadline)
+                    self.inner
+                        .conns
+                        .query("acquire", TAKE_FENCED, &params, deadline)
                         .await?
                 }
             };
@@ -1004,7 +523,10 @@ impl LockService for PgLocker {
             let (key, holder) = (claim.key(), claim.token().as_str());
             let params: [(&(dyn ToSql + Sync), Type); 2] =
                 [(&key, Type::TEXT), (&holder, Type::TEXT)];
-            self.execute("acquire", UNDO, &params, deadline).await?;
+            self.inner
+                .conns
+                .execute("acquire", UNDO, &params, deadline)
+                .await?;
             Ok(())
         })
     }
@@ -1017,7 +539,12 @@ impl LockService for PgLocker {
                 (&holder, Type::TEXT),
                 (&ttl, Type::INT8),
             ];
-            Ok(self.execute("refresh", REFRESH, &params, deadline).await? == 1)
+            Ok(self
+                .inner
+                .conns
+                .execute("refresh", REFRESH, &params, deadline)
+                .await?
+                == 1)
         })
     }
 
@@ -1026,7 +553,12 @@ impl LockService for PgLocker {
             let (key, holder) = (held.key(), held.token().as_str());
             let params: [(&(dyn ToSql + Sync), Type); 2] =
                 [(&key, Type::TEXT), (&holder, Type::TEXT)];
-            let released = self.execute("release", RELEASE, &params, deadline).await? == 1;
+            let released = self
+                .inner
+                .conns
+                .execute("release", RELEASE, &params, deadline)
+                .await?
+                == 1;
             if released {
                 self.notify(key, deadline).await;
             }
@@ -1044,7 +576,9 @@ impl LockService for PgLocker {
             let at_least = i64::try_from(at_least.get()).unwrap_or(i64::MAX);
             let params: [(&(dyn ToSql + Sync), Type); 2] =
                 [(&fence_key, Type::TEXT), (&at_least, Type::INT8)];
-            self.execute("raise fence", RAISE, &params, deadline)
+            self.inner
+                .conns
+                .execute("raise fence", RAISE, &params, deadline)
                 .await?;
             Ok(())
         })
@@ -1066,6 +600,8 @@ impl LockService for PgLocker {
                 (&body, Type::TEXT),
             ];
             Ok(self
+                .inner
+                .conns
                 .execute("announce", ANNOUNCE, &params, deadline)
                 .await?
                 == 1)
@@ -1077,11 +613,15 @@ impl LockService for PgLocker {
         key: &'a str,
         record_key: &'a str,
     ) -> Reply<'a, Option<(String, i64)>> {
-        let deadline = Instant::now() + self.inner.command_timeout;
+        let deadline = Instant::now() + self.inner.conns.command_timeout;
         Box::pin(async move {
             let params: [(&(dyn ToSql + Sync), Type); 2] =
                 [(&key, Type::TEXT), (&record_key, Type::TEXT)];
-            let rows = self.query("read leader", LEADER, &params, deadline).await?;
+            let rows = self
+                .inner
+                .conns
+                .query("read leader", LEADER, &params, deadline)
+                .await?;
             Ok(rows.first().map(|row| (row.get(0), row.get(1))))
         })
     }
