@@ -26,6 +26,8 @@ mod recommended;
 mod restart;
 #[path = "sqlx.rs"]
 mod sqlx;
+#[path = "standby.rs"]
+mod standby;
 #[path = "tls.rs"]
 mod tls;
 #[path = "tokens.rs"]

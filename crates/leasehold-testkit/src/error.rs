@@ -168,6 +168,18 @@ pub enum Error {
         output: String,
     },
 
+    /// A PostgreSQL tool (`pg_basebackup`, `pg_ctl`) exited
+    /// unsuccessfully.
+    #[error("{tool} failed ({status}):\n{output}")]
+    PostgresTool {
+        /// Which tool.
+        tool: &'static str,
+        /// How it exited.
+        status: ExitStatus,
+        /// Its combined standard output and error.
+        output: String,
+    },
+
     /// The operating system's random number generator failed.
     #[error("failed to generate a random password")]
     Random(#[source] getrandom::Error),

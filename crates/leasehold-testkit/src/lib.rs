@@ -86,6 +86,7 @@ pub use faults::{
 };
 pub use pgbouncer::PgBouncer;
 pub use postgres::PostgresServer;
+pub use postgres::standby::Replication;
 pub use process::free_port;
 pub use proxy::{Direction, FaultProxy, Faults};
 pub use redis::{AclRefusal, RedisOptions, RedisServer, SERVER_ENV};

@@ -18,8 +18,9 @@
 //! - `leasehold_lease_counters (fence_key, last)`: the last fencing token
 //!   issued per fence key. Neither a release nor a lease row deleted by
 //!   hand removes it, so a token is never issued twice while the database
-//!   keeps its data (a counter deleted by hand restarts at 1: the guard
-//!   refuses the repeats, and the holder's `raise_fence` heals it).
+//!   keeps its data (a counter deleted by hand restarts at its timeline's
+//!   floor, below: the guard refuses the repeats, and the holder's
+//!   `raise_fence` heals it).
 //!
 //! # Each step is one statement
 //!
@@ -148,9 +149,38 @@
 //! notify other lockers that listen). For prompt wake-ups, keep a locker
 //! from [`PgLocker::connect`] for waiting (it opens two connections).
 //!
+//! # Across a failover: the timeline in the token
+//!
+//! A token is never below the server's **timeline** times 2^40 (the
+//! counter jumps to that floor when it is below it), and a promotion (a
+//! failover to a standby, a point-in-time restore) always starts a new,
+//! higher timeline. So a promoted standby issues every token above every
+//! token of the timeline before, even one that lacks the last increments
+//! of the counter (an asynchronous standby that lagged): no token is
+//! issued twice across a failover. (A timeline would need 2^40 tokens of
+//! one fence key to reach the next one's floor.) The first token on
+//! timeline 1 is 2^40 (1099511627776): tokens are large numbers, compared,
+//! never counted.
+//!
+//! What a failover can still lose depends on the standby:
+//!
+//! - **synchronous** (named in `synchronous_standby_names`): every lease,
+//!   release and token a caller was told of is on the standby before the
+//!   caller hears of it (every write is pinned to `synchronous_commit =
+//!   on`), so after its promotion a held lock is still held (tested:
+//!   `standby.rs`, `a_promoted_synchronous_standby_keeps_every_lease_and_token`);
+//! - **asynchronous**: a lease the primary confirmed may be missing on the
+//!   promoted standby, and another caller can take the lock while its
+//!   holder still believes it holds it. The token of that new holder is
+//!   above the lost one's (tested with the standby's stream held back:
+//!   `a_promoted_asynchronous_standby_may_lose_a_lease_but_never_repeats_a_token`),
+//!   so the guard refuses the older holder's writes once the newer one
+//!   has written: the data stays right, the lock was only an efficiency
+//!   lock for that moment.
+//!
 //! # Not yet
 //!
-//! Tokens are not yet checked across a promoted standby; no constructor
+//! No constructor
 //! from a sqlx pool yet.
 
 use std::sync::Arc;

@@ -32,6 +32,19 @@ macro_rules! durable {
     };
 }
 
+/// The least token the server may issue now: its timeline (the first
+/// eight hex digits of its current WAL file's name) times 2^40. A
+/// promotion (a failover, a point-in-time restore) starts a new timeline,
+/// so a promoted standby that lacks the last increments of the counter
+/// (an asynchronous one) still issues every token above every token of
+/// the timeline before (which never reaches 2^40 tokens per fence key).
+/// Always at least 1.
+macro_rules! timeline_floor {
+    () => {
+        "greatest(1, ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint << 40)"
+    };
+}
+
 pub(super) const TAKE: &str = concat!(
     "\
 INSERT INTO leasehold_leases AS l (resource, holder, expires_at)
@@ -59,8 +72,10 @@ WITH won AS (
     RETURNING 1
 )
 INSERT INTO leasehold_lease_counters AS c (fence_key, last)
-SELECT $4, 1 FROM won
-ON CONFLICT (fence_key) DO UPDATE SET last = c.last + 1
+SELECT $4, ",
+    timeline_floor!(),
+    " FROM won
+ON CONFLICT (fence_key) DO UPDATE SET last = greatest(c.last + 1, EXCLUDED.last)
 RETURNING last"
 );
 

@@ -20,6 +20,8 @@ use crate::certs::{ClientAuth, ServerTls};
 use crate::clock::FakeClock;
 use crate::process::{self, ChildProcess, HOST, POLL_INTERVAL, PORT_ATTEMPTS};
 
+pub(crate) mod standby;
+
 /// The database superuser created by `initdb`.
 const USER: &str = "leasehold";
 
@@ -33,8 +35,10 @@ const APT_PACKAGE: &str = "postgresql";
 /// version.
 const DEBIAN_LIB_DIR: &str = "/usr/lib/postgresql";
 
-/// The log line announcing readiness (messages are forced to the C locale).
-const READY_MESSAGE: &str = "database system is ready to accept connections";
+/// The start of the log line announcing readiness (messages are forced to
+/// the C locale): `... ready to accept connections`, or on a standby
+/// `... ready to accept read-only connections`.
+const READY_MESSAGE: &str = "database system is ready to accept";
 
 /// How long the server may take to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -177,13 +181,7 @@ impl PostgresServer {
     fn start_inner(tls: Option<&ServerTls>, fake_clock: bool) -> Result<PostgresServer, Error> {
         let binaries = find_binaries()?;
         let run_as = run_as()?;
-        let dir = tempfile::Builder::new()
-            .prefix("leasehold-pg-")
-            .tempdir()
-            .map_err(process::io_err(&std::env::temp_dir()))?;
-        give_to(dir.path(), run_as)?;
-        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700))
-            .map_err(process::io_err(dir.path()))?;
+        let dir = server_dir(run_as)?;
         let password = random_password()?;
         initdb(&binaries.initdb, dir.path(), &password, run_as)?;
         let settings = match tls {
@@ -521,6 +519,19 @@ impl From<Error> for Retry {
     fn from(err: Error) -> Self {
         Retry::Fatal(err)
     }
+}
+
+/// A temporary directory for one server, owned by the user it runs as and
+/// closed to others.
+fn server_dir(run_as: Option<(Uid, Gid)>) -> Result<TempDir, Error> {
+    let dir = tempfile::Builder::new()
+        .prefix("leasehold-pg-")
+        .tempdir()
+        .map_err(process::io_err(&std::env::temp_dir()))?;
+    give_to(dir.path(), run_as)?;
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700))
+        .map_err(process::io_err(dir.path()))?;
+    Ok(dir)
 }
 
 /// Finds `postgres` on `PATH` or in the newest `/usr/lib/postgresql/*/bin`,
