@@ -2,8 +2,8 @@
 //!
 //! An acquire's wait ([`AcquireOptions::wait`] or
 //! [`deadline`](crate::AcquireOptions::deadline)) becomes one [`Budget`] at
-//! the entry of every way of taking a lease (`way::acquire_with`,
-//! `way::acquire_all_of`), as tower's `Timeout` turns a duration into one
+//! the entry of every way of taking a lease (the door of the acquire
+//! path, `acquire::door`), as tower's `Timeout` turns a duration into one
 //! deadline where the request enters; every layer below sees only that
 //! budget, and the command timeout caps it for one request in one place,
 //! [`Budget::for_request`]. An election's fault budget ("faults may keep

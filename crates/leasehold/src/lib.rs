@@ -210,15 +210,15 @@
 //!    [`watchdog`], `run`, `release`) that talks to whatever granted it
 //!    through one small backend interface. Knows nothing of hand-off or
 //!    quorum.
-//! 3. **Ways of taking a lease**: every [`LockService`] is driven by one
-//!    retry loop (`rounds::drive`) and is a [`Lessor`] through one
-//!    implementation (`served`): polling ([`Locker`]), Redlock
+//! 3. **Ways of taking a lease**: every [`LockService`] is a [`Lessor`]
+//!    through one acquire path (`acquire`), its steps driven by one retry
+//!    loop (`rounds::drive`): polling ([`Locker`]), Redlock
 //!    ([`Quorum`]), in the crates of their own etcd (`leasehold-etcd`: a
 //!    queued service, its place kept across steps, woken by watch),
 //!    PostgreSQL and ZooKeeper, and in memory for
 //!    tests (`MemoryLocker`, feature `memory`). Hand-off with its relay
-//!    ([`HandoffLocker`]) still implements the crate's own `Way` and
-//!    drives its own waits through the same `Rounds`. All
+//!    ([`HandoffLocker`]) takes the same path and loop, giving them its
+//!    queuing through the crate's own `Way`. All
 //!    check options in one place, turn the caller's wait into one deadline
 //!    at their entry and share one routine for several keys.
 //! 4. The crate root: these docs and the `pub use` list.
@@ -271,6 +271,8 @@ mod replicas;
 mod rounds;
 mod served;
 mod way;
+// The acquire path of every way: above them all, as it gives each its entry.
+mod acquire;
 // Reading a server's settings.
 pub mod diagnostics;
 // The guide: how to take, keep and give back a lease (docs only).

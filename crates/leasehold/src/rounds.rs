@@ -1,5 +1,11 @@
-//! The retry loop that every way of taking a lease shares, and what it
-//! reports of one acquire's progress (attempts made, time spent waiting).
+//! The retry loop that every way of taking a lease shares, what it
+//! reports of one acquire's progress (attempts made, time spent waiting),
+//! and the adapter that hands it a [`LockService`]'s steps ([`Steps`]).
+//!
+//! The adapter sits beside the loop, not beside the acquire's entry: an
+//! acquire's wait goes from its entry (module `acquire`) into the loop,
+//! and from the loop's attempt straight to the service's step, so a reader
+//! following it never comes back to a file already left.
 
 use std::iter::Peekable;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -7,9 +13,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::{Claim, LockService, StepKind, Wake};
 use crate::budget::Budget;
 use crate::call::fault_may_pass;
 use crate::error::{Error, GiveUpReason, Result};
+use crate::fencing::FencingToken;
 use crate::node::Attempt;
 use crate::options::AcquireOptions;
 use crate::retry::Waits;
@@ -375,42 +383,38 @@ pub(crate) async fn drive<A: Attempts>(
         owed: false,
         won: false,
     };
-    let outcome = rounds_until_won(key, &mut rounds, &mut driver).await;
-    if outcome.is_err() {
-        let deadline = rounds.deadline();
-        let _ = tokio::time::timeout_at(deadline, driver.attempts.leave(deadline)).await;
-    }
-    outcome
-}
-
-/// The rounds of [`drive`], until a win or the error that ends them.
-async fn rounds_until_won<A: Attempts>(
-    key: &str,
-    rounds: &mut Rounds<'_>,
-    driver: &mut Driver<A>,
-) -> Result<(A::Won, Instant)> {
-    loop {
-        match round(rounds, driver).await? {
-            Ok(Some(won)) => {
+    // The rounds, until a win or the error that ends them.
+    let err = loop {
+        match round(&mut rounds, &mut driver).await {
+            Err(gave_up) => break gave_up,
+            Ok(Ok(Some(won))) => {
                 driver.won = true;
                 return Ok(won);
             }
-            Ok(None) => rounds.busy(),
+            Ok(Ok(None)) => rounds.busy(),
             // What an attempt cut short by the deadline may have taken is
             // undone by `abandon` (the undo is still owed).
             // An attempt whose outcome is unknown is ridden out as well:
             // the undo owed goes before the next attempt.
-            Err(err) if fault_may_pass(&err) || crate::call::may_have_acted(&err) => {
+            Ok(Err(err)) if fault_may_pass(&err) || crate::call::may_have_acted(&err) => {
                 tracing::debug!(key, error = %err, "acquire attempt failed; retrying within the deadline");
                 rounds.met(err);
             }
-            Err(err) => return Err(err),
+            Ok(Err(err)) => break err,
         }
-        let wait = rounds.next_wait()?;
+        let wait = match rounds.next_wait() {
+            Ok(wait) => wait,
+            Err(gave_up) => break gave_up,
+        };
         let deadline = rounds.deadline();
         let until = deadline.min(Instant::now() + wait);
-        unless_cancelled!(&*rounds, driver.attempts.pause(until, deadline))?;
-    }
+        if let Err(cancelled) = unless_cancelled!(&rounds, driver.attempts.pause(until, deadline)) {
+            break cancelled;
+        }
+    };
+    let deadline = rounds.deadline();
+    let _ = tokio::time::timeout_at(deadline, driver.attempts.leave(deadline)).await;
+    Err(err)
 }
 
 /// An acquire's [`Attempts`] and whether an undo is owed; abandons on
@@ -497,6 +501,80 @@ async fn round<A: Attempts>(
     }))
 }
 
+/// One acquire of a service, as the retry loop drives it: its claim, its
+/// entry (the service's state across steps) and the last step's wake-up.
+pub(crate) struct Steps<'s, S: LockService> {
+    service: &'s S,
+    claim: &'s Claim,
+    /// Always `Some` until [`abandon`](Attempts::abandon) takes it.
+    entry: Option<S::Entry>,
+    wake: Option<Wake>,
+}
+
+impl<'s, S: LockService> Steps<'s, S> {
+    /// The steps of one acquire of `service` for `claim`, with a fresh
+    /// entry.
+    pub(crate) fn new(service: &'s S, claim: &'s Claim) -> Self {
+        Steps {
+            service,
+            claim,
+            entry: Some(S::Entry::default()),
+            wake: None,
+        }
+    }
+
+    fn entry(&mut self) -> &mut S::Entry {
+        self.entry.get_or_insert_with(S::Entry::default)
+    }
+}
+
+impl<S: LockService> Attempts for Steps<'_, S> {
+    type Won = Option<FencingToken>;
+
+    async fn attempt(&mut self, deadline: Instant) -> Result<Attempt<Option<FencingToken>>> {
+        let (service, claim) = (self.service, self.claim);
+        let step = service.step(claim, self.entry(), deadline).await?;
+        Ok(match step.kind {
+            StepKind::Won(fence) => Attempt::Won(fence),
+            StepKind::Busy(wake) => {
+                self.wake = wake;
+                Attempt::Busy
+            }
+        })
+    }
+
+    async fn undo(&mut self, deadline: Instant) -> Result<()> {
+        let (service, claim) = (self.service, self.claim);
+        service.undo(claim, self.entry(), deadline).await
+    }
+
+    fn abandon(&mut self, maybe_taken: bool) {
+        let entry = self.entry.take().unwrap_or_default();
+        self.service.abandon(self.claim.clone(), entry, maybe_taken);
+    }
+
+    /// A busy step's wake-up says when to look again (the deadline still
+    /// bounds the wait); without one, the strategy's wait.
+    async fn pause(&mut self, until: Instant, deadline: Instant) {
+        match self.wake.take() {
+            None => tokio::time::sleep_until(until).await,
+            Some(wake) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(deadline) => {}
+                    () = wake => {}
+                }
+            }
+        }
+    }
+
+    async fn leave(&mut self, deadline: Instant) {
+        let (service, claim) = (self.service, self.claim);
+        if let Err(err) = service.leave(claim, self.entry(), deadline).await {
+            tracing::debug!(key = claim.key(), error = %err, "could not leave the queue; abandoning");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -553,5 +631,115 @@ mod tests {
             ),
             "a quorum lost with time to answer is the news"
         );
+    }
+}
+
+#[cfg(test)]
+mod steps_tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use crate::backend::{Claim, Held, LockService, Reply, Step};
+    use crate::{AcquireOptions, Lessor, RetryStrategy, Service};
+
+    /// A queued service: busy until `free_at`, and says so with a wake-up
+    /// at that moment.
+    #[derive(Clone)]
+    struct Queued {
+        free_at: Instant,
+        steps: Arc<AtomicU32>,
+        left: Arc<AtomicU32>,
+    }
+
+    impl LockService for Queued {
+        type Entry = ();
+
+        fn service(&self) -> Service {
+            Service::named("queued")
+        }
+
+        fn command_timeout(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+
+        fn step<'a>(&'a self, _: &'a Claim, (): &'a mut (), _: Instant) -> Reply<'a, Step> {
+            self.steps.fetch_add(1, Ordering::SeqCst);
+            let free_at = self.free_at;
+            Box::pin(async move {
+                Ok(if Instant::now() >= free_at {
+                    Step::won(None)
+                } else {
+                    Step::busy_until(tokio::time::sleep_until(free_at))
+                })
+            })
+        }
+
+        fn undo<'a>(&'a self, _: &'a Claim, (): &'a mut (), _: Instant) -> Reply<'a, ()> {
+            Box::pin(async { Ok(()) })
+        }
+
+        fn leave<'a>(&'a self, _: &'a Claim, (): &'a mut (), _: Instant) -> Reply<'a, ()> {
+            self.left.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok(()) })
+        }
+
+        fn refresh<'a>(&'a self, _: &'a Held, _: Duration, _: Instant) -> Reply<'a, bool> {
+            Box::pin(async { Ok(true) })
+        }
+
+        fn release<'a>(&'a self, _: &'a Held, _: Instant) -> Reply<'a, bool> {
+            Box::pin(async { Ok(true) })
+        }
+    }
+
+    /// A busy step with a wake-up is stepped again at the wake-up, not at
+    /// the strategy's (much shorter) waits: two steps, where polling every
+    /// millisecond made thousands.
+    #[tokio::test(start_paused = true)]
+    async fn a_queued_service_is_stepped_again_at_its_wake_up_alone() -> crate::Result<()> {
+        let service = Queued {
+            free_at: Instant::now() + Duration::from_secs(5),
+            steps: Arc::default(),
+            left: Arc::default(),
+        };
+        let opts = AcquireOptions::new()
+            .retry(RetryStrategy::constant(Duration::from_millis(1)))
+            .wait(Duration::from_secs(10));
+        let lease = service
+            .acquire_with("k", Duration::from_secs(1), &opts)
+            .await?;
+        lease.release().await?;
+        assert_eq!(service.steps.load(Ordering::SeqCst), 2);
+        Ok(())
+    }
+
+    /// An acquire that gives up leaves its place (the service's `leave`)
+    /// before the caller hears it, once; one that wins does not.
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_that_gives_up_leaves_before_it_returns() -> crate::Result<()> {
+        let service = Queued {
+            free_at: Instant::now() + Duration::from_secs(5),
+            steps: Arc::default(),
+            left: Arc::default(),
+        };
+        let opts = AcquireOptions::new().wait(Duration::from_secs(1));
+        let gave_up = service
+            .acquire_with("k", Duration::from_secs(1), &opts)
+            .await;
+        assert!(
+            matches!(gave_up, Err(crate::Error::NotAcquired { .. })),
+            "{gave_up:?}"
+        );
+        assert_eq!(service.left.load(Ordering::SeqCst), 1);
+        let opts = AcquireOptions::new().wait(Duration::from_secs(10));
+        let lease = service
+            .acquire_with("k", Duration::from_secs(1), &opts)
+            .await?;
+        lease.release().await?;
+        assert_eq!(service.left.load(Ordering::SeqCst), 1);
+        Ok(())
     }
 }

@@ -1,41 +1,50 @@
-//! What every way of taking a lease shares: the checks before any I/O, what
-//! follows a win (the replicas' confirmation, the watchdog), the acquire of
-//! several keys, and the scoped form. Each way ([`Locker`],
-//! [`HandoffLocker`], [`Quorum`]) implements [`Way`] (how it takes one
-//! checked lock up to the win, which options it supports, and where its
-//! replicas confirm a win); its public calls are thin wrappers over the
-//! functions here, so the checks and the rules below are written once.
+//! What a way of taking a lease gives the one acquire path ([`Way`]).
 //!
-//! # Several locks in one lease
+//! Every acquire walks the same road: its entry checks and resolves the
+//! wait, opens its span, claims the lock, hands the claim's attempts to the
+//! one retry loop, and, after the win, has the lease confirmed by the
+//! replicas and watched. What differs between the ways is small and sits
+//! at the ends of that road: how a claim is made (a fresh token, the
+//! service's fence key), which attempts the loop drives over it (a
+//! [`LockService`](crate::backend::LockService)'s steps, or a hand-off
+//! waiter's place in the queues), what a win becomes (a lease built from
+//! the claim, or the lease a release handed over), and what a win still
+//! needs before the caller gets it. This trait names those ends and
+//! nothing else, so the road itself is written once (module `acquire`)
+//! and no way has to be visited twice on the way to the wire.
 //!
-//! A transfer between two wallets needs both. Taking them in the order the
-//! caller names them deadlocks two transfers in opposite directions (each
-//! holds one lock and waits for the other until its deadline); taking them
-//! in one global order (sorted by lock key) cannot: whoever holds the
-//! smaller key is never waiting for someone who waits for it. Every way of
-//! taking a lease uses this one routine, so the order is the same whatever
-//! the mode.
-//!
-//! [`Locker`]: crate::Locker
-//! [`HandoffLocker`]: crate::HandoffLocker
-//! [`Quorum`]: crate::Quorum
+//! It lives apart from that road so that a way declared below it (the
+//! hand-off locker) can implement it without importing the road, which
+//! imports every way to give each its entry.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::budget::Budget;
-use crate::error::{Error, GiveUpReason, Result};
-use crate::fencing::{LockKeys, Target};
-use crate::lease::{Lease, check_ttl};
-use crate::metrics::{self, AcquireOutcome};
+use crate::error::Result;
+use crate::fencing::Target;
+use crate::lease::Lease;
 use crate::options::{AcquireOptions, Supports};
-use crate::rounds::Progress;
+use crate::rounds::Attempts;
 
-/// A way of taking a lease.
+/// A way of taking a lease, as the one acquire path sees it.
 pub(crate) trait Way {
+    /// What one take claims before its first attempt (the lock key, a
+    /// fresh token): kept by the path while the retry loop drives the
+    /// attempts over it, then turned into the lease. A take again (after
+    /// a win too few replicas acknowledged) makes a new one.
+    type Claim;
+
+    /// What a winning attempt returns.
+    type Won;
+
+    /// One take's attempts, over its claim: what the retry loop drives.
+    type Attempts<'a>: Attempts<Won = Self::Won>
+    where
+        Self: 'a;
+
     /// Which options it honours (the rest are refused before any I/O).
     fn supports(&self) -> Supports;
 
@@ -49,17 +58,47 @@ pub(crate) trait Way {
         Ok(())
     }
 
-    /// Takes the lease on one checked target, as `opts` says (the options
-    /// were checked against [`supports`](Self::supports)), within `budget`
-    /// (the acquire's wait, resolved at its entry), up to the win: what
-    /// follows a win is [`won`]'s, the same for every way.
-    fn take(
-        &self,
-        target: Target,
-        ttl: Duration,
+    /// Its bound on one Redis request (a `WAIT` for replicas must be
+    /// shorter).
+    fn command_timeout(&self) -> Duration;
+
+    /// The bound on one attempt the retry loop makes. Defaults to the
+    /// command timeout.
+    fn step_timeout(&self) -> Duration {
+        self.command_timeout()
+    }
+
+    /// The claim of one take on one checked target, for `ttl` (no I/O).
+    fn claim(&self, target: Target, ttl: Duration) -> Result<Self::Claim>;
+
+    /// The lock key `claim` is for.
+    fn key(claim: &Self::Claim) -> &str;
+
+    /// The attempts of one take over `claim`, as `opts` says (checked
+    /// against [`supports`](Self::supports)), within `budget` (the
+    /// acquire's wait, resolved at its entry). No I/O.
+    fn attempts<'a>(
+        &'a self,
+        claim: &'a Self::Claim,
         opts: &AcquireOptions,
         budget: Budget,
-    ) -> impl Future<Output = Result<Lease>>;
+    ) -> Self::Attempts<'a>;
+
+    /// The lease `won` makes of `claim`, counted from `sent_at` (the send
+    /// time of the winning attempt).
+    fn lease(&self, claim: Self::Claim, won: Self::Won, sent_at: Instant) -> Lease;
+
+    /// What the lease just won still needs before anything else sees it
+    /// (hand-off: a lease handed over late is refreshed), by `deadline`;
+    /// called before the replicas confirm it. By default, nothing.
+    fn after_win(
+        &self,
+        lease: Lease,
+        _ttl: Duration,
+        _deadline: Instant,
+    ) -> impl Future<Output = Lease> {
+        std::future::ready(lease)
+    }
 
     /// The lease just won, once `opts`' replicas acknowledged it on the
     /// server that granted it ([`replicas::confirm`](crate::replicas::confirm)),
@@ -73,526 +112,5 @@ pub(crate) trait Way {
         _deadline: Instant,
     ) -> impl Future<Output = Result<Lease>> {
         std::future::ready(Ok(lease))
-    }
-
-    /// Its bound on one Redis request (a `WAIT` for replicas must be
-    /// shorter).
-    fn command_timeout(&self) -> Duration;
-}
-
-/// `acquire_with` of every way: checks (no I/O), then one lock, within the
-/// wait `opts` gives, resolved here into one [`Budget`] (the door: nothing
-/// below reads the options' wait again).
-pub(crate) async fn acquire_with<W: Way>(
-    way: &W,
-    keys: impl LockKeys,
-    ttl: Duration,
-    opts: &AcquireOptions,
-) -> Result<Lease> {
-    let target = Target::of(&keys)?;
-    check_ttl(ttl)?;
-    way.check_ttl(ttl)?;
-    opts.check(way.supports(), way.command_timeout())?;
-    let budget = opts.budget(Instant::now());
-    traced_take(way, target, ttl, opts, budget).await
-}
-
-/// `way.take`, then what follows the win ([`won`]), inside a
-/// `leasehold.acquire` span (key, mode, fenced; at the end attempts,
-/// waited_ms and outcome, on every path, a dropped future included), which
-/// ends with one DEBUG event saying how it went; the acquire's metrics are
-/// recorded at the same point. With `wait_replicas`, through
-/// [`take_replicated`].
-async fn traced_take<W: Way>(
-    way: &W,
-    target: Target,
-    ttl: Duration,
-    opts: &AcquireOptions,
-    budget: Budget,
-) -> Result<Lease> {
-    use tracing::Instrument;
-    use tracing::field::Empty;
-    let span = tracing::debug_span!(
-        "leasehold.acquire",
-        key = %target.lock,
-        mode = way.mode(),
-        fenced = target.fence.is_some(),
-        attempts = Empty,
-        waited_ms = Empty,
-        outcome = Empty,
-    );
-    let mut pending = Pending {
-        span: span.clone(),
-        mode: way.mode(),
-        start: budget.start(),
-        progress: Arc::default(),
-        reported: false,
-    };
-    let progress = pending.progress.clone();
-    let observed = &pending.progress;
-    let take = async move {
-        if opts.wait_replicas.is_none() {
-            let lease = way.take(target, ttl, opts, budget).await?;
-            return won(way, lease, opts, budget.deadline()).await;
-        }
-        // Boxed: only an acquire with `wait_replicas` runs it, and inline
-        // its state would enlarge every acquire's future (moved at every
-        // layer).
-        Box::pin(take_replicated(way, target, ttl, opts, budget, observed)).await
-    };
-    // With no subscriber interested in the span, entering and leaving it
-    // on every poll is work for nothing.
-    let result = if span.is_disabled() {
-        Progress::observe(progress, take).await
-    } else {
-        Progress::observe(progress, take.instrument(span)).await
-    };
-    pending.end(&result);
-    result
-}
-
-/// `way.take` with `wait_replicas` set. A win too few replicas
-/// acknowledged ([`Error::NotReplicated`]: the lease was given back) is a
-/// fault that may pass, like a Redis restart: a replica reconnecting, a
-/// failover's new primary without its replica yet. So it is taken again,
-/// after the retry strategy's next wait, within `budget`; if the strategy
-/// ends or the next try would start past the deadline, the caller gets the
-/// `NotReplicated`. Each try is a new lease with a new token, so no two
-/// tries share one.
-async fn take_replicated<W: Way>(
-    way: &W,
-    target: Target,
-    ttl: Duration,
-    opts: &AcquireOptions,
-    budget: Budget,
-    progress: &Mutex<Progress>,
-) -> Result<Lease> {
-    let deadline = budget.deadline();
-    // The last win too few replicas acknowledged, if any.
-    let mut unreplicated: Option<Error> = None;
-    loop {
-        let lease = match (
-            way.take(target.clone(), ttl, opts, budget).await,
-            unreplicated,
-        ) {
-            (Ok(lease), _) => lease,
-            // Out of wait after a win the replicas did not confirm: that
-            // kept the lock from the caller, not contention (as an
-            // acquire that gives up during a fault returns the fault).
-            (
-                Err(Error::NotAcquired {
-                    reason: GiveUpReason::DeadlineExpired | GiveUpReason::RetriesExhausted,
-                    ..
-                }),
-                Some(err),
-            ) => return Err(err),
-            (Err(err), _) => return Err(err),
-        };
-        let err = match won(way, lease, opts, deadline).await {
-            Err(err @ Error::NotReplicated { .. }) => err,
-            other => return other,
-        };
-        // The strategy's wait after the attempts made so far (every take
-        // counts on from the last: `max_attempts` bounds them all).
-        let made = Progress::read(progress, Instant::now()).attempts;
-        let Some(wake) = opts
-            .retry
-            .waits()
-            .nth(usize::try_from(made.saturating_sub(1)).unwrap_or(usize::MAX))
-            .map(|wait| Instant::now() + wait)
-            .filter(|&wake| wake < deadline)
-        else {
-            return Err(err);
-        };
-        tracing::debug!(key = %target.lock, error = %err, "too few replicas acknowledged; retrying within the deadline");
-        unreplicated = Some(err);
-        tokio::select! {
-            biased;
-            () = opts.cancelled() => {
-                return Err(Error::NotAcquired {
-                    key: target.lock.clone(),
-                    attempts: Progress::read(progress, Instant::now()).attempts,
-                    waited: budget.start().elapsed(),
-                    reason: GiveUpReason::Cancelled,
-                    fault: None,
-                });
-            }
-            () = tokio::time::sleep_until(wake) => {}
-        }
-    }
-}
-
-/// What follows a win, written once for every way and every path (each key
-/// of [`acquire_all`] included): the replicas confirm the lease, for a way
-/// that supports `wait_replicas`, by the acquire's `deadline`; then its
-/// watchdog starts if `opts` asks for one.
-async fn won<W: Way>(
-    way: &W,
-    lease: Lease,
-    opts: &AcquireOptions,
-    deadline: Instant,
-) -> Result<Lease> {
-    let lease = if way.supports().wait_replicas && opts.wait_replicas.is_some() {
-        // Boxed, as `take_replicated`: a path most acquires never take.
-        Box::pin(way.confirm_replicas(lease, opts, deadline)).await?
-    } else {
-        lease
-    };
-    watched(lease, opts)
-}
-
-/// `lease`, its watchdog started if `opts` asks for one.
-fn watched(lease: Lease, opts: &AcquireOptions) -> Result<Lease> {
-    if opts.watchdog {
-        lease.watch()?;
-    }
-    Ok(lease)
-}
-
-/// An acquire under way: its span, start and progress, reported once it
-/// ends, or as `dropped` if its future is dropped first.
-struct Pending {
-    span: tracing::Span,
-    mode: &'static str,
-    start: Instant,
-    progress: Arc<Mutex<Progress>>,
-    reported: bool,
-}
-
-impl Pending {
-    /// Reports the acquire's end: span fields, one DEBUG event, metrics.
-    fn end(&mut self, result: &Result<Lease>) {
-        let (outcome, reason) = match result {
-            Ok(_) => (AcquireOutcome::Acquired, None),
-            Err(Error::NotAcquired { reason, .. }) => (AcquireOutcome::GaveUp, Some(*reason)),
-            Err(_) => (AcquireOutcome::Error, None),
-        };
-        let (progress, elapsed) = self.report(outcome, reason);
-        let span = &self.span;
-        let (attempts, waited_ms) = (progress.attempts, millis(elapsed));
-        match result {
-            Ok(lease) => {
-                let fence = lease.fence().map(crate::FencingToken::get);
-                tracing::debug!(parent: span, outcome = outcome.as_str(), attempts, waited_ms, fence, "acquired");
-            }
-            Err(Error::NotAcquired { reason, .. }) => {
-                let reason = reason.label();
-                tracing::debug!(parent: span, outcome = outcome.as_str(), reason, attempts, waited_ms, "gave up");
-            }
-            Err(err) => {
-                tracing::debug!(parent: span, outcome = outcome.as_str(), attempts, waited_ms, error = %err, "acquire failed");
-            }
-        }
-    }
-
-    /// Records the span fields and metrics of an acquire that ended with
-    /// `outcome`; returns its progress and how long it took (one clock
-    /// read for both).
-    fn report(
-        &mut self,
-        outcome: AcquireOutcome,
-        reason: Option<GiveUpReason>,
-    ) -> (Progress, Duration) {
-        self.reported = true;
-        let now = Instant::now();
-        let progress = Progress::read(&self.progress, now);
-        let elapsed = now.saturating_duration_since(self.start);
-        self.span.record("attempts", progress.attempts);
-        self.span.record("waited_ms", millis(elapsed));
-        self.span.record("outcome", outcome.as_str());
-        metrics::acquire(
-            self.mode,
-            outcome,
-            reason.map(GiveUpReason::label),
-            elapsed,
-            progress.waited(),
-            progress.attempts,
-        );
-        (progress, elapsed)
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        if !self.reported {
-            let (progress, elapsed) = self.report(AcquireOutcome::Dropped, None);
-            tracing::debug!(
-                parent: &self.span,
-                outcome = AcquireOutcome::Dropped.as_str(),
-                attempts = progress.attempts,
-                waited_ms = millis(elapsed),
-                "acquire dropped by its caller"
-            );
-        }
-    }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// `acquire_all` of every way: checks (no I/O), then every lock in order,
-/// all within the wait `opts` gives, resolved here into one [`Budget`].
-pub(crate) async fn acquire_all_of<W: Way, K: LockKeys>(
-    way: &W,
-    keys: impl IntoIterator<Item = K>,
-    ttl: Duration,
-    opts: &AcquireOptions,
-) -> Result<Lease> {
-    let targets = targets(keys)?;
-    check_ttl(ttl)?;
-    way.check_ttl(ttl)?;
-    opts.check(way.supports(), way.command_timeout())?;
-    let budget = opts.budget(Instant::now());
-    // Each lock without its own watchdog: the merged lease gets one.
-    let each = opts.clone().watchdog(false);
-    let lease = acquire_all(targets, budget, |target, rest| {
-        traced_take(way, target, ttl, &each, rest)
-    })
-    .await?;
-    watched(lease, opts)
-}
-
-/// The targets of `keys`, sorted by lock key, duplicates dropped. No I/O.
-///
-/// # Errors
-/// [`Error::InvalidKey`] for no keys at all, an empty key, or one lock key
-/// named with two different fence keys.
-pub(crate) fn targets<K: LockKeys>(keys: impl IntoIterator<Item = K>) -> Result<Vec<Target>> {
-    let mut targets = keys
-        .into_iter()
-        .map(|k| Target::of(&k))
-        .collect::<Result<Vec<_>>>()?;
-    if targets.is_empty() {
-        return Err(Error::InvalidKey {
-            key: String::new(),
-            reason: "no keys to lock",
-        });
-    }
-    targets.sort();
-    targets.dedup();
-    if let Some(pair) = targets.windows(2).find(|w| w[0].lock == w[1].lock) {
-        return Err(Error::InvalidKey {
-            key: pair[0].lock.clone(),
-            reason: "the same lock key is named with two different fence keys",
-        });
-    }
-    Ok(targets)
-}
-
-/// Takes every target in order through `one`, each with what is left of
-/// `budget` (one deadline for all), merging the leases into one; on
-/// failure, gives back what it took and returns the error.
-async fn acquire_all<F, Fut>(targets: Vec<Target>, budget: Budget, mut one: F) -> Result<Lease>
-where
-    F: FnMut(Target, Budget) -> Fut,
-    Fut: Future<Output = Result<Lease>>,
-{
-    let mut held: Option<Lease> = None;
-    for target in targets {
-        let part = match one(target, budget.rest()).await {
-            Ok(part) => part,
-            Err(err) => {
-                if let Some(taken) = held {
-                    let key = taken.key().to_owned();
-                    if let Err(release) = taken.release().await {
-                        tracing::debug!(key, error = %release, "could not give back a lock of an incomplete acquire_all; the ttl will end it");
-                    }
-                }
-                return Err(err);
-            }
-        };
-        match &mut held {
-            None => held = Some(part),
-            Some(lease) => lease.absorb(part),
-        }
-    }
-    held.ok_or(Error::InvalidKey {
-        key: String::new(),
-        reason: "no keys to lock",
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fencing::FencedKeys;
-
-    #[test]
-    fn targets_are_sorted_and_deduplicated_whatever_the_order_given() -> Result<()> {
-        let a = targets(["wallet:b", "wallet:a", "wallet:b"])?;
-        let b = targets(["wallet:a", "wallet:b"])?;
-        assert_eq!(a, b);
-        assert_eq!(a[0].lock, "wallet:a");
-        let fenced = targets([
-            FencedKeys::for_resource("w:2")?,
-            FencedKeys::for_resource("w:1")?,
-        ])?;
-        assert_eq!(fenced[0].lock, "lock:{w:1}");
-        assert_eq!(fenced[0].fence.as_deref(), Some("fence:{w:1}"));
-        Ok(())
-    }
-
-    #[test]
-    fn no_keys_empty_keys_and_conflicting_fences_are_refused() -> Result<()> {
-        assert!(matches!(
-            targets(Vec::<&str>::new()),
-            Err(Error::InvalidKey { .. })
-        ));
-        assert!(matches!(targets(["a", ""]), Err(Error::InvalidKey { .. })));
-        let conflicting = [
-            FencedKeys::new("lock:{x}", "fence:{x}")?,
-            FencedKeys::new("lock:{x}", "fence2:{x}")?,
-        ];
-        assert!(matches!(
-            targets(conflicting),
-            Err(Error::InvalidKey { .. })
-        ));
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod size_tests {
-    use std::time::Duration;
-
-    use crate::connection::Connection;
-    use crate::{AcquireOptions, Lessor, Locker};
-
-    /// An uncontended acquire's future stays small. Every layer of the
-    /// acquire builds the next one's future and moves it into its own
-    /// (a `memcpy` of its whole size): at 8.4 KB (an `async fn` that took
-    /// a future as its argument held it twice, and the replica wait was
-    /// inline) those moves were a visible part of the client's CPU per
-    /// lease under load (perf).
-    #[test]
-    fn an_acquire_future_stays_under_four_kilobytes() -> Result<(), Box<dyn std::error::Error>> {
-        let client = redis::Client::open("redis://127.0.0.1:1/")?;
-        let conn = Connection::lazy(client.into(), Duration::from_secs(1), 1);
-        let locker = Locker::builder().build(conn)?;
-        let ttl = Duration::from_secs(1);
-        let acquire = std::mem::size_of_val(&locker.acquire("k", ttl));
-        assert!(acquire <= 4096, "Locker::acquire's future: {acquire} bytes");
-        let opts = AcquireOptions::new().wait(Duration::from_secs(1));
-        let waiting = std::mem::size_of_val(&locker.acquire_with("k", ttl, &opts));
-        assert!(
-            waiting <= 4096,
-            "Locker::acquire_with's future: {waiting} bytes"
-        );
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod send_tests {
-    use std::time::Duration;
-
-    use crate::node::RedisConnection;
-    use crate::{AcquireOptions, Lessor, Locker};
-
-    fn assert_send<T: Send>(_: &T) {}
-
-    /// Every acquire future is `Send` for any connection type, so callers
-    /// can `tokio::spawn` it (a compile-time check; nothing runs).
-    #[allow(dead_code)]
-    fn acquire_futures_are_send<C: RedisConnection>(
-        locker: &Locker<C>,
-        #[cfg(feature = "handoff")] handoff: &crate::HandoffLocker<C>,
-        #[cfg(feature = "quorum")] quorum: &crate::Quorum<C>,
-    ) {
-        let (ttl, opts) = (Duration::from_secs(1), AcquireOptions::new());
-        assert_send(&locker.acquire_with("k", ttl, &opts));
-        assert_send(&locker.acquire_all(["a", "b"], ttl, &opts));
-        assert_send(&locker.with_lock("k", ttl, &opts, async |_| ()));
-        #[cfg(feature = "handoff")]
-        {
-            assert_send(&handoff.acquire_with("k", ttl, &opts));
-            assert_send(&handoff.acquire_all(["a", "b"], ttl, &opts));
-        }
-        #[cfg(feature = "quorum")]
-        {
-            assert_send(&quorum.acquire_with("k", ttl, &opts));
-            assert_send(&quorum.acquire_all(["a", "b"], ttl, &opts));
-        }
-    }
-}
-
-#[cfg(test)]
-mod replica_retry_tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicU32, Ordering};
-    use std::time::Duration;
-
-    use tokio::time::Instant;
-
-    use crate::backend::{Claim, Held, LockService, Reply, Step};
-    use crate::{AcquireOptions, Error, Lessor, RetryStrategy, Service};
-
-    /// A service whose lock is free at the first step, busy for the next
-    /// three, then free again, and whose replicas never acknowledge.
-    #[derive(Clone, Default)]
-    struct Unreplicated {
-        steps: Arc<AtomicU32>,
-    }
-
-    impl LockService for Unreplicated {
-        type Entry = ();
-
-        fn service(&self) -> Service {
-            Service::named("test")
-        }
-
-        fn command_timeout(&self) -> Duration {
-            Duration::from_secs(1)
-        }
-
-        fn step<'a>(&'a self, _: &'a Claim, (): &'a mut (), _: Instant) -> Reply<'a, Step> {
-            let n = self.steps.fetch_add(1, Ordering::SeqCst) + 1;
-            Box::pin(async move {
-                Ok(if n == 1 || n > 4 {
-                    Step::won(None)
-                } else {
-                    Step::busy()
-                })
-            })
-        }
-
-        fn undo<'a>(&'a self, _: &'a Claim, (): &'a mut (), _: Instant) -> Reply<'a, ()> {
-            Box::pin(async { Ok(()) })
-        }
-
-        fn refresh<'a>(&'a self, _: &'a Held, _: Duration, _: Instant) -> Reply<'a, bool> {
-            Box::pin(async { Ok(true) })
-        }
-
-        fn release<'a>(&'a self, _: &'a Held, _: Instant) -> Reply<'a, bool> {
-            Box::pin(async { Ok(true) })
-        }
-
-        fn offers_replicas(&self) -> bool {
-            true
-        }
-
-        fn wait_replicas<'a>(&'a self, _: &'a str, _: u32, _: Duration) -> Reply<'a, u64> {
-            Box::pin(async { Ok(0) })
-        }
-    }
-
-    /// `max_attempts` bounds every attempt of an acquire, those of its
-    /// take again after an unreplicated win included: three attempts here
-    /// (an unreplicated win, then two busy), where a take counting its own
-    /// from zero made four (and, busy longer, up to n x n).
-    #[tokio::test(start_paused = true)]
-    async fn max_attempts_counts_across_takes_after_unreplicated_wins() {
-        let service = Unreplicated::default();
-        let opts = AcquireOptions::new()
-            .retry(RetryStrategy::constant(Duration::from_millis(10)).max_attempts(3))
-            .wait(Duration::from_secs(10))
-            .wait_replicas(1, Duration::from_millis(50));
-        let got = service
-            .acquire_with("k", Duration::from_secs(1), &opts)
-            .await;
-        assert!(matches!(got, Err(Error::NotReplicated { .. })), "{got:?}");
-        assert_eq!(service.steps.load(Ordering::SeqCst), 3);
     }
 }

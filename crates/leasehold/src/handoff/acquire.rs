@@ -1,10 +1,15 @@
 //! The acquire side of hand-off: a caller queues in process behind a unit
 //! of its locker (relay on), then in Redis's queue, until a release hands
 //! it the lock, its re-check takes it, or it gives up. The waiting is the
-//! one retry loop's ([`rounds::drive`]): hand-off gives it one step per
+//! one retry loop's ([`rounds::drive`](crate::rounds::drive)): hand-off gives it one step per
 //! attempt (a place taken in process, or one run of the acquire script)
 //! and one wait per pause ([`Queuing`]), and keeps its place across
-//! rounds.
+//! rounds. The acquire path (module `acquire`) reaches these steps
+//! through the hand-off [`Way`]: it claims, has the loop drive the
+//! [`Queuing`] over the claim, and after a win runs hand-off's refresh of
+//! a lease handed over late ([`Way::after_win`]); each step goes from
+//! [`Queuing::attempt`](Attempts::attempt) to the wire in one more stop
+//! at most (`in_redis`, one run of the acquire script).
 
 use std::time::Duration;
 
@@ -19,7 +24,7 @@ use crate::lease::Lease;
 use crate::node::Attempt;
 use crate::node::{RedisConnection, not_a_fence, ttl_millis};
 use crate::options::{AcquireOptions, Supports};
-use crate::rounds::{self, Attempts, Progress};
+use crate::rounds::{Attempts, Progress};
 use crate::service::Service;
 use crate::token::LeaseToken;
 use crate::way::Way;
@@ -53,9 +58,27 @@ fn handed(key: &str, via: &'static str, fence: Option<FencingToken>) {
     tracing::debug!(target: TARGET, key, via, fence, "handed the lock by a release");
 }
 
-/// The hand-off way: its acquire queues for one checked target (what
-/// follows the win is [`Way`]'s, for every way).
+/// One hand-off take's claim: the checked target, a fresh token and the
+/// TTL.
+pub(crate) struct Claim {
+    target: Target,
+    token: LeaseToken,
+    ttl: Duration,
+}
+
+/// The hand-off way: its attempts queue for one checked target, in
+/// process then in Redis ([`Queuing`]); a win is the lease itself (taken,
+/// granted or relayed). What follows the win is the acquire path's, for
+/// every way, after [`after_win`](Way::after_win)'s refresh of a lease
+/// handed over late.
 impl<C: RedisConnection> Way for HandoffLocker<C> {
+    type Claim = Claim;
+    type Won = Lease;
+    type Attempts<'a>
+        = Queuing<'a, C>
+    where
+        Self: 'a;
+
     /// A hand-off locker honours every option.
     fn supports(&self) -> Supports {
         Supports {
@@ -71,44 +94,60 @@ impl<C: RedisConnection> Way for HandoffLocker<C> {
         self.inner.locker.node.command_timeout()
     }
 
-    async fn take(
-        &self,
-        target: Target,
-        ttl: Duration,
+    fn claim(&self, target: Target, ttl: Duration) -> Result<Claim> {
+        Ok(Claim {
+            target,
+            token: LeaseToken::generate()?,
+            ttl,
+        })
+    }
+
+    fn key(claim: &Claim) -> &str {
+        &claim.target.lock
+    }
+
+    fn attempts<'a>(
+        &'a self,
+        claim: &'a Claim,
         opts: &AcquireOptions,
         budget: Budget,
-    ) -> Result<Lease> {
-        let token = LeaseToken::generate()?;
+    ) -> Queuing<'a, C> {
         let made = usize::try_from(Progress::attempts_so_far()).unwrap_or(usize::MAX);
-        let queuing = Queuing {
+        Queuing {
             may_wait: opts.retry.waits().nth(made).is_some(),
             handoff: self,
-            target: &target,
-            token: &token,
-            ttl,
+            target: &claim.target,
+            token: &claim.token,
+            ttl: claim.ttl,
             start: budget.start(),
             deadline: budget.deadline(),
             place: Place::Start,
-        };
-        let timeout = self.command_timeout();
-        let (lease, _) = rounds::drive(&target.lock, opts, budget, timeout, queuing).await?;
-        // A lease found handed over to us is counted from our last request
-        // that saw the lock busy (the hand-over came later, at a time we do
-        // not know): after a long wait in the queue it may arrive with
-        // nothing left, and the watchdog would give it up as unreachable
-        // though Redis holds it for a full TTL. Confirm such a lease with a
-        // token-checked refresh (it lands only while the key holds our
-        // token, so no one else can have held it since the hand-over): its
-        // TTL then counts from that request's send time. Within the
-        // caller's deadline; if it fails, the lease keeps its own (short,
-        // hence safe) validity, or is marked lost if Redis says it is gone.
+        }
+    }
+
+    /// The lease is the win itself.
+    fn lease(&self, _: Claim, lease: Lease, _: Instant) -> Lease {
+        lease
+    }
+
+    /// A lease found handed over to us is counted from our last request
+    /// that saw the lock busy (the hand-over came later, at a time we do
+    /// not know): after a long wait in the queue it may arrive with
+    /// nothing left, and the watchdog would give it up as unreachable
+    /// though Redis holds it for a full TTL. Confirm such a lease with a
+    /// token-checked refresh (it lands only while the key holds our token,
+    /// so no one else can have held it since the hand-over): its TTL then
+    /// counts from that request's send time. Within the caller's
+    /// `deadline`; if it fails, the lease keeps its own (short, hence
+    /// safe) validity, or is marked lost if Redis says it is gone.
+    async fn after_win(&self, lease: Lease, ttl: Duration, deadline: Instant) -> Lease {
         if lease.remaining() < ttl / 2 {
-            let deadline = budget.deadline().max(Instant::now());
+            let deadline = deadline.max(Instant::now());
             if let Ok(Err(err)) = tokio::time::timeout_at(deadline, lease.refresh(ttl)).await {
                 tracing::debug!(target: TARGET, key = lease.key(), error = %err, "could not confirm a lease handed over late");
             }
         }
-        Ok(lease)
+        lease
     }
 
     async fn confirm_replicas(
@@ -125,12 +164,12 @@ impl<C: RedisConnection> Way for HandoffLocker<C> {
     }
 }
 
-/// One acquire's place, as the one retry loop ([`rounds::drive`]) drives
+/// One acquire's place, as the one retry loop ([`rounds::drive`](crate::rounds::drive)) drives
 /// it: each attempt is one step (a place taken in process, or one run of
 /// the acquire script), each pause one wait (for our turn in process, a
 /// release's signal, or the re-check); give-up, cancel and a dropped
 /// future leave the queue through the guards the place holds.
-struct Queuing<'a, C: RedisConnection> {
+pub(crate) struct Queuing<'a, C: RedisConnection> {
     handoff: &'a HandoffLocker<C>,
     target: &'a Target,
     token: &'a LeaseToken,
@@ -361,17 +400,26 @@ impl<'a, C: RedisConnection> Queuing<'a, C> {
         let sent_at = Instant::now();
         backend.node.counters.acquire_request();
         let lifetime = ttl_millis(self.deadline.saturating_duration_since(sent_at));
-        let found = self
-            .handoff
-            .try_or_enqueue(
-                self.target,
-                self.token,
-                &queued.listening.channel,
-                ttl_millis(self.ttl),
-                lifetime,
-                deadline,
-            )
-            .await;
+        // One run of the acquire script, once our channel for this key is
+        // subscribed.
+        let channel = queued.listening.channel.as_str();
+        let found = match backend.subs.ensure(channel, deadline).await {
+            Ok(()) => {
+                let fence_ttl = backend.node.fence_ttl_ms();
+                let script = acquire_script(
+                    self.target,
+                    self.token,
+                    channel,
+                    self.ttl,
+                    lifetime,
+                    fence_ttl,
+                );
+                let mut conn = backend.node.conn();
+                let reply = call::bounded("acquire", key, deadline, script.invoke_async(&mut conn));
+                found(reply.await, self.target)
+            }
+            Err(err) => Err(err),
+        };
         let found = match found {
             Ok(Found::TookIt(fence)) => {
                 return Ok(Attempt::Won(queued.waiting.into_lease(sent_at, fence)));
@@ -408,53 +456,51 @@ impl<'a, C: RedisConnection> Queuing<'a, C> {
     }
 }
 
-impl<C: RedisConnection> HandoffLocker<C> {
-    /// One run of the acquire script, once `channel` (ours for this key) is
-    /// subscribed.
-    async fn try_or_enqueue(
-        &self,
-        target: &Target,
-        token: &LeaseToken,
-        channel: &str,
-        px: u64,
-        lifetime: u64,
-        deadline: Instant,
-    ) -> Result<Found> {
-        let key = target.lock.as_str();
-        let backend = &self.inner.backend;
-        backend.subs.ensure(channel, deadline).await?;
-        let [queue, waiters] = queue_keys(key);
-        let mut conn = backend.node.conn();
-        let mut invocation = crate::scripts::HANDOFF_ACQUIRE.key(key);
-        invocation.key(&queue).key(&waiters);
-        if let Some(fence_key) = &target.fence {
-            invocation.key(fence_key);
-        }
-        invocation
-            .arg(token)
-            .arg(px)
-            .arg(channel)
-            .arg(lifetime.max(1))
-            .arg(backend.node.fence_ttl_ms());
-        let reply =
-            call::bounded("acquire", key, deadline, invocation.invoke_async(&mut conn)).await;
-        let (code, pttl, fence): (i64, i64, u64) = match reply {
-            Ok(reply) => reply,
-            Err(err) => return Err(not_a_fence(err, target.fence.as_deref().unwrap_or(""))),
-        };
-        match code {
-            1 => Ok(Found::TookIt(fence)),
-            2 => Ok(Found::HandedOver(fence)),
-            0 => Ok(Found::Waiting(
-                u64::try_from(pttl)
-                    .ok()
-                    .filter(|ms| *ms > 0)
-                    .map(Duration::from_millis),
-            )),
-            _ => Err(Error::UnexpectedReply {
-                service: Service::REDIS,
-                op: "acquire",
-            }),
-        }
+/// The acquire script for `target` and `token`: its lock for `ttl`, its
+/// waiter's entry living `lifetime` ms, its grants sent on `channel`, a
+/// fence counter kept `fence_ttl` ms.
+fn acquire_script(
+    target: &Target,
+    token: &LeaseToken,
+    channel: &str,
+    ttl: Duration,
+    lifetime: u64,
+    fence_ttl: u64,
+) -> redis::ScriptInvocation<'static> {
+    let key = target.lock.as_str();
+    let [queue, waiters] = queue_keys(key);
+    let mut invocation = crate::scripts::HANDOFF_ACQUIRE.key(key);
+    invocation.key(&queue).key(&waiters);
+    if let Some(fence_key) = &target.fence {
+        invocation.key(fence_key);
+    }
+    invocation
+        .arg(token)
+        .arg(ttl_millis(ttl))
+        .arg(channel)
+        .arg(lifetime.max(1))
+        .arg(fence_ttl);
+    invocation
+}
+
+/// What the acquire script's `reply` for `target` says.
+fn found(reply: Result<(i64, i64, u64)>, target: &Target) -> Result<Found> {
+    let (code, pttl, fence) = match reply {
+        Ok(reply) => reply,
+        Err(err) => return Err(not_a_fence(err, target.fence.as_deref().unwrap_or(""))),
+    };
+    match code {
+        1 => Ok(Found::TookIt(fence)),
+        2 => Ok(Found::HandedOver(fence)),
+        0 => Ok(Found::Waiting(
+            u64::try_from(pttl)
+                .ok()
+                .filter(|ms| *ms > 0)
+                .map(Duration::from_millis),
+        )),
+        _ => Err(Error::UnexpectedReply {
+            service: Service::REDIS,
+            op: "acquire",
+        }),
     }
 }

@@ -14,7 +14,9 @@
 //! process or in Redis's queue), `waiting` (a waiter's guards, until it
 //! wins or leaves), `acquire` (the acquire side, the hand-off [`Way`]:
 //! queuing in process, then in Redis) and `pubsub` (the routing of
-//! messages to waiters).
+//! messages to waiters). The locker's [`Lessor`] calls are the crate's one
+//! acquire path (module `acquire`, which reaches the queuing through that
+//! [`Way`]).
 //!
 //! [`Way`]: crate::way::Way
 
@@ -28,25 +30,19 @@ mod subscriptions;
 mod waiting;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::task::JoinHandle;
-
-use std::future::Future;
 
 use crate::connection::Connection;
 use crate::endpoint::Endpoint;
 use crate::error::Result;
-use crate::fencing::LockKeys;
-use crate::lease::Lease;
-use crate::lessor::Lessor;
 use crate::locker::Locker;
 use crate::node::RedisConnection;
-use crate::options::AcquireOptions;
 use crate::token::LeaseToken;
-use crate::way;
 #[cfg(doc)]
-use crate::{error::Error, locker::LockerBuilder};
+use crate::{
+    error::Error, lease::Lease, lessor::Lessor, locker::LockerBuilder, options::AcquireOptions,
+};
 
 use self::local::{Local, Waiters};
 use self::pubsub::route;
@@ -633,31 +629,5 @@ impl<C: RedisConnection> crate::lessor::sealed::Sealed for HandoffLocker<C> {
 
     fn hands_over(&self) -> bool {
         self.inner.backend.style == HandoffStyle::Grant
-    }
-}
-
-/// Its four calls (`use leasehold::Lessor`): see [Taking a
-/// lease](HandoffLocker#taking-a-lease) for what hand-off adds.
-impl<C: RedisConnection> Lessor for HandoffLocker<C> {
-    async fn acquire(&self, keys: impl LockKeys, ttl: Duration) -> Result<Lease> {
-        way::acquire_with(self, keys, ttl, &AcquireOptions::default()).await
-    }
-
-    fn acquire_with(
-        &self,
-        keys: impl LockKeys,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        way::acquire_with(self, keys, ttl, opts)
-    }
-
-    fn acquire_all<K: LockKeys>(
-        &self,
-        keys: impl IntoIterator<Item = K> + Send,
-        ttl: Duration,
-        opts: &AcquireOptions,
-    ) -> impl Future<Output = Result<Lease>> + Send {
-        way::acquire_all_of(self, keys, ttl, opts)
     }
 }
