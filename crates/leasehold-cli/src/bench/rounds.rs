@@ -145,3 +145,35 @@ pub(crate) fn short(x: f64) -> String {
     };
     format!("{x:.decimals$}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_has_medians_spreads_and_ratios_against_the_base() {
+        let base: Vec<Figures> = vec![
+            vec![("per_s", 100.0), ("elapsed_ms", 10.0)],
+            vec![("per_s", 200.0), ("elapsed_ms", 20.0)],
+            vec![("per_s", 300.0), ("elapsed_ms", 30.0)],
+        ];
+        let way: Vec<Figures> = vec![
+            vec![("per_s", 50.0), ("elapsed_ms", 15.0), ("dead", f64::NAN)],
+            vec![("per_s", 100.0), ("elapsed_ms", 40.0), ("dead", f64::NAN)],
+            vec![("per_s", 300.0), ("elapsed_ms", 30.0), ("dead", f64::NAN)],
+        ];
+        let row = row("tutorial", "pg", &way, &base, &["elapsed_ms"]);
+        assert_eq!(row["case"], "tutorial");
+        assert_eq!(row["way"], "pg");
+        assert_eq!(row["per_s"]["median"], 100.0);
+        assert_eq!(row["per_s"]["min"], 50.0);
+        assert_eq!(row["per_s"]["max"], 300.0);
+        // The median of the rounds' ratios (1.5, 2, 1), not of the medians.
+        assert_eq!(row["elapsed_ms_ratio"], 1.5);
+        assert!(row.get("per_s_ratio").is_none());
+        assert!(row["dead"]["median"].is_null());
+        let cells = cells(&[row]);
+        assert_eq!(cells[0]["per_s"], "100 (50.0..300)");
+        assert!(cells[0]["dead"].is_null());
+    }
+}
