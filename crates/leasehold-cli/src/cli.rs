@@ -712,8 +712,9 @@ pub(crate) enum Bench {
     /// and the tutorial's contention case (-n callers on one key, a wallet
     /// in Redis); each way side by side in every round. For the PostgreSQL
     /// ways, what one lease costs the database (statements, WAL bytes,
-    /// dead tuples), measured around the one-task case; then --hot-leases
-    /// leases on one key and what they leave in the lease table.
+    /// dead tuples), measured around the one-task and tutorial cases; then
+    /// --hot-leases leases on one key and what they leave in the lease
+    /// table.
     ///
     /// Starts a throwaway postgres (from PATH or /usr/lib/postgresql) with
     /// fsync, full_page_writes and synchronous_commit on, and

@@ -20,9 +20,10 @@
 //! PostgreSQL's own durability settings (`fsync`, `full_page_writes` and
 //! `synchronous_commit` on, where the test kit turns them off) and
 //! `pg_stat_statements` loaded: a lease table's cost is its commits and
-//! their WAL. Around each PostgreSQL way's one-task case, the database's
-//! counters ([`cost`]) give what one lease costs it: statements, WAL bytes
-//! and dead tuples. After the rounds, `--hot-leases` leases one after
+//! their WAL. Around each PostgreSQL way's one-task case and tutorial
+//! case, the database's counters ([`cost`]) give what one lease costs it:
+//! statements, WAL bytes and dead tuples (under contention, a waiter's
+//! tries count too). After the rounds, `--hot-leases` leases one after
 //! another on one key through a `PgLocker` show what a hot resource leaves
 //! in the lease table (its size, dead tuples, autovacuum runs).
 //!
@@ -225,7 +226,7 @@ pub(crate) async fn run(env: &Env, args: &PgBenchArgs, json: bool) -> anyhow::Re
                 ));
                 // Read before the taker connects and warms up: its
                 // warm-up lease is counted with the run's.
-                let before = if c == 0 && way.on_postgres() {
+                let before = if c != 1 && way.on_postgres() {
                     Some(counters.read().await?)
                 } else {
                     None
@@ -250,9 +251,7 @@ pub(crate) async fn run(env: &Env, args: &PgBenchArgs, json: bool) -> anyhow::Re
                                 .await?
                             }
                         };
-                        let mut figures = rounds::pairs(&pairs)?;
-                        figures.push(("leases", pairs.count as f64));
-                        figures
+                        rounds::pairs(&pairs)?
                     }
                     (_, Taker::Advisory(advisory)) => {
                         rounds::tutorial(&advisory.tutorial(&site, &crowd).await?)
@@ -391,7 +390,7 @@ fn print_text(args: &PgBenchArgs, base: &str, rows: &[Value], target: &Value, ho
         SETTINGS.join(", ")
     );
     println!(
-        "medians (min..max over rounds); sequential and tasks: acquire+release pairs and their latency; tutorial: leases per second and the gap from a release to the next holder; ratios against {base}; per lease (PostgreSQL ways, one task): statements, WAL bytes and dead tuples of the lease table"
+        "medians (min..max over rounds); sequential and tasks: acquire+release pairs and their latency; tutorial: leases per second and the gap from a release to the next holder; ratios against {base}; per lease (PostgreSQL ways, one task and tutorial): statements, WAL bytes and dead tuples of the lease table"
     );
     print_table(
         &[

@@ -16,8 +16,8 @@ use super::{median, round3};
 /// has no such figure.
 pub(crate) type Figures = Vec<(&'static str, f64)>;
 
-/// An uncontended case's figures: pairs per second and the pairs'
-/// latency quantiles (asked for of the run).
+/// An uncontended case's figures: pairs per second, the pairs' latency
+/// quantiles (asked for of the run), and how many there were.
 pub(crate) fn pairs(pairs: &Pairs) -> anyhow::Result<Figures> {
     let latency = pairs.latency.as_ref().context("no latencies")?;
     let us = |q| latency.value_at_quantile(q) as f64;
@@ -25,11 +25,12 @@ pub(crate) fn pairs(pairs: &Pairs) -> anyhow::Result<Figures> {
         ("per_s", pairs.per_s),
         ("p50_us", us(0.5)),
         ("p99_us", us(0.99)),
+        ("leases", pairs.count as f64),
     ])
 }
 
 /// The tutorial case's figures: leases per second, the gap from a release
-/// to the next holder, and the workload's own.
+/// to the next holder, the workload's own, and how many leases there were.
 pub(crate) fn tutorial(figures: &contention::Figures) -> Figures {
     let metrics = figures.metrics();
     let metric = |name| value(&metrics, name);
@@ -44,6 +45,7 @@ pub(crate) fn tutorial(figures: &contention::Figures) -> Figures {
         ("utilisation", metric("utilisation")),
         ("round_trips_per_acq", metric("round_trips_per_acq")),
         ("gave_up", metric("gave_up")),
+        ("leases", metric("acquisitions")),
     ]
 }
 
