@@ -139,36 +139,34 @@ impl Taker {
 /// A way's taker, fresh for each measurement (so a Redis way's stats
 /// count one run only, and a `PgLocker`'s connections are its own).
 async fn taker(way: PgBenchWay, env: &Env, url: &str) -> anyhow::Result<Taker> {
-    let mode = match way {
+    let waiter = match way {
         PgBenchWay::Advisory => return Ok(Taker::Advisory(Advisory::new(url, WAIT))),
-        PgBenchWay::Pg => return Ok(Taker::Lessor(Waiter::of(pg_locker(env, url).await?))),
-        PgBenchWay::Redis => Mode::Poll("redis", RetryStrategy::default()),
-        PgBenchWay::RedisHandOff => Mode::Handoff("redis-hand-off", Handoff::DEFAULT),
+        PgBenchWay::Pg => Waiter::of(pg_locker(env, url).await?),
+        PgBenchWay::Redis => {
+            Waiter::connect(env, Mode::Poll("redis", RetryStrategy::default())).await?
+        }
+        PgBenchWay::RedisHandOff => {
+            Waiter::connect(env, Mode::Handoff("redis-hand-off", Handoff::DEFAULT)).await?
+        }
     };
-    let waiter = Waiter::connect(env, mode).await?;
     let lease = waiter
         .lessor()
         .acquire(WARM_UP, UNCONTENDED_TTL)
         .await
-        .context("warming up")?;
+        .with_context(|| format!("warming up the {} way", way.name()))?;
     lease.release().await?;
     Ok(Taker::Lessor(waiter))
 }
 
 /// A `PgLocker` as built by default but for its requests' bound (the
-/// CLI's command timeout, as every way's), warmed up.
+/// CLI's command timeout, as every way's): its connection for the steps
+/// is opened now, the one that listens for releases by its first lease.
 async fn pg_locker(env: &Env, url: &str) -> anyhow::Result<PgLocker> {
-    let locker = PgLocker::builder()
+    PgLocker::builder()
         .command_timeout(env.locker.command_timeout())
         .connect(url)
         .await
-        .context("connecting a PgLocker to the throwaway postgres")?;
-    let lease = locker
-        .acquire(WARM_UP, UNCONTENDED_TTL)
-        .await
-        .context("warming up the PgLocker")?;
-    lease.release().await?;
-    Ok(locker)
+        .context("connecting a PgLocker to the throwaway postgres")
 }
 
 pub(crate) async fn run(env: &Env, args: &PgBenchArgs, json: bool) -> anyhow::Result<()> {
@@ -343,12 +341,9 @@ async fn hot_run(
     leases: u64,
 ) -> anyhow::Result<Value> {
     let before = counters.table().await?;
-    // Not warmed up: its first lease opens its connection, once in all.
-    let locker = PgLocker::builder()
-        .command_timeout(env.locker.command_timeout())
-        .connect(url)
-        .await
-        .context("connecting a PgLocker to the throwaway postgres")?;
+    // Not warmed up: its first lease opens its listening connection, once
+    // in all.
+    let locker = pg_locker(env, url).await?;
     let start = Instant::now();
     for _ in 0..leases {
         locker
