@@ -705,6 +705,32 @@ pub(crate) enum Bench {
         exit_codes!()
     ))]
     Etcd(EtcdBenchArgs),
+    /// What a lease costs on PostgreSQL (`PgLocker`) against PostgreSQL's
+    /// own advisory lock (sqlx's `PgAdvisoryLock`, the baseline) and Redis
+    /// (polling and hand-off), on loopback: acquire+release latency and
+    /// pairs per second with no contention (one task, then --tasks tasks),
+    /// and the tutorial's contention case (-n callers on one key, a wallet
+    /// in Redis); each way side by side in every round. For the PostgreSQL
+    /// ways, what one lease costs the database (statements, WAL bytes,
+    /// dead tuples), measured around the one-task and tutorial cases; then
+    /// --hot-leases leases on one key and what they leave in the lease
+    /// table.
+    ///
+    /// Starts a throwaway postgres (from PATH or /usr/lib/postgresql) with
+    /// fsync, full_page_writes and synchronous_commit on, and
+    /// pg_stat_statements loaded.
+    #[command(after_help = concat!(
+        "What it changes (on --redis-url, or a throwaway redis-server):
+  Redis: takes and releases lock:bench:pg:* and lock:bench:contention
+    (its hand-off keys :waitq and :waiters too), overwrites
+    wallet:42:balance.
+  postgres: none of yours: its own throwaway server (stopped at the end)
+    holds the lease table and the advisory locks.
+
+",
+        exit_codes!()
+    ))]
+    Pg(PgBenchArgs),
     /// What the PostgreSQL fence guard costs a debit: unguarded, guarded
     /// and `SELECT ... FOR UPDATE`, sequential and concurrent. No Redis.
     #[command(after_help = concat!(
@@ -752,6 +778,7 @@ impl Bench {
             Bench::Contention(args) => args.output,
             Bench::Uncontended(args) => args.output,
             Bench::Etcd(args) => args.output,
+            Bench::Pg(args) => args.output,
             Bench::Guard(args) => args.output,
             // The leases are taken in candidate processes, whose metrics
             // it does not gather.
@@ -948,6 +975,67 @@ impl EtcdBenchWay {
         EtcdBenchWay::RedisHandOff,
         EtcdBenchWay::Etcd,
         EtcdBenchWay::Etcd1,
+    ];
+}
+
+/// Flags of `bench pg`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct PgBenchArgs {
+    /// The ways of taking the lease, comma-separated, in the order they
+    /// are reported; ratios are against the first [default: all, advisory
+    /// first]
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub(crate) ways: Vec<PgBenchWay>,
+    /// Length of each uncontended measurement.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+    /// Rounds; every figure is the median over rounds, with their spread.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) rounds: u32,
+    /// Concurrent tasks of the uncontended throughput run, each on a key
+    /// of its own (the advisory way: each on a connection of its own).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=150))]
+    pub(crate) tasks: u32,
+    /// Concurrent callers on the one key in the contention case (the
+    /// advisory way: each on a connection of its own).
+    #[arg(short = 'n', long = "callers", default_value_t = 50, value_parser = clap::value_parser!(u32).range(2..=150))]
+    pub(crate) callers: u32,
+    /// Time each caller holds the lock in the contention case.
+    #[arg(long, default_value = "2ms", value_parser = parse_duration)]
+    pub(crate) work: Duration,
+    /// Leases taken and released one after another on one key through a
+    /// `PgLocker`, after the rounds, to report the lease table's size,
+    /// dead tuples and autovacuum runs (a million for the figure in
+    /// BENCHMARKS.md); 0 skips it, and so does leaving out the pg way.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) hot_leases: u64,
+    #[command(flatten)]
+    pub(crate) output: OutputFlags,
+    #[command(flatten)]
+    pub(crate) redis: RedisFlags,
+}
+
+/// A way of taking a lease, as `bench pg` measures it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PgBenchWay {
+    /// PostgreSQL's advisory lock through sqlx's `PgAdvisoryLock`
+    /// (`pg_advisory_lock`, `pg_advisory_unlock`), a connection per
+    /// caller: the baseline.
+    Advisory,
+    /// A `PgLocker` (the lease table) as built by default.
+    Pg,
+    /// A `Locker` on the one redis-server, polling as built by default.
+    Redis,
+    /// A `HandoffLocker` on it as built by default.
+    RedisHandOff,
+}
+
+impl PgBenchWay {
+    pub(crate) const ALL: [PgBenchWay; 4] = [
+        PgBenchWay::Advisory,
+        PgBenchWay::Pg,
+        PgBenchWay::Redis,
+        PgBenchWay::RedisHandOff,
     ];
 }
 

@@ -248,6 +248,83 @@ fn bench_etcd_smoke_has_a_row_per_case_and_way() -> TestResult {
     Ok(())
 }
 
+/// Every way of `bench pg` on tiny runs: a row per case and way, the
+/// advisory lock as the base, the database's cost per lease on the
+/// PostgreSQL ways' one-task rows, and the hot run's table figures. No
+/// timing is judged (the machine may be busy).
+#[test]
+fn bench_pg_smoke_has_a_row_per_case_and_way_and_the_cost_per_lease() -> TestResult {
+    let callers = 3;
+    let stdout = succeeded(&[
+        "bench",
+        "pg",
+        "--duration",
+        "50ms",
+        "--rounds",
+        "1",
+        "--tasks",
+        "2",
+        "-n",
+        &callers.to_string(),
+        "--work",
+        "1ms",
+        "--hot-leases",
+        "20",
+        "--json",
+    ])?;
+    let r: Value = serde_json::from_str(stdout.trim())?;
+    assert_eq!(r["bench"], "pg", "{r}");
+    assert_eq!(r["base"], "advisory", "{r}");
+    let rows = r["rows"].as_array().ok_or("no rows")?;
+    let cases = ["sequential", "tasks", "tutorial"];
+    let ways = ["advisory", "pg", "redis", "redis-hand-off"];
+    assert_eq!(rows.len(), cases.len() * ways.len(), "{r}");
+    for case in cases {
+        for way in ways {
+            let row = rows
+                .iter()
+                .find(|row| row["case"] == case && row["way"] == way)
+                .ok_or_else(|| format!("no {case} row for {way} in {r}"))?;
+            let median = |key: &str| row[key]["median"].as_f64().ok_or(format!("{key} in {row}"));
+            assert!(median("per_s")? > 0.0, "{row}");
+            assert!(median("p50_us")? <= median("p99_us")?, "{row}");
+            if way == "advisory" {
+                assert_eq!(row["per_s_ratio"], 1.0, "{row}");
+            }
+            assert!(median("leases")? > 0.0, "{row}");
+            let on_postgres = way == "advisory" || way == "pg";
+            if case != "tasks" && on_postgres {
+                // The lock's own statements, counted by pg_stat_statements:
+                // lock and unlock; take, release and its notification (and
+                // a waiter's tries, and any retry a slow machine makes the
+                // locker send).
+                let statements = median("statements_per_lease")?;
+                if way == "advisory" {
+                    assert_eq!(statements, 2.0, "{row}");
+                } else {
+                    assert!(statements >= 3.0, "{row}");
+                }
+                assert!(median("wal_bytes_per_lease")? >= 0.0, "{row}");
+                median("dead_tuples_per_lease")?;
+            } else {
+                assert!(row.get("statements_per_lease").is_none(), "{row}");
+            }
+            if case == "tutorial" {
+                assert_eq!(median("gave_up")?, 0.0, "{row}");
+                assert!(median("elapsed_ms")? > 0.0, "{row}");
+            }
+        }
+    }
+    assert_eq!(r["target"]["at_most"], 1.5, "{r}");
+    assert!(r["target"]["ratio"].as_f64().is_some(), "{r}");
+    let hot = &r["hot"];
+    assert_eq!(hot["leases"], 20, "{r}");
+    for figure in ["size_bytes", "live_tuples", "dead_tuples", "autovacuums"] {
+        assert!(hot["after"][figure].is_i64(), "{figure} in {hot}");
+    }
+    Ok(())
+}
+
 #[test]
 fn bench_contention_smoke_has_cluster_rows_next_to_the_single_server_ones() -> TestResult {
     let callers = 3;

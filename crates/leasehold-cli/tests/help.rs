@@ -143,6 +143,16 @@ const EXPECTED: &[Expect] = &[
         ],
     },
     Expect {
+        subcommand: &["bench", "pg"],
+        uses: &["--redis-url", "--tls-ca", "--json"],
+        changes: &[
+            "lock:bench:pg:*",
+            "lock:bench:contention",
+            "wallet:42:balance",
+            "none of yours",
+        ],
+    },
+    Expect {
         subcommand: &["bench", "guard"],
         uses: &["--database-url", "--json"],
         changes: &["bench_accounts", "leasehold_fences", "bench:<id>"],

@@ -119,6 +119,28 @@ impl Figures {
         x / self.acquisitions as f64
     }
 
+    /// The figures of a run that `meter` timed, by a way with no
+    /// [`Waiter`] (`bench pg`'s advisory lock) that sent `requests` lock
+    /// requests.
+    pub(crate) fn metered(
+        meter: &Meter,
+        elapsed: Duration,
+        requests: u64,
+        gave_up: u64,
+    ) -> Figures {
+        Figures {
+            elapsed,
+            held: meter.held(),
+            acquisitions: meter.acquisitions(),
+            requests: Some(requests),
+            cpu: None,
+            gap_p50: meter.gap(0.5),
+            gap_p99: meter.gap(0.99),
+            gave_up,
+            fairness: None,
+        }
+    }
+
     pub(crate) fn metrics(&self) -> Vec<(&'static str, f64)> {
         let us = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e6);
         vec![
@@ -508,7 +530,7 @@ fn figures(
     }
 }
 
-fn fail_on_errors(tally: &crate::wallet::Tally) -> anyhow::Result<()> {
+pub(crate) fn fail_on_errors(tally: &crate::wallet::Tally) -> anyhow::Result<()> {
     if tally.errors > 0 {
         anyhow::bail!(
             "{} callers failed: {}",

@@ -27,12 +27,13 @@ use anyhow::Context as _;
 use leasehold::RetryStrategy;
 use leasehold_etcd::EtcdLocker;
 use leasehold_testkit::EtcdCluster;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::contention::{self, Crowd};
+use super::rounds::{self, Figures};
 use super::site::Site;
 use super::uncontended::{Keys, lessor_tasks};
-use super::{Measurements, median, print_table, round3};
+use super::{Measurements, print_table};
 use crate::cli::{EtcdBenchArgs, EtcdBenchWay};
 use crate::env::Env;
 use crate::progress::note;
@@ -115,9 +116,6 @@ impl Way {
     }
 }
 
-/// One case of one way in one round: `(figure, value)`.
-type Figures = Vec<(&'static str, f64)>;
-
 pub(crate) async fn run(env: &Env, args: &EtcdBenchArgs, json: bool) -> anyhow::Result<()> {
     let asked = if args.ways.is_empty() {
         &EtcdBenchWay::ALL[..]
@@ -158,36 +156,9 @@ pub(crate) async fn run(env: &Env, args: &EtcdBenchArgs, json: bool) -> anyhow::
                         let pairs =
                             lessor_tasks(waiter.lessor(), &UNCONTENDED, tasks, args.duration, true)
                                 .await?;
-                        let latency = pairs.latency.context("no latencies")?;
-                        let us = |q| latency.value_at_quantile(q) as f64;
-                        vec![
-                            ("per_s", pairs.per_s),
-                            ("p50_us", us(0.5)),
-                            ("p99_us", us(0.99)),
-                        ]
+                        rounds::pairs(&pairs)?
                     }
-                    _ => {
-                        let figures = contention::tutorial(&site, &waiter, &crowd).await?;
-                        let metrics = figures.metrics();
-                        let metric = |name| {
-                            metrics
-                                .iter()
-                                .find(|(k, _)| *k == name)
-                                .map_or(f64::NAN, |(_, v)| *v)
-                        };
-                        vec![
-                            (
-                                "per_s",
-                                metric("acquisitions") / figures.elapsed.as_secs_f64(),
-                            ),
-                            ("p50_us", metric("gap_p50_us")),
-                            ("p99_us", metric("gap_p99_us")),
-                            ("elapsed_ms", metric("elapsed_ms")),
-                            ("utilisation", metric("utilisation")),
-                            ("round_trips_per_acq", metric("round_trips_per_acq")),
-                            ("gave_up", metric("gave_up")),
-                        ]
-                    }
+                    _ => rounds::tutorial(&contention::tutorial(&site, &waiter, &crowd).await?),
                 };
                 results[c][w].push(figures);
             }
@@ -198,7 +169,7 @@ pub(crate) async fn run(env: &Env, args: &EtcdBenchArgs, json: bool) -> anyhow::
     for (c, case) in CASES.iter().enumerate() {
         let base = &results[c][0];
         for (way, rounds) in ways.iter().zip(&results[c]) {
-            rows.push(row(case, way.name(), rounds, base));
+            rows.push(rounds::row(case, way.name(), rounds, base, &RATIOS));
         }
     }
     if json {
@@ -222,51 +193,6 @@ pub(crate) async fn run(env: &Env, args: &EtcdBenchArgs, json: bool) -> anyhow::
     Ok(())
 }
 
-/// The row of `case` for `way`: each figure's median and spread over
-/// `rounds`, and the medians of the rounds' ratios against `base`'s.
-fn row(case: &str, way: &str, rounds: &[Figures], base: &[Figures]) -> Value {
-    let mut row = Map::new();
-    row.insert("case".into(), json!(case));
-    row.insert("way".into(), json!(way));
-    let value = |round: &Figures, name: &str| {
-        round
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map_or(f64::NAN, |(_, v)| *v)
-    };
-    let number = |x: f64| {
-        if x.is_finite() {
-            json!(round3(x))
-        } else {
-            Value::Null
-        }
-    };
-    for (name, _) in &rounds[0] {
-        let values: Vec<f64> = rounds.iter().map(|r| value(r, name)).collect();
-        let finite = values.iter().copied().filter(|x| x.is_finite());
-        let (min, max) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
-            (lo.min(x), hi.max(x))
-        });
-        row.insert(
-            (*name).into(),
-            json!({
-                "median": number(median(&values)),
-                "min": number(min),
-                "max": number(max),
-            }),
-        );
-        if RATIOS.contains(name) {
-            let ratios: Vec<f64> = rounds
-                .iter()
-                .zip(base)
-                .map(|(r, b)| value(r, name) / value(b, name))
-                .collect();
-            row.insert(format!("{name}_ratio"), number(median(&ratios)));
-        }
-    }
-    Value::Object(row)
-}
-
 fn print_text(args: &EtcdBenchArgs, base: &str, rows: &[Value]) {
     println!(
         "bench etcd: {} rounds; uncontended runs of {:?} (one task, then {} tasks); tutorial case: {} callers, work {:?}",
@@ -275,34 +201,7 @@ fn print_text(args: &EtcdBenchArgs, base: &str, rows: &[Value]) {
     println!(
         "medians (min..max over rounds); sequential and tasks: acquire+release pairs and their latency; tutorial: leases per second and the gap from a release to the next holder; ratios against {base}"
     );
-    let spread = |figure: &Value| match (
-        figure["median"].as_f64(),
-        figure["min"].as_f64(),
-        figure["max"].as_f64(),
-    ) {
-        (Some(median), Some(min), Some(max)) => json!(format!(
-            "{} ({}..{})",
-            short(median),
-            short(min),
-            short(max)
-        )),
-        _ => Value::Null,
-    };
-    let cells: Vec<Value> = rows
-        .iter()
-        .map(|row| {
-            let mut cells = Map::new();
-            for (key, value) in row.as_object().into_iter().flatten() {
-                let cell = if value.is_object() {
-                    spread(value)
-                } else {
-                    value.clone()
-                };
-                cells.insert(key.clone(), cell);
-            }
-            Value::Object(cells)
-        })
-        .collect();
+    let cells = rounds::cells(rows);
     print_table(
         &[
             ("case", "case"),
@@ -320,15 +219,4 @@ fn print_text(args: &EtcdBenchArgs, base: &str, rows: &[Value]) {
         ],
         &cells,
     );
-}
-
-/// `x` to about three significant digits (whole numbers from 100 up).
-fn short(x: f64) -> String {
-    let decimals = match x.abs() {
-        a if a >= 100.0 => 0,
-        a if a >= 10.0 => 1,
-        a if a >= 1.0 => 2,
-        _ => 3,
-    };
-    format!("{x:.decimals$}")
 }

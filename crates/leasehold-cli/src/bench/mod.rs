@@ -14,6 +14,8 @@ pub(crate) mod contention;
 pub(crate) mod etcd;
 pub(crate) mod guard;
 pub(crate) mod leader;
+pub(crate) mod pg;
+pub(crate) mod rounds;
 pub(crate) mod site;
 pub(crate) mod uncontended;
 
@@ -34,6 +36,10 @@ pub(crate) async fn run(bench: Bench) -> anyhow::Result<ExitCode> {
         Bench::Etcd(args) => {
             let env = Env::connect(&args.redis).await?;
             etcd::run(&env, &args, args.output.json).await?;
+        }
+        Bench::Pg(args) => {
+            let env = Env::connect(&args.redis).await?;
+            pg::run(&env, &args, args.output.json).await?;
         }
         Bench::Guard(args) => {
             let db = Database::new(&args.database);

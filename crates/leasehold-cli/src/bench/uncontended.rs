@@ -163,10 +163,17 @@ impl Keys {
     pub(crate) const fn new(prefix: &'static str, ttl: Duration) -> Keys {
         Keys { prefix, ttl }
     }
+
+    /// The key task `task` takes.
+    pub(crate) fn key(&self, task: u32) -> String {
+        format!("{}:{task}", self.prefix)
+    }
 }
 
 /// What a run of [`lessor_tasks`] did.
 pub(crate) struct Pairs {
+    /// Acquire+release pairs, all tasks together.
+    pub(crate) count: u64,
     /// Acquire+release pairs per second, all tasks together.
     pub(crate) per_s: f64,
     /// Each pair's time, from the acquire's call to the release's return,
@@ -190,7 +197,7 @@ pub(crate) async fn lessor_tasks<L: Lessor>(
     for task in 0..tasks {
         let (lessor, keys) = (lessor.clone(), *keys);
         set.spawn(async move {
-            let key = format!("{}:{task}", keys.prefix);
+            let key = keys.key(task);
             let mut times = latency.then(|| Histogram::<u64>::new(3)).transpose()?;
             let mut pairs: u64 = 0;
             while start.elapsed() < duration {
@@ -216,6 +223,7 @@ pub(crate) async fn lessor_tasks<L: Lessor>(
         }
     }
     Ok(Pairs {
+        count: total,
         per_s: total as f64 / start.elapsed().as_secs_f64(),
         latency: all,
     })

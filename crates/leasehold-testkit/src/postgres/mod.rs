@@ -104,7 +104,22 @@ impl PostgresServer {
     /// user, [`Error::Initdb`], or any error from spawning the server or
     /// waiting for it to become ready.
     pub fn start() -> Result<PostgresServer, Error> {
-        Self::start_inner(None, false)
+        Self::start_inner(None, false, &[])
+    }
+
+    /// Like [`start`](Self::start), with `settings` (`name=value`) passed
+    /// as `-c` after the test kit's own, so a later one wins: a bench
+    /// that measures commits undoes the test kit's `fsync=off` with
+    /// `fsync=on`, and loads `pg_stat_statements` with
+    /// `shared_preload_libraries=pg_stat_statements`. They are kept for
+    /// [`start_again`](Self::start_again).
+    ///
+    /// # Errors
+    ///
+    /// As for [`start`](Self::start); a setting the server refuses ends
+    /// its start ([`Error::ExitedEarly`], the server's message in its log).
+    pub fn start_with_settings(settings: &[&str]) -> Result<PostgresServer, Error> {
+        Self::start_inner(None, false, settings)
     }
 
     /// Like [`start`](Self::start), with the server's wall clock driven by
@@ -121,7 +136,7 @@ impl PostgresServer {
     /// As for [`start`](Self::start); [`Error::LibraryNotFound`] without
     /// libfaketime (`scripts/install-deps.sh` installs it).
     pub fn start_with_fake_clock() -> Result<PostgresServer, Error> {
-        Self::start_inner(None, true)
+        Self::start_inner(None, true, &[])
     }
 
     /// Steps the server's wall clock `by` forward, from where the fake
@@ -175,19 +190,24 @@ impl PostgresServer {
     /// As for [`start`](Self::start), and [`Error::Io`] when a file cannot
     /// be written.
     pub fn start_tls(tls: &ServerTls) -> Result<PostgresServer, Error> {
-        Self::start_inner(Some(tls), false)
+        Self::start_inner(Some(tls), false, &[])
     }
 
-    fn start_inner(tls: Option<&ServerTls>, fake_clock: bool) -> Result<PostgresServer, Error> {
+    fn start_inner(
+        tls: Option<&ServerTls>,
+        fake_clock: bool,
+        extra: &[&str],
+    ) -> Result<PostgresServer, Error> {
         let binaries = find_binaries()?;
         let run_as = run_as()?;
         let dir = server_dir(run_as)?;
         let password = random_password()?;
         initdb(&binaries.initdb, dir.path(), &password, run_as)?;
-        let settings = match tls {
+        let mut settings = match tls {
             Some(tls) => tls_settings(dir.path(), tls, run_as)?,
             None => Vec::new(),
         };
+        settings.extend(extra.iter().map(|setting| (*setting).to_owned()));
         let clock = if fake_clock {
             Some(FakeClock::new(dir.path())?)
         } else {
