@@ -72,6 +72,7 @@ async fn connect_lock(spec: &Spec) -> anyhow::Result<Lock> {
                 spec.cluster,
                 &spec.tls.files(),
                 &spec.etcd,
+                Duration::from_millis(spec.ttl_ms),
             )
             .await
         {
