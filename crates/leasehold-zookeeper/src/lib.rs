@@ -159,9 +159,10 @@
 //!
 //! # Not yet
 //!
-//! A tested way back after the ensemble is rebuilt empty; the chaos
-//! verifier's `zookeeper` mode; TLS and SASL (the client has them behind
-//! features this crate does not turn on yet).
+//! A tested way back after the ensemble is rebuilt empty; TLS and SASL
+//! (the client has them behind features this crate does not turn on yet).
+//! (The chaos verifier runs this locker: `leasehold chaos --modes
+//! zookeeper,zookeeper-blind`, docs/chaos.md, "ZooKeeper".)
 
 mod fault;
 mod layout;
