@@ -1082,7 +1082,8 @@ pub(crate) struct MatrixArgs {
     /// (etcd and etcd-lock-rpc, which run none, holder-pause, the
     /// postgres faults and the etcd-* faults; on --etcd-endpoints, of the
     /// etcd-* faults only etcd-revoke); a throwaway 3-server ZooKeeper
-    /// ensemble for the ZooKeeper modes (zookeeper and zookeeper-blind,
+    /// ensemble for the ZooKeeper modes (zookeeper, zookeeper-blind and
+    /// zookeeper-curator,
     /// which run none, holder-pause, the postgres faults and the
     /// zookeeper-* faults; run them with --ttl of 400ms or more, the
     /// ensemble's shortest session, or a holder pause outlasts no session)
@@ -1261,6 +1262,13 @@ pub(crate) enum ChaosMode {
     /// Curator's InterProcessMutex holds it) and a blind read-modify-write,
     /// no database check. Runs only when named.
     ZookeeperBlind,
+    /// Negative control on ZooKeeper, closer to Curator's recipe as it is:
+    /// the zookeeper-client crate's own lock in Curator's
+    /// InterProcessMutex layout (`LockPrefix::new_curator`, held until
+    /// dropped or its session ends; the session timeout asked is the TTL)
+    /// and a blind read-modify-write, no database check. Runs only when
+    /// named.
+    ZookeeperCurator,
 }
 
 impl ChaosMode {
@@ -1292,13 +1300,17 @@ impl ChaosMode {
             ChaosMode::EtcdLockRpc => "etcd-lock-rpc",
             ChaosMode::Zookeeper => "zookeeper",
             ChaosMode::ZookeeperBlind => "zookeeper-blind",
+            ChaosMode::ZookeeperCurator => "zookeeper-curator",
         }
     }
 
     /// Whether the mode runs on ZooKeeper (a throwaway ensemble, no
     /// Redis).
     pub(crate) fn is_zookeeper(self) -> bool {
-        matches!(self, ChaosMode::Zookeeper | ChaosMode::ZookeeperBlind)
+        matches!(
+            self,
+            ChaosMode::Zookeeper | ChaosMode::ZookeeperBlind | ChaosMode::ZookeeperCurator
+        )
     }
 
     /// Whether the mode runs on etcd (a throwaway etcd cluster, no Redis).

@@ -1,7 +1,8 @@
 //! `leasehold chaos` on ZooKeeper: the ZooKeeper way of taking a lease
-//! with the fence guard, and a ZkLocker lease without a fence and with a
-//! blind write (Curator's layout and queue, no database check) as its
-//! negative control, on a throwaway 3-server ensemble, under a holder
+//! with the fence guard, and two negative controls with a blind write, no
+//! database check (a ZkLocker lease without a fence, and the
+//! zookeeper-client crate's own lock in Curator's layout), on a throwaway
+//! 3-server ensemble, under a holder
 //! paused past its session and the lock's node deleted by hand; and the
 //! guarded way alone under the leader killed, a follower paused and the
 //! whole ensemble restarted. Short runs: a TTL (and session) of 500 ms,
@@ -22,14 +23,14 @@ fn row<'a>(rows: &'a [Value], mode: &str, fault: &str) -> Result<&'a Value, Stri
 
 /// The guard keeps the balance right on ZooKeeper: a holder paused past
 /// its session and a node deleted by hand make two holders, every one
-/// absorbed, and the control (no fence, a blind write) is caught under
-/// both. No caller sees an error (the window is shorter than the wait):
+/// absorbed, and both controls (no fence, a blind write) are caught
+/// under both. No caller sees an error (the window is shorter than the wait):
 /// exit 0 says the same for the matrix.
 #[test]
 fn the_zookeeper_way_holds_and_the_blind_control_is_caught() -> TestResult {
     let (rows, _) = chaos_matrix(&[
         "--modes",
-        "zookeeper,zookeeper-blind",
+        "zookeeper,zookeeper-blind,zookeeper-curator",
         "--faults",
         "holder-pause,zookeeper-node-delete",
         "--ttl",
@@ -44,9 +45,11 @@ fn the_zookeeper_way_holds_and_the_blind_control_is_caught() -> TestResult {
         "3",
     ])?;
     for fault in ["holder-pause", "zookeeper-node-delete"] {
-        let control = row(&rows, "zookeeper-blind", fault)?;
-        assert_eq!(control["status"], "control_caught", "{control}");
-        assert!(control["overlaps"].as_u64() > Some(0), "{control}");
+        for mode in ["zookeeper-blind", "zookeeper-curator"] {
+            let control = row(&rows, mode, fault)?;
+            assert_eq!(control["status"], "control_caught", "{control}");
+            assert!(control["overlaps"].as_u64() > Some(0), "{control}");
+        }
         let safe = row(&rows, "zookeeper", fault)?;
         assert!(
             safe["status"] == "held" || safe["status"] == "never_broke",

@@ -162,7 +162,8 @@
 //! A tested way back after the ensemble is rebuilt empty; TLS and SASL
 //! (the client has them behind features this crate does not turn on yet).
 //! (The chaos verifier runs this locker: `leasehold chaos --modes
-//! zookeeper,zookeeper-blind`, docs/chaos.md, "ZooKeeper".)
+//! zookeeper,zookeeper-blind,zookeeper-curator`, docs/chaos.md,
+//! "ZooKeeper".)
 
 mod fault;
 mod layout;

@@ -13,6 +13,7 @@ use leasehold_chaos::{
 };
 use leasehold_testkit::PostgresServer;
 
+mod curator;
 mod etcd;
 mod lock_rpc;
 mod marks;

@@ -55,7 +55,10 @@ impl ChaosMode {
     /// rows are reported, not judged.
     pub(crate) fn expect(self, fault: Fault) -> Expect {
         match self {
-            ChaosMode::Blind | ChaosMode::EtcdLockRpc | ChaosMode::ZookeeperBlind
+            ChaosMode::Blind
+            | ChaosMode::EtcdLockRpc
+            | ChaosMode::ZookeeperBlind
+            | ChaosMode::ZookeeperCurator
                 if fault.breaks_the_lock() =>
             {
                 Expect::Breaks
@@ -63,6 +66,7 @@ impl ChaosMode {
             ChaosMode::Blind
             | ChaosMode::EtcdLockRpc
             | ChaosMode::ZookeeperBlind
+            | ChaosMode::ZookeeperCurator
             | ChaosMode::Fenced => Expect::MayBreak,
             _ => Expect::Holds,
         }
@@ -167,6 +171,11 @@ impl ChaosMode {
             }
             ChaosMode::EtcdLockRpc => {
                 anyhow::bail!("etcd's Lock RPC is not a leasehold lock: its callers run apart")
+            }
+            ChaosMode::ZookeeperCurator => {
+                anyhow::bail!(
+                    "the Curator-layout lock is not a leasehold lock: its callers run apart"
+                )
             }
             _ => {}
         }
@@ -335,7 +344,10 @@ impl ChaosMode {
                 tx.commit().await.map_err(during)?;
                 Ok(WriteOutcome::Accepted.into())
             }
-            ChaosMode::Blind | ChaosMode::EtcdLockRpc | ChaosMode::ZookeeperBlind => {
+            ChaosMode::Blind
+            | ChaosMode::EtcdLockRpc
+            | ChaosMode::ZookeeperBlind
+            | ChaosMode::ZookeeperCurator => {
                 let Some(read) = read_then_work(&*client, id, call, work).await? else {
                     return Ok(WriteOutcome::Insufficient.into());
                 };
