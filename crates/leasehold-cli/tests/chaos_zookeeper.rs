@@ -37,6 +37,13 @@ fn the_zookeeper_way_holds_and_the_blind_control_is_caught() -> TestResult {
         "500ms",
         "--wait",
         "5s",
+        // Between a holder's read and its write: long enough that a node
+        // deleted under a holder meets it there, and its successor's read
+        // comes before its write, on a loaded machine too (at the default
+        // 5 ms a blind control under zookeeper-node-delete once made 1
+        // double holder and lost no debit, under a load of 3 on 2 cores).
+        "--work",
+        "50ms",
         "--duration",
         "5s",
         "--workers",
