@@ -203,13 +203,35 @@ pub enum Fault {
     /// space exceeded", while reads, deletes, keep-alives and revokes go
     /// on. etcd's [`Fault::Oom`].
     EtcdNoSpace,
+    /// ZooKeeper (a throwaway ensemble of three servers): the leader
+    /// killed (`SIGKILL`) at the window's start and started again on its
+    /// data at its end; the other two elect a new leader meanwhile, and
+    /// the sessions it served move to them. The ZooKeeper modes only, as
+    /// every `Zookeeper*` fault.
+    ZookeeperLeaderKill,
+    /// ZooKeeper: a follower paused (`SIGSTOP`) through the window, its
+    /// connections left open: the sessions it serves hear nothing until
+    /// their client gives up on it and moves to another member (within
+    /// the session timeout, or the session expires and its nodes go).
+    ZookeeperMemberPause,
+    /// ZooKeeper: every server killed at the window's start and all
+    /// started again on their data at its end (a whole-ensemble restart:
+    /// the sessions and their nodes are on disk, and the new leader gives
+    /// every session a fresh timeout).
+    ZookeeperRestart,
+    /// ZooKeeper: the lock's node deleted by hand, as an operator's
+    /// `delete` or a cleanup script would: in every lock directory under
+    /// the modes' root (`/leasehold`), the lowest contender (the holder's
+    /// node), every 50 ms through the window. ZooKeeper's
+    /// [`Fault::KeyLoss`].
+    ZookeeperNodeDelete,
     /// A seeded mix of the faults above.
     Mixed,
 }
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 38] = [
+    pub const ALL: [Fault; 42] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -247,6 +269,10 @@ impl Fault {
         Fault::EtcdRestart,
         Fault::EtcdRevoke,
         Fault::EtcdNoSpace,
+        Fault::ZookeeperLeaderKill,
+        Fault::ZookeeperMemberPause,
+        Fault::ZookeeperRestart,
+        Fault::ZookeeperNodeDelete,
         Fault::Mixed,
     ];
 
@@ -314,6 +340,10 @@ impl Fault {
             Fault::EtcdRestart => "etcd-restart",
             Fault::EtcdRevoke => "etcd-revoke",
             Fault::EtcdNoSpace => "etcd-no-space",
+            Fault::ZookeeperLeaderKill => "zookeeper-leader-kill",
+            Fault::ZookeeperMemberPause => "zookeeper-member-pause",
+            Fault::ZookeeperRestart => "zookeeper-restart",
+            Fault::ZookeeperNodeDelete => "zookeeper-node-delete",
             Fault::Mixed => "mixed",
         }
     }
@@ -335,6 +365,7 @@ impl Fault {
                 | Fault::EarlyExpiry
                 | Fault::ClockJump
                 | Fault::EtcdRevoke
+                | Fault::ZookeeperNodeDelete
         )
     }
 
@@ -356,6 +387,7 @@ impl Fault {
                     | Fault::NetLatency
                     | Fault::PostgresPause
                     | Fault::ClockFast
+                    | Fault::ZookeeperMemberPause
             )
     }
 
@@ -427,6 +459,19 @@ impl Fault {
         self.needs_etcd() && !matches!(self, Fault::EtcdRevoke)
     }
 
+    /// True for the faults of ZooKeeper, which run on a throwaway
+    /// ensemble of three servers
+    /// ([`LabOptions::zookeeper`](crate::LabOptions::zookeeper)).
+    pub const fn needs_zookeeper(self) -> bool {
+        matches!(
+            self,
+            Fault::ZookeeperLeaderKill
+                | Fault::ZookeeperMemberPause
+                | Fault::ZookeeperRestart
+                | Fault::ZookeeperNodeDelete
+        )
+    }
+
     /// True for the faults of a Redis Cluster, which run on a throwaway
     /// cluster of three masters with a replica each.
     pub const fn needs_cluster(self) -> bool {
@@ -464,6 +509,9 @@ impl Fault {
                 | Fault::EtcdMinorityCut
                 | Fault::EtcdMajorityCut
                 | Fault::EtcdRestart
+                | Fault::ZookeeperLeaderKill
+                | Fault::ZookeeperMemberPause
+                | Fault::ZookeeperRestart
                 | Fault::Mixed
         )
     }
@@ -480,6 +528,7 @@ impl Fault {
                 | Fault::Eviction
                 | Fault::ClockJump
                 | Fault::EtcdRevoke
+                | Fault::ZookeeperNodeDelete
         )
     }
 }

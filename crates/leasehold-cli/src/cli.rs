@@ -283,8 +283,10 @@ failover and redlock change (see their --help):
     /// PostgreSQL: it pauses, kills and fails them over. Or, with
     /// --redis-url, runs the faults that need no control of the process
     /// against your own Redis (rediss:// with a CA and client certificates,
-    /// an ACL user, a chosen proxy port or none). Each cell says what was
-    /// exercised (held with N double holders absorbed, never broke,
+    /// an ACL user, a chosen proxy port or none). The etcd and ZooKeeper
+    /// modes (named with --modes) start a throwaway 3-member etcd cluster
+    /// or 3-server ZooKeeper ensemble and kill, pause and restart its
+    /// members. Each cell says what was exercised (held with N double holders absorbed, never broke,
     /// inconclusive, broken). Exits 0 when no safe cell is broken or
     /// inconclusive and every negative control was caught.
     #[command(after_help = concat!(
@@ -297,6 +299,9 @@ failover and redlock change (see their --help):
     With --etcd-endpoints, your etcd too: the etcd modes write and delete
     keys under leasehold/ (and leasehold-rpc/), and etcd-revoke revokes
     every lease that holds a key under leasehold.
+    ZooKeeper: none of yours: the zookeeper modes start their own
+    throwaway ensemble (stopped at the end); zookeeper-node-delete
+    deletes lock nodes under /leasehold there.
     With --report DIR, writes one .jsonl history and one .html timeline
     per run into DIR.
   Exit code 1: a safe mode showed a violation, or a negative control
@@ -1135,7 +1140,7 @@ pub(crate) struct MatrixArgs {
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
     /// The lock modes (rows), comma-separated [default: all but the etcd
-    /// modes, which run only when named]
+    /// and ZooKeeper modes, which run only when named]
     #[arg(long, value_enum, value_delimiter = ',')]
     pub(crate) modes: Vec<ChaosMode>,
     /// The faults (columns), comma-separated [default: all]: none,
@@ -1147,7 +1152,8 @@ pub(crate) struct MatrixArgs {
     /// clock-jump, clock-fast, postgres-restart, sentinel-failover,
     /// sentinel-kill, etcd-leader-kill, etcd-member-pause,
     /// etcd-minority-cut, etcd-majority-cut, etcd-restart, etcd-revoke,
-    /// etcd-no-space, mixed.
+    /// etcd-no-space, zookeeper-leader-kill, zookeeper-member-pause,
+    /// zookeeper-restart, zookeeper-node-delete, mixed.
     /// Each runs on the topology it needs: a single redis-server behind a
     /// fault proxy (for acl-reset the workers connect as the README's
     /// minimal lock user); with a replica for failover; a cluster of 3
@@ -1163,7 +1169,12 @@ pub(crate) struct MatrixArgs {
     /// unsupported); a throwaway 3-member etcd cluster for the etcd modes
     /// (etcd and etcd-lock-rpc, which run none, holder-pause, the
     /// postgres faults and the etcd-* faults; on --etcd-endpoints, of the
-    /// etcd-* faults only etcd-revoke)
+    /// etcd-* faults only etcd-revoke); a throwaway 3-server ZooKeeper
+    /// ensemble for the ZooKeeper modes (zookeeper, zookeeper-blind and
+    /// zookeeper-curator,
+    /// which run none, holder-pause, the postgres faults and the
+    /// zookeeper-* faults; run them with --ttl of 400ms or more, the
+    /// ensemble's shortest session, or a holder pause outlasts no session)
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     pub(crate) faults: Vec<leasehold_chaos::Fault>,
     /// Worker processes per run.
@@ -1328,11 +1339,30 @@ pub(crate) enum ChaosMode {
     /// without --etcd-user (its Lock RPC client speaks neither TLS nor
     /// etcd's authentication).
     EtcdLockRpc,
+    /// The ZooKeeper way of taking a lease (`ZkLocker`, Curator's lock
+    /// layout, on a throwaway 3-server ZooKeeper ensemble; the session
+    /// timeout asked is the TTL; the fence is the lock node's czxid, its
+    /// guard row `zk:fence:{wallet:N}`) and the fence guard first in a
+    /// transaction, as `guard`. Runs only when named.
+    Zookeeper,
+    /// Negative control on ZooKeeper: a `ZkLocker` lease without a fence
+    /// (Curator's layout and queue, the lock held while the node lives, as
+    /// Curator's InterProcessMutex holds it) and a blind read-modify-write,
+    /// no database check. Runs only when named.
+    ZookeeperBlind,
+    /// Negative control on ZooKeeper, closer to Curator's recipe as it is:
+    /// the zookeeper-client crate's own lock in Curator's
+    /// InterProcessMutex layout (`LockPrefix::new_curator`, held until
+    /// dropped or its session ends; the session timeout asked is the TTL)
+    /// and a blind read-modify-write, no database check. Runs only when
+    /// named.
+    ZookeeperCurator,
 }
 
 impl ChaosMode {
     /// The modes run when `--modes` is not given: the Redis ones (the etcd
-    /// modes need an etcd binary and run only when named).
+    /// modes need an etcd binary, the ZooKeeper modes java and Debian's
+    /// ZooKeeper jars: they run only when named).
     pub(crate) const ALL: [ChaosMode; 8] = [
         ChaosMode::Blind,
         ChaosMode::Fenced,
@@ -1356,7 +1386,19 @@ impl ChaosMode {
             ChaosMode::Db => "db",
             ChaosMode::Etcd => "etcd",
             ChaosMode::EtcdLockRpc => "etcd-lock-rpc",
+            ChaosMode::Zookeeper => "zookeeper",
+            ChaosMode::ZookeeperBlind => "zookeeper-blind",
+            ChaosMode::ZookeeperCurator => "zookeeper-curator",
         }
+    }
+
+    /// Whether the mode runs on ZooKeeper (a throwaway ensemble, no
+    /// Redis).
+    pub(crate) fn is_zookeeper(self) -> bool {
+        matches!(
+            self,
+            ChaosMode::Zookeeper | ChaosMode::ZookeeperBlind | ChaosMode::ZookeeperCurator
+        )
     }
 
     /// Whether the mode runs on etcd (a throwaway etcd cluster, no Redis).

@@ -116,7 +116,13 @@ const EXPECTED: &[Expect] = &[
             "--runs",
             "--json",
         ],
-        changes: &["none of yours", "leasehold/", ".jsonl", ".html"],
+        changes: &[
+            "none of yours",
+            "leasehold/",
+            "/leasehold",
+            ".jsonl",
+            ".html",
+        ],
     },
     Expect {
         subcommand: &["bench", "contention"],

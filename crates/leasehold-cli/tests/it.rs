@@ -20,6 +20,8 @@ mod chaos_etcd_user;
 mod chaos_marks;
 #[path = "chaos_tls.rs"]
 mod chaos_tls;
+#[path = "chaos_zookeeper.rs"]
+mod chaos_zookeeper;
 #[path = "cli.rs"]
 mod cli;
 #[path = "help.rs"]

@@ -27,11 +27,23 @@ pub(crate) async fn within<T>(
 /// or a busy server may pass ([`ServiceFault::Transient`]); anything else
 /// is the server's refusal ([`ServiceFault::Refused`]: no permission, a
 /// bad path, quota).
+///
+/// The client reports a broken connection with the requests on it as
+/// [`ZkError::Custom`] (an I/O error such as a reset, or "no response from
+/// connection" when a paused server stops answering), not as
+/// [`ZkError::ConnectionLoss`]: it is a lost connection all the same (the
+/// client's other uses of `Custom`, TLS and SASL setup, are features this
+/// crate does not turn on). Taken for a refusal, it reached callers
+/// whose wait could have ridden it out (`leasehold chaos`, a ZooKeeper
+/// leader killed or a follower paused).
 pub(crate) fn zk_fault(op: &'static str, err: ZkError, wrote: bool) -> leasehold::Error {
     let kind = match err {
-        ZkError::Timeout | ZkError::ConnectionLoss if wrote => ServiceFault::Unknown,
+        ZkError::Timeout | ZkError::ConnectionLoss | ZkError::Custom(_) if wrote => {
+            ServiceFault::Unknown
+        }
         ZkError::Timeout
         | ZkError::ConnectionLoss
+        | ZkError::Custom(_)
         | ZkError::SessionExpired
         | ZkError::SessionMoved
         | ZkError::Throttled

@@ -192,8 +192,10 @@
 //!
 //! # Not yet
 //!
-//! The chaos verifier's `zookeeper` mode; TLS and SASL (the client has them behind
-//! features this crate does not turn on yet).
+//! TLS and SASL (the client has them behind features this crate does not
+//! turn on yet). (The chaos verifier runs this locker: `leasehold chaos
+//! --modes zookeeper,zookeeper-blind,zookeeper-curator`, docs/chaos.md,
+//! "ZooKeeper".)
 
 mod fault;
 mod layout;

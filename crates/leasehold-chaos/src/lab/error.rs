@@ -91,6 +91,16 @@ pub enum LabError {
         #[source]
         source: leasehold_etcd::client::EtcdError,
     },
+    /// A request of the lab's own to its ZooKeeper ensemble failed (a
+    /// lock's node deleted by hand, [`Fault::ZookeeperNodeDelete`]).
+    #[error("{what} failed on the zookeeper ensemble")]
+    ZooKeeper {
+        /// What was being done.
+        what: String,
+        /// The ZooKeeper client's error.
+        #[source]
+        source: zookeeper_client::Error,
+    },
     /// The etcd cluster given to [`LabOptions::etcd_endpoints`] refused
     /// the lab's user or password (or asked for one, or has no
     /// authentication enabled though credentials were given), found when

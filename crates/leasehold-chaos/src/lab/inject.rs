@@ -10,6 +10,7 @@ use super::acl::{ACL_USER, set_acl_user};
 use super::error::{EXTERNAL_TIMEOUT, external, server, server_err};
 use super::etcd::etcd_lab;
 use super::servers::{Primary, Servers, own, query};
+use super::zookeeper::zookeeper_lab;
 use super::{Lab, LabError};
 use crate::callers::Stall;
 use crate::fault::{CLOCK_JUMP, CLOCK_RATE, Fault, Window};
@@ -36,6 +37,12 @@ impl Lab {
             | Fault::EtcdRestart
             | Fault::EtcdRevoke
             | Fault::EtcdNoSpace => etcd_lab(&mut servers.primary, fault)?.begin(fault)?,
+            Fault::ZookeeperLeaderKill
+            | Fault::ZookeeperMemberPause
+            | Fault::ZookeeperRestart
+            | Fault::ZookeeperNodeDelete => {
+                zookeeper_lab(&mut servers.primary, fault)?.begin(fault)?
+            }
             Fault::HolderPause => {
                 if servers.workers.is_empty() {
                     stall.arm(window.length);
@@ -361,6 +368,13 @@ impl Lab {
                     needs: "a throwaway etcd cluster (the etcd modes)",
                 }),
             },
+            Fault::ZookeeperNodeDelete => match redis {
+                Primary::ZooKeeper(zk) => zk.delete_holders(),
+                _ => Err(LabError::Unsupported {
+                    fault,
+                    needs: super::zookeeper::NEEDS_ZOOKEEPER,
+                }),
+            },
             _ => Ok(()),
         }
     }
@@ -391,6 +405,12 @@ impl Lab {
             | Fault::EtcdRestart
             | Fault::EtcdRevoke
             | Fault::EtcdNoSpace => etcd_lab(&mut servers.primary, fault)?.end(fault)?,
+            Fault::ZookeeperLeaderKill
+            | Fault::ZookeeperMemberPause
+            | Fault::ZookeeperRestart
+            | Fault::ZookeeperNodeDelete => {
+                zookeeper_lab(&mut servers.primary, fault)?.end(fault)?
+            }
             Fault::HolderPause => {
                 stall.disarm();
                 if let Some(pauser) = &servers.pauser
@@ -569,6 +589,9 @@ impl Lab {
         }
         if let Primary::Etcd(etcd) = &servers.primary {
             etcd.heal();
+        }
+        if let Primary::ZooKeeper(zk) = &servers.primary {
+            zk.heal();
         }
         if let Some(replica) = &servers.replica
             && replica.is_paused()

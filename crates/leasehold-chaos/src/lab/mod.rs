@@ -12,14 +12,17 @@
 //! [`LabOptions::cluster_urls`]) for the faults that need no control of
 //! the Redis processes, or of your own etcd cluster
 //! ([`LabOptions::etcd_endpoints`], with TLS and a user) for the faults
-//! that need no control of its members. The nemesis runs on its own
+//! that need no control of its members. A ZooKeeper lab
+//! ([`LabOptions::zookeeper`]) is a throwaway ensemble of three servers
+//! instead of any Redis. The nemesis runs on its own
 //! thread, so the
 //! blocking server control never stalls the callers.
 //!
 //! The parts, by job: `options` (what a lab is asked for), `start` (the
 //! servers started or reached, and the URLs the callers dial), `servers`
 //! (what the lab holds, and how a command reaches its Redis), `acl` (the
-//! lock user's rules), `inject` (how each fault starts, repeats and ends)
+//! lock user's rules), `etcd` and `zookeeper` (those labs and their
+//! faults), `inject` (how each fault starts, repeats and ends)
 //! and `nemesis` (the schedule, run on its own thread); this file holds
 //! the [`Lab`] a run is given.
 //!
@@ -62,6 +65,7 @@ mod nemesis;
 mod options;
 mod servers;
 mod start;
+mod zookeeper;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -154,12 +158,15 @@ impl Lab {
     /// (the node faults hit), then the extra nodes. On a cluster, its
     /// masters' URLs, the seed list of a cluster client. On an etcd lab,
     /// its members' client endpoints (`http://127.0.0.1:PORT`, or those
-    /// given to [`LabOptions::etcd_endpoints`]).
+    /// given to [`LabOptions::etcd_endpoints`]). On a ZooKeeper lab, its
+    /// servers' client addresses (`127.0.0.1:PORT`: join them with `,`
+    /// for a connect string).
     pub fn node_urls(&self) -> Vec<String> {
         match &self.servers().primary {
             Primary::Cluster { cluster, .. } => return cluster.urls(),
             Primary::ExternalCluster { urls, .. } => return urls.clone(),
             Primary::Etcd(etcd) => return etcd.endpoints.clone(),
+            Primary::ZooKeeper(zk) => return zk.addresses(),
             _ => {}
         }
         let mut urls = vec![self.redis_url()];
@@ -224,6 +231,7 @@ impl Lab {
                 out
             }
             Primary::Etcd(etcd) => etcd.logs(),
+            Primary::ZooKeeper(zk) => zk.logs(),
         };
         for (i, old) in servers.retired.iter().enumerate() {
             out.push_str(&format!("\n--- redis (retired {i}) ---\n{}", old.log()));

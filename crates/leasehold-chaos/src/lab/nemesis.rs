@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::etcd::NEEDS_ETCD_PROCESS;
 use super::inject::NEEDS_FAKE_CLOCK;
 use super::servers::Primary;
+use super::zookeeper::NEEDS_ZOOKEEPER;
 use super::{Lab, LabError};
 use crate::callers::{Stall, lock_key};
 use crate::fault::{Fault, Window};
@@ -66,6 +67,25 @@ impl Lab {
             return Err(LabError::Unsupported {
                 fault,
                 needs: "a redis server (an etcd lab runs the etcd faults, the holder pause and the postgresql faults)",
+            });
+        }
+        let zookeeper = matches!(servers.primary, Primary::ZooKeeper(_));
+        if fault.needs_zookeeper() && !zookeeper {
+            return Err(LabError::Unsupported {
+                fault,
+                needs: NEEDS_ZOOKEEPER,
+            });
+        }
+        if zookeeper
+            && !fault.needs_zookeeper()
+            && !matches!(
+                fault,
+                Fault::None | Fault::HolderPause | Fault::PostgresPause | Fault::PostgresRestart
+            )
+        {
+            return Err(LabError::Unsupported {
+                fault,
+                needs: "a redis server or an etcd cluster (a zookeeper lab runs the zookeeper faults, the holder pause and the postgresql faults)",
             });
         }
         if fault.needs_fake_clock()

@@ -35,6 +35,7 @@ pub struct LabOptions {
     pub(super) etcd_endpoints: Vec<String>,
     pub(super) etcd_tls: Option<TlsFiles>,
     pub(super) etcd_credentials: Option<Credentials>,
+    pub(super) zookeeper: bool,
 }
 
 impl LabOptions {
@@ -334,6 +335,20 @@ impl LabOptions {
         self
     }
 
+    /// A throwaway ZooKeeper ensemble of three servers (the test kit's
+    /// `ZooKeeperEnsemble`: Debian's ZooKeeper jars on `java`, a tick of
+    /// 200 ms, so sessions of 0.4 to 4 s) instead of any Redis, for the
+    /// ZooKeeper way of taking a lease and the ZooKeeper faults
+    /// ([`Fault::needs_zookeeper`]); the callers dial its servers
+    /// ([`Lab::node_urls`]). No Redis or etcd options, proxy, replica,
+    /// extra nodes or TLS ([`LabError::Options`]). Defaults to off.
+    ///
+    /// [`Lab::node_urls`]: super::Lab::node_urls
+    pub fn zookeeper(mut self, on: bool) -> Self {
+        self.zookeeper = on;
+        self
+    }
+
     /// The options a fault needs on top of these.
     pub fn for_fault(self, fault: Fault) -> Self {
         match fault {
@@ -344,6 +359,7 @@ impl LabOptions {
             Fault::RedisRestartAof | Fault::Mixed => self.aof(true),
             Fault::AclReset => self.acl_user(true),
             fault if fault.needs_etcd() => self.etcd(true),
+            fault if fault.needs_zookeeper() => self.zookeeper(true),
             _ => self,
         }
     }

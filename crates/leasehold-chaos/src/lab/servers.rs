@@ -8,6 +8,7 @@ use leasehold_testkit::{PostgresServer, RedisCluster, RedisSentinel, RedisServer
 
 use super::error::{EXTERNAL_TIMEOUT, external, server_err};
 use super::etcd::EtcdLab;
+use super::zookeeper::ZkLab;
 use super::{LabError, LabOptions, Pauser};
 use crate::fault::Fault;
 
@@ -42,6 +43,9 @@ pub(super) enum Primary {
     /// An etcd cluster (a throwaway one of three members, or the user's),
     /// for the etcd modes: no Redis at all.
     Etcd(EtcdLab),
+    /// A throwaway ZooKeeper ensemble of three servers, for the ZooKeeper
+    /// modes: no Redis at all.
+    ZooKeeper(ZkLab),
 }
 
 pub(super) struct Servers {
@@ -86,7 +90,8 @@ pub(super) fn own(primary: &mut Primary, fault: Fault) -> Result<&mut RedisServe
         | Primary::ExternalCluster { .. }
         | Primary::Cluster { .. }
         | Primary::Sentinel { .. }
-        | Primary::Etcd(_) => Err(LabError::Unsupported {
+        | Primary::Etcd(_)
+        | Primary::ZooKeeper(_) => Err(LabError::Unsupported {
             fault,
             needs: "a single redis-server the lab started (it controls the process)",
         }),
@@ -103,6 +108,9 @@ impl Primary {
             )),
             Primary::Etcd(_) => Err(LabError::Options(
                 "redis commands are not sent to an etcd lab (its key loss is etcd-revoke)",
+            )),
+            Primary::ZooKeeper(_) => Err(LabError::Options(
+                "redis commands are not sent to a zookeeper lab (its key loss is zookeeper-node-delete)",
             )),
             // The primary the sentinels name now.
             Primary::Sentinel { setup, .. } => setup

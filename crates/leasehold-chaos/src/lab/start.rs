@@ -76,6 +76,9 @@ impl Lab {
     /// [`LabError::Tls`], and on etcd [`LabError::EtcdAuth`],
     /// [`LabError::EtcdPermission`], [`LabError::Etcd`]).
     pub fn start(options: &LabOptions) -> Result<Lab, LabError> {
+        if options.zookeeper {
+            return Self::start_zookeeper(options);
+        }
         if options.etcd || !options.etcd_endpoints.is_empty() {
             if options.redis_url.is_some() || !options.cluster_urls.is_empty() {
                 return Err(LabError::Options("an etcd lab has no redis: no redis url"));

@@ -13,6 +13,7 @@ use leasehold_chaos::{
 };
 use leasehold_testkit::PostgresServer;
 
+mod curator;
 mod etcd;
 mod lock_rpc;
 mod marks;
@@ -104,6 +105,9 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     };
     check_urls(args, &seeds)?;
     let etcd = etcd::EtcdTarget::from_flags(args)?;
+    if modes.iter().any(|mode| mode.is_zookeeper()) {
+        check_zookeeper_ttl(args.ttl)?;
+    }
     // A fault that would never happen must not pass for one that held.
     if let Some(fault) = faults.iter().find(|&&fault| {
         fault != Fault::None
@@ -176,8 +180,10 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
                     | Fault::ConnKill
                     | Fault::RedisStall
             );
-            // A quorum needs throwaway nodes; the etcd modes, etcd.
-            let on_one_redis = *mode != ChaosMode::Quorum && !mode.is_etcd();
+            // A quorum needs throwaway nodes; the etcd modes, etcd; the
+            // ZooKeeper modes, their own ensemble.
+            let on_one_redis =
+                *mode != ChaosMode::Quorum && !mode.is_etcd() && !mode.is_zookeeper();
             on_one_redis
                 && !fault.needs_redis_process()
                 && (!args.cluster || proxied)
@@ -400,6 +406,26 @@ impl ExpiredGrants {
     }
 }
 
+/// The ZooKeeper modes ask for a session as long as the TTL, and the
+/// lab's ensemble grants sessions of 2 to 20 ticks: a longer TTL would be
+/// refused by every acquire (a lease may not outlive its session), a
+/// shorter one would sit in a longer session, which a holder pause (3
+/// TTLs) would not outlast. Either is a usage error (exit 2).
+fn check_zookeeper_ttl(ttl: std::time::Duration) -> anyhow::Result<()> {
+    let tick = leasehold_testkit::ZOOKEEPER_TICK_TIME;
+    let (shortest, longest) = (tick * 2, tick * 20);
+    anyhow::ensure!(
+        (shortest..=longest).contains(&ttl),
+        crate::exit::Usage(format!(
+            "the zookeeper modes need --ttl between {} and {} (the sessions their throwaway ensemble grants: 2 to 20 ticks of {}); try --ttl 1s",
+            humantime::format_duration(shortest),
+            humantime::format_duration(longest),
+            humantime::format_duration(tick),
+        ))
+    );
+    Ok(())
+}
+
 /// Checks the flags that say how to reach the user's Redis (`seeds`: its
 /// URL, or its cluster's seed URLs): usage errors (exit 2) before anything
 /// starts. The messages never quote a URL (it may hold a password).
@@ -462,8 +488,11 @@ fn check_urls(args: &MatrixArgs, seeds: &[String]) -> anyhow::Result<()> {
 /// ACL does not grant is the lab's `Permission` error, naming it.
 async fn check_access(plan: &Plan, cells: &[(ChaosMode, Fault)]) -> anyhow::Result<()> {
     let mut faults: Vec<Fault> = Vec::new();
-    // The etcd modes run on etcd, never on --redis-url.
-    for &(_, fault) in cells.iter().filter(|(mode, _)| !mode.is_etcd()) {
+    // The etcd and ZooKeeper modes run on their own, never on --redis-url.
+    for &(_, fault) in cells
+        .iter()
+        .filter(|(mode, _)| !mode.is_etcd() && !mode.is_zookeeper())
+    {
         if !faults.contains(&fault) {
             faults.push(fault);
         }

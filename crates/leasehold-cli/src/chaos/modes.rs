@@ -13,6 +13,7 @@ use leasehold_etcd::EtcdLocker;
 use leasehold_pg::Outcome;
 use leasehold_pg::Snapshot;
 use leasehold_pg::tokio_postgres::{Client, GenericClient};
+use leasehold_zookeeper::ZkLocker;
 
 use crate::cli::ChaosMode;
 use crate::env::EtcdAccess;
@@ -24,6 +25,9 @@ const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
 /// default, since every etcd write is a raft commit a majority syncs to
 /// disk (etcd 3.4 cannot skip the sync), slower than a Redis write.
 const ETCD_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a ZooKeeper request of the ZooKeeper modes may take: as etcd's,
+/// every lock step is a write a majority commits.
+const ZOOKEEPER_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 /// The cluster client's retry waits, in milliseconds (redis-rs's defaults
 /// are 1,280 to 655,360).
 const CLUSTER_RETRY_WAIT_MIN_MS: u64 = 1;
@@ -51,8 +55,19 @@ impl ChaosMode {
     /// rows are reported, not judged.
     pub(crate) fn expect(self, fault: Fault) -> Expect {
         match self {
-            ChaosMode::Blind | ChaosMode::EtcdLockRpc if fault.breaks_the_lock() => Expect::Breaks,
-            ChaosMode::Blind | ChaosMode::EtcdLockRpc | ChaosMode::Fenced => Expect::MayBreak,
+            ChaosMode::Blind
+            | ChaosMode::EtcdLockRpc
+            | ChaosMode::ZookeeperBlind
+            | ChaosMode::ZookeeperCurator
+                if fault.breaks_the_lock() =>
+            {
+                Expect::Breaks
+            }
+            ChaosMode::Blind
+            | ChaosMode::EtcdLockRpc
+            | ChaosMode::ZookeeperBlind
+            | ChaosMode::ZookeeperCurator
+            | ChaosMode::Fenced => Expect::MayBreak,
             _ => Expect::Holds,
         }
     }
@@ -76,8 +91,20 @@ impl ChaosMode {
                         | Fault::PostgresRestart
                 );
         }
+        if self.is_zookeeper() {
+            // No Redis there either: the ZooKeeper faults, and those that
+            // hit a holder or the database.
+            return fault.needs_zookeeper()
+                || matches!(
+                    fault,
+                    Fault::None
+                        | Fault::HolderPause
+                        | Fault::PostgresPause
+                        | Fault::PostgresRestart
+                );
+        }
         match fault {
-            fault if fault.needs_etcd() => false,
+            fault if fault.needs_etcd() || fault.needs_zookeeper() => false,
             // A quorum has no replica to fail over to; a lone replica
             // promoted is one node of three, not a failover.
             Fault::Failover => self != ChaosMode::Quorum,
@@ -101,18 +128,33 @@ impl ChaosMode {
     /// Connects the mode's lock to `urls` (one, or a quorum's), over TLS
     /// with `tls` for a `rediss://` URL (a cluster and Sentinel here are
     /// plain TCP); the etcd mode to its endpoints with `etcd`'s TLS files
-    /// and user.
+    /// and user; the ZooKeeper modes to the ensemble's servers, asking for
+    /// a session timeout of `ttl` (the longest TTL a lease may have).
     pub(crate) async fn lock(
         self,
         urls: &[String],
         cluster: bool,
         tls: &TlsFiles,
         etcd: &EtcdAccess,
+        ttl: Duration,
     ) -> anyhow::Result<Lock> {
-        // Every mode but the blind control writes with a fencing token.
-        let fenced = self != ChaosMode::Blind;
+        // Every mode but the blind controls writes with a fencing token.
+        let fenced = !matches!(self, ChaosMode::Blind | ChaosMode::ZookeeperBlind);
         let first = urls.first().context("no redis url")?;
         match self {
+            ChaosMode::Zookeeper | ChaosMode::ZookeeperBlind => {
+                // The servers come rotated per worker: the client starts
+                // at another one in each. A session as short as the TTL
+                // (the servers grant 2 ticks at least): a holder paused
+                // past it loses its node, as one paused past its TTL loses
+                // a Redis key.
+                let locker = ZkLocker::builder()
+                    .session_timeout(ttl)
+                    .command_timeout(ZOOKEEPER_COMMAND_TIMEOUT)
+                    .connect(&urls.join(","))
+                    .await?;
+                return Ok(Lock::new(locker, fenced));
+            }
             ChaosMode::Etcd => {
                 // The endpoints come rotated per worker: each starts at
                 // another member, as services spread over a cluster do.
@@ -129,6 +171,11 @@ impl ChaosMode {
             }
             ChaosMode::EtcdLockRpc => {
                 anyhow::bail!("etcd's Lock RPC is not a leasehold lock: its callers run apart")
+            }
+            ChaosMode::ZookeeperCurator => {
+                anyhow::bail!(
+                    "the Curator-layout lock is not a leasehold lock: its callers run apart"
+                )
             }
             _ => {}
         }
@@ -278,7 +325,7 @@ impl ChaosMode {
                 tx.commit().await.map_err(during)?;
                 Ok(written(outcome))
             }
-            ChaosMode::Guard | ChaosMode::Leader | ChaosMode::Etcd => {
+            ChaosMode::Guard | ChaosMode::Leader | ChaosMode::Etcd | ChaosMode::Zookeeper => {
                 let lease = call
                     .lease
                     .ok_or_else(|| Step::Before("guard mode takes a lease".into()))?;
@@ -297,7 +344,10 @@ impl ChaosMode {
                 tx.commit().await.map_err(during)?;
                 Ok(WriteOutcome::Accepted.into())
             }
-            ChaosMode::Blind | ChaosMode::EtcdLockRpc => {
+            ChaosMode::Blind
+            | ChaosMode::EtcdLockRpc
+            | ChaosMode::ZookeeperBlind
+            | ChaosMode::ZookeeperCurator => {
                 let Some(read) = read_then_work(&*client, id, call, work).await? else {
                     return Ok(WriteOutcome::Insufficient.into());
                 };

@@ -118,6 +118,7 @@ pub(crate) async fn run_one(
     let options = servers
         .for_fault(fault)
         .etcd(mode.is_etcd())
+        .zookeeper(mode.is_zookeeper())
         .nodes(mode.nodes(plan.quorum_nodes))
         .postgres(postgres.clone());
     let resources = plan.resources();
@@ -148,7 +149,10 @@ pub(crate) async fn run_one(
     };
     let cluster = lab.is_cluster();
     let etcd = lab.is_etcd();
-    let urls = if mode.nodes(plan.quorum_nodes) > 1 || cluster || etcd {
+    // The servers of an etcd cluster or a ZooKeeper ensemble, each worker
+    // starting at another.
+    let members = etcd || lab.is_zookeeper();
+    let urls = if mode.nodes(plan.quorum_nodes) > 1 || cluster || members {
         lab.node_urls()
     } else {
         vec![lab.redis_url()]
@@ -157,7 +161,7 @@ pub(crate) async fn run_one(
     let mut workers = Vec::new();
     for worker in 0..plan.workers {
         let mut redis_urls = urls.clone();
-        if etcd && !redis_urls.is_empty() {
+        if members && !redis_urls.is_empty() {
             // Each worker starts at another member, as the services of one
             // cluster spread over its members.
             let first = worker as usize % redis_urls.len();
@@ -354,13 +358,14 @@ async fn reset(pool: &Pool, resources: &[(String, i64)]) -> anyhow::Result<()> {
     for (resource, initial) in resources {
         let id = super::modes::wallet_id(resource).context("a wallet resource")?;
         leasehold_pg::reset_wallet(&**db, id, *initial).await?;
-        // The Redis row and the etcd way's own (see the etcd locker's
-        // docs, "Fencing tokens").
+        // The Redis row, the etcd way's own (see the etcd locker's docs,
+        // "Fencing tokens") and the ZooKeeper way's (its czxid, `zk:`).
         db.execute(
-            "DELETE FROM leasehold_fences WHERE resource IN ($1, $2)",
+            "DELETE FROM leasehold_fences WHERE resource IN ($1, $2, $3)",
             &[
                 &format!("fence:{{{resource}}}"),
                 &format!("etcd:fence:{{{resource}}}"),
+                &format!("zk:fence:{{{resource}}}"),
             ],
         )
         .await

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_util::task::AbortOnDropHandle;
 
+use super::curator::CuratorCallers;
 use super::lock_rpc::RpcCallers;
 use crate::cli::ChaosMode;
 use crate::env::{EtcdAccess, TlsFlags};
@@ -72,6 +73,7 @@ async fn connect_lock(spec: &Spec) -> anyhow::Result<Lock> {
                 spec.cluster,
                 &spec.tls.files(),
                 &spec.etcd,
+                Duration::from_millis(spec.ttl_ms),
             )
             .await
         {
@@ -110,8 +112,12 @@ pub(crate) async fn run() -> anyhow::Result<()> {
         spec.mode != ChaosMode::EtcdLockRpc || !spec.etcd.is_set(),
         "etcd's Lock RPC control speaks neither tls nor etcd's authentication"
     );
-    // etcd's Lock RPC is not a leasehold lock: its callers run apart.
-    let lock = if spec.mode == ChaosMode::EtcdLockRpc {
+    // etcd's Lock RPC and the Curator-layout lock are not leasehold
+    // locks: their callers run apart.
+    let lock = if matches!(
+        spec.mode,
+        ChaosMode::EtcdLockRpc | ChaosMode::ZookeeperCurator
+    ) {
         None
     } else {
         Some(connect_lock(&spec).await?)
@@ -193,6 +199,21 @@ pub(crate) async fn run() -> anyhow::Result<()> {
     match &lock {
         Some(lock) => {
             tokio::join!(callers.run(lock, &recorder, &stop, &stall, &write), timer);
+        }
+        None if spec.mode == ChaosMode::ZookeeperCurator => {
+            let curator = CuratorCallers {
+                worker: spec.worker,
+                tasks: spec.tasks,
+                resources: spec.resources.clone(),
+                ttl: callers.ttl,
+                wait: callers.wait,
+                work,
+                seed: spec.seed,
+            };
+            tokio::join!(
+                curator.run(&spec.redis_urls, &pool, &recorder, &stop, &stall),
+                timer
+            );
         }
         None => {
             let rpc = RpcCallers {
