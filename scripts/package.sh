@@ -120,7 +120,7 @@ install_cli() {
   # package/ (CARGO_TARGET_DIR may put it outside the repository).
   pkg="$(cargo metadata --format-version 1 --no-deps --locked |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/package"
-  for name in leasehold leasehold-pg leasehold-etcd leasehold-testkit leasehold-chaos; do
+  for name in leasehold leasehold-pg leasehold-etcd leasehold-zookeeper leasehold-testkit leasehold-chaos; do
     patches+=(--config "patch.crates-io.$name.path=\"$pkg/$name-$version\"")
   done
   root="$control/install"
