@@ -229,7 +229,7 @@ impl PostgresServer {
             process: Mutex::new(process),
             binary: binaries.postgres.clone(),
             run_as,
-            settings: settings.clone(),
+            settings,
             port,
             password,
             log_path,
@@ -238,21 +238,29 @@ impl PostgresServer {
             clock,
             dir,
         };
+        server.ready_on_a_free_port()?;
+        Ok(server)
+    }
+
+    /// Waits until the just-spawned server is ready; if its port turned
+    /// out to be taken, spawns it again (its binary, directory, settings
+    /// and clock) on another free port, up to [`PORT_ATTEMPTS`] in all.
+    fn ready_on_a_free_port(&mut self) -> Result<(), Error> {
         for attempt in 1..=PORT_ATTEMPTS {
-            match server.wait_ready() {
-                Ok(()) => return Ok(server),
+            match self.wait_ready() {
+                Ok(()) => return Ok(()),
                 Err(Retry::Fatal(err)) => return Err(err),
                 Err(Retry::PortTaken) if attempt < PORT_ATTEMPTS => {
                     // The previous process has exited and been reaped.
-                    server.port = process::free_port()?;
-                    *server.process() = spawn_postgres(
-                        &binaries.postgres,
-                        server.dir.path(),
-                        &server.log_path,
-                        server.port,
-                        run_as,
-                        &settings,
-                        server.clock.as_ref(),
+                    self.port = process::free_port()?;
+                    *self.process() = spawn_postgres(
+                        &self.binary,
+                        self.dir.path(),
+                        &self.log_path,
+                        self.port,
+                        self.run_as,
+                        &self.settings,
+                        self.clock.as_ref(),
                     )?;
                 }
                 Err(Retry::PortTaken) => {}

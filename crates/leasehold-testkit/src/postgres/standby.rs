@@ -19,11 +19,11 @@ use std::sync::atomic::AtomicBool;
 use nix::sys::signal::Signal;
 
 use super::{
-    APT_PACKAGE, DEBIAN_LIB_DIR, PostgresServer, Retry, USER, configure, debian_bin_dirs,
-    find_binaries, run_as, server_dir, spawn_postgres,
+    APT_PACKAGE, DEBIAN_LIB_DIR, PostgresServer, USER, configure, debian_bin_dirs, find_binaries,
+    run_as, server_dir, spawn_postgres,
 };
 use crate::Error;
-use crate::process::{self, PORT_ATTEMPTS};
+use crate::process;
 
 /// The standby's name in the primary's `synchronous_standby_names`.
 const APPLICATION_NAME: &str = "leasehold_standby";
@@ -137,30 +137,8 @@ impl PostgresServer {
             clock: None,
             dir,
         };
-        for attempt in 1..=PORT_ATTEMPTS {
-            match standby.wait_ready() {
-                Ok(()) => return Ok(standby),
-                Err(Retry::Fatal(err)) => return Err(err),
-                Err(Retry::PortTaken) if attempt < PORT_ATTEMPTS => {
-                    // The previous process has exited and been reaped.
-                    standby.port = process::free_port()?;
-                    *standby.process() = spawn_postgres(
-                        &binaries.postgres,
-                        standby.dir.path(),
-                        &standby.log_path,
-                        standby.port,
-                        run_as,
-                        &standby.settings,
-                        None,
-                    )?;
-                }
-                Err(Retry::PortTaken) => {}
-            }
-        }
-        Err(Error::PortsExhausted {
-            program: "postgres".to_owned(),
-            attempts: PORT_ATTEMPTS,
-        })
+        standby.ready_on_a_free_port()?;
+        Ok(standby)
     }
 
     /// Promotes this standby to a primary (`pg_ctl promote`, waiting until
