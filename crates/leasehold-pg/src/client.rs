@@ -47,11 +47,15 @@ impl<C: GenericClient> Statements for OnClient<'_, C> {
     }
 
     async fn flag(&mut self, sql: &'static str, args: &[&str]) -> Result<bool> {
-        let params: Vec<&(dyn ToSql + Sync)> =
-            args.iter().map(|arg| arg as &(dyn ToSql + Sync)).collect();
+        // Typed, as the guard: one round trip, no prepare first (a
+        // guarded commit that checks its lease row pays one, not two).
+        let params: Vec<(&(dyn ToSql + Sync), Type)> = args
+            .iter()
+            .map(|arg| (arg as &(dyn ToSql + Sync), Type::TEXT))
+            .collect();
         let row = self
             .0
-            .query_one(sql, &params)
+            .query_typed_one(sql, &params)
             .await
             .map_err(Error::from_pg)?;
         row.try_get(0).map_err(Error::from_pg)

@@ -263,7 +263,9 @@ pub use error::{DriverError, Error, Result};
 pub use guard::{FENCES_DDL, Guard, Setup, guard, guard_token, guard_with_options, setup};
 pub use guarded::{Guarded, guarded, guarded_with_hook, guarded_with_options};
 pub use leasehold::FencingToken;
-pub use locker::{DEFAULT_LOCK_COMMAND_TIMEOUT, DEFAULT_POLL_EVERY, PgLocker, PgLockerBuilder};
+pub use locker::{
+    DEFAULT_LOCK_COMMAND_TIMEOUT, DEFAULT_POLL_EVERY, PgLocker, PgLockerBuilder, QueuePlace,
+};
 pub use options::GuardOptions;
 pub use schema::{reset_wallet, setup_wallets};
 pub use tables::{FENCES, LEDGER, WALLETS};

@@ -1,158 +1,242 @@
-//! Who waits for which key, so that a release wakes the waiters of its
-//! own key and no other.
+//! Who waits for which key, in what order, so that a release wakes one
+//! waiter of its own key and no other.
 //!
 //! A `PgLocker`'s listening connection hears every release on the
 //! database (`pg_notify('leasehold_leases', key)`). Waking every waiter of
 //! the locker on each one would make each of them send its take again, a
-//! statement per waiter per release of any key: a herd on a busy
-//! database. So each waiter subscribes to its key, and a notification
-//! wakes that key's subscribers alone. When the listening connection ends
-//! (notifications may have been missed), every waiter looks again.
+//! statement per waiter per release: a herd, of which one wins. So each
+//! acquire takes a [`Place`] in its key's queue at its first step and
+//! keeps it until it ends, and a release wakes the first waiter of the
+//! key that has not been woken yet: the locker's waiters are woken in the
+//! order they came (first in, first out within a locker; across lockers,
+//! whoever's take lands first wins).
+//!
+//! A wake is never lost to a waiter that cannot use it: a waiter woken
+//! while it is still sending a take keeps the wake and steps again at
+//! once (the release may have come after its take found the lock held),
+//! and a place given up (the acquire won, gave up or was cancelled) with
+//! a wake it never took passes that wake to the next waiter. When the
+//! listening connection ends (notifications may have been missed), every
+//! waiter looks again. Each waiter also polls on its own timer, so a wake
+//! lost anyway (an acquire cancelled between its wake and its take) costs
+//! at most one poll interval.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
-/// How many keys the registry holds before it drops those nobody waits
-/// for any more (each waiter's subscription ends with its step).
-const SWEEP_AT: usize = 1024;
-
-/// The registry: a signal per key someone waits for, and one for all.
-#[derive(Debug)]
+/// The registry: each key's waiters, in the order they came.
+#[derive(Debug, Default)]
 pub(crate) struct Wakes {
-    keys: Mutex<HashMap<String, watch::Sender<()>>>,
-    all: watch::Sender<()>,
+    queues: Mutex<HashMap<String, BTreeMap<u64, Arc<Waiter>>>>,
+    next: AtomicU64,
 }
 
-/// One waiter's subscription: its key's signal, and everyone's.
+/// One waiter's signal: a permit its next wait takes, and whether a wake
+/// was given to it that it has not taken yet.
+#[derive(Debug, Default)]
+struct Waiter {
+    notify: Notify,
+    pending: AtomicBool,
+}
+
+impl Waiter {
+    fn wake(&self) {
+        self.pending.store(true, Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+}
+
+/// One acquire's place in its key's queue, from its first step to its
+/// end; leaving it (drop) takes it out of the queue.
 #[derive(Debug)]
-pub(crate) struct Woken {
-    key: watch::Receiver<()>,
-    all: watch::Receiver<()>,
+pub(crate) struct Place {
+    wakes: Arc<Wakes>,
+    key: String,
+    ticket: u64,
+    waiter: Arc<Waiter>,
 }
 
-impl Woken {
-    /// Resolves at the next release of the key (or when every waiter is
-    /// told to look again) after the subscription was taken.
-    pub(crate) async fn changed(&mut self) {
-        tokio::select! {
-            _ = self.key.changed() => {}
-            _ = self.all.changed() => {}
+impl Place {
+    /// Resolves at the first wake given to this place that it has not
+    /// taken yet (one may have come while its take was under way).
+    pub(crate) fn woken(&self) -> impl Future<Output = ()> + Send + 'static {
+        let waiter = self.waiter.clone();
+        async move {
+            waiter.notify.notified().await;
+            waiter.pending.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut queues = self.wakes.lock();
+        if let Some(queue) = queues.get_mut(&self.key) {
+            queue.remove(&self.ticket);
+            if queue.is_empty() {
+                queues.remove(&self.key);
+            }
+        }
+        drop(queues);
+        if self.waiter.pending.load(Ordering::SeqCst) {
+            // A wake it never took: the next waiter's.
+            self.wakes.released(&self.key);
         }
     }
 }
 
 impl Wakes {
     pub(crate) fn new() -> Wakes {
-        Wakes {
-            keys: Mutex::new(HashMap::new()),
-            all: watch::Sender::new(()),
+        Wakes::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeMap<u64, Arc<Waiter>>>> {
+        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A place in `key`'s queue, behind every place taken before: it sees
+    /// every release from now on that reaches it.
+    pub(crate) fn enter(self: &Arc<Self>, key: &str) -> Place {
+        let ticket = self.next.fetch_add(1, Ordering::Relaxed);
+        let waiter = Arc::new(Waiter::default());
+        self.lock()
+            .entry(key.to_owned())
+            .or_default()
+            .insert(ticket, waiter.clone());
+        Place {
+            wakes: self.clone(),
+            key: key.to_owned(),
+            ticket,
+            waiter,
         }
     }
 
-    /// Subscribes to the releases of `key` from now on.
-    pub(crate) fn subscribe(&self, key: &str) -> Woken {
-        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        if keys.len() >= SWEEP_AT {
-            keys.retain(|_, sender| sender.receiver_count() > 0);
-        }
-        let key = match keys.get(key) {
-            Some(sender) => sender.subscribe(),
-            None => {
-                let (sender, receiver) = watch::channel(());
-                keys.insert(key.to_owned(), sender);
-                receiver
-            }
-        };
-        Woken {
-            key,
-            all: self.all.subscribe(),
-        }
-    }
-
-    /// `key` was released: wakes its waiters.
+    /// `key` was released: wakes its first waiter not woken yet (none if
+    /// every one of them has a wake it has not taken: each of them steps
+    /// again anyway).
     pub(crate) fn released(&self, key: &str) {
-        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(sender) = keys.get(key) {
-            if sender.receiver_count() == 0 {
-                keys.remove(key);
-            } else {
-                sender.send_replace(());
-            }
+        let queues = self.lock();
+        let next = queues.get(key).and_then(|queue| {
+            queue
+                .values()
+                .find(|waiter| !waiter.pending.load(Ordering::SeqCst))
+        });
+        if let Some(waiter) = next {
+            waiter.wake();
         }
     }
 
     /// Wakes every waiter (releases may have been missed).
     pub(crate) fn everyone(&self) {
-        self.all.send_replace(());
+        for waiter in self.lock().values().flat_map(BTreeMap::values) {
+            waiter.wake();
+        }
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.lock().len()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::future::Future;
     use std::pin::pin;
     use std::task::{Context, Waker};
 
     use super::*;
 
-    /// Whether `woken.changed()` has resolved, without waiting.
-    fn is_woken(woken: &mut Woken) -> bool {
-        let mut changed = pin!(woken.changed());
-        changed
+    /// Whether `place` has a wake it has not taken (and takes it),
+    /// without waiting.
+    fn is_woken(place: &Place) -> bool {
+        let mut woken = pin!(place.woken());
+        woken
             .as_mut()
             .poll(&mut Context::from_waker(Waker::noop()))
             .is_ready()
     }
 
     #[test]
-    fn a_release_wakes_its_keys_waiters_alone() {
-        let wakes = Wakes::new();
-        let (mut a1, mut a2, mut b) = (
-            wakes.subscribe("a"),
-            wakes.subscribe("a"),
-            wakes.subscribe("b"),
+    fn a_release_wakes_the_first_waiter_of_its_key_alone() {
+        let wakes = Arc::new(Wakes::new());
+        let (a1, a2, b) = (wakes.enter("a"), wakes.enter("a"), wakes.enter("b"));
+        assert!(!is_woken(&a1));
+        wakes.released("a");
+        assert!(is_woken(&a1), "the first waiter of a was not woken");
+        assert!(!is_woken(&a2), "a release woke two waiters");
+        assert!(!is_woken(&b), "a release of another key woke b");
+        wakes.released("a");
+        assert!(
+            is_woken(&a1),
+            "the first waiter, still waiting, comes first"
         );
-        assert!(!is_woken(&mut a1));
-        wakes.released("a");
-        assert!(is_woken(&mut a1));
-        assert!(is_woken(&mut a2));
-        assert!(!is_woken(&mut b), "a release of another key woke b");
         wakes.released("c"); // nobody waits: nothing to do
-        assert!(!is_woken(&mut b));
         wakes.everyone();
-        assert!(is_woken(&mut b));
+        assert!(is_woken(&a2) && is_woken(&b), "everyone() missed a waiter");
     }
 
     #[test]
-    fn a_release_before_the_subscription_is_not_seen_and_one_after_is() {
-        let wakes = Wakes::new();
+    fn a_second_release_before_the_first_wake_is_taken_wakes_the_next() {
+        let wakes = Arc::new(Wakes::new());
+        let (first, second, third) = (wakes.enter("a"), wakes.enter("a"), wakes.enter("a"));
         wakes.released("a");
-        let mut late = wakes.subscribe("a");
-        assert!(!is_woken(&mut late));
         wakes.released("a");
-        assert!(is_woken(&mut late));
+        assert!(is_woken(&first));
+        assert!(is_woken(&second));
+        assert!(!is_woken(&third), "two releases woke three waiters");
     }
 
     #[test]
-    fn keys_nobody_waits_for_are_dropped() {
-        let wakes = Wakes::new();
-        drop(wakes.subscribe("gone"));
-        wakes.released("gone");
+    fn a_wake_given_during_a_take_is_kept_for_the_next_wait() {
+        let wakes = Arc::new(Wakes::new());
+        let place = wakes.enter("a");
+        wakes.released("a"); // while its take is under way
+        assert!(is_woken(&place));
+        assert!(!is_woken(&place), "one wake was taken twice");
+    }
+
+    #[test]
+    fn a_place_left_with_a_wake_it_never_took_passes_it_on() {
+        let wakes = Arc::new(Wakes::new());
+        let (gone, next) = (wakes.enter("a"), wakes.enter("a"));
+        wakes.released("a");
+        drop(gone);
+        assert!(is_woken(&next), "the wake went with the waiter that left");
+    }
+
+    #[test]
+    fn a_place_that_took_its_wake_passes_nothing_on() {
+        let wakes = Arc::new(Wakes::new());
+        let (first, next) = (wakes.enter("a"), wakes.enter("a"));
+        wakes.released("a");
+        assert!(is_woken(&first));
+        drop(first);
+        assert!(!is_woken(&next));
+    }
+
+    #[test]
+    fn a_key_leaves_the_registry_with_its_last_waiter() {
+        let wakes = Arc::new(Wakes::new());
+        let place = wakes.enter("a");
+        let other = wakes.enter("b");
+        assert_eq!(wakes.len(), 2);
+        drop(place);
+        assert_eq!(wakes.len(), 1);
+        drop(other);
         assert_eq!(wakes.len(), 0);
-        for n in 0..SWEEP_AT {
-            drop(wakes.subscribe(&format!("k{n}")));
-        }
-        let _live = wakes.subscribe("live");
-        assert_eq!(wakes.len(), 1, "the sweep keeps the keys still waited for");
+    }
+
+    #[test]
+    fn a_release_before_the_place_was_taken_is_not_seen() {
+        let wakes = Arc::new(Wakes::new());
+        wakes.released("a");
+        let late = wakes.enter("a");
+        assert!(!is_woken(&late));
+        wakes.released("a");
+        assert!(is_woken(&late));
     }
 }

@@ -70,7 +70,11 @@ async fn a_promoted_synchronous_standby_keeps_every_lease_and_token() -> TestRes
     standby.promote()?;
     let after = PgLocker::connect(&standby.url()).await?;
     // The held lease was confirmed, so the standby has it: still busy.
-    let once = AcquireOptions::new().wait(Duration::from_millis(500));
+    // A wait long enough that a loaded machine's first step (a new
+    // connection, then the take) ends inside it, so that the answer is the
+    // lock's state rather than a request cut off by the deadline (a
+    // `Timeout` after 24 ms of a 500 ms wait, seen under CI load).
+    let once = AcquireOptions::new().wait(Duration::from_secs(5));
     let busy = after.acquire_with(&held_keys, TTL, &once).await;
     assert!(
         matches!(busy, Err(Error::NotAcquired { .. })),

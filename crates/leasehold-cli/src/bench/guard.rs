@@ -12,7 +12,16 @@
 //! - **guarded-new**: the same with a new, higher token for every debit
 //!   (a lease per debit), so the guard raises the row each time;
 //! - **for-update**: `SELECT ... FOR UPDATE` instead of the plain read
-//!   (the database-only way), for reference.
+//!   (the database-only way), for reference;
+//! - **lease**: `leasehold_pg::guarded` under a `PgLocker` lease on the
+//!   same database (one lease per account, held through the run, its
+//!   watchdog refreshing it): the guard, the read and the write in the
+//!   transaction it opens, and the `SELECT 1` it sends with the `COMMIT`;
+//! - **lease-row**: the same with
+//!   [`GuardOptions::check_lease_row`](leasehold_pg::GuardOptions::check_lease_row):
+//!   the guard also reads the lease's row, and the batch with the `COMMIT`
+//!   checks it again under `FOR SHARE`. Its ratio to **lease** is what the
+//!   check costs.
 //!
 //! Each sequentially (one connection, one account: latency) and with
 //! `--tasks` connections each on its own account (throughput), straight to
@@ -32,9 +41,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use hdrhistogram::Histogram;
-use leasehold::{FencingToken, HolderId};
+use std::collections::HashMap;
+
+use leasehold::{FencedKeys, FencingToken, HolderId, Lease, Lessor as _};
 use leasehold_pg::tokio_postgres::Config;
 use leasehold_pg::tokio_postgres::config::Host;
+use leasehold_pg::{GuardOptions, Guarded, PgLocker};
 use leasehold_testkit::{Direction, FaultProxy};
 use serde_json::json;
 use tokio::time::Instant;
@@ -43,15 +55,24 @@ use super::{Measurements, median, round3};
 use crate::cli::GuardArgs;
 use crate::env::Database;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Mode {
     Unguarded,
     Term,
     NewToken,
     ForUpdate,
+    Lease,
+    LeaseRow,
 }
 
-const MODES: [Mode; 4] = [Mode::Unguarded, Mode::Term, Mode::NewToken, Mode::ForUpdate];
+const MODES: [Mode; 6] = [
+    Mode::Unguarded,
+    Mode::Term,
+    Mode::NewToken,
+    Mode::ForUpdate,
+    Mode::Lease,
+    Mode::LeaseRow,
+];
 
 impl Mode {
     fn name(self) -> &'static str {
@@ -60,6 +81,8 @@ impl Mode {
             Mode::Term => "guarded-term",
             Mode::NewToken => "guarded-new",
             Mode::ForUpdate => "for-update",
+            Mode::Lease => "lease",
+            Mode::LeaseRow => "lease-row",
         }
     }
 
@@ -88,21 +111,44 @@ const READ: &str = "SELECT balance FROM bench_accounts WHERE id = $1";
 const READ_FOR_UPDATE: &str = "SELECT balance FROM bench_accounts WHERE id = $1 FOR UPDATE";
 const UPDATE: &str = "UPDATE bench_accounts SET balance = $2 WHERE id = $1";
 
-/// What every debit shares: the one holder (a name: the bench holds no
-/// lease) and the source of new tokens, above any an earlier run stored
-/// (microseconds since the epoch, as Redis issues them).
+/// What every debit shares: the one holder of the guard-only modes (a
+/// name: they hold no lease) and the source of new tokens, above any an
+/// earlier run stored (microseconds since the epoch, as Redis issues
+/// them); and for the lease modes, the locker and each account's lease.
 struct Tokens {
     holder: HolderId,
     next: AtomicU64,
+    locker: PgLocker,
+    leases: tokio::sync::Mutex<HashMap<(Mode, i64), Arc<Lease>>>,
 }
 
+/// The TTL of the lease modes' leases (their watchdogs keep them).
+const LEASE_TTL: Duration = Duration::from_secs(30);
+
 impl Tokens {
-    fn new() -> anyhow::Result<Tokens> {
+    async fn new(url: &str) -> anyhow::Result<Tokens> {
         let now = SystemTime::now().duration_since(UNIX_EPOCH)?;
+        let locker = PgLocker::connect(url).await.context("PgLocker")?;
+        locker.setup().await.context("PgLocker setup")?;
         Ok(Tokens {
             holder: HolderId::parse("0123456789abcdef0123456789abcdef").context("holder id")?,
             next: AtomicU64::new(u64::try_from(now.as_micros())?),
+            locker,
+            leases: tokio::sync::Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The `mode`'s lease on account `id`, taken at its first debit (not
+    /// measured) and held through the run.
+    async fn lease(&self, mode: Mode, id: i64) -> anyhow::Result<Arc<Lease>> {
+        let mut leases = self.leases.lock().await;
+        if let Some(lease) = leases.get(&(mode, id)) {
+            return Ok(Arc::clone(lease));
+        }
+        let keys = FencedKeys::for_resource(&format!("bench:{}:{id}", mode.name()))?;
+        let lease = Arc::new(self.locker.acquire(keys, LEASE_TTL).await?);
+        leases.insert((mode, id), Arc::clone(&lease));
+        Ok(lease)
     }
 
     fn token(&self, mode: Mode) -> FencingToken {
@@ -151,7 +197,7 @@ pub(crate) async fn run(db: &Database, args: &GuardArgs, json: bool) -> anyhow::
     if let Some((_, proxied)) = &proxy {
         links.push((Link::Proxied, clients(proxied, tasks).await?));
     }
-    let tokens = Arc::new(Tokens::new()?);
+    let tokens = Arc::new(Tokens::new(url).await?);
     let mut series = vec![vec![Series::default(); MODES.len()]; links.len()];
     let len = u64::from(args.rounds) * (MODES.len() * links.len() * 2) as u64;
     let progress = Measurements::new("bench guard", len, json);
@@ -402,6 +448,21 @@ async fn debit(db: &mut Object, mode: Mode, id: i64, tokens: &Tokens) -> anyhow:
         })
         .await?;
     let update = db.prepare_cached(UPDATE).await?;
+    if matches!(mode, Mode::Lease | Mode::LeaseRow) {
+        let lease = tokens.lease(mode, id).await?;
+        let options = GuardOptions::default().check_lease_row(mode == Mode::LeaseRow);
+        let outcome = leasehold_pg::guarded_with_options(db, &lease, &options, async |tx| {
+            let balance: i64 = tx.query_one(&read, &[&id]).await?.get(0);
+            tx.execute(&update, &[&id, &(balance - 1)]).await?;
+            Ok::<_, anyhow::Error>(())
+        })
+        .await?;
+        anyhow::ensure!(
+            matches!(outcome, Guarded::Committed(())),
+            "the bench's guarded debit did not commit: {outcome:?}"
+        );
+        return Ok(());
+    }
     let tx = db.transaction().await?;
     let balance: i64 = if mode.is_guarded() {
         let resource = format!("bench:{}:{id}", mode.name());

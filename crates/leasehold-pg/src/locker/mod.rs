@@ -119,9 +119,18 @@
 //! a release is notified, or every
 //! [`poll_every`](PgLockerBuilder::poll_every) (a holder that died and
 //! whose lease ran out; notifications that cannot arrive). A release
-//! wakes the locker's waiters of its key alone: the waiters of other keys
-//! send nothing (no herd). Every locker that listens still hears every
-//! release on the database and sorts it in memory.
+//! wakes **one** waiter of the locker, the first of its key not woken yet:
+//! within a locker, waiters are served first in, first out, and the
+//! others (and the waiters of other keys) send nothing (no herd). Across
+//! lockers each locker wakes its own first waiter, and whichever take
+//! lands first wins. A wake is not lost to a waiter that won or left
+//! meanwhile: it passes to the next. Every locker that listens still hears
+//! every release on the database and sorts it in memory.
+//!
+//! A take that finds the lock held **writes nothing**: it looks for a
+//! live lease first, without a lock, and stops there (no row lock, no
+//! transaction id, no commit to flush; a read). Whether a take wins is
+//! still decided under the row's lock, by the `ON CONFLICT` clause.
 //!
 //! **Through PgBouncer in transaction mode**, turn listening off
 //! ([`PgLockerBuilder::listen`]`(false)`): waiters then poll, and every
@@ -194,7 +203,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client};
 
 use crate::error::Result;
-use crate::wakes::Wakes;
+use crate::wakes::{Place, Wakes};
 
 mod conn;
 mod sql;
@@ -476,12 +485,21 @@ impl PgLocker {
     }
 }
 
+/// An acquire's place among the [`PgLocker`]'s waiters of its key, from
+/// its first step to its end (its [`LockService::Entry`]): a release wakes
+/// the first waiter of the key not woken yet ([Waiting](self#waiting)).
+/// Opaque; the retry loop keeps it.
+#[derive(Debug, Default)]
+pub struct QueuePlace(Option<Place>);
+
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl LockService for PgLocker {
-    type Entry = ();
+    /// The acquire's place in its key's queue of waiters (taken at its
+    /// first step): a release wakes the first waiter of its key.
+    type Entry = QueuePlace;
 
     fn service(&self) -> Service {
         POSTGRESQL
@@ -491,11 +509,19 @@ impl LockService for PgLocker {
         self.inner.conns.command_timeout
     }
 
-    fn step<'a>(&'a self, claim: &'a Claim, (): &'a mut (), deadline: Instant) -> Reply<'a, Step> {
+    fn step<'a>(
+        &'a self,
+        claim: &'a Claim,
+        place: &'a mut QueuePlace,
+        deadline: Instant,
+    ) -> Reply<'a, Step> {
         Box::pin(async move {
-            // Subscribed, and listening, before the request: a release
+            // In the queue, and listening, before the request: a release
             // after it is never missed.
-            let mut woken = self.inner.wakes.subscribe(claim.key());
+            let place = place
+                .0
+                .get_or_insert_with(|| self.inner.wakes.enter(claim.key()));
+            let woken = place.woken();
             self.listening(deadline).await;
             let (key, holder, ttl) = (claim.key(), claim.token().as_str(), millis(claim.ttl()));
             let rows = match claim.fence_key() {
@@ -527,7 +553,7 @@ impl LockService for PgLocker {
                 let poll = tokio::time::sleep(self.inner.poll_every);
                 return Ok(Step::busy_until(async move {
                     tokio::select! {
-                        () = woken.changed() => {}
+                        () = woken => {}
                         () = poll => {}
                     }
                 }));
@@ -548,7 +574,12 @@ impl LockService for PgLocker {
         })
     }
 
-    fn undo<'a>(&'a self, claim: &'a Claim, (): &'a mut (), deadline: Instant) -> Reply<'a, ()> {
+    fn undo<'a>(
+        &'a self,
+        claim: &'a Claim,
+        _: &'a mut QueuePlace,
+        deadline: Instant,
+    ) -> Reply<'a, ()> {
         Box::pin(async move {
             let (key, holder) = (claim.key(), claim.token().as_str());
             let params: [(&(dyn ToSql + Sync), Type); 2] =

@@ -45,11 +45,28 @@ macro_rules! timeline_floor {
     };
 }
 
+/// A take's first look, without a lock: no live lease on `$1`. A take
+/// that finds the lock held then writes nothing (no row lock, no
+/// transaction id, no commit to flush): a waiter's failed take costs the
+/// database a read. Whether it wins is still decided by the conflict
+/// clause below, under the row's lock (a lease may have been taken or
+/// given back since this look).
+macro_rules! live_elsewhere {
+    () => {
+        "NOT EXISTS (
+        SELECT 1 FROM leasehold_leases
+        WHERE resource = $1 AND expires_at > clock_timestamp()
+    )"
+    };
+}
+
 pub(super) const TAKE: &str = concat!(
     "\
 INSERT INTO leasehold_leases AS l (resource, holder, expires_at)
 SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond'
 WHERE ",
+    live_elsewhere!(),
+    " AND ",
     durable!(),
     "
 ON CONFLICT (resource) DO UPDATE
@@ -64,6 +81,8 @@ WITH won AS (
     INSERT INTO leasehold_leases AS l (resource, holder, expires_at)
     SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond'
     WHERE ",
+    live_elsewhere!(),
+    " AND ",
     durable!(),
     "
     ON CONFLICT (resource) DO UPDATE
