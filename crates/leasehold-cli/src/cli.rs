@@ -1005,9 +1005,13 @@ pub(crate) struct PgBenchArgs {
     /// advisory way: each on a connection of its own).
     #[arg(short = 'n', long = "callers", default_value_t = 50, value_parser = clap::value_parser!(u32).range(2..=150))]
     pub(crate) callers: u32,
-    /// Time each caller holds the lock in the contention case.
+    /// Time each caller holds the lock in the contention cases.
     #[arg(long, default_value = "2ms", value_parser = parse_duration)]
     pub(crate) work: Duration,
+    /// Length of the timed contention case (every caller taking the lock
+    /// again and again: its fairness figure).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub(crate) timed: Duration,
     /// Leases taken and released one after another on one key through a
     /// `PgLocker`, after the rounds, to report the lease table's size,
     /// dead tuples and autovacuum runs (a million for the figure in

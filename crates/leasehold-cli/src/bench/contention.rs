@@ -141,6 +141,12 @@ impl Figures {
         }
     }
 
+    /// These figures with the timed run's `fairness`.
+    pub(crate) fn with_fairness(mut self, fairness: f64) -> Figures {
+        self.fairness = Some(fairness);
+        self
+    }
+
     pub(crate) fn metrics(&self) -> Vec<(&'static str, f64)> {
         let us = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e6);
         vec![
@@ -424,12 +430,25 @@ async fn timed<C: RedisConnection>(
     mode: Mode,
     args: &ContentionArgs,
 ) -> anyhow::Result<Figures> {
-    clear_on(&site.conn, site.key).await?;
     let waiter = connect(site, mode).await?;
+    timed_with(site, &waiter, &Crowd::from(args), args.duration).await
+}
+
+/// The timed workload through `waiter`: every caller of the crowd takes
+/// the lock on `site.key` again and again (holding it for the crowd's
+/// work) for `duration`; the end cancels whoever waits. Its fairness is
+/// the most leases one caller got over the fewest.
+pub(crate) async fn timed_with<C: RedisConnection>(
+    site: &Site<C>,
+    waiter: &Waiter,
+    crowd: &Crowd,
+    duration: Duration,
+) -> anyhow::Result<Figures> {
+    clear_on(&site.conn, site.key).await?;
     let meter = Meter::new()?;
     let gave_up = Arc::new(AtomicU64::new(0));
     let stop = CancellationToken::new();
-    let n = usize::try_from(args.callers)?;
+    let n = usize::try_from(crowd.callers)?;
     let barrier = Arc::new(Barrier::new(n + 1));
     let mut tasks = tokio::task::JoinSet::new();
     for caller in 0..n {
@@ -440,7 +459,7 @@ async fn timed<C: RedisConnection>(
             stop.clone(),
             barrier.clone(),
         );
-        let (work, wait, key) = (args.work, args.wait, site.key);
+        let (work, wait, key) = (crowd.work, crowd.wait, site.key);
         tasks.spawn(async move {
             barrier.wait().await;
             let mut mine: u64 = 0;
@@ -470,7 +489,7 @@ async fn timed<C: RedisConnection>(
     let cpu_before = site.cpu().await?;
     barrier.wait().await;
     let start = Instant::now();
-    tokio::time::sleep(args.duration).await;
+    tokio::time::sleep(duration).await;
     stop.cancel();
     let mut counts = Vec::with_capacity(n);
     while let Some(joined) = tasks.join_next().await {
@@ -478,23 +497,28 @@ async fn timed<C: RedisConnection>(
     }
     let elapsed = start.elapsed();
     let cpu = site.cpu_since(cpu_before).await?;
-    let (max, min) = (
-        counts.iter().copied().max().unwrap_or(0),
-        counts.iter().copied().min().unwrap_or(0),
-    );
-    let fairness = if min == 0 {
-        f64::INFINITY
-    } else {
-        max as f64 / min as f64
-    };
     Ok(figures(
-        &waiter,
+        waiter,
         &meter,
         elapsed,
         cpu,
         gave_up.load(Ordering::Relaxed),
-        Some(fairness),
+        Some(fairness(&counts)),
     ))
+}
+
+/// The most leases one caller got over the fewest (infinite when one
+/// got none).
+pub(crate) fn fairness(counts: &[u64]) -> f64 {
+    let (max, min) = (
+        counts.iter().copied().max().unwrap_or(0),
+        counts.iter().copied().min().unwrap_or(0),
+    );
+    if min == 0 {
+        f64::INFINITY
+    } else {
+        max as f64 / min as f64
+    }
 }
 
 /// A fresh way of waiting on `site`, so its stats count this run only.

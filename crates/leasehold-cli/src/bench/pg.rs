@@ -4,7 +4,10 @@
 //! Each way takes plain (unfenced) keys in the same cases as `bench etcd`:
 //! the uncontended loop (each task on a key of its own, every
 //! acquire+release pair timed) and the tutorial workload (n callers on one
-//! key, the wallet in Redis whichever way holds the lock). The ways, in
+//! key, the wallet in Redis whichever way holds the lock), then the timed
+//! run of `bench contention` (the same callers each taking the lock again
+//! and again for `--timed`, holding it for the work), whose fairness is
+//! the most leases one caller got over the fewest. The ways, in
 //! every round, case by case, in an order that rotates each round:
 //!
 //! - **advisory** (the baseline, first unless `--ways` says otherwise):
@@ -82,7 +85,7 @@ const INITIAL: i64 = 100;
 const WAIT: Duration = Duration::from_secs(10);
 
 /// The cases, in the order they are measured and reported.
-const CASES: [&str; 3] = ["sequential", "tasks", "tutorial"];
+const CASES: [&str; 4] = ["sequential", "tasks", "tutorial", "timed"];
 
 /// The figures that get ratios against the first way: pairs (or, in the
 /// tutorial, leases) per second, the latency quantiles, and the
@@ -224,7 +227,7 @@ pub(crate) async fn run(env: &Env, args: &PgBenchArgs, json: bool) -> anyhow::Re
                 ));
                 // Read before the taker connects and warms up: its
                 // warm-up lease is counted with the run's.
-                let before = if c != 1 && way.on_postgres() {
+                let before = if matches!(c, 0 | 2) && way.on_postgres() {
                     Some(counters.read().await?)
                 } else {
                     None
@@ -251,12 +254,18 @@ pub(crate) async fn run(env: &Env, args: &PgBenchArgs, json: bool) -> anyhow::Re
                         };
                         rounds::pairs(&pairs)?
                     }
-                    (_, Taker::Advisory(advisory)) => {
+                    (2, Taker::Advisory(advisory)) => {
                         rounds::tutorial(&advisory.tutorial(&site, &crowd).await?)
                     }
-                    (_, Taker::Lessor(waiter)) => {
+                    (2, Taker::Lessor(waiter)) => {
                         rounds::tutorial(&contention::tutorial(&site, waiter, &crowd).await?)
                     }
+                    (_, Taker::Advisory(advisory)) => {
+                        rounds::tutorial(&advisory.timed(&site, &crowd, args.timed).await?)
+                    }
+                    (_, Taker::Lessor(waiter)) => rounds::tutorial(
+                        &contention::timed_with(&site, waiter, &crowd, args.timed).await?,
+                    ),
                 };
                 // Its connections close, so the reading sees their counts.
                 drop(taker);
@@ -385,7 +394,7 @@ fn print_text(args: &PgBenchArgs, base: &str, rows: &[Value], target: &Value, ho
         SETTINGS.join(", ")
     );
     println!(
-        "medians (min..max over rounds); sequential and tasks: acquire+release pairs and their latency; tutorial: leases per second and the gap from a release to the next holder; ratios against {base}; per lease (PostgreSQL ways, one task and tutorial): statements, WAL bytes and dead tuples of the lease table"
+        "medians (min..max over rounds); sequential and tasks: acquire+release pairs and their latency; tutorial: leases per second and the gap from a release to the next holder; timed: the same with every caller taking the lock again and again, and its fairness (the most leases one caller got over the fewest); ratios against {base}; per lease (PostgreSQL ways, one task and tutorial): statements, WAL bytes and dead tuples of the lease table"
     );
     print_table(
         &[
@@ -402,6 +411,7 @@ fn print_text(args: &PgBenchArgs, base: &str, rows: &[Value], target: &Value, ho
             ("utilisation", "util"),
             ("round_trips_per_acq", "rt/acq"),
             ("gave_up", "gave up"),
+            ("fairness", "fairness"),
             ("statements_per_lease", "stmts/lease"),
             ("wal_bytes_per_lease", "WAL B/lease"),
             ("dead_tuples_per_lease", "dead/lease"),

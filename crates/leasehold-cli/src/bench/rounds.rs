@@ -45,6 +45,7 @@ pub(crate) fn tutorial(figures: &contention::Figures) -> Figures {
         ("utilisation", metric("utilisation")),
         ("round_trips_per_acq", metric("round_trips_per_acq")),
         ("gave_up", metric("gave_up")),
+        ("fairness", metric("fairness")),
         ("leases", metric("acquisitions")),
     ]
 }
@@ -72,8 +73,8 @@ pub(crate) fn row(
     row.insert("way".into(), json!(way));
     for (name, _) in &rounds[0] {
         let values: Vec<f64> = rounds.iter().map(|r| value(r, name)).collect();
-        let finite = values.iter().copied().filter(|x| x.is_finite());
-        let (min, max) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
+        let known = values.iter().copied().filter(|x| !x.is_nan());
+        let (min, max) = known.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
             (lo.min(x), hi.max(x))
         });
         row.insert(
@@ -97,9 +98,13 @@ pub(crate) fn row(
 }
 
 /// A finite `x` to three decimals; null otherwise.
+/// A figure as JSON: rounded, `"inf"` when infinite (a fairness where a
+/// caller got no lease), null when there is none.
 fn number(x: f64) -> Value {
     if x.is_finite() {
         json!(round3(x))
+    } else if x == f64::INFINITY {
+        json!("inf")
     } else {
         Value::Null
     }
@@ -108,17 +113,18 @@ fn number(x: f64) -> Value {
 /// `rows` ready for [`print_table`](super::print_table): each figure as
 /// `median (min..max)`, the rest as they are.
 pub(crate) fn cells(rows: &[Value]) -> Vec<Value> {
+    let text = |x: &Value| match (x.as_f64(), x.as_str()) {
+        (Some(x), _) => Some(short(x)),
+        (None, Some(x)) => Some(x.to_owned()),
+        (None, None) => None,
+    };
     let spread = |figure: &Value| match (
-        figure["median"].as_f64(),
-        figure["min"].as_f64(),
-        figure["max"].as_f64(),
+        text(&figure["median"]),
+        text(&figure["min"]),
+        text(&figure["max"]),
     ) {
-        (Some(median), Some(min), Some(max)) => json!(format!(
-            "{} ({}..{})",
-            short(median),
-            short(min),
-            short(max)
-        )),
+        (Some(median), Some(min), Some(max)) => json!(format!("{median} ({min}..{max})")),
+        (Some(median), _, _) => json!(median),
         _ => Value::Null,
     };
     rows.iter()

@@ -27,8 +27,9 @@ use hdrhistogram::Histogram;
 use leasehold::RedisConnection;
 use sqlx::Connection as _;
 use sqlx::postgres::{PgAdvisoryLock, PgConnectOptions, PgConnection};
-use tokio::sync::Mutex;
+use tokio::sync::{Barrier, Mutex};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::bench::contention::{self, Crowd, Figures};
 use crate::bench::site::Site;
@@ -206,6 +207,89 @@ impl Advisory {
             requests.load(Ordering::Relaxed),
             gave_up.load(Ordering::Relaxed),
         ))
+    }
+}
+
+impl Advisory {
+    /// As [`contention::timed_with`]: the crowd's callers, each on a
+    /// connection of its own, take the lock on `site.key` again and again
+    /// (holding it for the crowd's work) for `duration`; the end stops
+    /// whoever waits. With the timed run's fairness (the most leases one
+    /// caller got over the fewest).
+    pub(crate) async fn timed<C: RedisConnection>(
+        &self,
+        site: &Site<C>,
+        crowd: &Crowd,
+        duration: Duration,
+    ) -> anyhow::Result<Figures> {
+        let conns = self.connections(crowd.callers).await?;
+        let lock = Arc::new(PgAdvisoryLock::new(site.key));
+        let meter = Meter::new()?;
+        let (requests, gave_up) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let stop = CancellationToken::new();
+        let barrier = Arc::new(Barrier::new(conns.len() + 1));
+        let mut tasks = tokio::task::JoinSet::new();
+        for mut conn in conns {
+            let (lock, meter, requests, gave_up, stop, barrier) = (
+                lock.clone(),
+                meter.clone(),
+                requests.clone(),
+                gave_up.clone(),
+                stop.clone(),
+                barrier.clone(),
+            );
+            let work = crowd.work;
+            tasks.spawn(async move {
+                barrier.wait().await;
+                let mut mine: u64 = 0;
+                while !stop.is_cancelled() {
+                    requests.fetch_add(1, Ordering::Relaxed);
+                    let guard = tokio::select! {
+                        // Stopped while it waited: its connection is left
+                        // mid-request, so it is dropped (the server ends
+                        // the session and its lock).
+                        () = stop.cancelled() => return Ok((mine, None)),
+                        taken = lock.acquire(&mut conn) => taken,
+                    };
+                    let guard = match guard {
+                        Ok(guard) => guard,
+                        Err(sqlx::Error::Database(err))
+                            if err.code().as_deref() == Some(LOCK_NOT_AVAILABLE) =>
+                        {
+                            gave_up.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        Err(err) => return Err(anyhow::Error::from(err)),
+                    };
+                    let since = meter.acquired();
+                    tokio::time::sleep(work).await;
+                    meter.releasing(since);
+                    requests.fetch_add(1, Ordering::Relaxed);
+                    guard.release_now().await?;
+                    mine += 1;
+                }
+                Ok((mine, Some(conn)))
+            });
+        }
+        barrier.wait().await;
+        let start = Instant::now();
+        tokio::time::sleep(duration).await;
+        stop.cancel();
+        let (mut counts, mut conns) = (Vec::new(), Vec::new());
+        while let Some(joined) = tasks.join_next().await {
+            let (mine, conn) = joined??;
+            counts.push(mine);
+            conns.extend(conn);
+        }
+        let elapsed = start.elapsed();
+        close(conns).await;
+        Ok(Figures::metered(
+            &meter,
+            elapsed,
+            requests.load(Ordering::Relaxed),
+            gave_up.load(Ordering::Relaxed),
+        )
+        .with_fairness(contention::fairness(&counts)))
     }
 }
 
