@@ -149,6 +149,16 @@ const EXPECTED: &[Expect] = &[
         ],
     },
     Expect {
+        subcommand: &["bench", "consensus"],
+        uses: &["--redis-url", "--tls-ca", "--json"],
+        changes: &[
+            "lock:bench:etcd:*",
+            "lock:bench:contention",
+            "wallet:42:balance",
+            "none of yours",
+        ],
+    },
+    Expect {
         subcommand: &["bench", "pg"],
         uses: &["--redis-url", "--tls-ca", "--json"],
         changes: &[

@@ -1,4 +1,6 @@
-//! `bench etcd`: what a lease costs on etcd against Redis, on one machine.
+//! `bench consensus`: what a lease costs on etcd and ZooKeeper against
+//! Redis, on one machine (`bench etcd` is the same bench with the Redis
+//! and etcd ways by default).
 //!
 //! Each way takes plain (unfenced) keys through the same code: the
 //! uncontended loop of [`uncontended`](super::uncontended) (each task on a
@@ -13,41 +15,51 @@
 //!   queue in Redis and are handed the lock);
 //! - **etcd**: an `EtcdLocker` on a throwaway cluster of 3 members (what
 //!   production runs: every write is a consensus commit on two of them);
-//! - **etcd-1**: the same on a cluster of 1 member (no peer round trip).
+//! - **etcd-1**: the same on a cluster of 1 member (no peer round trip);
+//! - **zookeeper**: a `ZkLocker` on a throwaway ensemble of 3 servers
+//!   (every create and delete a proposal the leader commits on two);
+//! - **zookeeper-1**: the same on a standalone server.
 //!
 //! Everything is on loopback; the TTLs are the same for every way (10 s
 //! uncontended, 2 s in the tutorial case: whole seconds, as etcd grants
-//! them), and so is each request's bound (the CLI's command timeout). The
-//! figures are medians over rounds with their spread (min..max), and the
-//! ratios the medians of the rounds' ratios against the first way.
+//! them; ZooKeeper's session is 10 s, which its tick of 2 s allows), and
+//! so is each request's bound (the CLI's command timeout). Around each
+//! measurement of an etcd or ZooKeeper way, the members' own counters
+//! give the fsyncs of their logs per lease and the mean fsync's time
+//! ([`service`]). The figures are medians over rounds with their spread
+//! (min..max), and the ratios the medians of the rounds' ratios against
+//! the first way.
+
+mod service;
 
 use std::time::Duration;
 
-use anyhow::Context as _;
 use leasehold::RetryStrategy;
-use leasehold_etcd::EtcdLocker;
-use leasehold_testkit::EtcdCluster;
 use serde_json::{Value, json};
 
+use self::service::{Service, ZOOKEEPER_SETTINGS};
 use super::contention::{self, Crowd};
 use super::rounds::{self, Figures};
 use super::site::Site;
 use super::uncontended::{Keys, lessor_tasks};
 use super::{Measurements, print_table};
-use crate::cli::{EtcdBenchArgs, EtcdBenchWay};
+use crate::cli::{ConsensusBenchArgs, ConsensusBenchWay};
 use crate::env::Env;
-use crate::progress::note;
 use crate::waiting::{Handoff, Mode, Waiter};
 
-/// The lock keys of the uncontended cases (task `i` takes `…:i`), and
-/// their TTL (the one `bench uncontended` uses).
-const UNCONTENDED: Keys = Keys::new("lock:bench:etcd", Duration::from_secs(10));
+/// The TTL of the uncontended cases' leases (the one `bench uncontended`
+/// uses), and so the session a ZooKeeper way asks for: the longest TTL
+/// it is asked to honour.
+const TTL: Duration = Duration::from_secs(10);
+
+/// The lock keys of the uncontended cases (task `i` takes `…:i`).
+const UNCONTENDED: Keys = Keys::new("lock:bench:etcd", TTL);
 
 /// The tutorial's starting balance: 10 callers pay, the rest are refused.
 const INITIAL: i64 = 100;
 
 /// How long a caller of the tutorial case waits before giving up: long
-/// enough that none does on either store (a give-up would be counted).
+/// enough that none does on any way (a give-up would be counted).
 const WAIT: Duration = Duration::from_secs(10);
 
 /// The cases, in the order they are measured and reported.
@@ -57,68 +69,83 @@ const CASES: [&str; 3] = ["sequential", "tasks", "tutorial"];
 /// tutorial, leases) per second and the latency quantiles.
 const RATIOS: [&str; 3] = ["per_s", "p50_us", "p99_us"];
 
-/// A way of taking the lease, with the etcd cluster it runs on.
+/// Which command runs the bench: its name, and its ways by default.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Bench {
+    /// `bench etcd`: the Redis and etcd ways.
+    Etcd,
+    /// `bench consensus`: every way.
+    Consensus,
+}
+
+impl Bench {
+    fn name(self) -> &'static str {
+        match self {
+            Bench::Etcd => "etcd",
+            Bench::Consensus => "consensus",
+        }
+    }
+
+    fn ways(self) -> &'static [ConsensusBenchWay] {
+        match self {
+            Bench::Etcd => &ConsensusBenchWay::ETCD,
+            Bench::Consensus => &ConsensusBenchWay::ALL,
+        }
+    }
+}
+
+/// A way of taking the lease, with the service it runs on (none for the
+/// Redis ways).
 struct Way {
-    which: EtcdBenchWay,
-    etcd: Option<EtcdCluster>,
+    which: ConsensusBenchWay,
+    service: Option<Service>,
 }
 
 impl Way {
     fn name(&self) -> &'static str {
         match self.which {
-            EtcdBenchWay::Redis => "redis",
-            EtcdBenchWay::RedisHandOff => "redis-hand-off",
-            EtcdBenchWay::Etcd => "etcd",
-            EtcdBenchWay::Etcd1 => "etcd-1",
+            ConsensusBenchWay::Redis => "redis",
+            ConsensusBenchWay::RedisHandOff => "redis-hand-off",
+            ConsensusBenchWay::Etcd => "etcd",
+            ConsensusBenchWay::Etcd1 => "etcd-1",
+            ConsensusBenchWay::Zookeeper => "zookeeper",
+            ConsensusBenchWay::Zookeeper1 => "zookeeper-1",
         }
     }
 
-    /// Starts the throwaway etcd cluster `which` needs, if any.
-    async fn start(which: EtcdBenchWay) -> anyhow::Result<Way> {
-        let members = match which {
-            EtcdBenchWay::Redis | EtcdBenchWay::RedisHandOff => {
-                return Ok(Way { which, etcd: None });
-            }
-            EtcdBenchWay::Etcd => 3,
-            EtcdBenchWay::Etcd1 => 1,
+    /// Starts the throwaway service `which` needs, if any.
+    async fn start(which: ConsensusBenchWay) -> anyhow::Result<Way> {
+        let service = match which {
+            ConsensusBenchWay::Redis | ConsensusBenchWay::RedisHandOff => None,
+            ConsensusBenchWay::Etcd => Some(Service::etcd(3).await?),
+            ConsensusBenchWay::Etcd1 => Some(Service::etcd(1).await?),
+            ConsensusBenchWay::Zookeeper => Some(Service::zookeeper(3).await?),
+            ConsensusBenchWay::Zookeeper1 => Some(Service::zookeeper(1).await?),
         };
-        let cluster = tokio::task::spawn_blocking(move || EtcdCluster::start(members))
-            .await
-            .context("starting a throwaway etcd cluster")?
-            .context("starting a throwaway etcd cluster")?;
-        note!(
-            "leasehold: started a throwaway etcd {} cluster of {members} at {}",
-            cluster.version(),
-            cluster.endpoints().join(",")
-        );
-        Ok(Way {
-            which,
-            etcd: Some(cluster),
-        })
+        Ok(Way { which, service })
     }
 
     /// A fresh way of waiting (so a Redis way's stats count one run only).
     async fn waiter(&self, env: &Env) -> anyhow::Result<Waiter> {
-        let mode = match self.which {
-            EtcdBenchWay::Redis => Mode::Poll("redis", RetryStrategy::default()),
-            EtcdBenchWay::RedisHandOff => Mode::Handoff("redis-hand-off", Handoff::DEFAULT),
-            EtcdBenchWay::Etcd | EtcdBenchWay::Etcd1 => {
-                let cluster = self.etcd.as_ref().context("no etcd cluster")?;
-                let locker = EtcdLocker::builder(cluster.endpoints())
-                    .command_timeout(env.locker.command_timeout())
-                    .connect()
-                    .await
-                    .context("connecting to the etcd cluster")?;
-                return Ok(Waiter::of(locker));
+        let mode = match (self.which, &self.service) {
+            (_, Some(service)) => {
+                return service.waiter(env.locker.command_timeout(), TTL).await;
             }
+            (ConsensusBenchWay::RedisHandOff, None) => {
+                Mode::Handoff("redis-hand-off", Handoff::DEFAULT)
+            }
+            (_, None) => Mode::Poll("redis", RetryStrategy::default()),
         };
         Waiter::connect(env, mode).await
     }
 }
 
-pub(crate) async fn run(env: &Env, args: &EtcdBenchArgs, json: bool) -> anyhow::Result<()> {
+/// Runs the bench as `bench` (its name in the output, its ways unless
+/// --ways names others).
+pub(crate) async fn run(env: &Env, args: &ConsensusBenchArgs, bench: Bench) -> anyhow::Result<()> {
+    let json = args.output.json;
     let asked = if args.ways.is_empty() {
-        &EtcdBenchWay::ALL[..]
+        bench.ways()
     } else {
         &args.ways[..]
     };
@@ -138,7 +165,14 @@ pub(crate) async fn run(env: &Env, args: &EtcdBenchArgs, json: bool) -> anyhow::
     // results[case][way]: one entry per round.
     let mut results: Vec<Vec<Vec<Figures>>> = vec![vec![Vec::new(); ways.len()]; CASES.len()];
     let len = u64::from(args.rounds) * (CASES.len() * ways.len()) as u64;
-    let progress = Measurements::new("bench etcd", len, json);
+    let progress = Measurements::new(
+        match bench {
+            Bench::Etcd => "bench etcd",
+            Bench::Consensus => "bench consensus",
+        },
+        len,
+        json,
+    );
     for round in 1..=args.rounds {
         for (c, case) in CASES.iter().enumerate() {
             for turn in 0..ways.len() {
@@ -150,7 +184,16 @@ pub(crate) async fn run(env: &Env, args: &EtcdBenchArgs, json: bool) -> anyhow::
                     way.name()
                 ));
                 let waiter = way.waiter(env).await?;
-                let figures = match c {
+                // Read once the locker is connected (a ZooKeeper session
+                // is a write too) and before it is dropped.
+                let flushes = || {
+                    way.service
+                        .as_ref()
+                        .map(|service| tokio::task::block_in_place(|| service.flushes()))
+                        .transpose()
+                };
+                let before = flushes()?;
+                let mut figures = match c {
                     0 | 1 => {
                         let tasks = if c == 0 { 1 } else { args.tasks };
                         let pairs =
@@ -160,6 +203,9 @@ pub(crate) async fn run(env: &Env, args: &EtcdBenchArgs, json: bool) -> anyhow::
                     }
                     _ => rounds::tutorial(&contention::tutorial(&site, &waiter, &crowd).await?),
                 };
+                if let (Some(before), Some(after)) = (before, flushes()?) {
+                    figures.extend(after.per_lease(&before, rounds::value(&figures, "leases")));
+                }
                 results[c][w].push(figures);
             }
         }
@@ -172,34 +218,47 @@ pub(crate) async fn run(env: &Env, args: &EtcdBenchArgs, json: bool) -> anyhow::
             rows.push(rounds::row(case, way.name(), rounds, base, &RATIOS));
         }
     }
+    let version = |etcd: bool| {
+        ways.iter().find_map(|w| {
+            let service = w.service.as_ref()?;
+            (service.is_etcd() == etcd).then(|| service.version().to_owned())
+        })
+    };
     if json {
         println!(
             "{}",
             json!({
-                "bench": "etcd",
+                "bench": bench.name(),
                 "rounds": args.rounds,
                 "duration_ms": args.duration.as_secs_f64() * 1e3,
                 "tasks": args.tasks,
                 "callers": args.callers,
                 "work_ms": args.work.as_secs_f64() * 1e3,
-                "etcd_version": ways.iter().find_map(|w| Some(w.etcd.as_ref()?.version())),
+                "etcd_version": version(true),
+                "zookeeper_version": version(false),
+                "zookeeper_settings": ZOOKEEPER_SETTINGS,
                 "base": ways[0].name(),
                 "rows": rows,
             })
         );
     } else {
-        print_text(args, ways[0].name(), &rows);
+        print_text(args, bench, ways[0].name(), &rows);
     }
     Ok(())
 }
 
-fn print_text(args: &EtcdBenchArgs, base: &str, rows: &[Value]) {
+fn print_text(args: &ConsensusBenchArgs, bench: Bench, base: &str, rows: &[Value]) {
     println!(
-        "bench etcd: {} rounds; uncontended runs of {:?} (one task, then {} tasks); tutorial case: {} callers, work {:?}",
-        args.rounds, args.duration, args.tasks, args.callers, args.work
+        "bench {}: {} rounds; uncontended runs of {:?} (one task, then {} tasks); tutorial case: {} callers, work {:?}",
+        bench.name(),
+        args.rounds,
+        args.duration,
+        args.tasks,
+        args.callers,
+        args.work
     );
     println!(
-        "medians (min..max over rounds); sequential and tasks: acquire+release pairs and their latency; tutorial: leases per second and the gap from a release to the next holder; ratios against {base}"
+        "medians (min..max over rounds); sequential and tasks: acquire+release pairs and their latency; tutorial: leases per second and the gap from a release to the next holder; ratios against {base}; etcd and zookeeper ways: their members' log fsyncs per lease (all members) and the mean fsync's ms"
     );
     let cells = rounds::cells(rows);
     print_table(
@@ -216,6 +275,8 @@ fn print_text(args: &EtcdBenchArgs, base: &str, rows: &[Value]) {
             ("utilisation", "util"),
             ("round_trips_per_acq", "rt/acq"),
             ("gave_up", "gave up"),
+            ("fsyncs_per_lease", "fsyncs/lease"),
+            ("fsync_ms", "fsync ms"),
         ],
         &cells,
     );
