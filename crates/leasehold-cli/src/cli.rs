@@ -39,6 +39,23 @@ macro_rules! exit_codes {
     };
 }
 
+/// The end of `bench consensus`'s and `bench etcd`'s `--help`.
+macro_rules! consensus_after_help {
+    () => {
+        concat!(
+            "What it changes (on --redis-url, or a throwaway redis-server):
+  Redis: takes and releases lock:bench:etcd:* and lock:bench:contention
+    (its hand-off keys :waitq and :waiters too), overwrites
+    wallet:42:balance.
+  etcd, ZooKeeper: none of yours: their own throwaway clusters (stopped at
+    the end).
+
+",
+            exit_codes!()
+        )
+    };
+}
+
 /// What the experiments on the wallet tables do to PostgreSQL.
 macro_rules! wallet_tables {
     () => {
@@ -698,17 +715,7 @@ pub(crate) enum Bench {
     ///
     /// Starts a throwaway etcd cluster of 3 members (and one of 1 for the
     /// etcd-1 way); etcd comes from PATH.
-    #[command(after_help = concat!(
-        "What it changes (on --redis-url, or a throwaway redis-server):
-  Redis: takes and releases lock:bench:etcd:* and lock:bench:contention
-    (its hand-off keys :waitq and :waiters too), overwrites
-    wallet:42:balance.
-  etcd, ZooKeeper: none of yours: their own throwaway clusters (stopped at
-    the end).
-
-",
-        exit_codes!()
-    ))]
+    #[command(after_help = consensus_after_help!())]
     Etcd(ConsensusBenchArgs),
     /// What a lease costs on etcd and ZooKeeper against Redis, on
     /// loopback: acquire+release latency and pairs per second with no
@@ -723,17 +730,7 @@ pub(crate) enum Bench {
     /// of 1 for zookeeper-1; java and Debian's zookeeper jars) with
     /// ZooKeeper's own tick (2 s, so the 10 s sessions the bench's TTLs
     /// need) and its own durability (forceSync=yes).
-    #[command(after_help = concat!(
-        "What it changes (on --redis-url, or a throwaway redis-server):
-  Redis: takes and releases lock:bench:etcd:* and lock:bench:contention
-    (its hand-off keys :waitq and :waiters too), overwrites
-    wallet:42:balance.
-  etcd, ZooKeeper: none of yours: their own throwaway clusters (stopped at
-    the end).
-
-",
-        exit_codes!()
-    ))]
+    #[command(after_help = consensus_after_help!())]
     Consensus(ConsensusBenchArgs),
     /// What a lease costs on PostgreSQL (`PgLocker`) against PostgreSQL's
     /// own advisory lock (sqlx's `PgAdvisoryLock`, the baseline) and Redis

@@ -38,11 +38,11 @@ use leasehold::RetryStrategy;
 use serde_json::{Value, json};
 
 use self::service::{Service, ZOOKEEPER_SETTINGS};
+use super::Measurements;
 use super::contention::{self, Crowd};
 use super::rounds::{self, Figures};
 use super::site::Site;
 use super::uncontended::{Keys, lessor_tasks};
-use super::{Measurements, print_table};
 use crate::cli::{ConsensusBenchArgs, ConsensusBenchWay};
 use crate::env::Env;
 use crate::waiting::{Handoff, Mode, Waiter};
@@ -54,13 +54,6 @@ const TTL: Duration = Duration::from_secs(10);
 
 /// The lock keys of the uncontended cases (task `i` takes `…:i`).
 const UNCONTENDED: Keys = Keys::new("lock:bench:etcd", TTL);
-
-/// The tutorial's starting balance: 10 callers pay, the rest are refused.
-const INITIAL: i64 = 100;
-
-/// How long a caller of the tutorial case waits before giving up: long
-/// enough that none does on any way (a give-up would be counted).
-const WAIT: Duration = Duration::from_secs(10);
 
 /// The cases, in the order they are measured and reported.
 const CASES: [&str; 3] = ["sequential", "tasks", "tutorial"];
@@ -156,12 +149,7 @@ pub(crate) async fn run(env: &Env, args: &ConsensusBenchArgs, bench: Bench) -> a
         }
     }
     let site = Site::node(env);
-    let crowd = Crowd {
-        callers: args.callers,
-        work: args.work,
-        initial: INITIAL,
-        wait: WAIT,
-    };
+    let crowd = Crowd::tutorial_case(args.callers, args.work);
     // results[case][way]: one entry per round.
     let mut results: Vec<Vec<Vec<Figures>>> = vec![vec![Vec::new(); ways.len()]; CASES.len()];
     let len = u64::from(args.rounds) * (CASES.len() * ways.len()) as u64;
@@ -260,17 +248,9 @@ fn print_text(args: &ConsensusBenchArgs, bench: Bench, base: &str, rows: &[Value
     println!(
         "medians (min..max over rounds); sequential and tasks: acquire+release pairs and their latency; tutorial: leases per second and the gap from a release to the next holder; ratios against {base}; etcd and zookeeper ways: their members' log fsyncs per lease (all members) and the mean fsync's ms"
     );
-    let cells = rounds::cells(rows);
-    print_table(
+    rounds::print(
+        rows,
         &[
-            ("case", "case"),
-            ("way", "way"),
-            ("per_s", "per s"),
-            ("p50_us", "p50 us"),
-            ("p99_us", "p99 us"),
-            ("per_s_ratio", "per s ratio"),
-            ("p50_us_ratio", "p50 ratio"),
-            ("p99_us_ratio", "p99 ratio"),
             ("elapsed_ms", "elapsed ms"),
             ("utilisation", "util"),
             ("round_trips_per_acq", "rt/acq"),
@@ -278,6 +258,5 @@ fn print_text(args: &ConsensusBenchArgs, bench: Bench, base: &str, rows: &[Value
             ("fsyncs_per_lease", "fsyncs/lease"),
             ("fsync_ms", "fsync ms"),
         ],
-        &cells,
     );
 }
