@@ -39,6 +39,23 @@ macro_rules! exit_codes {
     };
 }
 
+/// The end of `bench consensus`'s and `bench etcd`'s `--help`.
+macro_rules! consensus_after_help {
+    () => {
+        concat!(
+            "What it changes (on --redis-url, or a throwaway redis-server):
+  Redis: takes and releases lock:bench:etcd:* and lock:bench:contention
+    (its hand-off keys :waitq and :waiters too), overwrites
+    wallet:42:balance.
+  etcd, ZooKeeper: none of yours: their own throwaway clusters (stopped at
+    the end).
+
+",
+            exit_codes!()
+        )
+    };
+}
+
 /// What the experiments on the wallet tables do to PostgreSQL.
 macro_rules! wallet_tables {
     () => {
@@ -692,24 +709,29 @@ pub(crate) enum Bench {
         exit_codes!()
     ))]
     Uncontended(UncontendedArgs),
-    /// What a lease costs on etcd against Redis, on loopback: acquire+release
-    /// latency and pairs per second with no contention (one task, then
-    /// --tasks tasks), and the tutorial's contention case (-n callers on one
-    /// key, a wallet in Redis); each way side by side in every round.
+    /// What a lease costs on etcd against Redis, on loopback: `bench
+    /// consensus` with the Redis and etcd ways (ZooKeeper's when named
+    /// with --ways).
     ///
     /// Starts a throwaway etcd cluster of 3 members (and one of 1 for the
     /// etcd-1 way); etcd comes from PATH.
-    #[command(after_help = concat!(
-        "What it changes (on --redis-url, or a throwaway redis-server):
-  Redis: takes and releases lock:bench:etcd:* and lock:bench:contention
-    (its hand-off keys :waitq and :waiters too), overwrites
-    wallet:42:balance.
-  etcd: none of yours: its own throwaway clusters (stopped at the end).
-
-",
-        exit_codes!()
-    ))]
-    Etcd(EtcdBenchArgs),
+    #[command(after_help = consensus_after_help!())]
+    Etcd(ConsensusBenchArgs),
+    /// What a lease costs on etcd and ZooKeeper against Redis, on
+    /// loopback: acquire+release latency and pairs per second with no
+    /// contention (one task, then --tasks tasks), and the tutorial's
+    /// contention case (-n callers on one key, a wallet in Redis); each
+    /// way side by side in every round. For the etcd and ZooKeeper ways,
+    /// the fsyncs their members' logs paid per lease, and how long one
+    /// took.
+    ///
+    /// Starts a throwaway etcd cluster of 3 members (and one of 1 for the
+    /// etcd-1 way; etcd from PATH) and a ZooKeeper ensemble of 3 (and one
+    /// of 1 for zookeeper-1; java and Debian's zookeeper jars) with
+    /// ZooKeeper's own tick (2 s, so the 10 s sessions the bench's TTLs
+    /// need) and its own durability (forceSync=yes).
+    #[command(after_help = consensus_after_help!())]
+    Consensus(ConsensusBenchArgs),
     /// What a lease costs on PostgreSQL (`PgLocker`) against PostgreSQL's
     /// own advisory lock (sqlx's `PgAdvisoryLock`, the baseline) and Redis
     /// (polling and hand-off), on loopback: acquire+release latency and
@@ -782,7 +804,7 @@ impl Bench {
         match self {
             Bench::Contention(args) => args.output,
             Bench::Uncontended(args) => args.output,
-            Bench::Etcd(args) => args.output,
+            Bench::Etcd(args) | Bench::Consensus(args) => args.output,
             Bench::Pg(args) => args.output,
             Bench::Guard(args) => args.output,
             // The leases are taken in candidate processes, whose metrics
@@ -931,13 +953,14 @@ pub(crate) struct UncontendedArgs {
     pub(crate) redis: RedisFlags,
 }
 
-/// Flags of `bench etcd`.
+/// Flags of `bench consensus` and `bench etcd`.
 #[derive(Debug, Clone, Args)]
-pub(crate) struct EtcdBenchArgs {
+pub(crate) struct ConsensusBenchArgs {
     /// The ways of taking the lease, comma-separated, in the order they
-    /// are reported; ratios are against the first [default: all]
+    /// are reported; ratios are against the first [default: bench
+    /// consensus, all; bench etcd, all but the ZooKeeper ways]
     #[arg(long, value_enum, value_delimiter = ',')]
-    pub(crate) ways: Vec<EtcdBenchWay>,
+    pub(crate) ways: Vec<ConsensusBenchWay>,
     /// Length of each uncontended measurement.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub(crate) duration: Duration,
@@ -960,26 +983,43 @@ pub(crate) struct EtcdBenchArgs {
     pub(crate) redis: RedisFlags,
 }
 
-/// A way of taking a lease, as `bench etcd` measures it.
+/// A way of taking a lease, as `bench consensus` measures it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum EtcdBenchWay {
+pub(crate) enum ConsensusBenchWay {
     /// A `Locker` on the one redis-server, polling as built by default.
     Redis,
-    /// A `HandoffLocker` on it as built by default (a FIFO queue, as etcd's).
+    /// A `HandoffLocker` on it as built by default (a FIFO queue, as
+    /// etcd's and ZooKeeper's).
     RedisHandOff,
     /// An `EtcdLocker` on a cluster of 3 members.
     Etcd,
     /// An `EtcdLocker` on a cluster of 1 member.
     #[value(name = "etcd-1")]
     Etcd1,
+    /// A `ZkLocker` on an ensemble of 3 servers.
+    Zookeeper,
+    /// A `ZkLocker` on a standalone server.
+    #[value(name = "zookeeper-1")]
+    Zookeeper1,
 }
 
-impl EtcdBenchWay {
-    pub(crate) const ALL: [EtcdBenchWay; 4] = [
-        EtcdBenchWay::Redis,
-        EtcdBenchWay::RedisHandOff,
-        EtcdBenchWay::Etcd,
-        EtcdBenchWay::Etcd1,
+impl ConsensusBenchWay {
+    /// The ways `bench consensus` runs when --ways is not given.
+    pub(crate) const ALL: [ConsensusBenchWay; 6] = [
+        ConsensusBenchWay::Redis,
+        ConsensusBenchWay::RedisHandOff,
+        ConsensusBenchWay::Etcd,
+        ConsensusBenchWay::Etcd1,
+        ConsensusBenchWay::Zookeeper,
+        ConsensusBenchWay::Zookeeper1,
+    ];
+
+    /// The ways `bench etcd` runs when --ways is not given.
+    pub(crate) const ETCD: [ConsensusBenchWay; 4] = [
+        ConsensusBenchWay::Redis,
+        ConsensusBenchWay::RedisHandOff,
+        ConsensusBenchWay::Etcd,
+        ConsensusBenchWay::Etcd1,
     ];
 }
 

@@ -197,14 +197,18 @@ fn bench_uncontended_smoke_prints_its_fields() -> TestResult {
     Ok(())
 }
 
-#[test]
-fn bench_etcd_smoke_has_a_row_per_case_and_way() -> TestResult {
+/// `bench NAME --ways WAYS` on tiny runs (one round, 3 callers): a row
+/// per case and way, each with pairs per second, ordered quantiles, the
+/// first way as the base and no caller giving up. No timing is judged
+/// (the machine may be busy). Returns the report.
+fn bench_consensus_rows(bench: &str, ways: &[&str]) -> Result<Value, Box<dyn std::error::Error>> {
     let callers = 3;
+    let ways_flag = ways.join(",");
     let stdout = succeeded(&[
         "bench",
-        "etcd",
+        bench,
         "--ways",
-        "redis,etcd",
+        &ways_flag,
         "--duration",
         "50ms",
         "--rounds",
@@ -218,31 +222,73 @@ fn bench_etcd_smoke_has_a_row_per_case_and_way() -> TestResult {
         "--json",
     ])?;
     let r: Value = serde_json::from_str(stdout.trim())?;
-    assert_eq!(r["bench"], "etcd", "{r}");
-    assert_eq!(r["base"], "redis", "{r}");
+    assert_eq!(r["bench"], bench, "{r}");
+    assert_eq!(r["base"], ways[0], "{r}");
     let rows = r["rows"].as_array().ok_or("no rows")?;
-    let cases = ["sequential", "tasks", "tutorial"];
-    assert_eq!(rows.len(), cases.len() * 2, "{r}");
-    for case in cases {
-        for way in ["redis", "etcd"] {
-            let row = rows
-                .iter()
-                .find(|row| row["case"] == case && row["way"] == way)
-                .ok_or_else(|| format!("no {case} row for {way} in {r}"))?;
-            let median = |key: &str| row[key]["median"].as_f64().ok_or(format!("{key} in {row}"));
-            assert!(median("per_s")? > 0.0, "{row}");
-            assert!(median("p50_us")? <= median("p99_us")?, "{row}");
-            if way == "redis" {
-                assert_eq!(row["per_s_ratio"], 1.0, "{row}");
-            }
-            if case == "tutorial" {
-                assert_eq!(median("gave_up")?, 0.0, "{row}");
-                // Only a Redis way counts its requests.
-                assert_eq!(
-                    row["round_trips_per_acq"]["median"].is_null(),
-                    way == "etcd"
-                );
-            }
+    assert_eq!(rows.len(), CONSENSUS_CASES.len() * ways.len(), "{r}");
+    for row in rows {
+        let median = |key: &str| row[key]["median"].as_f64().ok_or(format!("{key} in {row}"));
+        assert!(median("per_s")? > 0.0, "{row}");
+        assert!(median("p50_us")? <= median("p99_us")?, "{row}");
+        if row["way"] == ways[0] {
+            assert_eq!(row["per_s_ratio"], 1.0, "{row}");
+        }
+        if row["case"] == "tutorial" {
+            assert_eq!(median("gave_up")?, 0.0, "{row}");
+        }
+    }
+    for case in CONSENSUS_CASES {
+        for way in ways {
+            assert!(
+                rows.iter()
+                    .any(|row| row["case"] == case && row["way"] == *way),
+                "no {case} row for {way} in {r}"
+            );
+        }
+    }
+    Ok(r)
+}
+
+/// The cases of `bench consensus` and `bench etcd`.
+const CONSENSUS_CASES: [&str; 3] = ["sequential", "tasks", "tutorial"];
+
+#[test]
+fn bench_etcd_smoke_has_a_row_per_case_and_way() -> TestResult {
+    let r = bench_consensus_rows("etcd", &["redis", "etcd"])?;
+    for row in r["rows"].as_array().ok_or("no rows")? {
+        if row["case"] == "tutorial" {
+            // Only a Redis way counts its requests.
+            assert_eq!(
+                row["round_trips_per_acq"]["median"].is_null(),
+                row["way"] == "etcd",
+                "{row}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `bench consensus` on etcd and ZooKeeper (one member each, the
+/// smallest): both pay fsyncs per lease, which Redis does not report
+/// (ZooKeeper's prove the bench turned its forceSync back on).
+#[test]
+fn bench_consensus_smoke_reports_fsyncs_per_lease_on_etcd_and_zookeeper() -> TestResult {
+    let r = bench_consensus_rows("consensus", &["redis", "etcd-1", "zookeeper-1"])?;
+    assert!(r["zookeeper_version"].is_string(), "{r}");
+    assert!(r["etcd_version"].is_string(), "{r}");
+    for row in r["rows"].as_array().ok_or("no rows")? {
+        let fsyncs = row["fsyncs_per_lease"]["median"].as_f64();
+        if row["way"] == "redis" {
+            assert!(fsyncs.is_none(), "{row}");
+        } else {
+            // Each lease writes at least once (a take), durably.
+            assert!(fsyncs.is_some_and(|f| f >= 1.0), "{row}");
+            assert!(
+                row["fsync_ms"]["median"]
+                    .as_f64()
+                    .is_some_and(|ms| ms >= 0.0),
+                "{row}"
+            );
         }
     }
     Ok(())

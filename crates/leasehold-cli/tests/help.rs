@@ -45,6 +45,14 @@ const SHARED_FLAGS: &[&str] = &[
     "--metrics-addr",
 ];
 
+/// What `bench consensus` and `bench etcd` (the same bench) change.
+const CONSENSUS_CHANGES: &[&str] = &[
+    "lock:bench:etcd:*",
+    "lock:bench:contention",
+    "wallet:42:balance",
+    "none of yours",
+];
+
 const EXPECTED: &[Expect] = &[
     Expect {
         subcommand: &["race"],
@@ -141,12 +149,12 @@ const EXPECTED: &[Expect] = &[
     Expect {
         subcommand: &["bench", "etcd"],
         uses: &["--redis-url", "--tls-ca", "--json"],
-        changes: &[
-            "lock:bench:etcd:*",
-            "lock:bench:contention",
-            "wallet:42:balance",
-            "none of yours",
-        ],
+        changes: CONSENSUS_CHANGES,
+    },
+    Expect {
+        subcommand: &["bench", "consensus"],
+        uses: &["--redis-url", "--tls-ca", "--json"],
+        changes: CONSENSUS_CHANGES,
     },
     Expect {
         subcommand: &["bench", "pg"],

@@ -84,6 +84,33 @@ fn bad_sizes_and_ticks_are_refused() {
     }
 }
 
+/// A setting given to `start_with_settings` overrides the test kit's own:
+/// the server carries out a four-letter word the kit does not allow once
+/// a later line allows it, and keeps the kit's others.
+#[test]
+fn settings_come_after_the_kits_own_and_win() -> TestResult {
+    let _one = one_at_a_time();
+    let ensemble = ZooKeeperEnsemble::start_with_settings(
+        1,
+        ZOOKEEPER_TICK_TIME,
+        &[
+            "4lw.commands.whitelist=srvr,ruok,mntr,envi",
+            "forceSync=yes",
+        ],
+    )?;
+    let member = ensemble.member(0);
+    let envi = member.four_letter_word("envi")?;
+    assert!(envi.contains("java.version="), "{envi}");
+    // `stat` was the kit's, and the later list leaves it out.
+    let stat = member.four_letter_word("stat")?;
+    assert!(stat.contains("not in the whitelist"), "{stat}");
+    let config = std::fs::read_to_string(member.dir().join("zoo.cfg"))?;
+    let kit = config.find("forceSync=no").ok_or("no forceSync=no")?;
+    let ours = config.find("forceSync=yes").ok_or("no forceSync=yes")?;
+    assert!(kit < ours, "{config}");
+    Ok(())
+}
+
 #[test]
 fn one_server_is_standalone_with_the_chosen_tick() -> TestResult {
     let _one = one_at_a_time();

@@ -187,6 +187,26 @@ pub(crate) struct Crowd {
     pub(crate) wait: Duration,
 }
 
+impl Crowd {
+    /// How long a caller of a way-by-way bench's tutorial case waits
+    /// before giving up: long enough that none does on any way (a give-up
+    /// would be counted).
+    pub(crate) const CASE_WAIT: Duration = Duration::from_secs(10);
+
+    /// The tutorial case of the way-by-way benches (`bench consensus`,
+    /// `bench pg`): `callers` on the wallet's key, each holding the lock
+    /// for `work`; the wallet starts at 100 (10 callers pay, the rest are
+    /// refused), and each waits [`CASE_WAIT`](Self::CASE_WAIT).
+    pub(crate) fn tutorial_case(callers: u32, work: Duration) -> Crowd {
+        Crowd {
+            callers,
+            work,
+            initial: 100,
+            wait: Self::CASE_WAIT,
+        }
+    }
+}
+
 impl From<&ContentionArgs> for Crowd {
     fn from(args: &ContentionArgs) -> Crowd {
         Crowd {

@@ -10,8 +10,8 @@ use crate::cli::Bench;
 use crate::env::{Database, Env};
 use crate::progress::Progress;
 
+pub(crate) mod consensus;
 pub(crate) mod contention;
-pub(crate) mod etcd;
 pub(crate) mod guard;
 pub(crate) mod leader;
 pub(crate) mod pg;
@@ -35,7 +35,11 @@ pub(crate) async fn run(bench: Bench) -> anyhow::Result<ExitCode> {
         }
         Bench::Etcd(args) => {
             let env = Env::connect(&args.redis).await?;
-            etcd::run(&env, &args, args.output.json).await?;
+            consensus::run(&env, &args, consensus::Bench::Etcd).await?;
+        }
+        Bench::Consensus(args) => {
+            let env = Env::connect(&args.redis).await?;
+            consensus::run(&env, &args, consensus::Bench::Consensus).await?;
         }
         Bench::Pg(args) => {
             let env = Env::connect(&args.redis).await?;

@@ -58,7 +58,7 @@ use super::contention::{self, Crowd};
 use super::rounds::{self, Figures};
 use super::site::Site;
 use super::uncontended::{Keys, lessor_tasks};
-use super::{Measurements, print_table, round3};
+use super::{Measurements, round3};
 use crate::cli::{PgBenchArgs, PgBenchWay};
 use crate::env::Env;
 use crate::progress::note;
@@ -76,13 +76,6 @@ const WARM_UP: &str = "lock:bench:pg:warm-up";
 
 /// The key of the hot-resource run.
 const HOT: &str = "lock:bench:pg:hot";
-
-/// The tutorial's starting balance: 10 callers pay, the rest are refused.
-const INITIAL: i64 = 100;
-
-/// How long a caller of the tutorial case waits before giving up: long
-/// enough that none does on any way (a give-up would be counted).
-const WAIT: Duration = Duration::from_secs(10);
 
 /// The cases, in the order they are measured and reported.
 const CASES: [&str; 4] = ["sequential", "tasks", "tutorial", "timed"];
@@ -143,7 +136,7 @@ impl Taker {
 /// count one run only, and a `PgLocker`'s connections are its own).
 async fn taker(way: PgBenchWay, env: &Env, url: &str) -> anyhow::Result<Taker> {
     let waiter = match way {
-        PgBenchWay::Advisory => return Ok(Taker::Advisory(Advisory::new(url, WAIT))),
+        PgBenchWay::Advisory => return Ok(Taker::Advisory(Advisory::new(url, Crowd::CASE_WAIT))),
         PgBenchWay::Pg => Waiter::of(pg_locker(env, url).await?),
         PgBenchWay::Redis => {
             Waiter::connect(env, Mode::Poll("redis", RetryStrategy::default())).await?
@@ -204,12 +197,7 @@ pub(crate) async fn run(env: &Env, args: &PgBenchArgs, json: bool) -> anyhow::Re
         .context("creating the lease table")?;
 
     let site = Site::node(env);
-    let crowd = Crowd {
-        callers: args.callers,
-        work: args.work,
-        initial: INITIAL,
-        wait: WAIT,
-    };
+    let crowd = Crowd::tutorial_case(args.callers, args.work);
     let hot = args.hot_leases > 0 && ways.contains(&PgBenchWay::Pg);
     // results[case][way]: one entry per round.
     let mut results: Vec<Vec<Vec<Figures>>> = vec![vec![Vec::new(); ways.len()]; CASES.len()];
@@ -396,16 +384,9 @@ fn print_text(args: &PgBenchArgs, base: &str, rows: &[Value], target: &Value, ho
     println!(
         "medians (min..max over rounds); sequential and tasks: acquire+release pairs and their latency; tutorial: leases per second and the gap from a release to the next holder; timed: the same with every caller taking the lock again and again, and its fairness (the most leases one caller got over the fewest); ratios against {base}; per lease (PostgreSQL ways, one task and tutorial): statements, WAL bytes and dead tuples of the lease table"
     );
-    print_table(
+    rounds::print(
+        rows,
         &[
-            ("case", "case"),
-            ("way", "way"),
-            ("per_s", "per s"),
-            ("p50_us", "p50 us"),
-            ("p99_us", "p99 us"),
-            ("per_s_ratio", "per s ratio"),
-            ("p50_us_ratio", "p50 ratio"),
-            ("p99_us_ratio", "p99 ratio"),
             ("elapsed_ms", "elapsed ms"),
             ("elapsed_ms_ratio", "elapsed ratio"),
             ("utilisation", "util"),
@@ -416,7 +397,6 @@ fn print_text(args: &PgBenchArgs, base: &str, rows: &[Value], target: &Value, ho
             ("wal_bytes_per_lease", "WAL B/lease"),
             ("dead_tuples_per_lease", "dead/lease"),
         ],
-        &rounds::cells(rows),
     );
     if let Some(ratio) = target["ratio"].as_f64() {
         println!(

@@ -110,6 +110,24 @@ fn number(x: f64) -> Value {
     }
 }
 
+/// Prints `rows` as a table: the columns every way-by-way bench has (the
+/// case, the way, pairs or leases per second, the latency quantiles and
+/// their ratios), then `more`; each figure as `median (min..max)`.
+pub(crate) fn print(rows: &[Value], more: &[(&str, &str)]) {
+    let mut columns = vec![
+        ("case", "case"),
+        ("way", "way"),
+        ("per_s", "per s"),
+        ("p50_us", "p50 us"),
+        ("p99_us", "p99 us"),
+        ("per_s_ratio", "per s ratio"),
+        ("p50_us_ratio", "p50 ratio"),
+        ("p99_us_ratio", "p99 ratio"),
+    ];
+    columns.extend_from_slice(more);
+    super::print_table(&columns, &cells(rows));
+}
+
 /// `rows` ready for [`print_table`](super::print_table): each figure as
 /// `median (min..max)`, the rest as they are.
 pub(crate) fn cells(rows: &[Value]) -> Vec<Value> {

@@ -469,6 +469,18 @@ impl EtcdMember {
             .is_ok_and(|body| body.contains(r#""health":"true""#))
     }
 
+    /// The member's Prometheus metrics (`GET /metrics`, text), such as
+    /// `etcd_disk_wal_fsync_duration_seconds_count` and `_sum`: how many
+    /// times it has fsynced its write-ahead log, and for how long.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EtcdRequest`] if it does not answer within 5 s (it is
+    /// stopped or paused), or [`Error::EtcdReply`].
+    pub fn metrics(&self) -> Result<String, Error> {
+        gateway::get(self.operator_addr, "/metrics", REQUEST_TIMEOUT)
+    }
+
     /// Asks the member for its status (`POST /v3/maintenance/status`, a
     /// local answer that needs no quorum).
     ///

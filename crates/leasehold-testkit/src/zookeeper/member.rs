@@ -137,6 +137,8 @@ pub(super) struct Shared {
     pub(super) java: PathBuf,
     pub(super) classpath: String,
     pub(super) tick_time: Duration,
+    /// `name=value` lines written after the kit's own (a later one wins).
+    pub(super) settings: Vec<String>,
 }
 
 /// One member of a [`ZooKeeperEnsemble`](super::ZooKeeperEnsemble): a
@@ -241,6 +243,10 @@ impl ZooKeeperMember {
             data = data.display(),
             port = self.client_addr.port(),
         );
+        for setting in &shared.settings {
+            config.push_str(setting);
+            config.push('\n');
+        }
         config.push_str(servers);
         let config = write("zoo.cfg", &config)?;
         let log4j = write("log4j.properties", LOG4J_PROPERTIES)?;

@@ -24,8 +24,9 @@
 //! may lag (`syncLimit`, [`ZOOKEEPER_SYNC_LIMIT`]: 2 s) and take to join
 //! (`initLimit`, 10 s) are fixed in time and converted to ticks, so a
 //! paused leader is dropped about 2 s after it froze whatever the tick.
-//! Transaction logs are not synced (`forceSync=no`) and preallocated 1 MB
-//! at a time (not 64 MB).
+//! Transaction logs are not synced (`forceSync=no`, unless
+//! [`ZooKeeperEnsemble::start_with_settings`] says `forceSync=yes`) and
+//! preallocated 1 MB at a time (not 64 MB).
 //!
 //! # No cut-off yet
 //!
@@ -165,6 +166,26 @@ impl ZooKeeperEnsemble {
     /// tail) if a member does not serve within 30 s,
     /// [`Error::ZooKeeperNoLeader`], [`Error::PortsExhausted`].
     pub fn start_with(members: usize, tick_time: Duration) -> Result<Self, Error> {
+        Self::start_with_settings(members, tick_time, &[])
+    }
+
+    /// [`start_with`](Self::start_with), with `settings` (`name=value`)
+    /// written into every member's `zoo.cfg` after the test kit's own, so a
+    /// later one wins: a bench that measures commits undoes the test kit's
+    /// `forceSync=no` with `forceSync=yes` (ZooKeeper's default: every
+    /// transaction log write is fsynced before it is acknowledged). They
+    /// stay in the file, so a restarted member keeps them.
+    ///
+    /// # Errors
+    ///
+    /// As for [`start_with`](Self::start_with); a setting the servers
+    /// refuse ends their start ([`Error::ExitedEarly`] or
+    /// [`Error::NotReady`], the server's message in its log).
+    pub fn start_with_settings(
+        members: usize,
+        tick_time: Duration,
+        settings: &[&str],
+    ) -> Result<Self, Error> {
         if members == 0 {
             return Err(Error::ZooKeeperEnsembleSize { members });
         }
@@ -177,6 +198,7 @@ impl ZooKeeperEnsemble {
             java: java_binary()?,
             classpath: classpath()?,
             tick_time,
+            settings: settings.iter().map(|&setting| setting.to_owned()).collect(),
         };
         for _ in 0..PORT_ATTEMPTS {
             let ensemble = Self::spawn(members, &shared)?;
