@@ -201,19 +201,28 @@ impl ZooKeeperMember {
         })
     }
 
-    /// This member's `server.N` line. An ensemble of one has none.
+    /// This member's `server.N` line, by name (`zk-N`, which each member
+    /// resolves in its own hosts file: see the `network` module). An
+    /// ensemble of one has none.
     pub(super) fn server_line(&self) -> String {
         format!(
-            "server.{}={}:{}\n",
+            "server.{}={}:{}:{}\n",
             self.myid(),
-            self.quorum_addr,
+            super::network::host_name(self.index),
+            self.quorum_addr.port(),
             self.election_addr.port()
         )
     }
 
     /// Writes the member's `zoo.cfg` (with `servers`, its `server.N`
-    /// lines), `myid` and `log4j.properties`, and builds its command line.
-    pub(super) fn configure(&mut self, shared: &Shared, servers: &str) -> Result<(), Error> {
+    /// lines), `myid`, `hosts` (the names it resolves) and
+    /// `log4j.properties`, and builds its command line.
+    pub(super) fn configure(
+        &mut self,
+        shared: &Shared,
+        servers: &str,
+        hosts: &str,
+    ) -> Result<(), Error> {
         let dir = self.dir.path().to_owned();
         let write = |name: &str, text: &str| {
             let path = dir.join(name);
@@ -244,9 +253,11 @@ impl ZooKeeperMember {
         config.push_str(servers);
         let config = write("zoo.cfg", &config)?;
         let log4j = write("log4j.properties", LOG4J_PROPERTIES)?;
+        let hosts = write("hosts", hosts)?;
         self.java.clone_from(&shared.java);
         self.args = JVM_FLAGS.iter().map(|&flag| flag.to_owned()).collect();
         self.args.extend([
+            format!("-Djdk.net.hosts.file={}", hosts.display()),
             format!("-Dlog4j.configuration=file:{}", log4j.display()),
             "-cp".to_owned(),
             shared.classpath.clone(),
@@ -270,6 +281,17 @@ impl ZooKeeperMember {
     /// The member's client address (`clientPort`), `127.0.0.1:PORT`.
     pub fn client_addr(&self) -> SocketAddr {
         self.client_addr
+    }
+
+    /// The member's quorum address (followers dial the leader's),
+    /// `127.0.0.1:PORT`.
+    pub(super) fn quorum_addr(&self) -> SocketAddr {
+        self.quorum_addr
+    }
+
+    /// The member's leader-election address, `127.0.0.1:PORT`.
+    pub(super) fn election_addr(&self) -> SocketAddr {
+        self.election_addr
     }
 
     fn process(&self) -> MutexGuard<'_, Option<ChildProcess>> {
