@@ -214,6 +214,24 @@ pub enum Fault {
     /// their client gives up on it and moves to another member (within
     /// the session timeout, or the session expires and its nodes go).
     ZookeeperMemberPause,
+    /// ZooKeeper: the leader cut off through the window (a minority of
+    /// one), from its peers both ways and from the callers, and healed at
+    /// its end: every connection to and from it is closed and every new
+    /// one closed as soon as it is accepted, as behind a firewall that
+    /// answers with resets (the test kit's
+    /// `ZooKeeperEnsemble::cut_off`, a proxy on every path). Its
+    /// followers lose it at once and elect one of themselves; it hears
+    /// from no quorum and stops serving; the callers it served move to
+    /// the other two, their sessions kept by the new leader.
+    ZookeeperMinorityCut,
+    /// ZooKeeper: two of the three members (the leader and a follower)
+    /// cut off through the window, from everyone and from each other, as
+    /// [`Fault::ZookeeperMinorityCut`] cuts one: no quorum anywhere, so
+    /// no member serves, nothing commits and no session is kept alive; a
+    /// caller's client gives its session up once it has reached no
+    /// member for its timeout. Healed at its end: the members elect a
+    /// leader, which gives every session still on disk a fresh timeout.
+    ZookeeperMajorityCut,
     /// ZooKeeper: every server killed at the window's start and all
     /// started again on their data at its end (a whole-ensemble restart:
     /// the sessions and their nodes are on disk, and the new leader gives
@@ -231,7 +249,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 42] = [
+    pub const ALL: [Fault; 44] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -271,6 +289,8 @@ impl Fault {
         Fault::EtcdNoSpace,
         Fault::ZookeeperLeaderKill,
         Fault::ZookeeperMemberPause,
+        Fault::ZookeeperMinorityCut,
+        Fault::ZookeeperMajorityCut,
         Fault::ZookeeperRestart,
         Fault::ZookeeperNodeDelete,
         Fault::Mixed,
@@ -342,6 +362,8 @@ impl Fault {
             Fault::EtcdNoSpace => "etcd-no-space",
             Fault::ZookeeperLeaderKill => "zookeeper-leader-kill",
             Fault::ZookeeperMemberPause => "zookeeper-member-pause",
+            Fault::ZookeeperMinorityCut => "zookeeper-minority-cut",
+            Fault::ZookeeperMajorityCut => "zookeeper-majority-cut",
             Fault::ZookeeperRestart => "zookeeper-restart",
             Fault::ZookeeperNodeDelete => "zookeeper-node-delete",
             Fault::Mixed => "mixed",
@@ -467,6 +489,8 @@ impl Fault {
             self,
             Fault::ZookeeperLeaderKill
                 | Fault::ZookeeperMemberPause
+                | Fault::ZookeeperMinorityCut
+                | Fault::ZookeeperMajorityCut
                 | Fault::ZookeeperRestart
                 | Fault::ZookeeperNodeDelete
         )
@@ -511,6 +535,8 @@ impl Fault {
                 | Fault::EtcdRestart
                 | Fault::ZookeeperLeaderKill
                 | Fault::ZookeeperMemberPause
+                | Fault::ZookeeperMinorityCut
+                | Fault::ZookeeperMajorityCut
                 | Fault::ZookeeperRestart
                 | Fault::Mixed
         )

@@ -39,6 +39,8 @@ impl Lab {
             | Fault::EtcdNoSpace => etcd_lab(&mut servers.primary, fault)?.begin(fault)?,
             Fault::ZookeeperLeaderKill
             | Fault::ZookeeperMemberPause
+            | Fault::ZookeeperMinorityCut
+            | Fault::ZookeeperMajorityCut
             | Fault::ZookeeperRestart
             | Fault::ZookeeperNodeDelete => {
                 zookeeper_lab(&mut servers.primary, fault)?.begin(fault)?
@@ -407,6 +409,8 @@ impl Lab {
             | Fault::EtcdNoSpace => etcd_lab(&mut servers.primary, fault)?.end(fault)?,
             Fault::ZookeeperLeaderKill
             | Fault::ZookeeperMemberPause
+            | Fault::ZookeeperMinorityCut
+            | Fault::ZookeeperMajorityCut
             | Fault::ZookeeperRestart
             | Fault::ZookeeperNodeDelete => {
                 zookeeper_lab(&mut servers.primary, fault)?.end(fault)?
