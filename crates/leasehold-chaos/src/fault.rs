@@ -232,6 +232,23 @@ pub enum Fault {
     /// member for its timeout. Healed at its end: the members elect a
     /// leader, which gives every session still on disk a fresh timeout.
     ZookeeperMajorityCut,
+    /// ZooKeeper: a full disk on the leader through the window, lifted at
+    /// its end. How (the test kit's `ZooKeeperMember::fill_disk`, without
+    /// privileges): the leader's JVM gets a file size limit
+    /// (`RLIMIT_FSIZE`, set with `prlimit --pid`) at the end of its
+    /// transaction log, so its next logged transaction fails with `EFBIG`
+    /// ("File too large"; HotSpot ignores `SIGXFSZ`). Unlike `ENOSPC` the
+    /// limit is per process and file offset, not per directory: it fails
+    /// a write into the log's preallocated zeros too, which a full disk
+    /// would let through (a full disk bites when the log grows past its
+    /// preallocation, rolls over or a snapshot is taken: later, then the
+    /// same way). ZooKeeper 3.8 stops the member on the error ("Severe
+    /// unrecoverable error", its JVM exiting), and may elect it again
+    /// first (it has the newest transactions), so the whole ensemble may
+    /// stop serving for a while. At the window's end the limit is lifted
+    /// and the member, if it does not serve again within 5 s, restarted
+    /// on its data.
+    ZookeeperDiskFull,
     /// ZooKeeper: every server killed at the window's start and all
     /// started again on their data at its end (a whole-ensemble restart:
     /// the sessions and their nodes are on disk, and the new leader gives
@@ -249,7 +266,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 44] = [
+    pub const ALL: [Fault; 45] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -291,6 +308,7 @@ impl Fault {
         Fault::ZookeeperMemberPause,
         Fault::ZookeeperMinorityCut,
         Fault::ZookeeperMajorityCut,
+        Fault::ZookeeperDiskFull,
         Fault::ZookeeperRestart,
         Fault::ZookeeperNodeDelete,
         Fault::Mixed,
@@ -364,6 +382,7 @@ impl Fault {
             Fault::ZookeeperMemberPause => "zookeeper-member-pause",
             Fault::ZookeeperMinorityCut => "zookeeper-minority-cut",
             Fault::ZookeeperMajorityCut => "zookeeper-majority-cut",
+            Fault::ZookeeperDiskFull => "zookeeper-disk-full",
             Fault::ZookeeperRestart => "zookeeper-restart",
             Fault::ZookeeperNodeDelete => "zookeeper-node-delete",
             Fault::Mixed => "mixed",
@@ -491,6 +510,7 @@ impl Fault {
                 | Fault::ZookeeperMemberPause
                 | Fault::ZookeeperMinorityCut
                 | Fault::ZookeeperMajorityCut
+                | Fault::ZookeeperDiskFull
                 | Fault::ZookeeperRestart
                 | Fault::ZookeeperNodeDelete
         )
@@ -537,6 +557,7 @@ impl Fault {
                 | Fault::ZookeeperMemberPause
                 | Fault::ZookeeperMinorityCut
                 | Fault::ZookeeperMajorityCut
+                | Fault::ZookeeperDiskFull
                 | Fault::ZookeeperRestart
                 | Fault::Mixed
         )

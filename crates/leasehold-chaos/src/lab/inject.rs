@@ -41,6 +41,7 @@ impl Lab {
             | Fault::ZookeeperMemberPause
             | Fault::ZookeeperMinorityCut
             | Fault::ZookeeperMajorityCut
+            | Fault::ZookeeperDiskFull
             | Fault::ZookeeperRestart
             | Fault::ZookeeperNodeDelete => {
                 zookeeper_lab(&mut servers.primary, fault)?.begin(fault)?
@@ -411,6 +412,7 @@ impl Lab {
             | Fault::ZookeeperMemberPause
             | Fault::ZookeeperMinorityCut
             | Fault::ZookeeperMajorityCut
+            | Fault::ZookeeperDiskFull
             | Fault::ZookeeperRestart
             | Fault::ZookeeperNodeDelete => {
                 zookeeper_lab(&mut servers.primary, fault)?.end(fault)?

@@ -32,6 +32,10 @@ const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
 /// (an election, then catching up).
 const HEAL_WAIT: Duration = Duration::from_secs(30);
 
+/// How long a member whose disk was freed may take to serve again by
+/// itself before the lab restarts it.
+const DISK_RECOVERY: Duration = Duration::from_secs(5);
+
 /// The session timeout the lab's own client asks for (the servers grant
 /// at most 20 ticks).
 const LAB_SESSION: Duration = Duration::from_secs(2);
@@ -149,6 +153,14 @@ impl ZkLab {
                 let follower = (leader + 1) % size;
                 format!("zookeeper s{leader} (the leader) and s{follower}, cut off")
             }
+            Fault::ZookeeperDiskFull => {
+                let leader = self.leader()?;
+                self.member(leader, fault)?
+                    .fill_disk()
+                    .map_err(server("filling the zookeeper leader's disk"))?;
+                self.hit = vec![leader];
+                format!("zookeeper s{leader} (the leader, its disk full)")
+            }
             Fault::ZookeeperRestart => {
                 for member in self.ensemble.members() {
                     member
@@ -192,6 +204,14 @@ impl ZkLab {
                 self.ensemble
                     .wait_healthy(HEAL_WAIT)
                     .map_err(server("waiting for the healed zookeeper servers"))?;
+            }
+            Fault::ZookeeperDiskFull => {
+                for member in hit {
+                    self.free_disk(member, fault)?;
+                }
+                self.ensemble
+                    .wait_healthy(HEAL_WAIT)
+                    .map_err(server("waiting for the zookeeper servers"))?;
             }
             Fault::ZookeeperRestart => self
                 .ensemble
@@ -275,12 +295,38 @@ impl ZkLab {
         Ok(leader)
     }
 
+    /// Lifts member `index`'s full disk, and restarts it on its data
+    /// unless it serves again within [`DISK_RECOVERY`] (ZooKeeper stops a
+    /// member whose log write failed; its JVM may be gone, or hang on
+    /// its way out).
+    fn free_disk(&self, index: usize, fault: Fault) -> Result<(), LabError> {
+        let member = self.member(index, fault)?;
+        if member.is_running() {
+            member
+                .free_disk()
+                .map_err(server("lifting the zookeeper member's file size limit"))?;
+        }
+        let deadline = std::time::Instant::now() + DISK_RECOVERY;
+        while member.is_running() && std::time::Instant::now() < deadline {
+            if member.is_serving() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        member.restart().map_err(server(
+            "restarting the zookeeper member after its full disk",
+        ))
+    }
+
     /// Leaves every member running, resumed and healed. Called when a run
     /// ends, whatever happened.
     pub(super) fn heal(&self) {
         let stopped = self.ensemble.members().iter().any(|m| !m.is_running());
         for member in self.ensemble.members() {
             self.ensemble.heal(member.index());
+            if member.is_disk_full() {
+                let _ = member.free_disk();
+            }
             if member.is_paused() {
                 let _ = member.resume();
             }

@@ -164,6 +164,8 @@ pub struct ZooKeeperMember {
     /// The last process id.
     pid: AtomicU32,
     paused: AtomicBool,
+    /// Whether [`fill_disk`](Self::fill_disk) limited the running JVM.
+    pub(super) disk_full: AtomicBool,
     log_path: PathBuf,
     /// Where the current run's output starts in the (appended-to) log.
     log_offset: AtomicU64,
@@ -195,6 +197,7 @@ impl ZooKeeperMember {
             process: Mutex::new(None),
             pid: AtomicU32::new(0),
             paused: AtomicBool::new(false),
+            disk_full: AtomicBool::new(false),
             log_path: dir.path().join("zookeeper.log"),
             log_offset: AtomicU64::new(0),
             dir,
@@ -310,7 +313,7 @@ impl ZooKeeperMember {
     }
 
     /// The running process's id, or [`Error::NotRunning`].
-    fn running_pid(&self) -> Result<u32, Error> {
+    pub(super) fn running_pid(&self) -> Result<u32, Error> {
         match self.process().as_ref() {
             Some(process) if process.is_alive() => Ok(process.pid()),
             _ => Err(Error::NotRunning {
@@ -350,21 +353,38 @@ impl ZooKeeperMember {
             .open(&self.log_path)
             .map_err(process::io_err(&self.log_path))?;
         let log_err = log.try_clone().map_err(process::io_err(&self.log_path))?;
-        let child = Command::new(&self.java)
+        // The output goes through pipes, copied to the log by this
+        // process: a JVM whose file sizes are limited (`fill_disk`) can
+        // still log.
+        let mut child = Command::new(&self.java)
             .args(&self.args)
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|source| Error::Spawn {
                 program: self.java.clone(),
                 source,
             })?;
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        // Killed on drop if a copier cannot start (the JVM would block
+        // once a pipe filled).
         let child = ChildProcess::new(child);
+        let copied = |source| Error::Spawn {
+            program: self.java.clone(),
+            source,
+        };
+        if let Some(stdout) = stdout {
+            copy_to(stdout, log).map_err(copied)?;
+        }
+        if let Some(stderr) = stderr {
+            copy_to(stderr, log_err).map_err(copied)?;
+        }
         self.pid.store(child.pid(), Ordering::SeqCst);
         *process = Some(child);
         self.paused.store(false, Ordering::SeqCst);
+        self.disk_full.store(false, Ordering::SeqCst);
         Ok(())
     }
 
@@ -542,6 +562,15 @@ impl ZooKeeperMember {
         self.word_within("ruok", PROBE_TIMEOUT)
             .is_ok_and(|answer| answer == "imok")
     }
+}
+
+/// Copies `from` to `to` on a thread of its own until `from` ends (the
+/// JVM exits).
+fn copy_to(mut from: impl Read + Send + 'static, mut to: fs::File) -> std::io::Result<()> {
+    thread::Builder::new()
+        .name("zookeeper-log".to_owned())
+        .spawn(move || std::io::copy(&mut from, &mut to))
+        .map(drop)
 }
 
 /// How many ticks of `tick_ms` cover `limit`, at least `floor`.

@@ -57,6 +57,7 @@
 //! memory each once started); the admin server (Jetty) is off, and the
 //! four-letter words `srvr`, `ruok`, `mntr` and `stat` are allowed.
 
+mod disk;
 mod member;
 mod network;
 
