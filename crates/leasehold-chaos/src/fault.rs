@@ -254,6 +254,19 @@ pub enum Fault {
     /// the sessions and their nodes are on disk, and the new leader gives
     /// every session a fresh timeout).
     ZookeeperRestart,
+    /// ZooKeeper: the ensemble rebuilt empty, as after losing every
+    /// server's disk: every server killed and its data wiped (its id
+    /// kept) at the window's start, all started again at its end (the
+    /// test kit's `ZooKeeperEnsemble::rebuild`, split in two). The new
+    /// ensemble's zxids start again from epoch 1, below the fences the
+    /// guard stored, and the lab does not give the workers the next
+    /// generation (`ZkLockerBuilder::generation`, the operator's way
+    /// back): the fault shows the refusals, every guarded write after the
+    /// rebuild refused as stale for as long as the new czxids stay below
+    /// the old fence (the rest of a short run), and sessions and clients
+    /// that saw the old ensemble refused by the new one until they
+    /// connect afresh.
+    ZookeeperRebuild,
     /// ZooKeeper: the lock's node deleted by hand, as an operator's
     /// `delete` or a cleanup script would: in every lock directory under
     /// the modes' root (`/leasehold`), the lowest contender (the holder's
@@ -266,7 +279,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 45] = [
+    pub const ALL: [Fault; 46] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -310,6 +323,7 @@ impl Fault {
         Fault::ZookeeperMajorityCut,
         Fault::ZookeeperDiskFull,
         Fault::ZookeeperRestart,
+        Fault::ZookeeperRebuild,
         Fault::ZookeeperNodeDelete,
         Fault::Mixed,
     ];
@@ -384,6 +398,7 @@ impl Fault {
             Fault::ZookeeperMajorityCut => "zookeeper-majority-cut",
             Fault::ZookeeperDiskFull => "zookeeper-disk-full",
             Fault::ZookeeperRestart => "zookeeper-restart",
+            Fault::ZookeeperRebuild => "zookeeper-rebuild",
             Fault::ZookeeperNodeDelete => "zookeeper-node-delete",
             Fault::Mixed => "mixed",
         }
@@ -512,6 +527,7 @@ impl Fault {
                 | Fault::ZookeeperMajorityCut
                 | Fault::ZookeeperDiskFull
                 | Fault::ZookeeperRestart
+                | Fault::ZookeeperRebuild
                 | Fault::ZookeeperNodeDelete
         )
     }
@@ -559,6 +575,7 @@ impl Fault {
                 | Fault::ZookeeperMajorityCut
                 | Fault::ZookeeperDiskFull
                 | Fault::ZookeeperRestart
+                | Fault::ZookeeperRebuild
                 | Fault::Mixed
         )
     }

@@ -276,3 +276,42 @@ fn a_cut_off_leader_is_replaced_and_a_cut_off_majority_stops_everyone() -> TestR
     );
     Ok(())
 }
+
+/// The epoch (the high 32 bits of the zxid) member `index` reports.
+fn epoch(ensemble: &ZooKeeperEnsemble, index: usize) -> Result<u64, Box<dyn Error>> {
+    let srvr = ensemble.member(index).four_letter_word("srvr")?;
+    let zxid = srvr
+        .lines()
+        .find_map(|line| line.strip_prefix("Zxid: 0x"))
+        .ok_or_else(|| format!("no zxid in {srvr}"))?;
+    Ok(u64::from_str_radix(zxid.trim(), 16)? >> 32)
+}
+
+#[test]
+fn a_rebuilt_ensemble_starts_again_from_the_first_epoch() -> TestResult {
+    let _one = one_at_a_time();
+    let ensemble = ZooKeeperEnsemble::start(3)?;
+    let leader = ensemble.wait_for_leader(WAIT)?;
+    // An election raises the epoch; a restart keeps it, on the data.
+    ensemble.member(leader).stop()?;
+    let next = eventually("a new leader", || {
+        ensemble.leader().filter(|&next| next != leader)
+    })?;
+    ensemble.member(leader).start()?;
+    settled(&ensemble, next)?;
+    let before = epoch(&ensemble, next)?;
+    assert!(before >= 2, "epoch {before}");
+    assert!(matches!(
+        ensemble.member(next).wipe(),
+        Err(TestkitError::Unsupported { .. })
+    ));
+    ensemble.restart()?;
+    let kept = ensemble.wait_for_leader(WAIT)?;
+    assert!(epoch(&ensemble, kept)? > before, "restarted on its data");
+
+    ensemble.rebuild()?;
+    let rebuilt = ensemble.wait_for_leader(WAIT)?;
+    settled(&ensemble, rebuilt)?;
+    assert_eq!(epoch(&ensemble, rebuilt)?, 1, "rebuilt empty");
+    Ok(())
+}

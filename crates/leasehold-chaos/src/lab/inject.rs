@@ -43,6 +43,7 @@ impl Lab {
             | Fault::ZookeeperMajorityCut
             | Fault::ZookeeperDiskFull
             | Fault::ZookeeperRestart
+            | Fault::ZookeeperRebuild
             | Fault::ZookeeperNodeDelete => {
                 zookeeper_lab(&mut servers.primary, fault)?.begin(fault)?
             }
@@ -414,6 +415,7 @@ impl Lab {
             | Fault::ZookeeperMajorityCut
             | Fault::ZookeeperDiskFull
             | Fault::ZookeeperRestart
+            | Fault::ZookeeperRebuild
             | Fault::ZookeeperNodeDelete => {
                 zookeeper_lab(&mut servers.primary, fault)?.end(fault)?
             }

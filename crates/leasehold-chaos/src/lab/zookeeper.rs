@@ -7,8 +7,9 @@
 //! member), so that a member cut off is cut off from them too. The
 //! faults hit what a lock on ZooKeeper must ride out: the leader killed,
 //! a follower paused, the leader (a minority) or two members (a
-//! majority) cut off from everyone, the whole ensemble restarted, and an
-//! operator deleting the lock's node by hand.
+//! majority) cut off from everyone, a full disk on the leader, the whole
+//! ensemble restarted or rebuilt empty, and an operator deleting the
+//! lock's node by hand.
 
 use std::time::Duration;
 
@@ -161,14 +162,22 @@ impl ZkLab {
                 self.hit = vec![leader];
                 format!("zookeeper s{leader} (the leader, its disk full)")
             }
-            Fault::ZookeeperRestart => {
+            Fault::ZookeeperRestart | Fault::ZookeeperRebuild => {
                 for member in self.ensemble.members() {
                     member
                         .stop()
                         .map_err(server("killing a zookeeper server"))?;
                 }
                 self.hit = (0..size).collect();
-                "zookeeper (every server, killed)".to_owned()
+                if fault == Fault::ZookeeperRestart {
+                    return Ok("zookeeper (every server, killed)".to_owned());
+                }
+                for member in self.ensemble.members() {
+                    member
+                        .wipe()
+                        .map_err(server("wiping a zookeeper server's data"))?;
+                }
+                "zookeeper (every server, killed and its data wiped)".to_owned()
             }
             Fault::ZookeeperNodeDelete => {
                 self.delete_holders()?;
@@ -213,7 +222,7 @@ impl ZkLab {
                     .wait_healthy(HEAL_WAIT)
                     .map_err(server("waiting for the zookeeper servers"))?;
             }
-            Fault::ZookeeperRestart => self
+            Fault::ZookeeperRestart | Fault::ZookeeperRebuild => self
                 .ensemble
                 .restart()
                 .map_err(server("starting the zookeeper ensemble again"))?,

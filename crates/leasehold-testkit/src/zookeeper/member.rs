@@ -448,6 +448,30 @@ impl ZooKeeperMember {
         Ok(())
     }
 
+    /// Removes a stopped member's data, its transaction logs and
+    /// snapshots (`data/version-2`), as a server rebuilt on an empty disk:
+    /// started again, it knows no session, node or zxid, and its id
+    /// (`myid`) stays. [`ZooKeeperEnsemble::rebuild`](super::ZooKeeperEnsemble::rebuild)
+    /// does it to every member.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] if it runs, [`Error::Io`] if the directory
+    /// cannot be removed.
+    pub fn wipe(&self) -> Result<(), Error> {
+        if self.is_running() {
+            return Err(Error::Unsupported {
+                what: "wiping the data of a zookeeper member that runs (stop it first)",
+            });
+        }
+        let data = self.dir.path().join("data/version-2");
+        match fs::remove_dir_all(&data) {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(err) => Err(process::io_err(&data)(err)),
+        }
+    }
+
     /// Starts a stopped member again, with its data directory and its
     /// ports, and waits (up to 30 s) until it serves: a member of an
     /// ensemble serves only once it has joined a leader, so this needs a

@@ -430,8 +430,35 @@ impl ZooKeeperEnsemble {
     ///
     /// As for [`start`](Self::start).
     pub fn restart(&self) -> Result<(), Error> {
+        self.start_again(false)
+    }
+
+    /// Rebuilds the ensemble empty, as an operator who lost every
+    /// server's disk (or restores none) would: kills every member,
+    /// [wipes](ZooKeeperMember::wipe) its data (its id stays), starts them
+    /// all again on their ports, and waits until every one serves and one
+    /// leads (30 s at most). The new ensemble's zxids start again from
+    /// epoch 1, below the old ones: what `ZkLockerBuilder::generation` is
+    /// for. Clients that saw the old ensemble are refused by the new one
+    /// ("has seen zxid ... our last zxid is ...") until they open a
+    /// session afresh.
+    ///
+    /// # Errors
+    ///
+    /// As for [`start`](Self::start), and [`Error::Io`] if a data
+    /// directory cannot be emptied.
+    pub fn rebuild(&self) -> Result<(), Error> {
+        self.start_again(true)
+    }
+
+    /// Kills every member, wipes their data if `wipe`, and starts them
+    /// all again.
+    fn start_again(&self, wipe: bool) -> Result<(), Error> {
         for member in &self.members {
             member.stop()?;
+        }
+        for member in self.members.iter().filter(|_| wipe) {
+            member.wipe()?;
         }
         for member in &self.members {
             member.spawn()?;
