@@ -214,11 +214,59 @@ pub enum Fault {
     /// their client gives up on it and moves to another member (within
     /// the session timeout, or the session expires and its nodes go).
     ZookeeperMemberPause,
+    /// ZooKeeper: the leader cut off through the window (a minority of
+    /// one), from its peers both ways and from the callers, and healed at
+    /// its end: every connection to and from it is closed and every new
+    /// one closed as soon as it is accepted, as behind a firewall that
+    /// answers with resets (the test kit's
+    /// `ZooKeeperEnsemble::cut_off`, a proxy on every path). Its
+    /// followers lose it at once and elect one of themselves; it hears
+    /// from no quorum and stops serving; the callers it served move to
+    /// the other two, their sessions kept by the new leader.
+    ZookeeperMinorityCut,
+    /// ZooKeeper: two of the three members (the leader and a follower)
+    /// cut off through the window, from everyone and from each other, as
+    /// [`Fault::ZookeeperMinorityCut`] cuts one: no quorum anywhere, so
+    /// no member serves, nothing commits and no session is kept alive; a
+    /// caller's client gives its session up once it has reached no
+    /// member for its timeout. Healed at its end: the members elect a
+    /// leader, which gives every session still on disk a fresh timeout.
+    ZookeeperMajorityCut,
+    /// ZooKeeper: a full disk on the leader through the window, lifted at
+    /// its end. How (the test kit's `ZooKeeperMember::fill_disk`, without
+    /// privileges): the leader's JVM gets a file size limit
+    /// (`RLIMIT_FSIZE`, set with `prlimit --pid`) at the end of its
+    /// transaction log, so its next logged transaction fails with `EFBIG`
+    /// ("File too large"; HotSpot ignores `SIGXFSZ`). Unlike `ENOSPC` the
+    /// limit is per process and file offset, not per directory: it fails
+    /// a write into the log's preallocated zeros too, which a full disk
+    /// would let through (a full disk bites when the log grows past its
+    /// preallocation, rolls over or a snapshot is taken: later, then the
+    /// same way). ZooKeeper 3.8 stops the member on the error ("Severe
+    /// unrecoverable error", its JVM exiting), and may elect it again
+    /// first (it has the newest transactions), so the whole ensemble may
+    /// stop serving for a while. At the window's end the limit is lifted
+    /// and the member, if it does not serve again within 5 s, restarted
+    /// on its data.
+    ZookeeperDiskFull,
     /// ZooKeeper: every server killed at the window's start and all
     /// started again on their data at its end (a whole-ensemble restart:
     /// the sessions and their nodes are on disk, and the new leader gives
     /// every session a fresh timeout).
     ZookeeperRestart,
+    /// ZooKeeper: the ensemble rebuilt empty, as after losing every
+    /// server's disk: every server killed and its data wiped (its id
+    /// kept) at the window's start, all started again at its end (the
+    /// test kit's `ZooKeeperEnsemble::rebuild`, split in two). The new
+    /// ensemble's zxids start again from epoch 1, below the fences the
+    /// guard stored, and the lab does not give the workers the next
+    /// generation (`ZkLockerBuilder::generation`, the operator's way
+    /// back): the fault shows the refusals, every guarded write after the
+    /// rebuild refused as stale for as long as the new czxids stay below
+    /// the old fence (the rest of a short run), and sessions and clients
+    /// that saw the old ensemble refused by the new one until they
+    /// connect afresh.
+    ZookeeperRebuild,
     /// ZooKeeper: the lock's node deleted by hand, as an operator's
     /// `delete` or a cleanup script would: in every lock directory under
     /// the modes' root (`/leasehold`), the lowest contender (the holder's
@@ -231,7 +279,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 42] = [
+    pub const ALL: [Fault; 46] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -271,7 +319,11 @@ impl Fault {
         Fault::EtcdNoSpace,
         Fault::ZookeeperLeaderKill,
         Fault::ZookeeperMemberPause,
+        Fault::ZookeeperMinorityCut,
+        Fault::ZookeeperMajorityCut,
+        Fault::ZookeeperDiskFull,
         Fault::ZookeeperRestart,
+        Fault::ZookeeperRebuild,
         Fault::ZookeeperNodeDelete,
         Fault::Mixed,
     ];
@@ -342,7 +394,11 @@ impl Fault {
             Fault::EtcdNoSpace => "etcd-no-space",
             Fault::ZookeeperLeaderKill => "zookeeper-leader-kill",
             Fault::ZookeeperMemberPause => "zookeeper-member-pause",
+            Fault::ZookeeperMinorityCut => "zookeeper-minority-cut",
+            Fault::ZookeeperMajorityCut => "zookeeper-majority-cut",
+            Fault::ZookeeperDiskFull => "zookeeper-disk-full",
             Fault::ZookeeperRestart => "zookeeper-restart",
+            Fault::ZookeeperRebuild => "zookeeper-rebuild",
             Fault::ZookeeperNodeDelete => "zookeeper-node-delete",
             Fault::Mixed => "mixed",
         }
@@ -467,7 +523,11 @@ impl Fault {
             self,
             Fault::ZookeeperLeaderKill
                 | Fault::ZookeeperMemberPause
+                | Fault::ZookeeperMinorityCut
+                | Fault::ZookeeperMajorityCut
+                | Fault::ZookeeperDiskFull
                 | Fault::ZookeeperRestart
+                | Fault::ZookeeperRebuild
                 | Fault::ZookeeperNodeDelete
         )
     }
@@ -511,7 +571,11 @@ impl Fault {
                 | Fault::EtcdRestart
                 | Fault::ZookeeperLeaderKill
                 | Fault::ZookeeperMemberPause
+                | Fault::ZookeeperMinorityCut
+                | Fault::ZookeeperMajorityCut
+                | Fault::ZookeeperDiskFull
                 | Fault::ZookeeperRestart
+                | Fault::ZookeeperRebuild
                 | Fault::Mixed
         )
     }

@@ -1197,7 +1197,8 @@ pub(crate) struct MatrixArgs {
     /// sentinel-kill, etcd-leader-kill, etcd-member-pause,
     /// etcd-minority-cut, etcd-majority-cut, etcd-restart, etcd-revoke,
     /// etcd-no-space, zookeeper-leader-kill, zookeeper-member-pause,
-    /// zookeeper-restart, zookeeper-node-delete, mixed.
+    /// zookeeper-minority-cut, zookeeper-majority-cut, zookeeper-disk-full,
+    /// zookeeper-restart, zookeeper-rebuild, zookeeper-node-delete, mixed.
     /// Each runs on the topology it needs: a single redis-server behind a
     /// fault proxy (for acl-reset the workers connect as the README's
     /// minimal lock user); with a replica for failover; a cluster of 3

@@ -4,8 +4,9 @@
 //! zookeeper-client crate's own lock in Curator's layout), on a throwaway
 //! 3-server ensemble, under a holder
 //! paused past its session and the lock's node deleted by hand; and the
-//! guarded way alone under the leader killed, a follower paused and the
-//! whole ensemble restarted. Short runs: a TTL (and session) of 500 ms,
+//! guarded way alone under the leader killed, a follower paused, the
+//! leader (a minority) or two members (a majority) cut off and the whole
+//! ensemble restarted. Short runs: a TTL (and session) of 500 ms,
 //! so a window lasts 1.5 s and a run 5 s.
 
 use serde_json::Value;
@@ -73,7 +74,8 @@ fn the_zookeeper_way_holds_and_the_blind_control_is_caught() -> TestResult {
 }
 
 /// Under the ensemble's own outages (the leader killed, a follower
-/// paused, every server restarted) the guarded way loses nothing and
+/// paused, the leader or two members cut off, every server restarted)
+/// the guarded way loses nothing and
 /// makes no double holder it cannot absorb. Only safety is asserted: the
 /// errors judgement of these rows can fail (a release whose first try's
 /// answer was lost on the paused follower, retried only while the 500 ms
@@ -87,7 +89,7 @@ fn the_zookeeper_way_loses_nothing_under_the_ensembles_outages() -> TestResult {
         "--modes",
         "zookeeper",
         "--faults",
-        "zookeeper-leader-kill,zookeeper-member-pause,zookeeper-restart",
+        "zookeeper-leader-kill,zookeeper-member-pause,zookeeper-minority-cut,zookeeper-majority-cut,zookeeper-restart",
         "--ttl",
         "500ms",
         "--wait",
@@ -112,6 +114,8 @@ fn the_zookeeper_way_loses_nothing_under_the_ensembles_outages() -> TestResult {
     for fault in [
         "zookeeper-leader-kill",
         "zookeeper-member-pause",
+        "zookeeper-minority-cut",
+        "zookeeper-majority-cut",
         "zookeeper-restart",
     ] {
         let safe = row(&rows, "zookeeper", fault)?;

@@ -320,6 +320,18 @@ pub enum Error {
         what: &'static str,
     },
 
+    /// `prlimit` could not set a process's file size limit (a ZooKeeper
+    /// member's [full disk](crate::ZooKeeperMember::fill_disk)).
+    #[error("prlimit on process {pid} failed ({status}): {output}")]
+    Prlimit {
+        /// The process.
+        pid: u32,
+        /// How `prlimit` exited.
+        status: ExitStatus,
+        /// Its standard error.
+        output: String,
+    },
+
     /// A [`FaultProxy`](crate::FaultProxy) could not start its thread.
     #[error("failed to start a fault proxy thread")]
     ProxyThread(#[source] io::Error),

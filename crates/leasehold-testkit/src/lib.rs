@@ -50,7 +50,9 @@
 //! ports with a small tick ([`ZOOKEEPER_TICK_TIME`], 200 ms, so sessions
 //! of 0.4 to 4 s; [`ZooKeeperEnsemble::start_with`] chooses another), and
 //! waits until it has a leader. Members can be stopped, restarted on
-//! their data, or paused (not yet cut off from their peers).
+//! their data, paused, or cut off from their peers and from clients that
+//! come through the kit's proxies (each JVM resolves its peers' names in
+//! a hosts file of its own, to a proxy per pair of members).
 //!
 //! When a test panics while a server handle is alive, the server's log is
 //! printed to stderr as the handle is dropped.

@@ -169,7 +169,19 @@ impl FaultProxy {
     /// needs privileges), [`Error::ProxyThread`] if the thread cannot be
     /// started.
     pub fn start_on(upstream: SocketAddr, port: u16) -> Result<FaultProxy, Error> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).map_err(Error::FreePort)?;
+        Self::start_at(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), upstream)
+    }
+
+    /// Like [`start`](Self::start), listening on `listen` (port 0: a free
+    /// one). On Linux every `127.x.y.z` address is the loopback interface,
+    /// so a proxy may listen on `127.0.1.2` on the very port a server
+    /// holds on `127.0.0.1`: the ZooKeeper kit's cut-off rests on that.
+    ///
+    /// # Errors
+    ///
+    /// As for [`start_on`](Self::start_on).
+    pub fn start_at(listen: SocketAddr, upstream: SocketAddr) -> Result<FaultProxy, Error> {
+        let listener = TcpListener::bind(listen).map_err(Error::FreePort)?;
         let addr = listener.local_addr().map_err(Error::FreePort)?;
         let shared = Arc::new(Shared::default());
         let acceptor = {

@@ -209,3 +209,15 @@ fn postgres_behind_the_proxy_is_partitioned_by_the_blackhole() -> TestResult {
     assert_eq!(ssl_request(&mut connect(proxy.addr())?, ANSWER)?, b'N');
     Ok(())
 }
+
+#[test]
+fn a_proxy_may_listen_on_another_loopback_address_on_the_servers_port() -> TestResult {
+    let server = RedisServer::start()?;
+    let listen = SocketAddr::from(([127, 0, 9, 8], server.addr().port()));
+    let proxy = FaultProxy::start_at(listen, server.addr())?;
+    assert_eq!(proxy.addr(), listen);
+    let mut through = connect(proxy.addr())?;
+    assert_eq!(ping(&mut through, ANSWER)?, "+PONG\r\n");
+    assert_eq!(proxy.connections(), 1);
+    Ok(())
+}

@@ -1,7 +1,10 @@
 //! Tests against a real ZooKeeper ensemble (three JVMs): elections after a
-//! stopped or paused leader, a paused follower, members coming back.
+//! stopped, paused or cut-off leader, a paused follower, a majority cut
+//! off, members coming back.
 
 use std::error::Error;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -48,7 +51,7 @@ fn modes(ensemble: &ZooKeeperEnsemble) -> Vec<Option<ZooKeeperMode>> {
 }
 
 /// Waits until member `leader` leads and every other running, unpaused
-/// member follows.
+/// member that is not cut off follows.
 fn settled(ensemble: &ZooKeeperEnsemble, leader: usize) -> Result<(), Box<dyn Error>> {
     eventually(
         &format!("member {leader} leading, the others following"),
@@ -57,6 +60,7 @@ fn settled(ensemble: &ZooKeeperEnsemble, leader: usize) -> Result<(), Box<dyn Er
                 .members()
                 .iter()
                 .filter(|member| member.is_running() && !member.is_paused())
+                .filter(|member| !ensemble.is_cut_off(member.index()))
                 .all(|member| {
                     let want = if member.index() == leader {
                         ZooKeeperMode::Leader
@@ -212,5 +216,129 @@ fn a_paused_follower_leaves_a_leader_and_a_paused_leader_is_replaced() -> TestRe
     // Thawed, it finds its followers gone and follows the new leader.
     ensemble.member(leader).resume()?;
     settled(&ensemble, next)?;
+    Ok(())
+}
+
+/// What a client that comes through the kit's proxy to member `index`
+/// gets for `srvr`: empty once the proxy closes its connections.
+fn srvr_through_proxy(ensemble: &ZooKeeperEnsemble, index: usize) -> String {
+    let ask = || -> std::io::Result<String> {
+        let mut stream = TcpStream::connect_timeout(
+            &ensemble.proxied_client_addr(index),
+            Duration::from_secs(5),
+        )?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        stream.write_all(b"srvr")?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer)?;
+        Ok(answer)
+    };
+    ask().unwrap_or_default()
+}
+
+#[test]
+fn a_cut_off_leader_is_replaced_and_a_cut_off_majority_stops_everyone() -> TestResult {
+    let _one = one_at_a_time();
+    let ensemble = ZooKeeperEnsemble::start(3)?;
+    let leader = ensemble.wait_for_leader(WAIT)?;
+    settled(&ensemble, leader)?;
+    for index in 0..ensemble.len() {
+        assert!(!ensemble.is_cut_off(index));
+        assert!(srvr_through_proxy(&ensemble, index).contains("Mode: "));
+    }
+    let proxied = ensemble.proxied_connect_string();
+    assert_eq!(proxied.split(',').count(), 3, "{proxied}");
+    assert_ne!(proxied, ensemble.connect_string());
+
+    // The leader, cut off, hears from no quorum and steps down; the other
+    // two elect one of themselves. The election port is proxied too,
+    // call-backs included, or a leader with the highest id would be
+    // voted for again and again without being reachable.
+    ensemble.cut_off(leader);
+    assert!(ensemble.is_cut_off(leader));
+    let next = eventually("a new leader among the other two", || {
+        ensemble.leader().filter(|&next| next != leader)
+    })?;
+    settled(&ensemble, next)?;
+    eventually("the cut-off leader no longer serving", || {
+        ensemble.member(leader).mode().is_none().then_some(())
+    })?;
+    assert!(
+        ensemble.member(leader).is_ok(),
+        "it runs on, out of reach of its peers"
+    );
+    assert_eq!(
+        srvr_through_proxy(&ensemble, leader),
+        "",
+        "clients through the proxy are cut off too"
+    );
+    ensemble.heal(leader);
+    assert!(!ensemble.is_cut_off(leader));
+    settled(&ensemble, next)?;
+    assert_eq!(
+        ensemble.member(leader).mode(),
+        Some(ZooKeeperMode::Follower),
+        "{:?}",
+        modes(&ensemble)
+    );
+
+    // Two of three cut off, from the third and from each other: no quorum
+    // anywhere, so nobody serves; healed, they elect a leader again.
+    let others: Vec<usize> = (0..ensemble.len()).filter(|&i| i != leader).collect();
+    for &index in &others {
+        ensemble.cut_off(index);
+    }
+    eventually("no member serving", || {
+        modes(&ensemble).iter().all(Option::is_none).then_some(())
+    })?;
+    for &index in &others {
+        ensemble.heal(index);
+    }
+    let last = ensemble.wait_for_leader(WAIT)?;
+    settled(&ensemble, last)?;
+    assert!(
+        modes(&ensemble).iter().all(Option::is_some),
+        "{:?}",
+        modes(&ensemble)
+    );
+    Ok(())
+}
+
+/// The epoch (the high 32 bits of the zxid) member `index` reports.
+fn epoch(ensemble: &ZooKeeperEnsemble, index: usize) -> Result<u64, Box<dyn Error>> {
+    let srvr = ensemble.member(index).four_letter_word("srvr")?;
+    let zxid = srvr
+        .lines()
+        .find_map(|line| line.strip_prefix("Zxid: 0x"))
+        .ok_or_else(|| format!("no zxid in {srvr}"))?;
+    Ok(u64::from_str_radix(zxid.trim(), 16)? >> 32)
+}
+
+#[test]
+fn a_rebuilt_ensemble_starts_again_from_the_first_epoch() -> TestResult {
+    let _one = one_at_a_time();
+    let ensemble = ZooKeeperEnsemble::start(3)?;
+    let leader = ensemble.wait_for_leader(WAIT)?;
+    // An election raises the epoch; a restart keeps it, on the data.
+    ensemble.member(leader).stop()?;
+    let next = eventually("a new leader", || {
+        ensemble.leader().filter(|&next| next != leader)
+    })?;
+    ensemble.member(leader).start()?;
+    settled(&ensemble, next)?;
+    let before = epoch(&ensemble, next)?;
+    assert!(before >= 2, "epoch {before}");
+    assert!(matches!(
+        ensemble.member(next).wipe(),
+        Err(TestkitError::Unsupported { .. })
+    ));
+    ensemble.restart()?;
+    let kept = ensemble.wait_for_leader(WAIT)?;
+    assert!(epoch(&ensemble, kept)? > before, "restarted on its data");
+
+    ensemble.rebuild()?;
+    let rebuilt = ensemble.wait_for_leader(WAIT)?;
+    settled(&ensemble, rebuilt)?;
+    assert_eq!(epoch(&ensemble, rebuilt)?, 1, "rebuilt empty");
     Ok(())
 }

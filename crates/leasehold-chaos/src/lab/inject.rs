@@ -39,7 +39,11 @@ impl Lab {
             | Fault::EtcdNoSpace => etcd_lab(&mut servers.primary, fault)?.begin(fault)?,
             Fault::ZookeeperLeaderKill
             | Fault::ZookeeperMemberPause
+            | Fault::ZookeeperMinorityCut
+            | Fault::ZookeeperMajorityCut
+            | Fault::ZookeeperDiskFull
             | Fault::ZookeeperRestart
+            | Fault::ZookeeperRebuild
             | Fault::ZookeeperNodeDelete => {
                 zookeeper_lab(&mut servers.primary, fault)?.begin(fault)?
             }
@@ -407,7 +411,11 @@ impl Lab {
             | Fault::EtcdNoSpace => etcd_lab(&mut servers.primary, fault)?.end(fault)?,
             Fault::ZookeeperLeaderKill
             | Fault::ZookeeperMemberPause
+            | Fault::ZookeeperMinorityCut
+            | Fault::ZookeeperMajorityCut
+            | Fault::ZookeeperDiskFull
             | Fault::ZookeeperRestart
+            | Fault::ZookeeperRebuild
             | Fault::ZookeeperNodeDelete => {
                 zookeeper_lab(&mut servers.primary, fault)?.end(fault)?
             }

@@ -2,13 +2,14 @@
 //! kit's [`ZooKeeperEnsemble`]), and how each ZooKeeper fault starts,
 //! repeats and ends on it.
 //!
-//! The callers dial every member ([`Lab::node_urls`], each worker's list
-//! starting at another member). The faults hit what a lock on ZooKeeper
-//! must ride out: the leader killed, a follower paused, the whole
-//! ensemble restarted, and an operator deleting the lock's node by hand.
-//! A member cannot be cut off from its peers here (the test kit cannot:
-//! a higher-id server calls a lower one back past any proxy), so the
-//! ZooKeeper faults have no cut-off.
+//! The callers dial every member through the test kit's proxy in front
+//! of it ([`Lab::node_urls`], each worker's list starting at another
+//! member), so that a member cut off is cut off from them too. The
+//! faults hit what a lock on ZooKeeper must ride out: the leader killed,
+//! a follower paused, the leader (a minority) or two members (a
+//! majority) cut off from everyone, a full disk on the leader, the whole
+//! ensemble restarted or rebuilt empty, and an operator deleting the
+//! lock's node by hand.
 
 use std::time::Duration;
 
@@ -27,6 +28,14 @@ const LEADER_WAIT: Duration = Duration::from_secs(10);
 /// How long one round of [`Fault::ZookeeperNodeDelete`] (a session, a
 /// listing of the lock directories, one delete per lock) may take.
 const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long the members healed at a cut's end may take to serve again
+/// (an election, then catching up).
+const HEAL_WAIT: Duration = Duration::from_secs(30);
+
+/// How long a member whose disk was freed may take to serve again by
+/// itself before the lab restarts it.
+const DISK_RECOVERY: Duration = Duration::from_secs(5);
 
 /// The session timeout the lab's own client asks for (the servers grant
 /// at most 20 ticks).
@@ -107,12 +116,11 @@ pub(super) const NEEDS_ZOOKEEPER: &str =
     "a throwaway zookeeper ensemble (LabOptions::zookeeper, the zookeeper modes)";
 
 impl ZkLab {
-    /// The members' client addresses, in index order.
+    /// The addresses of the proxies in front of the members' client
+    /// ports, in index order.
     pub(super) fn addresses(&self) -> Vec<String> {
-        self.ensemble
-            .members()
-            .iter()
-            .map(|member| member.client_addr().to_string())
+        (0..self.ensemble.len())
+            .map(|index| self.ensemble.proxied_client_addr(index).to_string())
             .collect()
     }
 
@@ -137,14 +145,39 @@ impl ZkLab {
                 self.hit = vec![follower];
                 format!("zookeeper s{follower} (a follower, paused)")
             }
-            Fault::ZookeeperRestart => {
+            Fault::ZookeeperMinorityCut => {
+                let leader = self.cut_off(&[0], fault)?;
+                format!("zookeeper s{leader} (the leader, cut off)")
+            }
+            Fault::ZookeeperMajorityCut => {
+                let leader = self.cut_off(&[0, 1], fault)?;
+                let follower = (leader + 1) % size;
+                format!("zookeeper s{leader} (the leader) and s{follower}, cut off")
+            }
+            Fault::ZookeeperDiskFull => {
+                let leader = self.leader()?;
+                self.member(leader, fault)?
+                    .fill_disk()
+                    .map_err(server("filling the zookeeper leader's disk"))?;
+                self.hit = vec![leader];
+                format!("zookeeper s{leader} (the leader, its disk full)")
+            }
+            Fault::ZookeeperRestart | Fault::ZookeeperRebuild => {
                 for member in self.ensemble.members() {
                     member
                         .stop()
                         .map_err(server("killing a zookeeper server"))?;
                 }
                 self.hit = (0..size).collect();
-                "zookeeper (every server, killed)".to_owned()
+                if fault == Fault::ZookeeperRestart {
+                    return Ok("zookeeper (every server, killed)".to_owned());
+                }
+                for member in self.ensemble.members() {
+                    member
+                        .wipe()
+                        .map_err(server("wiping a zookeeper server's data"))?;
+                }
+                "zookeeper (every server, killed and its data wiped)".to_owned()
             }
             Fault::ZookeeperNodeDelete => {
                 self.delete_holders()?;
@@ -173,7 +206,23 @@ impl ZkLab {
                         .map_err(server("resuming a zookeeper server"))?;
                 }
             }
-            Fault::ZookeeperRestart => self
+            Fault::ZookeeperMinorityCut | Fault::ZookeeperMajorityCut => {
+                for member in hit {
+                    self.ensemble.heal(member);
+                }
+                self.ensemble
+                    .wait_healthy(HEAL_WAIT)
+                    .map_err(server("waiting for the healed zookeeper servers"))?;
+            }
+            Fault::ZookeeperDiskFull => {
+                for member in hit {
+                    self.free_disk(member, fault)?;
+                }
+                self.ensemble
+                    .wait_healthy(HEAL_WAIT)
+                    .map_err(server("waiting for the zookeeper servers"))?;
+            }
+            Fault::ZookeeperRestart | Fault::ZookeeperRebuild => self
                 .ensemble
                 .restart()
                 .map_err(server("starting the zookeeper ensemble again"))?,
@@ -239,11 +288,54 @@ impl ZkLab {
         })
     }
 
-    /// Leaves every member running and resumed. Called when a run ends,
-    /// whatever happened.
+    /// Cuts off the members `offsets` away from the leader (0: the
+    /// leader), to heal at the window's end; the leader's index.
+    fn cut_off(&mut self, offsets: &[usize], fault: Fault) -> Result<usize, LabError> {
+        let leader = self.leader()?;
+        let size = self.ensemble.len();
+        self.hit = offsets
+            .iter()
+            .map(|offset| (leader + offset) % size)
+            .collect();
+        for &member in &self.hit {
+            self.member(member, fault)?;
+            self.ensemble.cut_off(member);
+        }
+        Ok(leader)
+    }
+
+    /// Lifts member `index`'s full disk, and restarts it on its data
+    /// unless it serves again within [`DISK_RECOVERY`] (ZooKeeper stops a
+    /// member whose log write failed; its JVM may be gone, or hang on
+    /// its way out).
+    fn free_disk(&self, index: usize, fault: Fault) -> Result<(), LabError> {
+        let member = self.member(index, fault)?;
+        if member.is_running() {
+            member
+                .free_disk()
+                .map_err(server("lifting the zookeeper member's file size limit"))?;
+        }
+        let deadline = std::time::Instant::now() + DISK_RECOVERY;
+        while member.is_running() && std::time::Instant::now() < deadline {
+            if member.is_serving() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        member.restart().map_err(server(
+            "restarting the zookeeper member after its full disk",
+        ))
+    }
+
+    /// Leaves every member running, resumed and healed. Called when a run
+    /// ends, whatever happened.
     pub(super) fn heal(&self) {
         let stopped = self.ensemble.members().iter().any(|m| !m.is_running());
         for member in self.ensemble.members() {
+            self.ensemble.heal(member.index());
+            if member.is_disk_full() {
+                let _ = member.free_disk();
+            }
             if member.is_paused() {
                 let _ = member.resume();
             }

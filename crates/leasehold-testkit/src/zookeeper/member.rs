@@ -166,6 +166,8 @@ pub struct ZooKeeperMember {
     /// The last process id.
     pid: AtomicU32,
     paused: AtomicBool,
+    /// Whether [`fill_disk`](Self::fill_disk) limited the running JVM.
+    pub(super) disk_full: AtomicBool,
     log_path: PathBuf,
     /// Where the current run's output starts in the (appended-to) log.
     log_offset: AtomicU64,
@@ -197,25 +199,35 @@ impl ZooKeeperMember {
             process: Mutex::new(None),
             pid: AtomicU32::new(0),
             paused: AtomicBool::new(false),
+            disk_full: AtomicBool::new(false),
             log_path: dir.path().join("zookeeper.log"),
             log_offset: AtomicU64::new(0),
             dir,
         })
     }
 
-    /// This member's `server.N` line. An ensemble of one has none.
+    /// This member's `server.N` line, by name (`zk-N`, which each member
+    /// resolves in its own hosts file: see the `network` module). An
+    /// ensemble of one has none.
     pub(super) fn server_line(&self) -> String {
         format!(
-            "server.{}={}:{}\n",
+            "server.{}={}:{}:{}\n",
             self.myid(),
-            self.quorum_addr,
+            super::network::host_name(self.index),
+            self.quorum_addr.port(),
             self.election_addr.port()
         )
     }
 
     /// Writes the member's `zoo.cfg` (with `servers`, its `server.N`
-    /// lines), `myid` and `log4j.properties`, and builds its command line.
-    pub(super) fn configure(&mut self, shared: &Shared, servers: &str) -> Result<(), Error> {
+    /// lines), `myid`, `hosts` (the names it resolves) and
+    /// `log4j.properties`, and builds its command line.
+    pub(super) fn configure(
+        &mut self,
+        shared: &Shared,
+        servers: &str,
+        hosts: &str,
+    ) -> Result<(), Error> {
         let dir = self.dir.path().to_owned();
         let write = |name: &str, text: &str| {
             let path = dir.join(name);
@@ -250,9 +262,11 @@ impl ZooKeeperMember {
         config.push_str(servers);
         let config = write("zoo.cfg", &config)?;
         let log4j = write("log4j.properties", LOG4J_PROPERTIES)?;
+        let hosts = write("hosts", hosts)?;
         self.java.clone_from(&shared.java);
         self.args = JVM_FLAGS.iter().map(|&flag| flag.to_owned()).collect();
         self.args.extend([
+            format!("-Djdk.net.hosts.file={}", hosts.display()),
             format!("-Dlog4j.configuration=file:{}", log4j.display()),
             "-cp".to_owned(),
             shared.classpath.clone(),
@@ -278,6 +292,17 @@ impl ZooKeeperMember {
         self.client_addr
     }
 
+    /// The member's quorum address (followers dial the leader's),
+    /// `127.0.0.1:PORT`.
+    pub(super) fn quorum_addr(&self) -> SocketAddr {
+        self.quorum_addr
+    }
+
+    /// The member's leader-election address, `127.0.0.1:PORT`.
+    pub(super) fn election_addr(&self) -> SocketAddr {
+        self.election_addr
+    }
+
     fn process(&self) -> MutexGuard<'_, Option<ChildProcess>> {
         self.process.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -294,7 +319,7 @@ impl ZooKeeperMember {
     }
 
     /// The running process's id, or [`Error::NotRunning`].
-    fn running_pid(&self) -> Result<u32, Error> {
+    pub(super) fn running_pid(&self) -> Result<u32, Error> {
         match self.process().as_ref() {
             Some(process) if process.is_alive() => Ok(process.pid()),
             _ => Err(Error::NotRunning {
@@ -334,21 +359,38 @@ impl ZooKeeperMember {
             .open(&self.log_path)
             .map_err(process::io_err(&self.log_path))?;
         let log_err = log.try_clone().map_err(process::io_err(&self.log_path))?;
-        let child = Command::new(&self.java)
+        // The output goes through pipes, copied to the log by this
+        // process: a JVM whose file sizes are limited (`fill_disk`) can
+        // still log.
+        let mut child = Command::new(&self.java)
             .args(&self.args)
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|source| Error::Spawn {
                 program: self.java.clone(),
                 source,
             })?;
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        // Killed on drop if a copier cannot start (the JVM would block
+        // once a pipe filled).
         let child = ChildProcess::new(child);
+        let copied = |source| Error::Spawn {
+            program: self.java.clone(),
+            source,
+        };
+        if let Some(stdout) = stdout {
+            copy_to(stdout, log).map_err(copied)?;
+        }
+        if let Some(stderr) = stderr {
+            copy_to(stderr, log_err).map_err(copied)?;
+        }
         self.pid.store(child.pid(), Ordering::SeqCst);
         *process = Some(child);
         self.paused.store(false, Ordering::SeqCst);
+        self.disk_full.store(false, Ordering::SeqCst);
         Ok(())
     }
 
@@ -410,6 +452,30 @@ impl ZooKeeperMember {
         }
         self.paused.store(false, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Removes a stopped member's data, its transaction logs and
+    /// snapshots (`data/version-2`), as a server rebuilt on an empty disk:
+    /// started again, it knows no session, node or zxid, and its id
+    /// (`myid`) stays. [`ZooKeeperEnsemble::rebuild`](super::ZooKeeperEnsemble::rebuild)
+    /// does it to every member.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] if it runs, [`Error::Io`] if the directory
+    /// cannot be removed.
+    pub fn wipe(&self) -> Result<(), Error> {
+        if self.is_running() {
+            return Err(Error::Unsupported {
+                what: "wiping the data of a zookeeper member that runs (stop it first)",
+            });
+        }
+        let data = self.dir.path().join("data/version-2");
+        match fs::remove_dir_all(&data) {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(err) => Err(process::io_err(&data)(err)),
+        }
     }
 
     /// Starts a stopped member again, with its data directory and its
@@ -526,6 +592,15 @@ impl ZooKeeperMember {
         self.word_within("ruok", PROBE_TIMEOUT)
             .is_ok_and(|answer| answer == "imok")
     }
+}
+
+/// Copies `from` to `to` on a thread of its own until `from` ends (the
+/// JVM exits).
+fn copy_to(mut from: impl Read + Send + 'static, mut to: fs::File) -> std::io::Result<()> {
+    thread::Builder::new()
+        .name("zookeeper-log".to_owned())
+        .spawn(move || std::io::copy(&mut from, &mut to))
+        .map(drop)
 }
 
 /// How many ticks of `tick_ms` cover `limit`, at least `floor`.

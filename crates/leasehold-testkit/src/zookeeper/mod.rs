@@ -1,7 +1,7 @@
 //! Throwaway ZooKeeper ensembles: [`ZooKeeperEnsemble`] starts real
 //! ZooKeeper servers (JVMs) on free loopback ports and injects the faults
 //! a lock on ZooKeeper must ride out: a member (or the leader) stopped,
-//! restarted or paused.
+//! restarted, paused or cut off.
 //!
 //! # Why a real ensemble, and why these settings
 //!
@@ -28,13 +28,21 @@
 //! [`ZooKeeperEnsemble::start_with_settings`] says `forceSync=yes`) and
 //! preallocated 1 MB at a time (not 64 MB).
 //!
-//! # No cut-off yet
+//! # Cut-off
 //!
-//! Unlike the etcd kit, members cannot be cut off from their peers: a
-//! ZooKeeper server with a higher id hangs up on a lower one that dials it
-//! and calls it back at the election address announced in its first
-//! message (its own port), so a proxy in front of each port does not see
-//! all the traffic between members. Stopping or pausing a member works.
+//! [`ZooKeeperEnsemble::cut_off`] cuts a member off from its peers and
+//! from clients that come through the kit's proxies
+//! ([`proxied_connect_string`](ZooKeeperEnsemble::proxied_connect_string)),
+//! and [`heal`](ZooKeeperEnsemble::heal) lets it back, without
+//! privileges: every path between two members goes through a
+//! [`FaultProxy`](crate::FaultProxy) of that pair. That takes a trick,
+//! because a ZooKeeper server with a higher id hangs up on a lower one
+//! that dials its election port and calls it back at the address the
+//! lower one announced in its first message: the configuration names the
+//! servers (`zk-1`, `zk-2`, ...) and each JVM resolves the names in a
+//! hosts file of its own, its own name to where it listens and the
+//! others' to one loopback address per pair of members where the pair's
+//! proxies listen (the module `network` has the details).
 //!
 //! # The JVMs
 //!
@@ -50,15 +58,19 @@
 //! memory each once started); the admin server (Jetty) is off, and the
 //! four-letter words `srvr`, `ruok`, `mntr` and `stat` are allowed.
 
+mod disk;
 mod member;
+mod network;
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use member::{PROBE_TIMEOUT, START_TIMEOUT, Shared};
 pub use member::{ZooKeeperMember, ZooKeeperMode};
+use network::Network;
 
 use crate::Error;
 use crate::process::{self, POLL_INTERVAL, PORT_ATTEMPTS};
@@ -134,6 +146,7 @@ fn classpath() -> Result<String, Error> {
 #[derive(Debug)]
 pub struct ZooKeeperEnsemble {
     members: Vec<ZooKeeperMember>,
+    network: Network,
     tick_time: Duration,
 }
 
@@ -236,11 +249,14 @@ impl ZooKeeperEnsemble {
             1 => String::new(),
             _ => prepared.iter().map(ZooKeeperMember::server_line).collect(),
         };
+        let network = Network::start(&prepared)?;
         for member in &mut prepared {
-            member.configure(shared, &servers)?;
+            let hosts = network.hosts_file(member.index(), members)?;
+            member.configure(shared, &servers, &hosts)?;
         }
         let ensemble = Self {
             members: prepared,
+            network,
             tick_time: shared.tick_time,
         };
         for member in &ensemble.members {
@@ -299,6 +315,76 @@ impl ZooKeeperEnsemble {
             .map(|member| member.client_addr().to_string())
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// The connect string through the kit's proxies,
+    /// `127.0.0.1:P1,127.0.0.1:P2,...`: each member's
+    /// [proxied client address](Self::proxied_client_addr), in index
+    /// order. A client given it loses a member [cut off](Self::cut_off)
+    /// as a client on the other side of a partition would.
+    pub fn proxied_connect_string(&self) -> String {
+        (0..self.members.len())
+            .map(|index| self.proxied_client_addr(index).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The address of the proxy in front of member `index`'s client
+    /// port: it forwards to [`client_addr`](ZooKeeperMember::client_addr)
+    /// unless the member is [cut off](Self::cut_off).
+    ///
+    /// # Panics
+    ///
+    /// If there is no member `index`.
+    pub fn proxied_client_addr(&self, index: usize) -> SocketAddr {
+        self.network.client_proxy(index).addr()
+    }
+
+    /// Cuts member `index` off from every other member (both ways, on the
+    /// quorum and election ports) and from clients that come through
+    /// [`proxied_connect_string`](Self::proxied_connect_string): every
+    /// open connection is closed and every new one closed as soon as it
+    /// is accepted, until [`heal`](Self::heal). The member itself runs
+    /// on; its four-letter words still answer (they go to its own port).
+    ///
+    /// A leader cut off loses its followers and stops serving after
+    /// `syncLimit` ([`ZOOKEEPER_SYNC_LIMIT`]) at most, when it no longer
+    /// hears from a quorum; the others elect a new leader if they are a
+    /// majority. A follower cut off loses its leader and stops serving
+    /// at once. Two members cut off cannot reach each other either, so
+    /// cutting off two of three leaves no quorum anywhere. The module
+    /// `network`'s docs say how every path between members goes through
+    /// a proxy without privileges (names each JVM resolves in a hosts
+    /// file of its own, one loopback address per pair of members).
+    ///
+    /// # Panics
+    ///
+    /// If there is no member `index`.
+    pub fn cut_off(&self, index: usize) {
+        assert!(index < self.members.len(), "no zookeeper member {index}");
+        self.network.set_cut_off(index, true);
+    }
+
+    /// Heals member `index` after [`cut_off`](Self::cut_off): its paths
+    /// open again, except those to members still cut off. It serves again
+    /// once it has rejoined a leader (an election, or catching up).
+    ///
+    /// # Panics
+    ///
+    /// If there is no member `index`.
+    pub fn heal(&self, index: usize) {
+        assert!(index < self.members.len(), "no zookeeper member {index}");
+        self.network.set_cut_off(index, false);
+    }
+
+    /// Whether member `index` is [cut off](Self::cut_off).
+    ///
+    /// # Panics
+    ///
+    /// If there is no member `index`.
+    pub fn is_cut_off(&self, index: usize) -> bool {
+        assert!(index < self.members.len(), "no zookeeper member {index}");
+        self.network.is_cut_off(index)
     }
 
     /// The index of the member that leads now, as the running, unpaused
@@ -366,8 +452,35 @@ impl ZooKeeperEnsemble {
     ///
     /// As for [`start`](Self::start).
     pub fn restart(&self) -> Result<(), Error> {
+        self.start_again(false)
+    }
+
+    /// Rebuilds the ensemble empty, as an operator who lost every
+    /// server's disk (or restores none) would: kills every member,
+    /// [wipes](ZooKeeperMember::wipe) its data (its id stays), starts them
+    /// all again on their ports, and waits until every one serves and one
+    /// leads (30 s at most). The new ensemble's zxids start again from
+    /// epoch 1, below the old ones: what `ZkLockerBuilder::generation` is
+    /// for. Clients that saw the old ensemble are refused by the new one
+    /// ("has seen zxid ... our last zxid is ...") until they open a
+    /// session afresh.
+    ///
+    /// # Errors
+    ///
+    /// As for [`start`](Self::start), and [`Error::Io`] if a data
+    /// directory cannot be emptied.
+    pub fn rebuild(&self) -> Result<(), Error> {
+        self.start_again(true)
+    }
+
+    /// Kills every member, wipes their data if `wipe`, and starts them
+    /// all again.
+    fn start_again(&self, wipe: bool) -> Result<(), Error> {
         for member in &self.members {
             member.stop()?;
+        }
+        for member in self.members.iter().filter(|_| wipe) {
+            member.wipe()?;
         }
         for member in &self.members {
             member.spawn()?;
