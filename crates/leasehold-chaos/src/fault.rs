@@ -225,13 +225,55 @@ pub enum Fault {
     /// node), every 50 ms through the window. ZooKeeper's
     /// [`Fault::KeyLoss`].
     ZookeeperNodeDelete,
+    /// PostgreSQL as the lock service (the pg modes only, as every `Pg*`
+    /// fault): every caller's backend ended by the server
+    /// (`pg_terminate_backend` of every other client backend of the
+    /// database, every 100 ms through the window), as an operator, a
+    /// connection reaper or an `idle_session_timeout` would: a statement
+    /// in flight fails, its transaction is rolled back, the connection is
+    /// gone; new ones work. Through PgBouncer, its server connections go
+    /// (it opens others).
+    PgBackendKill,
+    /// PostgreSQL as the lock service: every lease row of the run's lock
+    /// keys deleted by hand (`DELETE FROM leasehold_leases`), every 20 ms
+    /// through the window, as an operator's cleanup would: the holder
+    /// believes it holds while another takes the lock. PostgreSQL's
+    /// [`Fault::KeyLoss`].
+    PgRowDelete,
+    /// PostgreSQL as the lock service: a long migration on the lease
+    /// table, `LOCK TABLE leasehold_leases IN ACCESS EXCLUSIVE MODE` held
+    /// in a transaction of the lab's own through the window, rolled back
+    /// at its end: every take, refresh and release (and the guard's check
+    /// of the lease row) waits behind it.
+    PgTableLock,
+    /// PostgreSQL as the lock service: the database's wall clock stepped
+    /// forward by twice the window's length (6 TTLs) at the window's
+    /// start (libfaketime drives the lab's PostgreSQL, started with
+    /// `PostgresServer::start_with_fake_clock`): every lease ends early on
+    /// the database's clock, while its holder, counting on its own clock,
+    /// believes it holds it. Not undone (the clock stays ahead). On a
+    /// PostgreSQL on the machine's clock the row says unsupported.
+    PgClockStep,
+    /// PostgreSQL crashed: an immediate shutdown (`SIGQUIT`, as `pg_ctl
+    /// stop -m immediate`: nothing written out, every session cut) at the
+    /// window's start, started again through crash recovery at its end.
+    /// [`Fault::PostgresRestart`] is the fast shutdown. The pg lab sets
+    /// `synchronous_commit = on` for the whole server (`ALTER SYSTEM`)
+    /// first, so that what a commit acknowledged survives the crash (the
+    /// test kit's server runs with it off); the lease table's writes pin
+    /// it themselves. The pg modes only.
+    PgCrash,
+    /// PgBouncer (the pg-pgbouncer mode's, in transaction mode) killed at
+    /// the window's start and started again on its port at its end: every
+    /// client connection through it is cut, and none opens meanwhile.
+    PgbouncerRestart,
     /// A seeded mix of the faults above.
     Mixed,
 }
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 42] = [
+    pub const ALL: [Fault; 48] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -273,6 +315,12 @@ impl Fault {
         Fault::ZookeeperMemberPause,
         Fault::ZookeeperRestart,
         Fault::ZookeeperNodeDelete,
+        Fault::PgBackendKill,
+        Fault::PgRowDelete,
+        Fault::PgTableLock,
+        Fault::PgClockStep,
+        Fault::PgCrash,
+        Fault::PgbouncerRestart,
         Fault::Mixed,
     ];
 
@@ -344,6 +392,12 @@ impl Fault {
             Fault::ZookeeperMemberPause => "zookeeper-member-pause",
             Fault::ZookeeperRestart => "zookeeper-restart",
             Fault::ZookeeperNodeDelete => "zookeeper-node-delete",
+            Fault::PgBackendKill => "pg-backend-kill",
+            Fault::PgRowDelete => "pg-row-delete",
+            Fault::PgTableLock => "pg-table-lock",
+            Fault::PgClockStep => "pg-clock-step",
+            Fault::PgCrash => "pg-crash",
+            Fault::PgbouncerRestart => "pgbouncer-restart",
             Fault::Mixed => "mixed",
         }
     }
@@ -366,6 +420,7 @@ impl Fault {
                 | Fault::ClockJump
                 | Fault::EtcdRevoke
                 | Fault::ZookeeperNodeDelete
+                | Fault::PgRowDelete
         )
     }
 
@@ -388,6 +443,8 @@ impl Fault {
                     | Fault::PostgresPause
                     | Fault::ClockFast
                     | Fault::ZookeeperMemberPause
+                    | Fault::PgClockStep
+                    | Fault::PgTableLock
             )
     }
 
@@ -472,6 +529,28 @@ impl Fault {
         )
     }
 
+    /// True for the faults of PostgreSQL as the lock service, which run on
+    /// a pg lab ([`LabOptions::pg`](crate::LabOptions::pg): the lease
+    /// table in the lab's PostgreSQL, no Redis), for the pg modes only.
+    pub const fn needs_pg(self) -> bool {
+        matches!(
+            self,
+            Fault::PgBackendKill
+                | Fault::PgRowDelete
+                | Fault::PgTableLock
+                | Fault::PgClockStep
+                | Fault::PgCrash
+                | Fault::PgbouncerRestart
+        )
+    }
+
+    /// True for the faults of PgBouncer, which run on a pg lab with
+    /// PgBouncer in front of its PostgreSQL
+    /// ([`LabOptions::pgbouncer`](crate::LabOptions::pgbouncer)).
+    pub const fn needs_pgbouncer(self) -> bool {
+        matches!(self, Fault::PgbouncerRestart)
+    }
+
     /// True for the faults of a Redis Cluster, which run on a throwaway
     /// cluster of three masters with a replica each.
     pub const fn needs_cluster(self) -> bool {
@@ -512,6 +591,9 @@ impl Fault {
                 | Fault::ZookeeperLeaderKill
                 | Fault::ZookeeperMemberPause
                 | Fault::ZookeeperRestart
+                | Fault::PgTableLock
+                | Fault::PgCrash
+                | Fault::PgbouncerRestart
                 | Fault::Mixed
         )
     }
@@ -529,6 +611,8 @@ impl Fault {
                 | Fault::ClockJump
                 | Fault::EtcdRevoke
                 | Fault::ZookeeperNodeDelete
+                | Fault::PgBackendKill
+                | Fault::PgRowDelete
         )
     }
 }
