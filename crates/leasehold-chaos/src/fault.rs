@@ -263,6 +263,20 @@ pub enum Fault {
     /// test kit's server runs with it off); the lease table's writes pin
     /// it themselves. The pg modes only.
     PgCrash,
+    /// PostgreSQL as the lock service: `statement_timeout` hit. The
+    /// callers' role is given a tiny one (`ALTER ROLE ... SET
+    /// statement_timeout = '1ms'`, [`PG_TINY_TIMEOUT`]) and every
+    /// caller's backend ended at the window's start, so that the sessions
+    /// they open again take it (a role's setting reaches new sessions
+    /// only); at its end the setting is reset and the backends ended
+    /// again. Meanwhile a statement that runs longer than that (one on a
+    /// loaded machine, one that waits for a row) is cancelled (`57014`).
+    PgStatementTimeout,
+    /// PostgreSQL as the lock service: `lock_timeout` hit, as
+    /// [`Fault::PgStatementTimeout`] with `lock_timeout`: a statement that
+    /// waits longer than [`PG_TINY_TIMEOUT`] for a lock (a row another
+    /// transaction holds, the guard's fence row) fails (`55P03`).
+    PgLockTimeout,
     /// PgBouncer (the pg-pgbouncer mode's, in transaction mode) killed at
     /// the window's start and started again on its port at its end: every
     /// client connection through it is cut, and none opens meanwhile.
@@ -273,7 +287,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 48] = [
+    pub const ALL: [Fault; 50] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -320,6 +334,8 @@ impl Fault {
         Fault::PgTableLock,
         Fault::PgClockStep,
         Fault::PgCrash,
+        Fault::PgStatementTimeout,
+        Fault::PgLockTimeout,
         Fault::PgbouncerRestart,
         Fault::Mixed,
     ];
@@ -397,6 +413,8 @@ impl Fault {
             Fault::PgTableLock => "pg-table-lock",
             Fault::PgClockStep => "pg-clock-step",
             Fault::PgCrash => "pg-crash",
+            Fault::PgStatementTimeout => "pg-statement-timeout",
+            Fault::PgLockTimeout => "pg-lock-timeout",
             Fault::PgbouncerRestart => "pgbouncer-restart",
             Fault::Mixed => "mixed",
         }
@@ -540,6 +558,8 @@ impl Fault {
                 | Fault::PgTableLock
                 | Fault::PgClockStep
                 | Fault::PgCrash
+                | Fault::PgStatementTimeout
+                | Fault::PgLockTimeout
                 | Fault::PgbouncerRestart
         )
     }
@@ -593,6 +613,8 @@ impl Fault {
                 | Fault::ZookeeperRestart
                 | Fault::PgTableLock
                 | Fault::PgCrash
+                | Fault::PgStatementTimeout
+                | Fault::PgLockTimeout
                 | Fault::PgbouncerRestart
                 | Fault::Mixed
         )
@@ -626,6 +648,10 @@ impl fmt::Display for Fault {
 /// How far [`Fault::ClockJump`] steps the server's clock forward: far
 /// past any lease the matrix or the harness takes.
 pub const CLOCK_JUMP: Duration = Duration::from_secs(10);
+
+/// The `statement_timeout` of [`Fault::PgStatementTimeout`] and the
+/// `lock_timeout` of [`Fault::PgLockTimeout`]: 1 ms.
+pub const PG_TINY_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// How many times as fast as the holders' the server's clock runs under
 /// [`Fault::ClockFast`].

@@ -49,7 +49,7 @@ mod recorder;
 pub use access::HARNESS_ACL_RULES;
 pub use callers::{Call, Callers, Lock, Stall, Written, label, lock_key};
 pub use check::{CallerErrors, RunCheck, Violation, check};
-pub use fault::{CLOCK_JUMP, CLOCK_RATE, Fault, UnknownFault, Window, schedule};
+pub use fault::{CLOCK_JUMP, CLOCK_RATE, Fault, PG_TINY_TIMEOUT, UnknownFault, Window, schedule};
 pub use harness::{Harness, HarnessError, NegativeControl, RunReport};
 pub use history::{Event, Kind, WriteOutcome};
 pub use lab::{ACL_RULES, ACL_USER, Lab, LabError, LabOptions, Pauser, run_nemesis};

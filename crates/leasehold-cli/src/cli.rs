@@ -1155,7 +1155,7 @@ pub(crate) struct MatrixArgs {
     /// etcd-no-space, zookeeper-leader-kill, zookeeper-member-pause,
     /// zookeeper-restart, zookeeper-node-delete, pg-backend-kill,
     /// pg-row-delete, pg-table-lock, pg-clock-step, pg-crash,
-    /// pgbouncer-restart, mixed.
+    /// pg-statement-timeout, pg-lock-timeout, pgbouncer-restart, mixed.
     /// Each runs on the topology it needs: a single redis-server behind a
     /// fault proxy (for acl-reset the workers connect as the README's
     /// minimal lock user); with a replica for failover; a cluster of 3

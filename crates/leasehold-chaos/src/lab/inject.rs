@@ -49,6 +49,8 @@ impl Lab {
             | Fault::PgTableLock
             | Fault::PgClockStep
             | Fault::PgCrash
+            | Fault::PgStatementTimeout
+            | Fault::PgLockTimeout
             | Fault::PgbouncerRestart => {
                 let pg = postgres(&servers, fault)?;
                 pg_lab(&mut servers.primary, fault)?.begin(fault, &pg, keys, window.length)?
@@ -429,6 +431,8 @@ impl Lab {
             | Fault::PgTableLock
             | Fault::PgClockStep
             | Fault::PgCrash
+            | Fault::PgStatementTimeout
+            | Fault::PgLockTimeout
             | Fault::PgbouncerRestart => {
                 let pg = postgres(&servers, fault)?;
                 pg_lab(&mut servers.primary, fault)?.end(fault, &pg)?

@@ -6,7 +6,8 @@
 //! The faults hit what a lock on PostgreSQL must ride out: the callers'
 //! backends ended by the server, the lease rows deleted by hand, the
 //! lease table locked by a long migration, the database's clock stepped
-//! forward, a crash (an immediate shutdown) and PgBouncer restarted. The
+//! forward, a crash (an immediate shutdown), `statement_timeout` and
+//! `lock_timeout` hit, and PgBouncer restarted. The
 //! lab's own statements go over connections of its own, straight to the
 //! server (never through PgBouncer), each a [`Session`] on a thread of
 //! its own: the nemesis's thread is blocking code, and a session must
@@ -20,7 +21,7 @@ use leasehold_testkit::{PgBouncer, PostgresServer};
 use super::error::server;
 use super::servers::{Primary, Servers};
 use super::{Lab, LabError, LabOptions};
-use crate::fault::Fault;
+use crate::fault::{Fault, PG_TINY_TIMEOUT};
 
 /// `PgLocker`'s lease table (leasehold-pg's locker docs, "The tables").
 const LEASE_TABLE: &str = "leasehold_leases";
@@ -46,6 +47,8 @@ const KILL_BACKENDS: &str = "SELECT count(pg_terminate_backend(pid)) FROM pg_sta
 pub(super) struct PgLab {
     /// The lab's PostgreSQL, straight (the options' shared server).
     url: String,
+    /// The role the callers connect as (the server's user), quoted.
+    role: String,
     /// PgBouncer in front of it, when asked for
     /// ([`LabOptions::pgbouncer`]): the callers dial it.
     bouncer: Option<PgBouncer>,
@@ -93,6 +96,7 @@ impl Lab {
         };
         let lab = PgLab {
             url: pg.url(),
+            role: format!("\"{}\"", pg.user().replace('"', "\"\"")),
             bouncer,
             admin: Session::open(pg.url())?,
             migration: None,
@@ -183,6 +187,15 @@ impl PgLab {
                 pg.crash().map_err(server("crashing postgresql"))?;
                 "postgresql (immediate shutdown)".to_owned()
             }
+            Fault::PgStatementTimeout | Fault::PgLockTimeout => {
+                let (setting, role) = (tiny_setting(fault), &self.role);
+                let ms = PG_TINY_TIMEOUT.as_millis();
+                self.admin.execute(
+                    &format!("ALTER ROLE {role} SET {setting} = '{ms}ms'; {KILL_BACKENDS}"),
+                    "setting a tiny timeout",
+                )?;
+                format!("postgresql: {setting} {ms} ms for the callers' new sessions")
+            }
             Fault::PgbouncerRestart => {
                 self.bouncer(fault)?
                     .kill()
@@ -220,6 +233,13 @@ impl PgLab {
                     migration.execute("ROLLBACK", "ending the migration")?;
                 }
             }
+            Fault::PgStatementTimeout | Fault::PgLockTimeout => {
+                let (setting, role) = (tiny_setting(fault), &self.role);
+                self.admin.execute(
+                    &format!("ALTER ROLE {role} RESET {setting}; {KILL_BACKENDS}"),
+                    "resetting the tiny timeout",
+                )?;
+            }
             Fault::PgCrash => pg
                 .start_again()
                 .map_err(server("starting postgresql again after its crash"))?,
@@ -236,6 +256,13 @@ impl PgLab {
     /// ends, whatever happened.
     pub(super) fn heal(&mut self) {
         self.migration = None;
+        let role = &self.role;
+        let _ = self.admin.execute(
+            &format!(
+                "ALTER ROLE {role} RESET statement_timeout; ALTER ROLE {role} RESET lock_timeout"
+            ),
+            "resetting the timeouts",
+        );
         if let Some(bouncer) = &self.bouncer {
             let _ = bouncer.start_again();
         }
@@ -334,6 +361,14 @@ async fn bounded<T, E: Into<leasehold_pg::Error>>(
         Err(_) => Err(LabError::Options(
             "a statement of the lab's own postgresql connection took over 5 s",
         )),
+    }
+}
+
+/// The setting a timeout fault makes tiny.
+fn tiny_setting(fault: Fault) -> &'static str {
+    match fault {
+        Fault::PgLockTimeout => "lock_timeout",
+        _ => "statement_timeout",
     }
 }
 
