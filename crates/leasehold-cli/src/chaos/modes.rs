@@ -465,10 +465,14 @@ fn before(err: impl Into<leasehold_pg::Error>) -> Step {
 fn during(err: impl Into<leasehold_pg::Error>) -> Step {
     let err = err.into();
     // Unless the server answered with an error (then nothing committed),
-    // the connection failed mid-statement: it may have committed.
+    // the connection failed mid-statement: it may have committed. So may
+    // a session the server terminated in place of its answer (a crash,
+    // an immediate or fast shutdown, pg_terminate_backend): the commit
+    // can be durable before the backend is told to end.
     let unanswered = match &err {
         leasehold_pg::Error::Unreachable(_) => true,
         leasehold_pg::Error::Postgres(err) => err.code().is_none(),
+        leasehold_pg::Error::SessionEnded(err) => terminated(err.code()),
         _ => false,
     };
     if unanswered {
@@ -476,6 +480,14 @@ fn during(err: impl Into<leasehold_pg::Error>) -> Step {
     } else {
         Step::Before(describe(err))
     }
+}
+
+/// Whether a session ended with this SQLSTATE was terminated (`57P01`
+/// admin_shutdown, `57P02` crash_shutdown, `57P04` database_dropped),
+/// which can happen after its statement committed; the idle timeouts
+/// never interrupt a statement.
+fn terminated(code: Option<&str>) -> bool {
+    matches!(code, Some("57P01" | "57P02" | "57P04"))
 }
 
 fn describe(err: leasehold_pg::Error) -> String {
@@ -495,4 +507,19 @@ fn written(outcome: Outcome) -> Written {
 /// The wallet id of resource `wallet:N`.
 pub(crate) fn wallet_id(resource: &str) -> Option<i64> {
     resource.strip_prefix("wallet:")?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::terminated;
+
+    #[test]
+    fn a_terminated_session_leaves_its_commit_unknown_an_idle_timeout_does_not() {
+        for code in ["57P01", "57P02", "57P04"] {
+            assert!(terminated(Some(code)), "{code}");
+        }
+        for code in [Some("25P03"), Some("57P05"), Some("23505"), None] {
+            assert!(!terminated(code), "{code:?}");
+        }
+    }
 }
