@@ -14,7 +14,8 @@ use super::servers::{Primary, Servers, own, query};
 use super::zookeeper::zookeeper_lab;
 use super::{Lab, LabError};
 use crate::callers::Stall;
-use crate::fault::{CLOCK_JUMP, CLOCK_RATE, Fault, Window};
+use crate::fault::{CLOCK_JUMP, CLOCK_RATE, Fault};
+use crate::schedule::Window;
 
 /// What the clock faults need, for [`LabError::Unsupported`].
 pub(super) const NEEDS_FAKE_CLOCK: &str = "a throwaway redis server whose clock libfaketime can drive (a libc-malloc build such as scripts/valkey.sh's Valkey, selected with LEASEHOLD_REDIS_SERVER; Debian's jemalloc-linked redis-server hangs under libfaketime)";

@@ -12,9 +12,10 @@ use super::servers::Primary;
 use super::zookeeper::NEEDS_ZOOKEEPER;
 use super::{Lab, LabError};
 use crate::callers::{Stall, lock_key};
-use crate::fault::{Fault, Window};
+use crate::fault::Fault;
 use crate::history::Kind;
 use crate::recorder::Recorder;
+use crate::schedule::Window;
 
 impl Lab {
     /// Checks, before a run, that this lab can inject `fault` as asked:
