@@ -163,7 +163,10 @@ impl Lab {
     /// its members' client endpoints (`http://127.0.0.1:PORT`, or those
     /// given to [`LabOptions::etcd_endpoints`]). On a ZooKeeper lab, its
     /// servers' client addresses (`127.0.0.1:PORT`: join them with `,`
-    /// for a connect string).
+    /// for a connect string). On a pg lab, the one URL its callers dial
+    /// ([`pgbouncer_url`](Self::pgbouncer_url), else
+    /// [`postgres_url`](Self::postgres_url)): it holds the server's
+    /// password, do not log it.
     pub fn node_urls(&self) -> Vec<String> {
         match &self.servers().primary {
             Primary::Cluster { cluster, .. } => return cluster.urls(),
