@@ -1,4 +1,5 @@
-//! The faults the nemesis injects, and the seeded schedule of when.
+//! The faults the nemesis injects (their seeded schedule is in
+//! `schedule`).
 //!
 //! Each fault is applied over a *window*: it starts, lasts a few TTLs (so a
 //! lease can expire inside it), and ends (resumed, healed, restarted). Faults
@@ -10,8 +11,6 @@
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
-
-use rand::{RngExt, SeedableRng, rngs::StdRng};
 
 /// A fault the nemesis can inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -273,13 +272,69 @@ pub enum Fault {
     /// node), every 50 ms through the window. ZooKeeper's
     /// [`Fault::KeyLoss`].
     ZookeeperNodeDelete,
+    /// PostgreSQL as the lock service (the pg modes only, as every `Pg*`
+    /// fault): every caller's backend ended by the server
+    /// (`pg_terminate_backend` of every other client backend of the
+    /// database, every 100 ms through the window), as an operator, a
+    /// connection reaper or an `idle_session_timeout` would: a statement
+    /// in flight fails, its transaction is rolled back, the connection is
+    /// gone; new ones work. Through PgBouncer, its server connections go
+    /// (it opens others).
+    PgBackendKill,
+    /// PostgreSQL as the lock service: every lease row of the run's lock
+    /// keys deleted by hand (`DELETE FROM leasehold_leases`), every 20 ms
+    /// through the window, as an operator's cleanup would: the holder
+    /// believes it holds while another takes the lock. PostgreSQL's
+    /// [`Fault::KeyLoss`].
+    PgRowDelete,
+    /// PostgreSQL as the lock service: a long migration on the lease
+    /// table, `LOCK TABLE leasehold_leases IN ACCESS EXCLUSIVE MODE` held
+    /// in a transaction of the lab's own through the window, rolled back
+    /// at its end: every take, refresh and release (and the guard's check
+    /// of the lease row) waits behind it.
+    PgTableLock,
+    /// PostgreSQL as the lock service: the database's wall clock stepped
+    /// forward by twice the window's length (6 TTLs) at the window's
+    /// start (libfaketime drives the lab's PostgreSQL, started with
+    /// `PostgresServer::start_with_fake_clock`): every lease ends early on
+    /// the database's clock, while its holder, counting on its own clock,
+    /// believes it holds it. Not undone (the clock stays ahead). On a
+    /// PostgreSQL on the machine's clock the row says unsupported.
+    PgClockStep,
+    /// PostgreSQL crashed: an immediate shutdown (`SIGQUIT`, as `pg_ctl
+    /// stop -m immediate`: nothing written out, every session cut) at the
+    /// window's start, started again through crash recovery at its end.
+    /// [`Fault::PostgresRestart`] is the fast shutdown. The pg lab sets
+    /// `synchronous_commit = on` for the whole server (`ALTER SYSTEM`)
+    /// first, so that what a commit acknowledged survives the crash (the
+    /// test kit's server runs with it off); the lease table's writes pin
+    /// it themselves. The pg modes only.
+    PgCrash,
+    /// PostgreSQL as the lock service: `statement_timeout` hit. The
+    /// callers' role is given a tiny one (`ALTER ROLE ... SET
+    /// statement_timeout = '1ms'`, [`PG_TINY_TIMEOUT`]) and every
+    /// caller's backend ended at the window's start, so that the sessions
+    /// they open again take it (a role's setting reaches new sessions
+    /// only); at its end the setting is reset and the backends ended
+    /// again. Meanwhile a statement that runs longer than that (one on a
+    /// loaded machine, one that waits for a row) is cancelled (`57014`).
+    PgStatementTimeout,
+    /// PostgreSQL as the lock service: `lock_timeout` hit, as
+    /// [`Fault::PgStatementTimeout`] with `lock_timeout`: a statement that
+    /// waits longer than [`PG_TINY_TIMEOUT`] for a lock (a row another
+    /// transaction holds, the guard's fence row) fails (`55P03`).
+    PgLockTimeout,
+    /// PgBouncer (the pg-pgbouncer mode's, in transaction mode) killed at
+    /// the window's start and started again on its port at its end: every
+    /// client connection through it is cut, and none opens meanwhile.
+    PgbouncerRestart,
     /// A seeded mix of the faults above.
     Mixed,
 }
 
 impl Fault {
     /// Every fault, in the order the matrix shows them.
-    pub const ALL: [Fault; 46] = [
+    pub const ALL: [Fault; 54] = [
         Fault::None,
         Fault::HolderPause,
         Fault::RedisPause,
@@ -325,6 +380,14 @@ impl Fault {
         Fault::ZookeeperRestart,
         Fault::ZookeeperRebuild,
         Fault::ZookeeperNodeDelete,
+        Fault::PgBackendKill,
+        Fault::PgRowDelete,
+        Fault::PgTableLock,
+        Fault::PgClockStep,
+        Fault::PgCrash,
+        Fault::PgStatementTimeout,
+        Fault::PgLockTimeout,
+        Fault::PgbouncerRestart,
         Fault::Mixed,
     ];
 
@@ -400,6 +463,14 @@ impl Fault {
             Fault::ZookeeperRestart => "zookeeper-restart",
             Fault::ZookeeperRebuild => "zookeeper-rebuild",
             Fault::ZookeeperNodeDelete => "zookeeper-node-delete",
+            Fault::PgBackendKill => "pg-backend-kill",
+            Fault::PgRowDelete => "pg-row-delete",
+            Fault::PgTableLock => "pg-table-lock",
+            Fault::PgClockStep => "pg-clock-step",
+            Fault::PgCrash => "pg-crash",
+            Fault::PgStatementTimeout => "pg-statement-timeout",
+            Fault::PgLockTimeout => "pg-lock-timeout",
+            Fault::PgbouncerRestart => "pgbouncer-restart",
             Fault::Mixed => "mixed",
         }
     }
@@ -422,6 +493,7 @@ impl Fault {
                 | Fault::ClockJump
                 | Fault::EtcdRevoke
                 | Fault::ZookeeperNodeDelete
+                | Fault::PgRowDelete
         )
     }
 
@@ -444,6 +516,8 @@ impl Fault {
                     | Fault::PostgresPause
                     | Fault::ClockFast
                     | Fault::ZookeeperMemberPause
+                    | Fault::PgClockStep
+                    | Fault::PgTableLock
             )
     }
 
@@ -532,6 +606,30 @@ impl Fault {
         )
     }
 
+    /// True for the faults of PostgreSQL as the lock service, which run on
+    /// a pg lab ([`LabOptions::pg`](crate::LabOptions::pg): the lease
+    /// table in the lab's PostgreSQL, no Redis), for the pg modes only.
+    pub const fn needs_pg(self) -> bool {
+        matches!(
+            self,
+            Fault::PgBackendKill
+                | Fault::PgRowDelete
+                | Fault::PgTableLock
+                | Fault::PgClockStep
+                | Fault::PgCrash
+                | Fault::PgStatementTimeout
+                | Fault::PgLockTimeout
+                | Fault::PgbouncerRestart
+        )
+    }
+
+    /// True for the faults of PgBouncer, which run on a pg lab with
+    /// PgBouncer in front of its PostgreSQL
+    /// ([`LabOptions::pgbouncer`](crate::LabOptions::pgbouncer)).
+    pub const fn needs_pgbouncer(self) -> bool {
+        matches!(self, Fault::PgbouncerRestart)
+    }
+
     /// True for the faults of a Redis Cluster, which run on a throwaway
     /// cluster of three masters with a replica each.
     pub const fn needs_cluster(self) -> bool {
@@ -576,6 +674,11 @@ impl Fault {
                 | Fault::ZookeeperDiskFull
                 | Fault::ZookeeperRestart
                 | Fault::ZookeeperRebuild
+                | Fault::PgTableLock
+                | Fault::PgCrash
+                | Fault::PgStatementTimeout
+                | Fault::PgLockTimeout
+                | Fault::PgbouncerRestart
                 | Fault::Mixed
         )
     }
@@ -593,6 +696,8 @@ impl Fault {
                 | Fault::ClockJump
                 | Fault::EtcdRevoke
                 | Fault::ZookeeperNodeDelete
+                | Fault::PgBackendKill
+                | Fault::PgRowDelete
         )
     }
 }
@@ -606,6 +711,10 @@ impl fmt::Display for Fault {
 /// How far [`Fault::ClockJump`] steps the server's clock forward: far
 /// past any lease the matrix or the harness takes.
 pub const CLOCK_JUMP: Duration = Duration::from_secs(10);
+
+/// The `statement_timeout` of [`Fault::PgStatementTimeout`] and the
+/// `lock_timeout` of [`Fault::PgLockTimeout`]: 1 ms.
+pub const PG_TINY_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// How many times as fast as the holders' the server's clock runs under
 /// [`Fault::ClockFast`].
@@ -631,81 +740,6 @@ impl FromStr for Fault {
     }
 }
 
-/// One fault window of a schedule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
-    /// The fault (never [`Fault::Mixed`] or [`Fault::None`]).
-    pub fault: Fault,
-    /// When it starts, from the run's start.
-    pub start: Duration,
-    /// How long it lasts.
-    pub length: Duration,
-    /// Which worker it hits, for [`Fault::HolderPause`] (an index below the
-    /// worker count).
-    pub worker: u32,
-}
-
-impl Window {
-    /// When it ends, from the run's start.
-    pub fn end(&self) -> Duration {
-        self.start + self.length
-    }
-}
-
-/// The seeded fault schedule of one run.
-///
-/// The first window starts after a warm-up of a quarter of the run (so the
-/// throughput before a fault can be measured); each lasts `3 x ttl`
-/// (at least 300 ms, so a lease expires inside it) and is followed by a
-/// quiet gap of at least `4 x ttl` (at least 1 s, so recovery can be seen).
-/// The schedule ends a quiet gap before the run does. A
-/// [`Fault::Failover`], [`Fault::ClusterFailover`],
-/// [`Fault::SentinelFailover`] or [`Fault::SentinelKill`] happens once per
-/// run;
-/// [`Fault::Mixed`] draws each
-/// window's fault from [`Fault::MIXABLE`].
-pub fn schedule(
-    fault: Fault,
-    seed: u64,
-    run: Duration,
-    ttl: Duration,
-    workers: u32,
-) -> Vec<Window> {
-    if fault == Fault::None {
-        return Vec::new();
-    }
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x006e_656d_6573_6973);
-    let length = (ttl * 3).max(Duration::from_millis(300));
-    let gap = (ttl * 4).max(Duration::from_secs(1));
-    let mut windows = Vec::new();
-    let mut at = run / 4;
-    while at + length + gap <= run {
-        let this = if fault == Fault::Mixed {
-            Fault::MIXABLE[rng.random_range(0..Fault::MIXABLE.len())]
-        } else {
-            fault
-        };
-        let jitter = Duration::from_millis(rng.random_range(0..200));
-        windows.push(Window {
-            fault: this,
-            start: at + jitter,
-            length,
-            worker: rng.random_range(0..workers.max(1)),
-        });
-        if matches!(
-            fault,
-            Fault::Failover
-                | Fault::ClusterFailover
-                | Fault::SentinelFailover
-                | Fault::SentinelKill
-        ) {
-            break;
-        }
-        at += jitter + length + gap;
-    }
-    windows
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -719,37 +753,5 @@ mod tests {
             .parse::<Fault>()
             .expect_err("an unknown fault name");
         assert!(err.to_string().contains("key-loss"), "{err}");
-    }
-
-    #[test]
-    fn a_schedule_is_reproducible_from_its_seed_and_leaves_quiet_gaps() {
-        let run = Duration::from_secs(20);
-        let ttl = Duration::from_millis(200);
-        let a = schedule(Fault::Mixed, 7, run, ttl, 3);
-        assert_eq!(a, schedule(Fault::Mixed, 7, run, ttl, 3));
-        assert_ne!(a, schedule(Fault::Mixed, 8, run, ttl, 3));
-        assert!(a.len() >= 3, "{a:?}");
-        assert!(a[0].start >= run / 4);
-        for pair in a.windows(2) {
-            assert!(
-                pair[1].start >= pair[0].end() + Duration::from_secs(1),
-                "{pair:?}"
-            );
-        }
-        assert!(
-            a.iter()
-                .all(|w| w.end() + Duration::from_secs(1) <= run && w.worker < 3)
-        );
-        assert!(a.iter().all(|w| Fault::MIXABLE.contains(&w.fault)));
-    }
-
-    #[test]
-    fn a_failover_happens_once_and_no_fault_means_no_window() {
-        let run = Duration::from_secs(20);
-        let ttl = Duration::from_millis(200);
-        assert_eq!(schedule(Fault::Failover, 1, run, ttl, 2).len(), 1);
-        assert_eq!(schedule(Fault::SentinelFailover, 1, run, ttl, 2).len(), 1);
-        assert_eq!(schedule(Fault::SentinelKill, 1, run, ttl, 2).len(), 1);
-        assert!(schedule(Fault::None, 1, run, ttl, 2).is_empty());
     }
 }

@@ -195,13 +195,14 @@ use leasehold::CancellationToken;
 
 use crate::callers::{Call, Lock, Stall, lock_key};
 use crate::check::{RunCheck, check};
-use crate::fault::{Fault, schedule};
+use crate::fault::Fault;
 use crate::history::{Event, Kind};
 use crate::isolated::{self, CallerFailure};
 use crate::lab::{Lab, LabError, run_nemesis};
 use crate::leaders::{self, Candidate};
 use crate::outcome::{Outcome, STOPPED, Writes};
 use crate::recorder::Recorder;
+use crate::schedule::schedule;
 use crate::timeline;
 pub use crate::verdicts::ControlVerdict;
 use crate::verdicts::Verdict;
@@ -719,7 +720,7 @@ impl Harness {
     }
 
     /// The fault schedule of this harness for `workers` workers.
-    pub fn windows(&self, workers: u32) -> Vec<crate::fault::Window> {
+    pub fn windows(&self, workers: u32) -> Vec<crate::schedule::Window> {
         schedule(self.fault, self.seed, self.duration, self.ttl, workers)
     }
 

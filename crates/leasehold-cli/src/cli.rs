@@ -1183,8 +1183,8 @@ pub(crate) struct MatrixArgs {
     /// the workload follow from it.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
-    /// The lock modes (rows), comma-separated [default: all but the etcd
-    /// and ZooKeeper modes, which run only when named]
+    /// The lock modes (rows), comma-separated [default: all but the etcd,
+    /// ZooKeeper and pg modes, which run only when named]
     #[arg(long, value_enum, value_delimiter = ',')]
     pub(crate) modes: Vec<ChaosMode>,
     /// The faults (columns), comma-separated [default: all]: none,
@@ -1198,7 +1198,10 @@ pub(crate) struct MatrixArgs {
     /// etcd-minority-cut, etcd-majority-cut, etcd-restart, etcd-revoke,
     /// etcd-no-space, zookeeper-leader-kill, zookeeper-member-pause,
     /// zookeeper-minority-cut, zookeeper-majority-cut, zookeeper-disk-full,
-    /// zookeeper-restart, zookeeper-rebuild, zookeeper-node-delete, mixed.
+    /// zookeeper-restart, zookeeper-rebuild, zookeeper-node-delete,
+    /// pg-backend-kill, pg-row-delete, pg-table-lock, pg-clock-step,
+    /// pg-crash, pg-statement-timeout, pg-lock-timeout, pgbouncer-restart,
+    /// mixed.
     /// Each runs on the topology it needs: a single redis-server behind a
     /// fault proxy (for acl-reset the workers connect as the README's
     /// minimal lock user); with a replica for failover; a cluster of 3
@@ -1219,7 +1222,12 @@ pub(crate) struct MatrixArgs {
     /// zookeeper-curator,
     /// which run none, holder-pause, the postgres faults and the
     /// zookeeper-* faults; run them with --ttl of 400ms or more, the
-    /// ensemble's shortest session, or a holder pause outlasts no session)
+    /// ensemble's shortest session, or a holder pause outlasts no session);
+    /// the lease table in the run's PostgreSQL for the pg modes (pg,
+    /// pg-blind and pg-pgbouncer, the last through a throwaway PgBouncer
+    /// in transaction mode; they run none, holder-pause, the postgres
+    /// faults and the pg-* faults, pgbouncer-restart on pg-pgbouncer
+    /// only; for pg-clock-step the run's PostgreSQL starts on libfaketime)
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     pub(crate) faults: Vec<leasehold_chaos::Fault>,
     /// Worker processes per run.
@@ -1402,6 +1410,21 @@ pub(crate) enum ChaosMode {
     /// and a blind read-modify-write, no database check. Runs only when
     /// named.
     ZookeeperCurator,
+    /// PostgreSQL as the lock service (`PgLocker`, its lease table in the
+    /// run's PostgreSQL, waiters woken by LISTEN/NOTIFY; the fence from
+    /// its durable counter) and the fence guard with `check_lease_row`
+    /// first in a transaction (the lease row checked too: lease and data
+    /// share the database), then a plain read-modify-write. Runs only
+    /// when named.
+    Pg,
+    /// Negative control on PostgreSQL: a `PgLocker` lease without a fence
+    /// and a blind read-modify-write, no database check. Runs only when
+    /// named.
+    PgBlind,
+    /// The pg mode through a throwaway PgBouncer in transaction mode: the
+    /// locker (`listen(false)`: its waiters poll) and the writes dial
+    /// PgBouncer. Runs only when named.
+    PgPgbouncer,
 }
 
 impl ChaosMode {
@@ -1434,7 +1457,19 @@ impl ChaosMode {
             ChaosMode::Zookeeper => "zookeeper",
             ChaosMode::ZookeeperBlind => "zookeeper-blind",
             ChaosMode::ZookeeperCurator => "zookeeper-curator",
+            ChaosMode::Pg => "pg",
+            ChaosMode::PgBlind => "pg-blind",
+            ChaosMode::PgPgbouncer => "pg-pgbouncer",
         }
+    }
+
+    /// Whether the mode takes its leases in PostgreSQL (`PgLocker`, no
+    /// Redis).
+    pub(crate) fn is_pg(self) -> bool {
+        matches!(
+            self,
+            ChaosMode::Pg | ChaosMode::PgBlind | ChaosMode::PgPgbouncer
+        )
     }
 
     /// Whether the mode runs on ZooKeeper (a throwaway ensemble, no

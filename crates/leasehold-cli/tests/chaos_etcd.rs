@@ -5,18 +5,10 @@
 //! small sizes: the TTL is 1 s (etcd grants whole seconds), so a fault
 //! window lasts 3 s.
 
-use serde_json::Value;
-
 mod common;
-use common::chaos_matrix;
+use common::{chaos_matrix, row};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-fn row<'a>(rows: &'a [Value], mode: &str, fault: &str) -> Result<&'a Value, String> {
-    rows.iter()
-        .find(|r| r["mode"] == mode && r["fault"] == fault && r.get("status").is_some())
-        .ok_or_else(|| format!("no {mode} x {fault} row in {rows:?}"))
-}
 
 /// The guard keeps the balance right on etcd too: under revoked leases
 /// (two holders at once, many times a window) every double holder is

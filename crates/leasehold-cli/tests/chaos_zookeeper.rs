@@ -12,15 +12,9 @@
 use serde_json::Value;
 
 mod common;
-use common::{chaos_matrix, leasehold};
+use common::{chaos_matrix, leasehold, row};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-fn row<'a>(rows: &'a [Value], mode: &str, fault: &str) -> Result<&'a Value, String> {
-    rows.iter()
-        .find(|r| r["mode"] == mode && r["fault"] == fault && r.get("status").is_some())
-        .ok_or_else(|| format!("no {mode} x {fault} row in {rows:?}"))
-}
 
 /// The guard keeps the balance right on ZooKeeper: a holder paused past
 /// its session and a node deleted by hand make two holders, every one

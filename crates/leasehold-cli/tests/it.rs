@@ -18,6 +18,8 @@ mod chaos_etcd;
 mod chaos_etcd_user;
 #[path = "chaos_marks.rs"]
 mod chaos_marks;
+#[path = "chaos_pg.rs"]
+mod chaos_pg;
 #[path = "chaos_tls.rs"]
 mod chaos_tls;
 #[path = "chaos_zookeeper.rs"]

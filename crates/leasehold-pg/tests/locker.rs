@@ -374,3 +374,58 @@ async fn on_a_pool_a_stuck_statement_holds_up_no_later_request() -> TestResult {
     locker.setup().await?;
     a_stuck_statement_holds_up_no_later_request(&locker, &raw, &mut blocker).await
 }
+
+/// A take cancelled by a `lock_timeout` shorter than the acquire's wait
+/// (an operator's setting for the role or the database; here the
+/// connection's), while another session holds the lease row, is retried
+/// within the wait, not returned to the caller: the server rolled the
+/// statement back (`55P03`), as one `statement_timeout` cancels (`57014`,
+/// retried already). The acquire wins once the row is free.
+#[tokio::test]
+async fn a_take_cancelled_by_lock_timeout_is_retried_within_the_wait() -> TestResult {
+    use std::time::Duration;
+
+    use leasehold::{AcquireOptions, Lessor};
+
+    let server = PostgresServer::start()?;
+    let url = format!("{}?options=-c%20lock_timeout%3D50ms", server.url());
+    let locker = PgLocker::builder().listen(false).connect(&url).await?;
+    locker.setup().await?;
+    let raw = leasehold_pg::connect(&server.url()).await?;
+    let mut blocker = leasehold_pg::connect(&server.url()).await?;
+    raw.execute(
+        "INSERT INTO leasehold_leases (resource, holder, expires_at)
+         VALUES ('timed', 'someone else', clock_timestamp() - interval '1 hour')",
+        &[],
+    )
+    .await?;
+    let tx = blocker.transaction().await?;
+    tx.query(
+        "SELECT 1 FROM leasehold_leases WHERE resource = 'timed' FOR UPDATE",
+        &[],
+    )
+    .await?;
+    let taker = tokio::spawn(async move {
+        let opts = AcquireOptions::new().wait(HUNG);
+        locker
+            .acquire_with("timed", Duration::from_secs(30), &opts)
+            .await
+    });
+    // The server says so in its log once a take was cancelled.
+    let hung = tokio::time::Instant::now() + HUNG;
+    while !server
+        .log()
+        .contains("canceling statement due to lock timeout")
+    {
+        assert!(tokio::time::Instant::now() < hung, "{}", server.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tx.rollback().await?;
+    let lease = taker.await??;
+    assert!(
+        lease.keys().any(|key| key == "timed"),
+        "the lease of the key"
+    );
+    lease.release().await?;
+    Ok(())
+}

@@ -38,7 +38,14 @@ const ERROR_LOG_LINES: usize = 30;
 /// thread is panicking, its log is printed to stderr first.
 #[derive(Debug)]
 pub struct PgBouncer {
-    process: ChildProcess,
+    /// Behind a lock so a shared PgBouncer can be killed and started
+    /// again ([`kill`](Self::kill), [`start_again`](Self::start_again)).
+    process: std::sync::Mutex<ChildProcess>,
+    /// What starting it again needs: the binary, its configuration file,
+    /// the user it runs as.
+    binary: PathBuf,
+    config: PathBuf,
+    run_as: Option<(nix::unistd::Uid, nix::unistd::Gid)>,
     port: u16,
     user: String,
     password: String,
@@ -107,22 +114,12 @@ impl PgBouncer {
         )
         .map_err(process::io_err(&config))?;
         give_to(&config, run_as)?;
-        let mut command = Command::new(&binary);
-        command
-            .arg(&config)
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        if let Some((uid, gid)) = run_as {
-            command.uid(uid.as_raw()).gid(gid.as_raw());
-        }
-        let child = command.spawn().map_err(|source| Error::Spawn {
-            program: binary.clone(),
-            source,
-        })?;
-        let mut bouncer = PgBouncer {
-            process: ChildProcess::new(child),
+        let process = spawn(&binary, &config, run_as)?;
+        let bouncer = PgBouncer {
+            process: std::sync::Mutex::new(process),
+            binary,
+            config,
+            run_as,
             port,
             user,
             password,
@@ -133,11 +130,51 @@ impl PgBouncer {
         Ok(bouncer)
     }
 
-    fn wait_ready(&mut self) -> Result<(), Error> {
+    /// Kills PgBouncer (`SIGKILL`): every client connection through it is
+    /// cut, and none is accepted until [`start_again`](Self::start_again).
+    /// A killed PgBouncer is left killed.
+    ///
+    /// # Errors
+    /// A signal or wait error.
+    pub fn kill(&self) -> Result<(), Error> {
+        let mut process = self.process();
+        if !process.is_alive() {
+            return Ok(());
+        }
+        process.kill()
+    }
+
+    /// Starts a [killed](Self::kill) PgBouncer again, on the same port
+    /// with the same configuration, and waits until it listens. A running
+    /// one is left as it is.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_again(&self) -> Result<(), Error> {
+        if self.process().is_alive() {
+            return Ok(());
+        }
+        *self.process() = spawn(&self.binary, &self.config, self.run_as)?;
+        self.wait_ready()
+    }
+
+    /// Whether its process runs.
+    pub fn is_running(&self) -> bool {
+        self.process().is_alive()
+    }
+
+    fn process(&self) -> std::sync::MutexGuard<'_, ChildProcess> {
+        self.process
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn wait_ready(&self) -> Result<(), Error> {
         let started = Instant::now();
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
         loop {
-            if let Some(status) = self.process.try_wait()? {
+            let exited = self.process().try_wait()?;
+            if let Some(status) = exited {
                 return Err(Error::ExitedEarly {
                     server: self.name(),
                     status,
@@ -148,7 +185,7 @@ impl PgBouncer {
                 return Ok(());
             }
             if started.elapsed() > READY_TIMEOUT {
-                let _ = self.process.kill();
+                let _ = self.process().kill();
                 return Err(Error::NotReady {
                     server: self.name(),
                     timeout: READY_TIMEOUT,
@@ -193,11 +230,35 @@ impl PgBouncer {
     }
 }
 
+/// Spawns PgBouncer on `config`, as `run_as` when running as root.
+fn spawn(
+    binary: &Path,
+    config: &Path,
+    run_as: Option<(nix::unistd::Uid, nix::unistd::Gid)>,
+) -> Result<ChildProcess, Error> {
+    let dir = config.parent().unwrap_or(Path::new("/"));
+    let mut command = Command::new(binary);
+    command
+        .arg(config)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some((uid, gid)) = run_as {
+        command.uid(uid.as_raw()).gid(gid.as_raw());
+    }
+    let child = command.spawn().map_err(|source| Error::Spawn {
+        program: binary.to_owned(),
+        source,
+    })?;
+    Ok(ChildProcess::new(child))
+}
+
 impl Drop for PgBouncer {
     fn drop(&mut self) {
         if thread::panicking() {
             process::dump_log(&self.name(), &self.log());
         }
-        let _ = self.process.kill();
+        let _ = self.process().kill();
     }
 }

@@ -37,6 +37,16 @@ pub enum LabError {
         #[source]
         source: redis::RedisError,
     },
+    /// A statement of the pg lab's own connection to its PostgreSQL
+    /// failed (a fault's statement, or its setup).
+    #[error("{what} failed on the lab's postgresql")]
+    Postgres {
+        /// What was being done.
+        what: String,
+        /// leasehold-pg's error.
+        #[source]
+        source: leasehold_pg::Error,
+    },
     /// The fault needs a server this lab does not have.
     #[error("fault {fault} needs {needs}, which this lab does not have")]
     Unsupported {

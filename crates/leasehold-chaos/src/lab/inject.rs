@@ -9,11 +9,13 @@ use leasehold_testkit::{Direction, Failover, FaultProxy, RedisCluster, RedisServ
 use super::acl::{ACL_USER, set_acl_user};
 use super::error::{EXTERNAL_TIMEOUT, external, server, server_err};
 use super::etcd::etcd_lab;
+use super::pg::pg_lab;
 use super::servers::{Primary, Servers, own, query};
 use super::zookeeper::zookeeper_lab;
 use super::{Lab, LabError};
 use crate::callers::Stall;
-use crate::fault::{CLOCK_JUMP, CLOCK_RATE, Fault, Window};
+use crate::fault::{CLOCK_JUMP, CLOCK_RATE, Fault};
+use crate::schedule::Window;
 
 /// What the clock faults need, for [`LabError::Unsupported`].
 pub(super) const NEEDS_FAKE_CLOCK: &str = "a throwaway redis server whose clock libfaketime can drive (a libc-malloc build such as scripts/valkey.sh's Valkey, selected with LEASEHOLD_REDIS_SERVER; Debian's jemalloc-linked redis-server hangs under libfaketime)";
@@ -46,6 +48,17 @@ impl Lab {
             | Fault::ZookeeperRebuild
             | Fault::ZookeeperNodeDelete => {
                 zookeeper_lab(&mut servers.primary, fault)?.begin(fault)?
+            }
+            Fault::PgBackendKill
+            | Fault::PgRowDelete
+            | Fault::PgTableLock
+            | Fault::PgClockStep
+            | Fault::PgCrash
+            | Fault::PgStatementTimeout
+            | Fault::PgLockTimeout
+            | Fault::PgbouncerRestart => {
+                let pg = postgres(&servers, fault)?;
+                pg_lab(&mut servers.primary, fault)?.begin(fault, &pg, keys, window.length)?
             }
             Fault::HolderPause => {
                 if servers.workers.is_empty() {
@@ -336,7 +349,10 @@ impl Lab {
 
     /// Fires a repeated fault once more.
     pub(super) fn repeat(&self, fault: Fault, keys: &[String]) -> Result<(), LabError> {
-        let servers = self.servers();
+        let mut servers = self.servers();
+        if fault.needs_pg() {
+            return pg_lab(&mut servers.primary, fault)?.repeat(fault, keys);
+        }
         let redis = &servers.primary;
         let what = format!("injecting {fault}");
         match fault {
@@ -418,6 +434,17 @@ impl Lab {
             | Fault::ZookeeperRebuild
             | Fault::ZookeeperNodeDelete => {
                 zookeeper_lab(&mut servers.primary, fault)?.end(fault)?
+            }
+            Fault::PgBackendKill
+            | Fault::PgRowDelete
+            | Fault::PgTableLock
+            | Fault::PgClockStep
+            | Fault::PgCrash
+            | Fault::PgStatementTimeout
+            | Fault::PgLockTimeout
+            | Fault::PgbouncerRestart => {
+                let pg = postgres(&servers, fault)?;
+                pg_lab(&mut servers.primary, fault)?.end(fault, &pg)?
             }
             Fault::HolderPause => {
                 stall.disarm();
@@ -583,7 +610,7 @@ impl Lab {
         if let Some(proxy) = &self.proxy {
             proxy.heal();
         }
-        let servers = self.servers();
+        let mut servers = self.servers();
         for pid in &servers.workers {
             let _ = leasehold_testkit::resume_process(*pid);
         }
@@ -600,6 +627,9 @@ impl Lab {
         }
         if let Primary::ZooKeeper(zk) = &servers.primary {
             zk.heal();
+        }
+        if let Primary::Postgres(pg) = &mut servers.primary {
+            pg.heal();
         }
         if let Some(replica) = &servers.replica
             && replica.is_paused()
@@ -631,6 +661,17 @@ fn limiter_err(err: redis::RedisError) -> LabError {
 /// How long a Sentinel fault's window waits, at most, for every sentinel
 /// to name the new primary.
 const SENTINEL_FAILOVER_WAIT: Duration = Duration::from_secs(30);
+
+/// The lab's PostgreSQL, which the pg faults hit.
+fn postgres(
+    servers: &Servers,
+    fault: Fault,
+) -> Result<std::sync::Arc<leasehold_testkit::PostgresServer>, LabError> {
+    servers.postgres.clone().ok_or(LabError::Unsupported {
+        fault,
+        needs: "a throwaway postgresql",
+    })
+}
 
 fn no_sentinel(fault: Fault) -> LabError {
     LabError::Unsupported {

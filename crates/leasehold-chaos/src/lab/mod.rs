@@ -14,15 +14,17 @@
 //! ([`LabOptions::etcd_endpoints`], with TLS and a user) for the faults
 //! that need no control of its members. A ZooKeeper lab
 //! ([`LabOptions::zookeeper`]) is a throwaway ensemble of three servers
-//! instead of any Redis. The nemesis runs on its own
+//! instead of any Redis. A pg lab ([`LabOptions::pg`]) is the lab's
+//! PostgreSQL as the lock service (and a PgBouncer in front of it, with
+//! [`LabOptions::pgbouncer`]), no Redis. The nemesis runs on its own
 //! thread, so the
 //! blocking server control never stalls the callers.
 //!
 //! The parts, by job: `options` (what a lab is asked for), `start` (the
 //! servers started or reached, and the URLs the callers dial), `servers`
 //! (what the lab holds, and how a command reaches its Redis), `acl` (the
-//! lock user's rules), `etcd` and `zookeeper` (those labs and their
-//! faults), `inject` (how each fault starts, repeats and ends)
+//! lock user's rules), `etcd`, `zookeeper` and `pg` (those labs and
+//! their faults), `inject` (how each fault starts, repeats and ends)
 //! and `nemesis` (the schedule, run on its own thread); this file holds
 //! the [`Lab`] a run is given.
 //!
@@ -63,6 +65,7 @@ mod etcd;
 mod inject;
 mod nemesis;
 mod options;
+mod pg;
 mod servers;
 mod start;
 mod zookeeper;
@@ -160,13 +163,23 @@ impl Lab {
     /// its members' client endpoints (`http://127.0.0.1:PORT`, or those
     /// given to [`LabOptions::etcd_endpoints`]). On a ZooKeeper lab, its
     /// servers' client addresses (`127.0.0.1:PORT`: join them with `,`
-    /// for a connect string).
+    /// for a connect string). On a pg lab, the one URL its callers dial
+    /// ([`pgbouncer_url`](Self::pgbouncer_url), else
+    /// [`postgres_url`](Self::postgres_url)): it holds the server's
+    /// password, do not log it.
     pub fn node_urls(&self) -> Vec<String> {
         match &self.servers().primary {
             Primary::Cluster { cluster, .. } => return cluster.urls(),
             Primary::ExternalCluster { urls, .. } => return urls.clone(),
             Primary::Etcd(etcd) => return etcd.endpoints.clone(),
             Primary::ZooKeeper(zk) => return zk.addresses(),
+            Primary::Postgres(_) => {
+                return self
+                    .pgbouncer_url()
+                    .or(self.postgres_url())
+                    .into_iter()
+                    .collect();
+            }
             _ => {}
         }
         let mut urls = vec![self.redis_url()];
@@ -232,6 +245,7 @@ impl Lab {
             }
             Primary::Etcd(etcd) => etcd.logs(),
             Primary::ZooKeeper(zk) => zk.logs(),
+            Primary::Postgres(pg) => pg.logs(),
         };
         for (i, old) in servers.retired.iter().enumerate() {
             out.push_str(&format!("\n--- redis (retired {i}) ---\n{}", old.log()));

@@ -7,13 +7,15 @@ use std::time::{Duration, Instant};
 
 use super::etcd::NEEDS_ETCD_PROCESS;
 use super::inject::NEEDS_FAKE_CLOCK;
+use super::pg::{NEEDS_FAKE_PG_CLOCK, NEEDS_PG};
 use super::servers::Primary;
 use super::zookeeper::NEEDS_ZOOKEEPER;
 use super::{Lab, LabError};
 use crate::callers::{Stall, lock_key};
-use crate::fault::{Fault, Window};
+use crate::fault::Fault;
 use crate::history::Kind;
 use crate::recorder::Recorder;
+use crate::schedule::Window;
 
 impl Lab {
     /// Checks, before a run, that this lab can inject `fault` as asked:
@@ -88,6 +90,43 @@ impl Lab {
                 needs: "a redis server or an etcd cluster (a zookeeper lab runs the zookeeper faults, the holder pause and the postgresql faults)",
             });
         }
+        let pg = matches!(servers.primary, Primary::Postgres(_));
+        if fault.needs_pg() && !pg {
+            return Err(LabError::Unsupported {
+                fault,
+                needs: NEEDS_PG,
+            });
+        }
+        if pg
+            && !fault.needs_pg()
+            && !matches!(
+                fault,
+                Fault::None | Fault::HolderPause | Fault::PostgresPause | Fault::PostgresRestart
+            )
+        {
+            return Err(LabError::Unsupported {
+                fault,
+                needs: "a redis server, an etcd cluster or a zookeeper ensemble (a pg lab runs the pg faults, the holder pause and the postgresql faults)",
+            });
+        }
+        if fault.needs_pgbouncer() && self.pgbouncer_url_locked(&servers).is_none() {
+            return Err(LabError::Unsupported {
+                fault,
+                needs: "a pg lab with pgbouncer in front (LabOptions::pgbouncer: the pg-pgbouncer mode)",
+            });
+        }
+        // A zero step tells whether libfaketime drives its clock.
+        if fault == Fault::PgClockStep
+            && servers
+                .postgres
+                .as_ref()
+                .is_none_or(|pg| pg.jump_clock(Duration::ZERO).is_err())
+        {
+            return Err(LabError::Unsupported {
+                fault,
+                needs: NEEDS_FAKE_PG_CLOCK,
+            });
+        }
         if fault.needs_fake_clock()
             && !matches!(&servers.primary, Primary::Own(primary) if primary.clock_rate().is_some())
         {
@@ -139,7 +178,8 @@ impl Lab {
 fn period(fault: Fault) -> Duration {
     match fault {
         Fault::KeyLoss | Fault::EarlyExpiry => Duration::from_millis(5),
-        Fault::NetCut | Fault::ConnKill => Duration::from_millis(100),
+        Fault::NetCut | Fault::ConnKill | Fault::PgBackendKill => Duration::from_millis(100),
+        Fault::PgRowDelete => Duration::from_millis(20),
         Fault::PubsubKill => Duration::from_millis(300),
         Fault::ClockJump => Duration::from_millis(25),
         // Each revoke is a raft commit (synced to disk on etcd 3.4): a

@@ -36,6 +36,8 @@ pub struct LabOptions {
     pub(super) etcd_tls: Option<TlsFiles>,
     pub(super) etcd_credentials: Option<Credentials>,
     pub(super) zookeeper: bool,
+    pub(super) pg: bool,
+    pub(super) pgbouncer: bool,
 }
 
 impl LabOptions {
@@ -349,6 +351,30 @@ impl LabOptions {
         self
     }
 
+    /// A pg lab: the lab's PostgreSQL ([`postgres`](Self::postgres),
+    /// needed) as the lock service (`leasehold_pg::PgLocker`'s lease
+    /// table), no Redis, for the pg modes and the pg faults
+    /// ([`Fault::needs_pg`]). It sets `synchronous_commit = on` for the
+    /// whole server (`ALTER SYSTEM`, kept after the lab goes), so that a
+    /// crash ([`Fault::PgCrash`]) loses no acknowledged commit. No Redis,
+    /// etcd or ZooKeeper options, proxy, replica, extra nodes or TLS
+    /// ([`LabError::Options`]). Defaults to off.
+    pub fn pg(mut self, on: bool) -> Self {
+        self.pg = on;
+        self
+    }
+
+    /// A throwaway PgBouncer in transaction mode in front of a pg lab's
+    /// PostgreSQL ([`Lab::pgbouncer_url`]), for the pg-pgbouncer mode and
+    /// [`Fault::PgbouncerRestart`]. Only with [`pg`](Self::pg)
+    /// ([`LabError::Options`]). Defaults to off.
+    ///
+    /// [`Lab::pgbouncer_url`]: super::Lab::pgbouncer_url
+    pub fn pgbouncer(mut self, on: bool) -> Self {
+        self.pgbouncer = on;
+        self
+    }
+
     /// The options a fault needs on top of these.
     pub fn for_fault(self, fault: Fault) -> Self {
         match fault {
@@ -360,6 +386,8 @@ impl LabOptions {
             Fault::AclReset => self.acl_user(true),
             fault if fault.needs_etcd() => self.etcd(true),
             fault if fault.needs_zookeeper() => self.zookeeper(true),
+            fault if fault.needs_pgbouncer() => self.pg(true).pgbouncer(true),
+            fault if fault.needs_pg() => self.pg(true),
             _ => self,
         }
     }

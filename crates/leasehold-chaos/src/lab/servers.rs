@@ -8,6 +8,7 @@ use leasehold_testkit::{PostgresServer, RedisCluster, RedisSentinel, RedisServer
 
 use super::error::{EXTERNAL_TIMEOUT, external, server_err};
 use super::etcd::EtcdLab;
+use super::pg::PgLab;
 use super::zookeeper::ZkLab;
 use super::{LabError, LabOptions, Pauser};
 use crate::fault::Fault;
@@ -46,6 +47,9 @@ pub(super) enum Primary {
     /// A throwaway ZooKeeper ensemble of three servers, for the ZooKeeper
     /// modes: no Redis at all.
     ZooKeeper(ZkLab),
+    /// The lab's PostgreSQL as the lock service (and a PgBouncer in front
+    /// of it), for the pg modes: no Redis at all.
+    Postgres(PgLab),
 }
 
 pub(super) struct Servers {
@@ -91,7 +95,8 @@ pub(super) fn own(primary: &mut Primary, fault: Fault) -> Result<&mut RedisServe
         | Primary::Cluster { .. }
         | Primary::Sentinel { .. }
         | Primary::Etcd(_)
-        | Primary::ZooKeeper(_) => Err(LabError::Unsupported {
+        | Primary::ZooKeeper(_)
+        | Primary::Postgres(_) => Err(LabError::Unsupported {
             fault,
             needs: "a single redis-server the lab started (it controls the process)",
         }),
@@ -111,6 +116,9 @@ impl Primary {
             )),
             Primary::ZooKeeper(_) => Err(LabError::Options(
                 "redis commands are not sent to a zookeeper lab (its key loss is zookeeper-node-delete)",
+            )),
+            Primary::Postgres(_) => Err(LabError::Options(
+                "redis commands are not sent to a pg lab (its key loss is pg-row-delete)",
             )),
             // The primary the sentinels name now.
             Primary::Sentinel { setup, .. } => setup

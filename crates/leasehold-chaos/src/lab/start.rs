@@ -79,6 +79,14 @@ impl Lab {
         if options.zookeeper {
             return Self::start_zookeeper(options);
         }
+        if options.pg {
+            return Self::start_pg(options);
+        }
+        if options.pgbouncer {
+            return Err(LabError::Options(
+                "pgbouncer goes with a pg lab (LabOptions::pg)",
+            ));
+        }
         if options.etcd || !options.etcd_endpoints.is_empty() {
             if options.redis_url.is_some() || !options.cluster_urls.is_empty() {
                 return Err(LabError::Options("an etcd lab has no redis: no redis url"));

@@ -182,8 +182,10 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
             );
             // A quorum needs throwaway nodes; the etcd modes, etcd; the
             // ZooKeeper modes, their own ensemble.
-            let on_one_redis =
-                *mode != ChaosMode::Quorum && !mode.is_etcd() && !mode.is_zookeeper();
+            let on_one_redis = *mode != ChaosMode::Quorum
+                && !mode.is_etcd()
+                && !mode.is_zookeeper()
+                && !mode.is_pg();
             on_one_redis
                 && !fault.needs_redis_process()
                 && (!args.cluster || proxied)
@@ -212,11 +214,22 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         cells = etcd::keep_runnable(cells)?;
         etcd::check_access(target, &cells).await?;
     }
+    // On libfaketime when a pg mode meets pg-clock-step (the shared
+    // server's clock is what it steps); without libfaketime the server
+    // starts on the machine's clock and that row says unsupported.
+    let fake_clock = cells
+        .iter()
+        .any(|&(mode, fault)| mode.is_pg() && fault == Fault::PgClockStep);
     let postgres = Arc::new(
-        tokio::task::spawn_blocking(PostgresServer::start)
-            .await
-            .context("starting a throwaway postgres")?
-            .context("starting a throwaway postgres")?,
+        tokio::task::spawn_blocking(move || {
+            if fake_clock && let Ok(server) = PostgresServer::start_with_fake_clock() {
+                return Ok(server);
+            }
+            PostgresServer::start()
+        })
+        .await
+        .context("starting a throwaway postgres")?
+        .context("starting a throwaway postgres")?,
     );
     let pool = pool(&postgres).await?;
     let progress = Progress::new("chaos", cells.len() as u64 * u64::from(runs));
@@ -488,10 +501,11 @@ fn check_urls(args: &MatrixArgs, seeds: &[String]) -> anyhow::Result<()> {
 /// ACL does not grant is the lab's `Permission` error, naming it.
 async fn check_access(plan: &Plan, cells: &[(ChaosMode, Fault)]) -> anyhow::Result<()> {
     let mut faults: Vec<Fault> = Vec::new();
-    // The etcd and ZooKeeper modes run on their own, never on --redis-url.
+    // The etcd, ZooKeeper and pg modes run on their own, never on
+    // --redis-url.
     for &(_, fault) in cells
         .iter()
-        .filter(|(mode, _)| !mode.is_etcd() && !mode.is_zookeeper())
+        .filter(|(mode, _)| !mode.is_etcd() && !mode.is_zookeeper() && !mode.is_pg())
     {
         if !faults.contains(&fault) {
             faults.push(fault);
@@ -561,6 +575,13 @@ async fn pool(postgres: &PostgresServer) -> anyhow::Result<deadpool_postgres::Po
     leasehold_pg::setup(client).await?;
     leasehold_pg::setup_wallets(client).await?;
     drop(db);
+    // The pg modes' lease and counter tables.
+    leasehold_pg::PgLocker::builder()
+        .listen(false)
+        .connect(&postgres.url())
+        .await?
+        .setup()
+        .await?;
     Ok(pool)
 }
 

@@ -28,6 +28,13 @@ const ETCD_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a ZooKeeper request of the ZooKeeper modes may take: as etcd's,
 /// every lock step is a write a majority commits.
 const ZOOKEEPER_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a request of the pg modes' `PgLocker` may take: its default.
+const PG_COMMAND_TIMEOUT: Duration = leasehold_pg::DEFAULT_LOCK_COMMAND_TIMEOUT;
+/// How often a waiter of the pg modes looks again when no release woke it
+/// (a lease that ran out or was deleted wakes no one; through PgBouncer,
+/// nothing does): often, as the Redis modes' retries are, so that waiters
+/// contend as they do there.
+const PG_POLL_EVERY: Duration = Duration::from_millis(25);
 /// The cluster client's retry waits, in milliseconds (redis-rs's defaults
 /// are 1,280 to 655,360).
 const CLUSTER_RETRY_WAIT_MIN_MS: u64 = 1;
@@ -59,6 +66,7 @@ impl ChaosMode {
             | ChaosMode::EtcdLockRpc
             | ChaosMode::ZookeeperBlind
             | ChaosMode::ZookeeperCurator
+            | ChaosMode::PgBlind
                 if fault.breaks_the_lock() =>
             {
                 Expect::Breaks
@@ -67,6 +75,7 @@ impl ChaosMode {
             | ChaosMode::EtcdLockRpc
             | ChaosMode::ZookeeperBlind
             | ChaosMode::ZookeeperCurator
+            | ChaosMode::PgBlind
             | ChaosMode::Fenced => Expect::MayBreak,
             _ => Expect::Holds,
         }
@@ -103,8 +112,22 @@ impl ChaosMode {
                         | Fault::PostgresRestart
                 );
         }
+        if self.is_pg() {
+            // No Redis there: the pg faults (PgBouncer's on the mode
+            // through it only), and those that hit a holder or the
+            // database.
+            return (fault.needs_pg()
+                && (!fault.needs_pgbouncer() || self == ChaosMode::PgPgbouncer))
+                || matches!(
+                    fault,
+                    Fault::None
+                        | Fault::HolderPause
+                        | Fault::PostgresPause
+                        | Fault::PostgresRestart
+                );
+        }
         match fault {
-            fault if fault.needs_etcd() || fault.needs_zookeeper() => false,
+            fault if fault.needs_etcd() || fault.needs_zookeeper() || fault.needs_pg() => false,
             // A quorum has no replica to fail over to; a lone replica
             // promoted is one node of three, not a failover.
             Fault::Failover => self != ChaosMode::Quorum,
@@ -139,9 +162,23 @@ impl ChaosMode {
         ttl: Duration,
     ) -> anyhow::Result<Lock> {
         // Every mode but the blind controls writes with a fencing token.
-        let fenced = !matches!(self, ChaosMode::Blind | ChaosMode::ZookeeperBlind);
+        let fenced = !matches!(
+            self,
+            ChaosMode::Blind | ChaosMode::ZookeeperBlind | ChaosMode::PgBlind
+        );
         let first = urls.first().context("no redis url")?;
         match self {
+            ChaosMode::Pg | ChaosMode::PgBlind | ChaosMode::PgPgbouncer => {
+                // The URL is the database's, or PgBouncer's: there
+                // LISTEN wakes no one, so waiters only poll.
+                let locker = leasehold_pg::PgLocker::builder()
+                    .command_timeout(PG_COMMAND_TIMEOUT)
+                    .poll_every(PG_POLL_EVERY)
+                    .listen(self != ChaosMode::PgPgbouncer)
+                    .connect(first)
+                    .await?;
+                return Ok(Lock::new(locker, fenced));
+            }
             ChaosMode::Zookeeper | ChaosMode::ZookeeperBlind => {
                 // The servers come rotated per worker: the client starts
                 // at another one in each. A session as short as the TTL
@@ -325,13 +362,23 @@ impl ChaosMode {
                 tx.commit().await.map_err(during)?;
                 Ok(written(outcome))
             }
-            ChaosMode::Guard | ChaosMode::Leader | ChaosMode::Etcd | ChaosMode::Zookeeper => {
+            ChaosMode::Guard
+            | ChaosMode::Leader
+            | ChaosMode::Etcd
+            | ChaosMode::Zookeeper
+            | ChaosMode::Pg
+            | ChaosMode::PgPgbouncer => {
                 let lease = call
                     .lease
                     .ok_or_else(|| Step::Before("guard mode takes a lease".into()))?;
+                // A lease of PgLocker's lives in this database: the guard
+                // checks its row too.
+                let options = leasehold_pg::GuardOptions::new().check_lease_row(self.is_pg());
                 let tx = client.transaction().await.map_err(before)?;
                 if let leasehold_pg::Guard::Refused { .. } =
-                    leasehold_pg::guard(&tx, lease).await.map_err(before)?
+                    leasehold_pg::guard_with_options(&tx, lease, &options)
+                        .await
+                        .map_err(before)?
                 {
                     return Ok(WriteOutcome::RefusedStale.into());
                 }
@@ -347,7 +394,8 @@ impl ChaosMode {
             ChaosMode::Blind
             | ChaosMode::EtcdLockRpc
             | ChaosMode::ZookeeperBlind
-            | ChaosMode::ZookeeperCurator => {
+            | ChaosMode::ZookeeperCurator
+            | ChaosMode::PgBlind => {
                 let Some(read) = read_then_work(&*client, id, call, work).await? else {
                     return Ok(WriteOutcome::Insufficient.into());
                 };
@@ -417,10 +465,14 @@ fn before(err: impl Into<leasehold_pg::Error>) -> Step {
 fn during(err: impl Into<leasehold_pg::Error>) -> Step {
     let err = err.into();
     // Unless the server answered with an error (then nothing committed),
-    // the connection failed mid-statement: it may have committed.
+    // the connection failed mid-statement: it may have committed. So may
+    // a session the server terminated in place of its answer (a crash,
+    // an immediate or fast shutdown, pg_terminate_backend): the commit
+    // can be durable before the backend is told to end.
     let unanswered = match &err {
         leasehold_pg::Error::Unreachable(_) => true,
         leasehold_pg::Error::Postgres(err) => err.code().is_none(),
+        leasehold_pg::Error::SessionEnded(err) => terminated(err.code()),
         _ => false,
     };
     if unanswered {
@@ -428,6 +480,14 @@ fn during(err: impl Into<leasehold_pg::Error>) -> Step {
     } else {
         Step::Before(describe(err))
     }
+}
+
+/// Whether a session ended with this SQLSTATE was terminated (`57P01`
+/// admin_shutdown, `57P02` crash_shutdown, `57P04` database_dropped),
+/// which can happen after its statement committed; the idle timeouts
+/// never interrupt a statement.
+fn terminated(code: Option<&str>) -> bool {
+    matches!(code, Some("57P01" | "57P02" | "57P04"))
 }
 
 fn describe(err: leasehold_pg::Error) -> String {
@@ -447,4 +507,19 @@ fn written(outcome: Outcome) -> Written {
 /// The wallet id of resource `wallet:N`.
 pub(crate) fn wallet_id(resource: &str) -> Option<i64> {
     resource.strip_prefix("wallet:")?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::terminated;
+
+    #[test]
+    fn a_terminated_session_leaves_its_commit_unknown_an_idle_timeout_does_not() {
+        for code in ["57P01", "57P02", "57P04"] {
+            assert!(terminated(Some(code)), "{code}");
+        }
+        for code in [Some("25P03"), Some("57P05"), Some("23505"), None] {
+            assert!(!terminated(code), "{code:?}");
+        }
+    }
 }

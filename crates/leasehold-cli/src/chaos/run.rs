@@ -119,6 +119,8 @@ pub(crate) async fn run_one(
         .for_fault(fault)
         .etcd(mode.is_etcd())
         .zookeeper(mode.is_zookeeper())
+        .pg(mode.is_pg())
+        .pgbouncer(mode == ChaosMode::PgPgbouncer)
         .nodes(mode.nodes(plan.quorum_nodes))
         .postgres(postgres.clone());
     let resources = plan.resources();
@@ -152,12 +154,19 @@ pub(crate) async fn run_one(
     // The servers of an etcd cluster or a ZooKeeper ensemble, each worker
     // starting at another.
     let members = etcd || lab.is_zookeeper();
-    let urls = if mode.nodes(plan.quorum_nodes) > 1 || cluster || members {
+    // The pg modes take their leases where they write: the database, or
+    // the PgBouncer in front of it.
+    let database_url = lab
+        .pgbouncer_url()
+        .or_else(|| lab.postgres_url())
+        .context("the lab has no postgresql")?;
+    let urls = if mode.is_pg() {
+        vec![database_url.clone()]
+    } else if mode.nodes(plan.quorum_nodes) > 1 || cluster || members {
         lab.node_urls()
     } else {
         vec![lab.redis_url()]
     };
-    let database_url = lab.postgres_url().context("the lab has no postgresql")?;
     let mut workers = Vec::new();
     for worker in 0..plan.workers {
         let mut redis_urls = urls.clone();

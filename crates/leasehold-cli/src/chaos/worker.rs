@@ -93,6 +93,9 @@ fn may_pass(err: &anyhow::Error) -> bool {
             .downcast_ref::<leasehold::Error>()
             .is_some_and(leasehold::Error::is_retryable)
             || cause
+                .downcast_ref::<leasehold_pg::Error>()
+                .is_some_and(leasehold_pg::Error::is_retryable)
+            || cause
                 .downcast_ref::<redis::RedisError>()
                 .is_some_and(|e| e.is_io_error() || e.is_timeout() || e.is_connection_refusal())
     })

@@ -36,3 +36,15 @@ pub(crate) fn chaos_matrix(
         .collect::<Result<_, _>>()?;
     Ok((rows, stderr))
 }
+
+/// The row of `mode` under `fault` in a matrix's JSON rows.
+#[allow(dead_code)] // not every test file reads rows
+pub(crate) fn row<'a>(
+    rows: &'a [serde_json::Value],
+    mode: &str,
+    fault: &str,
+) -> Result<&'a serde_json::Value, String> {
+    rows.iter()
+        .find(|r| r["mode"] == mode && r["fault"] == fault && r.get("status").is_some())
+        .ok_or_else(|| format!("no {mode} x {fault} row in {rows:?}"))
+}

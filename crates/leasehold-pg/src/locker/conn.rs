@@ -391,20 +391,27 @@ fn pool_fault(op: &'static str, err: deadpool_postgres::PoolError) -> leasehold:
     leasehold::Error::service(POSTGRESQL, op, kind, err)
 }
 
+/// SQLSTATE `55P03` lock_not_available: a lock wait ended by
+/// `lock_timeout`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
 fn fault(op: &'static str, kind: ServiceFault, why: &'static str) -> leasehold::Error {
     leasehold::Error::service(POSTGRESQL, op, kind, why)
 }
 
 /// A driver error as a lock service's: the server's refusal (retryable
-/// for a connection, shutdown, resource or serialization class), or a
+/// for a connection, shutdown, resource or serialization class, and for
+/// a lock wait cut short by `lock_timeout`, `55P03`: the statement was
+/// rolled back, as one `statement_timeout` cancels, class `57`), or a
 /// connection that failed (`sent`: with the request out, its outcome is
 /// unknown).
 fn pg_fault(op: &'static str, err: tokio_postgres::Error, sent: bool) -> leasehold::Error {
     let kind = match err.as_db_error().map(|db| db.code().code().to_owned()) {
         Some(code)
-            if ["08", "40", "53", "57"]
-                .iter()
-                .any(|class| code.starts_with(class)) =>
+            if code == LOCK_NOT_AVAILABLE
+                || ["08", "40", "53", "57"]
+                    .iter()
+                    .any(|class| code.starts_with(class)) =>
         {
             ServiceFault::Transient
         }
