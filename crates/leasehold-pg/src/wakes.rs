@@ -72,6 +72,19 @@ impl Place {
     }
 }
 
+impl Place {
+    /// Whether a waiter ahead of this one in its key's queue has a wake it
+    /// has not taken yet (it is about to take the lock).
+    pub(crate) fn is_behind_a_woken_waiter(&self) -> bool {
+        let queues = self.wakes.lock();
+        queues.get(&self.key).is_some_and(|queue| {
+            queue
+                .range(..self.ticket)
+                .any(|(_, waiter)| waiter.pending.load(Ordering::SeqCst))
+        })
+    }
+}
+
 impl Drop for Place {
     fn drop(&mut self) {
         let mut queues = self.wakes.lock();
@@ -216,6 +229,20 @@ mod tests {
         assert!(is_woken(&first));
         drop(first);
         assert!(!is_woken(&next));
+    }
+
+    #[test]
+    fn a_waiter_behind_a_woken_one_knows_it_and_one_ahead_does_not() {
+        let wakes = Arc::new(Wakes::new());
+        let (first, second) = (wakes.enter("a"), wakes.enter("a"));
+        let other = wakes.enter("b");
+        assert!(!second.is_behind_a_woken_waiter());
+        wakes.released("a");
+        assert!(second.is_behind_a_woken_waiter());
+        assert!(!first.is_behind_a_woken_waiter());
+        assert!(!other.is_behind_a_woken_waiter(), "another key's wake");
+        assert!(is_woken(&first)); // it takes its wake: its turn to take
+        assert!(!second.is_behind_a_woken_waiter());
     }
 
     #[test]

@@ -124,7 +124,11 @@
 //! others (and the waiters of other keys) send nothing (no herd). Across
 //! lockers each locker wakes its own first waiter, and whichever take
 //! lands first wins. A wake is not lost to a waiter that won or left
-//! meanwhile: it passes to the next. Every locker that listens still hears
+//! meanwhile: it passes to the next. A locker wakes its own first waiter
+//! at once when it releases (before its notification goes out), and a
+//! waiter does not take while one ahead of it in its locker has been
+//! woken and has not taken yet: a caller that releases and asks again at
+//! once queues behind the others rather than barging in. Every locker that listens still hears
 //! every release on the database and sorts it in memory.
 //!
 //! A take that finds the lock held **writes nothing**: it looks for a
@@ -522,6 +526,20 @@ impl LockService for PgLocker {
                 .0
                 .get_or_insert_with(|| self.inner.wakes.enter(claim.key()));
             let woken = place.woken();
+            let poll = tokio::time::sleep(self.inner.poll_every);
+            let wait = async move {
+                tokio::select! {
+                    () = woken => {}
+                    () = poll => {}
+                }
+            };
+            if place.is_behind_a_woken_waiter() {
+                // One of this locker's waiters ahead of it was told the
+                // lock is free and is about to take it: first in, first
+                // out (a caller that just released and asks again does
+                // not barge in).
+                return Ok(Step::busy_until(wait));
+            }
             self.listening(deadline).await;
             let (key, holder, ttl) = (claim.key(), claim.token().as_str(), millis(claim.ttl()));
             let rows = match claim.fence_key() {
@@ -550,13 +568,7 @@ impl LockService for PgLocker {
                 }
             };
             let Some(row) = rows.first() else {
-                let poll = tokio::time::sleep(self.inner.poll_every);
-                return Ok(Step::busy_until(async move {
-                    tokio::select! {
-                        () = woken => {}
-                        () = poll => {}
-                    }
-                }));
+                return Ok(Step::busy_until(wait));
             };
             if claim.fence_key().is_none() {
                 return Ok(Step::won(None));
@@ -621,6 +633,9 @@ impl LockService for PgLocker {
                 .await?
                 == 1;
             if released {
+                // This locker's own waiters first, at once; then every
+                // other locker's, through the database.
+                self.inner.wakes.released(key);
                 self.notify(key, deadline).await;
             }
             Ok(released)
