@@ -74,16 +74,31 @@ fn every_safe_mode_holds_under_a_paused_holder_and_an_empty_restart() -> TestRes
                 "{row}"
             );
         } else if row["fault"] == "holder-pause" {
-            // The blind control under the pause was caught, and the pause
-            // made double holders (db takes no lock: every write met the
-            // others).
-            assert_eq!(row["status"], "held", "{row}");
+            // The pause makes double holders where it lands inside a lease
+            // (db takes no lock: every write meets the others): held. On a
+            // loaded machine a 3 s run's one window may not stop a holder
+            // at all (seen once for handoff in CI with two busy loops
+            // beside it: 0 overlaps, 0 stale writes): never broke. Either
+            // holds; below, the pause must have made double holders
+            // somewhere, and the blind control above was caught.
+            assert!(
+                row["status"] == "held" || row["status"] == "never_broke",
+                "{row}"
+            );
         } else {
             assert_passed_without_control(row);
         }
         assert_eq!(row["violations"], 0, "{row}");
         assert!(row["accepted"].as_u64() > Some(0), "{row}");
     }
+    let held = rows
+        .iter()
+        .filter(|r| r["fault"] == "holder-pause" && r["status"] == "held")
+        .count();
+    assert!(
+        held > 0,
+        "the pause made no double holder anywhere: {rows:?}"
+    );
     // The paused holder's late write is refused where the write path checks.
     let cas = rows
         .iter()

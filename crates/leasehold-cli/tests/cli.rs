@@ -316,13 +316,15 @@ fn bench_pg_smoke_has_a_row_per_case_and_way_and_the_cost_per_lease() -> TestRes
         "1ms",
         "--hot-leases",
         "20",
+        "--timed",
+        "300ms",
         "--json",
     ])?;
     let r: Value = serde_json::from_str(stdout.trim())?;
     assert_eq!(r["bench"], "pg", "{r}");
     assert_eq!(r["base"], "advisory", "{r}");
     let rows = r["rows"].as_array().ok_or("no rows")?;
-    let cases = ["sequential", "tasks", "tutorial"];
+    let cases = ["sequential", "tasks", "tutorial", "timed"];
     let ways = ["advisory", "pg", "redis", "redis-hand-off"];
     assert_eq!(rows.len(), cases.len() * ways.len(), "{r}");
     for case in cases {
@@ -339,7 +341,7 @@ fn bench_pg_smoke_has_a_row_per_case_and_way_and_the_cost_per_lease() -> TestRes
             }
             assert!(median("leases")? > 0.0, "{row}");
             let on_postgres = way == "advisory" || way == "pg";
-            if case != "tasks" && on_postgres {
+            if matches!(case, "sequential" | "tutorial") && on_postgres {
                 // The lock's own statements, counted by pg_stat_statements:
                 // lock and unlock; take, release and its notification (and
                 // a waiter's tries, and any retry a slow machine makes the
@@ -358,6 +360,17 @@ fn bench_pg_smoke_has_a_row_per_case_and_way_and_the_cost_per_lease() -> TestRes
             if case == "tutorial" {
                 assert_eq!(median("gave_up")?, 0.0, "{row}");
                 assert!(median("elapsed_ms")? > 0.0, "{row}");
+                // Each caller takes the lock once: no fairness figure.
+                assert!(row["fairness"]["median"].is_null(), "{row}");
+            }
+            if case == "timed" {
+                // The most leases one caller got over the fewest: at least
+                // 1, or "inf" when one got none (a busy machine's 300 ms).
+                let fairness = &row["fairness"]["median"];
+                assert!(
+                    fairness.as_f64().is_some_and(|f| f >= 1.0) || fairness == "inf",
+                    "{row}"
+                );
             }
         }
     }
@@ -462,7 +475,14 @@ fn bench_guard_smoke_prints_one_line_per_link_and_mode() -> TestResult {
         .iter()
         .filter_map(|r| Some((r["link"].as_str()?, r["mode"].as_str()?)))
         .collect();
-    let each = ["unguarded", "guarded-term", "guarded-new", "for-update"];
+    let each = [
+        "unguarded",
+        "guarded-term",
+        "guarded-new",
+        "for-update",
+        "lease",
+        "lease-row",
+    ];
     let expected: Vec<(&str, &str)> = ["direct", "proxied"]
         .into_iter()
         .flat_map(|link| each.map(|mode| (link, mode)))

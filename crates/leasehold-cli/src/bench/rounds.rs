@@ -74,9 +74,7 @@ pub(crate) fn row(
     for (name, _) in &rounds[0] {
         let values: Vec<f64> = rounds.iter().map(|r| value(r, name)).collect();
         let known = values.iter().copied().filter(|x| !x.is_nan());
-        let (min, max) = known.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
-            (lo.min(x), hi.max(x))
-        });
+        let (min, max) = known.fold((f64::NAN, f64::NAN), |(lo, hi), x| (lo.min(x), hi.max(x)));
         row.insert(
             (*name).into(),
             json!({
@@ -177,6 +175,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_infinite_figure_is_inf_in_its_spread_and_in_the_cells() {
+        let rounds: Vec<Figures> = vec![
+            vec![("fairness", 1.0)],
+            vec![("fairness", f64::INFINITY)],
+            vec![("fairness", 2.0)],
+        ];
+        let row = row("timed", "pg", &rounds, &rounds, &[]);
+        assert_eq!(row["fairness"]["median"], 2.0);
+        assert_eq!(row["fairness"]["min"], 1.0);
+        assert_eq!(row["fairness"]["max"], "inf");
+        assert_eq!(cells(&[row])[0]["fairness"], "2.00 (1.00..inf)");
+    }
+
+    #[test]
     fn a_row_has_medians_spreads_and_ratios_against_the_base() {
         let base: Vec<Figures> = vec![
             vec![("per_s", 100.0), ("elapsed_ms", 10.0)],
@@ -198,6 +210,7 @@ mod tests {
         assert_eq!(row["elapsed_ms_ratio"], 1.5);
         assert!(row.get("per_s_ratio").is_none());
         assert!(row["dead"]["median"].is_null());
+        assert!(row["dead"]["min"].is_null() && row["dead"]["max"].is_null());
         let cells = cells(&[row]);
         assert_eq!(cells[0]["per_s"], "100 (50.0..300)");
         assert!(cells[0]["dead"].is_null());
