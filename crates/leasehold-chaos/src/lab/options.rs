@@ -394,6 +394,29 @@ impl LabOptions {
 }
 
 impl LabOptions {
+    /// Whether any option sets up Redis (a URL, a replica, AOF, extra
+    /// nodes, an ACL user, a cluster or Sentinel): refused by the labs
+    /// with no Redis at all (ZooKeeper, pg).
+    pub(super) fn names_redis(&self) -> bool {
+        self.replica
+            || self.aof
+            || self.nodes > 1
+            || self.acl_user
+            || self.cluster
+            || self.sentinel
+            || self.redis_url.is_some()
+            || !self.cluster_urls.is_empty()
+    }
+
+    /// Whether any option sets up etcd (a throwaway cluster, the user's
+    /// endpoints, its TLS or credentials).
+    pub(super) fn names_etcd(&self) -> bool {
+        self.etcd
+            || !self.etcd_endpoints.is_empty()
+            || self.etcd_tls.is_some()
+            || self.etcd_credentials.is_some()
+    }
+
     /// The options that go with a single Redis only (throwaway or by URL),
     /// refused on a cluster or a Sentinel setup.
     pub(super) fn check_single(&self, lab: &'static str) -> Result<(), LabError> {

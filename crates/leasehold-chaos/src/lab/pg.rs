@@ -67,20 +67,7 @@ impl Lab {
     /// so that a crash ([`Fault::PgCrash`]) loses no commit it
     /// acknowledged.
     pub(super) fn start_pg(options: &LabOptions) -> Result<Lab, LabError> {
-        if options.replica
-            || options.aof
-            || options.nodes > 1
-            || options.acl_user
-            || options.cluster
-            || options.sentinel
-            || options.etcd
-            || options.zookeeper
-            || !options.etcd_endpoints.is_empty()
-            || options.etcd_tls.is_some()
-            || options.etcd_credentials.is_some()
-            || options.redis_url.is_some()
-            || !options.cluster_urls.is_empty()
-        {
+        if options.names_redis() || options.names_etcd() || options.zookeeper {
             return Err(LabError::Options(
                 "a pg lab has no redis, etcd or zookeeper: no redis url, replica, AOF, extra nodes, acl user, cluster, sentinel, etcd or zookeeper setup",
             ));

@@ -57,19 +57,7 @@ impl Lab {
     /// A lab on a throwaway ZooKeeper ensemble of three servers and the
     /// options' PostgreSQL: no Redis at all.
     pub(super) fn start_zookeeper(options: &LabOptions) -> Result<Lab, LabError> {
-        if options.replica
-            || options.aof
-            || options.nodes > 1
-            || options.acl_user
-            || options.cluster
-            || options.sentinel
-            || options.etcd
-            || !options.etcd_endpoints.is_empty()
-            || options.etcd_tls.is_some()
-            || options.etcd_credentials.is_some()
-            || options.redis_url.is_some()
-            || !options.cluster_urls.is_empty()
-        {
+        if options.names_redis() || options.names_etcd() {
             return Err(LabError::Options(
                 "a zookeeper lab has no redis or etcd: no redis url, replica, AOF, extra nodes, acl user, cluster, sentinel or etcd setup",
             ));
